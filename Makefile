@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    -- the main job (installs into .venv first)
+#   make test   -- the test suite (installs into .venv first)
+# TORCH_SPEC picks the torch wheel installed before the project; the default pins a release whose
+# CPU wheel is available locally. Elsewhere, e.g.: make test TORCH_SPEC="torch>=2.4"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run report test test-thorough lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/refimpl report
+
+report: $(STAMP)
+	$(BIN)/refimpl report
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
+
+test-thorough: $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,7 @@
+"""Fast, batched, device-agnostic reference implementations (torch).
+
+This layer imports neither ``tabular`` nor ``specs`` (ARCHITECTURE.md, contract): it is checked
+against them only in ``tests/``.
+"""
+
+__version__ = "0.1.0"

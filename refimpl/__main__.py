@@ -1,0 +1,5 @@
+import sys
+
+from refimpl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""The ``refimpl`` command line.
+
+Subcommands come from two places:
+* ``refimpl`` itself (``BUILTIN_COMMANDS``: module paths inside this package), and
+* the ``refimpl.commands`` entry-point group, through which layers that ``refimpl`` must not
+  import (``tabular`` provides ``report``) contribute their own subcommands. This keeps the
+  import rule of ARCHITECTURE.md while giving users one command.
+
+Each provider exposes ``register(subparsers) -> None`` that adds a parser whose ``func``
+default takes the parsed ``argparse.Namespace`` and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+# Modules inside refimpl that provide subcommands (added as the layers grow).
+BUILTIN_COMMANDS: tuple[str, ...] = ()
+
+
+def _providers() -> list[Callable[[argparse._SubParsersAction], None]]:
+    providers = [importlib.import_module(name).register for name in BUILTIN_COMMANDS]
+    for ep in sorted(entry_points(group="refimpl.commands"), key=lambda e: e.name):
+        providers.append(ep.load())
+    return providers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="refimpl",
+        description="Exact ground truth and verified reference implementations for RL-for-LLM.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for register in _providers():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

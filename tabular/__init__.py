@@ -1,0 +1,8 @@
+"""Exact ground truth for finite MDPs (numpy/scipy float64; sympy rationals for tiny cases).
+
+This layer imports neither ``refimpl`` nor ``specs`` (ARCHITECTURE.md, contract). Every public
+name of the submodules is re-exported here (each submodule lists its names in ``__all__``).
+"""
+
+from tabular.evaluation import *  # noqa: F403
+from tabular.mdp import *  # noqa: F403

@@ -1,0 +1,105 @@
+"""Exact policy evaluation and occupancy measures by direct linear solves.
+
+spec: specs/mdp.md sections 2-3; seed 001 (19)-(20), (24)-(29). For ``gamma = 1`` the policy must
+reach a terminal state with probability 1 from every state (otherwise a clear ``ValueError``);
+terminal states have value 0 and are excluded from the unnormalised occupancy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tabular.mdp import MDP, policy_reward_vector, policy_transition_matrix, reaches_terminal_surely
+
+__all__ = [
+    "policy_evaluation",
+    "q_values",
+    "advantages",
+    "expected_return",
+    "state_occupancy",
+    "state_action_occupancy",
+]
+
+
+def _solve_states(mdp: MDP, pi) -> np.ndarray:
+    """Indices of the states on which the linear systems are solved (terminal ones drop out at
+    gamma = 1, where they would make ``I - P_pi`` singular); checks the episodic condition."""
+    if mdp.gamma < 1.0:
+        return np.arange(mdp.num_states)
+    ok = reaches_terminal_surely(mdp, pi)
+    if not np.all(ok):
+        bad = np.flatnonzero(~ok).tolist()
+        raise ValueError(
+            "gamma = 1 requires a policy that reaches a terminal state with probability 1 from every "
+            f"state; from states {bad} it does not (use gamma < 1 or mark terminal states)"
+        )
+    return np.flatnonzero(~mdp.terminal)
+
+
+def policy_evaluation(mdp: MDP, pi) -> np.ndarray:
+    """``V_pi [S]`` solving ``V = r_pi + gamma P_pi V`` (spec: mdp.md eq. (7); seed 001 (24)).
+
+    Direct solve of ``(I - gamma P_pi) V = r_pi``; at gamma = 1 on the non-terminal states, with
+    ``V = 0`` on terminal states.
+    """
+    pi = mdp.validate_policy(pi)
+    P_pi = policy_transition_matrix(mdp, pi)
+    r_pi = policy_reward_vector(mdp, pi)
+    idx = _solve_states(mdp, pi)
+    V = np.zeros(mdp.num_states)
+    if idx.size:
+        M = np.eye(idx.size) - mdp.gamma * P_pi[np.ix_(idx, idx)]
+        V[idx] = np.linalg.solve(M, r_pi[idx])
+    return V
+
+
+def q_values(mdp: MDP, pi) -> np.ndarray:
+    """``Q_pi [S, A] = r(s, a) + gamma sum_s' P(s'|s, a) V_pi(s')`` (spec: mdp.md eq. (8); 001 (25))."""
+    V = policy_evaluation(mdp, pi)
+    return mdp.r + mdp.gamma * np.einsum("sat,t->sa", mdp.P, V)
+
+
+def advantages(mdp: MDP, pi) -> np.ndarray:
+    """``A_pi [S, A] = Q_pi(s, a) - V_pi(s)`` (spec: mdp.md eq. (9); seed 001 (28)).
+
+    Centred under pi: ``sum_a pi(a|s) A_pi(s, a) = 0`` (001 (29)).
+    """
+    pi = mdp.validate_policy(pi)
+    V = policy_evaluation(mdp, pi)
+    return mdp.r + mdp.gamma * np.einsum("sat,t->sa", mdp.P, V) - V[:, None]
+
+
+def expected_return(mdp: MDP, pi) -> float:
+    """``J(pi) = sum_s rho0(s) V_pi(s)`` (spec: mdp.md eq. (10))."""
+    return float(mdp.rho0 @ policy_evaluation(mdp, pi))
+
+
+def state_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
+    """State occupancy ``[S]`` (spec: mdp.md eq. (11)-(12); seed 001 (19)).
+
+    ``normalized=False``: TRPO's ``rho_pi(s) = sum_t gamma^t P(s_t = s)``, the solution of the flow
+    equation ``rho = rho0 + gamma P_pi^T rho``. For gamma = 1 this is the expected number of visits
+    to each non-terminal state (terminal states get 0: they are excluded).
+    ``normalized=True``: ``rho_pi`` divided by its total, which is ``1 / (1 - gamma)`` for
+    gamma < 1 and the expected episode length (non-terminal steps) for gamma = 1.
+    """
+    pi = mdp.validate_policy(pi)
+    P_pi = policy_transition_matrix(mdp, pi)
+    idx = _solve_states(mdp, pi)
+    rho = np.zeros(mdp.num_states)
+    if idx.size:
+        M = np.eye(idx.size) - mdp.gamma * P_pi[np.ix_(idx, idx)].T
+        rho[idx] = np.linalg.solve(M, mdp.rho0[idx])
+    if not normalized:
+        return rho
+    total = rho.sum()
+    if total <= 0.0:
+        raise ValueError("the normalised occupancy is undefined: every start state is terminal")
+    return rho / total
+
+
+def state_action_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
+    """``[S, A]`` occupancy ``rho_pi(s) pi(a|s)`` (spec: mdp.md eq. (13); seed 001 (20));
+    ``normalized`` as in :func:`state_occupancy`."""
+    pi = mdp.validate_policy(pi)
+    return state_occupancy(mdp, pi, normalized)[:, None] * pi

@@ -1,0 +1,32 @@
+"""Hypothesis profiles (ARCHITECTURE.md): ``ci`` (default) and ``thorough``, chosen by the
+environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log."""
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    derandomize=True,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=500,
+    derandomize=False,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev", max_examples=10, derandomize=True, print_blob=True, deadline=None
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Tests run in float64 (ARCHITECTURE.md); few threads keep CI on 2 cores predictable.
+torch.set_default_dtype(torch.float64)
+torch.set_num_threads(min(2, torch.get_num_threads()))
