@@ -1,0 +1,271 @@
+"""Group-relative (critic-free) advantages and DAPO's sample filters (spec: specs/advantages.md).
+
+``group_advantages`` covers every group convention in use, each chosen explicitly:
+
+============================  =====================================================================
+convention                    arguments
+============================  =====================================================================
+GRPO, seed 001 (90)-(91)      scale="group", std="population", eps=e, eps_inside_sqrt=True
+TRL GRPOTrainer               scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False
+verl GRPO                     scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False
+Dr. GRPO, seed 001 (98)       scale="none"
+RLOO                          scale="none", leave_one_out=True
+Magistral (seed 002)          scale="batch", std=..., eps=..., eps_inside_sqrt=...
+============================  =====================================================================
+
+Groups are given by ``group_ids [N]`` (any integers; groups may differ in size and need not be
+contiguous). Everything is vectorised with ``index_add``/``scatter_reduce``: no loop over groups.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "group_advantages",
+    "dynamic_sampling_mask",
+    "overlong_penalty",
+    "overlong_filter_mask",
+]
+
+_SCALES = ("group", "batch", "none")
+_STDS = ("population", "sample")
+_SINGLETON = ("error", "zero")
+_ZERO_VARIANCE = ("zero", "formula", "error")
+
+
+def _check_rewards_and_groups(rewards, group_ids) -> None:
+    if not isinstance(rewards, torch.Tensor) or not rewards.is_floating_point():
+        raise TypeError(f"rewards must be a floating-point torch.Tensor, got {type(rewards).__name__}"
+                        + (f" of dtype {rewards.dtype}" if isinstance(rewards, torch.Tensor) else ""))
+    if not isinstance(group_ids, torch.Tensor) or group_ids.is_floating_point() or group_ids.is_complex() \
+            or group_ids.dtype == torch.bool:
+        raise TypeError("group_ids must be an integer torch.Tensor"
+                        + (f", got dtype {group_ids.dtype}" if isinstance(group_ids, torch.Tensor) else
+                           f", got {type(group_ids).__name__}"))
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must have shape [N], got {tuple(rewards.shape)}")
+    if group_ids.shape != rewards.shape:
+        raise ValueError(f"group_ids must have the shape of rewards {tuple(rewards.shape)}, "
+                         f"got {tuple(group_ids.shape)}")
+    if group_ids.device != rewards.device:
+        raise ValueError(f"group_ids must be on the device of rewards ({rewards.device}), "
+                         f"got {group_ids.device}")
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("rewards contains NaN or inf")
+
+
+def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Dense group index in [0, K) for each sample, and K."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    return inverse, num_groups
+
+
+def _group_sum(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
+def _group_is_constant(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """[K] bool: all values of the group are equal (exactly; no floating-point variance test)."""
+    big = torch.full((num_groups,), -math.inf, dtype=values.dtype, device=values.device)
+    small = torch.full((num_groups,), math.inf, dtype=values.dtype, device=values.device)
+    big = big.scatter_reduce(0, index, values, reduce="amax", include_self=True)
+    small = small.scatter_reduce(0, index, values, reduce="amin", include_self=True)
+    return big == small
+
+
+def _scale_denominator(sum_sq: torch.Tensor, count: torch.Tensor, std: str, eps: float,
+                       eps_inside_sqrt: bool) -> torch.Tensor:
+    """sqrt(var + eps) or sqrt(var) + eps, var = sum_sq / count (population) or / (count - 1)."""
+    dof = count if std == "population" else count - 1
+    var = sum_sq / dof.clamp(min=1).to(sum_sq.dtype)
+    return torch.sqrt(var + eps) if eps_inside_sqrt else torch.sqrt(var) + eps
+
+
+def _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance) -> None:
+    if scale not in _SCALES:
+        raise ValueError(f"scale must be one of {_SCALES}, got {scale!r}")
+    given = {"std": std, "eps": eps, "eps_inside_sqrt": eps_inside_sqrt, "zero_variance": zero_variance}
+    if scale == "none":
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ValueError(f"scale='none' divides by nothing; do not pass {', '.join(extra)}")
+        return
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+        raise TypeError(f"scale={scale!r} needs the explicit keyword argument(s) {', '.join(missing)} "
+                        "(frameworks differ on each; none is chosen silently)")
+    if std not in _STDS:
+        raise ValueError(f"std must be one of {_STDS}, got {std!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    if not isinstance(eps_inside_sqrt, bool):
+        raise TypeError(f"eps_inside_sqrt must be a bool, got {eps_inside_sqrt!r}")
+    if zero_variance not in _ZERO_VARIANCE:
+        raise ValueError(f"zero_variance must be one of {_ZERO_VARIANCE}, got {zero_variance!r}")
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    scale: str,
+    singleton: str,
+    std: str | None = None,
+    eps: float | None = None,
+    eps_inside_sqrt: bool | None = None,
+    zero_variance: str | None = None,
+    leave_one_out: bool = False,
+) -> torch.Tensor:
+    """Group-relative advantages (spec: advantages.md eq. (1)-(6); seed 001 (90)-(91), (98)).
+
+    Centring (advantages.md eq. (1)-(2)), for sample i of group g with n_g samples:
+    ``c_i = R_i - mean_g R`` or, with ``leave_one_out=True`` (RLOO),
+    ``c_i = R_i - mean_{j in g, j != i} R_j = n_g / (n_g - 1) (R_i - mean_g R)``.
+
+    Scaling (eq. (3)-(5)): ``scale="none"`` returns ``c`` (Dr. GRPO (98), RLOO);
+    ``scale="group"`` returns ``c_i / s_g`` with s_g the std of the group's *rewards*;
+    ``scale="batch"`` (Magistral) returns ``c_i / s_B`` with s_B the std of all N centred values.
+    ``s = sqrt(var + eps)`` if ``eps_inside_sqrt`` (seed 001 (90)) else ``sqrt(var) + eps``
+    (TRL, verl); ``var`` divides the sum of squared deviations by n (``std="population"``) or
+    n - 1 (``std="sample"``, torch.std's default, used by TRL and verl).
+
+    Degenerate groups (each behaviour chosen by an argument, eq. (6)):
+      * ``singleton`` -- a group of one sample: ``"error"`` raises ValueError; ``"zero"`` gives it
+        advantage 0 (it has no baseline). The rule applies to every scale (with ``scale="batch"``
+        the zero enters the batch std as a sample).
+      * ``zero_variance`` (required when scaling) -- a group of >= 2 samples with all rewards equal
+        (for ``scale="batch"``: all N centred values equal): ``"zero"`` gives advantage exactly 0;
+        ``"formula"`` applies the formula (numerator / (sqrt(eps) or eps); the numerator is 0 up
+        to rounding of the mean), which needs eps > 0; ``"error"`` raises ValueError.
+
+    Args:
+        rewards: ``[N]`` float sequence rewards; finite.
+        group_ids: ``[N]`` integer group labels (any values, any order).
+        scale, std, eps, eps_inside_sqrt, zero_variance, singleton, leave_one_out: see above.
+            ``std``, ``eps``, ``eps_inside_sqrt``, ``zero_variance`` are required when
+            ``scale != "none"`` and must be omitted when ``scale == "none"``.
+    Returns:
+        ``[N]`` advantages in ``promote_types(rewards.dtype, float32)``.
+    """
+    _check_rewards_and_groups(rewards, group_ids)
+    _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance)
+    if singleton not in _SINGLETON:
+        raise ValueError(f"singleton must be one of {_SINGLETON}, got {singleton!r}")
+    if not isinstance(leave_one_out, bool):
+        raise TypeError(f"leave_one_out must be a bool, got {leave_one_out!r}")
+
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    r = rewards.to(dtype)
+    if r.numel() == 0:
+        return r.clone()
+    index, num_groups = _group_index(group_ids)
+    count = torch.bincount(index, minlength=num_groups)
+    is_singleton = (count == 1)[index]
+    if singleton == "error" and bool(is_singleton.any()):
+        raise ValueError("a group has a single sample (singleton='error'); pass singleton='zero' "
+                         "to give such samples advantage 0")
+    mean = _group_sum(r, index, num_groups) / count.to(dtype)
+    deviation = r - mean[index]
+    if leave_one_out:
+        # R_i - (n mean - R_i) / (n - 1) = n / (n - 1) (R_i - mean); singletons are zeroed below.
+        factor = count.to(dtype) / (count - 1).clamp(min=1).to(dtype)
+        centred = deviation * factor[index]
+    else:
+        centred = deviation
+    centred = torch.where(is_singleton, torch.zeros_like(centred), centred)
+    if scale == "none":
+        return centred
+
+    if scale == "group":
+        sum_sq = _group_sum(deviation * deviation, index, num_groups)
+        denominator = _scale_denominator(sum_sq, count, std, eps, eps_inside_sqrt)[index]
+        constant = _group_is_constant(r, index, num_groups)[index] & ~is_singleton
+    else:  # "batch": std of all N centred values (Magistral)
+        n = torch.tensor([r.numel()], device=r.device)
+        if std == "sample" and r.numel() < 2:
+            raise ValueError("scale='batch' with std='sample' needs N >= 2 samples")
+        batch_dev = centred - centred.mean()
+        denominator = _scale_denominator((batch_dev * batch_dev).sum().reshape(1), n, std, eps,
+                                         eps_inside_sqrt).expand_as(r)
+        # The centred values are all equal iff each group is constant (their group sums are 0),
+        # tested exactly on the rewards rather than on rounded differences.
+        all_constant = bool(_group_is_constant(r, index, num_groups).all())
+        constant = torch.full_like(is_singleton, all_constant) & ~is_singleton
+
+    if zero_variance == "error" and bool(constant.any()):
+        raise ValueError("zero-variance rewards (zero_variance='error'); pass 'zero' or 'formula'")
+    if zero_variance == "formula" and eps == 0 and bool(constant.any()):
+        raise ValueError("zero_variance='formula' with eps=0 divides by zero on a zero-variance group")
+    # Guard the unused branch so that no 0/0 appears (no silent NaN even in masked-out entries).
+    safe_denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+    advantages = centred / safe_denominator
+    if zero_variance == "zero":
+        advantages = torch.where(constant, torch.zeros_like(advantages), advantages)
+    return torch.where(is_singleton, torch.zeros_like(advantages), advantages)
+
+
+def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """DAPO dynamic sampling: keep samples whose group's rewards are not all equal.
+
+    spec: advantages.md eq. (7); seed 000 "DAPO" 2. A group whose rewards are all equal (all correct
+    or all wrong, or a single sample) has zero group-centred advantage and is dropped.
+    Shapes: rewards ``[N]`` float, group_ids ``[N]`` int. Returns ``[N]`` bool (True = keep).
+    """
+    _check_rewards_and_groups(rewards, group_ids)
+    if rewards.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
+    index, num_groups = _group_index(group_ids)
+    return ~_group_is_constant(rewards, index, num_groups)[index]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
+    """DAPO soft overlong punishment added to the reward (spec: advantages.md eq. (8); seed 000 "DAPO" 4).
+
+    ``0`` if ``L <= max_len - cache_len``; ``((max_len - cache_len) - L) / cache_len`` if
+    ``max_len - cache_len < L <= max_len`` (linear, reaching -1 at ``L = max_len``); ``-1`` if
+    ``L > max_len``.
+
+    Args:
+        lengths: ``[N]`` integer response lengths (>= 0).
+        max_len: ``L_max`` >= 1.
+        cache_len: ``L_cache`` with 1 <= cache_len <= max_len.
+    Returns:
+        ``[N]`` float32 penalties in [-1, 0].
+    """
+    if not isinstance(lengths, torch.Tensor) or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError("lengths must be an integer torch.Tensor")
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must have shape [N], got {tuple(lengths.shape)}")
+    for value, name in ((max_len, "max_len"), (cache_len, "cache_len")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if not 1 <= cache_len <= max_len:
+        raise ValueError(f"cache_len must be in [1, max_len={max_len}], got {cache_len}")
+    if lengths.numel() and bool((lengths < 0).any()):
+        raise ValueError("lengths must be >= 0")
+    slack = ((max_len - cache_len) - lengths).to(torch.float32)
+    return (slack / cache_len).clamp(min=-1.0, max=0.0)
+
+
+def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO overlong filtering: mask out every token of truncated samples (spec: advantages.md eq. (9)).
+
+    seed 000 "DAPO" 4, seed 003 "Overlong Filtering". A sample is truncated when generation hit the
+    length limit without EOS; the caller says which (a length equal to the limit is not enough).
+    Shapes: mask ``[N, T]`` (bool or 0/1 float), truncated ``[N]`` bool. Returns a mask of the
+    dtype of ``mask`` with rows of truncated samples zeroed.
+    """
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2:
+        raise ValueError("mask must be a [N, T] torch.Tensor")
+    if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool:
+        raise TypeError("truncated must be a bool torch.Tensor")
+    if truncated.shape != mask.shape[:1]:
+        raise ValueError(f"truncated must have shape [N] = [{mask.shape[0]}], got {tuple(truncated.shape)}")
+    keep = ~truncated.to(mask.device)
+    return mask * keep.unsqueeze(1).to(mask.dtype) if mask.dtype != torch.bool else mask & keep.unsqueeze(1)
