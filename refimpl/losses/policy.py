@@ -1,0 +1,553 @@
+"""The composable policy-loss family: one loss, orthogonal parts, named presets as values.
+
+spec: specs/policy_losses.md (equation numbers below refer to it); seed 001 (76)-(79), (92)-(122).
+
+``policy_loss(logp, old_logp, advantages, mask, variant, *, ref_logp=None, behavior_logp=None,
+entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (ARCHITECTURE.md, contract). A
+``PolicyLossVariant`` is a frozen dataclass with orthogonal parts:
+
+- ratio level: ``"token"`` (PPO/GRPO/DAPO, seed 001 (95)), ``"sequence_mean"`` (GSPO's
+  geometric-mean sequence ratio, (107)), ``"gspo_token"`` (per-token ratio
+  ``exp(logp - sg(logp) + sg(log s))``: GSPO's value with per-token gradients) and
+  ``"sequence_product"`` (the exact sequence IS weight (105));
+- gate: ``"clip"`` (hard clip with eps_low / eps_high, optional dual-clip constant, inclusive
+  gates of seed 001 (116)), ``"sapo"`` (soft sigmoid gate (117)-(118)), ``"cispo"``
+  (``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp``) or ``"none"`` (``r * A``);
+- aggregation: ``"seq_mean_token_mean"`` (GRPO (97)), ``"token_mean"`` (DAPO (102), BNPO, PPO
+  (79)), ``"seq_sum"`` (Dr. GRPO (100): sum over tokens / (sequences x ``max_length``)) and
+  ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO (109));
+- regularisers: KL to a reference (``kl_estimator`` k1/k2/k3 of ``refimpl.kl`` from ``ref_logp``,
+  or the exact per-token ``kl``), entropy bonus from ``entropy``;
+- behaviour correction: a detached truncated (``"truncate"``) or masked (``"mask"``) importance
+  weight ``exp(old_logp - behavior_logp)`` capped at ``behavior_cap``;
+- normaliser: the aggregation's denominator, local by default, or ``normalizer=`` given globally
+  (``loss_normalizer`` computes it; sum it over micro-batches / ranks), so that losses of parts
+  sum to the full-batch loss and gradient.
+
+Losses are minimised: ``loss = -(surrogate) + kl_coef * KL - entropy_coef * H`` (md eq. (12)).
+No host synchronisation happens inside the loss on accelerators: value checks run as ValueErrors
+on CPU tensors and as ``torch._assert_async`` on other devices; metrics stay tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from refimpl.kl import kl_k1, kl_k2, kl_k3
+
+__all__ = [
+    "PolicyLossVariant",
+    "policy_loss",
+    "loss_normalizer",
+    "get_preset",
+    "PRESETS",
+    "PPO",
+    "GRPO",
+    "DR_GRPO",
+    "DAPO",
+    "BNPO",
+    "GSPO",
+    "GSPO_TOKEN",
+    "SAPO",
+    "CISPO",
+    "RATIO_LEVELS",
+    "GATES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "BEHAVIOR_CORRECTIONS",
+]
+
+RATIO_LEVELS = ("token", "sequence_mean", "gspo_token", "sequence_product")
+GATES = ("clip", "sapo", "cispo", "none")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
+_SEQUENCE_LEVELS = ("sequence_mean", "sequence_product")
+_KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"variant.{name} must be one of {choices}, got {value!r}")
+
+
+def _check_real(value: object, name: str, *, low: float, low_inclusive: bool, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"variant.{name} must be a finite real number, got {value!r}")
+    if value < low or (value == low and not low_inclusive):
+        relation = ">=" if low_inclusive else ">"
+        raise ValueError(f"variant.{name} must be {relation} {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PolicyLossVariant:
+    """One point of the policy-loss family (spec: policy_losses.md section 1, table 1).
+
+    Fields (all orthogonal; use ``dataclasses.replace(PRESET, field=...)`` to vary one):
+        ratio: ratio level, one of RATIO_LEVELS (md eqs. (2)-(5)).
+        gate: one of GATES (md eqs. (6)-(9)).
+        eps_low, eps_high: clip bounds ``[1 - eps_low, 1 + eps_high]`` for the "clip" and "cispo"
+            gates; ``None`` removes that side (md eq. (6)). eps_low must be in [0, 1).
+        dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
+        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)).
+        aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
+        max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
+        kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
+        kl_estimator: "k1", "k2" or "k3" (refimpl.kl) used on ``ref_logp``; ignored when ``kl``
+            (an exact per-token KL) is given.
+        entropy_coef: weight >= 0 of the entropy bonus (needs ``entropy`` when > 0).
+        behavior_correction: "none", "truncate" (``min(w, cap)``) or "mask" (``w`` if ``w <= cap``
+            else 0) for ``w = exp(old_logp - behavior_logp)``, detached (md eq. (13)).
+        behavior_cap: the cap (> 0) of the behaviour importance weight.
+    """
+
+    ratio: str = "token"
+    gate: str = "clip"
+    eps_low: float | None = 0.2
+    eps_high: float | None = 0.2
+    dual_clip: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    aggregation: str = "token_mean"
+    max_length: int | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    behavior_correction: str = "none"
+    behavior_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_choice(self.ratio, "ratio", RATIO_LEVELS)
+        _check_choice(self.gate, "gate", GATES)
+        _check_choice(self.aggregation, "aggregation", AGGREGATIONS)
+        _check_choice(self.kl_estimator, "kl_estimator", KL_ESTIMATORS)
+        _check_choice(self.behavior_correction, "behavior_correction", BEHAVIOR_CORRECTIONS)
+        _check_real(self.eps_low, "eps_low", low=0.0, low_inclusive=True, optional=True)
+        if self.eps_low is not None and self.eps_low >= 1:
+            raise ValueError(f"variant.eps_low must be < 1 (so 1 - eps_low > 0), got {self.eps_low}")
+        _check_real(self.eps_high, "eps_high", low=0.0, low_inclusive=True, optional=True)
+        _check_real(self.dual_clip, "dual_clip", low=1.0, low_inclusive=False, optional=True)
+        if self.dual_clip is not None and self.gate != "clip":
+            raise ValueError(f"variant.dual_clip needs gate='clip', got gate={self.gate!r}")
+        if self.dual_clip is not None and self.eps_high is not None and self.dual_clip < 1 + self.eps_high:
+            raise ValueError(f"variant.dual_clip must be >= 1 + eps_high = {1 + self.eps_high}, "
+                             f"got {self.dual_clip}")
+        _check_real(self.tau_pos, "tau_pos", low=0.0, low_inclusive=False, optional=False)
+        _check_real(self.tau_neg, "tau_neg", low=0.0, low_inclusive=False, optional=False)
+        if self.max_length is not None and (
+            isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1
+        ):
+            raise ValueError(f"variant.max_length must be a positive int or None, got {self.max_length!r}")
+        _check_real(self.kl_coef, "kl_coef", low=0.0, low_inclusive=True, optional=False)
+        _check_real(self.entropy_coef, "entropy_coef", low=0.0, low_inclusive=True, optional=False)
+        _check_real(self.behavior_cap, "behavior_cap", low=0.0, low_inclusive=False, optional=False)
+
+    @property
+    def sequence_level(self) -> bool:
+        """True when the surrogate has one unit per sequence (GSPO, sequence product)."""
+        return self.ratio in _SEQUENCE_LEVELS
+
+
+# Presets (spec: policy_losses.md table 2). Each is a plain value; vary with dataclasses.replace.
+PPO = PolicyLossVariant(ratio="token", gate="clip", eps_low=0.2, eps_high=0.2, aggregation="token_mean")
+GRPO = PolicyLossVariant(ratio="token", gate="clip", eps_low=0.2, eps_high=0.2,
+                         aggregation="seq_mean_token_mean", kl_estimator="k3")
+DR_GRPO = PolicyLossVariant(ratio="token", gate="clip", eps_low=0.2, eps_high=0.2, aggregation="seq_sum")
+DAPO = PolicyLossVariant(ratio="token", gate="clip", eps_low=0.2, eps_high=0.28, aggregation="token_mean")
+BNPO = PolicyLossVariant(ratio="token", gate="clip", eps_low=0.2, eps_high=0.2, aggregation="token_mean",
+                         kl_estimator="k3")
+GSPO = PolicyLossVariant(ratio="sequence_mean", gate="clip", eps_low=3e-4, eps_high=4e-4,
+                         aggregation="seq_mean")
+GSPO_TOKEN = PolicyLossVariant(ratio="gspo_token", gate="clip", eps_low=3e-4, eps_high=4e-4,
+                               aggregation="seq_mean_token_mean")
+SAPO = PolicyLossVariant(ratio="token", gate="sapo", eps_low=None, eps_high=None, tau_pos=1.0, tau_neg=1.05,
+                         aggregation="seq_mean_token_mean")
+CISPO = PolicyLossVariant(ratio="token", gate="cispo", eps_low=None, eps_high=0.28, aggregation="token_mean")
+
+PRESETS: dict[str, PolicyLossVariant] = {
+    "ppo": PPO,
+    "grpo": GRPO,
+    "dr_grpo": DR_GRPO,
+    "dapo": DAPO,
+    "bnpo": BNPO,
+    "gspo": GSPO,
+    "gspo_token": GSPO_TOKEN,
+    "sapo": SAPO,
+    "cispo": CISPO,
+}
+
+
+def get_preset(name: str) -> PolicyLossVariant:
+    """The preset called ``name`` (case-insensitive; '-' and '_' are interchangeable)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    key = name.strip().lower().replace("-", "_")
+    if key not in PRESETS:
+        raise ValueError(f"unknown policy-loss preset {name!r}; valid names: {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# input checks
+
+
+def _check_value(condition: torch.Tensor, message: str) -> None:
+    """Raise ValueError(message) unless ``condition`` (a bool tensor) is true; on accelerators an
+    asynchronous device assertion instead, so the loss never synchronises with the host."""
+    if condition.device.type == "cpu":
+        if not bool(condition):
+            raise ValueError(message)
+    else:  # pragma: no cover - exercised on CUDA only
+        torch._assert_async(condition, message)
+
+
+def _check_tensor(x: object, name: str, shape: tuple[int, ...] | None, device: torch.device | None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if shape is not None and tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (no broadcasting), got {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on device {device}, got {x.device}")
+
+
+def _as_bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask must have shape {shape} like logp, got {tuple(mask.shape)}")
+    if mask.device != device:
+        raise ValueError(f"mask must be on device {device}, got {mask.device}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise TypeError(f"mask must be bool or real 0/1, got dtype {mask.dtype}")
+    _check_value(((mask == 0) | (mask == 1)).all(), "mask must contain only 0 and 1")
+    return mask != 0
+
+
+def _check_finite_where(x: torch.Tensor, mask: torch.Tensor, name: str) -> None:
+    _check_value((torch.isfinite(x) | ~mask).all(), f"{name} contains NaN or inf at unmasked positions")
+
+
+def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor:
+    if normalizer is None:
+        return local.clamp(min=1.0)  # an empty batch (local == 0) gives loss 0 (md section 5)
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1:
+            raise ValueError(f"normalizer must be a scalar, got shape {tuple(normalizer.shape)}")
+        value = normalizer.detach().reshape(()).to(device=local.device, dtype=local.dtype)
+    elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
+        value = torch.tensor(float(normalizer), dtype=local.dtype, device=local.device)
+    else:
+        raise TypeError(f"normalizer must be None, a positive number or a scalar tensor, "
+                        f"got {type(normalizer).__name__}")
+    _check_value(torch.isfinite(value) & (value > 0), "normalizer must be finite and > 0")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# the parts
+
+
+def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    """The local denominator of ``variant.aggregation`` (spec: policy_losses.md eq. (11)).
+
+    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``), or
+    non-empty sequences x ``max_length`` (``seq_sum``). Summed over micro-batches / ranks (e.g.
+    ``all_reduce``) and passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
+    Returns a float32 scalar tensor on mask's device (0 for an empty mask).
+    """
+    if not isinstance(variant, PolicyLossVariant):
+        raise TypeError(f"variant must be a PolicyLossVariant, got {type(variant).__name__}")
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2:
+        raise ValueError("mask must be a 2-D [N, T] tensor")
+    mask = _as_bool_mask(mask, tuple(mask.shape), mask.device)
+    return _local_normalizer(mask, variant)
+
+
+def _local_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    if variant.aggregation == "token_mean":
+        return mask.sum(dtype=torch.float32)
+    sequences = mask.any(dim=-1).sum(dtype=torch.float32)
+    if variant.aggregation == "seq_sum":
+        if variant.max_length is None:
+            raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum' (Dr. GRPO); "
+                             "use dataclasses.replace(variant, max_length=...)")
+        return sequences * variant.max_length
+    return sequences
+
+
+def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask_f: torch.Tensor,
+                    lengths: torch.Tensor, ratio: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels.
+
+    spec: policy_losses.md eqs. (2)-(5). ``log_ratio`` and ``logp`` are zero at masked positions.
+    """
+    if ratio == "token":
+        return log_ratio, logp
+    if ratio == "gspo_token":
+        log_s = (log_ratio.sum(dim=-1) / lengths.clamp(min=1.0)).detach()
+        return logp - logp.detach() + log_s.unsqueeze(-1), logp
+    total, total_logp = log_ratio.sum(dim=-1), (logp * mask_f).sum(dim=-1)
+    if ratio == "sequence_mean":
+        return total / lengths.clamp(min=1.0), total_logp / lengths.clamp(min=1.0)
+    return total, total_logp  # sequence_product
+
+
+def _hard_clip_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, variant: PolicyLossVariant
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, with ``max(., c A)`` for A < 0 under
+    dual clip, written as ``r A`` where the gate of seed 001 (116) is open and ``bound * A``
+    elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
+    Returns (term, gate open)."""
+    ratio = torch.exp(log_ratio.detach())
+    upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
+    lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
+    positive = adv > 0
+    open_pos = positive & (ratio <= upper)
+    open_neg = ~positive & (ratio >= lower)
+    bound_neg = torch.full_like(ratio, lower)
+    if variant.dual_clip is not None:
+        open_neg = open_neg & (ratio <= variant.dual_clip)
+        above = ratio > variant.dual_clip
+        bound_neg = torch.where(above, torch.full_like(ratio, variant.dual_clip), bound_neg)
+    gate = open_pos | open_neg
+    bound = torch.where(positive, torch.full_like(ratio, upper), bound_neg)
+    # exp only where the gate is open: the closed branch must not back-propagate 0 * inf.
+    r_open = torch.exp(torch.where(gate, log_ratio, torch.zeros_like(log_ratio)))
+    bound = torch.where(gate, torch.zeros_like(bound), bound)  # finite (inf upper only when open)
+    return torch.where(gate, r_open * adv, bound * adv), gate
+
+
+def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
+    tau = torch.where(adv > 0, torch.full_like(adv, variant.tau_pos), torch.full_like(adv, variant.tau_neg))
+    return 4.0 / tau * torch.sigmoid(tau * torch.expm1(log_ratio)) * adv
+
+
+def _cispo_surrogate(log_ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Tensor,
+                     variant: PolicyLossVariant) -> torch.Tensor:
+    """``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp`` (md eq. (9); MiniMax-M1)."""
+    weight = torch.exp(log_ratio.detach())
+    if variant.eps_low is not None or variant.eps_high is not None:
+        weight = weight.clamp(min=None if variant.eps_low is None else 1.0 - variant.eps_low,
+                              max=None if variant.eps_high is None else 1.0 + variant.eps_high)
+    return weight * adv * unit_logp
+
+
+def _behavior_weight(old_logp: torch.Tensor, behavior_logp: torch.Tensor, mask_f: torch.Tensor,
+                     lengths: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    """Detached ``w = exp(old_logp - behavior_logp)`` at the ratio's level, truncated or masked at
+    ``behavior_cap`` (md eq. (13))."""
+    log_w = ((old_logp - behavior_logp) * mask_f).detach()
+    if variant.ratio in _SEQUENCE_LEVELS:
+        log_w = log_w.sum(dim=-1)
+        if variant.ratio == "sequence_mean":
+            log_w = log_w / lengths.clamp(min=1.0)
+    cap = variant.behavior_cap
+    log_cap = math.log(cap)
+    if variant.behavior_correction == "truncate":
+        return torch.exp(log_w.clamp(max=log_cap))
+    return torch.where(log_w <= log_cap, torch.exp(log_w.clamp(max=log_cap)), torch.zeros_like(log_w))
+
+
+def _kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl: torch.Tensor | None,
+                  mask: torch.Tensor, variant: PolicyLossVariant, dtype: torch.dtype) -> torch.Tensor | None:
+    if kl is not None:
+        return torch.where(mask, kl.to(dtype), torch.zeros((), dtype=dtype, device=kl.device))
+    if ref_logp is None:
+        return None
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    masked_ref = torch.where(mask, ref_logp.to(dtype), zero)
+    return _KL_FUNCTIONS[variant.kl_estimator](logp, masked_ref, check_finite=False)
+
+
+def _sequence_contributions(token_values: torch.Tensor, mask_f: torch.Tensor, lengths: torch.Tensor,
+                            aggregation: str) -> torch.Tensor:
+    """Per-sequence contribution c_i of a per-token quantity: ``sum_t m v / T_i`` for
+    seq_mean_token_mean, ``sum_t m v`` otherwise (md eq. (10))."""
+    sums = (token_values * mask_f).sum(dim=-1)
+    if aggregation == "seq_mean_token_mean":
+        return sums / lengths.clamp(min=1.0)
+    return sums
+
+
+def _sequence_unit_contributions(values: torch.Tensor, lengths: torch.Tensor,
+                                 aggregation: str) -> torch.Tensor:
+    """Per-sequence contribution of a per-sequence quantity: itself for the sequence means, ``T_i``
+    copies of it (one per token) for token_mean and seq_sum (md eq. (10)); 0 for empty rows."""
+    if aggregation in ("token_mean", "seq_sum"):
+        return values * lengths
+    return values * (lengths > 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# the loss
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    variant: PolicyLossVariant,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    behavior_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    kl: torch.Tensor | None = None,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Policy loss of ``variant`` to minimise (spec: policy_losses.md eq. (12); seed 001 (79), (97),
+    (100), (102), (109), (119)).
+
+    ``loss = (1 / D) * sum_i c_i`` with per-sequence contributions ``c_i`` of the per-unit term
+    ``-w * surrogate + kl_coef * KL - entropy_coef * H`` (md eqs. (10)-(12)) and the denominator
+    ``D = normalizer`` if given, else ``loss_normalizer(mask, variant)`` (at least 1).
+
+    Args:
+        logp: [N, T] log-probs of the sampled tokens under the policy being optimised (grad flows).
+        old_logp: [N, T] log-probs under the policy that sampled the batch (theta_old); detached.
+        advantages: [N] (one per sequence) or [N, T] (per token; token-level ratios only).
+        mask: [N, T] bool or 0/1; tokens that count. Values at masked positions are ignored (they
+            may be anything, even NaN) and get zero gradient.
+        variant: a PolicyLossVariant (see the presets and ``get_preset``).
+        ref_logp: [N, T] reference log-probs for the KL term via ``variant.kl_estimator``.
+        behavior_logp: [N, T] the sampler's log-probs for the behaviour IS correction.
+        entropy: [N, T] per-token entropy (from ``token_entropy``) for the bonus.
+        kl: [N, T] exact per-token KL (from ``categorical_kl``), used instead of ``ref_logp``.
+        normalizer: the global denominator (> 0) when the batch is split into micro-batches / ranks.
+    Returns:
+        ``(loss, metrics)``: loss a scalar in ``promote_types(logp.dtype, float32)``; metrics a dict
+        of detached scalar tensors (``policy_objective``, ``clip_fraction``, ``ratio_mean``,
+        ``ratio_min``, ``ratio_max``, ``approx_kl``, ``normalizer``, plus ``kl`` / ``entropy`` when
+        given). With an empty mask the ratio metrics are 1 and the others 0.
+    Empty rows: an all-masked row contributes nothing and is not counted as a sequence; a fully
+    masked batch gives loss 0 with zero gradient (md section 5).
+    """
+    if not isinstance(variant, PolicyLossVariant):
+        raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
+                        f"{type(variant).__name__}")
+    _check_tensor(logp, "logp", None, None)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be 2-D [N, T], got shape {tuple(logp.shape)}")
+    shape, device = tuple(logp.shape), logp.device
+    _check_tensor(old_logp, "old_logp", shape, device)
+    _check_tensor(advantages, "advantages", None, device)
+    if tuple(advantages.shape) not in (shape[:1], shape):
+        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
+    if advantages.ndim == 2 and variant.sequence_level:
+        raise ValueError(f"variant.ratio={variant.ratio!r} is sequence-level and needs advantages of "
+                         f"shape {shape[:1]}, got {tuple(advantages.shape)}")
+    mask = _as_bool_mask(mask, shape, device)
+    optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
+    for name, value in optional.items():
+        if value is not None:
+            _check_tensor(value, name, shape, device)
+    if ref_logp is not None and kl is not None:
+        raise ValueError("give either ref_logp (KL via variant.kl_estimator) or kl (exact), not both")
+    if variant.kl_coef > 0 and ref_logp is None and kl is None:
+        raise ValueError(f"variant.kl_coef={variant.kl_coef} > 0 needs ref_logp or kl")
+    if variant.entropy_coef > 0 and entropy is None:
+        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0 needs entropy")
+    if (behavior_logp is None) != (variant.behavior_correction == "none"):
+        raise ValueError(f"behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+                         f"(got behavior_correction={variant.behavior_correction!r}, behavior_logp "
+                         f"{'missing' if behavior_logp is None else 'given'})")
+    adv_mask = mask if advantages.ndim == 2 else mask.any(dim=-1)
+    _check_finite_where(advantages, adv_mask, "advantages")
+    for name, value in (("logp", logp), ("old_logp", old_logp), *optional.items()):
+        if value is not None:
+            _check_finite_where(value, mask, name)
+    local = _local_normalizer(mask, variant)
+
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    mask_f = mask.to(dtype)
+    lengths = mask_f.sum(dim=-1)
+    logp_c = torch.where(mask, logp.to(dtype), zero)
+    log_ratio = torch.where(mask, logp_c - old_logp.to(dtype).detach(), zero)
+    adv = torch.where(adv_mask, advantages.to(dtype).detach(), zero)
+    unit_log_ratio, unit_logp = _unit_log_ratio(log_ratio, logp_c, mask_f, lengths, variant.ratio)
+    if not variant.sequence_level and adv.ndim == 1:
+        adv = adv.unsqueeze(-1).expand(shape)
+
+    gate_open = None
+    if variant.gate == "clip":
+        surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, adv, variant)
+    elif variant.gate == "sapo":
+        surrogate = _sapo_surrogate(unit_log_ratio, adv, variant)
+    elif variant.gate == "cispo":
+        surrogate = _cispo_surrogate(unit_log_ratio, unit_logp, adv, variant)
+    else:
+        surrogate = torch.exp(unit_log_ratio) * adv
+    if behavior_logp is not None:
+        weight = _behavior_weight(old_logp.to(dtype), torch.where(mask, behavior_logp.to(dtype), zero),
+                                  mask_f, lengths, variant)
+        surrogate = surrogate * weight
+
+    kl_tokens = _kl_per_token(logp_c, ref_logp, kl, mask, variant, dtype)
+    entropy_tokens = None if entropy is None else torch.where(mask, entropy.to(dtype), zero)
+    token_total = zero
+    if variant.sequence_level:
+        contributions = -_sequence_unit_contributions(surrogate, lengths, variant.aggregation)
+    else:
+        token_total = -surrogate
+    if kl_tokens is not None and variant.kl_coef > 0:
+        token_total = token_total + variant.kl_coef * kl_tokens
+    if entropy_tokens is not None and variant.entropy_coef > 0:
+        token_total = token_total - variant.entropy_coef * entropy_tokens
+    if isinstance(token_total, torch.Tensor) and token_total.ndim == 2:
+        token_part = _sequence_contributions(token_total, mask_f, lengths, variant.aggregation)
+        contributions = token_part if not variant.sequence_level else contributions + token_part
+    denominator = _resolve_normalizer(normalizer, local.to(dtype))
+    loss = contributions.sum() / denominator
+
+    metrics = _metrics(unit_log_ratio, surrogate, gate_open, mask, mask_f, lengths, log_ratio,
+                       kl_tokens, entropy_tokens, denominator, variant)
+    return loss, metrics
+
+
+def _masked_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return (values * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def _metrics(unit_log_ratio, surrogate, gate_open, mask, mask_f, lengths, log_ratio, kl_tokens,
+             entropy_tokens, denominator, variant) -> dict[str, torch.Tensor]:
+    """Detached diagnostics (tensors, no host sync). Token-level units are weighted by the mask,
+    sequence-level units by non-emptiness."""
+    with torch.no_grad():
+        if variant.sequence_level:
+            unit_mask = lengths > 0
+        else:
+            unit_mask = mask
+        unit_w = unit_mask.to(mask_f.dtype)
+        ratio = torch.exp(unit_log_ratio.detach())
+        empty = unit_w.sum() == 0
+        one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+        ratio_min = torch.where(unit_mask, ratio, torch.full_like(ratio, math.inf)).min()
+        ratio_max = torch.where(unit_mask, ratio, torch.full_like(ratio, -math.inf)).max()
+        # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp.
+        approx_kl = torch.expm1(log_ratio) - log_ratio
+        metrics = {
+            "policy_objective": _masked_mean(surrogate.detach(), unit_w),
+            "clip_fraction": (_masked_mean((~gate_open).to(unit_w.dtype), unit_w) if gate_open is not None
+                              else torch.zeros((), dtype=ratio.dtype, device=ratio.device)),
+            "ratio_mean": torch.where(empty, one, _masked_mean(ratio, unit_w)),
+            "ratio_min": torch.where(empty, one, ratio_min),
+            "ratio_max": torch.where(empty, one, ratio_max),
+            "approx_kl": _masked_mean(approx_kl, mask_f),
+            "normalizer": denominator.detach(),
+        }
+        if kl_tokens is not None:
+            metrics["kl"] = _masked_mean(kl_tokens.detach(), mask_f)
+        if entropy_tokens is not None:
+            metrics["entropy"] = _masked_mean(entropy_tokens.detach(), mask_f)
+    return metrics
