@@ -1,0 +1,167 @@
+"""Per-token log-probabilities and entropies from logits without a second ``[N, T, V]`` tensor.
+
+``log_softmax(logits).gather(tokens)`` keeps the full ``[N, T, V]`` log-softmax alive for backward
+(and a float32 copy of half-precision logits). Here the forward computes, chunk by chunk over the
+flattened tokens, ``logits[token] - logsumexp(logits)`` and saves only the logits (the caller's
+tensor, not a copy), the tokens and one float32 logsumexp per token; the backward rebuilds
+``softmax`` chunk by chunk. Autograd therefore stores O(N T) bytes beyond the logits: 12 bytes per
+token for ``token_logprobs`` (int64 token + float32 logsumexp) and 8 for ``token_entropy``.
+(spec: policy_losses.md, "log-probabilities"; seed 003 ``get_log_probs``.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["token_logprobs", "token_entropy"]
+
+#: Elements of [rows, V] processed per chunk (bounds the float32 temporaries to ~16 MiB each).
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+
+
+def _rows_per_chunk(vocab: int, chunk_elements: int | None) -> int:
+    elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    if isinstance(elements, bool) or not isinstance(elements, int) or elements < 1:
+        raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
+    return max(1, elements // max(vocab, 1))
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _check_logits(logits) -> None:
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError("logits must be a floating-point torch.Tensor")
+    if logits.ndim < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, rows_per_chunk: int):
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        flat_tokens = tokens.reshape(-1)
+        dtype = _compute_dtype(logits.dtype)
+        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        picked = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        for start in range(0, flat.shape[0], rows_per_chunk):
+            chunk = flat[start:start + rows_per_chunk].to(dtype)
+            lse[start:start + rows_per_chunk] = torch.logsumexp(chunk, dim=-1)
+            picked[start:start + rows_per_chunk] = chunk.gather(
+                1, flat_tokens[start:start + rows_per_chunk].unsqueeze(1)).squeeze(1)
+        ctx.save_for_backward(logits, tokens, lse)
+        ctx.rows_per_chunk = rows_per_chunk
+        return (picked - lse).reshape(tokens.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, tokens, lse = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        flat_tokens = tokens.reshape(-1)
+        grad = grad_out.reshape(-1).to(lse.dtype)
+        grad_logits = torch.empty_like(flat)
+        step = ctx.rows_per_chunk
+        for start in range(0, flat.shape[0], step):
+            chunk = flat[start:start + step].to(lse.dtype)
+            g = grad[start:start + step].unsqueeze(1)
+            # d/dx_v (x_y - lse) = 1[v = y] - softmax_v
+            part = -torch.exp(chunk - lse[start:start + step].unsqueeze(1)) * g
+            part.scatter_add_(1, flat_tokens[start:start + step].unsqueeze(1), g)
+            grad_logits[start:start + step] = part.to(logits.dtype)
+        return grad_logits.reshape(logits.shape), None, None
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements: int | None = None,
+                   check_finite: bool = True) -> torch.Tensor:
+    """``log softmax(logits)[..., tokens]`` per token, memory-lean for backward.
+
+    spec: policy_losses.md "log-probabilities"; seed 003 ``get_log_probs`` (before its masking and
+    summation). Equals ``torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]``
+    computed in ``promote_types(logits.dtype, float32)``; the gradient w.r.t. logits is
+    ``(onehot(token) - softmax(logits)) * grad``, in the dtype of logits.
+
+    Args:
+        logits: ``[..., V]`` (typically ``[N, T, V]``), any float dtype; ``-inf`` entries allowed
+            (zero-probability tokens).
+        tokens: ``[...]`` integer token ids in ``[0, V)``, the shape of ``logits`` without V.
+        chunk_elements: elements of the ``[rows, V]`` working chunks (default 2**22).
+        check_finite: raise ValueError if a row of logits has a NaN or ``+inf`` (detected on the
+            per-token logsumexp, so it costs O(N T)); a host synchronisation.
+    Returns:
+        ``[...]`` log-probabilities (``-inf`` where the token's logit is ``-inf``).
+    """
+    _check_logits(logits)
+    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise TypeError("tokens must be an integer torch.Tensor")
+    if tokens.shape != logits.shape[:-1]:
+        raise ValueError(f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), "
+                         f"got {tuple(tokens.shape)}")
+    if tokens.device != logits.device:
+        raise ValueError(f"tokens must be on the device of logits ({logits.device}), got {tokens.device}")
+    vocab = logits.shape[-1]
+    if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
+        raise ValueError(f"tokens must lie in [0, V={vocab})")
+    out = _TokenLogprobs.apply(logits, tokens.long(), _rows_per_chunk(vocab, chunk_elements))
+    if check_finite and out.numel() and bool((torch.isnan(out) | (out == float("inf"))).any()):
+        raise ValueError("logits contains NaN or +inf (or a row that is all -inf)")
+    return out
+
+
+class _TokenEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, rows_per_chunk: int):
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        dtype = _compute_dtype(logits.dtype)
+        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        entropy = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        for start in range(0, flat.shape[0], rows_per_chunk):
+            chunk = flat[start:start + rows_per_chunk].to(dtype)
+            chunk_lse = torch.logsumexp(chunk, dim=-1, keepdim=True)
+            log_p = chunk - chunk_lse
+            p = torch.exp(log_p)
+            # 0 log 0 = 0 for -inf logits
+            plogp = torch.where(p > 0, p * log_p, torch.zeros_like(p))
+            lse[start:start + rows_per_chunk] = chunk_lse.squeeze(1)
+            entropy[start:start + rows_per_chunk] = -plogp.sum(dim=-1)
+        ctx.save_for_backward(logits, lse, entropy)
+        ctx.rows_per_chunk = rows_per_chunk
+        return entropy.reshape(logits.shape[:-1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, lse, entropy = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        grad = grad_out.reshape(-1).to(lse.dtype)
+        grad_logits = torch.empty_like(flat)
+        step = ctx.rows_per_chunk
+        for start in range(0, flat.shape[0], step):
+            log_p = flat[start:start + step].to(lse.dtype) - lse[start:start + step].unsqueeze(1)
+            p = torch.exp(log_p)
+            # dH/dx_v = -p_v (log p_v + H)
+            inner = torch.where(p > 0, log_p + entropy[start:start + step].unsqueeze(1), torch.zeros_like(p))
+            part = -p * inner * grad[start:start + step].unsqueeze(1)
+            grad_logits[start:start + step] = part.to(logits.dtype)
+        return grad_logits.reshape(logits.shape), None
+
+
+def token_entropy(logits: torch.Tensor, *, chunk_elements: int | None = None,
+                  check_finite: bool = True) -> torch.Tensor:
+    """Entropy ``H = -sum_v p_v log p_v`` of ``softmax(logits)`` over the last dim, memory-lean.
+
+    spec: policy_losses.md "entropy bonus"; seed 004 (entropy bonus). ``-inf`` logits are
+    zero-probability entries (``0 log 0 = 0``). Gradient ``dH/dx_v = -p_v (log p_v + H)``.
+    Shapes: logits ``[..., V]``; returns ``[...]`` in ``promote_types(logits.dtype, float32)``.
+    Autograd saves the logits plus 8 bytes per row (float32 logsumexp and entropy).
+    """
+    _check_logits(logits)
+    out = _TokenEntropy.apply(logits, _rows_per_chunk(logits.shape[-1], chunk_elements))
+    if check_finite and out.numel() and not bool(torch.isfinite(out).all()):
+        raise ValueError("logits contains NaN or +inf (or a row that is all -inf)")
+    return out
