@@ -4,5 +4,9 @@ This layer imports neither ``refimpl`` nor ``specs`` (ARCHITECTURE.md, contract)
 name of the submodules is re-exported here (each submodule lists its names in ``__all__``).
 """
 
+from tabular.control import *  # noqa: F403
 from tabular.evaluation import *  # noqa: F403
+from tabular.examples import *  # noqa: F403
+from tabular.gradients import *  # noqa: F403
+from tabular.improvement import *  # noqa: F403
 from tabular.mdp import *  # noqa: F403

@@ -1,0 +1,167 @@
+"""Shared hypothesis strategies (ARCHITECTURE.md "Tests and CI"; STYLE.md "hypothesis").
+
+Composable and shrink-friendly: probabilities are built from small non-negative integer weights
+(which shrink towards 0, i.e. towards sparse, readable examples) normalised per row, so zero
+probabilities, absorbing states and deterministic rows arise naturally. Every strategy returns
+float64 numpy arrays or a ``tabular.MDP``. Other test files append their own strategies below,
+each in its own section.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from tabular import MDP
+
+__all__ = [
+    "distributions",
+    "stochastic_arrays",
+    "rewards",
+    "gammas",
+    "mdps",
+    "episodic_mdps",
+    "policies",
+    "policy_pairs",
+    "softmax_params",
+]
+
+# ----------------------------------------------------------------------------------- tabular MDPs
+#: Integer weights 0..MAX_WEIGHT give probabilities that are multiples of 1/(sum of weights).
+MAX_WEIGHT = 4
+
+
+@st.composite
+def distributions(draw, size: int, allow_zeros: bool = True) -> np.ndarray:
+    """A probability vector of length ``size`` from integer weights (zeros allowed by default)."""
+    low = 0 if allow_zeros else 1
+    weights = draw(st.lists(st.integers(low, MAX_WEIGHT), min_size=size, max_size=size))
+    w = np.asarray(weights, dtype=np.float64)
+    if w.sum() == 0.0:
+        w[0] = 1.0  # shrinks to a point mass on the first entry
+    return w / w.sum()
+
+
+@st.composite
+def stochastic_arrays(draw, shape: tuple[int, ...], allow_zeros: bool = True) -> np.ndarray:
+    """An array of ``shape`` whose last axis is a probability vector."""
+    rows = int(np.prod(shape[:-1]))
+    out = [draw(distributions(shape[-1], allow_zeros)) for _ in range(rows)]
+    return np.asarray(out, dtype=np.float64).reshape(shape)
+
+
+def rewards(shape: tuple[int, ...], bound: float = 1.0) -> st.SearchStrategy[np.ndarray]:
+    """Rewards uniform-ish in [-bound, bound] (finite floats, shrinking to 0), float64 ``shape``."""
+    n = int(np.prod(shape))
+    return st.lists(
+        st.floats(-bound, bound, allow_nan=False, allow_infinity=False), min_size=n, max_size=n
+    ).map(lambda xs: np.asarray(xs, dtype=np.float64).reshape(shape))
+
+
+def gammas(min_value: float = 0.0, max_value: float = 0.95) -> st.SearchStrategy[float]:
+    """Discounts in [min_value, max_value] (the endpoints included, so 0 is tried)."""
+    return st.one_of(st.sampled_from([min_value, max_value]), st.floats(min_value, max_value))
+
+
+def _draw_gamma(draw, gamma, default: st.SearchStrategy[float]) -> float:
+    """``gamma`` as given (a float or a strategy to draw from), or drawn from ``default`` if None."""
+    if gamma is None:
+        return draw(default)
+    if isinstance(gamma, st.SearchStrategy):
+        return draw(gamma)
+    return float(gamma)
+
+
+@st.composite
+def mdps(
+    draw,
+    min_states: int = 1,
+    max_states: int = 5,
+    min_actions: int = 1,
+    max_actions: int = 3,
+    gamma: st.SearchStrategy[float] | float | None = None,
+    reward_shape: str | None = None,
+    allow_zeros: bool = True,
+) -> MDP:
+    """Discounted MDPs (gamma < 1 by default, drawn from :func:`gammas`).
+
+    Transitions with zero-probability entries and absorbing states (rows that put all mass on
+    ``s`` itself arise from the integer weights); rewards ``[S, A]`` or ``[S, A, S]``
+    (``reward_shape`` "sa"/"sas", drawn when None); ``rho0`` may have zeros.
+    """
+    S = draw(st.integers(min_states, max_states))
+    A = draw(st.integers(min_actions, max_actions))
+    P = draw(stochastic_arrays((S, A, S), allow_zeros))
+    shape = draw(st.sampled_from(["sa", "sas"])) if reward_shape is None else reward_shape
+    r = draw(rewards((S, A) if shape == "sa" else (S, A, S)))
+    rho0 = draw(distributions(S, allow_zeros))
+    return MDP(P, r, rho0, _draw_gamma(draw, gamma, gammas()))
+
+
+@st.composite
+def episodic_mdps(
+    draw,
+    min_states: int = 2,
+    max_states: int = 5,
+    min_actions: int = 1,
+    max_actions: int = 3,
+    gamma: st.SearchStrategy[float] | float | None = None,
+) -> MDP:
+    """Episodic MDPs with 1-2 terminal states (absorbing, zero reward) in which EVERY policy is
+    proper: each non-terminal ``(s, a)`` row gives a terminal state positive weight. ``gamma`` is
+    drawn from {1, 0.9, [0.5, 1]} by default, so the episodic case gamma = 1 is tried first."""
+    S = draw(st.integers(max(min_states, 2), max_states))
+    T = draw(st.integers(1, min(2, S - 1)))
+    N = S - T
+    A = draw(st.integers(min_actions, max_actions))
+    P = np.zeros((S, A, S))
+    for s in range(N):
+        for a in range(A):
+            w = np.asarray(draw(st.lists(st.integers(0, MAX_WEIGHT), min_size=S, max_size=S)), float)
+            w[N + draw(st.integers(0, T - 1))] += draw(st.integers(1, MAX_WEIGHT))
+            P[s, a] = w / w.sum()
+    P[np.arange(N, S), :, np.arange(N, S)] = 1.0
+    r = draw(rewards((S, A)))
+    r[N:] = 0.0
+    rho0 = np.zeros(S)
+    rho0[:N] = draw(distributions(N))
+    episodic_gammas = st.one_of(st.just(1.0), st.just(0.9), st.floats(0.5, 1.0))
+    return MDP(P, r, rho0, _draw_gamma(draw, gamma, episodic_gammas), terminal=np.arange(S) >= N)
+
+
+@st.composite
+def policies(draw, num_states: int, num_actions: int, kind: str | None = None) -> np.ndarray:
+    """``[S, A]`` policies of one ``kind``: "stochastic" (integer weights, zeros allowed),
+    "positive" (every action has probability > 0), "deterministic" (one-hot), or
+    "near_deterministic" (one action has 1 - eps, eps in [1e-9, 1e-3], spread over the others).
+    Drawn among all four when ``kind`` is None."""
+    kinds = ["stochastic", "positive", "deterministic", "near_deterministic"]
+    k = draw(st.sampled_from(kinds)) if kind is None else kind
+    S, A = num_states, num_actions
+    if k == "stochastic":
+        return draw(stochastic_arrays((S, A)))
+    if k == "positive":
+        return draw(stochastic_arrays((S, A), allow_zeros=False))
+    actions = draw(st.lists(st.integers(0, A - 1), min_size=S, max_size=S))
+    pi = np.zeros((S, A))
+    pi[np.arange(S), actions] = 1.0
+    if k == "deterministic" or A == 1:
+        return pi
+    if k != "near_deterministic":
+        raise ValueError(f"unknown policy kind {k!r}")
+    eps = draw(st.floats(1e-9, 1e-3))
+    return pi * (1.0 - eps) + (1.0 - pi) * (eps / (A - 1))
+
+
+def policy_pairs(mdp: MDP, kind: str | None = None) -> st.SearchStrategy[tuple[np.ndarray, np.ndarray]]:
+    """Two policies for ``mdp`` (old, new), each drawn by :func:`policies`."""
+    S, A = mdp.num_states, mdp.num_actions
+    return st.tuples(policies(S, A, kind), policies(S, A, kind))
+
+
+def softmax_params(num_states: int, num_actions: int, scale: float = 3.0) -> st.SearchStrategy[np.ndarray]:
+    """``[S, A]`` softmax logits ``theta`` with entries in [-scale, scale] (shrinking to 0 = uniform)."""
+    n = num_states * num_actions
+    return st.lists(
+        st.floats(-scale, scale, allow_nan=False, allow_infinity=False), min_size=n, max_size=n
+    ).map(lambda xs: np.asarray(xs, dtype=np.float64).reshape(num_states, num_actions))
