@@ -1,0 +1,203 @@
+"""Conservative policy iteration for tabular policies (torch).
+
+spec: specs/trust_region.md section 5; seed 001 sections 4.4-4.5, (55)-(64).
+
+One CPI iteration, given (estimated) advantages ``A_hat [S, A]`` of the current policy pi and
+(estimated) normalised state occupancy ``d [S]``:
+
+1. greedy improvement (001 (62)): ``pi'(.|s)`` puts all mass on ``argmax_a A_hat(s, a)``;
+2. bound parameters (001 (58), (63)): ``g = sum_s d(s) sum_a pi'(a|s) A_hat(s, a) / (1 - gamma)``,
+   ``eps = max_s |sum_a pi'(a|s) A_hat(s, a)|``;
+3. step size (001 (63)): ``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))``, ``alpha = 0`` when
+   ``g <= 0`` (no guaranteed improvement: CPI stops);
+4. mixture update (001 (55), (64)): ``pi_new = (1 - alpha) pi + alpha pi'``.
+
+With exact A and d, ``J(pi_new) - J(pi) >= alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
+(001 (60)), the quantity :func:`cpi_improvement_bound` returns.
+
+Shapes: policies and advantages ``[S, A]``, state weights ``[S]``; all on one device; computed in
+``promote_types(dtype, float32)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "greedy_policy",
+    "cpi_bound_parameters",
+    "cpi_step_size",
+    "cpi_improvement_bound",
+    "mixture_policy",
+    "CPIStep",
+    "cpi_step",
+]
+
+_ROW_SUM_ATOL = 1e-6
+
+
+def _check_tensor(x, name: str, ndim: int) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def _check_distribution(x: torch.Tensor, name: str) -> None:
+    if bool((x < 0).any()):
+        raise ValueError(f"{name} has a negative probability")
+    worst = float((x.double().sum(dim=-1) - 1.0).abs().max())
+    if worst > _ROW_SUM_ATOL:
+        raise ValueError(f"{name} must sum to 1 along its last dim (off by up to {worst!r})")
+
+
+def _check_policy(policy, name: str) -> None:
+    _check_tensor(policy, name, 2)
+    _check_distribution(policy, name)
+
+
+def _check_gamma(gamma) -> float:
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
+        raise TypeError(f"gamma must be a real number, got {type(gamma).__name__}")
+    gamma = float(gamma)
+    if not 0.0 <= gamma < 1.0:
+        raise ValueError(f"gamma must lie in [0, 1) (the CPI bound has (1 - gamma) in a denominator), "
+                         f"got {gamma!r}")
+    return gamma
+
+
+def _dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
+    """Deterministic ``[S, A]`` policy maximising ``sum_a pi'(a|s) A_hat(s, a)`` in every state.
+
+    spec: trust_region.md eq. (13); seed 001 (62): the maximiser over all policies of the
+    importance-weighted surrogate ``E_{a ~ pi}[pi'(a|s) / pi(a|s) A_hat(s, a)]`` is greedy in
+    ``A_hat``. Ties go to the lowest action index (deterministic). Returns a one-hot tensor.
+    """
+    _check_tensor(advantages, "advantages", 2)
+    best = advantages.argmax(dim=-1)  # first maximal index on ties
+    return torch.nn.functional.one_hot(best, advantages.shape[-1]).to(_dtype(advantages))
+
+
+def cpi_bound_parameters(
+    target_policy: torch.Tensor, advantages: torch.Tensor, state_weights: torch.Tensor, gamma: float
+) -> tuple[float, float]:
+    """``(g, eps)`` of seed 001 (58) / step 3 of (63) (spec: trust_region.md eq. (14)).
+
+    ``g = sum_s d(s) sum_a pi'(a|s) A(s, a) / (1 - gamma)`` (the surrogate gain ``L_pi(pi') - J(pi)``),
+    ``eps = max_s |sum_a pi'(a|s) A(s, a)|`` over the *target* policy pi' (the seed-000 erratum uses
+    the mixture, which is alpha times smaller and breaks the bound).
+
+    Args:
+        target_policy: ``[S, A]`` pi'. advantages: ``[S, A]`` (estimated) ``A_pi``.
+        state_weights: ``[S]`` (estimated) normalised occupancy ``d_pi``. gamma: in [0, 1).
+    """
+    _check_policy(target_policy, "target_policy")
+    _check_tensor(advantages, "advantages", 2)
+    _check_tensor(state_weights, "state_weights", 1)
+    _check_distribution(state_weights, "state_weights")
+    gamma = _check_gamma(gamma)
+    if advantages.shape != target_policy.shape:
+        raise ValueError(f"advantages must have the policy's shape {tuple(target_policy.shape)}, "
+                         f"got {tuple(advantages.shape)}")
+    if state_weights.shape != (target_policy.shape[0],):
+        raise ValueError(f"state_weights must have shape [S] = ({target_policy.shape[0]},), "
+                         f"got {tuple(state_weights.shape)}")
+    dtype = _dtype(target_policy, advantages, state_weights)
+    per_state = (target_policy.to(dtype) * advantages.to(dtype)).sum(dim=-1)
+    g = float((state_weights.to(dtype) * per_state).sum()) / (1.0 - gamma)
+    eps = float(per_state.abs().max())
+    return g, eps
+
+
+def cpi_step_size(g: float, eps: float, gamma: float) -> float:
+    """``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))`` (spec: trust_region.md eq. (15); seed 001
+    (61), (63)), the maximiser over [0, 1] of the bound (60).
+
+    ``g <= 0`` gives 0 (no guaranteed improvement). ``gamma = 0`` or ``eps = 0`` (with ``g > 0``)
+    give 1: the penalty term of (60) vanishes.
+    """
+    gamma = _check_gamma(gamma)
+    for value, name in ((g, "g"), (eps, "eps")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if g <= 0.0:
+        return 0.0
+    if gamma == 0.0 or eps == 0.0:
+        return 1.0
+    return min(1.0, (1.0 - gamma) ** 2 * g / (4.0 * gamma * eps))
+
+
+def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> float:
+    """Right side of seed 001 (60): ``alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
+    (spec: trust_region.md eq. (12)), a lower bound on ``J(pi_alpha) - J(pi)`` for exact g, eps."""
+    gamma = _check_gamma(gamma)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+    return alpha * g - 2.0 * gamma * eps * alpha**2 / (1.0 - gamma) ** 2
+
+
+def mixture_policy(policy: torch.Tensor, target_policy: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``(1 - alpha) pi + alpha pi'`` (spec: trust_region.md eq. (11); seed 001 (55), (64))."""
+    _check_policy(policy, "policy")
+    _check_policy(target_policy, "target_policy")
+    if policy.shape != target_policy.shape:
+        raise ValueError(f"policy and target_policy must have the same shape, got {tuple(policy.shape)} "
+                         f"and {tuple(target_policy.shape)}")
+    if policy.device != target_policy.device:
+        raise ValueError(f"policy and target_policy must be on one device, got {policy.device} "
+                         f"and {target_policy.device}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be a real number in [0, 1], got {alpha!r}")
+    dtype = _dtype(policy, target_policy)
+    return (1.0 - alpha) * policy.to(dtype) + alpha * target_policy.to(dtype)
+
+
+class CPIStep(NamedTuple):
+    """One CPI iteration: the new policy, the greedy target pi', the step size, the bound
+    parameters, the guaranteed improvement (001 (60) at alpha) and whether CPI stopped (g <= 0:
+    the policy is returned unchanged)."""
+
+    policy: torch.Tensor
+    target_policy: torch.Tensor
+    alpha: float
+    g: float
+    eps: float
+    improvement_bound: float
+    stopped: bool
+
+
+def cpi_step(
+    policy: torch.Tensor, advantages: torch.Tensor, state_weights: torch.Tensor, gamma: float
+) -> CPIStep:
+    """One iteration of conservative policy iteration (spec: trust_region.md section 5; seed 001
+    4.5 steps 2-5, (62)-(64)) from (estimated) advantages ``[S, A]`` and normalised occupancy
+    ``[S]`` of ``policy``. Stops cleanly (``stopped=True``, alpha 0, policy unchanged) when g <= 0.
+    """
+    _check_policy(policy, "policy")
+    _check_tensor(advantages, "advantages", 2)
+    if advantages.shape != policy.shape:
+        raise ValueError(f"advantages must have the policy's shape {tuple(policy.shape)}, "
+                         f"got {tuple(advantages.shape)}")
+    target = greedy_policy(advantages)
+    g, eps = cpi_bound_parameters(target, advantages, state_weights, gamma)
+    alpha = cpi_step_size(g, eps, gamma)
+    if alpha == 0.0:
+        return CPIStep(policy.to(_dtype(policy)).clone(), target, 0.0, g, eps, 0.0, True)
+    new_policy = mixture_policy(policy, target, alpha)
+    return CPIStep(new_policy, target, alpha, g, eps, cpi_improvement_bound(g, eps, alpha, gamma), False)

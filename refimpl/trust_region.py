@@ -1,0 +1,436 @@
+"""Trust-region policy updates: conjugate gradient, Fisher-vector products, natural step, TRPO.
+
+spec: specs/trust_region.md; seed 001 section 4.6 (65)-(74), algorithm 4.6.4.
+
+A policy is given as a function ``log_prob_fn(params) -> [N, A]``: the action log-probabilities
+at N states (tabular: all S states; otherwise a batch of visited states), differentiable in a
+floating-point tensor ``params`` of any shape (a neural network's parameters flattened with
+``torch.nn.utils.parameters_to_vector`` and read back with ``torch.func.functional_call`` work).
+States are weighted by ``state_weights [N]`` (non-negative, summing to 1: the exact normalised
+occupancy d, or ``1/N`` for an empirical mean over visited states).
+
+The trust region uses ``KL(pi_old || pi_new)`` (seed 001 (66)-(70), the TRPO paper): it is an
+expectation under the old policy, so it is estimable from the data that pi_old generated, and its
+Hessian in the new parameters at ``params_old`` is the Fisher matrix (spec: trust_region.md
+section 2). The line search uses the exact mean KL, not its quadratic model.
+
+Everything is device-agnostic (tensors are created on the input's device) and runs in
+``promote_types(dtype, float32)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from refimpl.kl import categorical_kl
+
+__all__ = [
+    "CGResult",
+    "conjugate_gradient",
+    "mean_kl",
+    "fisher_vector_product_fn",
+    "fisher_vector_product",
+    "trust_region_step_scale",
+    "NaturalGradientStep",
+    "natural_gradient_direction",
+    "natural_gradient_step",
+    "TRPOCandidate",
+    "TRPOSearchRecord",
+    "trpo_step",
+]
+
+LogProbFn = Callable[[torch.Tensor], torch.Tensor]
+SurrogateFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+# ----------------------------------------------------------------------------- validation helpers
+def _check_float_tensor(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _dot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x * y).sum()
+
+
+def _check_positive_int(x, name: str, minimum: int = 1) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    return x
+
+
+def _check_nonnegative_real(x, name: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    x = float(x)
+    if not math.isfinite(x) or x < 0.0:
+        raise ValueError(f"{name} must be finite and >= 0, got {x!r}")
+    return x
+
+
+def _check_state_weights(state_weights, num_states: int, ref: torch.Tensor) -> torch.Tensor:
+    _check_float_tensor(state_weights, "state_weights")
+    if state_weights.shape != (num_states,):
+        raise ValueError(f"state_weights must have shape [N] = ({num_states},) matching log_prob_fn's "
+                         f"output, got {tuple(state_weights.shape)}")
+    if state_weights.device != ref.device:
+        raise ValueError(f"state_weights must be on {ref.device}, got {state_weights.device}")
+    if bool((state_weights < 0).any()):
+        raise ValueError("state_weights must be non-negative")
+    total = float(state_weights.double().sum())
+    if abs(total - 1.0) > 1e-6:
+        raise ValueError(f"state_weights must sum to 1 (a distribution over states), got {total!r}")
+    return state_weights.to(_work_dtype(ref))
+
+
+def _log_probs(log_prob_fn: LogProbFn, params: torch.Tensor) -> torch.Tensor:
+    logp = log_prob_fn(params)
+    if not isinstance(logp, torch.Tensor) or logp.ndim != 2:
+        shape = tuple(logp.shape) if isinstance(logp, torch.Tensor) else type(logp).__name__
+        raise ValueError(f"log_prob_fn must return a [N, A] tensor of log-probabilities, got {shape}")
+    return logp
+
+
+# ----------------------------------------------------------------------------- conjugate gradient
+class CGResult(NamedTuple):
+    """Result of :func:`conjugate_gradient`.
+
+    ``solution`` has the shape of ``b``; ``iterations`` counts matrix-vector products;
+    ``residual_norm`` is the recursively updated ``||b - M x||`` (equal to the true residual in
+    exact arithmetic); ``relative_residual = residual_norm / ||b||``; ``converged`` says whether
+    ``relative_residual <= tol`` was reached within ``iters``.
+    """
+
+    solution: torch.Tensor
+    iterations: int
+    residual_norm: float
+    relative_residual: float
+    converged: bool
+
+
+def conjugate_gradient(
+    matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int, tol: float = 1e-10
+) -> CGResult:
+    """Solve ``M x = b`` for symmetric positive (semi-)definite M by conjugate gradient.
+
+    spec: trust_region.md eq. (1); seed 001 (73) ("solved with conjugate gradient"). Starts from
+    ``x = 0`` and stops as soon as the relative residual ``||b - M x|| / ||b|| <= tol`` or after
+    ``iters`` products. For a singular PSD M with b in its range (the softmax Fisher), the iterates
+    stay in the Krylov space of b, so the limit is the minimum-norm solution. A direction with
+    ``p^T M p <= 0`` (M not positive definite there, or exhausted precision) stops the iteration.
+    ``b = 0`` returns ``x = 0`` after 0 iterations.
+
+    Args:
+        matvec: ``x -> M x``, shape-preserving.
+        b: right-hand side of any shape (inner products run over all entries).
+        iters: maximum number of iterations (>= 1).
+        tol: relative-residual tolerance (>= 0).
+    Returns:
+        :class:`CGResult` (solution in ``promote_types(b.dtype, float32)``).
+    """
+    _check_float_tensor(b, "b")
+    iters = _check_positive_int(iters, "iters")
+    tol = _check_nonnegative_real(tol, "tol")
+    b = b.to(_work_dtype(b))
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = r.clone()
+    rs = float(_dot(r, r))
+    b_norm = math.sqrt(rs)
+    if b_norm == 0.0:
+        return CGResult(x, 0, 0.0, 0.0, True)
+    done = 0
+    while done < iters and math.sqrt(rs) > tol * b_norm:
+        mp = matvec(p)
+        if not isinstance(mp, torch.Tensor) or mp.shape != p.shape:
+            raise ValueError(f"matvec must return a tensor of shape {tuple(p.shape)}")
+        p_m_p = float(_dot(p, mp.to(p.dtype)))
+        if not p_m_p > 0.0:
+            break
+        step = rs / p_m_p
+        x = x + step * p
+        r = r - step * mp.to(p.dtype)
+        rs_new = float(_dot(r, r))
+        p = r + (rs_new / rs) * p
+        rs = rs_new
+        done += 1
+    residual = math.sqrt(rs)
+    return CGResult(x, done, residual, residual / b_norm, residual <= tol * b_norm)
+
+
+# ----------------------------------------------------------------------------- KL and Fisher
+def mean_kl(
+    log_prob_fn: LogProbFn, old_log_probs: torch.Tensor, params: torch.Tensor, state_weights: torch.Tensor
+) -> torch.Tensor:
+    """Exact mean KL ``sum_s w_s KL(pi_old(.|s) || pi_params(.|s))`` (spec: trust_region.md eq. (2);
+    seed 001 (67), (70)).
+
+    ``old_log_probs [N, A]`` are pi_old's log-probabilities (treated as constants; ``-inf`` marks a
+    zero-probability action, which contributes 0). Differentiable in ``params``. Returns a scalar.
+    """
+    _check_float_tensor(params, "params")
+    logp = _log_probs(log_prob_fn, params)
+    if logp.shape != old_log_probs.shape:
+        raise ValueError(f"log_prob_fn(params) has shape {tuple(logp.shape)} but old_log_probs has "
+                         f"shape {tuple(old_log_probs.shape)}")
+    weights = _check_state_weights(state_weights, logp.shape[0], logp)
+    per_state = categorical_kl(old_log_probs.detach(), logp, check_finite=False)
+    return (weights * per_state).sum()
+
+
+def fisher_vector_product_fn(
+    log_prob_fn: LogProbFn, params: torch.Tensor, state_weights: torch.Tensor, *, damping: float = 0.0
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Return ``v -> (F + damping I) v`` with F the Hessian of the mean KL at ``params``.
+
+    spec: trust_region.md eq. (3)-(4); seed 001 (72). ``F = grad^2_theta sum_s w_s KL(pi_params(.|s)
+    || pi_theta(.|s))`` at ``theta = params``, which equals the Fisher information
+    ``sum_s w_s E_{a ~ pi}[grad log pi grad log pi^T]``. Computed by double backprop: the gradient
+    of the KL is built once with ``create_graph=True`` and each product is one more backward pass
+    through ``grad(KL) . v`` (the matrix is never formed).
+    """
+    _check_float_tensor(params, "params")
+    damping = _check_nonnegative_real(damping, "damping")
+    theta = params.detach().to(_work_dtype(params)).requires_grad_(True)
+    with torch.enable_grad():
+        logp = _log_probs(log_prob_fn, theta)
+        if not bool(torch.isfinite(logp).any(dim=-1).all()) or bool(torch.isnan(logp).any()):
+            raise ValueError("log_prob_fn(params) must have no NaN and a finite entry in every row")
+        kl = mean_kl(log_prob_fn, logp.detach(), theta, state_weights)
+        (grad_kl,) = torch.autograd.grad(kl, theta, create_graph=True)
+
+    def fvp(vector: torch.Tensor) -> torch.Tensor:
+        if not isinstance(vector, torch.Tensor) or vector.shape != theta.shape:
+            raise ValueError(f"vector must be a tensor of the parameters' shape {tuple(theta.shape)}")
+        v = vector.detach().to(theta.dtype)
+        with torch.enable_grad():
+            (hv,) = torch.autograd.grad(_dot(grad_kl, v), theta, retain_graph=True)
+        return hv.detach() + damping * v
+
+    return fvp
+
+
+def fisher_vector_product(
+    log_prob_fn: LogProbFn,
+    params: torch.Tensor,
+    vector: torch.Tensor,
+    state_weights: torch.Tensor,
+    *,
+    damping: float = 0.0,
+) -> torch.Tensor:
+    """``(F + damping I) v`` for one vector (see :func:`fisher_vector_product_fn`; spec:
+    trust_region.md eq. (3)-(4)). Returns a tensor of the parameters' shape."""
+    _check_float_tensor(vector, "vector")
+    return fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)(vector)
+
+
+def trust_region_step_scale(direction: torch.Tensor, fisher_direction: torch.Tensor, max_kl: float) -> float:
+    """``beta = sqrt(2 delta / (s^T F s))`` so that ``0.5 (beta s)^T F (beta s) = delta``.
+
+    spec: trust_region.md eq. (6); seed 001 (74). Seeds 000 and 002 write
+    ``sqrt(2 delta / (g^T F g))`` for the step ``beta F^-1 g``: an erratum (trust_region.md
+    section 4). Raises ValueError when ``s^T F s <= 0`` (no curvature along s).
+    """
+    max_kl = _check_nonnegative_real(max_kl, "max_kl")
+    curvature = float(_dot(direction, fisher_direction))
+    if not curvature > 0.0:
+        raise ValueError(f"s^T F s must be > 0 to scale the step, got {curvature!r}")
+    return math.sqrt(2.0 * max_kl / curvature)
+
+
+# ----------------------------------------------------------------------------- natural gradient
+class NaturalGradientStep(NamedTuple):
+    """``params = params_old + step_size * direction`` with ``direction ~ F^-1 gradient``."""
+
+    params: torch.Tensor
+    direction: torch.Tensor
+    cg: CGResult
+
+
+def natural_gradient_direction(
+    log_prob_fn: LogProbFn,
+    params: torch.Tensor,
+    gradient: torch.Tensor,
+    state_weights: torch.Tensor,
+    *,
+    cg_iters: int = 50,
+    cg_tol: float = 1e-10,
+    damping: float = 0.0,
+) -> CGResult:
+    """Solve ``(F + damping I) s = gradient`` by CG with Fisher-vector products.
+
+    spec: trust_region.md eq. (5); seed 001 (73). For a tabular softmax policy with the exact
+    gradient of J and F weighted by the normalised occupancy, the CG (minimum-norm) solution is
+    ``(A - mean_a A) / (1 - gamma)`` on states with d > 0 (trust_region.md eq. (8)).
+    """
+    _check_float_tensor(gradient, "gradient")
+    if gradient.shape != params.shape:
+        raise ValueError(f"gradient must have the parameters' shape {tuple(params.shape)}, "
+                         f"got {tuple(gradient.shape)}")
+    fvp = fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)
+    return conjugate_gradient(fvp, gradient, cg_iters, cg_tol)
+
+
+def natural_gradient_step(
+    log_prob_fn: LogProbFn,
+    params: torch.Tensor,
+    gradient: torch.Tensor,
+    state_weights: torch.Tensor,
+    step_size: float,
+    *,
+    cg_iters: int = 50,
+    cg_tol: float = 1e-10,
+    damping: float = 0.0,
+) -> NaturalGradientStep:
+    """One natural-gradient ascent step ``params + step_size * F^-1 gradient``.
+
+    spec: trust_region.md eq. (7); Kakade (2001). For tabular softmax with exact advantages this is
+    ``pi_new(a|s) ∝ pi(a|s) exp(step_size A(s, a) / (1 - gamma))`` (trust_region.md eq. (9)).
+    """
+    step_size = _check_nonnegative_real(step_size, "step_size")
+    cg = natural_gradient_direction(log_prob_fn, params, gradient, state_weights,
+                                    cg_iters=cg_iters, cg_tol=cg_tol, damping=damping)
+    new_params = (params.detach().to(cg.solution.dtype) + step_size * cg.solution).to(params.dtype)
+    return NaturalGradientStep(new_params, cg.solution, cg)
+
+
+# ----------------------------------------------------------------------------- TRPO
+class TRPOCandidate(NamedTuple):
+    """One point ``params_old + fraction * beta * s`` tried by the line search."""
+
+    fraction: float
+    improvement: float  # surrogate(candidate) - surrogate(params_old)
+    kl: float  # exact mean KL(pi_old || pi_candidate)
+
+
+@dataclass(frozen=True)
+class TRPOSearchRecord:
+    """What :func:`trpo_step` did (spec: trust_region.md section 3).
+
+    ``status`` is ``"accepted"``, ``"no_acceptable_step"`` (every candidate broke the KL limit or
+    did not improve: the parameters are returned unchanged), ``"zero_gradient"`` or
+    ``"no_curvature"`` (``s^T F s <= 0``; no step). ``backtracks`` is the number of shrinks
+    before the accepted candidate (``max_backtracks`` when none was accepted), ``step_fraction``
+    the accepted ``xi^backtracks`` (0 when none). ``expected_improvement`` is the linear model
+    ``g^T (params_new - params_old)``, ``actual_improvement`` the surrogate's change and ``kl`` the
+    exact mean KL at the accepted point (all 0 without a step). ``quadratic_kl`` is
+    ``0.5 step^T F step`` (``= step_fraction^2 * max_kl``). ``candidates`` lists every point tried.
+    """
+
+    status: str
+    backtracks: int
+    step_fraction: float
+    full_step_scale: float
+    expected_improvement: float
+    actual_improvement: float
+    kl: float
+    quadratic_kl: float
+    max_kl: float
+    cg: CGResult
+    candidates: tuple[TRPOCandidate, ...]
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+
+def trpo_step(
+    surrogate_fn: SurrogateFn,
+    log_prob_fn: LogProbFn,
+    params: torch.Tensor,
+    state_weights: torch.Tensor,
+    max_kl: float,
+    *,
+    cg_iters: int = 10,
+    cg_tol: float = 1e-10,
+    damping: float = 0.0,
+    backtrack_ratio: float = 0.5,
+    max_backtracks: int = 10,
+) -> tuple[torch.Tensor, TRPOSearchRecord]:
+    """One TRPO update (spec: trust_region.md section 3; seed 001 4.6.4, (69)-(74)).
+
+    1. ``g = grad surrogate_fn`` at ``params`` (001 (71));
+    2. ``s`` solves ``(F + damping I) s = g`` by CG with Fisher-vector products (001 (73));
+    3. ``beta = sqrt(2 max_kl / s^T F s)`` with the undamped F (001 (74)), so the full step's
+       quadratic KL is exactly ``max_kl``;
+    4. backtracking along ``xi^k beta s``, ``k = 0..max_backtracks``, ``xi = backtrack_ratio``:
+       accept the first (largest) candidate whose surrogate improvement is ``> 0`` and whose
+       *exact* mean KL ``sum_s w_s KL(pi_old || pi_new) <= max_kl`` (001 4.6.4 step 5, with a
+       strict improvement so that a zero step is never "accepted").
+
+    Args:
+        surrogate_fn: ``params -> scalar`` objective to maximise, e.g. the importance-weighted
+            surrogate (001 (69)) built from ``log_prob_fn``; differentiable.
+        log_prob_fn: ``params -> [N, A]`` action log-probabilities.
+        params: current parameters (any shape, floating point).
+        state_weights: ``[N]`` weights of the mean KL (a distribution over the N states).
+        max_kl: the trust-region radius delta (> 0).
+    Returns:
+        ``(new_params, record)``: new parameters (the old ones, cloned, when no step is accepted)
+        and a :class:`TRPOSearchRecord`.
+    """
+    _check_float_tensor(params, "params")
+    max_kl = _check_nonnegative_real(max_kl, "max_kl")
+    if max_kl == 0.0:
+        raise ValueError("max_kl must be > 0")
+    ratio = _check_nonnegative_real(backtrack_ratio, "backtrack_ratio")
+    if not 0.0 < ratio < 1.0:
+        raise ValueError(f"backtrack_ratio must lie in (0, 1), got {ratio!r}")
+    max_backtracks = _check_positive_int(max_backtracks, "max_backtracks", minimum=0)
+
+    theta = params.detach().to(_work_dtype(params)).requires_grad_(True)
+    with torch.enable_grad():
+        surrogate_old = surrogate_fn(theta)
+        if not isinstance(surrogate_old, torch.Tensor) or surrogate_old.numel() != 1:
+            raise ValueError("surrogate_fn must return a scalar tensor")
+        (g,) = torch.autograd.grad(surrogate_old.reshape(()), theta)
+    surrogate_old = float(surrogate_old.detach())
+    theta = theta.detach()
+    with torch.no_grad():
+        old_log_probs = _log_probs(log_prob_fn, theta)
+    fvp = fisher_vector_product_fn(log_prob_fn, theta, state_weights, damping=damping)
+    cg = conjugate_gradient(fvp, g, cg_iters, cg_tol)
+
+    def no_step(status: str, scale: float, candidates=()) -> tuple[torch.Tensor, TRPOSearchRecord]:
+        record = TRPOSearchRecord(status, max_backtracks if candidates else 0, 0.0, scale, 0.0, 0.0, 0.0,
+                                  0.0, max_kl, cg, tuple(candidates))
+        return params.detach().clone(), record
+
+    if float(_dot(g, g)) == 0.0:
+        return no_step("zero_gradient", 0.0)
+    direction = cg.solution
+    undamped = fisher_vector_product_fn(log_prob_fn, theta, state_weights)(direction)
+    if not float(_dot(direction, undamped)) > 0.0:
+        return no_step("no_curvature", 0.0)
+    scale = trust_region_step_scale(direction, undamped, max_kl)
+    full_step = scale * direction
+    expected_full = float(_dot(g, full_step))
+
+    candidates = []
+    for k in range(max_backtracks + 1):
+        fraction = ratio**k
+        candidate = theta + fraction * full_step
+        with torch.no_grad():
+            improvement = float(surrogate_fn(candidate)) - surrogate_old
+            kl = float(mean_kl(log_prob_fn, old_log_probs, candidate, state_weights))
+        candidates.append(TRPOCandidate(fraction, improvement, kl))
+        if improvement > 0.0 and kl <= max_kl:
+            record = TRPOSearchRecord("accepted", k, fraction, scale, fraction * expected_full, improvement,
+                                      kl, fraction**2 * max_kl, max_kl, cg, tuple(candidates))
+            return candidate.to(params.dtype), record
+    return no_step("no_acceptable_step", scale, candidates)
