@@ -6,6 +6,7 @@ name of the submodules is re-exported here (each submodule lists its names in ``
 
 from tabular.control import *  # noqa: F403
 from tabular.evaluation import *  # noqa: F403
+from tabular.exact import *  # noqa: F403
 from tabular.examples import *  # noqa: F403
 from tabular.gradients import *  # noqa: F403
 from tabular.improvement import *  # noqa: F403
