@@ -11,3 +11,4 @@ from tabular.examples import *  # noqa: F403
 from tabular.gradients import *  # noqa: F403
 from tabular.improvement import *  # noqa: F403
 from tabular.mdp import *  # noqa: F403
+from tabular.sequences import *  # noqa: F403

@@ -165,3 +165,28 @@ def softmax_params(num_states: int, num_actions: int, scale: float = 3.0) -> st.
     return st.lists(
         st.floats(-scale, scale, allow_nan=False, allow_infinity=False), min_size=n, max_size=n
     ).map(lambda xs: np.asarray(xs, dtype=np.float64).reshape(num_states, num_actions))
+
+
+# ------------------------------------------------------------- token trees (tabular.sequences)
+def token_tree_shapes(max_sequences: int = 15) -> st.SearchStrategy[tuple[int, int, int]]:
+    """``(vocab_size, max_len, eos)`` of a token tree with at most ``max_sequences`` responses
+    (V in 2..4, L in 1..3; shrinks towards V = 2, L = 1, eos = 0)."""
+
+    def responses(v: int, length: int) -> int:
+        return sum((v - 1) ** t for t in range(length)) + (v - 1) ** length
+
+    shapes = [(v, n) for v in (2, 3, 4) for n in (1, 2, 3) if responses(v, n) <= max_sequences]
+    return st.sampled_from(shapes).flatmap(lambda s: st.integers(0, s[0] - 1).map(lambda e: (s[0], s[1], e)))
+
+
+def tree_logits(num_states: int, vocab_size: int, scale: float = 2.0) -> st.SearchStrategy[np.ndarray]:
+    """``[S, V]`` logit table of a token-tree policy (entries in [-scale, scale])."""
+    return softmax_params(num_states, vocab_size, scale)
+
+
+def sequence_rewards(num_sequences: int, binary: bool = False) -> st.SearchStrategy[np.ndarray]:
+    """``[Y]`` rewards per response: multiples of 1/4 in [-2, 2], or 0/1 when ``binary``."""
+    values = st.integers(0, 1) if binary else st.integers(-8, 8).map(lambda k: k / 4)
+    return st.lists(values, min_size=num_sequences, max_size=num_sequences).map(
+        lambda xs: np.asarray(xs, dtype=np.float64)
+    )
