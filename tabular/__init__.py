@@ -12,3 +12,4 @@ from tabular.gradients import *  # noqa: F403
 from tabular.improvement import *  # noqa: F403
 from tabular.mdp import *  # noqa: F403
 from tabular.sequences import *  # noqa: F403
+from tabular.trajectories import *  # noqa: F403

@@ -1,0 +1,349 @@
+"""Return, advantage and importance-sampling estimators, batched over trajectories (torch).
+
+spec: specs/estimators.md. Per-step inputs are ``[N, T]`` (N rows, time along dim 1). A row may
+hold several episodes back to back (a vectorised environment resets in place): episode ends are
+given by two distinct flags,
+
+- ``terminated[:, t]``: step t reached a terminal state; nothing is bootstrapped after it;
+- ``truncated[:, t]``: a time limit cut the episode after step t in a non-terminal state; the
+  value of its *final* observation, ``next_values[:, t]``, is bootstrapped and the trace stops.
+
+Merging the two is impossible by construction: every function that cuts traces takes both flags,
+rejects a step flagged as both, and every truncated step (and the last step of a row that ends
+mid-episode) is bootstrapped from ``next_values``, which is required whenever such a step exists.
+
+Dtypes: float16/bfloat16 inputs are computed in float32, float32 and float64 in their own dtype.
+A loop over time is used for recursions; everything is vectorised over the batch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "GAEOutput",
+    "discounted_returns",
+    "n_step_returns",
+    "td_errors",
+    "lambda_returns",
+    "gae_advantages",
+    "importance_weights",
+    "is_estimate",
+    "snis_estimate",
+    "trajectory_importance_weights",
+    "trajectory_is",
+    "per_decision_is",
+]
+
+
+class GAEOutput(NamedTuple):
+    """``advantages [N, T]`` and value targets ``returns = advantages + values`` ``[N, T]``."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# validation helpers
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _float_2d(x, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be [N, T], got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (like rewards), got {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return x
+
+
+def _flag_2d(x, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape} (like rewards), got {tuple(x.shape)}")
+    if x.dtype != torch.bool:
+        if not ((x == 0) | (x == 1)).all():
+            raise ValueError(f"{name} must be bool or 0/1")
+        x = x != 0
+    return x
+
+
+def _check_gamma(gamma: float, name: str = "gamma") -> float:
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(gamma).__name__}")
+    if not 0.0 <= float(gamma) <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {gamma!r}")
+    return float(gamma)
+
+
+def _episode_flags(rewards, terminated, truncated):
+    shape = tuple(rewards.shape)
+    term = _flag_2d(terminated, "terminated", shape)
+    trunc = _flag_2d(truncated, "truncated", shape)
+    if (term & trunc).any():
+        raise ValueError("a step cannot be both terminated and truncated (terminated takes precedence "
+                         "in the environment; fix the flags)")
+    return term, trunc
+
+
+def _bootstrap_points(term: torch.Tensor, trunc: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` bool: steps after which the return is cut and bootstrapped from next_values:
+    truncated steps and the last column where the episode has not terminated."""
+    boot = trunc.clone()
+    boot[:, -1] |= ~term[:, -1]
+    return boot
+
+
+# ---------------------------------------------------------------------------------------------
+# returns and advantages
+
+
+def discounted_returns(rewards, terminated, truncated, gamma: float, next_values=None) -> torch.Tensor:
+    """Reward-to-go ``G_t = r_t + gamma G_{t+1}`` restarted at every episode end.
+
+    spec: estimators.md eq. (1)-(2); seed 001 (38). ``G_t = r_t`` after a terminated step,
+    ``G_t = r_t + gamma next_values_t`` after a truncated step and at the last column of a row that
+    ends mid-episode. ``next_values [N, T]`` (V of the observation after each step) is required
+    when such a bootstrap step exists: a silent zero bootstrap is never used (pass zeros
+    explicitly for a finite-horizon objective). Returns ``[N, T]``.
+    """
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    term, trunc = _episode_flags(rewards, terminated, truncated)
+    gamma = _check_gamma(gamma)
+    boot = _bootstrap_points(term, trunc)
+    dt = _compute_dtype(rewards)
+    if next_values is None:
+        if boot.any():
+            raise ValueError("next_values is required: some steps are truncated or the rollout ends "
+                             "mid-episode, and their returns must be bootstrapped")
+        nv = torch.zeros(shape, dtype=dt, device=rewards.device)
+    else:
+        nv = _float_2d(next_values, "next_values", shape).to(dt)
+    r = rewards.to(dt)
+    out = torch.empty(shape, dtype=dt, device=rewards.device)
+    g_next = torch.zeros(shape[0], dtype=dt, device=rewards.device)
+    zero = torch.zeros_like(g_next)
+    for t in range(shape[1] - 1, -1, -1):
+        tail = torch.where(term[:, t], zero, torch.where(boot[:, t], nv[:, t], g_next))
+        g_next = r[:, t] + gamma * tail
+        out[:, t] = g_next
+    return out
+
+
+def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n: int) -> torch.Tensor:
+    """n-step returns ``sum_{k<m} gamma^k r_{t+k} + gamma^m V(s_{t+m})``, ``m = min(n, ...)``.
+
+    spec: estimators.md eq. (3); seed 000 "Estimated Advantage" (A3C(k) uses n = k + 1). The sum
+    stops early at an episode end or the end of the row: after a terminated step nothing is added,
+    after a truncated step (or the row's last step) ``next_values`` of that step is bootstrapped.
+    Returns ``[N, T]``.
+    """
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    nv = _float_2d(next_values, "next_values", shape)
+    term, trunc = _episode_flags(rewards, terminated, truncated)
+    gamma = _check_gamma(gamma)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    dt = _compute_dtype(rewards)
+    N, T = shape
+    dev = rewards.device
+
+    def shifted(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+        """x[:, t + k], padded with ``fill`` beyond the row."""
+        pad = torch.full((N, min(k, T)), fill, dtype=x.dtype, device=dev)
+        return torch.cat([x[:, k:], pad], dim=1)
+
+    r, v = rewards.to(dt), nv.to(dt)
+    ended = term | trunc
+    ended[:, -1] = True  # the row's last step ends every partial sum
+    out = torch.zeros(shape, dtype=dt, device=dev)
+    alive = torch.ones(shape, dtype=torch.bool, device=dev)
+    disc = 1.0
+    for k in range(n):
+        r_k, v_k = shifted(r, k, 0.0), shifted(v, k, 0.0)
+        term_k, end_k = shifted(term, k, True), shifted(ended, k, True)
+        out = out + torch.where(alive, disc * r_k, torch.zeros_like(r_k))
+        last = alive & (end_k | (k == n - 1))
+        boot = torch.where(last & ~term_k, disc * gamma * v_k, torch.zeros_like(v_k))
+        out = out + boot
+        alive = alive & ~last
+        disc *= gamma
+    return out
+
+
+def td_errors(rewards, values, next_values, terminated, gamma: float) -> torch.Tensor:
+    """``delta_t = r_t + gamma (1 - terminated_t) next_values_t - values_t``.
+
+    spec: estimators.md eq. (4); seed 001 (80). A truncated step bootstraps from the value of its
+    final observation like any other non-terminated step, so no truncation flag is needed here.
+    Returns ``[N, T]``.
+    """
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    values = _float_2d(values, "values", shape)
+    nv = _float_2d(next_values, "next_values", shape)
+    term = _flag_2d(terminated, "terminated", shape)
+    gamma = _check_gamma(gamma)
+    dt = _compute_dtype(rewards)
+    boot = torch.where(term, torch.zeros_like(nv, dtype=dt), nv.to(dt))
+    return rewards.to(dt) + gamma * boot - values.to(dt)
+
+
+def lambda_returns(rewards, next_values, terminated, truncated, gamma: float, lam: float) -> torch.Tensor:
+    """lambda-returns by their own recursion (independent of GAE):
+
+    ``G^lam_t = r_t + gamma (1 - terminated_t) [(1 - lam) next_values_t + lam G^lam_{t+1}]``, with
+    ``G^lam_{t+1}`` replaced by ``next_values_t`` after a truncated step or at the row's end.
+    spec: estimators.md eq. (6). Equals ``gae_advantages(...).returns`` when
+    ``next_values[:, t] == values[:, t + 1]`` inside episodes. Returns ``[N, T]``.
+    """
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    nv = _float_2d(next_values, "next_values", shape)
+    term, trunc = _episode_flags(rewards, terminated, truncated)
+    gamma, lam = _check_gamma(gamma), _check_gamma(lam, "lam")
+    boot = _bootstrap_points(term, trunc)
+    dt = _compute_dtype(rewards)
+    r, v = rewards.to(dt), nv.to(dt)
+    out = torch.empty(shape, dtype=dt, device=rewards.device)
+    g_next = torch.zeros(shape[0], dtype=dt, device=rewards.device)
+    zero = torch.zeros_like(g_next)
+    for t in range(shape[1] - 1, -1, -1):
+        mixed = torch.where(boot[:, t], v[:, t], (1.0 - lam) * v[:, t] + lam * g_next)
+        g_next = r[:, t] + gamma * torch.where(term[:, t], zero, mixed)
+        out[:, t] = g_next
+    return out
+
+
+def gae_advantages(
+    rewards, values, next_values, terminated, truncated, gamma: float, lam: float
+) -> GAEOutput:
+    """Generalised advantage estimates ``A_t = sum_l (gamma lam)^l delta_{t+l}``.
+
+    spec: estimators.md eq. (5); seed 001 (80)-(81). ``delta_t = r_t + gamma (1 - terminated_t)
+    next_values_t - values_t``, where ``next_values_t`` is V of the observation after step t (for
+    a truncated step, its final observation). The trace stops after terminated or truncated steps
+    and at the end of the row. Shapes: all inputs ``[N, T]``. Returns
+    ``GAEOutput(advantages, returns)`` with ``returns = advantages + values`` (001 (81)).
+    """
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    term, trunc = _episode_flags(rewards, terminated, truncated)
+    values = _float_2d(values, "values", shape)
+    delta = td_errors(rewards, values, next_values, term, gamma)
+    lam = _check_gamma(lam, "lam")
+    decay = gamma * lam * (~(term | trunc)).to(delta.dtype)
+    adv = torch.empty_like(delta)
+    a_next = torch.zeros_like(delta[:, 0])
+    for t in range(shape[1] - 1, -1, -1):
+        a_next = delta[:, t] + (decay[:, t] * a_next if t < shape[1] - 1 else 0.0)
+        adv[:, t] = a_next
+    return GAEOutput(adv, adv + values.to(adv.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# importance sampling
+
+
+def importance_weights(target_logp, behavior_logp) -> torch.Tensor:
+    """``w = exp(target_logp - behavior_logp)`` elementwise (spec: estimators.md eq. (8);
+    seed 001 (4)); log-space, never a ratio of probabilities. Same shape as the inputs."""
+    for name, x in (("target_logp", target_logp), ("behavior_logp", behavior_logp)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating torch.Tensor")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or inf (a zero-probability action under the "
+                             "behaviour policy breaks importance sampling, seed 001 Remark 1.2)")
+    if target_logp.shape != behavior_logp.shape:
+        raise ValueError(f"target_logp {tuple(target_logp.shape)} and behavior_logp "
+                         f"{tuple(behavior_logp.shape)} must have the same shape")
+    dt = _compute_dtype(target_logp)
+    return torch.exp(target_logp.to(dt) - behavior_logp.to(dt))
+
+
+def _check_samples(f, weights, dim: int):
+    for name, x in (("f", f), ("weights", weights)):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating torch.Tensor")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{name} contains NaN or inf")
+    if f.shape != weights.shape:
+        raise ValueError(f"f {tuple(f.shape)} and weights {tuple(weights.shape)} must have the same shape")
+    if f.ndim == 0:
+        raise ValueError("f must have at least one dimension (the samples)")
+    if (weights < 0).any():
+        raise ValueError("weights must be non-negative")
+    dt = _compute_dtype(f)
+    return f.to(dt), weights.to(dt)
+
+
+def is_estimate(f, weights, dim: int = -1) -> torch.Tensor:
+    """Importance-sampling estimate ``(1/N) sum_i w_i f(x_i)`` over ``dim`` (spec: estimators.md
+    eq. (9); seed 001 (5)). Unbiased for ``E_p[f]`` when ``x_i ~ q`` and ``w = p/q``."""
+    f, w = _check_samples(f, weights, dim)
+    return (w * f).mean(dim)
+
+
+def snis_estimate(f, weights, dim: int = -1) -> torch.Tensor:
+    """Self-normalised IS ``sum_i w_i f_i / sum_i w_i`` over ``dim`` (spec: estimators.md
+    eq. (10); seed 001 Remark 1.3). Biased for finite N; with N = 1 it returns ``f(x_1)``, whose
+    expectation is ``E_q[f]``. A set of samples whose weights sum to 0 raises ValueError."""
+    f, w = _check_samples(f, weights, dim)
+    total = w.sum(dim)
+    if (total == 0).any():
+        raise ValueError("snis_estimate: the weights of a sample set sum to zero")
+    return (w * f).sum(dim) / total
+
+
+def _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma):
+    rewards = _float_2d(rewards, "rewards")
+    shape = tuple(rewards.shape)
+    mask = _flag_2d(mask, "mask", shape)
+    gamma = _check_gamma(gamma)
+    dt = _compute_dtype(rewards)
+    log_ratio = (_float_2d(target_logp, "target_logp", shape).to(dt)
+                 - _float_2d(behavior_logp, "behavior_logp", shape).to(dt))
+    m = mask.to(dt)
+    disc = gamma ** torch.arange(shape[1], dtype=dt, device=rewards.device)
+    return rewards.to(dt) * m, log_ratio * m, disc
+
+
+def trajectory_importance_weights(target_logp, behavior_logp, mask) -> torch.Tensor:
+    """``w(tau) = prod_t pi'(a_t|s_t) / pi(a_t|s_t)`` over the steps in ``mask`` (spec:
+    estimators.md eq. (11); seed 001 4.1.2), computed as ``exp(sum_t mask (logp' - logp))``.
+    Inputs ``[N, T]``; returns ``[N]``."""
+    target_logp = _float_2d(target_logp, "target_logp")
+    shape = tuple(target_logp.shape)
+    mask = _flag_2d(mask, "mask", shape)
+    behavior_logp = _float_2d(behavior_logp, "behavior_logp", shape)
+    dt = _compute_dtype(target_logp)
+    return torch.exp(((target_logp.to(dt) - behavior_logp.to(dt)) * mask.to(dt)).sum(1))
+
+
+def trajectory_is(rewards, target_logp, behavior_logp, mask, gamma: float) -> torch.Tensor:
+    """Per-trajectory IS estimates ``w(tau) sum_t gamma^t r_t`` (spec: estimators.md eq. (12);
+    seed 001 4.1.2). Each row is one episode starting at column 0; ``mask`` marks its steps.
+    Returns ``[N]``; their mean is the IS estimate of ``J(pi')``."""
+    r, log_ratio, disc = _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma)
+    return torch.exp(log_ratio.sum(1)) * (r * disc).sum(1)
+
+
+def per_decision_is(rewards, target_logp, behavior_logp, mask, gamma: float) -> torch.Tensor:
+    """Per-decision IS ``sum_t gamma^t (prod_{j<=t} pi'(a_j|s_j)/pi(a_j|s_j)) r_t`` per row (spec:
+    estimators.md eq. (13)): each reward is weighted only by the ratios of the actions before it.
+    Rows are episodes starting at column 0, ``mask`` marks their steps. Returns ``[N]``."""
+    r, log_ratio, disc = _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma)
+    return (torch.exp(log_ratio.cumsum(1)) * r * disc).sum(1)
