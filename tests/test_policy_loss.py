@@ -1,0 +1,261 @@
+"""policy_loss against its sympy spec (50 digits) and the slow loop reference, for every preset:
+random masks, ragged lengths (empty rows included), uneven groups, both advantage signs, ratios
+inside, outside and exactly on the clip boundaries and the dual-clip constant
+(spec: specs/policy_losses.md; seed 001 (78), (96)-(122), (116) with its erratum)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import sympy as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_policy_loss_reference import assert_close, exact_ratio_log, loop_reference, spec_loss_and_grad
+
+from refimpl.losses import (
+    BNPO,
+    CISPO,
+    DAPO,
+    DR_GRPO,
+    GRPO,
+    GSPO,
+    GSPO_TOKEN,
+    PPO,
+    PRESETS,
+    SAPO,
+    PolicyLossVariant,
+    get_preset,
+    policy_loss,
+)
+
+# Presets with clip bounds moved to binary fractions whose ratios round-trip exactly through
+# exp(log(.)) in float64, so a token can sit *exactly* on a boundary both in the spec (exact
+# log(b)) and in float64 (fl(log b), whose exp is b). Defaults are kept where already exact.
+BOUNDARY_SAFE = {
+    "ppo": dataclasses.replace(PPO, eps_low=0.25, eps_high=0.25),
+    "ppo_dual": dataclasses.replace(PPO, eps_low=0.25, eps_high=0.25, dual_clip=2.5),
+    "grpo": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, kl_coef=0.0625),
+    "dr_grpo": dataclasses.replace(DR_GRPO, eps_low=0.25, eps_high=0.25, max_length=5),
+    "dapo": dataclasses.replace(DAPO, eps_low=0.1875, eps_high=0.28125),
+    "bnpo": dataclasses.replace(BNPO, eps_low=0.25, eps_high=0.25, kl_coef=0.125, kl_estimator="k2"),
+    "gspo": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11),
+    "gspo_token": dataclasses.replace(GSPO_TOKEN, eps_low=2.0**-12, eps_high=2.0**-11),
+    "sapo": dataclasses.replace(SAPO, tau_pos=1.0, tau_neg=1.0625),
+    "cispo": dataclasses.replace(CISPO, eps_high=0.28125),
+    "seq_product": PolicyLossVariant(ratio="sequence_product", gate="clip", eps_low=0.25, eps_high=0.25,
+                                     aggregation="seq_mean"),
+}
+
+
+def boundaries(v: PolicyLossVariant) -> list[float]:
+    out = [1.0]
+    if v.gate in ("clip", "cispo"):
+        out += [1 - v.eps_low] if v.eps_low is not None else []
+        out += [1 + v.eps_high] if v.eps_high is not None else []
+    if v.dual_clip is not None:
+        out.append(v.dual_clip)
+    for b in out:  # the premise of the exact-boundary cases
+        assert math.exp(math.log(b)) == b and torch.exp(torch.tensor(math.log(b), dtype=torch.float64)) == b
+    return out
+
+
+@st.composite
+def loss_batches(draw, v: PolicyLossVariant, max_n: int = 4, max_t: int = 4):
+    """(logp, old_logp, advantages, mask, exact_logp) with garbage (NaN / 1e3) at masked entries.
+
+    Token kinds: random log-ratio in [-0.7, 0.7], far (|log r| in {1.5, 3}), or exactly on a
+    boundary b (old = 0, logp = fl(log b)); for sequence ratios the boundary sits on the
+    sequence ratio (one token carries n * log b with n in {1, 2, 4}, the rest 0)."""
+    n_rows, width = draw(st.integers(1, max_n)), draw(st.integers(1, max_t))
+    mask = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=width, max_size=width),
+                                      min_size=n_rows, max_size=n_rows)))
+    logp = torch.full((n_rows, width), float("nan"), dtype=torch.float64)
+    old = torch.full((n_rows, width), 1e3, dtype=torch.float64)
+    exact: dict = {}
+    bounds = boundaries(v)
+    sequence_level = v.ratio in ("sequence_mean", "sequence_product", "gspo_token")
+    for i in range(n_rows):
+        cols = [t for t in range(width) if bool(mask[i, t])]
+        n = len(cols)
+        seq_boundary = sequence_level and n > 0 and draw(st.booleans())
+        if seq_boundary:
+            b = draw(st.sampled_from(bounds))
+            multiple = n if v.ratio in ("sequence_mean", "gspo_token") else 1
+            if v.ratio != "sequence_product" and n == 3:
+                seq_boundary = False  # 3 * fl(log b) / 3 need not round-trip; use random tokens
+        for k, t in enumerate(cols):
+            if seq_boundary:
+                old[i, t] = 0.0
+                logp[i, t] = multiple * math.log(b) if k == 0 else 0.0
+                exact[(i, t)] = multiple * exact_ratio_log(b) if k == 0 else sp.Integer(0)
+                continue
+            kind = draw(st.sampled_from(["random", "random", "far", "boundary"]))
+            if kind == "boundary" and not sequence_level:
+                b = draw(st.sampled_from(bounds))
+                old[i, t], logp[i, t] = 0.0, math.log(b)
+                exact[(i, t)] = exact_ratio_log(b)
+                continue
+            old[i, t] = draw(st.floats(-3.0, -0.01))
+            if kind == "far":
+                log_r = draw(st.sampled_from([-3.0, -1.5, 1.5, 3.0]))
+            else:
+                log_r = draw(st.floats(-0.7, 0.7))
+            logp[i, t] = old[i, t] + log_r
+    per_token = v.ratio in ("token", "gspo_token") and draw(st.booleans())
+    adv_values = st.one_of(st.floats(-2.0, 2.0), st.sampled_from([0.0, 1.0, -1.0]))
+    if per_token:
+        adv = torch.tensor(draw(st.lists(adv_values, min_size=n_rows * width, max_size=n_rows * width)),
+                           dtype=torch.float64).reshape(n_rows, width)
+    else:
+        # uneven groups: group-mean-centred rewards over a random partition of the rows
+        rewards = torch.tensor(draw(st.lists(st.floats(-2, 2), min_size=n_rows, max_size=n_rows)),
+                               dtype=torch.float64)
+        groups = torch.tensor(draw(st.lists(st.integers(0, 1), min_size=n_rows, max_size=n_rows)))
+        adv = rewards.clone()
+        for g in groups.unique():
+            adv[groups == g] -= rewards[groups == g].mean()
+    return logp, old, adv, mask, exact
+
+
+def _extras(v: PolicyLossVariant, logp: torch.Tensor, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    extras = {}
+    if v.kl_coef > 0:
+        noise = torch.randn(logp.shape, generator=g, dtype=torch.float64)
+        extras["ref_logp"] = logp.nan_to_num(0.0) + 0.3 * noise
+    if v.entropy_coef > 0:
+        extras["entropy"] = torch.rand(logp.shape, generator=g, dtype=torch.float64)
+    return extras
+
+
+def _run(v, logp, old, adv, mask, **extras):
+    x = logp.clone().requires_grad_(True)
+    loss, metrics = policy_loss(x, old, adv, mask, v, **extras)
+    (grad,) = torch.autograd.grad(loss, x)
+    return loss.detach(), grad, metrics
+
+
+# The spec comparison evaluates a sympy expression at 50 digits per example (~0.1-0.5 s with
+# the build), so it runs fewer examples than the ci profile; the loop comparison below runs the
+# full profile.
+@pytest.mark.parametrize("name", sorted(BOUNDARY_SAFE))
+@settings(max_examples=8)
+@given(data=st.data())
+def test_loss_and_gradient_equal_the_50_digit_spec(name, data):
+    v = BOUNDARY_SAFE[name]
+    logp, old, adv, mask, exact = data.draw(loss_batches(v, max_n=3, max_t=3))
+    extras = _extras(v, logp, data.draw(st.integers(0, 2**16)))
+    loss, grad, _ = _run(v, logp, old, adv, mask, **extras)
+    spec_loss, spec_grad, scale = spec_loss_and_grad(v, logp, old, adv, mask, exact_logp=exact, **extras)
+    assert_close(loss, spec_loss, scale, f"{name} loss")
+    assert_close(grad, spec_grad, scale + float(spec_grad.abs().sum()), f"{name} gradient")
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDARY_SAFE))
+@given(data=st.data())
+def test_loss_and_gradient_equal_the_loop_reference(name, data):
+    v = BOUNDARY_SAFE[name]
+    logp, old, adv, mask, _ = data.draw(loss_batches(v))
+    extras = _extras(v, logp, data.draw(st.integers(0, 2**16)))
+    loss, grad, _ = _run(v, logp, old, adv, mask, **extras)
+    x = logp.clone().requires_grad_(True)
+    ref = loop_reference(x, old, adv, mask, v, **extras)
+    ref_grad = torch.autograd.grad(ref, x, allow_unused=True)[0] if ref.requires_grad else None
+    ref_grad = torch.zeros_like(logp) if ref_grad is None else ref_grad
+    scale = float(ref.detach().abs()) + float(ref_grad.abs().sum()) + 1.0
+    assert_close(loss, ref.detach(), scale, f"{name} loss vs loop")
+    assert_close(grad, ref_grad, scale, f"{name} gradient vs loop")
+
+
+def test_presets_use_their_documented_defaults():
+    """Preset values as documented in policy_losses.md table 2 (seed 001 (96)-(122), issue 5)."""
+    assert (PPO.gate, PPO.eps_low, PPO.eps_high, PPO.aggregation) == ("clip", 0.2, 0.2, "token_mean")
+    assert (GRPO.ratio, GRPO.aggregation, GRPO.kl_estimator) == ("token", "seq_mean_token_mean", "k3")
+    assert DR_GRPO.aggregation == "seq_sum" and DR_GRPO.max_length is None
+    assert (DAPO.eps_low, DAPO.eps_high, DAPO.aggregation, DAPO.kl_coef) == (0.2, 0.28, "token_mean", 0.0)
+    assert (BNPO.eps_low, BNPO.eps_high, BNPO.aggregation) == (0.2, 0.2, "token_mean")
+    assert (GSPO.ratio, GSPO.aggregation) == ("sequence_mean", "seq_mean")
+    assert (GSPO_TOKEN.ratio, GSPO_TOKEN.aggregation) == ("gspo_token", "seq_mean_token_mean")
+    assert (SAPO.gate, SAPO.aggregation) == ("sapo", "seq_mean_token_mean") and SAPO.tau_neg > SAPO.tau_pos
+    assert (CISPO.gate, CISPO.eps_low, CISPO.eps_high) == ("cispo", None, 0.28)
+    assert CISPO.aggregation == "token_mean"
+
+
+def test_get_preset_is_case_insensitive_and_rejects_unknown_names():
+    for name, v in PRESETS.items():
+        assert get_preset(name) is v and get_preset(name.upper()) is v
+    assert get_preset("Dr-GRPO") is DR_GRPO
+    with pytest.raises(ValueError, match="valid names: ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token"):
+        get_preset("trpo")
+    assert set(PRESETS) == {"ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo"}
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO: derivative w.r.t. the ratio is A * g_hard (seed 001 (116), erratum: not g_hard)
+
+
+def g_hard(r: float, a: float, eps_low: float, eps_high: float, c: float | None) -> float:
+    """seed 001 (116) with inclusive inequalities (plus r <= c under dual clip for A <= 0)."""
+    if a > 0:
+        return float(r <= 1 + eps_high)
+    return float(r >= 1 - eps_low and (c is None or r <= c))
+
+
+@pytest.mark.parametrize("dual_clip", [None, 2.5])
+@pytest.mark.parametrize("a", [1.5, -1.5, 0.0])
+@pytest.mark.parametrize("r", [0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.5, 4.0])
+def test_ppo_derivative_wrt_ratio_is_advantage_times_inclusive_gate(r, a, dual_clip):
+    v = dataclasses.replace(PPO, eps_low=0.25, eps_high=0.25, dual_clip=dual_clip)
+    log_r = torch.tensor([[math.log(r)]], dtype=torch.float64, requires_grad=True)
+    zero = torch.zeros(1, 1, dtype=torch.float64)
+    adv = torch.tensor([a], dtype=torch.float64)
+    loss, _ = policy_loss(log_r, zero, adv, torch.ones(1, 1, dtype=torch.bool), v)
+    (d_logr,) = torch.autograd.grad(loss, log_r)
+    # d loss / d r = (d loss / d log r) / r; the loss is minus the objective
+    d_objective_d_r = -float(d_logr) / r
+    assert d_objective_d_r == pytest.approx(a * g_hard(r, a, 0.25, 0.25, dual_clip), abs=1e-15)
+    # the value is the literal min-clip (and dual-clip) term of seed 001 (78)
+    value = min(r * a, min(max(r, 0.75), 1.25) * a)
+    if dual_clip is not None and a < 0:
+        value = max(value, dual_clip * a)
+    assert -float(loss) == pytest.approx(value, rel=1e-15, abs=1e-15)
+
+
+def test_gspo_token_equals_gspo_in_value_and_gradient():
+    """GSPO-token with per-sequence advantages is GSPO in value and gradient (md eq. (5))."""
+    g = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 5, generator=g, dtype=torch.float64)
+    old = logp + 0.02 * torch.randn(4, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(4, 5, generator=g) < 0.7
+    adv = torch.randn(4, generator=g, dtype=torch.float64)
+    for eps in (0.2, 1e-3):
+        a = _run(dataclasses.replace(GSPO, eps_low=eps, eps_high=eps), logp, old, adv, mask)
+        b = _run(dataclasses.replace(GSPO_TOKEN, eps_low=eps, eps_high=eps), logp, old, adv, mask)
+        assert torch.allclose(a[0], b[0], rtol=1e-13, atol=0)
+        assert torch.allclose(a[1], b[1], rtol=1e-12, atol=1e-15)
+
+
+def test_gspo_gradient_is_shared_by_the_tokens_of_a_sequence():
+    """seed 001 (111): without clipping every token of sequence i gets s_i A_i / (|y_i| N)."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]], dtype=torch.float64)
+    old = logp - torch.tensor([[0.1, -0.2, 0.05], [0.3, 0.1, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([0.7, -1.3], dtype=torch.float64)
+    _, grad, _ = _run(dataclasses.replace(GSPO, gate="none"), logp, old, adv, mask)
+    s = torch.exp(torch.tensor([(0.1 - 0.2 + 0.05) / 3, (0.3 + 0.1) / 2], dtype=torch.float64))
+    expected = -(s * adv / torch.tensor([3.0, 2.0], dtype=torch.float64) / 2).unsqueeze(-1) * mask
+    assert torch.allclose(grad, expected.to(torch.float64), rtol=1e-13, atol=0)
+
+
+def test_cispo_gradient_is_the_detached_clipped_weight_times_advantage():
+    """md eq. (9): d loss / d logp = -sg(clip(r, -, 1 + eps_high)) A / N_tok, no lower clip by default."""
+    log_r = torch.tensor([[-2.0, 0.1, 0.5]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -0.5, -0.2]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    loss, grad, _ = _run(CISPO, old + log_r, old, adv, torch.ones(1, 3, dtype=torch.bool))
+    w = torch.exp(log_r).clamp(max=1.28)
+    assert torch.allclose(grad, -w * adv / 3, rtol=1e-14, atol=0)
+    assert float(loss) == pytest.approx(float(-(w * adv * (old + log_r)).sum() / 3), rel=1e-14)
