@@ -1,0 +1,1000 @@
+"""The tiny-LM trainer: a supervised warm-up, then RL with any verified policy-loss preset.
+
+Reads top to bottom like the recipe of seed 001 section 5.3.2:
+
+1. **Warm-up** (``Trainer.warmup``): next-token training on generated solutions until held-out
+   *sampled* accuracy reaches ``sft_target_accuracy``, so RL starts from an imperfect policy whose
+   groups carry signal.
+2. **RL step** (``Trainer.rl_step``), repeated ``steps`` times:
+   freeze the behaviour policy; draw prompts; sample ``group_size`` responses per prompt
+   (``rollout.generate``); score them (``Task.rewards``, DAPO's soft overlong penalty); compute
+   advantages (``refimpl.advantages.group_advantages``; token-level GAE for PPO-RLHF); with DAPO's
+   dynamic sampling, keep drawing until enough groups have non-zero reward variance; recompute the
+   old-policy and reference log-probs with the trainer's own forward pass; then ``inner_epochs``
+   passes over ``minibatches`` optimizer steps, each accumulated over micro-batches of
+   ``refimpl.losses.policy_loss``, with the aggregation's normaliser counted over the whole
+   minibatch on every rank (all-reduce), so micro-batching and data parallelism give the gradient
+   of the full batch.
+3. **PPO-RLHF** (``loss="ppo"``): a value head, the KL to the reference folded into the per-token
+   reward (seed 001 (87)), token-level GAE (``refimpl.estimators.gae_advantages``, seed 001 (80)).
+
+The KL regulariser is minimised (``loss = -objective + beta * KL``) and counted inside the same
+global normaliser as the policy term (``policy_loss`` adds it before normalising).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from refimpl import advantages as adv_lib
+from refimpl import losses
+from refimpl.estimators import gae_advantages
+from refimpl.kl import kl_k3
+from refimpl.lm import distributed as dist_lib
+from refimpl.lm.model import GPT, GPTConfig
+from refimpl.lm.rollout import Rollout, generate, policy_logprobs, response_logits
+from refimpl.lm.tasks import EOS, PAD, VOCAB, Problems, get_task
+
+__all__ = [
+    "TrainConfig",
+    "RolloutBatch",
+    "Trainer",
+    "NonFiniteLossError",
+    "resolve_device",
+    "GROUP_PRESETS",
+    "LOSS_NAMES",
+]
+
+# Presets trained with group advantages; "ppo" is PPO-RLHF (value head, GAE, KL in the reward).
+GROUP_PRESETS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
+LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A NaN or infinite loss: training stops and the last good checkpoint is kept."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on (a checkpoint stores it). Defaults are the README main job."""
+
+    task: str = "addition"
+    loss: str = "dapo"
+    seed: int = 0
+    device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
+    compile: bool = False  # torch.compile the training forward pass
+    amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
+    # model (nanoGPT-like)
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    positions: str = "learned"
+    # supervised warm-up
+    sft_lr: float = 1e-3
+    sft_batch_size: int = 64
+    sft_max_steps: int = 3000
+    sft_eval_every: int = 10
+    sft_target_accuracy: float = 0.15  # held-out sampled accuracy that ends the warm-up
+    # RL
+    steps: int = 60
+    prompts_per_step: int = 32
+    group_size: int = 8
+    inner_epochs: int = 1
+    minibatches: int = 2  # optimizer steps per inner epoch
+    micro_batch_size: int = 128  # sequences per forward/backward (gradient accumulation)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 6
+    reward: str = "exact"  # "exact" or "partial"
+    kl_coef: float | None = None  # None: the preset's own
+    kl_estimator: str | None = None  # None: the preset's own ("k1", "k2", "k3")
+    entropy_coef: float | None = None  # None: the preset's own
+    advantage_scale: str | None = None  # None: "none" for dr_grpo, "group" otherwise
+    dynamic_sampling: bool | None = None  # None: on for dapo
+    max_sampling_rounds: int = 4
+    overlong_cache_len: int | None = None  # None: 2 for dapo, 0 (off) otherwise
+    overlong_filter: bool = False
+    ref_reset_every: int = 0  # ProRL reference reset (0 = never)
+    # PPO-RLHF
+    value_coef: float = 0.5
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    rlhf_kl_coef: float = 0.02
+    # evaluation and output
+    eval_every: int = 10
+    eval_size: int = 512
+    eval_seed: int = 1234
+    checkpoint_every: int = 20
+    extra: dict = field(default_factory=dict)  # free-form notes stored with the run
+
+    def __post_init__(self):
+        if self.loss not in LOSS_NAMES:
+            raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {list(LOSS_NAMES)}")
+        get_task(self.task, eval_size=min(self.eval_size, 8))  # validates the name early
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size: expected >= 2 (a group needs two samples), got {self.group_size}"
+            )
+        for name in ("prompts_per_step", "inner_epochs", "minibatches", "micro_batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        for name in ("steps", "sft_max_steps", "ref_reset_every", "top_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
+        if not 0.0 <= self.sft_target_accuracy <= 1.0:
+            raise ValueError(
+                f"sft_target_accuracy: expected a fraction in [0, 1], got {self.sft_target_accuracy}"
+            )
+        if self.reward not in ("exact", "partial"):
+            raise ValueError(f"reward: expected 'exact' or 'partial', got {self.reward!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: expected > 0, got {self.temperature}")
+
+    @property
+    def is_rlhf(self) -> bool:
+        return self.loss == "ppo"
+
+    def resolved_dynamic_sampling(self) -> bool:
+        return self.loss == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+
+    def resolved_overlong_cache_len(self) -> int:
+        if self.overlong_cache_len is None:
+            return 2 if self.loss == "dapo" else 0
+        return self.overlong_cache_len
+
+    def resolved_advantage_scale(self) -> str:
+        if self.advantage_scale is None:
+            return "none" if self.loss == "dr_grpo" else "group"
+        return self.advantage_scale
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"``: the first CUDA device when present, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    return device
+
+
+@dataclass
+class RolloutBatch:
+    """One RL step's data on this rank. Per-token tensors are ``[N, L]``; ``mask`` is the float
+    mask of tokens that count (sampled lengths, minus DAPO's overlong filter). ``advantages`` is
+    ``[N]`` for group presets and ``[N, L]`` for PPO-RLHF (then ``returns`` is set)."""
+
+    prompts: torch.Tensor
+    responses: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    group_ids: torch.Tensor
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    sampler_logp: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    topk_indices: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    kept_fraction: float = 1.0
+
+    def __len__(self) -> int:
+        return self.prompts.shape[0]
+
+
+def _cat_rollouts(parts: list[Rollout]) -> Rollout:
+    topk = None if parts[0].topk_indices is None else torch.cat([p.topk_indices for p in parts])
+    return Rollout(
+        *(
+            torch.cat([getattr(p, f) for p in parts])
+            for f in ("prompts", "responses", "lengths", "truncated")
+        ),
+        torch.cat([p.mask for p in parts]),
+        torch.cat([p.logprobs for p in parts]),
+        topk,
+    )
+
+
+class Trainer:
+    """Holds the model, reference model, optimizer, random generators and counters of one run.
+
+    ``rank`` / ``world_size`` come from an initialised process group (``distributed``); the
+    model is then wrapped in ``DistributedDataParallel`` and every forward pass that trains goes
+    through the wrapper (``self.train_model``), so gradients are synchronised.
+    """
+
+    def __init__(self, config: TrainConfig, *, log: Callable[[str], None] | None = None):
+        self.config = config
+        self.log = log or (lambda msg: None)
+        self.device = resolve_device(config.device)
+        self.rank, self.world_size = dist_lib.rank(), dist_lib.world_size()
+        self.task = get_task(config.task, eval_size=config.eval_size, eval_seed=config.eval_seed)
+        self.eval_set = self.task.eval_problems().to(self.device)
+        torch.manual_seed(config.seed)  # the model's initialisation; identical on every rank
+        self.model_config = GPTConfig(
+            vocab_size=len(VOCAB),
+            block_size=self.task.prompt_len + config.max_new_tokens,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            n_embd=config.n_embd,
+            positions=config.positions,
+            value_head=config.is_rlhf,
+        )
+        self.model = GPT(self.model_config).to(self.device)
+        self.ref_model: GPT | None = None
+        self.train_model: torch.nn.Module = self.model
+        if dist_lib.is_distributed():
+            self.train_model = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        self.forward = torch.compile(self.train_model) if config.compile else self.train_model
+        self.variant = self._loss_variant()
+        # Data order differs per rank; sampling noise too. Both are saved for exact resume.
+        self.data_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 17 * self.rank + 1)
+        self.sample_gen = torch.Generator(self.device).manual_seed(
+            config.seed * 1_000_003 + 17 * self.rank + 2
+        )
+        self.phase = "sft"
+        self.sft_step = 0
+        self.step = 0
+        self.optimizer = self._new_optimizer(config.sft_lr)
+        self.last_eval: dict = {}
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _loss_variant(self):
+        c = self.config
+        variant = losses.get_preset(c.loss)
+        changes = {}
+        if c.kl_coef is not None:
+            changes["kl_coef"] = c.kl_coef
+        if c.kl_estimator is not None:
+            changes["kl_estimator"] = c.kl_estimator
+        if c.entropy_coef is not None:
+            changes["entropy_coef"] = c.entropy_coef
+        if c.loss == "ppo":
+            changes["kl_coef"] = 0.0  # PPO-RLHF puts the KL in the reward (001 (87)), not the loss
+        if variant.aggregation == "seq_sum" and variant.max_length is None:
+            changes["max_length"] = c.max_new_tokens  # Dr. GRPO's L_max: the generation limit
+        return dataclasses.replace(variant, **changes) if changes else variant
+
+    def _new_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=self.config.weight_decay
+        )
+
+    def _autocast(self):
+        if self.device.type == "cuda" and self.config.amp:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.is_rlhf or float(getattr(self.variant, "kl_coef", 0.0) or 0.0) > 0.0
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Held-out accuracy, greedy and sampled (at the training temperature / top-k). Sampling
+        uses its own generator seeded from ``eval_seed``, so evaluating never changes the training
+        random streams (exact resume) and every evaluation sees the same noise."""
+        c = self.config
+        self.model.eval()
+        prompts = self.eval_set.prompts
+        kwargs = dict(
+            max_new_tokens=c.max_new_tokens, eos=EOS, pad=PAD, temperature=c.temperature, top_k=c.top_k
+        )
+        with self._autocast():
+            greedy = generate(self.model, prompts, greedy=True, **kwargs)
+            gen = torch.Generator(self.device).manual_seed(c.eval_seed)
+            sampled = generate(self.model, prompts, generator=gen, **kwargs)
+        self.model.train()
+        acc = {}
+        for name, ro in (("greedy", greedy), ("sampled", sampled)):
+            acc[f"eval_{name}_accuracy"] = (
+                self.task.rewards(ro.responses, ro.lengths, self.eval_set).mean().item()
+            )
+        self.last_eval = acc
+        return acc
+
+    # ------------------------------------------------------------------ supervised warm-up
+
+    def sft_step_once(self) -> dict:
+        """One next-token step on generated solutions (answer tokens and EOS count; the token
+        mean is over all ranks' answer tokens)."""
+        problems = self.task.sample_problems(self.config.sft_batch_size, self.data_gen).to(self.device)
+        mask = (
+            torch.arange(problems.targets.shape[1], device=self.device)[None, :]
+            < problems.target_lengths[:, None]
+        )
+        count = dist_lib.all_reduce_sum(mask.sum().to(torch.float32))
+        with self._autocast():
+            logits = response_logits(self.forward, problems.prompts, problems.targets)
+        nll = F.cross_entropy(logits.float().transpose(1, 2), problems.targets, reduction="none")
+        loss = (nll * mask).sum() / count * self.world_size  # DDP averages over ranks
+        self._check_finite(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.sft_step += 1
+        return {"phase": "sft", "sft_step": self.sft_step, "sft_loss": loss.item() / self.world_size}
+
+    def warmup_done(self) -> bool:
+        return self.phase != "sft"
+
+    def finish_warmup(self) -> None:
+        """Freeze the reference model and start RL with a fresh optimizer."""
+        self.phase = "rl"
+        self.optimizer = self._new_optimizer(self.config.lr)
+        if self.uses_reference:
+            self.reset_reference()
+
+    def reset_reference(self) -> None:
+        """The reference becomes a frozen copy of the current policy (also ProRL's reset)."""
+        self.ref_model = copy.deepcopy(self.model).eval()
+        for p in self.ref_model.parameters():
+            p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ rollouts
+
+    @torch.no_grad()
+    def _sample(self, problems: Problems) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        prompts = problems.prompts.repeat_interleave(c.group_size, dim=0)
+        self.model.eval()
+        with self._autocast():
+            ro = generate(
+                self.model,
+                prompts,
+                max_new_tokens=c.max_new_tokens,
+                eos=EOS,
+                pad=PAD,
+                temperature=c.temperature,
+                top_k=c.top_k,
+                generator=self.sample_gen,
+            )
+        self.model.train()
+        group_problems = problems.index(
+            torch.arange(len(problems), device=self.device).repeat_interleave(c.group_size)
+        )
+        correct = self.task.rewards(ro.responses, ro.lengths, group_problems, kind="exact")
+        rewards = (
+            correct
+            if c.reward == "exact"
+            else self.task.rewards(ro.responses, ro.lengths, group_problems, kind="partial")
+        )
+        cache_len = c.resolved_overlong_cache_len()
+        if cache_len > 0:
+            rewards = rewards + adv_lib.overlong_penalty(ro.lengths, c.max_new_tokens, cache_len).to(
+                rewards.dtype
+            )
+        group_ids = torch.arange(len(problems), device=self.device).repeat_interleave(c.group_size)
+        return ro, rewards, correct, group_ids
+
+    @torch.no_grad()
+    def collect(self) -> RolloutBatch:
+        """Prompts -> groups of samples -> rewards -> advantages, old and reference log-probs.
+        With dynamic sampling, rounds of ``prompts_per_step`` prompts are drawn until that many
+        groups with non-zero reward variance are kept (at most ``max_sampling_rounds``)."""
+        c = self.config
+        rounds = c.max_sampling_rounds if c.resolved_dynamic_sampling() else 1
+        parts, kept_groups, drawn_groups = [], 0, 0
+        for _ in range(rounds):
+            problems = self.task.sample_problems(c.prompts_per_step, self.data_gen).to(self.device)
+            ro, rewards, correct, group_ids = self._sample(problems)
+            drawn_groups += c.prompts_per_step
+            if c.resolved_dynamic_sampling():
+                keep = adv_lib.dynamic_sampling_mask(rewards, group_ids)
+                idx = keep.nonzero().squeeze(1)[: (c.prompts_per_step - kept_groups) * c.group_size]
+                ro = _index_rollout(ro, idx)
+                rewards, correct, group_ids = rewards[idx], correct[idx], group_ids[idx] + drawn_groups
+            parts.append((ro, rewards, correct, group_ids))
+            kept_groups += rewards.shape[0] // c.group_size
+            if kept_groups >= c.prompts_per_step:
+                break
+        ro = _cat_rollouts([p[0] for p in parts])
+        rewards, correct, group_ids = (torch.cat([p[i] for p in parts]) for i in (1, 2, 3))
+        mask = ro.mask.to(torch.float32)
+        if c.overlong_filter:
+            mask = adv_lib.overlong_filter_mask(mask, ro.truncated)
+        old_logp, ref_logp, values = self._score(ro)
+        returns = None
+        if c.is_rlhf:
+            advantages, returns = self._rlhf_advantages(ro, rewards, old_logp, ref_logp, values, mask)
+        elif len(rewards):
+            advantages = group_advantages_for(rewards, group_ids, c.resolved_advantage_scale())
+        else:
+            advantages = rewards.clone()
+        return RolloutBatch(
+            ro.prompts,
+            ro.responses,
+            mask,
+            ro.lengths,
+            ro.truncated,
+            rewards,
+            correct,
+            group_ids,
+            advantages,
+            old_logp,
+            ro.logprobs,
+            ref_logp,
+            ro.topk_indices,
+            returns,
+            kept_fraction=kept_groups / max(drawn_groups, 1),
+        )
+
+    @torch.no_grad()
+    def _score(self, ro: Rollout):
+        """Old-policy (and reference) log-probs recomputed by the trainer's forward pass, in the
+        micro-batch size the update uses, so on-policy ratios are 1 (001 (95))."""
+        c = self.config
+        old, ref, val = [], [], []
+        for idx in torch.arange(ro.prompts.shape[0], device=self.device).split(c.micro_batch_size):
+            prompts, responses = ro.prompts[idx], ro.responses[idx]
+            topk = None if ro.topk_indices is None else ro.topk_indices[idx]
+            with self._autocast():
+                if c.is_rlhf:
+                    full = torch.cat([prompts, responses], dim=1)
+                    logits, values = self.model(full, return_values=True)
+                    logits = logits[:, prompts.shape[1] - 1 : -1]
+                    val.append(values[:, prompts.shape[1] - 1 :].float())  # V(s_0) .. V(s_L)
+                else:
+                    logits = response_logits(self.model, prompts, responses)
+                old.append(policy_logprobs(logits, responses, c.temperature, topk)[0])
+                if self.ref_model is not None:
+                    ref_logits = response_logits(self.ref_model, prompts, responses)
+                    ref.append(policy_logprobs(ref_logits, responses, c.temperature, topk)[0])
+        empty = torch.zeros(0, c.max_new_tokens, device=self.device)
+        old_logp = torch.cat(old) if old else empty
+        ref_logp = (torch.cat(ref) if ref else empty) if self.ref_model is not None else None
+        values = (
+            (torch.cat(val) if val else torch.zeros(0, c.max_new_tokens + 1, device=self.device))
+            if c.is_rlhf
+            else None
+        )
+        return old_logp, ref_logp, values
+
+    def _rlhf_advantages(self, ro, rewards, old_logp, ref_logp, values, mask):
+        """PPO-RLHF: per-token reward ``-beta (log pi_old - log pi_ref)`` plus the sequence reward
+        at the last sampled token (seed 001 (87)), then token-level GAE (001 (80)); advantages are
+        whitened over the tokens of all ranks."""
+        c = self.config
+        n, width = ro.responses.shape
+        positions = torch.arange(width, device=self.device)[None, :]
+        last = positions == (ro.lengths[:, None] - 1)
+        token_rewards = -c.rlhf_kl_coef * (old_logp - ref_logp) * mask + rewards[:, None] * last
+        terminated = last & ~ro.truncated[:, None]
+        truncated = last & ro.truncated[:, None]
+        out = gae_advantages(
+            token_rewards, values[:, :-1], values[:, 1:], terminated, truncated, c.gamma, c.gae_lambda
+        )
+        stats = dist_lib.all_reduce_sum(
+            torch.stack([mask.sum(), (out.advantages * mask).sum(), (out.advantages.square() * mask).sum()])
+        )
+        mean = stats[1] / stats[0].clamp_min(1.0)
+        var = (stats[2] / stats[0].clamp_min(1.0) - mean.square()).clamp_min(0.0)
+        advantages = (out.advantages - mean) / (var.sqrt() + 1e-8)
+        return advantages * mask, out.returns
+
+    # ------------------------------------------------------------------ update
+
+    def normalizer(self, batch: RolloutBatch, idx: torch.Tensor) -> torch.Tensor:
+        """The preset's aggregation denominator over the sequences ``idx`` of this rank, summed
+        over all ranks (the global count that makes micro-batching exact)."""
+        return dist_lib.all_reduce_sum(losses.loss_normalizer(batch.mask[idx], self.variant))
+
+    def micro_batch_loss(self, batch: RolloutBatch, idx: torch.Tensor, normalizer: torch.Tensor):
+        """Loss of the sequences ``idx`` with the global ``normalizer`` (so summing micro-batch
+        losses gives the minibatch loss), plus detached metrics. Runs through ``self.forward``
+        (the DDP wrapper when distributed)."""
+        c = self.config
+        prompts, responses, mask = batch.prompts[idx], batch.responses[idx], batch.mask[idx]
+        topk = None if batch.topk_indices is None else batch.topk_indices[idx]
+        with self._autocast():
+            if c.is_rlhf:
+                logits, values = response_logits(self.forward, prompts, responses, return_values=True)
+            else:
+                logits = response_logits(self.forward, prompts, responses)
+        logp, entropy = policy_logprobs(logits, responses, c.temperature, topk)
+        loss, metrics = losses.policy_loss(
+            logp,
+            batch.old_logp[idx],
+            batch.advantages[idx],
+            mask,
+            self.variant,
+            ref_logp=None if batch.ref_logp is None or c.is_rlhf else batch.ref_logp[idx],
+            entropy=entropy,
+            normalizer=normalizer,
+        )
+        if c.is_rlhf:
+            value_err = (values.float() - batch.returns[idx]).square()
+            loss = loss + c.value_coef * 0.5 * (value_err * mask).sum() / normalizer
+        metrics = {k: v for k, v in metrics.items()}
+        metrics["entropy_sum"] = (entropy.detach() * mask).sum()
+        if batch.ref_logp is not None:
+            metrics["kl_sum"] = (kl_k3(logp.detach(), batch.ref_logp[idx], check_finite=False) * mask).sum()
+        metrics["token_count"] = mask.sum()
+        return loss, metrics
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        bad = dist_lib.all_reduce_max((~torch.isfinite(loss.detach())).to(torch.float32))
+        if bad.item() > 0:
+            raise NonFiniteLossError(
+                f"non-finite loss ({loss.item()}) at phase {self.phase}, RL step {self.step + 1}, "
+                f"warm-up step {self.sft_step}: training stopped; the last good checkpoint is kept"
+            )
+
+    def _dummy_backward(self) -> None:
+        """A rank without micro-batches still joins the gradient all-reduce (zero gradient)."""
+        with self._autocast():
+            out = response_logits(
+                self.forward,
+                self.eval_set.prompts[:1],
+                torch.full((1, 1), PAD, device=self.device),
+                **({"return_values": True} if self.config.is_rlhf else {}),
+            )
+        zero = sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))) * 0.0
+        zero.backward()
+
+    def accumulate_gradients(self, batch: RolloutBatch, idx: torch.Tensor) -> tuple[dict, bool]:
+        """Gradient of the loss over the sequences ``idx`` (all ranks' minibatches together),
+        accumulated over micro-batches; DDP synchronises only on the last backward of each rank,
+        and every rank runs exactly one synchronising backward, whatever its number of
+        micro-batches. Returns (summed metrics, whether anything counted)."""
+        normalizer = self.normalizer(batch, idx)
+        if normalizer.item() == 0:  # the same on every rank: nothing to learn from
+            return {}, False
+        micro = list(idx.split(self.config.micro_batch_size))
+        sums: dict[str, torch.Tensor] = {}
+        ddp = isinstance(self.train_model, DistributedDataParallel)
+        for i, mb in enumerate(micro):
+            sync = not ddp or i == len(micro) - 1
+            with contextlib.nullcontext() if sync else self.train_model.no_sync():
+                loss, metrics = self.micro_batch_loss(batch, mb, normalizer)
+                self._check_finite(loss)
+                (loss * self.world_size).backward()  # DDP averages gradients over ranks
+            metrics["loss"] = loss.detach()
+            weight = mb.numel()
+            for key, value in metrics.items():
+                value = torch.as_tensor(value, dtype=torch.float32).detach().to(self.device)
+                sums[key] = sums.get(key, 0.0) + (
+                    value if key.endswith(("_sum", "count")) or key == "loss" else value * weight
+                )
+        if not micro and ddp:
+            self._dummy_backward()
+        sums["_sequences"] = torch.tensor(float(idx.numel()), device=self.device)
+        return sums, True
+
+    def update(self, batch: RolloutBatch) -> dict:
+        """``inner_epochs`` x ``minibatches`` optimizer steps on ``batch``."""
+        c = self.config
+        totals: dict[str, float] = {}
+        for _ in range(c.inner_epochs):
+            order = torch.randperm(len(batch), generator=self.data_gen).to(self.device)
+            bounds = [round(i * len(batch) / c.minibatches) for i in range(c.minibatches + 1)]
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                self.optimizer.zero_grad(set_to_none=True)
+                sums, counted = self.accumulate_gradients(batch, order[lo:hi])
+                if not counted:
+                    continue
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                self.optimizer.step()
+                sums["grad_norm"] = grad_norm.detach() * sums["_sequences"]
+                for key, value in sums.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+        return _finalise_metrics(totals)
+
+    def rl_step(self) -> dict:
+        """One iteration of 001 5.3.2: collect, then update. Returns the step's metrics."""
+        c = self.config
+        if c.ref_reset_every and self.step > 0 and self.step % c.ref_reset_every == 0:
+            self.reset_reference()
+            self.optimizer = self._new_optimizer(c.lr)  # ProRL resets the optimizer state too
+        t0 = time.perf_counter()
+        batch = self.collect()
+        t1 = time.perf_counter()
+        metrics = self.update(batch)
+        t2 = time.perf_counter()
+        self.step += 1
+        tokens = float(batch.mask.sum()) if len(batch) else 0.0
+        sampled_tokens = float(batch.lengths.sum()) * self.world_size
+        metrics.update(
+            phase="rl",
+            step=self.step,
+            reward=float(batch.rewards.mean()) if len(batch) else float("nan"),
+            accuracy=float(batch.correct.mean()) if len(batch) else float("nan"),
+            response_length=float(batch.lengths.float().mean()) if len(batch) else float("nan"),
+            kept_groups=batch.kept_fraction,
+            rollout_tokens_per_s=sampled_tokens / max(t1 - t0, 1e-9),
+            update_tokens_per_s=tokens * c.inner_epochs * self.world_size / max(t2 - t1, 1e-9),
+        )
+        return metrics
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue identically (weights, optimizer, counters, random
+        generators of every rank)."""
+        rng = torch.cat([self.data_gen.get_state(), self.sample_gen.get_state().cpu()])
+        rngs = [r.cpu() for r in dist_lib.all_gather_tensors(rng.to(self.device))]
+        return {
+            "config": {k: v for k, v in dataclasses.asdict(self.config).items()},
+            "model_config": self.model_config.to_dict(),
+            "model": self.model.state_dict(),
+            "ref_model": None if self.ref_model is None else self.ref_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "phase": self.phase,
+            "step": self.step,
+            "sft_step": self.sft_step,
+            "rng": rngs,
+            "rng_split": int(self.data_gen.get_state().numel()),
+            "torch_rng": torch.get_rng_state(),
+            "last_eval": dict(self.last_eval),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        from refimpl.lm.checkpoint import check_model_config
+
+        check_model_config(state["model_config"], self.model_config.to_dict())
+        if len(state["rng"]) != self.world_size:
+            raise ValueError(
+                f"checkpoint: saved by {len(state['rng'])} ranks, resumed with {self.world_size}; "
+                "exact resume "
+                "needs the same number of ranks"
+            )
+        self.model.load_state_dict(state["model"])
+        self.phase, self.step, self.sft_step = state["phase"], int(state["step"]), int(state["sft_step"])
+        if state["ref_model"] is not None:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model.load_state_dict(state["ref_model"])
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.optimizer = self._new_optimizer(self.config.lr if self.phase == "rl" else self.config.sft_lr)
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng, split = state["rng"][self.rank], int(state["rng_split"])
+        self.data_gen.set_state(rng[:split].clone())
+        self.sample_gen.set_state(rng[split:].clone())
+        torch.set_rng_state(state["torch_rng"])
+        self.last_eval = dict(state["last_eval"])
+
+
+def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
+    """The trainer's advantage convention: group-centred rewards (seed 001 (90)-(91)), divided by
+    the population std with eps inside the square root (``scale="group"``, GRPO), by the batch std
+    (``"batch"``, Magistral) or not at all (``"none"``, Dr. GRPO (98)). Zero-variance groups get
+    advantage 0 (they carry no signal); groups of one sample (never formed here) too."""
+    if scale == "none":
+        return adv_lib.group_advantages(rewards, group_ids, scale="none", singleton="zero")
+    return adv_lib.group_advantages(
+        rewards,
+        group_ids,
+        scale=scale,
+        singleton="zero",
+        std="population",
+        eps=1e-6,
+        eps_inside_sqrt=True,
+        zero_variance="zero",
+    )
+
+
+def _index_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
+    return Rollout(
+        ro.prompts[idx],
+        ro.responses[idx],
+        ro.lengths[idx],
+        ro.truncated[idx],
+        ro.mask[idx],
+        ro.logprobs[idx],
+        None if ro.topk_indices is None else ro.topk_indices[idx],
+    )
+
+
+def _finalise_metrics(totals: dict[str, float]) -> dict:
+    """Per-update averages from summed micro-batch metrics: ``*_sum`` divided by the token count,
+    other diagnostics weighted by sequences."""
+    if not totals:
+        return {"optimizer_steps_skipped": True}
+    tokens = max(totals.pop("token_count", 0.0), 1.0)
+    sequences = max(totals.pop("_sequences", 0.0), 1.0)
+    out = {}
+    for key, value in totals.items():
+        if key.endswith("_sum"):
+            out[key[: -len("_sum")]] = value / tokens
+        elif key == "loss":
+            out[key] = value
+        else:
+            out[key] = value / sequences
+    return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# the run: warm-up, RL, metrics JSONL, progress bar, checkpoints, plot
+
+
+_TIMING_KEYS = ("wall_time", "cpu_time", "rollout_tokens_per_s", "update_tokens_per_s")
+
+
+class _InterruptFlag:
+    """Ctrl-C sets a flag; the run saves a checkpoint between steps and stops (a second Ctrl-C
+    interrupts at once)."""
+
+    def __init__(self):
+        self.set = False
+        self._previous = None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+    def any_rank(self, device) -> bool:
+        return bool(dist_lib.all_reduce_max(torch.tensor(float(self.set), device=device)).item())
+
+
+def _rewrite_metrics_until(path, phase: str, step: int, sft_step: int) -> None:
+    """On resume, drop records logged after the checkpoint (they will be logged again)."""
+    import json
+
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("phase") == "sft" and rec.get("sft_step", 0) <= sft_step:
+            kept.append(line)
+        elif rec.get("phase") == "rl" and phase == "rl" and rec.get("step", 0) <= step:
+            kept.append(line)
+    path.write_text("".join(f"{line}\n" for line in kept))
+
+
+def run_training(
+    config: TrainConfig,
+    out_dir,
+    *,
+    resume=None,
+    progress: bool = True,
+    steps_override: int | None = None,
+) -> int:
+    """The whole job: warm-up until the held-out sampled accuracy target, then ``steps`` RL
+    steps. Writes ``metrics.jsonl``, ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the
+    end of the warm-up, at the end and on Ctrl-C), ``summary.json`` and ``curves.png`` to
+    ``out_dir``. Returns an exit code: 0 done, 1 non-finite loss (last good checkpoint kept),
+    130 interrupted (checkpoint saved)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
+
+    state = None
+    if resume is not None:
+        state = load_checkpoint(resume)
+        config = TrainConfig(**state["config"])
+    if steps_override is not None:
+        config = dataclasses.replace(config, steps=steps_override)
+    started_here = dist_lib.init_from_env(resolve_device(config.device))
+    try:
+        trainer = Trainer(config)
+        if state is not None:
+            trainer.load_state_dict(state)
+        main = trainer.rank == 0
+        out = Path(out_dir)
+        metrics_path, ckpt_path = out / "metrics.jsonl", out / "checkpoint.pt"
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
+            if state is None:
+                metrics_path.write_text("")
+            else:
+                _rewrite_metrics_until(metrics_path, trainer.phase, trainer.step, trainer.sft_step)
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        summary: dict = {"device": str(trainer.device), "parameters": trainer.model.num_parameters()}
+
+        def log(record: dict) -> None:
+            record = {
+                **record,
+                "wall_time": time.perf_counter() - wall0,
+                "cpu_time": time.process_time() - cpu0,
+            }
+            if main:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+        def save() -> None:
+            ckpt_state = trainer.state_dict()  # collective (gathers every rank's RNG)
+            if main:
+                save_checkpoint(ckpt_path, ckpt_state)
+
+        with _InterruptFlag() as interrupt:
+            try:
+                if trainer.phase == "sft":
+                    bar = tqdm(
+                        total=config.sft_max_steps,
+                        initial=trainer.sft_step,
+                        desc="warm-up",
+                        disable=not (progress and main),
+                        dynamic_ncols=True,
+                    )
+                    while trainer.phase == "sft":
+                        if trainer.sft_step >= config.sft_max_steps:
+                            msg = (
+                                f"warm-up: sampled accuracy target {config.sft_target_accuracy} not reached "
+                                f"in "
+                                f"{config.sft_max_steps} steps; starting RL anyway"
+                            )
+                            print(msg, file=sys.stderr)
+                            trainer.finish_warmup()
+                            break
+                        record = trainer.sft_step_once()
+                        bar.update(1)
+                        if trainer.sft_step % config.sft_eval_every == 0:
+                            record.update(trainer.evaluate())
+                            bar.set_postfix(
+                                loss=f"{record['sft_loss']:.3f}",
+                                sampled_acc=f"{record['eval_sampled_accuracy']:.3f}",
+                            )
+                            if record["eval_sampled_accuracy"] >= config.sft_target_accuracy:
+                                trainer.finish_warmup()
+                        log(record)
+                        if interrupt.any_rank(trainer.device):
+                            raise KeyboardInterrupt
+                    bar.close()
+                    save()
+                if not trainer.last_eval:
+                    trainer.evaluate()
+                summary["warmup_steps"] = trainer.sft_step
+                summary.update(
+                    {f"warmup_{k}": v for k, v in trainer.last_eval.items()} if trainer.step == 0 else {}
+                )
+                bar = tqdm(
+                    total=config.steps,
+                    initial=trainer.step,
+                    desc=f"RL ({config.loss})",
+                    disable=not (progress and main),
+                    dynamic_ncols=True,
+                )
+                while trainer.step < config.steps:
+                    record = trainer.rl_step()
+                    bar.update(1)
+                    if trainer.step % config.eval_every == 0 or trainer.step == config.steps:
+                        record.update(trainer.evaluate())
+                    bar.set_postfix(_postfix(record, trainer.last_eval))
+                    log(record)
+                    if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
+                        save()
+                    if interrupt.any_rank(trainer.device):
+                        raise KeyboardInterrupt
+                bar.close()
+            except NonFiniteLossError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
+            except KeyboardInterrupt:
+                save()
+                if main:
+                    print(
+                        f"interrupted: checkpoint saved to {ckpt_path} (resume with --resume {ckpt_path})",
+                        file=sys.stderr,
+                    )
+                return 130
+        summary.update({f"final_{k}": v for k, v in trainer.evaluate().items()})
+        summary.update(
+            steps=trainer.step, wall_time=time.perf_counter() - wall0, cpu_time=time.process_time() - cpu0
+        )
+        if main:
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            plot_metrics(metrics_path, out / "curves.png")
+            print(json.dumps(summary))
+        return 0
+    finally:
+        if started_here:
+            torch.distributed.destroy_process_group()
+
+
+def _postfix(record: dict, last_eval: dict) -> dict:
+    def fmt(key, src=record, digits=3):
+        value = src.get(key)
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    return {
+        "reward": fmt("reward"),
+        "acc": fmt("accuracy"),
+        "greedy": fmt("eval_greedy_accuracy", last_eval),
+        "kl": fmt("kl", digits=4),
+        "ent": fmt("entropy"),
+        "clip": fmt("clip_fraction"),
+        "tok/s": f"{record.get('rollout_tokens_per_s', 0.0):.0f}",
+    }
+
+
+def plot_metrics(metrics_path, png_path) -> None:
+    """Curves of a run (matplotlib, Agg backend): warm-up loss and accuracy, RL reward and
+    accuracy, held-out greedy / sampled accuracy, KL, entropy and clip fraction."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in open(metrics_path) if line.strip()]
+    sft = [r for r in records if r.get("phase") == "sft"]
+    rl = [r for r in records if r.get("phase") == "rl"]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+
+    def curve(ax, rows, x, key, label):
+        pts = [(r[x], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), label=label)
+
+    curve(axes[0, 0], sft, "sft_step", "sft_loss", "next-token loss")
+    ax = axes[0, 0].twinx()
+    curve(ax, sft, "sft_step", "eval_sampled_accuracy", "held-out sampled acc")
+    curve(ax, sft, "sft_step", "eval_greedy_accuracy", "held-out greedy acc")
+    axes[0, 0].set_title("warm-up")
+    ax.legend(loc="center right", fontsize=8)
+    curve(axes[0, 1], rl, "step", "reward", "reward")
+    curve(axes[0, 1], rl, "step", "accuracy", "train accuracy (samples)")
+    axes[0, 1].set_title("RL reward")
+    curve(axes[0, 2], rl, "step", "eval_greedy_accuracy", "greedy")
+    curve(axes[0, 2], rl, "step", "eval_sampled_accuracy", "sampled")
+    axes[0, 2].set_title("held-out accuracy")
+    curve(axes[1, 0], rl, "step", "kl", "KL to reference (k3)")
+    axes[1, 0].set_title("KL")
+    curve(axes[1, 1], rl, "step", "entropy", "entropy per token")
+    axes[1, 1].set_title("entropy")
+    curve(axes[1, 2], rl, "step", "clip_fraction", "clip fraction")
+    axes[1, 2].set_title("clip fraction")
+    for a in axes.flat:
+        a.set_xlabel("step")
+        if a.lines:
+            a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=90)
+    plt.close(fig)
+
+
+def evaluate_checkpoint(path, device: str = "auto") -> dict:
+    """Held-out greedy and sampled accuracy of the policy in a checkpoint."""
+    from refimpl.lm.checkpoint import load_checkpoint
+
+    state = load_checkpoint(path)
+    config = dataclasses.replace(TrainConfig(**state["config"]), device=device)
+    trainer = Trainer(config)
+    trainer.load_state_dict(state)
+    result = trainer.evaluate()
+    result.update(phase=trainer.phase, step=trainer.step, warmup_steps=trainer.sft_step, task=config.task)
+    return result
