@@ -45,6 +45,12 @@ BOUNDARY_SAFE = {
     "gspo_token": dataclasses.replace(GSPO_TOKEN, eps_low=2.0**-12, eps_high=2.0**-11),
     "sapo": dataclasses.replace(SAPO, tau_pos=1.0, tau_neg=1.0625),
     "cispo": dataclasses.replace(CISPO, eps_high=0.28125),
+    "dapo_truncated_is": dataclasses.replace(DAPO, eps_low=0.1875, eps_high=0.28125,
+                                             behavior_correction="truncate", behavior_cap=1.25),
+    "gspo_masked_is": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
+                                          behavior_correction="mask", behavior_cap=1.125),
+    "ppo_entropy_k1": dataclasses.replace(PPO, eps_low=0.25, eps_high=0.25, entropy_coef=0.015625,
+                                          kl_coef=0.25, kl_estimator="k1", aggregation="seq_mean"),
     "seq_product": PolicyLossVariant(ratio="sequence_product", gate="clip", eps_low=0.25, eps_high=0.25,
                                      aggregation="seq_mean"),
 }
@@ -128,6 +134,10 @@ def _extras(v: PolicyLossVariant, logp: torch.Tensor, seed: int) -> dict:
         extras["ref_logp"] = logp.nan_to_num(0.0) + 0.3 * noise
     if v.entropy_coef > 0:
         extras["entropy"] = torch.rand(logp.shape, generator=g, dtype=torch.float64)
+    if v.behavior_correction != "none":
+        # the sampler's log-probs: old_logp plus noise (weights exp(old - behavior) around the cap)
+        noise = torch.randn(logp.shape, generator=g, dtype=torch.float64)
+        extras["behavior_logp"] = -1.0 + 0.3 * noise
     return extras
 
 
