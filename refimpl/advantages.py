@@ -186,8 +186,7 @@ def group_advantages(
         constant = _group_is_constant(r, index, num_groups)[index] & ~is_singleton
     else:  # "batch": std of all N centred values (Magistral)
         n = torch.tensor([r.numel()], device=r.device)
-        if std == "sample" and r.numel() < 2:
-            raise ValueError("scale='batch' with std='sample' needs N >= 2 samples")
+        # (N = 1 is a single singleton group: its advantage is 0 by the singleton rule below.)
         batch_dev = centred - centred.mean()
         denominator = _scale_denominator((batch_dev * batch_dev).sum().reshape(1), n, std, eps,
                                          eps_inside_sqrt).expand_as(r)

@@ -190,3 +190,15 @@ def sequence_rewards(num_sequences: int, binary: bool = False) -> st.SearchStrat
     return st.lists(values, min_size=num_sequences, max_size=num_sequences).map(
         lambda xs: np.asarray(xs, dtype=np.float64)
     )
+
+
+@st.composite
+def grouped_rewards(draw, max_size: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """``(rewards [N], group_ids [N])``: uneven, non-contiguous groups with arbitrary integer labels
+    (negative, gaps); rewards mix small integers (so ties and zero-variance groups occur) and floats."""
+    n = draw(st.integers(1, max_size))
+    labels = draw(st.lists(st.integers(-3, 40), min_size=1, max_size=5, unique=True))
+    group_ids = draw(st.lists(st.sampled_from(labels), min_size=n, max_size=n))
+    value = st.one_of(st.integers(-2, 2).map(float), st.floats(-10, 10, allow_nan=False))
+    rewards = draw(st.lists(value, min_size=n, max_size=n))
+    return np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64)

@@ -1,0 +1,125 @@
+"""Exact forms of the group-relative advantages and of their exact expected-gradient factors
+(spec: specs/advantages.md).
+
+``group_advantages_exact`` evaluates advantages.md eq. (1)-(6) with sympy numbers (rationals and
+square roots), group by group, straight from the equations. ``binary_reward_gradient_factor``
+is eq. (13): for 0/1 rewards the expected gradient of the group-advantage policy-gradient term is
+``c_G(p) grad J`` with the factor ``c_G(p) = E[A_1 | R_1 = 1] - E[A_1 | R_1 = 0]`` a polynomial
+(in p, times constants) obtained from binomial sums. Imports neither ``refimpl`` nor ``tabular``.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+__all__ = [
+    "group_advantages_exact",
+    "binary_reward_gradient_factor",
+    "conditional_binary_advantage",
+]
+
+
+def _exact(value) -> sp.Expr:
+    return sp.Rational(value) if isinstance(value, float) else sp.sympify(value)
+
+
+def _std(values: list[sp.Expr], std: str, eps, eps_inside_sqrt: bool) -> sp.Expr:
+    """eq. (3)-(4): sqrt(var + eps) or sqrt(var) + eps, var over n (population) or n - 1 (sample)."""
+    n = len(values)
+    mean = sum(values) / n
+    sum_sq = sum((v - mean) ** 2 for v in values)
+    var = sum_sq / (n if std == "population" else n - 1)
+    eps = _exact(eps)
+    return sp.sqrt(var + eps) if eps_inside_sqrt else sp.sqrt(var) + eps
+
+
+def _centred(values: list[sp.Expr], leave_one_out: bool) -> list[sp.Expr]:
+    """eq. (1)-(2): R_i - mean(R), or R_i - mean_{j != i} R_j."""
+    n = len(values)
+    if leave_one_out:
+        return [v - (sum(values) - v) / (n - 1) for v in values]
+    mean = sum(values) / n
+    return [v - mean for v in values]
+
+
+def group_advantages_exact(
+    rewards, group_ids, *, scale: str, singleton: str, std: str | None = None, eps=None,
+    eps_inside_sqrt: bool | None = None, zero_variance: str | None = None, leave_one_out: bool = False,
+) -> list[sp.Expr]:
+    """advantages.md eq. (1)-(6) exactly (floats are taken as their exact binary values).
+
+    Same arguments and degenerate-case rules as ``refimpl.advantages.group_advantages``; returns
+    one sympy number per sample. Raises ValueError where eq. (6) says "error".
+    """
+    r = [_exact(v) for v in rewards]
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(int(g), []).append(i)
+    centred: list[sp.Expr] = [sp.Integer(0)] * len(r)
+    is_singleton = [False] * len(r)
+    constant = [False] * len(r)
+    for members in groups.values():
+        values = [r[i] for i in members]
+        if len(members) == 1:
+            if singleton == "error":
+                raise ValueError("singleton group")
+            is_singleton[members[0]] = True
+            continue
+        for i, c in zip(members, _centred(values, leave_one_out), strict=True):
+            centred[i] = c
+            constant[i] = len(set(values)) == 1
+    if scale == "none":
+        return centred
+    if scale == "group":
+        out = []
+        for members in groups.values():
+            if len(members) == 1:
+                continue
+            s = _std([r[i] for i in members], std, eps, eps_inside_sqrt)
+            out.extend((i, centred[i], s) for i in members)
+    elif scale == "batch":
+        s = _std(centred, std, eps, eps_inside_sqrt)
+        batch_constant = all(constant[i] or is_singleton[i] for i in range(len(r)))
+        constant = [batch_constant and not is_singleton[i] for i in range(len(r))]
+        out = [(i, centred[i], s) for i in range(len(r)) if not is_singleton[i]]
+    else:
+        raise ValueError(f"unknown scale {scale!r}")
+    result: list[sp.Expr] = [sp.Integer(0)] * len(r)
+    for i, c, s in out:
+        if constant[i]:
+            if zero_variance == "error" or (zero_variance == "formula" and s == 0):
+                raise ValueError("zero-variance group")
+            if zero_variance == "zero":
+                continue
+        result[i] = c / s
+    return result
+
+
+def conditional_binary_advantage(
+    reward: int, group_size: int, p: sp.Expr, *, scale: str, std: str | None = None, eps=0,
+    eps_inside_sqrt: bool = True, leave_one_out: bool = False,
+) -> sp.Expr:
+    """eq. (12): ``a(R) = E[A_1 | R_1 = R]`` for 0/1 rewards, the other G - 1 rewards i.i.d.
+    Bernoulli(p): a binomial sum over the number k of other successes. Zero-variance groups (all
+    rewards equal) have advantage 0 (their centred value is 0 whatever the convention)."""
+    G = group_size
+    total = sp.Integer(0)
+    for k in range(G):
+        values = [sp.Integer(reward)] + [sp.Integer(1)] * k + [sp.Integer(0)] * (G - 1 - k)
+        weight = sp.binomial(G - 1, k) * p**k * (1 - p) ** (G - 1 - k)
+        if len(set(values)) == 1:
+            continue
+        centred = _centred(values, leave_one_out)[0]
+        if scale == "group":
+            centred = centred / _std(values, std, eps, eps_inside_sqrt)
+        elif scale != "none":
+            raise ValueError("scale must be 'group' or 'none' (the batch std couples all prompts)")
+        total += weight * centred
+    return sp.expand(total)
+
+
+def binary_reward_gradient_factor(group_size: int, p: sp.Expr, **conventions) -> sp.Expr:
+    """eq. (13): ``c_G(p) = a(1) - a(0)``: for 0/1 rewards ``E[A_i grad log pi(y_i)] = c_G(p) grad J``
+    with ``J = p`` the success probability (``conventions`` as in ``conditional_binary_advantage``)."""
+    return sp.simplify(conditional_binary_advantage(1, group_size, p, **conventions)
+                       - conditional_binary_advantage(0, group_size, p, **conventions))

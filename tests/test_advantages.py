@@ -1,0 +1,277 @@
+"""refimpl.advantages against the exact spec (specs/advantages.py) and a slow per-group loop, for
+every convention on uneven non-contiguous groups; degenerate groups; DAPO's filters."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refimpl.advantages import dynamic_sampling_mask, group_advantages, overlong_filter_mask, overlong_penalty
+from specs.advantages import binary_reward_gradient_factor, group_advantages_exact
+from tests.strategies import grouped_rewards
+
+F64 = torch.float64
+
+CONVENTIONS = {
+    "grpo_001": dict(scale="group", std="population", eps=1e-6, eps_inside_sqrt=True),
+    "trl": dict(scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False),
+    "verl": dict(scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False),
+    "dr_grpo": dict(scale="none"),
+    "rloo": dict(scale="none", leave_one_out=True),
+    "rloo_group_std": dict(scale="group", std="population", eps=0.01, eps_inside_sqrt=False,
+                           leave_one_out=True),
+    "magistral_pop": dict(scale="batch", std="population", eps=1e-6, eps_inside_sqrt=False),
+    "magistral_sample": dict(scale="batch", std="sample", eps=1e-3, eps_inside_sqrt=True),
+}
+
+
+def slow_loop_advantages(rewards, group_ids, *, scale, singleton, std=None, eps=None, eps_inside_sqrt=None,
+                         zero_variance=None, leave_one_out=False):
+    """Obviously-correct reference: one Python loop per sample over its group (float64 math)."""
+    n = len(rewards)
+
+    def stdev(values):
+        m = sum(values) / len(values)
+        var = sum((v - m) ** 2 for v in values) / (len(values) - (std == "sample"))
+        return math.sqrt(var + eps) if eps_inside_sqrt else math.sqrt(var) + eps
+
+    members = [[j for j in range(n) if group_ids[j] == group_ids[i]] for i in range(n)]
+    if singleton == "error" and any(len(m) == 1 for m in members):
+        raise ValueError("singleton")
+    centred = []
+    for i in range(n):
+        others = [rewards[j] for j in members[i] if j != i]
+        if not others:
+            centred.append(0.0)
+        elif leave_one_out:
+            centred.append(rewards[i] - sum(others) / len(others))
+        else:
+            centred.append(rewards[i] - (rewards[i] + sum(others)) / (len(others) + 1))
+    if scale == "none":
+        return centred
+    out = []
+    for i in range(n):
+        if len(members[i]) == 1:
+            out.append(0.0)
+            continue
+        if scale == "group":
+            constant = len({rewards[j] for j in members[i]}) == 1
+            s = stdev([rewards[j] for j in members[i]])
+        else:
+            constant = all(len({rewards[j] for j in m}) == 1 for m in members)
+            s = stdev(centred)
+        if constant and zero_variance == "error":
+            raise ValueError("zero variance")
+        out.append(0.0 if constant and zero_variance == "zero" else centred[i] / s)
+    return out
+
+
+def run(rewards, group_ids, **kwargs):
+    return group_advantages(torch.tensor(rewards, dtype=F64), torch.tensor(group_ids), **kwargs)
+
+
+def assert_close_to_exact(got, exact, rewards, scale_value=1.0):
+    """ARCHITECTURE.md tolerance: rel 1e-10 with an absolute floor of 1e-12 x the summed terms."""
+    floor = 1e-12 * (np.abs(rewards).sum() + 1.0) / scale_value
+    np.testing.assert_allclose(got, exact, rtol=1e-10, atol=floor)
+
+
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+@given(grouped_rewards(), st.sampled_from(["zero", "formula"]))
+def test_every_convention_matches_spec_and_loop(name, case, zero_variance):
+    rewards, group_ids = case
+    conv = dict(CONVENTIONS[name], singleton="zero")
+    if conv["scale"] != "none":
+        conv["zero_variance"] = zero_variance
+    got = run(rewards, group_ids, **conv).numpy()
+    exact = np.array([float(v) for v in group_advantages_exact(rewards, group_ids, **conv)])
+    loop = np.array(slow_loop_advantages(list(rewards), list(group_ids), **conv))
+    smallest_scale = min(conv.get("eps", 1.0), 1.0)
+    smallest_scale = math.sqrt(smallest_scale) if conv.get("eps_inside_sqrt") else smallest_scale
+    assert_close_to_exact(got, exact, rewards, smallest_scale)
+    assert_close_to_exact(got, loop, rewards, smallest_scale)
+
+
+@given(grouped_rewards(), st.randoms(use_true_random=False))
+def test_permutation_and_relabelling_equivariance(case, rnd):
+    rewards, group_ids = case
+    conv = dict(CONVENTIONS["trl"], singleton="zero", zero_variance="zero")
+    base = run(rewards, group_ids, **conv)
+    perm = list(range(len(rewards)))
+    rnd.shuffle(perm)
+    permuted = run(rewards[perm], group_ids[perm], **conv)
+    np.testing.assert_allclose(permuted.numpy(), base.numpy()[perm], rtol=1e-12, atol=1e-12)
+    relabelled = run(rewards, 1000 - 7 * group_ids, **conv)
+    np.testing.assert_allclose(relabelled.numpy(), base.numpy(), rtol=0, atol=0)
+
+
+def test_trl_and_verl_formulas_on_contiguous_groups():
+    """The conventions reproduce the frameworks' own one-liners (equal contiguous groups)."""
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(4 * 5, generator=gen, dtype=F64)
+    ids = torch.arange(4).repeat_interleave(5)
+    grouped = rewards.view(4, 5)
+    for eps, name in ((1e-4, "trl"), (1e-6, "verl")):
+        frame = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + eps)).reshape(-1)
+        ours = group_advantages(rewards, ids, singleton="error", zero_variance="formula", **CONVENTIONS[name])
+        np.testing.assert_allclose(ours.numpy(), frame.numpy(), rtol=1e-12, atol=1e-14)
+    rloo = (grouped - (grouped.sum(1, keepdim=True) - grouped) / 4).reshape(-1)
+    np.testing.assert_allclose(group_advantages(rewards, ids, scale="none", singleton="error",
+                                                leave_one_out=True).numpy(), rloo.numpy(), rtol=1e-12)
+
+
+def test_magistral_divides_group_centred_values_by_the_minibatch_std():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0], dtype=F64)
+    ids = torch.tensor([5, 5, 5, 9, 9, 2, 2])
+    centred = torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.5, -0.5], dtype=F64)
+    expected = centred / centred.std(unbiased=False)
+    got = group_advantages(rewards, ids, scale="batch", std="population", eps=0.0, eps_inside_sqrt=False,
+                           zero_variance="zero", singleton="error")
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12)
+
+
+def test_singleton_groups():
+    rewards, ids = [1.0, 2.0, 4.0], [0, 0, 1]
+    with pytest.raises(ValueError, match="single sample"):
+        run(rewards, ids, scale="none", singleton="error")
+    for conv in CONVENTIONS.values():
+        kwargs = dict(conv, singleton="zero")
+        if conv["scale"] != "none":
+            kwargs["zero_variance"] = "zero"
+        assert run(rewards, ids, **kwargs)[2].item() == 0.0
+    # RLOO on a singleton has no leave-one-out mean: zero, not NaN
+    out = run([3.0], [7], scale="none", leave_one_out=True, singleton="zero")
+    assert out.tolist() == [0.0]
+
+
+def test_zero_variance_groups():
+    rewards, ids = [0.1, 0.1, 0.1, 1.0, 2.0], [3, 3, 3, 4, 4]
+    conv = dict(CONVENTIONS["grpo_001"], singleton="error")
+    assert run(rewards, ids, zero_variance="zero", **conv)[:3].tolist() == [0.0, 0.0, 0.0]
+    formula = run(rewards, ids, zero_variance="formula", **conv)[:3]
+    assert formula.abs().max().item() < 1e-12  # rounding of the mean only, divided by sqrt(eps)
+    with pytest.raises(ValueError, match="zero-variance"):
+        run(rewards, ids, zero_variance="error", **conv)
+    with pytest.raises(ValueError, match="eps=0"):
+        run(rewards, ids, scale="group", std="sample", eps=0.0, eps_inside_sqrt=False,
+            zero_variance="formula", singleton="error")
+    # eps = 0 with "zero": exact 0 and no NaN anywhere
+    out = run(rewards, ids, scale="group", std="sample", eps=0.0, eps_inside_sqrt=False,
+              zero_variance="zero", singleton="error")
+    assert torch.isfinite(out).all() and out[3].item() == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-14)
+    # batch scale: zero variance means every group is constant
+    batch = dict(scale="batch", std="population", eps=0.0, eps_inside_sqrt=False, singleton="zero")
+    assert run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="zero", **batch).tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="zero-variance"):
+        run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="error", **batch)
+
+
+def test_erratum_000_std_without_square_is_zero():
+    """000 writes std r = sqrt(1/G sum (r_i - mean r)): the sum of deviations is 0 for any group."""
+    r = [sp.Rational(k, 7) for k in (3, -2, 11, 5)]
+    mean = sum(r) / 4
+    assert sp.sqrt(sum(v - mean for v in r) / 4) == 0
+    exact = group_advantages_exact(r, [0] * 4, scale="group", std="population", eps=0, eps_inside_sqrt=True,
+                                   zero_variance="error", singleton="error")
+    assert all(v.is_finite and v != 0 for v in exact)
+
+
+def test_arguments_are_explicit():
+    r, ids = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
+    with pytest.raises(TypeError, match="std"):
+        group_advantages(r, ids, scale="group", singleton="zero", eps=1e-6, eps_inside_sqrt=True,
+                         zero_variance="zero")
+    with pytest.raises(TypeError):
+        group_advantages(r, ids, scale="none")  # singleton is required
+    with pytest.raises(ValueError, match="do not pass"):
+        group_advantages(r, ids, scale="none", singleton="zero", std="sample")
+    with pytest.raises(ValueError, match="scale"):
+        group_advantages(r, ids, scale="grop", singleton="zero")
+    with pytest.raises(ValueError, match="eps"):
+        group_advantages(r, ids, scale="group", singleton="zero", std="sample", eps=-1.0,
+                         eps_inside_sqrt=True, zero_variance="zero")
+    with pytest.raises(ValueError, match="NaN"):
+        group_advantages(torch.tensor([1.0, math.nan]), ids, scale="none", singleton="zero")
+    with pytest.raises(ValueError, match="shape"):
+        group_advantages(r, torch.tensor([0, 0, 1]), scale="none", singleton="zero")
+    with pytest.raises(TypeError, match="group_ids"):
+        group_advantages(r, torch.tensor([0.0, 0.0]), scale="none", singleton="zero")
+    assert group_advantages(torch.zeros(0), torch.zeros(0, dtype=torch.long), scale="none",
+                            singleton="error").shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rewards(dtype):
+    gen = torch.Generator().manual_seed(1)
+    rewards = torch.randn(64, generator=gen).to(dtype)
+    ids = torch.randint(0, 9, (64,), generator=gen)
+    conv = dict(CONVENTIONS["trl"], singleton="zero", zero_variance="zero")
+    out = group_advantages(rewards, ids, **conv)
+    assert out.dtype == torch.float32
+    ref = group_advantages(rewards.double(), ids, **conv)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_sampling_mask():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5], dtype=F64)
+    ids = torch.tensor([4, 4, 8, 8, 6, 6, 3])
+    assert dynamic_sampling_mask(rewards, ids).tolist() == [False, False, True, True, False, False, False]
+
+
+def test_overlong_penalty_piecewise_linear():
+    lengths = torch.tensor([0, 6, 7, 8, 9, 10, 11, 100])
+    got = overlong_penalty(lengths, max_len=10, cache_len=4)
+    expected = [0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0]
+    assert got.tolist() == expected
+    assert overlong_penalty(torch.tensor([4, 5]), max_len=5, cache_len=1).tolist() == [0.0, -1.0]
+    with pytest.raises(ValueError, match="cache_len"):
+        overlong_penalty(lengths, max_len=10, cache_len=11)
+    with pytest.raises(ValueError, match="lengths"):
+        overlong_penalty(torch.tensor([-1]), max_len=10, cache_len=2)
+
+
+def test_overlong_filter_mask():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float32)
+    truncated = torch.tensor([False, True, False])
+    assert overlong_filter_mask(mask, truncated).tolist() == [[1, 1, 0], [0, 0, 0], [1, 0, 0]]
+    assert overlong_filter_mask(mask.bool(), truncated).tolist() == [[True, True, False], [False] * 3,
+                                                                     [True, False, False]]
+    with pytest.raises(ValueError, match="truncated"):
+        overlong_filter_mask(mask, torch.tensor([True]))
+
+
+def test_binary_gradient_factors_match_the_closed_forms_of_the_spec():
+    """advantages.md eq. (13) examples, written by hand, against the binomial sums."""
+    p = sp.symbols("p")
+    pop = dict(scale="group", std="population", eps=0, eps_inside_sqrt=True)
+    sample = dict(scale="group", std="sample", eps=0, eps_inside_sqrt=True)
+    closed = {2: sp.Integer(1), 3: sp.sqrt(2), 4: sp.sqrt(3) - (2 * sp.sqrt(3) - 3) * p * (1 - p),
+              5: 2 + (6 - 2 * sp.sqrt(6)) * (p**2 - p)}
+    for g, form in closed.items():
+        assert sp.simplify(binary_reward_gradient_factor(g, p, **pop) - form) == 0
+        shrink = sp.sqrt(sp.Rational(g - 1, g))
+        assert sp.simplify(binary_reward_gradient_factor(g, p, **sample) - form * shrink) == 0
+        assert sp.simplify(binary_reward_gradient_factor(g, p, scale="none") - (1 - sp.Rational(1, g))) == 0
+        assert binary_reward_gradient_factor(g, p, scale="none", leave_one_out=True) == 1
+
+
+@pytest.mark.parametrize("group_size", [2, 3, 4])
+def test_binary_factor_against_brute_force_reward_vectors(group_size):
+    """c_G(p) = sum over all 2^G reward vectors of P(vector) A_1 (1[R_1 = 1]/p - 1[R_1 = 0]/(1-p)),
+    with A from refimpl.group_advantages (an enumeration independent of the binomial sums)."""
+    p = 0.3
+    total = 0.0
+    for bits in itertools.product([0.0, 1.0], repeat=group_size):
+        prob = math.prod(p if b else 1 - p for b in bits)
+        adv = group_advantages(torch.tensor(bits, dtype=F64), torch.zeros(group_size, dtype=torch.long),
+                               scale="group", std="population", eps=1e-3, eps_inside_sqrt=True,
+                               zero_variance="formula", singleton="error")[0].item()
+        total += prob * adv * (1 / p if bits[0] else -1 / (1 - p))
+    exact = binary_reward_gradient_factor(group_size, sp.Rational(3, 10), scale="group", std="population",
+                                          eps=sp.Rational(1, 1000), eps_inside_sqrt=True)
+    assert total == pytest.approx(float(exact), rel=1e-12)
