@@ -131,8 +131,12 @@ def conjugate_gradient(
     spec: trust_region.md eq. (1); seed 001 (73) ("solved with conjugate gradient"). Starts from
     ``x = 0`` and stops as soon as the relative residual ``||b - M x|| / ||b|| <= tol`` or after
     ``iters`` products. For a singular PSD M with b in its range (the softmax Fisher), the iterates
-    stay in the Krylov space of b, so the limit is the minimum-norm solution. A direction with
-    ``p^T M p <= 0`` (M not positive definite there, or exhausted precision) stops the iteration.
+    stay in the Krylov space of b, so the limit is the minimum-norm solution. A search direction
+    p whose curvature ``p^T M p`` is ``<= 0`` or below ``64 eps_machine`` times the largest
+    Rayleigh quotient ``p^T M p / p^T p`` met so far stops the iteration (``converged=False``
+    unless within tol): M is not positive definite there, or its curvature along p is at rounding
+    level (e.g. the Fisher of a near-deterministic softmax policy), where the step ``1 / p^T M p``
+    would amplify rounding errors without bound.
     ``b = 0`` returns ``x = 0`` after 0 iterations.
 
     Args:
@@ -155,12 +159,18 @@ def conjugate_gradient(
     if b_norm == 0.0:
         return CGResult(x, 0, 0.0, 0.0, True)
     done = 0
+    largest_rayleigh = 0.0
+    precision = 64.0 * torch.finfo(b.dtype).eps
     while done < iters and math.sqrt(rs) > tol * b_norm:
         mp = matvec(p)
         if not isinstance(mp, torch.Tensor) or mp.shape != p.shape:
             raise ValueError(f"matvec must return a tensor of shape {tuple(p.shape)}")
         p_m_p = float(_dot(p, mp.to(p.dtype)))
-        if not p_m_p > 0.0:
+        p_p = float(_dot(p, p))
+        # Stop on a direction without (resolvable) curvature: p^T M p <= 0, or at rounding level
+        # relative to the largest Rayleigh quotient seen, where 1 / p^T M p would blow x up.
+        largest_rayleigh = max(largest_rayleigh, p_m_p / p_p)
+        if not p_m_p > precision * largest_rayleigh * p_p:
             break
         step = rs / p_m_p
         x = x + step * p

@@ -15,8 +15,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import mdps, softmax_params
 
+import tabular
 from refimpl import trust_region as tr
+from tabular.examples import random_mdp
 
 
 # ----------------------------------------------------------------------------- conjugate gradient
@@ -135,3 +138,297 @@ def test_cg_rejects_bad_input():
         tr.conjugate_gradient(lambda x: x, torch.ones(3, dtype=torch.int64), 3)
     with pytest.raises(ValueError, match="matvec"):
         tr.conjugate_gradient(lambda x: x[:2], b, 3)
+
+
+# ----------------------------------------------------------------------------- tabular helpers
+def t64(x) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+
+
+def log_softmax(theta: torch.Tensor) -> torch.Tensor:
+    """The tabular softmax policy as refimpl sees it: parameters [S, A] -> log-probabilities [S, A]."""
+    return torch.log_softmax(theta, dim=-1)
+
+
+def occupancy(mdp: tabular.MDP, theta: np.ndarray) -> torch.Tensor:
+    return t64(tabular.state_occupancy(mdp, tabular.softmax_policy(theta), normalized=True))
+
+
+def exact_surrogate_fn(mdp: tabular.MDP, theta: np.ndarray):
+    """``theta' -> L_theta(theta') - J(theta)`` of seed 001 (65) with exact d and A of pi_theta:
+    ``sum_s d(s) sum_a pi_theta'(a|s) A(s, a) / (1 - gamma)`` (its gradient at theta is grad J)."""
+    pi = tabular.softmax_policy(theta)
+    d = t64(tabular.state_occupancy(mdp, pi, normalized=True))
+    adv = t64(tabular.advantages(mdp, pi))
+    return lambda th: (d[:, None] * torch.softmax(th, dim=-1) * adv).sum() / (1.0 - mdp.gamma)
+
+
+def full_support_mdp(seed: int, num_states: int, num_actions: int, gamma: float, zero_fraction: float = 0.0):
+    """tabular.random_mdp: rho0 is a Dirichlet(1) draw, so it has full support (almost surely)."""
+    mdp = random_mdp(seed, num_states, num_actions, gamma=gamma, zero_fraction=zero_fraction)
+    assert np.all(mdp.rho0 > 0)
+    return mdp
+
+
+def random_theta(seed: int, num_states: int, num_actions: int, scale: float = 1.0) -> np.ndarray:
+    return scale * np.random.default_rng(seed).standard_normal((num_states, num_actions))
+
+
+tabular_cases = st.tuples(
+    st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(2, 4), st.sampled_from([0.0, 0.5, 0.9]),
+    st.sampled_from([0.0, 0.5]),
+)
+
+
+# ----------------------------------------------------------------------------- Fisher-vector products
+@given(data=st.data())
+def test_fisher_vector_product_equals_tabular_fisher_matrix(data):
+    mdp = data.draw(mdps(max_states=6, max_actions=4))
+    S, A = mdp.num_states, mdp.num_actions
+    theta = data.draw(softmax_params(S, A))
+    v = data.draw(softmax_params(S, A, scale=2.0))
+    fisher = tabular.fisher_matrix(mdp, theta)
+    expected = fisher @ v.reshape(-1)
+    got = tr.fisher_vector_product(log_softmax, t64(theta), t64(v), occupancy(mdp, theta))
+    assert got.shape == (S, A) and got.dtype == torch.float64
+    floor = 1e-12 * (np.abs(fisher) @ np.abs(v.reshape(-1)))
+    assert np.all(np.abs(got.reshape(-1).numpy() - expected) <= 1e-10 * np.abs(expected) + floor + 1e-300)
+
+
+def test_fisher_vector_product_damping_adds_damping_times_v():
+    mdp = full_support_mdp(4, 4, 3, 0.9)
+    theta, v = random_theta(1, 4, 3), random_theta(2, 4, 3)
+    d = occupancy(mdp, theta)
+    plain = tr.fisher_vector_product(log_softmax, t64(theta), t64(v), d)
+    damped = tr.fisher_vector_product(log_softmax, t64(theta), t64(v), d, damping=0.25)
+    assert torch.allclose(damped, plain + 0.25 * t64(v), rtol=1e-13, atol=1e-15)
+    expected = tabular.fisher_matrix(mdp, theta) @ v.reshape(-1) + 0.25 * v.reshape(-1)
+    assert np.allclose(damped.reshape(-1).numpy(), expected, rtol=1e-10, atol=1e-14)
+
+
+def test_fisher_vector_product_of_a_non_tabular_policy_equals_the_explicit_fisher():
+    # A log-linear policy logits[s] = phi[s] @ W: parameters shared across states, so the Fisher is
+    # not block diagonal. Explicit F = sum_s w_s sum_a pi (grad log pi)(grad log pi)^T by Jacobian.
+    gen = torch.Generator().manual_seed(0)
+    N, A, K = 7, 3, 4
+    phi = torch.randn(N, K, generator=gen, dtype=torch.float64)
+    w = torch.rand(N, generator=gen, dtype=torch.float64)
+    w = w / w.sum()
+    params = torch.randn(K * A, generator=gen, dtype=torch.float64)
+    v = torch.randn(K * A, generator=gen, dtype=torch.float64)
+
+    def policy(p):
+        return torch.log_softmax(phi @ p.reshape(K, A), dim=-1)
+
+    jac = torch.autograd.functional.jacobian(policy, params)  # [N, A, K*A]
+    pi = policy(params).exp()
+    fisher = torch.einsum("n,na,nai,naj->ij", w, pi, jac, jac)
+    got = tr.fisher_vector_product(policy, params, v, w)
+    assert torch.allclose(got, fisher @ v, rtol=1e-10, atol=1e-13)
+
+
+@given(case=tabular_cases)
+def test_mean_kl_equals_tabular_mean_kl(case):
+    seed, S, A, gamma, zero_fraction = case
+    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
+    theta, theta_new = random_theta(seed, S, A), random_theta(seed + 1, S, A)
+    got = tr.mean_kl(log_softmax, log_softmax(t64(theta)), t64(theta_new), occupancy(mdp, theta))
+    assert math.isclose(float(got), tabular.mean_kl(mdp, theta, theta_new), rel_tol=1e-10, abs_tol=1e-15)
+
+
+# ----------------------------------------------------------------------------- natural gradient
+@given(case=tabular_cases)
+def test_natural_gradient_direction_is_the_centred_advantage_over_one_minus_gamma(case):
+    # Kakade (2001): with the exact gradient and F weighted by the exact normalised occupancy, the
+    # minimum-norm solution of F w = grad J is (A - mean_a A) / (1 - gamma) (rho0 full support).
+    seed, S, A, gamma, zero_fraction = case
+    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
+    theta = random_theta(seed + 7, S, A)
+    result = tr.natural_gradient_direction(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
+                                           occupancy(mdp, theta), cg_iters=4 * S * A, cg_tol=1e-13)
+    pi = tabular.softmax_policy(theta)
+    adv = tabular.advantages(mdp, pi)
+    closed_form = (adv - adv.mean(axis=1, keepdims=True)) / (1.0 - gamma)
+    assert result.converged
+    assert np.allclose(result.solution.numpy(), closed_form, rtol=1e-8, atol=1e-8 * np.abs(closed_form).max())
+
+
+@given(case=tabular_cases, eta=st.sampled_from([0.01, 0.3, 2.0]))
+def test_natural_step_is_the_multiplicative_weights_update(case, eta):
+    # pi_new(a|s) ∝ pi(a|s) exp(eta A(s, a) / (1 - gamma)) (Agarwal, Kakade, Lee, Mahajan, eq. (16)).
+    seed, S, A, gamma, zero_fraction = case
+    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
+    theta = random_theta(seed + 3, S, A)
+    step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
+                                    occupancy(mdp, theta), eta, cg_iters=4 * S * A, cg_tol=1e-13)
+    pi = tabular.softmax_policy(theta)
+    unnormalised = pi * np.exp(eta * tabular.advantages(mdp, pi) / (1.0 - gamma))
+    expected = unnormalised / unnormalised.sum(axis=1, keepdims=True)
+    assert np.allclose(tabular.softmax_policy(step.params.numpy()), expected, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed, gamma, eta", [(0, 0.5, 0.3), (1, 0.8, 0.3), (2, 0.9, 0.05)])
+def test_npg_rate_from_zero_init(seed, gamma, eta):
+    # Agarwal et al. (2021) Thm 16: V*(rho) - V_T(rho) <= log|A| / (eta T) + 1 / ((1 - gamma)^2 T)
+    # for softmax NPG from theta_0 = 0 with rewards in [0, 1], for every T. eta and T keep the
+    # iterates where float64 resolves the Fisher (pi_min >~ 1e-12; spec: trust_region.md
+    # section 6): CG must converge at every step, which the test asserts.
+    base = full_support_mdp(seed, 6, 3, gamma, zero_fraction=0.3)
+    mdp = tabular.MDP(base.P, (base.r + 1.0) / 2.0, base.rho0, gamma)  # rewards in [0, 1]
+    S, A = mdp.num_states, mdp.num_actions
+    j_star = float(mdp.rho0 @ tabular.policy_iteration(mdp).V)
+    theta = np.zeros((S, A))
+    gaps = []
+    for t in range(1, 41):
+        step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
+                                        occupancy(mdp, theta), eta, cg_iters=4 * S * A, cg_tol=1e-12)
+        assert step.cg.converged, t
+        theta = step.params.numpy()
+        gap = j_star - tabular.expected_return(mdp, tabular.softmax_policy(theta))
+        assert gap <= math.log(A) / (eta * t) + 1.0 / ((1.0 - gamma) ** 2 * t), (t, gap)
+        gaps.append(gap)
+    assert gaps[-1] < 0.05 * gaps[0]  # NPG actually converges (a zero step would satisfy the bound)
+
+
+# ----------------------------------------------------------------------------- TRPO
+def exact_backtracking_sequence(mdp, theta, max_kl, ratio, max_backtracks):
+    """The line search recomputed from tabular quantities only: direction = the closed-form natural
+    gradient, beta = sqrt(2 delta / w^T F w) with tabular.fisher_matrix, and for each candidate the
+    exact surrogate gain (tabular.surrogate - J) and exact mean KL (tabular.mean_kl)."""
+    w = tabular.natural_gradient_closed_form(mdp, theta)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    beta = math.sqrt(2.0 * max_kl / float(w.reshape(-1) @ fisher @ w.reshape(-1)))
+    pi = tabular.softmax_policy(theta)
+    j_old = tabular.expected_return(mdp, pi)
+    rows = []
+    for k in range(max_backtracks + 1):
+        cand = theta + ratio**k * beta * w
+        gain = tabular.surrogate(mdp, pi, tabular.softmax_policy(cand)) - j_old
+        rows.append((cand, gain, tabular.mean_kl(mdp, theta, cand)))
+    return beta, rows
+
+
+@given(case=tabular_cases, max_kl=st.sampled_from([1e-3, 0.05, 0.5, 2.0]), ratio=st.sampled_from([0.5, 0.8]))
+def test_trpo_accepts_the_largest_candidate_with_gain_and_exact_kl_within_delta(case, max_kl, ratio):
+    seed, S, A, gamma, zero_fraction = case
+    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
+    theta = random_theta(seed + 5, S, A, scale=1.5)
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               max_kl, cg_iters=4 * S * A, cg_tol=1e-13, backtrack_ratio=ratio,
+                               max_backtracks=6)
+    beta, rows = exact_backtracking_sequence(mdp, theta, max_kl, ratio, 6)
+    assert math.isclose(record.full_step_scale, beta, rel_tol=1e-7)
+    for cand, (_, gain, kl) in zip(record.candidates, rows, strict=False):
+        assert math.isclose(cand.improvement, gain, rel_tol=1e-7, abs_tol=1e-12)
+        assert math.isclose(cand.kl, kl, rel_tol=1e-7, abs_tol=1e-14)
+    acceptable = [k for k, (_, gain, kl) in enumerate(rows) if gain > 0 and kl <= max_kl]
+    if not acceptable:
+        assert record.status == "no_acceptable_step" and len(record.candidates) == 7
+        assert torch.equal(new, t64(theta))
+        return
+    k = acceptable[0]
+    assert record.status == "accepted" and record.accepted
+    assert record.backtracks == k and len(record.candidates) == k + 1
+    assert record.step_fraction == ratio**k
+    assert np.allclose(new.numpy(), rows[k][0], rtol=1e-7, atol=1e-9)
+    assert record.kl <= max_kl and math.isclose(record.kl, rows[k][2], rel_tol=1e-7, abs_tol=1e-14)
+    assert math.isclose(record.actual_improvement, rows[k][1], rel_tol=1e-7, abs_tol=1e-12)
+    assert math.isclose(record.quadratic_kl, ratio ** (2 * k) * max_kl, rel_tol=1e-12)
+    # Expected improvement: the linear model g^T (theta_new - theta) with g = grad J.
+    step = rows[k][0] - theta
+    expected = float(tabular.policy_gradient(mdp, theta).reshape(-1) @ step.reshape(-1))
+    assert math.isclose(record.expected_improvement, expected, rel_tol=1e-7)
+
+
+def bandit(logits, rewards, gamma=0.5):
+    """One state, len(rewards) actions: KL and surrogate in closed form."""
+    A = len(rewards)
+    mdp = tabular.MDP(np.ones((1, A, 1)), np.asarray([rewards], dtype=np.float64), np.ones(1), gamma)
+    return mdp, np.asarray([logits], dtype=np.float64)
+
+
+def test_trpo_backtracks_when_the_full_step_breaks_the_exact_kl():
+    # pi_old = softmax(2, 0) = (0.88, 0.12) and action 1 pays: the step moves mass onto the unlikely
+    # action, where KL(old || new) grows faster than its quadratic model, so the full step
+    # (quadratic KL = delta) has exact KL 0.139 > delta = 0.1; half of it has exact KL 0.030.
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    delta = 0.1
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               delta, backtrack_ratio=0.5)
+    beta, rows = exact_backtracking_sequence(mdp, theta, delta, 0.5, 1)
+    assert rows[0][1] > 0 and rows[0][2] > delta  # the full step gains but breaks the KL limit
+    assert rows[1][1] > 0 and rows[1][2] <= delta
+    assert record.accepted and record.backtracks == 1 and record.step_fraction == 0.5
+    assert record.candidates[0].kl > delta >= record.kl
+    assert np.allclose(new.numpy(), rows[1][0], rtol=1e-9)
+    assert math.isclose(tabular.mean_kl(mdp, theta, new.numpy()), record.kl, rel_tol=1e-10)
+
+
+def test_trpo_gives_up_cleanly_when_no_candidate_is_acceptable():
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               0.1, backtrack_ratio=0.5, max_backtracks=0)
+    assert record.status == "no_acceptable_step" and not record.accepted
+    assert record.backtracks == 0 and record.kl == 0.0 and record.actual_improvement == 0.0
+    assert torch.equal(new, t64(theta))
+
+
+def test_trpo_zero_gradient_takes_no_step():
+    mdp, theta = bandit([0.3, -0.2, 1.0], [0.5, 0.5, 0.5])  # every action equally good: A = 0
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               0.01)
+    assert record.status == "zero_gradient" and not record.candidates
+    assert torch.equal(new, t64(theta))
+
+
+def test_trpo_improves_j_on_200_random_mdps_and_never_breaks_the_kl_limit():
+    # Exact advantages, delta = 1e-3, the practical CG budget (10 iterations), gamma = 0.9.
+    delta, improved, accepted = 1e-3, 0, 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        S, A = int(rng.integers(2, 9)), int(rng.integers(2, 5))
+        mdp = random_mdp(rng, S, A, gamma=0.9, zero_fraction=float(rng.choice([0.0, 0.5])))
+        theta = rng.standard_normal((S, A))
+        new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta),
+                                   occupancy(mdp, theta), delta)
+        if record.accepted:
+            accepted += 1
+            assert tabular.mean_kl(mdp, theta, new.numpy()) <= delta  # independent check of the limit
+        j_old = tabular.expected_return(mdp, tabular.softmax_policy(theta))
+        improved += tabular.expected_return(mdp, tabular.softmax_policy(new.numpy())) > j_old
+    assert improved >= 198, improved
+    assert accepted >= 198, accepted
+
+
+# ----------------------------------------------------------------------------- natural-step erratum
+@given(case=tabular_cases, delta=st.sampled_from([1e-3, 0.01, 0.1]))
+def test_natural_step_erratum_of_seeds_000_and_002(case, delta):
+    # 000/002: theta' = theta + alpha F^-1 g with alpha = sqrt(2 delta / (g^T F g)). Its quadratic KL
+    # 0.5 alpha^2 (F^-1 g)^T F (F^-1 g) = delta (g^T F^-1 g) / (g^T F g), not delta; 001 (74)'s
+    # beta = sqrt(2 delta / (s^T F s)) with s = F^-1 g gives exactly delta.
+    seed, S, A, gamma, zero_fraction = case
+    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
+    theta = random_theta(seed + 11, S, A)
+    g = tabular.policy_gradient(mdp, theta).reshape(-1)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    s = tabular.natural_gradient(mdp, theta).reshape(-1)  # F^+ g
+    d = occupancy(mdp, theta)
+    fs = tr.fisher_vector_product(log_softmax, t64(theta), t64(s.reshape(S, A)), d)
+    beta = tr.trust_region_step_scale(t64(s), fs.reshape(-1), delta)
+    assert math.isclose(0.5 * beta**2 * float(s @ fisher @ s), delta, rel_tol=1e-9)
+    g_f_g = float(g @ fisher @ g)
+    g_finv_g = float(g @ s)
+    alpha_erratum = math.sqrt(2.0 * delta / g_f_g)
+    quadratic_kl_erratum = 0.5 * alpha_erratum**2 * float(s @ fisher @ s)
+    assert math.isclose(quadratic_kl_erratum, delta * g_finv_g / g_f_g, rel_tol=1e-9)
+    if abs(g_finv_g / g_f_g - 1.0) > 1e-6:  # g not an eigenvector of F with eigenvalue 1
+        assert not math.isclose(quadratic_kl_erratum, delta, rel_tol=1e-6)
+
+
+def test_natural_step_erratum_differs_from_delta_on_a_fixed_case():
+    mdp, theta = bandit([1.0, 0.0, -1.0], [1.0, 0.0, 0.5], gamma=0.0)
+    g = tabular.policy_gradient(mdp, theta).reshape(-1)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    s = tabular.natural_gradient(mdp, theta).reshape(-1)
+    ratio = float(g @ s) / float(g @ fisher @ g)  # the erratum's KL is delta * ratio
+    assert ratio > 2.0  # the small Fisher eigenvalues make 000/002's step overshoot delta
