@@ -124,8 +124,8 @@ class _TokenEntropy(torch.autograd.Function):
             chunk_lse = torch.logsumexp(chunk, dim=-1, keepdim=True)
             log_p = chunk - chunk_lse
             p = torch.exp(log_p)
-            # 0 log 0 = 0 for -inf logits
-            plogp = torch.where(p > 0, p * log_p, torch.zeros_like(p))
+            # 0 log 0 = 0 for -inf logits (tested as p == 0 so that a NaN row stays NaN)
+            plogp = torch.where(p == 0, torch.zeros_like(p), p * log_p)
             lse[start:start + rows_per_chunk] = chunk_lse.squeeze(1)
             entropy[start:start + rows_per_chunk] = -plogp.sum(dim=-1)
         ctx.save_for_backward(logits, lse, entropy)
@@ -145,7 +145,7 @@ class _TokenEntropy(torch.autograd.Function):
             log_p = flat[start:start + step].to(lse.dtype) - lse[start:start + step].unsqueeze(1)
             p = torch.exp(log_p)
             # dH/dx_v = -p_v (log p_v + H)
-            inner = torch.where(p > 0, log_p + entropy[start:start + step].unsqueeze(1), torch.zeros_like(p))
+            inner = torch.where(p == 0, torch.zeros_like(p), log_p + entropy[start:start + step].unsqueeze(1))
             part = -p * inner * grad[start:start + step].unsqueeze(1)
             grad_logits[start:start + step] = part.to(logits.dtype)
         return grad_logits.reshape(logits.shape), None

@@ -1,0 +1,151 @@
+"""refimpl.losses.logprobs: token_logprobs / token_entropy equal the plain log_softmax formulas
+(values and gradients), and autograd keeps O(N T) bytes beyond the logits whatever V is."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refimpl.losses.logprobs import token_entropy, token_logprobs
+
+
+def plain_logprobs(logits, tokens):
+    return torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def plain_entropy(logits):
+    logp = torch.log_softmax(logits, -1)
+    return -(logp.exp() * torch.where(logp > -math.inf, logp, torch.zeros_like(logp))).sum(-1)
+
+
+@st.composite
+def logits_and_tokens(draw):
+    n, t, v = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 40))
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    scale = draw(st.sampled_from([0.1, 3.0, 30.0]))
+    logits = scale * torch.randn(n, t, v, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(0, v, (n, t), generator=gen)
+    chunk = draw(st.one_of(st.none(), st.integers(1, 3 * v)))
+    return logits, tokens, chunk, torch.randn(n, t, generator=gen, dtype=torch.float64)
+
+
+@given(logits_and_tokens())
+def test_logprobs_and_gradient_equal_log_softmax_gather(case):
+    logits, tokens, chunk, weights = case
+    x = logits.clone().requires_grad_(True)
+    y = logits.clone().requires_grad_(True)
+    ours = token_logprobs(x, tokens, chunk_elements=chunk)
+    plain = plain_logprobs(y, tokens)
+    np.testing.assert_allclose(ours.detach().numpy(), plain.detach().numpy(), rtol=1e-12, atol=1e-12)
+    (g1,) = torch.autograd.grad((ours * weights).sum(), x)
+    (g2,) = torch.autograd.grad((plain * weights).sum(), y)
+    np.testing.assert_allclose(g1.numpy(), g2.numpy(), rtol=1e-10, atol=1e-13)
+
+
+@given(logits_and_tokens())
+def test_entropy_and_gradient_equal_plain_formula(case):
+    logits, _, chunk, weights = case
+    x = logits.clone().requires_grad_(True)
+    y = logits.clone().requires_grad_(True)
+    ours = token_entropy(x, chunk_elements=chunk)
+    plain = plain_entropy(y)
+    np.testing.assert_allclose(ours.detach().numpy(), plain.detach().numpy(), rtol=1e-10, atol=1e-12)
+    (g1,) = torch.autograd.grad((ours * weights).sum(), x)
+    (g2,) = torch.autograd.grad((plain * weights).sum(), y)
+    np.testing.assert_allclose(g1.numpy(), g2.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_float32_matches_to_1e_6_and_entropy_of_uniform():
+    gen = torch.Generator().manual_seed(0)
+    logits = 5 * torch.randn(4, 16, 1000, generator=gen)
+    tokens = torch.randint(0, 1000, (4, 16), generator=gen)
+    plain = plain_logprobs(logits, tokens)
+    # 1e-6 relative to max(1, |log p|): values reach -60 here, where one float32 ulp is 3.8e-6
+    assert ((token_logprobs(logits, tokens) - plain).abs() / plain.abs().clamp(min=1)).max() < 1e-6
+    assert torch.allclose(token_entropy(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits(dtype):
+    gen = torch.Generator().manual_seed(1)
+    logits = (4 * torch.randn(3, 8, 50, generator=gen)).to(dtype).requires_grad_(True)
+    tokens = torch.randint(0, 50, (3, 8), generator=gen)
+    out = token_logprobs(logits, tokens)
+    assert out.dtype == torch.float32
+    upcast = logits.detach().float().requires_grad_(True)
+    ref = plain_logprobs(upcast, tokens)
+    assert (out - ref).abs().max() < 1e-5
+    (g,) = torch.autograd.grad(out.sum(), logits)
+    (g_ref,) = torch.autograd.grad(ref.sum(), upcast)
+    assert g.dtype == dtype and torch.isfinite(g).all()
+    assert (g.float() - g_ref).abs().max() < 1e-2  # one rounding to the half dtype
+    ent = token_entropy(logits)
+    assert ent.dtype == torch.float32 and (ent - plain_entropy(upcast)).abs().max() < 1e-5
+
+
+def test_masked_vocabulary_entries():
+    logits = torch.tensor([[[0.0, -math.inf, 1.0], [2.0, 0.5, -math.inf]]], dtype=torch.float64,
+                          requires_grad=True)
+    tokens = torch.tensor([[1, 0]])
+    lp = token_logprobs(logits, tokens)
+    assert lp[0, 0].item() == -math.inf
+    assert lp[0, 1].item() == pytest.approx(2.0 - math.log(math.exp(2.0) + math.exp(0.5)), rel=1e-14)
+    (g,) = torch.autograd.grad(lp[0, 1], logits)
+    assert torch.isfinite(g).all() and g[0, 1, 2] == 0
+    ent = token_entropy(logits)
+    p = 1 / (1 + math.e)
+    assert ent[0, 0].item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)), rel=1e-13)
+    (g,) = torch.autograd.grad(ent.sum(), logits)
+    assert torch.isfinite(g).all() and g[0, 0, 1] == 0
+
+
+def saved_bytes_beyond(logits, fn):
+    """Total bytes autograd saves for backward in ``fn(logits)``, excluding the logits' storage."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(logits)
+    own = logits.untyped_storage().data_ptr()
+    extra = sum(t.untyped_storage().nbytes() for t in saved if t.untyped_storage().data_ptr() != own)
+    return extra, out
+
+
+@pytest.mark.parametrize("vocab", [16, 1024, 8192])
+def test_saved_bytes_are_o_of_tokens_whatever_the_vocabulary(vocab):
+    n, t = 4, 32
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(n, t, vocab, generator=gen).requires_grad_(True)
+    tokens = torch.randint(0, vocab, (n, t), generator=gen)
+    for fn in (lambda z: token_logprobs(z, tokens), token_entropy):
+        extra, out = saved_bytes_beyond(logits, fn)
+        assert extra <= 64 * n * t, (vocab, extra)
+        out.sum().backward()  # the saved tensors suffice for backward
+    # the hook does see a second [N, T, V] tensor in the plain formula (the check can fail)
+    extra, _ = saved_bytes_beyond(logits, lambda z: plain_logprobs(z, tokens))
+    assert extra >= 4 * n * t * vocab
+
+
+def test_bad_inputs_raise():
+    logits = torch.zeros(2, 3, 5)
+    with pytest.raises(ValueError, match=r"\[0, V=5\)"):
+        token_logprobs(logits, torch.full((2, 3), 5))
+    with pytest.raises(ValueError, match="shape"):
+        token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="tokens"):
+        token_logprobs(logits, torch.zeros(2, 3))
+    bad = logits.clone()
+    bad[1, 2, 3] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        token_logprobs(bad, torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="NaN"):
+        token_entropy(bad)
+    with pytest.raises(ValueError, match="chunk_elements"):
+        token_entropy(logits, chunk_elements=0)
