@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tabular.evaluation import advantages, expected_return, state_occupancy
+from tabular.evaluation import advantages, expected_return, q_values, state_occupancy
 from tabular.mdp import MDP, validate_policy
 
 __all__ = [
@@ -168,11 +168,15 @@ def cpi_step_size(mdp: MDP, pi, pi_new) -> float:
     ``eps = 0``, which forces ``g = 0``), and 1 when ``gamma = 0`` and ``g > 0`` (no penalty).
     The guaranteed improvement ``alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2`` is then
     ``>= alpha g / 2 >= 0``. Raises at gamma = 1.
+
+    Guard against rounding: ``eps <= 1e-12 max |Q_pi|`` and ``g <= 1e-12 max |Q_pi| / (1 - gamma)``
+    count as 0 (otherwise ``g / eps`` is a ratio of two rounding errors, e.g. for ``pi_new = pi``).
     """
     _require_discounted(mdp, "cpi_step_size")
     g = cpi_gain(mdp, pi, pi_new)
     eps = cpi_epsilon(mdp, pi, pi_new)
-    if g <= 0.0 or eps == 0.0:
+    noise = 1e-12 * float(np.max(np.abs(q_values(mdp, pi))))
+    if g <= noise / (1.0 - mdp.gamma) or eps <= noise:
         return 0.0
     if mdp.gamma == 0.0:
         return 1.0
