@@ -1,6 +1,6 @@
 """Value loss (plain and clipped), entropy bonus, the combined PPO objective (seed 001 (82)-(85))
 and the KL-penalty controllers (seed 000 "PPO" doubling/halving; seed 002 dual ascent)
-(spec: specs/policy_losses.md sections 7-8)."""
+(spec: specs/policy_losses.md sections 9-10)."""
 
 from __future__ import annotations
 

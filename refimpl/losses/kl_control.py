@@ -1,4 +1,4 @@
-"""KL-penalty coefficient controllers (spec: policy_losses.md section 7).
+"""KL-penalty coefficient controllers (spec: policy_losses.md section 9).
 
 Small stateful objects that update the weight of a KL penalty between policy updates:
 

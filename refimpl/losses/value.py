@@ -1,6 +1,6 @@
 """Value loss (plain and clipped), entropy bonus and the combined PPO objective (85) as a loss.
 
-spec: policy_losses.md section 8; seed 001 (81)-(85).
+spec: policy_losses.md section 10; seed 001 (81)-(85).
 
 - ``value_loss``: ``(V - V_targ)^2`` per sample (seed 001 (82), no factor 1/2), or the clipped form
   ``max((V - V_targ)^2, (V_old + clip(V - V_old, -eps, eps) - V_targ)^2)`` (md eq. (23)), averaged
