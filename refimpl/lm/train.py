@@ -43,7 +43,7 @@ from refimpl.kl import kl_k3
 from refimpl.lm import distributed as dist_lib
 from refimpl.lm.model import GPT, GPTConfig
 from refimpl.lm.rollout import Rollout, generate, policy_logprobs, response_logits
-from refimpl.lm.tasks import EOS, PAD, VOCAB, Problems, get_task
+from refimpl.lm.tasks import EOS, PAD, TASKS, VOCAB, Problems, get_task
 
 __all__ = [
     "TrainConfig",
@@ -97,7 +97,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
-    max_new_tokens: int = 6
+    max_new_tokens: int = 8  # > the longest answer (5) + DAPO's overlong cache (2)
     reward: str = "exact"  # "exact" or "partial"
     kl_coef: float | None = None  # None: the preset's own
     kl_estimator: str | None = None  # None: the preset's own ("k1", "k2", "k3")
@@ -123,11 +123,10 @@ class TrainConfig:
     def __post_init__(self):
         if self.loss not in LOSS_NAMES:
             raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {list(LOSS_NAMES)}")
-        get_task(self.task, eval_size=min(self.eval_size, 8))  # validates the name early
+        if self.task not in TASKS:
+            raise ValueError(f"task: unknown task {self.task!r}; expected one of {sorted(TASKS)}")
         if self.group_size < 2:
-            raise ValueError(
-                f"group_size: expected >= 2 (a group needs two samples), got {self.group_size}"
-            )
+            raise ValueError(f"group_size: expected >= 2 (a group needs two samples), got {self.group_size}")
         for name in ("prompts_per_step", "inner_epochs", "minibatches", "micro_batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
@@ -195,6 +194,14 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.prompts.shape[0]
+
+    def select(self, idx: torch.Tensor) -> RolloutBatch:
+        """The sequences ``idx`` (e.g. one rank's share of a batch)."""
+        fields = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            fields[f.name] = value[idx] if isinstance(value, torch.Tensor) else value
+        return RolloutBatch(**fields)
 
 
 def _cat_rollouts(parts: list[Rollout]) -> Rollout:
@@ -731,6 +738,11 @@ def _finalise_metrics(totals: dict[str, float]) -> dict:
 _TIMING_KEYS = ("wall_time", "cpu_time", "rollout_tokens_per_s", "update_tokens_per_s")
 
 
+class _StopRequested(Exception):
+    """Raised between steps after Ctrl-C (a second Ctrl-C raises KeyboardInterrupt at once and
+    saves nothing: the last periodic checkpoint stays)."""
+
+
 class _InterruptFlag:
     """Ctrl-C sets a flag; the run saves a checkpoint between steps and stops (a second Ctrl-C
     interrupts at once)."""
@@ -786,11 +798,12 @@ def run_training(
     resume=None,
     progress: bool = True,
     steps_override: int | None = None,
+    plot: bool = True,
 ) -> int:
     """The whole job: warm-up until the held-out sampled accuracy target, then ``steps`` RL
     steps. Writes ``metrics.jsonl``, ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the
-    end of the warm-up, at the end and on Ctrl-C), ``summary.json`` and ``curves.png`` to
-    ``out_dir``. Returns an exit code: 0 done, 1 non-finite loss (last good checkpoint kept),
+    end of the warm-up, at the end and on Ctrl-C), ``summary.json`` and (``plot``) ``curves.png``
+    to ``out_dir``. Returns an exit code: 0 done, 1 non-finite loss (last good checkpoint kept),
     130 interrupted (checkpoint saved)."""
     import json
     import sys
@@ -871,7 +884,7 @@ def run_training(
                                 trainer.finish_warmup()
                         log(record)
                         if interrupt.any_rank(trainer.device):
-                            raise KeyboardInterrupt
+                            raise _StopRequested
                     bar.close()
                     save()
                 if not trainer.last_eval:
@@ -897,12 +910,12 @@ def run_training(
                     if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
                         save()
                     if interrupt.any_rank(trainer.device):
-                        raise KeyboardInterrupt
+                        raise _StopRequested
                 bar.close()
             except NonFiniteLossError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 1
-            except KeyboardInterrupt:
+            except _StopRequested:  # between steps: the state is consistent, save it
                 save()
                 if main:
                     print(
@@ -916,7 +929,8 @@ def run_training(
         )
         if main:
             (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            plot_metrics(metrics_path, out / "curves.png")
+            if plot:
+                plot_metrics(metrics_path, out / "curves.png")
             print(json.dumps(summary))
         return 0
     finally:

@@ -1,0 +1,303 @@
+"""The tiny-LM trainer (refimpl.lm.train): every preset runs; on-policy ratios are 1; the global
+normaliser makes micro-batching exact; the KL term is minimised and counted in the normaliser;
+exact resume; Ctrl-C and non-finite losses; clear errors."""
+
+import dataclasses
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from refimpl import losses
+from refimpl.lm.checkpoint import load_checkpoint
+from refimpl.lm.rollout import policy_logprobs, response_logits
+from refimpl.lm.train import LOSS_NAMES, TrainConfig, Trainer, run_training
+
+
+def tiny(**kw) -> TrainConfig:
+    base = dict(
+        steps=2,
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        prompts_per_step=4,
+        group_size=4,
+        micro_batch_size=5,
+        minibatches=1,
+        inner_epochs=1,
+        eval_size=16,
+        sft_target_accuracy=0.0,
+        sft_eval_every=1,
+        sft_batch_size=8,
+        sft_max_steps=3,
+        eval_every=1,
+        checkpoint_every=1,
+        lr=1e-2,
+        reward="partial",
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def rl_trainer(**kw) -> Trainer:
+    trainer = Trainer(tiny(**kw))
+    trainer.finish_warmup()
+    return trainer
+
+
+def perturb(model, seed=0, scale=0.05):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def flat_grad(model) -> torch.Tensor:
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()]
+    )
+
+
+class PolicyLossSpy:
+    """Records the arguments of every policy_loss call made by the trainer."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self.real = losses.policy_loss
+        monkeypatch.setattr(losses, "policy_loss", self)
+
+    def __call__(self, logp, old_logp, advantages, mask, variant, **kw):
+        self.calls.append(
+            dict(
+                logp=logp.detach().clone(),
+                old_logp=old_logp.clone(),
+                mask=mask.clone(),
+                variant=variant,
+                **{k: v for k, v in kw.items()},
+            )
+        )
+        return self.real(logp, old_logp, advantages, mask, variant, **kw)
+
+
+@pytest.mark.parametrize("loss", LOSS_NAMES)
+def test_every_preset_trains_a_few_steps(loss, monkeypatch):
+    spy = PolicyLossSpy(monkeypatch)
+    trainer = rl_trainer(loss=loss, kl_coef=0.05 if loss in ("grpo", "bnpo") else None)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    for _ in range(2):
+        metrics = trainer.rl_step()
+        assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["entropy"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    preset = losses.get_preset(loss)
+    variant = spy.calls[0]["variant"]
+    assert (variant.ratio, variant.gate, variant.aggregation) == (
+        preset.ratio,
+        preset.gate,
+        preset.aggregation,
+    )
+    if loss == "ppo":  # PPO-RLHF: KL folded into the reward, token-level advantages from GAE
+        assert variant.kl_coef == 0.0 and spy.calls[0]["ref_logp"] is None
+    if loss in ("grpo", "bnpo"):
+        assert variant.kl_coef == 0.05 and spy.calls[0]["ref_logp"] is not None
+        assert metrics["kl"] > 0
+
+
+@pytest.mark.parametrize("loss", ["dapo", "gspo", "ppo"])
+def test_on_policy_first_micro_batch_ratios_are_one(loss, monkeypatch):
+    """Old log-probs recomputed by the trainer with the sampling transform (temperature 0.7,
+    top-k 6): the first micro-batch of the first epoch has ratios 1 to 1e-6."""
+    spy = PolicyLossSpy(monkeypatch)
+    trainer = rl_trainer(loss=loss, temperature=0.7, top_k=6, prompts_per_step=6, micro_batch_size=7)
+    trainer.rl_step()
+    first = spy.calls[0]
+    m = first["mask"].bool()
+    ratio = torch.exp(first["logp"] - first["old_logp"])[m]
+    assert m.sum() > 20
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-6)
+    assert first["normalizer"] is not None
+
+
+def _accumulated_grad(trainer, batch, micro_batch_size):
+    trainer.config.micro_batch_size = micro_batch_size
+    trainer.model.zero_grad(set_to_none=True)
+    sums, counted = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    assert counted
+    return flat_grad(trainer.model), float(sums["loss"])
+
+
+@pytest.mark.parametrize(
+    "loss,kl_coef",
+    [("grpo", 0.1), ("dapo", None), ("dr_grpo", None), ("gspo", None), ("bnpo", 0.2), ("ppo", None)],
+)
+def test_micro_batching_gives_the_full_batch_gradient(loss, kl_coef):
+    """Micro-batches with the global normaliser sum to the full-batch loss and gradient (1e-6
+    relative); the mean of micro-batch means (the trap) does not."""
+    trainer = rl_trainer(loss=loss, kl_coef=kl_coef, prompts_per_step=5, inner_epochs=1)
+    perturb(trainer.model)  # policy != reference, so the KL term has a gradient
+    batch = trainer.collect()
+    full_grad, full_loss = _accumulated_grad(trainer, batch, len(batch))
+    micro_grad, micro_loss = _accumulated_grad(trainer, batch, 3)
+    assert full_grad.norm() > 0
+    assert (micro_grad - full_grad).norm() <= 1e-6 * full_grad.norm()
+    assert micro_loss == pytest.approx(full_loss, rel=1e-5, abs=1e-7)
+    if loss in ("dapo", "bnpo"):
+        # the trap: averaging micro-batch token means weights tokens unequally
+        means = []
+        for idx in torch.arange(len(batch)).split(3):
+            logits = response_logits(trainer.model, batch.prompts[idx], batch.responses[idx])
+            logp, _ = policy_logprobs(logits, batch.responses[idx])
+            loss_i, _ = losses.policy_loss(
+                logp,
+                batch.old_logp[idx],
+                batch.advantages[idx],
+                batch.mask[idx],
+                trainer.variant,
+                ref_logp=None if batch.ref_logp is None else batch.ref_logp[idx],
+            )
+            means.append(float(loss_i.detach()))
+        mean_of_means = sum(means) / len(means)
+        assert abs(mean_of_means - full_loss) > 1e-4 * abs(full_loss)
+
+
+def test_kl_term_is_minimised_and_inside_the_global_normaliser():
+    trainer = rl_trainer(loss="bnpo", kl_coef=0.5, prompts_per_step=5, inner_epochs=1)
+    perturb(trainer.model, scale=0.2)
+    batch = trainer.collect()
+    batch.advantages = torch.zeros_like(batch.advantages)  # only the KL term remains
+
+    def k3_sum():
+        with torch.no_grad():
+            logits = response_logits(trainer.model, batch.prompts, batch.responses)
+            logp, _ = policy_logprobs(logits, batch.responses)
+        log_r = (batch.ref_logp - logp).double()
+        return float(((log_r.exp() - 1 - log_r) * batch.mask).sum())
+
+    expected = 0.5 * k3_sum() / float(batch.mask.sum())  # token mean over the whole batch
+    _, loss = _accumulated_grad(trainer, batch, 3)
+    assert expected > 1e-4
+    assert loss == pytest.approx(expected, rel=1e-5)
+    before = k3_sum()
+    trainer.config.inner_epochs = 5
+    trainer.update(batch)
+    assert k3_sum() < 0.8 * before  # descending the loss brings the policy back to the reference
+
+
+def _records(path):
+    out = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        out.append({k: v for k, v in rec.items() if k not in ("wall_time", "cpu_time") and "per_s" not in k})
+    return out
+
+
+def _weights(path):
+    return load_checkpoint(path)["model"]
+
+
+def _assert_same_run(a, b):
+    assert _records(a / "metrics.jsonl") == _records(b / "metrics.jsonl")
+    wa, wb = _weights(a / "checkpoint.pt"), _weights(b / "checkpoint.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    config = tiny(loss="grpo", kl_coef=0.05, steps=4, sft_target_accuracy=1.0, sft_max_steps=3, minibatches=2)
+    assert run_training(config, tmp_path / "a", progress=False, plot=False) == 0
+    first = dataclasses.replace(config, steps=2)
+    assert run_training(first, tmp_path / "b", progress=False, plot=False) == 0
+    assert (
+        run_training(
+            config,
+            tmp_path / "b",
+            resume=tmp_path / "b" / "checkpoint.pt",
+            progress=False,
+            steps_override=4,
+            plot=False,
+        )
+        == 0
+    )
+    _assert_same_run(tmp_path / "a", tmp_path / "b")
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch):
+    config = tiny(loss="dapo", steps=4, checkpoint_every=100)
+    assert run_training(config, tmp_path / "a", progress=False, plot=False) == 0
+    real_step = Trainer.rl_step
+
+    def step_then_ctrl_c(self):
+        metrics = real_step(self)
+        if self.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the step finishes, then the run saves and stops
+        return metrics
+
+    monkeypatch.setattr(Trainer, "rl_step", step_then_ctrl_c)
+    assert run_training(config, tmp_path / "b", progress=False, plot=False) == 130
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 3
+    monkeypatch.setattr(Trainer, "rl_step", real_step)
+    assert (
+        run_training(
+            config, tmp_path / "b", resume=tmp_path / "b" / "checkpoint.pt", progress=False, plot=False
+        )
+        == 0
+    )
+    _assert_same_run(tmp_path / "a", tmp_path / "b")
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
+    real = losses.policy_loss
+    trainer_steps = []
+
+    def poisoned(*args, **kw):
+        loss, metrics = real(*args, **kw)
+        return (loss * float("nan") if len(trainer_steps) >= 2 else loss), metrics
+
+    real_step = Trainer.rl_step
+
+    def counting_step(self):
+        out = real_step(self)
+        trainer_steps.append(self.step)
+        return out
+
+    monkeypatch.setattr(losses, "policy_loss", poisoned)
+    monkeypatch.setattr(Trainer, "rl_step", counting_step)
+    assert run_training(tiny(steps=5), tmp_path, progress=False, plot=False) == 1
+    assert "non-finite loss" in capsys.readouterr().err
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["step"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_checkpoint_of_another_model_shape_is_rejected(tmp_path):
+    assert run_training(tiny(steps=1), tmp_path, progress=False, plot=False) == 0
+    other = Trainer(tiny(n_embd=32))
+    with pytest.raises(ValueError, match="another shape.*n_embd: checkpoint 16, this run 32"):
+        other.load_state_dict(load_checkpoint(tmp_path / "checkpoint.pt"))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(loss="reinforce"), "unknown loss"),
+        (dict(task="division"), "unknown task"),
+        (dict(group_size=1), "group_size"),
+        (dict(micro_batch_size=0), "micro_batch_size"),
+        (dict(sft_target_accuracy=1.5), "sft_target_accuracy"),
+        (dict(temperature=0.0), "temperature"),
+    ],
+)
+def test_bad_config_is_rejected(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kw)
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal():
+    trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=2)
+    batch = trainer.collect()  # an untrained model: every exact reward is 0, no group has signal
+    assert len(batch) == 0 and batch.kept_fraction == 0.0
+    assert trainer.update(batch) == {"optimizer_steps_skipped": True}
+    trainer = rl_trainer(loss="dapo", reward="partial", overlong_cache_len=0)
+    batch = trainer.collect()
+    rewards = batch.rewards.view(-1, trainer.config.group_size)
+    assert len(batch) > 0 and torch.all(rewards.max(1).values > rewards.min(1).values)
