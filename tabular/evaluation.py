@@ -36,6 +36,22 @@ def _solve_states(mdp: MDP, pi) -> np.ndarray:
     return np.flatnonzero(~mdp.terminal)
 
 
+def _reachable_from_start(mdp: MDP, P_pi: np.ndarray) -> np.ndarray:
+    """``[S]`` bool: states visited with positive probability at some step (support of rho0, closed
+    under the edges ``P_pi > 0`` when gamma > 0); exactly the support of the occupancy."""
+    reached = mdp.rho0 > 0.0
+    if mdp.gamma == 0.0:
+        return reached
+    edges = P_pi > 0.0
+    if mdp.gamma == 1.0:
+        edges = edges & ~mdp.terminal[:, None]  # terminal states are excluded at gamma = 1
+    while True:
+        new = reached | (edges & reached[:, None]).any(axis=0)
+        if np.array_equal(new, reached):
+            return reached
+        reached = new
+
+
 def policy_evaluation(mdp: MDP, pi) -> np.ndarray:
     """``V_pi [S]`` solving ``V = r_pi + gamma P_pi V`` (spec: mdp.md eq. (7); seed 001 (24)).
 
@@ -90,6 +106,8 @@ def state_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
     if idx.size:
         M = np.eye(idx.size) - mdp.gamma * P_pi[np.ix_(idx, idx)].T
         rho[idx] = np.linalg.solve(M, mdp.rho0[idx])
+    # States that cannot be reached get exactly 0 (the solve may leave rounding noise there).
+    rho[~_reachable_from_start(mdp, P_pi)] = 0.0
     if not normalized:
         return rho
     total = rho.sum()

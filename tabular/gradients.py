@@ -100,20 +100,22 @@ def natural_gradient(mdp: MDP, theta) -> np.ndarray:
 
     F (:func:`fisher_matrix`) is singular for the softmax, so the Moore-Penrose pseudo-inverse
     picks the solution orthogonal to the null space (per state, to the ones vector; states with
-    ``d = 0`` get 0). Solved block by block (F is block diagonal), with eigenvalues below
-    ``1e-12`` times the block's largest counted as zero. For gamma < 1 this equals
-    :func:`natural_gradient_closed_form`; for gamma = 1 it is ``(A - mean_a A)`` times the expected
-    episode length.
+    ``d = 0`` get 0). F is block diagonal with blocks ``d(s) M_s``, ``M_s = diag pi_s - pi_s pi_s^T``,
+    and ``grad J`` has blocks ``rho(s) pi_s * A_s``; since ``rho(s) / d(s) = sum_s' rho(s')`` the
+    blocks of ``F^+ grad J`` are ``(sum rho) M_s^+ (pi_s * A_s)``, computed so (no division by a
+    possibly subnormal ``d(s)``), with eigenvalues of ``M_s`` below ``1e-12`` times its largest
+    counted as zero. For gamma < 1 this equals :func:`natural_gradient_closed_form`; for gamma = 1
+    it is ``(A - mean_a A)`` times the expected episode length.
     """
     theta = _theta(mdp, theta)
     S, A = theta.shape
     pi = softmax_policy(theta)
-    d = state_occupancy(mdp, pi, normalized=True)
-    g = policy_gradient(mdp, theta)
-    blocks = d[:, None, None] * (np.einsum("ab,sa->sab", np.eye(A), pi) - pi[:, :, None] * pi[:, None, :])
+    rho = state_occupancy(mdp, pi, normalized=False)
+    weighted_adv = pi * advantages(mdp, pi)  # grad J block / rho(s), see policy_gradient
+    blocks = np.einsum("ab,sa->sab", np.eye(A), pi) - pi[:, :, None] * pi[:, None, :]
     result = np.zeros((S, A))
-    for s in np.flatnonzero(d > 0.0):
-        result[s] = np.linalg.pinv(blocks[s], rcond=1e-12, hermitian=True) @ g[s]
+    for s in np.flatnonzero(rho > 0.0):
+        result[s] = rho.sum() * (np.linalg.pinv(blocks[s], rcond=1e-12, hermitian=True) @ weighted_adv[s])
     return result
 
 
