@@ -16,11 +16,13 @@ Episode ends are kept in two distinct flags (never merged):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["TabularEnv", "Rollout", "sample_categorical"]
+__all__ = ["TabularEnv", "Rollout", "Transition", "sample_categorical"]
 
 _ATOL = 1e-6
 
@@ -50,6 +52,19 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -
     cdf = probs.cumsum(-1)
     idx = (u * cdf[:, -1:] >= cdf).sum(-1)  # first k with cdf_k > u (zero-probability k skipped)
     return idx.clamp_max(probs.shape[1] - 1)
+
+
+class Transition(NamedTuple):
+    """One batched step: every field ``[N]``, with the meanings of :class:`Rollout`'s columns."""
+
+    states: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_states: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    episode_steps: torch.Tensor
+    behavior_logp: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -154,30 +169,30 @@ class TabularEnv:
             rewards = self.r[states, actions, next_states]
         return next_states, rewards, self.terminal[next_states]
 
-    def rollout(
+    def transitions(
         self,
         policy,
         num_envs: int,
-        num_steps: int,
         generator: torch.Generator | None,
         *,
         max_episode_steps: int | None = None,
         start_states: torch.Tensor | None = None,
-    ) -> Rollout:
-        """Run ``num_envs`` environments for ``num_steps`` steps with automatic resets.
+    ) -> Iterator[Transition]:
+        """Endless stream of batched steps of ``num_envs`` environments with automatic resets.
 
         Args:
-            policy: ``[S, A]`` row-stochastic tensor, or a callable ``states [N] -> probs [N, A]``.
+            policy: ``[S, A]`` row-stochastic tensor, or a callable
+                ``(states [N], episode_steps [N]) -> probs [N, A]`` called before every step (so a
+                learner may change it between steps).
             max_episode_steps: time limit; a step that makes an episode this long without reaching
                 a terminal state is ``truncated`` (None: no limit).
-            start_states: ``[num_envs]`` states for the first episodes (default: drawn from rho0);
-                later episodes always start from rho0.
+            start_states: ``[num_envs]`` int64 states for the first episodes (default: drawn from
+                rho0); later episodes always start from rho0.
 
         An ended episode (terminated or truncated) is followed at once by a fresh one in the same
-        row; its final observation stays in ``next_states``.
+        row; its final observation is the step's ``next_states``, the fresh start the next step's
+        ``states``.
         """
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         if max_episode_steps is not None and max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be >= 1 or None, got {max_episode_steps}")
         probs_of = self._policy_fn(policy)
@@ -190,26 +205,39 @@ class TabularEnv:
             if ((s < 0) | (s >= self.num_states)).any() or self.terminal[s].any():
                 raise ValueError("start_states must be valid non-terminal states")
         t_ep = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
-        fields: dict[str, list[torch.Tensor]] = {k: [] for k in Rollout.__dataclass_fields__}
-        for _ in range(num_steps):
-            probs = probs_of(s)
+        while True:
+            probs = probs_of(s, t_ep)
             a = sample_categorical(probs, generator)
             s2, rew, term = self.step(s, a, generator)
-            t_ep = t_ep + 1
             if max_episode_steps is None:
                 trunc = torch.zeros_like(term)
             else:
-                trunc = ~term & (t_ep >= max_episode_steps)
-            for k, v in (("states", s), ("actions", a), ("rewards", rew), ("next_states", s2),
-                         ("terminated", term), ("truncated", trunc), ("episode_steps", t_ep - 1),
-                         ("behavior_logp", probs.gather(1, a[:, None]).squeeze(1).log())):
-                fields[k].append(v)
+                trunc = ~term & (t_ep + 1 >= max_episode_steps)
+            logp = probs.gather(1, a[:, None]).squeeze(1).log()
+            yield Transition(s, a, rew, s2, term, trunc, t_ep, logp)
             done = term | trunc
             if done.any():
                 s2 = torch.where(done, self.reset(num_envs, generator), s2)
-                t_ep = torch.where(done, torch.zeros_like(t_ep), t_ep)
+            t_ep = torch.where(done, torch.zeros_like(t_ep), t_ep + 1)
             s = s2
-        return Rollout(**{k: torch.stack(v, dim=1) for k, v in fields.items()})
+
+    def rollout(
+        self,
+        policy,
+        num_envs: int,
+        num_steps: int,
+        generator: torch.Generator | None,
+        *,
+        max_episode_steps: int | None = None,
+        start_states: torch.Tensor | None = None,
+    ) -> Rollout:
+        """The first ``num_steps`` steps of :meth:`transitions`, stacked into ``[N, T]`` fields."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        stream = self.transitions(policy, num_envs, generator, max_episode_steps=max_episode_steps,
+                                  start_states=start_states)
+        steps = [next(stream) for _ in range(num_steps)]
+        return Rollout(*(torch.stack(field, dim=1) for field in zip(*steps, strict=True)))
 
     def _policy_fn(self, policy):
         if callable(policy):
@@ -220,4 +248,4 @@ class TabularEnv:
                              f"got {tuple(pi.shape)}")
         _check_finite(pi, "policy")
         _check_rows_stochastic(pi, "policy")
-        return lambda s: pi[s]
+        return lambda s, episode_steps: pi[s]
