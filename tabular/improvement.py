@@ -55,7 +55,7 @@ def _require_discounted(mdp: MDP, what: str) -> None:
 
 
 def policy_total_variation(pi, pi_new) -> np.ndarray:
-    """``[S]`` total variation ``TV(pi(.|s), pi_new(.|s)) = 0.5 sum_a |pi - pi_new|`` (mdp.md eq. (29))."""
+    """``[S]`` total variation ``TV(pi(.|s), pi_new(.|s)) = 0.5 sum_a |pi - pi_new|`` (mdp.md eq. (20))."""
     pi, pi_new = _two_policies(pi, pi_new)
     return 0.5 * np.abs(pi - pi_new).sum(axis=1)
 

@@ -339,3 +339,32 @@ def test_bad_arguments_of_the_improvement_functions():
         T.policy_kl(pi, pi[:2])
     with pytest.raises(ValueError, match="pi_new"):
         T.performance_difference(mdp, pi, pi * 2)
+
+
+@given(mdp_and_two_policies(DISCOUNTED, kind="positive"))
+def test_kl_direction_old_first_and_both_directions_bound_tv(case):
+    # Seeds 000 / 001 (66) / TRPO use KL(old || new), 002 KL(new || old). policy_kl's first argument
+    # is the distribution the expectation is under (the old, data-generating policy), and Theorem 1's
+    # KL form holds in the project's direction; the reverse direction also bounds TV^2 (Pinsker), so
+    # the choice is about estimability from old samples, not validity (specs/mdp.md section 5).
+    mdp, pi, pi_new = case
+    forward, backward = T.policy_kl(pi, pi_new), T.policy_kl(pi_new, pi)
+    expected = np.einsum("sa,sa->s", pi, np.log(pi) - np.log(pi_new))  # E_{a ~ old}[log old/new]
+    np.testing.assert_allclose(forward, expected, rtol=1e-12, atol=1e-15)
+    tv2 = T.policy_total_variation(pi, pi_new) ** 2
+    assert np.all(tv2 <= forward / 2 + 1e-15) and np.all(tv2 <= backward / 2 + 1e-15)
+    coeff = 4 * T.trpo_epsilon(mdp, pi) * mdp.gamma / (1 - mdp.gamma) ** 2
+    reverse_bound = T.surrogate(mdp, pi, pi_new) - coeff * float(np.max(backward))
+    slack = 1e-11 * value_scale(mdp)
+    assert T.expected_return(mdp, pi_new) >= T.trpo_lower_bound(mdp, pi, pi_new, "kl") - slack
+    assert T.expected_return(mdp, pi_new) >= reverse_bound - slack
+
+
+def test_kl_is_asymmetric_on_a_fixed_pair():
+    pi = np.array([[0.9, 0.1]])
+    pi_new = np.array([[0.5, 0.5]])
+    forward = 0.9 * np.log(0.9 / 0.5) + 0.1 * np.log(0.1 / 0.5)
+    backward = 0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1)
+    assert T.policy_kl(pi, pi_new)[0] == pytest.approx(forward, rel=1e-14)
+    assert T.policy_kl(pi_new, pi)[0] == pytest.approx(backward, rel=1e-14)
+    assert abs(forward - backward) > 0.1
