@@ -182,3 +182,21 @@ def test_difficulty_factor_depends_on_p_from_g_4():
     assert float(c[0] - c[1]) > 0.07
     c3 = [float(binary_reward_gradient_factor(3, sp.Rational(k, 10), **conv)) for k in (1, 5)]
     assert c3[0] == pytest.approx(c3[1], rel=1e-14)
+
+
+@pytest.mark.parametrize("preset,form", [("grpo", "length"), ("gspo", "length"), ("gspo_token", "length"),
+                                         ("sapo", "length"), ("dapo", "token"), ("cispo", "token"),
+                                         ("ppo", "token")])
+def test_every_preset_at_ratio_one_follows_its_aggregation(preset, form):
+    """At theta = theta_old every gate of the family has derivative A (hard clip, SAPO's
+    sech^2(0) = 1, CISPO's sg(clip(1)) = 1) and GSPO's sequence ratio has gradient
+    (1/T) grad log pi(y): the expected gradient is fixed by the aggregation alone, eq. (11) for
+    sequence-mean presets and eq. (12) for token-mean presets."""
+    group_size = 2
+    tree, logits, rewards = tree_case(10, max_len=3)
+    got = expected_loss_gradient(tree, logits, rewards, group_size, variant(preset), mean_centred)
+    if form == "length":
+        expected = -(1 - 1 / group_size) * length_weighted_gradient(tree, logits, rewards)
+    else:
+        expected = token_mean_gradient(tree, logits, rewards, group_size, first_mean_centred)
+    np.testing.assert_allclose(got, expected, **TOL)
