@@ -1,0 +1,565 @@
+"""The case classes of the conformance kit: deterministic, small, every edge named.
+
+Each generator returns a list of cases for one *case class* (the name a report shows). Inputs are
+built in float64 from a fixed seed (``torch.Generator``), so a case id such as
+``"on_boundary/2"`` always denotes the same tensors. Masked positions hold finite junk (the loss
+must ignore them); ratios "exactly on a boundary" are float64 log-ratios whose ``exp`` equals the
+boundary exactly, so an implementation that computes ``exp(logp - old_logp)`` sees the tie.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from refimpl.advantages import group_advantages
+from refimpl.losses import PolicyLossVariant
+
+__all__ = [
+    "PolicyLossCase",
+    "KLCase",
+    "AdvantageCase",
+    "LogprobCase",
+    "POLICY_CASE_CLASSES",
+    "policy_loss_cases",
+    "kl_cases",
+    "advantage_cases",
+    "logprob_cases",
+    "clip_bounds",
+]
+
+_JUNK_LOGP, _JUNK_OLD, _JUNK_REF = -7.25, -0.5, -3.0  # finite junk at masked positions
+
+
+class _Identified:
+    """Stable case id ``"<case class>/<index>"`` and size (elements of the first input tensor)."""
+
+    @property
+    def case_id(self) -> str:
+        return f"{self.case_class}/{self.index}"
+
+    @property
+    def size(self) -> int:
+        return int(getattr(self, dataclasses.fields(self)[2].name).numel())
+
+
+@dataclass(frozen=True)
+class PolicyLossCase(_Identified):
+    """One input of a policy-loss check.
+
+    ``logp``, ``old_logp``, ``ref_logp`` are ``[N, T]`` in ``dtype`` (float64 except the bf16 /
+    fp16 classes); ``advantages`` ``[N]``; ``mask`` ``[N, T]`` bool; ``micro_batches`` a tuple of
+    row-index tuples (None: one batch); ``rewards`` / ``group_ids`` the group data the advantages
+    came from (for adapters that want them).
+    """
+
+    case_class: str
+    index: int
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    ref_logp: torch.Tensor | None = None
+    micro_batches: tuple[tuple[int, ...], ...] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KLCase(_Identified):
+    case_class: str
+    index: int
+    logp: torch.Tensor
+    ref_logp: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AdvantageCase(_Identified):
+    case_class: str
+    index: int
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LogprobCase(_Identified):
+    case_class: str
+    index: int
+    logits: torch.Tensor
+    tokens: torch.Tensor
+    weights: torch.Tensor = field(repr=False)  # fixed cotangent for the gradient check
+
+
+POLICY_CASE_CLASSES = (
+    "inside_clip",
+    "outside_clip",
+    "on_boundary",
+    "extreme_log_ratio",
+    "ragged",
+    "empty_rows",
+    "zero_variance_group",
+    "singleton_group",
+    "bf16",
+    "fp16",
+    "micro_batch",
+    "kl_penalty",
+)
+
+
+def clip_bounds(variant: PolicyLossVariant) -> tuple[float | None, float | None, float | None]:
+    """(lower, upper, dual_clip) ratio bounds of ``variant``'s gate (None where absent)."""
+    if variant.gate not in ("clip", "cispo"):
+        return None, None, None
+    lower = None if variant.eps_low is None else 1.0 - variant.eps_low
+    upper = None if variant.eps_high is None else 1.0 + variant.eps_high
+    return lower, upper, variant.dual_clip
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _uniform(g: torch.Generator, shape, low: float, high: float) -> torch.Tensor:
+    return low + (high - low) * torch.rand(shape, generator=g, dtype=torch.float64)
+
+
+def log_ratio_hitting(ratio: float) -> float:
+    """A float64 ``x`` with ``exp(x) == ratio`` exactly in float64, searched by ulps around
+    ``log(ratio)``; when no float64 maps exactly onto ``ratio`` (e.g. 3.0), the ``x`` whose ``exp``
+    is closest (the tie is then as close as float64 allows, on a fixed side)."""
+    target = torch.tensor(ratio, dtype=torch.float64)
+    x = torch.tensor(math.log(ratio), dtype=torch.float64)
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    best, best_gap = x, float("inf")
+    up, down = x.clone(), x.clone()
+    for _ in range(64):
+        for cand in (up, down):
+            gap = abs(float(torch.exp(cand) - target))
+            if gap == 0.0:
+                return float(cand)
+            if gap < best_gap:
+                best, best_gap = cand, gap
+        up, down = torch.nextafter(up, inf), torch.nextafter(down, -inf)
+    return float(best)
+
+
+def _assemble(
+    case_class: str,
+    index: int,
+    lengths: list[int],
+    log_ratio_rows: list[list[float]],
+    advantages: list[float],
+    g: torch.Generator,
+    *,
+    exact_logp: dict | None = None,
+    group_ids: list[int] | None = None,
+    rewards: list[float] | None = None,
+    micro_batches=None,
+    with_ref: bool = False,
+    note: str = "",
+) -> PolicyLossCase:
+    """Tensors from per-row log-ratios (ragged): old_logp random in [-3, -0.1], logp = old + x;
+    ``exact_logp[(i, t)] = ratio`` places token (i, t) exactly on ``ratio``."""
+    n, width = len(lengths), max([*lengths, 1])
+    old = torch.full((n, width), _JUNK_OLD, dtype=torch.float64)
+    logp = torch.full((n, width), _JUNK_LOGP, dtype=torch.float64)
+    ref = torch.full((n, width), _JUNK_REF, dtype=torch.float64)
+    mask = torch.zeros((n, width), dtype=torch.bool)
+    for i, (length, row) in enumerate(zip(lengths, log_ratio_rows, strict=True)):
+        olds = _uniform(g, (length,), -3.0, -0.1)
+        refs = olds + _uniform(g, (length,), -0.6, 0.6)
+        for t in range(length):
+            old[i, t] = olds[t]
+            ref[i, t] = refs[t]
+            mask[i, t] = True
+            if exact_logp and (i, t) in exact_logp:
+                # old = 0 keeps logp - old == x bit-exact (x has bits far below ulp(old))
+                old[i, t] = 0.0
+                logp[i, t] = log_ratio_hitting(exact_logp[(i, t)])
+            else:
+                logp[i, t] = old[i, t] + row[t]
+    ids = torch.tensor(group_ids if group_ids is not None else [i // 2 for i in range(n)], dtype=torch.long)
+    r = torch.tensor(rewards if rewards is not None else advantages, dtype=torch.float64)
+    return PolicyLossCase(
+        case_class,
+        index,
+        logp,
+        old,
+        torch.tensor(advantages, dtype=torch.float64),
+        mask,
+        r,
+        ids,
+        ref if with_ref else None,
+        micro_batches,
+        note,
+    )
+
+
+def _signs(n: int) -> list[float]:
+    return [1.0 if i % 2 == 0 else -1.0 for i in range(n)]
+
+
+def _band(variant: PolicyLossVariant) -> tuple[float, float]:
+    """log-ratio interval strictly inside the gate's band (a default band for ungated variants)."""
+    lower, upper, _ = clip_bounds(variant)
+    lo = math.log(lower) if lower is not None else -0.5
+    hi = math.log(upper) if upper is not None else 0.5
+    return lo, hi
+
+
+def _rows_with_sequence_mean(g, lengths, targets) -> list[list[float]]:
+    """Token log-ratios whose mean over each row equals ``targets[i]`` (sequence-level ratios)."""
+    rows = []
+    for length, target in zip(lengths, targets, strict=True):
+        noise = _uniform(g, (length,), -0.05, 0.05)
+        noise = noise - noise.mean()
+        rows.append([float(target + v) for v in noise])
+    return rows
+
+
+def _inside(variant, seq, g, index):
+    lo, hi = _band(variant)
+    margin = 0.15 * (hi - lo)
+    lengths = [4, 3, 5, 2]
+    adv = [0.9, -1.3, 0.4, -0.7]
+    if seq:
+        targets = [float(v) for v in _uniform(g, (4,), lo + margin, hi - margin)]
+        spread = 0.1 * (hi - lo)
+        rows = []
+        for length, target in zip(lengths, targets, strict=True):
+            noise = _uniform(g, (length,), -spread, spread)
+            rows.append([float(target + v - noise.mean()) for v in noise])
+    else:
+        rows = [[float(v) for v in _uniform(g, (n,), lo + margin, hi - margin)] for n in lengths]
+    return [_assemble("inside_clip", index, lengths, rows, adv, g)]
+
+
+def _outside(variant, seq, g, index):
+    lower, upper, _ = clip_bounds(variant)
+    hi = math.log(upper) if upper is not None else 0.5
+    lo = math.log(lower) if lower is not None else -0.5
+    cases = []
+    for k, adv in enumerate(([1.1, -0.8, 0.6, -1.4], [-0.5, 0.75, -1.0, 2.0])):
+        lengths = [3, 4, 2, 3]
+        if seq:
+            targets = [hi + 0.3, lo - 0.4, lo - 0.2, hi + 0.6]
+            rows = _rows_with_sequence_mean(g, lengths, targets)
+        else:
+            rows = []
+            for i, n in enumerate(lengths):
+                above = _uniform(g, (n,), hi + 0.05, hi + 0.8)
+                below = _uniform(g, (n,), lo - 0.8, lo - 0.05)
+                rows.append([float(above[t] if (t + i) % 2 == 0 else below[t]) for t in range(n)])
+        cases.append(_assemble("outside_clip", index + k, lengths, rows, list(adv), g))
+    return cases
+
+
+def _boundary(variant, seq, g, index):
+    lower, upper, dual = clip_bounds(variant)
+    ratios = [b for b in (lower, upper, dual) if b is not None] or [1.0]
+    cases = []
+    for k, sign in enumerate((1.0, -1.0)):
+        if seq:  # length-1 rows make the sequence mean exactly the token's log-ratio
+            lengths = [1] * len(ratios) + [3]
+            exact = {(i, 0): b for i, b in enumerate(ratios)}
+            rows = [[0.0] for _ in ratios] + [[0.01, -0.02, 0.005]]
+            adv = [sign * (0.5 + 0.25 * i) for i in range(len(ratios))] + [-sign * 0.8]
+        else:
+            lengths = [len(ratios) + 1, len(ratios) + 2]
+            exact = {(i, t): b for i in range(2) for t, b in enumerate(ratios)}
+            rows = [[0.0] * n for n in lengths]
+            rows[0][-1] = 0.01
+            rows[1][-2:] = [-0.03, 0.02]
+            adv = [sign * 0.9, sign * 1.7]
+        cases.append(_assemble("on_boundary", index + k, lengths, rows, adv, g, exact_logp=exact))
+    return cases
+
+
+def _extreme(variant, seq, g, index):
+    lengths = [3, 2, 4, 1]
+    values = [[50.0, -50.0, 20.5], [-30.0, 45.0], [-50.0, 0.1, 49.5, -20.5], [50.0]]
+    adv = [1.0, -0.6, -1.2, 0.8]
+    cases = [_assemble("extreme_log_ratio", index, lengths, values, adv, g)]
+    values2 = [[-50.0, -49.0, -48.0], [50.0, 50.0], [25.0, 30.0, 35.0, 40.0], [-50.0]]
+    cases.append(_assemble("extreme_log_ratio", index + 1, lengths, values2, [-1.0, 1.0, -0.3, -2.0], g))
+    return cases
+
+
+def _mixed_rows(variant, g, lengths):
+    lo, hi = _band(variant)
+    return [[float(v) for v in _uniform(g, (n,), lo - 0.3, hi + 0.3)] for n in lengths]
+
+
+def _ragged(variant, seq, g, index):
+    cases = []
+    for k, lengths in enumerate(([1, 6, 3, 2, 5, 4], [7, 1, 1, 4])):
+        adv = [float(v) for v in _uniform(g, (len(lengths),), -1.5, 1.5)]
+        cases.append(_assemble("ragged", index + k, lengths, _mixed_rows(variant, g, lengths), adv, g))
+    return cases
+
+
+def _empty(variant, seq, g, index):
+    cases = []
+    for k, lengths in enumerate(([3, 0, 5, 2], [0, 4, 0, 1, 2, 0])):
+        adv = [float(v) for v in _uniform(g, (len(lengths),), -1.5, 1.5)]
+        cases.append(_assemble("empty_rows", index + k, lengths, _mixed_rows(variant, g, lengths), adv, g))
+    return cases
+
+
+def _group_cases(variant, g, index, case_class, rewards, group_ids, convention):
+    advantages = group_advantages(
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.tensor(group_ids),
+        scale="group",
+        std=convention.adv_std,
+        eps=convention.adv_eps,
+        eps_inside_sqrt=convention.adv_eps_inside_sqrt,
+        zero_variance=convention.adv_zero_variance,
+        singleton="zero",
+    )
+    lengths = [2 + (i * 3) % 4 for i in range(len(rewards))]
+    return _assemble(
+        case_class,
+        index,
+        lengths,
+        _mixed_rows(variant, g, lengths),
+        [float(a) for a in advantages],
+        g,
+        group_ids=group_ids,
+        rewards=rewards,
+    )
+
+
+def _zero_variance(variant, seq, g, index, convention):
+    return [
+        _group_cases(
+            variant,
+            g,
+            index,
+            "zero_variance_group",
+            [1.0, 1.0, 1.0, 0.0, 1.0, 0.5],
+            [0, 0, 0, 1, 1, 1],
+            convention,
+        ),
+        _group_cases(
+            variant, g, index + 1, "zero_variance_group", [0.3, 0.3, 0.3, 0.3], [5, 5, 7, 7], convention
+        ),
+    ]
+
+
+def _singleton(variant, seq, g, index, convention):
+    return [
+        _group_cases(
+            variant, g, index, "singleton_group", [1.0, 0.0, 1.0, 0.25, 0.75], [0, 1, 1, 2, 2], convention
+        ),
+        _group_cases(variant, g, index + 1, "singleton_group", [2.0, 0.5, -1.0], [3, 1, 2], convention),
+    ]
+
+
+def _half(variant, seq, g, index, dtype):
+    """Moderate log-ratios kept >= 1 % away from every boundary (after rounding to ``dtype``,
+    at the ratio's level), cast to ``dtype``; expected values use the rounded inputs."""
+    lower, upper, dual = clip_bounds(variant)
+    bounds = [math.log(b) for b in (lower, upper, dual) if b is not None]
+    lengths = [5, 3, 6, 2]
+    adv = [0.8, -1.1, 1.4, -0.5]
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    for _ in range(100):
+        rows = [[float(x) for x in _uniform(g, (n,), -0.6, 0.6)] for n in lengths]
+        case = _assemble(name, index, lengths, rows, adv, g)
+        logp, old = case.logp.to(dtype), case.old_logp.to(dtype)
+        log_ratio = torch.where(case.mask, logp.double() - old.double(), torch.zeros(()))
+        if seq:
+            log_ratio = log_ratio.sum(-1) / case.mask.sum(-1)
+            units = log_ratio.flatten().tolist()
+        else:
+            units = log_ratio[case.mask].tolist()
+        if all(abs(x - b) > 0.01 for x in units for b in bounds):
+            return [
+                PolicyLossCase(
+                    name,
+                    index,
+                    logp,
+                    old,
+                    case.advantages.to(dtype),
+                    case.mask,
+                    case.rewards,
+                    case.group_ids,
+                    None,
+                    None,
+                    f"inputs rounded to {dtype}",
+                )
+            ]
+    raise RuntimeError("could not draw half-precision ratios away from the clip boundaries")
+
+
+def _micro(variant, seq, g, index):
+    lengths = [3, 5, 0, 2, 4, 1]
+    adv = [float(v) for v in _uniform(g, (6,), -1.5, 1.5)]
+    parts = ((0, 1), (2, 3), (4, 5))
+    case = _assemble(
+        "micro_batch",
+        index,
+        lengths,
+        _mixed_rows(variant, g, lengths),
+        adv,
+        g,
+        micro_batches=parts,
+        note="3 micro-batches of 2 rows; global normaliser",
+    )
+    lengths2 = [6, 1, 2, 2]
+    adv2 = [float(v) for v in _uniform(g, (4,), -1.5, 1.5)]
+    case2 = _assemble(
+        "micro_batch",
+        index + 1,
+        lengths2,
+        _mixed_rows(variant, g, lengths2),
+        adv2,
+        g,
+        micro_batches=((0, 1), (2, 3)),
+        note="2 micro-batches, very different token counts",
+    )
+    return [case, case2]
+
+
+def _kl(variant, seq, g, index):
+    lengths = [3, 2, 4, 1]
+    adv = [0.7, -1.2, 0.3, -0.4]
+    rows = _mixed_rows(variant, g, lengths)
+    case = _assemble("kl_penalty", index, lengths, rows, adv, g, with_ref=True)
+    # large reference log-ratios (|log r| up to 24) to exercise clamps of the KL term
+    ref = case.ref_logp.clone()
+    ref[0, 0] = case.logp[0, 0] + 24.0
+    ref[2, 1] = case.logp[2, 1] - 22.0
+    return [
+        PolicyLossCase(
+            "kl_penalty",
+            index,
+            case.logp,
+            case.old_logp,
+            case.advantages,
+            case.mask,
+            case.rewards,
+            case.group_ids,
+            ref,
+            None,
+            "ref log-ratios up to |24|",
+        )
+    ]
+
+
+def policy_loss_cases(
+    variant: PolicyLossVariant, convention, *, seed: int = 0, classes: tuple[str, ...] | None = None
+) -> list[PolicyLossCase]:
+    """All cases of the requested classes (default: every class that applies to ``variant``:
+    ``kl_penalty`` only when ``variant.kl_coef > 0``). Deterministic in ``seed``."""
+    seq = variant.sequence_level
+    wanted = POLICY_CASE_CLASSES if classes is None else classes
+    unknown = set(wanted) - set(POLICY_CASE_CLASSES)
+    if unknown:
+        raise ValueError(f"unknown case classes {sorted(unknown)}; valid: {POLICY_CASE_CLASSES}")
+    makers = {
+        "inside_clip": lambda g: _inside(variant, seq, g, 0),
+        "outside_clip": lambda g: _outside(variant, seq, g, 0),
+        "on_boundary": lambda g: _boundary(variant, seq, g, 0),
+        "extreme_log_ratio": lambda g: _extreme(variant, seq, g, 0),
+        "ragged": lambda g: _ragged(variant, seq, g, 0),
+        "empty_rows": lambda g: _empty(variant, seq, g, 0),
+        "zero_variance_group": lambda g: _zero_variance(variant, seq, g, 0, convention),
+        "singleton_group": lambda g: _singleton(variant, seq, g, 0, convention),
+        "bf16": lambda g: _half(variant, seq, g, 0, torch.bfloat16),
+        "fp16": lambda g: _half(variant, seq, g, 0, torch.float16),
+        "micro_batch": lambda g: _micro(variant, seq, g, 0),
+        "kl_penalty": lambda g: _kl(variant, seq, g, 0),
+    }
+    cases = []
+    for k, name in enumerate(POLICY_CASE_CLASSES):
+        if name not in wanted or (name == "kl_penalty" and variant.kl_coef == 0):
+            continue
+        cases.extend(makers[name](_gen(1000 * seed + k)))
+    if variant.kl_coef > 0:  # a KL term needs reference log-probs in every case
+        cases = [
+            c if c.ref_logp is not None else _with_reference(c, _gen(1000 * seed + 99 + i))
+            for i, c in enumerate(cases)
+        ]
+    return cases
+
+
+def _with_reference(case: PolicyLossCase, g: torch.Generator) -> PolicyLossCase:
+    noise = _uniform(g, tuple(case.old_logp.shape), -0.6, 0.6).to(case.old_logp.dtype)
+    ref = torch.where(case.mask, case.old_logp + noise, torch.full_like(case.old_logp, _JUNK_REF))
+    return dataclasses.replace(case, ref_logp=ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimator, group advantage and token log-prob cases
+
+
+def kl_cases(*, seed: int = 0) -> list[KLCase]:
+    """Per-token ``(logp, ref_logp)`` pairs by the size of ``log r = ref_logp - logp``."""
+    g = _gen(seed + 77)
+    logp = _uniform(g, (4, 6), -4.0, -0.05)
+    spans = {
+        "tiny_log_ratio": 1e-6,
+        "small_log_ratio": 1e-2,
+        "moderate_log_ratio": 2.0,
+        "large_log_ratio": 20.0,
+        "extreme_log_ratio": 50.0,
+    }
+    cases = []
+    for name, span in spans.items():
+        x = _uniform(g, (4, 6), -span, span)
+        x[0, 0], x[0, 1] = span, -span
+        cases.append(KLCase(name, 0, logp.clone(), logp + x))
+    cases.append(KLCase("zero_log_ratio", 0, logp.clone(), logp.clone()))
+    return cases
+
+
+def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
+    """Groups of unequal sizes (non-contiguous ids), zero-variance and singleton groups."""
+    g = _gen(seed + 91)
+
+    def case(name, index, rewards, ids):
+        return AdvantageCase(name, index, torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids))
+
+    r = [float(v) for v in _uniform(g, (10,), -1.0, 2.0)]
+    return [
+        case("equal_groups", 0, r[:8], [0, 0, 0, 0, 1, 1, 1, 1]),
+        case("unequal_groups", 0, r, [3, 1, 3, 1, 1, 7, 7, 3, 7, 7]),
+        case("binary_rewards", 0, [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], [0, 0, 0, 0, 1, 1, 1, 1]),
+        case("zero_variance_group", 0, [0.5, 0.5, 0.5, 1.0, 0.0, 1.0], [0, 0, 0, 1, 1, 1]),
+        case("singleton_group", 0, [1.0, 0.0, 1.0, 0.25], [0, 1, 1, 2]),
+        case("two_samples", 0, [0.0, 1.0, 3.0, -1.0], [0, 0, 1, 1]),
+    ]
+
+
+def logprob_cases(*, seed: int = 0) -> list[LogprobCase]:
+    """Logits ``[N, T, V]`` and tokens ``[N, T]``: random, large vocabulary, extreme logits,
+    ``-inf`` (masked-vocabulary) entries, half precision."""
+    g = _gen(seed + 5)
+
+    def case(name, logits, index=0):
+        n, t, v = logits.shape
+        tokens = torch.randint(0, v, (n, t), generator=g)
+        if name == "masked_vocabulary":  # -inf everywhere except the sampled token and one more
+            keep = torch.zeros_like(logits, dtype=torch.bool)
+            keep.scatter_(-1, tokens.unsqueeze(-1), True)
+            keep[..., 0] = True
+            logits = torch.where(keep, logits, torch.full_like(logits, -math.inf))
+        weights = _uniform(g, (n, t), -1.0, 1.0)
+        return LogprobCase(name, index, logits, tokens, weights)
+
+    base = torch.randn((3, 4, 11), generator=g, dtype=torch.float64)
+    return [
+        case("random_logits", base * 2.0),
+        case("large_vocabulary", torch.randn((2, 3, 4099), generator=g, dtype=torch.float64) * 3.0),
+        case("extreme_logits", base * 1e4),
+        case("masked_vocabulary", base.clone()),
+        case("single_token_vocabulary", torch.randn((2, 3, 1), generator=g, dtype=torch.float64)),
+        case("bf16", (base * 2.0).to(torch.bfloat16)),
+        case("fp16", (base * 2.0).to(torch.float16)),
+    ]

@@ -1,0 +1,316 @@
+"""Numerical conventions as data: the named flags on which real frameworks differ from the spec.
+
+A ``Convention`` is a frozen dataclass of flags. The kit computes every expected value from the
+spec's composable loss (``refimpl.losses.policy_loss``, ``refimpl.advantages.group_advantages``,
+``refimpl.kl``) with the flags applied by one interpreter (``refimpl.conformance.expected``), so a
+convention is a value, never a code fork. Three profiles ship:
+
+* ``reference`` -- the spec (specs/policy_losses.md, advantages.md, kl.md): no clamps, empty rows
+  dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
+  exact gradient, the global normaliser over micro-batches, population std with eps inside the
+  square root (seed 001 (90)-(91)).
+* ``trl`` -- mirrors the public documentation and code of TRL's ``GRPOConfig`` / ``GRPOTrainer``
+  (``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``, ``beta``,
+  ``importance_sampling_level``, ``scale_rewards``, ``max_completion_length``).
+* ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
+  ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
+  ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
+
+``profile(name, preset)`` returns the profile's flags for one preset (TRL's micro-batch
+normaliser depends on its ``loss_type``) and ``framework_config(name, preset)`` the framework's own
+configuration keys that reproduce the preset there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = [
+    "Convention",
+    "FLAG_REASONS",
+    "PROFILE_NAMES",
+    "profile",
+    "framework_config",
+    "unsupported_flags",
+]
+
+_EMPTY_ROWS = ("drop", "keep")
+_SEQ_SUM_WIDTH = ("max_length", "padded_width")
+_SEQUENCE_RATIO_GRADIENT = ("sequence", "token")
+_MICRO_BATCH = ("global", "local_mean")
+_STDS = ("population", "sample")
+_ZERO_VARIANCE = ("zero", "formula")
+_SINGLETON = ("zero", "error")
+
+
+@dataclass(frozen=True)
+class Convention:
+    """The flags of one numerical convention (each documented in ``FLAG_REASONS``).
+
+    Fields:
+        name: label shown in reports.
+        log_ratio_clamp: clamp ``logp - old_logp`` to ``[-c, c]`` before ``exp`` (None: no clamp).
+        sequence_log_ratio_cap: clamp GSPO's per-token log-ratio ``log s_i,t`` above at this value.
+        dual_clip: dual-clip constant applied to every hard-clip preset (None: the preset's own).
+        kl_log_ratio_clamp: clamp ``log r = ref_logp - logp`` to ``[-c, c]`` inside the k3 KL.
+        kl_value_clamp: clamp the per-token k3 value to ``[-c, c]``.
+        empty_rows: fully masked rows "drop"-ped from sequence means or "keep"-t (counted, 0).
+        seq_sum_width: Dr. GRPO's length constant: "max_length" (L_max) or "padded_width" (T).
+        sequence_ratio_gradient: GSPO's ratio with its exact "sequence" gradient or the
+            "token" form ``exp(logp - sg(logp) + sg(log s))`` (GSPO-token).
+        micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed)
+            or "local_mean" (each micro-batch divides by its own normaliser; losses averaged).
+        adv_std, adv_eps, adv_eps_inside_sqrt, adv_zero_variance, adv_singleton: the arguments of
+            ``group_advantages`` (scale="group").
+        adv_scale: "group" (divide by the group std) or "none" (Dr. GRPO: mean-centred only).
+    """
+
+    name: str = "reference"
+    log_ratio_clamp: float | None = None
+    sequence_log_ratio_cap: float | None = None
+    dual_clip: float | None = None
+    kl_log_ratio_clamp: float | None = None
+    kl_value_clamp: float | None = None
+    empty_rows: str = "drop"
+    seq_sum_width: str = "max_length"
+    sequence_ratio_gradient: str = "sequence"
+    micro_batch: str = "global"
+    adv_scale: str = "group"
+    adv_std: str = "population"
+    adv_eps: float = 1e-6
+    adv_eps_inside_sqrt: bool = True
+    adv_zero_variance: str = "zero"
+    adv_singleton: str = "zero"
+
+    def __post_init__(self) -> None:
+        choices = {
+            "empty_rows": _EMPTY_ROWS,
+            "seq_sum_width": _SEQ_SUM_WIDTH,
+            "sequence_ratio_gradient": _SEQUENCE_RATIO_GRADIENT,
+            "micro_batch": _MICRO_BATCH,
+            "adv_std": _STDS,
+            "adv_zero_variance": _ZERO_VARIANCE,
+            "adv_singleton": _SINGLETON,
+            "adv_scale": ("group", "none"),
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"convention.{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        for field in (
+            "log_ratio_clamp",
+            "sequence_log_ratio_cap",
+            "dual_clip",
+            "kl_log_ratio_clamp",
+            "kl_value_clamp",
+        ):
+            value = getattr(self, field)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+            ):
+                raise ValueError(f"convention.{field} must be None or a number > 0, got {value!r}")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
+        if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
+            raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+
+    def differences(self) -> dict[str, tuple[object, object]]:
+        """``{flag: (reference value, this value)}`` for every flag that differs from the spec."""
+        reference = Convention()
+        return {
+            f.name: (getattr(reference, f.name), getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name != "name" and getattr(reference, f.name) != getattr(self, f.name)
+        }
+
+
+#: Why a framework might choose each flag (shown by ``refimpl check --list-conventions`` and docs).
+FLAG_REASONS: dict[str, str] = {
+    "log_ratio_clamp": "exp(logp - old_logp) overflows float16/32 for stale or mismatched log-probs; "
+    "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp).",
+    "sequence_log_ratio_cap": "verl's GSPO caps the token-level sequence log-ratio at 10 for stability.",
+    "dual_clip": "dual-clip PPO (Ye et al. 2020) bounds the loss of negative-advantage tokens whose "
+    "ratio exploded; verl's vanilla loss always applies clip_ratio_c (3.0) to A < 0.",
+    "kl_log_ratio_clamp": "verl's low_var_kl clamps log(ref/pi) to [-20, 20] before exp.",
+    "kl_value_clamp": "verl's low_var_kl clamps the k3 value to [-10, 10] so one token cannot "
+    "dominate the KL penalty.",
+    "empty_rows": "an all-masked row (a filtered or zero-length sample) either leaves the sequence "
+    "mean (spec) or counts as a zero in a mean over the padded batch (TRL divides by N).",
+    "seq_sum_width": "Dr. GRPO divides by a constant L_max; frameworks without one use the padded "
+    "width, which changes with the batch (verl's seq-mean-token-sum-norm).",
+    "sequence_ratio_gradient": "GSPO's sequence ratio s_i can be back-propagated exactly or through the "
+    "GSPO-token form exp(logp - sg(logp) + sg(log s)) that allows per-token "
+    "advantages (verl); the two agree for per-sequence advantages.",
+    "micro_batch": "with gradient accumulation the token mean is over the global batch (spec, TRL's "
+    "loss_type='dapo') or each micro-batch is a local mean and the losses are "
+    "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means.",
+    "adv_scale": "GRPO divides the centred reward by the group std; Dr. GRPO does not (verl's "
+    "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none').",
+    "adv_std": "torch.std is the sample (Bessel, n - 1) std; GRPO's formula (seed 001 (90)) is the "
+    "population std.",
+    "adv_eps": "epsilon keeps zero-variance groups finite; TRL adds 1e-4, verl 1e-6.",
+    "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
+    "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
+    "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
+    "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), or an error (TRL "
+    "requires num_generations >= 2).",
+}
+
+PROFILE_NAMES = ("reference", "trl", "verl")
+
+# TRL loss_type of each preset (TRL GRPOConfig documentation; gspo = importance_sampling_level
+# "sequence" with loss_type "grpo").
+_TRL_LOSS_TYPE = {
+    "grpo": "grpo",
+    "bnpo": "bnpo",
+    "ppo": "bnpo",
+    "dr_grpo": "dr_grpo",
+    "dapo": "dapo",
+    "gspo": "grpo",
+    "cispo": "cispo",
+}
+# verl (loss_mode, loss_agg_mode) of each preset.
+_VERL_MODES = {
+    "ppo": ("vanilla", "token-mean"),
+    "grpo": ("vanilla", "seq-mean-token-mean"),
+    "bnpo": ("vanilla", "token-mean"),
+    "dapo": ("vanilla", "token-mean"),
+    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),
+    "gspo": ("gspo", "seq-mean-token-mean"),
+    "gspo_token": ("gspo", "seq-mean-token-mean"),
+    "sapo": ("sapo", "seq-mean-token-mean"),
+}
+
+_TRL = Convention(
+    name="trl",
+    empty_rows="keep",
+    micro_batch="local_mean",
+    adv_std="sample",
+    adv_eps=1e-4,
+    adv_eps_inside_sqrt=False,
+    adv_zero_variance="formula",
+    adv_singleton="error",
+)
+_VERL = Convention(
+    name="verl",
+    log_ratio_clamp=20.0,
+    dual_clip=3.0,
+    kl_log_ratio_clamp=20.0,
+    kl_value_clamp=10.0,
+    seq_sum_width="padded_width",
+    micro_batch="local_mean",
+    adv_std="sample",
+    adv_eps=1e-6,
+    adv_eps_inside_sqrt=False,
+    adv_zero_variance="formula",
+)
+
+
+def _preset_key(preset: str) -> str:
+    return preset.strip().lower().replace("-", "_")
+
+
+def profile(name: str | Convention, preset: str = "grpo") -> Convention:
+    """The flags of profile ``name`` ("reference", "trl", "verl") for ``preset`` (a preset name).
+
+    A ``Convention`` passed as ``name`` is returned unchanged (custom conventions are plain values).
+    Raises ValueError for an unknown profile or a preset the framework has no equivalent of.
+    """
+    if isinstance(name, Convention):
+        return name
+    if not isinstance(name, str) or name.lower() not in PROFILE_NAMES:
+        raise ValueError(f"convention must be one of {PROFILE_NAMES} or a Convention, got {name!r}")
+    key = _preset_key(preset)
+    name = name.lower()
+    if name == "reference":
+        return Convention()
+    if name == "trl":
+        if key not in _TRL_LOSS_TYPE:
+            raise ValueError(
+                f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
+                f"{sorted(_TRL_LOSS_TYPE)}"
+            )
+        loss_type = _TRL_LOSS_TYPE[key]
+        # TRL: "dapo" and "cispo" divide by num_items_in_batch (global tokens); the others are
+        # local means that the Trainer averages over gradient-accumulation steps.
+        micro = "global" if loss_type in ("dapo", "cispo") else "local_mean"
+        scale = "none" if key == "dr_grpo" else "group"
+        return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=scale)
+    if key not in _VERL_MODES:
+        raise ValueError(
+            f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
+        )
+    loss_mode, _ = _VERL_MODES[key]
+    flags = (
+        dict(
+            sequence_ratio_gradient="token", sequence_log_ratio_cap=10.0, log_ratio_clamp=None, dual_clip=None
+        )
+        if loss_mode == "gspo"
+        else {}
+    )
+    if loss_mode == "sapo":
+        flags = dict(dual_clip=None)
+    scale = "none" if key == "dr_grpo" else "group"
+    return dataclasses.replace(_VERL, adv_scale=scale, **flags)
+
+
+def framework_config(name: str, preset: str, variant: object | None = None) -> dict[str, object]:
+    """The framework's own config keys that reproduce ``preset`` under profile ``name``.
+
+    ``variant`` (a PolicyLossVariant, default the preset) supplies eps / tau / L_max / beta.
+    TRL keys follow ``GRPOConfig``; verl keys follow ``actor_rollout_ref.actor`` and ``algorithm``.
+    """
+    from refimpl.losses import get_preset
+
+    key = _preset_key(preset)
+    v = get_preset(key) if variant is None else variant
+    conv = profile(name, key)
+    if name == "trl":
+        return {
+            "loss_type": _TRL_LOSS_TYPE[key],
+            "epsilon": v.eps_low,
+            "epsilon_high": v.eps_high,
+            "delta": v.dual_clip,
+            "beta": v.kl_coef,
+            "importance_sampling_level": "sequence" if v.ratio == "sequence_mean" else "token",
+            "scale_rewards": "group" if conv.adv_scale == "group" else "none",
+            "max_completion_length": v.max_length,
+        }
+    if name == "verl":
+        loss_mode, agg = _VERL_MODES[key]
+        return {
+            "actor.policy_loss.loss_mode": loss_mode,
+            "actor.clip_ratio_low": v.eps_low,
+            "actor.clip_ratio_high": v.eps_high,
+            "actor.clip_ratio_c": conv.dual_clip if conv.dual_clip is not None else v.dual_clip,
+            "actor.loss_agg_mode": agg,
+            "actor.use_kl_loss": v.kl_coef > 0,
+            "actor.kl_loss_coef": v.kl_coef,
+            "actor.kl_loss_type": {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[v.kl_estimator],
+            "algorithm.norm_adv_by_std_in_grpo": conv.adv_scale == "group",
+            "actor.tau_pos": v.tau_pos,
+            "actor.tau_neg": v.tau_neg,
+        }
+    return dataclasses.asdict(v)
+
+
+def unsupported_flags(name: str) -> dict[str, str]:
+    """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
+    if name == "trl":
+        return {
+            "scale_rewards='batch'": "TRL divides by the std of all rewards; group_advantages' "
+            "scale='batch' divides by the std of the centred values (Magistral).",
+            "gradient_accumulation": "TRL's local means are averaged over equal-sized micro-batches "
+            "(the kit's micro-batch cases use equal sizes).",
+        }
+    if name == "verl":
+        return {
+            "singleton groups": "verl gives a singleton group mean 0 and std 1, i.e. advantage "
+            "R / (1 + eps); group_advantages offers only 'zero' or 'error'.",
+            "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
+            "gradient in half; the kit follows the inclusive gate of seed 001 (116).",
+            "seq-mean-token-sum-norm": "verl divides the summed sequence losses by the padded width "
+            "and leaves the 1/N to gradient accumulation; the profile "
+            "divides by N x width (per-sample mean).",
+        }
+    return {}

@@ -1,0 +1,192 @@
+"""Expected values of the kit: the spec's implementation with a convention's flags applied.
+
+One interpreter turns a ``Convention`` (data) into calls of the verified building blocks:
+``policy_loss`` (with ``normalizer=`` and ``kl=``), ``group_advantages``, ``kl_k1/k2/k3`` and a
+float64 ``log_softmax``. Every expected value is computed in float64 from the case's inputs
+(half-precision inputs are first rounded, then upcast), with the gradient by autograd.
+
+How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
+
+* ``log_ratio_clamp c``: ``logp`` is replaced by ``old + clamp(logp - old, -c, c)`` where the clamp
+  is active (zero gradient there, as in ``torch.clamp``) and left bit-identical elsewhere;
+* ``sequence_log_ratio_cap c`` (GSPO-token): rows whose ``log s_i`` exceeds c get a detached
+  ``logp`` shifted so that ``log s_i = c``;
+* ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
+* ``kl_log_ratio_clamp`` / ``kl_value_clamp``: the k3 term is built here and passed as ``kl=``;
+* ``empty_rows`` / ``seq_sum_width`` / ``micro_batch``: the denominator passed as ``normalizer=``;
+* ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
+  aggregation (the GSPO-token form of the same value).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from refimpl.advantages import group_advantages
+from refimpl.kl import kl_k1, kl_k2, kl_k3
+from refimpl.losses import PolicyLossVariant, policy_loss
+
+from .cases import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
+from .conventions import Convention
+
+__all__ = [
+    "effective_variant",
+    "convention_normalizer",
+    "convention_loss",
+    "expected_policy_loss",
+    "expected_group_advantages",
+    "expected_kl",
+    "expected_token_logprobs",
+]
+
+_KL = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def effective_variant(variant: PolicyLossVariant, convention: Convention) -> PolicyLossVariant:
+    """The variant a framework with ``convention`` actually runs for ``variant``."""
+    v = variant
+    if convention.dual_clip is not None and v.gate == "clip" and v.ratio == "token" and v.dual_clip is None:
+        v = dataclasses.replace(v, dual_clip=max(convention.dual_clip, 1.0 + (v.eps_high or 0.0)))
+    if v.ratio == "sequence_mean" and convention.sequence_ratio_gradient == "token":
+        aggregation = "seq_mean_token_mean" if v.aggregation == "seq_mean" else v.aggregation
+        v = dataclasses.replace(v, ratio="gspo_token", aggregation=aggregation)
+    return v
+
+
+def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, convention: Convention) -> float:
+    """The local denominator of ``variant.aggregation`` under ``convention`` (md eq. (11) with the
+    ``empty_rows`` and ``seq_sum_width`` flags). ``mask`` is ``[n, T]`` bool."""
+    if variant.aggregation == "token_mean":
+        return float(mask.sum())
+    rows = float(mask.any(dim=-1).sum()) if convention.empty_rows == "drop" else float(mask.shape[0])
+    if variant.aggregation == "seq_sum":
+        width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
+        if width is None:
+            raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
+        return rows * width
+    return rows
+
+
+def _clamped_logp(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) -> torch.Tensor:
+    if clamp is None:
+        return logp
+    diff = logp - old
+    clamped = old + diff.clamp(-clamp, clamp)
+    return torch.where(diff.abs() > clamp, clamped, logp)
+
+
+def _capped_sequence_logp(logp, old, mask, cap: float | None):
+    if cap is None:
+        return logp
+    m = mask.to(logp.dtype)
+    log_s = ((logp - old) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    over = (log_s > cap).unsqueeze(-1)
+    shifted = (logp - (log_s - cap).unsqueeze(-1)).detach()
+    return torch.where(over, shifted, logp)
+
+
+def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, mask) -> torch.Tensor:
+    zero = torch.zeros((), dtype=logp.dtype)
+    logp_m = torch.where(mask, logp, zero)
+    ref_m = torch.where(mask, ref, zero)
+    if convention.kl_log_ratio_clamp is not None and variant.kl_estimator == "k3":
+        c = convention.kl_log_ratio_clamp
+        log_r = (ref_m - logp_m).clamp(-c, c)
+        value = kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
+    else:
+        value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
+    if convention.kl_value_clamp is not None and variant.kl_estimator == "k3":
+        value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
+    return value
+
+
+def convention_loss(logp, old, adv, mask, ref, variant, convention, normalizer) -> torch.Tensor:
+    """The loss of one (micro-)batch under ``convention`` with denominator ``normalizer`` (md eq. (12)
+    with the flags of the module docstring); ``variant`` is already effective."""
+    ratio_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
+    if variant.ratio == "gspo_token":
+        ratio_logp = _capped_sequence_logp(ratio_logp, old, mask, convention.sequence_log_ratio_cap)
+    clamps_kl = convention.kl_log_ratio_clamp is not None or convention.kl_value_clamp is not None
+    kwargs = {}
+    if ref is not None and variant.kl_coef > 0:
+        if clamps_kl or ratio_logp is not logp:
+            kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
+        else:
+            kwargs["ref_logp"] = ref
+    loss, _ = policy_loss(ratio_logp, old, adv, mask, variant, normalizer=max(normalizer, 1.0), **kwargs)
+    return loss
+
+
+def expected_policy_loss(
+    case: PolicyLossCase, variant: PolicyLossVariant, convention: Convention
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, d loss / d logp) in float64 for ``case`` under ``convention``.
+
+    ``variant`` must already be ``effective_variant(preset, convention)``. Micro-batches: with
+    ``micro_batch="global"`` each part is divided by the summed local normalisers and the losses are
+    summed; with ``"local_mean"`` each part is a local mean and the losses are averaged.
+    """
+    logp = case.logp.detach().to(torch.float64).requires_grad_(True)
+    old = case.old_logp.to(torch.float64)
+    adv = case.advantages.to(torch.float64)
+    ref = None if case.ref_logp is None else case.ref_logp.to(torch.float64)
+    parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
+    index = [torch.tensor(p, dtype=torch.long) for p in parts]
+    local = [convention_normalizer(case.mask[i], variant, convention) for i in index]
+    total = torch.zeros((), dtype=torch.float64)
+    for i, own in zip(index, local, strict=True):
+        denominator = sum(local) if convention.micro_batch == "global" else own
+        total = total + convention_loss(
+            logp[i],
+            old[i],
+            adv[i],
+            case.mask[i],
+            None if ref is None else ref[i],
+            variant,
+            convention,
+            denominator,
+        )
+    if convention.micro_batch == "local_mean":
+        total = total / len(parts)
+    (grad,) = torch.autograd.grad(total, logp)
+    return total.detach(), grad
+
+
+def expected_group_advantages(case: AdvantageCase, convention: Convention) -> torch.Tensor:
+    """``group_advantages`` with the convention's flags, float64 (raises where the convention does)."""
+    if convention.adv_scale == "none":
+        return group_advantages(
+            case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton
+        )
+    return group_advantages(
+        case.rewards.double(),
+        case.group_ids,
+        scale="group",
+        std=convention.adv_std,
+        eps=convention.adv_eps,
+        eps_inside_sqrt=convention.adv_eps_inside_sqrt,
+        zero_variance=convention.adv_zero_variance,
+        singleton=convention.adv_singleton,
+    )
+
+
+def expected_kl(case: KLCase, estimator: str, convention: Convention) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token KL estimate, its derivative in logp) in float64 (spec: kl.md eqs. (1)-(4))."""
+    logp = case.logp.double().requires_grad_(True)
+    ref = case.ref_logp.double()
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    variant = PolicyLossVariant(kl_estimator=estimator)
+    value = _kl_tokens(logp, ref, variant, convention, mask)
+    (grad,) = torch.autograd.grad(value.sum(), logp)
+    return value.detach(), grad
+
+
+def expected_token_logprobs(case: LogprobCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``log_softmax(logits).gather(tokens)``, gradient of ``sum(weights * out)`` in the logits),
+    float64."""
+    logits = case.logits.double().requires_grad_(True)
+    out = torch.log_softmax(logits, dim=-1).gather(-1, case.tokens.unsqueeze(-1)).squeeze(-1)
+    (grad,) = torch.autograd.grad((out * case.weights).sum(), logits)
+    return out.detach(), grad

@@ -1,0 +1,152 @@
+"""Results of a conformance check: one row per case class, the smallest failing case in full."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["CaseResult", "ClassResult", "CheckReport"]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """Outcome of one case: errors are normalised (see ``refimpl.conformance.checks.relative_error``);
+    ``error`` holds an exception message when the user's function raised."""
+
+    case_id: str
+    case_class: str
+    size: int
+    value_error: float
+    grad_error: float | None
+    value_ok: bool
+    grad_ok: bool | None
+    detail: str = field(default="", repr=False)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.value_ok and self.grad_ok is not False and self.error is None
+
+
+@dataclass(frozen=True)
+class ClassResult:
+    case_class: str
+    cases: int
+    value_ok: bool
+    grad_ok: bool | None
+    max_value_error: float
+    max_grad_error: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.value_ok and self.grad_ok is not False
+
+
+def _fmt_err(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.2e}")
+
+
+def _fmt_ok(x: bool | None) -> str:
+    return "n/a" if x is None else ("ok" if x else "FAIL")
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """All case results of one check, with a table and the smallest failing case."""
+
+    title: str
+    results: tuple[CaseResult, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def by_class(self) -> list[ClassResult]:
+        order: list[str] = []
+        for r in self.results:
+            if r.case_class not in order:
+                order.append(r.case_class)
+        rows = []
+        for name in order:
+            rs = [r for r in self.results if r.case_class == name]
+            grads = [r.grad_error for r in rs if r.grad_error is not None]
+            grad_oks = [r.grad_ok for r in rs if r.grad_ok is not None]
+            rows.append(
+                ClassResult(
+                    name,
+                    len(rs),
+                    all(r.value_ok and r.error is None for r in rs),
+                    (all(grad_oks) and all(r.error is None for r in rs)) if grad_oks else None,
+                    max(r.value_error for r in rs),
+                    max(grads) if grads else None,
+                )
+            )
+        return rows
+
+    def failing_classes(self) -> list[str]:
+        return [c.case_class for c in self.by_class() if not c.ok]
+
+    def smallest_failure(self) -> CaseResult | None:
+        failures = [r for r in self.results if not r.ok]
+        return min(failures, key=lambda r: (r.size, r.case_id)) if failures else None
+
+    def table(self) -> str:
+        header = ("case class", "cases", "value ok", "gradient ok", "max value err", "max grad err")
+        rows = [
+            (
+                c.case_class,
+                str(c.cases),
+                _fmt_ok(c.value_ok),
+                _fmt_ok(c.grad_ok),
+                _fmt_err(c.max_value_error),
+                _fmt_err(c.max_grad_error),
+            )
+            for c in self.by_class()
+        ]
+        widths = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(header)]
+
+        def line(cells):
+            return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+        out = [line(header), line(["-" * w for w in widths])]
+        out.extend(line(r) for r in rows)
+        return "\n".join(out)
+
+    def render(self) -> str:
+        parts = [self.title, "", self.table(), ""]
+        parts.extend(f"note: {n}" for n in self.notes)
+        worst = self.smallest_failure()
+        if worst is None:
+            parts.append(f"PASS: {len(self.results)} cases in {len(self.by_class())} case classes")
+        else:
+            parts.append(f"FAIL: case classes {', '.join(self.failing_classes())}")
+            parts.append(f"smallest failing case: {worst.case_id}")
+            if worst.error:
+                parts.append(f"  the function raised: {worst.error}")
+            parts.append(worst.detail)
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def tensor_text(name: str, x: torch.Tensor | None) -> str:
+    """A tensor printed in full at 17 significant digits (round-trips float64)."""
+    if x is None:
+        return f"{name} = None"
+    with torch.no_grad():
+        values = x.detach().double().tolist() if x.is_floating_point() else x.tolist()
+    return f"{name} ({str(x.dtype).replace('torch.', '')}, shape {tuple(x.shape)}) = {_nested(values)}"
+
+
+def _nested(v) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_nested(x) for x in v) + "]"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
