@@ -202,3 +202,27 @@ def grouped_rewards(draw, max_size: int = 12) -> tuple[np.ndarray, np.ndarray]:
     value = st.one_of(st.integers(-2, 2).map(float), st.floats(-10, 10, allow_nan=False))
     rewards = draw(st.lists(value, min_size=n, max_size=n))
     return np.asarray(rewards, dtype=np.float64), np.asarray(group_ids, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------- rollout rows
+@st.composite
+def rollout_batches(draw, max_rows: int = 3, max_steps: int = 6) -> dict[str, np.ndarray]:
+    """A batch of rollout rows (refimpl.estimators inputs), float64 / bool ``[N, T]`` arrays:
+    ``rewards``, ``values``, ``next_values``, ``terminated``, ``truncated``. Each step ends its
+    episode by termination, by truncation or not at all (never both), so one row may hold several
+    episodes; inside an episode ``next_values[t] == values[t + 1]`` (the consistency GAE's
+    telescoping identities need); after a truncation ``next_values`` is the final observation's
+    own value, unrelated to the next row entry."""
+    N = draw(st.integers(1, max_rows))
+    T = draw(st.integers(1, max_steps))
+    ends = draw(st.lists(st.sampled_from(["none", "none", "term", "trunc"]), min_size=N * T, max_size=N * T))
+    ends = np.asarray(ends).reshape(N, T)
+    value = st.floats(-3, 3, allow_nan=False, allow_infinity=False)
+    rewards = np.asarray(draw(st.lists(value, min_size=N * T, max_size=N * T))).reshape(N, T)
+    values = np.asarray(draw(st.lists(value, min_size=N * T, max_size=N * T))).reshape(N, T)
+    final = np.asarray(draw(st.lists(value, min_size=N * T, max_size=N * T))).reshape(N, T)
+    next_values = np.concatenate([values[:, 1:], final[:, -1:]], axis=1)
+    cut = ends != "none"
+    next_values = np.where(cut, final, next_values)
+    return {"rewards": rewards, "values": values, "next_values": next_values,
+            "terminated": ends == "term", "truncated": ends == "trunc"}
