@@ -31,6 +31,7 @@ on CPU tensors and as ``torch._assert_async`` on other devices; metrics stay ten
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -232,8 +233,20 @@ def _as_bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) ->
     return mask != 0
 
 
-def _check_finite_where(x: torch.Tensor, mask: torch.Tensor, name: str) -> None:
-    _check_value((torch.isfinite(x) | ~mask).all(), f"{name} contains NaN or inf at unmasked positions")
+def _check_finite(named: dict[str, torch.Tensor]) -> None:
+    """NaN / inf in the given tensors (already zeroed at masked positions) -> ValueError naming the
+    argument. Fast path: one scalar sum of everything (non-finite if any value is); only then are
+    the tensors checked one by one, so the error names the culprit (and a sum that merely
+    overflowed raises nothing). On accelerators an asynchronous assertion on the sum instead."""
+    total = sum(x.detach().sum() for x in named.values())
+    if total.device.type != "cpu":  # pragma: no cover - exercised on CUDA only
+        torch._assert_async(torch.isfinite(total), f"NaN or inf at unmasked positions of {', '.join(named)}")
+        return
+    if bool(torch.isfinite(total)):
+        return
+    for name, x in named.items():
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or inf at unmasked positions")
 
 
 def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor:
@@ -269,123 +282,101 @@ def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Ten
     if not isinstance(mask, torch.Tensor) or mask.ndim != 2:
         raise ValueError("mask must be a 2-D [N, T] tensor")
     mask = _as_bool_mask(mask, tuple(mask.shape), mask.device)
-    return _local_normalizer(mask, variant)
+    return _normalizer_from_lengths(mask.sum(dim=-1, dtype=torch.float32), variant)
 
 
-def _local_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     if variant.aggregation == "token_mean":
-        return mask.sum(dtype=torch.float32)
-    sequences = mask.any(dim=-1).sum(dtype=torch.float32)
-    if variant.aggregation == "seq_sum":
-        if variant.max_length is None:
-            raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum' (Dr. GRPO); "
-                             "use dataclasses.replace(variant, max_length=...)")
-        return sequences * variant.max_length
-    return sequences
+        return lengths.sum()
+    if variant.aggregation == "seq_sum" and variant.max_length is None:
+        raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum' (Dr. GRPO); "
+                         "use dataclasses.replace(variant, max_length=...)")
+    sequences = (lengths > 0).sum(dtype=lengths.dtype)
+    return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
 
 
-def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask_f: torch.Tensor,
+def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor,
                     lengths: torch.Tensor, ratio: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels.
-
-    spec: policy_losses.md eqs. (2)-(5). ``log_ratio`` and ``logp`` are zero at masked positions.
-    """
+    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels; zero at
+    masked positions and for empty rows (spec: policy_losses.md eqs. (2)-(5)). ``log_ratio`` and
+    ``logp`` are zero at masked positions."""
     if ratio == "token":
         return log_ratio, logp
+    total = log_ratio.sum(dim=-1)
     if ratio == "gspo_token":
-        log_s = (log_ratio.sum(dim=-1) / lengths.clamp(min=1.0)).detach()
-        return logp - logp.detach() + log_s.unsqueeze(-1), logp
-    total, total_logp = log_ratio.sum(dim=-1), (logp * mask_f).sum(dim=-1)
+        log_s = (total / lengths.clamp(min=1.0)).detach()
+        return torch.where(mask, logp - logp.detach() + log_s.unsqueeze(-1), 0.0), logp
+    total_logp = logp.sum(dim=-1)
     if ratio == "sequence_mean":
         return total / lengths.clamp(min=1.0), total_logp / lengths.clamp(min=1.0)
     return total, total_logp  # sequence_product
 
 
-def _hard_clip_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, variant: PolicyLossVariant
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor,
+                         variant: PolicyLossVariant) -> tuple[torch.Tensor, torch.Tensor]:
     """``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, with ``max(., c A)`` for A < 0 under
     dual clip, written as ``r A`` where the gate of seed 001 (116) is open and ``bound * A``
     elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
-    Returns (term, gate open)."""
-    ratio = torch.exp(log_ratio.detach())
+    ``ratio`` is the detached ``exp(log_ratio)``. Returns (term, gate open)."""
+    positive = adv > 0
+    full = functools.partial(torch.full, (), dtype=ratio.dtype, device=ratio.device)
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
-    positive = adv > 0
-    open_pos = positive & (ratio <= upper)
-    open_neg = ~positive & (ratio >= lower)
-    bound_neg = torch.full_like(ratio, lower)
+    negative_open = ratio >= lower
+    negative_bound = full(lower)
     if variant.dual_clip is not None:
-        open_neg = open_neg & (ratio <= variant.dual_clip)
         above = ratio > variant.dual_clip
-        bound_neg = torch.where(above, torch.full_like(ratio, variant.dual_clip), bound_neg)
-    gate = open_pos | open_neg
-    bound = torch.where(positive, torch.full_like(ratio, upper), bound_neg)
+        negative_open = negative_open & ~above
+        negative_bound = torch.where(above, variant.dual_clip, negative_bound)
+    gate = torch.where(positive, ratio <= upper, negative_open)
+    bound = torch.where(positive, full(1.0 if variant.eps_high is None else upper), negative_bound)
     # exp only where the gate is open: the closed branch must not back-propagate 0 * inf.
-    r_open = torch.exp(torch.where(gate, log_ratio, torch.zeros_like(log_ratio)))
-    bound = torch.where(gate, torch.zeros_like(bound), bound)  # finite (inf upper only when open)
-    return torch.where(gate, r_open * adv, bound * adv), gate
+    r_open = torch.exp(torch.where(gate, log_ratio, 0.0))
+    return torch.where(gate, r_open, bound) * adv, gate
 
 
 def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
-    tau = torch.where(adv > 0, torch.full_like(adv, variant.tau_pos), torch.full_like(adv, variant.tau_neg))
-    return 4.0 / tau * torch.sigmoid(tau * torch.expm1(log_ratio)) * adv
+    positive = adv > 0
+    full = functools.partial(torch.full, (), dtype=adv.dtype, device=adv.device)  # where(c, float, float)
+    tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)  # would be the default dtype
+    scale = torch.where(positive, full(4.0 / variant.tau_pos), 4.0 / variant.tau_neg)
+    return torch.sigmoid(tau * torch.expm1(log_ratio)) * (scale * adv)
 
 
-def _cispo_surrogate(log_ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Tensor,
+def _cispo_surrogate(ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Tensor,
                      variant: PolicyLossVariant) -> torch.Tensor:
-    """``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp`` (md eq. (9); MiniMax-M1)."""
-    weight = torch.exp(log_ratio.detach())
+    """``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp`` (md eq. (9); MiniMax-M1); ``ratio``
+    is the detached ``exp(log_ratio)``."""
+    weight = ratio
     if variant.eps_low is not None or variant.eps_high is not None:
         weight = weight.clamp(min=None if variant.eps_low is None else 1.0 - variant.eps_low,
                               max=None if variant.eps_high is None else 1.0 + variant.eps_high)
     return weight * adv * unit_logp
 
 
-def _behavior_weight(old_logp: torch.Tensor, behavior_logp: torch.Tensor, mask_f: torch.Tensor,
-                     lengths: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
-    """Detached ``w = exp(old_logp - behavior_logp)`` at the ratio's level, truncated or masked at
-    ``behavior_cap`` (md eq. (13))."""
-    log_w = ((old_logp - behavior_logp) * mask_f).detach()
+def _behavior_weight(log_w: torch.Tensor, lengths: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    """Detached ``w = exp(old_logp - behavior_logp)`` at the ratio's level (``log_w`` per token,
+    zero at masked positions), truncated or masked at ``behavior_cap`` (md eq. (13))."""
     if variant.ratio in _SEQUENCE_LEVELS:
         log_w = log_w.sum(dim=-1)
         if variant.ratio == "sequence_mean":
             log_w = log_w / lengths.clamp(min=1.0)
-    cap = variant.behavior_cap
-    log_cap = math.log(cap)
+    log_cap = math.log(variant.behavior_cap)
+    weight = torch.exp(log_w.clamp(max=log_cap))
     if variant.behavior_correction == "truncate":
-        return torch.exp(log_w.clamp(max=log_cap))
-    return torch.where(log_w <= log_cap, torch.exp(log_w.clamp(max=log_cap)), torch.zeros_like(log_w))
+        return weight
+    return torch.where(log_w <= log_cap, weight, 0.0)
 
 
 def _kl_per_token(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl: torch.Tensor | None,
-                  mask: torch.Tensor, variant: PolicyLossVariant, dtype: torch.dtype) -> torch.Tensor | None:
+                  variant: PolicyLossVariant) -> torch.Tensor | None:
+    """Per-token KL (zero at masked positions: all inputs are), exact or estimated by refimpl.kl."""
     if kl is not None:
-        return torch.where(mask, kl.to(dtype), torch.zeros((), dtype=dtype, device=kl.device))
+        return kl
     if ref_logp is None:
         return None
-    zero = torch.zeros((), dtype=dtype, device=logp.device)
-    masked_ref = torch.where(mask, ref_logp.to(dtype), zero)
-    return _KL_FUNCTIONS[variant.kl_estimator](logp, masked_ref, check_finite=False)
-
-
-def _sequence_contributions(token_values: torch.Tensor, mask_f: torch.Tensor, lengths: torch.Tensor,
-                            aggregation: str) -> torch.Tensor:
-    """Per-sequence contribution c_i of a per-token quantity: ``sum_t m v / T_i`` for
-    seq_mean_token_mean, ``sum_t m v`` otherwise (md eq. (10))."""
-    sums = (token_values * mask_f).sum(dim=-1)
-    if aggregation == "seq_mean_token_mean":
-        return sums / lengths.clamp(min=1.0)
-    return sums
-
-
-def _sequence_unit_contributions(values: torch.Tensor, lengths: torch.Tensor,
-                                 aggregation: str) -> torch.Tensor:
-    """Per-sequence contribution of a per-sequence quantity: itself for the sequence means, ``T_i``
-    copies of it (one per token) for token_mean and seq_sum (md eq. (10)); 0 for empty rows."""
-    if aggregation in ("token_mean", "seq_sum"):
-        return values * lengths
-    return values * (lengths > 0)
+    return _KL_FUNCTIONS[variant.kl_estimator](logp, ref_logp, check_finite=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,93 +452,98 @@ def policy_loss(
         raise ValueError(f"behavior_logp must be given exactly when variant.behavior_correction != 'none' "
                          f"(got behavior_correction={variant.behavior_correction!r}, behavior_logp "
                          f"{'missing' if behavior_logp is None else 'given'})")
-    adv_mask = mask if advantages.ndim == 2 else mask.any(dim=-1)
-    _check_finite_where(advantages, adv_mask, "advantages")
-    for name, value in (("logp", logp), ("old_logp", old_logp), *optional.items()):
-        if value is not None:
-            _check_finite_where(value, mask, name)
-    local = _local_normalizer(mask, variant)
-
     dtype = torch.promote_types(logp.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=device)
-    mask_f = mask.to(dtype)
-    lengths = mask_f.sum(dim=-1)
-    logp_c = torch.where(mask, logp.to(dtype), zero)
-    log_ratio = torch.where(mask, logp_c - old_logp.to(dtype).detach(), zero)
-    adv = torch.where(adv_mask, advantages.to(dtype).detach(), zero)
-    unit_log_ratio, unit_logp = _unit_log_ratio(log_ratio, logp_c, mask_f, lengths, variant.ratio)
-    if not variant.sequence_level and adv.ndim == 1:
-        adv = adv.unsqueeze(-1).expand(shape)
+    lengths = mask.sum(dim=-1, dtype=dtype)
+    local = _normalizer_from_lengths(lengths, variant)
+    adv_mask = mask if advantages.ndim == 2 else lengths > 0
+    # Everything is zeroed at masked positions first: padding may hold anything (even NaN) and
+    # gets zero gradient; every later quantity is then exactly zero (or a ratio of 1) there.
+    logp_c = torch.where(mask, logp.to(dtype), 0.0)
+    old_c = torch.where(mask, old_logp.detach().to(dtype), 0.0)
+    adv = torch.where(adv_mask, advantages.detach().to(dtype), 0.0)
+    given = {name: torch.where(mask, value.to(dtype), 0.0) for name, value in optional.items()
+             if value is not None}
+    _check_finite({"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
 
+    log_ratio = logp_c - old_c
+    unit_log_ratio, unit_logp = _unit_log_ratio(log_ratio, logp_c, mask, lengths, variant.ratio)
+    if not variant.sequence_level and adv.ndim == 1:
+        adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
+    ratio = torch.exp(unit_log_ratio.detach())
     gate_open = None
     if variant.gate == "clip":
-        surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, adv, variant)
+        surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, variant)
     elif variant.gate == "sapo":
         surrogate = _sapo_surrogate(unit_log_ratio, adv, variant)
     elif variant.gate == "cispo":
-        surrogate = _cispo_surrogate(unit_log_ratio, unit_logp, adv, variant)
+        surrogate = _cispo_surrogate(ratio, unit_logp, adv, variant)
     else:
         surrogate = torch.exp(unit_log_ratio) * adv
     if behavior_logp is not None:
-        weight = _behavior_weight(old_logp.to(dtype), torch.where(mask, behavior_logp.to(dtype), zero),
-                                  mask_f, lengths, variant)
-        surrogate = surrogate * weight
+        surrogate = surrogate * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
 
-    kl_tokens = _kl_per_token(logp_c, ref_logp, kl, mask, variant, dtype)
-    entropy_tokens = None if entropy is None else torch.where(mask, entropy.to(dtype), zero)
-    token_total = zero
+    # per-sequence contributions c_i (md eq. (10)); the surrogate is zero at masked positions / rows
+    per_sequence_mean = variant.aggregation == "seq_mean_token_mean"
     if variant.sequence_level:
-        contributions = -_sequence_unit_contributions(surrogate, lengths, variant.aggregation)
+        surrogate_units = surrogate
+        per_token_copies = variant.aggregation in ("token_mean", "seq_sum")
+        policy_rows = surrogate * lengths if per_token_copies else surrogate
     else:
-        token_total = -surrogate
+        surrogate_units = surrogate.sum(dim=-1)
+        policy_rows = surrogate_units / lengths.clamp(min=1.0) if per_sequence_mean else surrogate_units
+    contributions = -policy_rows
+    kl_tokens = _kl_per_token(logp_c, given.get("ref_logp"), given.get("kl"), variant)
+    entropy_tokens = given.get("entropy")
+    regulariser = None
     if kl_tokens is not None and variant.kl_coef > 0:
-        token_total = token_total + variant.kl_coef * kl_tokens
+        regulariser = variant.kl_coef * kl_tokens
     if entropy_tokens is not None and variant.entropy_coef > 0:
-        token_total = token_total - variant.entropy_coef * entropy_tokens
-    if isinstance(token_total, torch.Tensor) and token_total.ndim == 2:
-        token_part = _sequence_contributions(token_total, mask_f, lengths, variant.aggregation)
-        contributions = token_part if not variant.sequence_level else contributions + token_part
-    denominator = _resolve_normalizer(normalizer, local.to(dtype))
+        bonus = variant.entropy_coef * entropy_tokens
+        regulariser = -bonus if regulariser is None else regulariser - bonus
+    if regulariser is not None:
+        regulariser_rows = regulariser.sum(dim=-1)
+        contributions = contributions + (regulariser_rows / lengths.clamp(min=1.0) if per_sequence_mean
+                                         else regulariser_rows)
+    denominator = _resolve_normalizer(normalizer, local)
     loss = contributions.sum() / denominator
 
-    metrics = _metrics(unit_log_ratio, surrogate, gate_open, mask, mask_f, lengths, log_ratio,
-                       kl_tokens, entropy_tokens, denominator, variant)
+    metrics = _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tokens,
+                       entropy_tokens, denominator, variant)
     return loss, metrics
 
 
-def _masked_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return (values * weights).sum() / weights.sum().clamp(min=1.0)
-
-
-def _metrics(unit_log_ratio, surrogate, gate_open, mask, mask_f, lengths, log_ratio, kl_tokens,
-             entropy_tokens, denominator, variant) -> dict[str, torch.Tensor]:
-    """Detached diagnostics (tensors, no host sync). Token-level units are weighted by the mask,
-    sequence-level units by non-emptiness."""
+def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tokens, entropy_tokens,
+             denominator, variant) -> dict[str, torch.Tensor]:
+    """Detached diagnostics (tensors, no host sync). Units are tokens (token levels) or non-empty
+    sequences; ``ratio`` is the detached unit ratio, exactly 1 at masked positions / empty rows."""
     with torch.no_grad():
+        tokens = lengths.sum().clamp(min=1.0)
         if variant.sequence_level:
             unit_mask = lengths > 0
+            units = unit_mask.sum(dtype=lengths.dtype).clamp(min=1.0)
         else:
-            unit_mask = mask
-        unit_w = unit_mask.to(mask_f.dtype)
-        ratio = torch.exp(unit_log_ratio.detach())
-        empty = unit_w.sum() == 0
-        one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
-        ratio_min = torch.where(unit_mask, ratio, torch.full_like(ratio, math.inf)).min()
-        ratio_max = torch.where(unit_mask, ratio, torch.full_like(ratio, -math.inf)).max()
-        # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp.
-        approx_kl = torch.expm1(log_ratio) - log_ratio
+            unit_mask, units = mask, tokens
+        ratio_minus_one = ratio - 1.0
+        ratio_mean = 1.0 + ratio_minus_one.sum() / units
+        # masked units are filled with the mean, which lies between the unmasked min and max
+        ratio_min, ratio_max = torch.aminmax(torch.where(unit_mask, ratio, ratio_mean))
+        # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp, per token
+        if variant.ratio == "token":
+            approx_kl = (ratio_minus_one - log_ratio).sum() / tokens
+        else:
+            approx_kl = (torch.expm1(log_ratio) - log_ratio).sum() / tokens
+        closed = (0 if gate_open is None else gate_open.numel() - gate_open.sum(dtype=lengths.dtype))
         metrics = {
-            "policy_objective": _masked_mean(surrogate.detach(), unit_w),
-            "clip_fraction": (_masked_mean((~gate_open).to(unit_w.dtype), unit_w) if gate_open is not None
-                              else torch.zeros((), dtype=ratio.dtype, device=ratio.device)),
-            "ratio_mean": torch.where(empty, one, _masked_mean(ratio, unit_w)),
-            "ratio_min": torch.where(empty, one, ratio_min),
-            "ratio_max": torch.where(empty, one, ratio_max),
-            "approx_kl": _masked_mean(approx_kl, mask_f),
+            "policy_objective": surrogate_units.detach().sum() / units,
+            "clip_fraction": torch.as_tensor(closed, dtype=lengths.dtype, device=lengths.device) / units,
+            "ratio_mean": ratio_mean,
+            "ratio_min": ratio_min,
+            "ratio_max": ratio_max,
+            "approx_kl": approx_kl,
             "normalizer": denominator.detach(),
         }
         if kl_tokens is not None:
-            metrics["kl"] = _masked_mean(kl_tokens.detach(), mask_f)
+            metrics["kl"] = kl_tokens.detach().sum() / tokens
         if entropy_tokens is not None:
-            metrics["entropy"] = _masked_mean(entropy_tokens.detach(), mask_f)
+            metrics["entropy"] = entropy_tokens.detach().sum() / tokens
     return metrics
