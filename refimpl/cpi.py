@@ -183,11 +183,19 @@ class CPIStep(NamedTuple):
 
 
 def cpi_step(
-    policy: torch.Tensor, advantages: torch.Tensor, state_weights: torch.Tensor, gamma: float
+    policy: torch.Tensor,
+    advantages: torch.Tensor,
+    state_weights: torch.Tensor,
+    gamma: float,
+    *,
+    min_gain: float = 0.0,
 ) -> CPIStep:
     """One iteration of conservative policy iteration (spec: trust_region.md section 5; seed 001
     4.5 steps 2-5, (62)-(64)) from (estimated) advantages ``[S, A]`` and normalised occupancy
-    ``[S]`` of ``policy``. Stops cleanly (``stopped=True``, alpha 0, policy unchanged) when g <= 0.
+    ``[S]`` of ``policy``. Stops cleanly (``stopped=True``, alpha 0, policy unchanged) when
+    ``g <= min_gain``. The default 0 is (63) as written; with floating-point advantages of an
+    optimal policy, g is rounding noise of either sign, so a caller that wants CPI to stop there
+    passes a ``min_gain`` at the rounding level of its values (e.g. ``1e-12 max|V| / (1 - gamma)``).
     """
     _check_policy(policy, "policy")
     _check_tensor(advantages, "advantages", 2)
@@ -196,7 +204,9 @@ def cpi_step(
                          f"got {tuple(advantages.shape)}")
     target = greedy_policy(advantages)
     g, eps = cpi_bound_parameters(target, advantages, state_weights, gamma)
-    alpha = cpi_step_size(g, eps, gamma)
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not min_gain >= 0.0:
+        raise ValueError(f"min_gain must be a real number >= 0, got {min_gain!r}")
+    alpha = cpi_step_size(g, eps, gamma) if g > min_gain else 0.0
     if alpha == 0.0:
         return CPIStep(policy.to(_dtype(policy)).clone(), target, 0.0, g, eps, 0.0, True)
     new_policy = mixture_policy(policy, target, alpha)
