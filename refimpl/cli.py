@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 # Modules inside refimpl that provide subcommands (added as the layers grow).
-BUILTIN_COMMANDS: tuple[str, ...] = ()
+BUILTIN_COMMANDS: tuple[str, ...] = ("refimpl.lm.cli", "refimpl.conformance.cli")
 
 
 def _providers() -> list[Callable[[argparse._SubParsersAction], None]]:

@@ -568,14 +568,16 @@ class Trainer:
         normalizer = self.normalizer(batch, idx)
         if normalizer.item() == 0:  # the same on every rank: nothing to learn from
             return {}, False
-        micro = list(idx.split(self.config.micro_batch_size))
+        micro = [mb for mb in idx.split(self.config.micro_batch_size) if mb.numel()]
         sums: dict[str, torch.Tensor] = {}
         ddp = isinstance(self.train_model, DistributedDataParallel)
+        # One collective per call, never one per micro-batch (ranks may differ in their count).
+        total_loss = torch.zeros((), device=self.device)
         for i, mb in enumerate(micro):
             sync = not ddp or i == len(micro) - 1
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
                 loss, metrics = self.micro_batch_loss(batch, mb, normalizer)
-                self._check_finite(loss)
+                total_loss = total_loss + loss.detach()
                 (loss * self.world_size).backward()  # DDP averages gradients over ranks
             metrics["loss"] = loss.detach()
             weight = mb.numel()
@@ -586,6 +588,7 @@ class Trainer:
                 )
         if not micro and ddp:
             self._dummy_backward()
+        self._check_finite(total_loss)  # before any optimizer step: the weights stay good
         sums["_sequences"] = torch.tensor(float(idx.numel()), device=self.device)
         return sums, True
 
