@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["register", "load_object", "run_check"]
+__all__ = ["register", "load_object", "run_check", "main"]
 
 _KINDS = ("policy_loss", "group_advantages", "kl", "token_logprobs")
 
@@ -113,3 +113,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="print where the convention's numerics differ from the spec for --preset",
     )
     parser.set_defaults(func=run_check)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m refimpl.conformance.cli check ...``: the same subcommand without the other
+    providers of ``refimpl`` (useful when a provider of another layer is not installed)."""
+    parser = argparse.ArgumentParser(prog="python -m refimpl.conformance.cli")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    register(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,6 +57,7 @@ class Convention:
         kl_value_clamp: clamp the per-token k3 value to ``[-c, c]``.
         empty_rows: fully masked rows "drop"-ped from sequence means or "keep"-t (counted, 0).
         seq_sum_width: Dr. GRPO's length constant: "max_length" (L_max) or "padded_width" (T).
+        seq_sum_rows: Dr. GRPO's row count: "nonempty" rows (spec) or "all" rows of the batch.
         sequence_ratio_gradient: GSPO's ratio with its exact "sequence" gradient or the
             "token" form ``exp(logp - sg(logp) + sg(log s))`` (GSPO-token).
         micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed)
@@ -74,6 +75,7 @@ class Convention:
     kl_value_clamp: float | None = None
     empty_rows: str = "drop"
     seq_sum_width: str = "max_length"
+    seq_sum_rows: str = "nonempty"
     sequence_ratio_gradient: str = "sequence"
     micro_batch: str = "global"
     adv_scale: str = "group"
@@ -138,6 +140,8 @@ FLAG_REASONS: dict[str, str] = {
     "mean (spec) or counts as a zero in a mean over the padded batch (TRL divides by N).",
     "seq_sum_width": "Dr. GRPO divides by a constant L_max; frameworks without one use the padded "
     "width, which changes with the batch (verl's seq-mean-token-sum-norm).",
+    "seq_sum_rows": "Dr. GRPO divides by (sequences x L_max): the spec counts non-empty sequences, "
+    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row.",
     "sequence_ratio_gradient": "GSPO's sequence ratio s_i can be back-propagated exactly or through the "
     "GSPO-token form exp(logp - sg(logp) + sg(log s)) that allows per-token "
     "advantages (verl); the two agree for per-sequence advantages.",
@@ -184,6 +188,7 @@ _VERL_MODES = {
 _TRL = Convention(
     name="trl",
     empty_rows="keep",
+    seq_sum_rows="all",
     micro_batch="local_mean",
     adv_std="sample",
     adv_eps=1e-4,
@@ -198,6 +203,7 @@ _VERL = Convention(
     kl_log_ratio_clamp=20.0,
     kl_value_clamp=10.0,
     seq_sum_width="padded_width",
+    seq_sum_rows="all",
     micro_batch="local_mean",
     adv_std="sample",
     adv_eps=1e-6,

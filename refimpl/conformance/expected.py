@@ -13,7 +13,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
   ``logp`` shifted so that ``log s_i = c``;
 * ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
 * ``kl_log_ratio_clamp`` / ``kl_value_clamp``: the k3 term is built here and passed as ``kl=``;
-* ``empty_rows`` / ``seq_sum_width`` / ``micro_batch``: the denominator passed as ``normalizer=``;
+* ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
+  passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
   aggregation (the GSPO-token form of the same value).
 """
@@ -60,13 +61,13 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
     ``empty_rows`` and ``seq_sum_width`` flags). ``mask`` is ``[n, T]`` bool."""
     if variant.aggregation == "token_mean":
         return float(mask.sum())
-    rows = float(mask.any(dim=-1).sum()) if convention.empty_rows == "drop" else float(mask.shape[0])
+    nonempty, every = float(mask.any(dim=-1).sum()), float(mask.shape[0])
     if variant.aggregation == "seq_sum":
         width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
         if width is None:
             raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
-        return rows * width
-    return rows
+        return (nonempty if convention.seq_sum_rows == "nonempty" else every) * width
+    return nonempty if convention.empty_rows == "drop" else every
 
 
 def _clamped_logp(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""``refimpl check MODULE:FUNCTION`` end to end: a user's function in a temporary module, run in a
+subprocess exactly as a user would, with the exit code and the printed table checked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+USER_MODULE = textwrap.dedent('''
+    import torch
+
+    def dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
+        """A framework-style DAPO loss (token mean, eps_low 0.2, eps_high 0.28)."""
+        m = mask.to(torch.promote_types(logp.dtype, torch.float32))
+        ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)
+        a = advantages.to(m.dtype).unsqueeze(-1)
+        per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a)
+        return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))
+
+    def dapo_loss_swapped_bounds(logp, old_logp, advantages, mask, *, normalizer=None):
+        m = mask.to(torch.promote_types(logp.dtype, torch.float32))
+        ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)
+        a = advantages.to(m.dtype).unsqueeze(-1)
+        per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.72, 1.2) * a)
+        return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))
+
+    def loss_with_other_signature(old_log_prob, log_prob, advantages, response_mask, eps_low, eps_high):
+        """verl-like argument order, config passed explicitly (needs an adapter)."""
+        m = response_mask.to(torch.promote_types(log_prob.dtype, torch.float32))
+        ratio = torch.exp(torch.clamp((log_prob.to(m.dtype) - old_log_prob.to(m.dtype)) * m, -20, 20))
+        a = advantages.to(m.dtype).unsqueeze(-1) * m
+        losses = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
+        losses = torch.where(a < 0, torch.minimum(-a * 3.0, losses), losses)
+        return (losses * m).sum() / (m.sum() + 1e-8), {"clipfrac": 0.0}
+
+    def adapter(fn, call):
+        cfg = call.config
+        return fn(call.old_logp, call.logp, call.advantages, call.mask, cfg["eps_low"], cfg["eps_high"])[0]
+''')
+
+
+def run_check(tmp_path, *args):
+    (tmp_path / "user_losses.py").write_text(USER_MODULE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "refimpl", "check", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_passing_function_exits_zero_and_prints_the_table(tmp_path):
+    result = run_check(tmp_path, "user_losses:dapo_loss", "--preset", "dapo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:6] == ["case", "class", "cases", "value", "ok", "gradient"] for line in lines)
+    for case_class in ("inside_clip", "on_boundary", "extreme_log_ratio", "bf16", "fp16", "micro_batch"):
+        assert any(line.startswith(case_class) and " ok " in line for line in lines), case_class
+    assert "PASS" in result.stdout
+
+
+def test_failing_function_exits_one_and_names_the_class_and_smallest_case(tmp_path):
+    result = run_check(tmp_path, "user_losses:dapo_loss_swapped_bounds", "--preset", "dapo")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL: case classes" in result.stdout
+    assert any(line.startswith("on_boundary") and "FAIL" in line for line in result.stdout.splitlines())
+    assert "smallest failing case:" in result.stdout and "expected loss =" in result.stdout
+
+
+def test_adapter_and_convention_flags(tmp_path):
+    ok = run_check(
+        tmp_path,
+        "user_losses:loss_with_other_signature",
+        "--preset",
+        "dapo",
+        "--convention",
+        "verl",
+        "--adapter",
+        "user_losses:adapter",
+        "--rtol",
+        "1e-6",
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "convention verl" in ok.stdout
+
+
+def test_usage_error_exits_two(tmp_path):
+    result = run_check(tmp_path, "no_such_module:fn", "--preset", "dapo")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot load" in result.stderr
+
+
+def test_missing_preset_is_a_usage_error_in_process(capsys):
+    from refimpl.conformance.cli import main
+
+    assert main(["check", "tests.test_conformance_zoo:framework_loss"]) == 2
+    assert "--preset is required" in capsys.readouterr().err
