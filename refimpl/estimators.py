@@ -49,6 +49,15 @@ class GAEOutput(NamedTuple):
 # validation helpers
 
 
+def _all_finite(x: torch.Tensor) -> bool:
+    """True when x has no NaN/inf; ``aminmax`` propagates both and is one fused pass (an order of
+    magnitude faster than ``isfinite(x).all()`` on large tensors)."""
+    if x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -62,7 +71,7 @@ def _float_2d(x, name: str, shape: tuple[int, ...] | None = None) -> torch.Tenso
         raise ValueError(f"{name} must be [N, T], got shape {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {shape} (like rewards), got {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
+    if not _all_finite(x):
         raise ValueError(f"{name} contains NaN or inf")
     return x
 
@@ -105,6 +114,20 @@ def _bootstrap_points(term: torch.Tensor, trunc: torch.Tensor) -> torch.Tensor:
     return boot
 
 
+def _backward_linear_recursion(const: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """``x_t = const_t + decay_t x_{t+1}`` for t = T-1 .. 0 with ``x_T = 0``, ``[N, T]``.
+
+    Runs on time-major contiguous copies so each step reads and writes one contiguous row
+    (a column of ``[N, T]`` is strided), with one fused ``addcmul`` per step.
+    """
+    c, d = const.t().contiguous(), decay.t().contiguous()
+    out = torch.empty_like(c)
+    out[-1] = c[-1]
+    for t in range(c.shape[0] - 2, -1, -1):
+        torch.addcmul(c[t], d[t], out[t + 1], out=out[t])
+    return out.t().contiguous()
+
+
 # ---------------------------------------------------------------------------------------------
 # returns and advantages
 
@@ -131,15 +154,11 @@ def discounted_returns(rewards, terminated, truncated, gamma: float, next_values
         nv = torch.zeros(shape, dtype=dt, device=rewards.device)
     else:
         nv = _float_2d(next_values, "next_values", shape).to(dt)
-    r = rewards.to(dt)
-    out = torch.empty(shape, dtype=dt, device=rewards.device)
-    g_next = torch.zeros(shape[0], dtype=dt, device=rewards.device)
-    zero = torch.zeros_like(g_next)
-    for t in range(shape[1] - 1, -1, -1):
-        tail = torch.where(term[:, t], zero, torch.where(boot[:, t], nv[:, t], g_next))
-        g_next = r[:, t] + gamma * tail
-        out[:, t] = g_next
-    return out
+    zero = torch.zeros((), dtype=dt, device=rewards.device)
+    # G_t = [r_t + gamma [boot_t] V'_t] + gamma [not terminated, not boot] G_{t+1}
+    const = rewards.to(dt) + gamma * torch.where(boot, nv, zero)
+    decay = gamma * (~(term | boot)).to(dt)
+    return _backward_linear_recursion(const, decay)
 
 
 def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n: int) -> torch.Tensor:
@@ -196,10 +215,14 @@ def td_errors(rewards, values, next_values, terminated, gamma: float) -> torch.T
     values = _float_2d(values, "values", shape)
     nv = _float_2d(next_values, "next_values", shape)
     term = _flag_2d(terminated, "terminated", shape)
-    gamma = _check_gamma(gamma)
+    return _td_errors_unchecked(rewards, values, nv, term, _check_gamma(gamma))
+
+
+def _td_errors_unchecked(rewards, values, next_values, term, gamma: float) -> torch.Tensor:
     dt = _compute_dtype(rewards)
-    boot = torch.where(term, torch.zeros_like(nv, dtype=dt), nv.to(dt))
-    return rewards.to(dt) + gamma * boot - values.to(dt)
+    zero = torch.zeros((), dtype=dt, device=rewards.device)
+    delta = torch.where(term, zero, next_values.to(dt))  # a fresh tensor: updated in place below
+    return delta.mul_(gamma).add_(rewards.to(dt)).sub_(values.to(dt))
 
 
 def lambda_returns(rewards, next_values, terminated, truncated, gamma: float, lam: float) -> torch.Tensor:
@@ -217,15 +240,13 @@ def lambda_returns(rewards, next_values, terminated, truncated, gamma: float, la
     gamma, lam = _check_gamma(gamma), _check_gamma(lam, "lam")
     boot = _bootstrap_points(term, trunc)
     dt = _compute_dtype(rewards)
-    r, v = rewards.to(dt), nv.to(dt)
-    out = torch.empty(shape, dtype=dt, device=rewards.device)
-    g_next = torch.zeros(shape[0], dtype=dt, device=rewards.device)
-    zero = torch.zeros_like(g_next)
-    for t in range(shape[1] - 1, -1, -1):
-        mixed = torch.where(boot[:, t], v[:, t], (1.0 - lam) * v[:, t] + lam * g_next)
-        g_next = r[:, t] + gamma * torch.where(term[:, t], zero, mixed)
-        out[:, t] = g_next
-    return out
+    v = nv.to(dt)
+    zero = torch.zeros((), dtype=dt, device=rewards.device)
+    # G_t = [r_t + gamma [not terminated] (boot ? V'_t : (1 - lam) V'_t)] + gamma lam [continues] G_{t+1}
+    bootstrap = torch.where(term, zero, torch.where(boot, v, (1.0 - lam) * v))
+    const = rewards.to(dt) + gamma * bootstrap
+    decay = gamma * lam * (~(term | boot)).to(dt)
+    return _backward_linear_recursion(const, decay)
 
 
 def gae_advantages(
@@ -243,14 +264,11 @@ def gae_advantages(
     shape = tuple(rewards.shape)
     term, trunc = _episode_flags(rewards, terminated, truncated)
     values = _float_2d(values, "values", shape)
-    delta = td_errors(rewards, values, next_values, term, gamma)
-    lam = _check_gamma(lam, "lam")
+    nv = _float_2d(next_values, "next_values", shape)
+    gamma, lam = _check_gamma(gamma), _check_gamma(lam, "lam")
+    delta = _td_errors_unchecked(rewards, values, nv, term, gamma)
     decay = gamma * lam * (~(term | trunc)).to(delta.dtype)
-    adv = torch.empty_like(delta)
-    a_next = torch.zeros_like(delta[:, 0])
-    for t in range(shape[1] - 1, -1, -1):
-        a_next = delta[:, t] + (decay[:, t] * a_next if t < shape[1] - 1 else 0.0)
-        adv[:, t] = a_next
+    adv = _backward_linear_recursion(delta, decay)
     return GAEOutput(adv, adv + values.to(adv.dtype))
 
 
@@ -264,7 +282,7 @@ def importance_weights(target_logp, behavior_logp) -> torch.Tensor:
     for name, x in (("target_logp", target_logp), ("behavior_logp", behavior_logp)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"{name} must be a floating torch.Tensor")
-        if not torch.isfinite(x).all():
+        if not _all_finite(x):
             raise ValueError(f"{name} contains NaN or inf (a zero-probability action under the "
                              "behaviour policy breaks importance sampling, seed 001 Remark 1.2)")
     if target_logp.shape != behavior_logp.shape:
@@ -278,7 +296,7 @@ def _check_samples(f, weights, dim: int):
     for name, x in (("f", f), ("weights", weights)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"{name} must be a floating torch.Tensor")
-        if not torch.isfinite(x).all():
+        if not _all_finite(x):
             raise ValueError(f"{name} contains NaN or inf")
     if f.shape != weights.shape:
         raise ValueError(f"f {tuple(f.shape)} and weights {tuple(weights.shape)} must have the same shape")
