@@ -59,6 +59,16 @@ def conditional_mean(dist, X: np.ndarray, S: int, A: int):
     return mean, reach
 
 
+def assert_conditional_mean_is(dist, X, target_sa, mdp):
+    """E[X_t | s_t = s, a_t = a] = target[s, a] wherever (t, s, a) has positive probability."""
+    mean, reach = conditional_mean(dist, X, mdp.num_states, mdp.num_actions)
+    seen = reach > 0
+    assert seen.sum() >= 6
+    np.testing.assert_allclose(
+        mean[seen], np.broadcast_to(target_sa, mean.shape)[seen], rtol=1e-10, atol=1e-12
+    )
+
+
 def rollout_tensors(dist):
     return (t64(dist.rewards), torch.as_tensor(dist.terminated), torch.as_tensor(dist.truncated))
 
@@ -72,11 +82,7 @@ def test_reward_to_go_conditional_mean_is_finite_horizon_q(seed):
     mdp, pi, dist = episodic_case(seed)
     rew, term, trunc = rollout_tensors(dist)
     G = discounted_returns(rew, term, trunc, mdp.gamma, next_values=torch.zeros_like(rew)).numpy()
-    mean, reach = conditional_mean(dist, G, mdp.num_states, mdp.num_actions)
-    Q = tabular.finite_horizon_values(mdp, pi, dist.mask.shape[1]).Q
-    seen = reach > 0
-    assert seen.sum() >= 6
-    np.testing.assert_allclose(mean[seen], Q[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, G, tabular.finite_horizon_values(mdp, pi, dist.mask.shape[1]).Q, mdp)
     # and the unconditional mean of G_0 is J_H
     assert dist.expectation(G[:, 0]) == pytest.approx(tabular.finite_horizon_return(mdp, pi, 3), rel=1e-12)
 
@@ -92,14 +98,13 @@ def test_truncated_returns_bootstrapped_from_v_estimate_infinite_horizon_q(seed)
     rew, term, trunc = rollout_tensors(dist)
     nv = t64(V[dist.next_states])
     G = discounted_returns(rew, term, trunc, mdp.gamma, next_values=nv).numpy()
-    mean, reach = conditional_mean(dist, G, mdp.num_states, mdp.num_actions)
-    seen = reach > 0
-    np.testing.assert_allclose(mean[seen], np.broadcast_to(Q, mean.shape)[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, G, Q, mdp)
     # marking the truncated steps as terminated (the popular bug) breaks the expectation:
     no_trunc = torch.zeros_like(trunc)
     G_wrong = discounted_returns(rew, term | trunc, no_trunc, mdp.gamma, next_values=nv).numpy()
-    wrong_mean, _ = conditional_mean(dist, G_wrong, mdp.num_states, mdp.num_actions)
-    assert np.abs(wrong_mean[seen] - np.broadcast_to(Q, mean.shape)[seen]).max() > 1e-3
+    wrong_mean, reach = conditional_mean(dist, G_wrong, mdp.num_states, mdp.num_actions)
+    seen = reach > 0
+    assert np.abs(wrong_mean[seen] - np.broadcast_to(Q, wrong_mean.shape)[seen]).max() > 1e-3
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -109,9 +114,7 @@ def test_n_step_return_conditional_mean_is_q(seed, n):
     V, Q = tabular.policy_evaluation(mdp, pi), tabular.q_values(mdp, pi)
     rew, term, trunc = rollout_tensors(dist)
     Gn = n_step_returns(rew, t64(V[dist.next_states]), term, trunc, mdp.gamma, n).numpy()
-    mean, reach = conditional_mean(dist, Gn, mdp.num_states, mdp.num_actions)
-    seen = reach > 0
-    np.testing.assert_allclose(mean[seen], np.broadcast_to(Q, mean.shape)[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, Gn, Q, mdp)
 
 
 # ----------------------------------------------------------------------------------- GAE
@@ -130,9 +133,7 @@ def test_gae_with_exact_v_is_unbiased_for_the_advantage(seed, lam):
     mdp, pi, dist = episodic_case(seed)
     V, Adv = tabular.policy_evaluation(mdp, pi), tabular.advantages(mdp, pi)
     (adv, ret), *_ = gae_on(dist, mdp, V, lam)
-    mean, reach = conditional_mean(dist, adv.numpy(), mdp.num_states, mdp.num_actions)
-    seen = reach > 0
-    np.testing.assert_allclose(mean[seen], np.broadcast_to(Adv, mean.shape)[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, adv.numpy(), Adv, mdp)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -148,10 +149,7 @@ def test_gae_endpoints_are_td_error_and_mc_return_minus_v(seed):
     torch.testing.assert_close(adv1[m], (G - values)[m], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ret1[m], G[m], rtol=1e-12, atol=1e-12)
     # the TD error's exact conditional mean is the advantage (checked independently of GAE)
-    mean, reach = conditional_mean(dist, delta.numpy(), mdp.num_states, mdp.num_actions)
-    Adv = tabular.advantages(mdp, pi)
-    seen = reach > 0
-    np.testing.assert_allclose(mean[seen], np.broadcast_to(Adv, mean.shape)[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, delta.numpy(), tabular.advantages(mdp, pi), mdp)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -161,9 +159,7 @@ def test_lambda_returns_conditional_mean_is_q(seed, lam):
     V, Q = tabular.policy_evaluation(mdp, pi), tabular.q_values(mdp, pi)
     rew, term, trunc = rollout_tensors(dist)
     G = lambda_returns(rew, t64(V[dist.next_states]), term, trunc, mdp.gamma, lam).numpy()
-    mean, reach = conditional_mean(dist, G, mdp.num_states, mdp.num_actions)
-    seen = reach > 0
-    np.testing.assert_allclose(mean[seen], np.broadcast_to(Q, mean.shape)[seen], rtol=1e-10, atol=1e-12)
+    assert_conditional_mean_is(dist, G, Q, mdp)
 
 
 # ----------------------------------------------------------------------------------- importance sampling
@@ -249,18 +245,19 @@ def softmax_case(seed: int, gamma: float, horizon: int = 3):
 
 
 def per_trajectory_gradients(dist, theta, gamma, form, baseline=None):
-    """``[K, S*A]`` gradient of reinforce_loss on each trajectory alone (N = 1)."""
-    th = t64(theta).requires_grad_(True)
-    grads = []
-    for k in range(dist.num_trajectories):
-        logp = torch.log_softmax(th, dim=1)[torch.as_tensor(dist.states[k:k + 1]),
-                                            torch.as_tensor(dist.actions[k:k + 1])]
-        b = None if baseline is None else t64(baseline[k:k + 1])
-        loss, _ = reinforce_loss(logp, t64(dist.rewards[k:k + 1]), torch.as_tensor(dist.mask[k:k + 1]),
-                                 gamma, form=form, baseline=b)
-        (g,) = torch.autograd.grad(loss, th)
-        grads.append(g.reshape(-1).numpy())
-    return np.stack(grads)
+    """``[K, S*A]``: the gradient of reinforce_loss on each trajectory alone. One call on all K
+    rows, each row reading its own copy of theta, so the gradient w.r.t. copy k is (1/K) times
+    row k's gradient (the loss is a mean over rows)."""
+    K = dist.num_trajectories
+    th = t64(theta).expand(K, *theta.shape).clone().requires_grad_(True)
+    rows = torch.arange(K)[:, None]
+    logp = torch.log_softmax(th, dim=2)[rows, torch.as_tensor(dist.states), torch.as_tensor(dist.actions)]
+    b = None if baseline is None else t64(baseline)
+    loss, _ = reinforce_loss(
+        logp, t64(dist.rewards), torch.as_tensor(dist.mask), gamma, form=form, baseline=b
+    )
+    (g,) = torch.autograd.grad(loss, th)
+    return (K * g).reshape(K, -1).numpy()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -274,8 +271,12 @@ def test_reinforce_forms_unbiased_and_baseline_reduces_variance(seed, gamma):
     b_table = np.random.default_rng(seed).normal(size=(3, mdp.num_states))
     b_rand = np.where(dist.mask, b_table[np.arange(3)[None, :], dist.states], 0.0)
     var = {}
-    for form, b in [("whole_return", None), ("reward_to_go", None), ("reward_to_go_baseline", b_v),
-                    ("reward_to_go_baseline", b_rand)]:
+    for form, b in [
+        ("whole_return", None),
+        ("reward_to_go", None),
+        ("reward_to_go_baseline", b_v),
+        ("reward_to_go_baseline", b_rand),
+    ]:
         g = per_trajectory_gradients(dist, theta, gamma, form, b)
         np.testing.assert_allclose(dist.expectation(-g), exact, rtol=1e-10, atol=1e-12 * np.abs(g).max())
         var[form if b is not b_rand else "random_baseline"] = dist.variance(g).sum()
