@@ -301,3 +301,63 @@ def test_dynamic_sampling_keeps_only_groups_with_signal():
     batch = trainer.collect()
     rewards = batch.rewards.view(-1, trainer.config.group_size)
     assert len(batch) > 0 and torch.all(rewards.max(1).values > rewards.min(1).values)
+
+
+def test_ppo_rlhf_returns_fold_the_kl_into_the_per_token_reward():
+    """PPO-RLHF (seed 001 (87)): token reward -beta (log pi_old - log pi_ref), plus the sequence
+    reward at the last sampled token; with gamma = lambda = 1 the GAE return at t is the sum of
+    the rewards from t on (plus V of the final state for a truncated response)."""
+    trainer = rl_trainer(loss="ppo", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)
+    perturb(trainer.model, scale=0.1)
+    batch = trainer.collect()
+    with torch.no_grad():
+        full = torch.cat([batch.prompts, batch.responses], dim=1)
+        _, values = trainer.model(full, return_values=True)
+    values = values[:, batch.prompts.shape[1] - 1 :].double()
+    assert batch.truncated.any() and (~batch.truncated).any()
+    kl_total = 0.0
+    for i in range(len(batch)):
+        n = int(batch.lengths[i])
+        token_rewards = [-0.3 * float(batch.old_logp[i, t] - batch.ref_logp[i, t]) for t in range(n)]
+        kl_total += abs(sum(token_rewards))
+        token_rewards[-1] += float(batch.rewards[i])
+        bootstrap = float(values[i, n]) if batch.truncated[i] else 0.0
+        for t in range(n):
+            expected = sum(token_rewards[t:]) + bootstrap
+            assert float(batch.returns[i, t]) == pytest.approx(expected, rel=1e-5, abs=1e-5), (i, t)
+    assert kl_total > 1e-3  # the KL shaping is really exercised
+    # advantages are whitened over the counted tokens
+    m = batch.mask.bool()
+    assert float(batch.advantages[m].mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(batch.advantages[m].std(unbiased=False)) == pytest.approx(1.0, rel=1e-4)
+
+
+def test_prorl_reference_reset_copies_the_policy():
+    trainer = rl_trainer(loss="grpo", kl_coef=0.1, ref_reset_every=2, steps=3)
+    initial_ref = [p.clone() for p in trainer.ref_model.parameters()]
+    trainer.rl_step()
+    trainer.rl_step()
+    assert all(torch.equal(a, b) for a, b in zip(initial_ref, trainer.ref_model.parameters(), strict=True))
+    policy = [p.detach().clone() for p in trainer.model.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(initial_ref, policy, strict=True))
+    trainer.rl_step()  # step 3 starts by resetting the reference to the current policy
+    assert all(torch.equal(a, b) for a, b in zip(policy, trainer.ref_model.parameters(), strict=True))
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+
+
+def test_overlong_filter_masks_truncated_responses_and_penalty_shapes_rewards():
+    trainer = rl_trainer(
+        loss="dapo",
+        overlong_filter=True,
+        overlong_cache_len=3,
+        max_new_tokens=5,
+        dynamic_sampling=False,
+        reward="exact",
+    )
+    batch = trainer.collect()
+    assert batch.truncated.any() and (~batch.truncated).any()
+    assert torch.all(batch.mask[batch.truncated] == 0)
+    assert torch.equal(batch.mask[~batch.truncated].sum(1), batch.lengths[~batch.truncated].float())
+    # exact rewards are 0 for an untrained model; the penalty is 0 up to 2 tokens, -1/3 at 3, ..., -1 at 5
+    expected = -(batch.lengths - 2).clamp(min=0).double() / 3
+    torch.testing.assert_close(batch.rewards.double(), expected, rtol=0, atol=1e-6)

@@ -86,13 +86,13 @@ class TrainConfig:
     sft_eval_every: int = 10
     sft_target_accuracy: float = 0.15  # held-out sampled accuracy that ends the warm-up
     # RL
-    steps: int = 60
-    prompts_per_step: int = 32
+    steps: int = 150
+    prompts_per_step: int = 64
     group_size: int = 8
-    inner_epochs: int = 1
+    inner_epochs: int = 2
     minibatches: int = 2  # optimizer steps per inner epoch
-    micro_batch_size: int = 128  # sequences per forward/backward (gradient accumulation)
-    lr: float = 1e-3
+    micro_batch_size: int = 256  # sequences per forward/backward (gradient accumulation)
+    lr: float = 5e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     temperature: float = 1.0
@@ -163,10 +163,12 @@ class TrainConfig:
 def resolve_device(name: str) -> torch.device:
     """``"auto"``: the first CUDA device when present, else the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    if device.type == "cuda" and device.index is None:  # torchrun: the rank's LOCAL_RANK device
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -607,6 +609,7 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
                 self.optimizer.step()
                 sums["grad_norm"] = grad_norm.detach() * sums["_sequences"]
+                sums["_optimizer_steps"] = torch.ones(())
                 for key, value in sums.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
         return _finalise_metrics(totals)
@@ -723,12 +726,13 @@ def _finalise_metrics(totals: dict[str, float]) -> dict:
         return {"optimizer_steps_skipped": True}
     tokens = max(totals.pop("token_count", 0.0), 1.0)
     sequences = max(totals.pop("_sequences", 0.0), 1.0)
+    optimizer_steps = max(totals.pop("_optimizer_steps", 0.0), 1.0)
     out = {}
     for key, value in totals.items():
         if key.endswith("_sum"):
             out[key[: -len("_sum")]] = value / tokens
-        elif key == "loss":
-            out[key] = value
+        elif key == "loss":  # each optimizer step's loss is the sum of its micro-batch losses
+            out[key] = value / optimizer_steps
         else:
             out[key] = value / sequences
     return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
