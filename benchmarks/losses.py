@@ -170,15 +170,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes for a CPU smoke run")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=None, help="tokens of the logprobs table (4096)")
+    parser.add_argument("--vocabs", type=int, nargs="*", default=None, help="V of the logprobs table")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    if args.quick:
-        policy_loss_table(64, 512, device, args.repeats)
-        logprobs_table(1024, [32_000], device, args.repeats)
-    else:
-        policy_loss_table(256, 2048, device, args.repeats)
-        logprobs_table(4096, [32_000, 128_000], device, args.repeats)
+    n, t, tokens, vocabs = (64, 512, 1024, [32_000]) if args.quick else (256, 2048, 4096, [32_000, 128_000])
+    policy_loss_table(n, t, device, args.repeats)
+    vocabs = vocabs if args.vocabs is None else args.vocabs
+    logprobs_table(args.tokens or tokens, vocabs, device, args.repeats)
 
 
 if __name__ == "__main__":

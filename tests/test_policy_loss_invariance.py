@@ -381,3 +381,25 @@ def test_device_follows_the_input():
     batch = {k: x.to("cuda") for k, x in _random_batch(3).items()}
     loss, metrics = _call(GRPO, batch)
     assert loss.device == batch["logp"].device and all(x.device == loss.device for x in metrics.values())
+
+
+@pytest.mark.parametrize("variant", [GSPO, GSPO_TOKEN], ids=["gspo", "gspo_token"])
+def test_sequence_ratio_metrics_are_over_units(variant):
+    """GSPO: units are non-empty sequences with ratio s_i; GSPO-token: tokens, each with ratio
+    s_i of its row (so the mean weights rows by length); padding counts as neither."""
+    batch = _random_batch(21)
+    _, _, metrics = _loss_and_grad(variant, batch)
+    m = batch["mask"]
+    rows = m.any(dim=-1)
+    log_s = ((batch["logp"] - batch["old_logp"]) * m).sum(-1)[rows] / m.sum(-1)[rows]
+    s = torch.exp(log_s)
+    per_unit = s if variant is GSPO else torch.repeat_interleave(s, m.sum(-1)[rows])
+    assert float(metrics["ratio_mean"]) == pytest.approx(float(per_unit.mean()), rel=1e-13)
+    assert float(metrics["ratio_min"]) == pytest.approx(float(s.min()), rel=1e-14)
+    assert float(metrics["ratio_max"]) == pytest.approx(float(s.max()), rel=1e-14)
+    adv = batch["advantages"][rows]
+    clipped = ((adv > 0) & (s > 1 + 4e-4)) | ((adv <= 0) & (s < 1 - 3e-4))
+    closed = clipped.double()
+    if variant is GSPO_TOKEN:
+        closed = torch.repeat_interleave(closed, m.sum(-1)[rows])
+    assert float(metrics["clip_fraction"]) == pytest.approx(float(closed.mean()), rel=1e-14)

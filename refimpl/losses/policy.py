@@ -297,15 +297,15 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
 
 def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor,
                     lengths: torch.Tensor, ratio: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels; zero at
-    masked positions and for empty rows (spec: policy_losses.md eqs. (2)-(5)). ``log_ratio`` and
-    ``logp`` are zero at masked positions."""
+    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels (spec:
+    policy_losses.md eqs. (2)-(5)). ``log_ratio`` and ``logp`` are zero at masked positions; so is
+    the result, except GSPO-token's log-ratio, which is log s_i on every token of row i."""
     if ratio == "token":
         return log_ratio, logp
     total = log_ratio.sum(dim=-1)
-    if ratio == "gspo_token":
+    if ratio == "gspo_token":  # value log s_i at every token (masked ones too: their A is 0)
         log_s = (total / lengths.clamp(min=1.0)).detach()
-        return torch.where(mask, logp - logp.detach() + log_s.unsqueeze(-1), 0.0), logp
+        return logp - logp.detach() + log_s.unsqueeze(-1), logp
     total_logp = logp.sum(dim=-1)
     if ratio == "sequence_mean":
         return total / lengths.clamp(min=1.0), total_logp / lengths.clamp(min=1.0)
@@ -470,6 +470,8 @@ def policy_loss(
     if not variant.sequence_level and adv.ndim == 1:
         adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
     ratio = torch.exp(unit_log_ratio.detach())
+    if variant.ratio == "gspo_token":  # a ratio of 1 at masked positions, as for the other levels
+        ratio = torch.where(mask, ratio, 1.0)
     gate_open = None
     if variant.gate == "clip":
         surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, variant)
