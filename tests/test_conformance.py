@@ -29,6 +29,7 @@ from refimpl.conformance import (
     reference_policy_loss_fn,
     resolve_preset,
 )
+from refimpl.conformance.golden import golden_cases
 from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import GRPO, get_preset
 from refimpl.losses.logprobs import token_logprobs
@@ -61,7 +62,8 @@ def test_our_presets_pass_every_case_class_under_every_shipped_convention(preset
         reference_policy_loss_fn(variant, convention, name), preset, convention=convention
     )
     assert report.ok, report.render()
-    assert {c.case_class for c in report.by_class()} == REQUIRED_CLASSES
+    golden = {"golden_vectors"} if convention == "reference" else set()
+    assert {c.case_class for c in report.by_class()} == REQUIRED_CLASSES | golden
 
 
 def test_grpo_with_kl_passes_under_every_convention_including_the_kl_class():
@@ -123,7 +125,7 @@ def test_case_classes_cover_their_edges():
     by_class = {}
     for case in policy_loss_cases(dataclasses.replace(variant, kl_coef=0.04), Convention()):
         by_class.setdefault(case.case_class, []).append(case)
-    assert set(by_class) == set(POLICY_CASE_CLASSES)
+    assert set(by_class) == set(POLICY_CASE_CLASSES) - {"golden_vectors"}  # read from specs/vectors
     extreme = max(float(((c.logp - c.old_logp) * c.mask).abs().max()) for c in by_class["extreme_log_ratio"])
     assert extreme == 50.0
     assert any(bool((~c.mask.any(-1)).any()) for c in by_class["empty_rows"])
@@ -237,7 +239,10 @@ def test_trl_departs_from_the_spec_exactly_where_the_differences_report_says(pre
             ),
         ),
     )
-    assert report.failing_classes() == differences.failing_classes()
+    failing = report.failing_classes()
+    assert [c for c in failing if c != "golden_vectors"] == differences.failing_classes()
+    # the golden vectors (empty row, global normaliser) catch the same departures
+    assert ("golden_vectors" in failing) == bool(differences.failing_classes())
 
 
 def test_trl_differences_are_the_documented_ones():
@@ -454,10 +459,14 @@ def test_report_table_and_smallest_failing_case_in_full():
         "grad",
         "err",
     ]
+    assert "golden_vectors" in report.failing_classes()  # the 50-digit vectors catch it too
     worst = report.smallest_failure()
     assert worst.size == min(r.size for r in report.results if not r.ok)
     assert f"smallest failing case: {worst.case_id}" in text
-    case = next(c for c in policy_loss_cases(get_preset("dapo"), Convention()) if c.case_id == worst.case_id)
+    cases = policy_loss_cases(get_preset("dapo"), Convention()) + [
+        g.case for g in golden_cases(get_preset("dapo"))
+    ]
+    case = next(c for c in cases if c.case_id == worst.case_id)
     assert repr(float(case.logp.flatten()[0])) in text  # inputs printed to round-trip precision
     assert "expected d loss / d logp" in text and "got d loss / d logp" in text
 
@@ -471,5 +480,5 @@ def test_a_function_that_raises_is_reported_not_crashed():
         )
 
     report = check_policy_loss(fragile, "dapo")
-    assert report.failing_classes() == ["bf16", "fp16"]
+    assert report.failing_classes() == ["bf16", "fp16", "golden_vectors"]  # one vector is bfloat16
     assert "RuntimeError: only float64 supported" in report.render()

@@ -107,6 +107,7 @@ POLICY_CASE_CLASSES = (
     "fp16",
     "micro_batch",
     "kl_penalty",
+    "golden_vectors",
 )
 
 
@@ -475,6 +476,7 @@ def policy_loss_cases(
         "fp16": lambda g: _half(variant, seq, g, 0, torch.float16),
         "micro_batch": lambda g: _micro(variant, seq, g, 0),
         "kl_penalty": lambda g: _kl(variant, seq, g, 0),
+        "golden_vectors": lambda g: [],  # read from specs/vectors by the checker (refimpl.conformance.golden)
     }
     cases = []
     for k, name in enumerate(POLICY_CASE_CLASSES):

@@ -35,6 +35,7 @@ from .expected import (
     expected_policy_loss,
     expected_token_logprobs,
 )
+from .golden import golden_cases
 from .report import CaseResult, CheckReport, tensor_text
 
 __all__ = [
@@ -179,6 +180,8 @@ def _case_text(case, extra: list[str]) -> str:
         )
         if hasattr(case, f) and getattr(case, f) is not None
     ]
+    if getattr(case, "note", ""):
+        lines.insert(0, f"  ({case.note})")
     if getattr(case, "micro_batches", None):
         lines.append(f"  micro_batches = {case.micro_batches}")
     return "\n".join(lines + [f"  {x}" for x in extra])
@@ -191,7 +194,7 @@ def _run_user(case, compute) -> tuple[object, str | None]:
         return None, f"{type(exc).__name__}: {exc} ({traceback.extract_tb(exc.__traceback__)[-1].name})"
 
 
-def _user_policy_loss(fn, adapter, case: _cases.PolicyLossCase, variant, conv, config):
+def _user_policy_loss(fn, adapter, case: _cases.PolicyLossCase, variant, conv, config, normalizer=None):
     logp = case.logp.detach().clone().requires_grad_(True)
     parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
     index = [torch.tensor(p, dtype=torch.long) for p in parts]
@@ -207,7 +210,7 @@ def _user_policy_loss(fn, adapter, case: _cases.PolicyLossCase, variant, conv, c
             None if case.ref_logp is None else case.ref_logp[i],
             case.rewards[i],
             case.group_ids[i],
-            max(total_norm, 1.0) if split and conv.micro_batch == "global" else None,
+            max(total_norm, 1.0) if split and conv.micro_batch == "global" else normalizer,
             config,
         )
         part = adapter(fn, call)
@@ -240,6 +243,9 @@ def check_policy_loss(
         adapter: ``adapter(fn, call: PolicyLossCall) -> scalar loss``; default ``contract_adapter``.
         classes: restrict to these case classes (default: all that apply).
         kl_coef: override the preset's KL weight (> 0 adds the ``kl_penalty`` class).
+
+    Under the reference convention the class ``golden_vectors`` adds the 50-digit vectors of
+    ``specs/vectors/policy_loss.json`` whose variant equals the checked one (when the file exists).
         rtol: float64 tolerance (see the module docstring).
     Returns:
         a ``CheckReport``; ``report.ok`` is True when every case passed.
@@ -253,11 +259,16 @@ def check_policy_loss(
         from .conventions import framework_config
 
         config["framework_config"] = framework_config(conv.name, name, v)
+    jobs = [
+        (case, *expected_policy_loss(case, v, conv), None)
+        for case in _cases.policy_loss_cases(v, conv, seed=seed, classes=classes)
+    ]
+    if conv == Convention() and (classes is None or "golden_vectors" in classes):
+        jobs += [(g.case, g.expected_loss, g.expected_grad, g.normalizer) for g in golden_cases(v)]
     results = []
-    for case in _cases.policy_loss_cases(v, conv, seed=seed, classes=classes):
-        exp_loss, exp_grad = expected_policy_loss(case, v, conv)
+    for case, exp_loss, exp_grad, normalizer in jobs:
         (got, error) = _run_user(
-            case, lambda case=case: _user_policy_loss(fn, adapter, case, v, conv, config)
+            case, lambda case=case, n=normalizer: _user_policy_loss(fn, adapter, case, v, conv, config, n)
         )
         value_rtol, grad_rtol = _tolerances(case.logp.dtype, rtol)
         adv_scale = float(case.advantages.double().abs().max()) if case.advantages.numel() else 1.0
