@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -227,9 +226,8 @@ class Trainer:
     through the wrapper (``self.train_model``), so gradients are synchronised.
     """
 
-    def __init__(self, config: TrainConfig, *, log: Callable[[str], None] | None = None):
+    def __init__(self, config: TrainConfig):
         self.config = config
-        self.log = log or (lambda msg: None)
         self.device = resolve_device(config.device)
         self.rank, self.world_size = dist_lib.rank(), dist_lib.world_size()
         self.task = get_task(config.task, eval_size=config.eval_size, eval_seed=config.eval_seed)
@@ -276,8 +274,8 @@ class Trainer:
             changes["kl_estimator"] = c.kl_estimator
         if c.entropy_coef is not None:
             changes["entropy_coef"] = c.entropy_coef
-        if c.loss == "ppo":
-            changes["kl_coef"] = 0.0  # PPO-RLHF puts the KL in the reward (001 (87)), not the loss
+        if c.loss == "ppo":  # PPO-RLHF puts the KL in the reward (001 (87)) with rlhf_kl_coef
+            changes["kl_coef"] = 0.0
         if variant.aggregation == "seq_sum" and variant.max_length is None:
             changes["max_length"] = c.max_new_tokens  # Dr. GRPO's L_max: the generation limit
         return dataclasses.replace(variant, **changes) if changes else variant
@@ -294,7 +292,7 @@ class Trainer:
 
     @property
     def uses_reference(self) -> bool:
-        return self.config.is_rlhf or float(getattr(self.variant, "kl_coef", 0.0) or 0.0) > 0.0
+        return self.config.is_rlhf or self.variant.kl_coef > 0.0
 
     # ------------------------------------------------------------------ evaluation
 
@@ -876,7 +874,8 @@ def run_training(
                                 f"in "
                                 f"{config.sft_max_steps} steps; starting RL anyway"
                             )
-                            print(msg, file=sys.stderr)
+                            if main:
+                                print(msg, file=sys.stderr)
                             trainer.finish_warmup()
                             break
                         record = trainer.sft_step_once()
