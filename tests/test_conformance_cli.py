@@ -100,3 +100,20 @@ def test_missing_preset_is_a_usage_error_in_process(capsys):
 
     assert main(["check", "tests.test_conformance_zoo:framework_loss"]) == 2
     assert "--preset is required" in capsys.readouterr().err
+
+
+def test_list_conventions_and_differences_in_process(capsys):
+    import dataclasses
+
+    from refimpl.conformance import Convention
+    from refimpl.conformance.cli import main
+
+    assert main(["check", "--list-conventions"]) == 0
+    out = capsys.readouterr().out
+    for field in dataclasses.fields(Convention):
+        if field.name != "name":
+            assert f"{field.name}: reference=" in out
+    assert main(["check", "--differences", "--preset", "grpo", "--convention", "trl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("empty_rows") and "FAIL" in line for line in lines)
+    assert any(line.startswith("inside_clip") and "FAIL" not in line for line in lines)

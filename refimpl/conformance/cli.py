@@ -5,6 +5,7 @@
     refimpl check MODULE:FUNCTION --kind group_advantages --convention trl
     refimpl check MODULE:FUNCTION --kind token_logprobs
     refimpl check --differences --preset grpo --convention verl     (spec vs a framework's numerics)
+    refimpl check --list-conventions                                  (every flag, per profile, and why)
 
 Prints the table (case class, value ok, gradient ok, max error) and the smallest failing case in
 full; exits 0 when every case passes, 1 when a case fails, 2 on usage errors (argparse).
@@ -19,7 +20,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["register", "load_object", "run_check", "main"]
+__all__ = ["register", "load_object", "run_check", "conventions_text", "main"]
 
 _KINDS = ("policy_loss", "group_advantages", "kl", "token_logprobs")
 
@@ -39,10 +40,29 @@ def load_object(spec: str, what: str) -> Callable:
     return obj
 
 
+def conventions_text() -> str:
+    """Every flag with its value in each shipped profile (for the grpo preset) and the reason."""
+    import dataclasses
+
+    from refimpl.conformance.conventions import FLAG_REASONS, PROFILE_NAMES, profile
+
+    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    lines = []
+    for field in dataclasses.fields(profiles[0]):
+        if field.name == "name":
+            continue
+        values = ", ".join(f"{p.name}={getattr(p, field.name)!r}" for p in profiles)
+        lines.append(f"{field.name}: {values}\n    {FLAG_REASONS[field.name]}")
+    return "\n".join(lines)
+
+
 def run_check(args: argparse.Namespace) -> int:
     """The ``func`` of the ``check`` subcommand: returns the exit code."""
     from refimpl.conformance import checks
 
+    if args.list_conventions:
+        print(conventions_text())
+        return 0
     if args.differences:
         if args.preset is None:
             print("refimpl check: --differences needs --preset", file=sys.stderr)
@@ -111,6 +131,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--differences",
         action="store_true",
         help="print where the convention's numerics differ from the spec for --preset",
+    )
+    parser.add_argument(
+        "--list-conventions",
+        action="store_true",
+        help="print every convention flag, its value per profile and why",
     )
     parser.set_defaults(func=run_check)
 

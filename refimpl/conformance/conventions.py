@@ -126,7 +126,7 @@ class Convention:
         }
 
 
-#: Why a framework might choose each flag (shown by ``refimpl check --list-conventions`` and docs).
+#: Why a framework might choose each flag (printed by ``refimpl check --list-conventions``).
 FLAG_REASONS: dict[str, str] = {
     "log_ratio_clamp": "exp(logp - old_logp) overflows float16/32 for stale or mismatched log-probs; "
     "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp).",
