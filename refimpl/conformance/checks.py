@@ -295,6 +295,10 @@ def check_policy_loss(
     return CheckReport(title, tuple(results), tuple(notes))
 
 
+def _value_only(case, value_error: float, ok: bool, detail: str, error: str | None = None) -> CaseResult:
+    return CaseResult(case.case_id, case.case_class, case.size, value_error, None, ok, None, detail, error)
+
+
 def _raised(case, detail: str, error: str | None) -> CaseResult:
     return CaseResult(
         case.case_id, case.case_class, case.size, math.inf, math.inf, False, False, detail, error
@@ -360,34 +364,15 @@ def check_group_advantages(
             else (lambda case=case: fn(case.rewards.clone(), case.group_ids.clone()))
         )
         got, error = _run_user(case, call)
-        if expected is None:
+        if expected is None:  # the convention rejects the batch: the user's function must raise too
+            detail = _case_text(case, [f"expected: an error ({expected_error})"])
             ok = error is not None
-            results.append(
-                CaseResult(
-                    case.case_id,
-                    case.case_class,
-                    case.size,
-                    0.0 if ok else math.inf,
-                    None,
-                    ok,
-                    None,
-                    _case_text(case, [f"expected: an error ({expected_error})"]),
-                    None if ok else None,
-                )
-            )
+            results.append(_value_only(case, 0.0 if ok else math.inf, ok, detail))
             continue
         if got is None:
             results.append(
-                CaseResult(
-                    case.case_id,
-                    case.case_class,
-                    case.size,
-                    math.inf,
-                    None,
-                    False,
-                    None,
-                    _case_text(case, [tensor_text("expected", expected)]),
-                    error,
+                _value_only(
+                    case, math.inf, False, _case_text(case, [tensor_text("expected", expected)]), error
                 )
             )
             continue
@@ -396,11 +381,7 @@ def check_group_advantages(
         detail = _case_text(
             case, [tensor_text("expected advantages", expected), tensor_text("got advantages", got_t)]
         )
-        results.append(
-            CaseResult(
-                case.case_id, case.case_class, case.size, value_error, None, value_error <= rtol, None, detail
-            )
-        )
+        results.append(_value_only(case, value_error, value_error <= rtol, detail))
     title = (
         f"group advantages: convention {conv.name} (std={conv.adv_std}, eps={conv.adv_eps}, "
         f"eps_inside_sqrt={conv.adv_eps_inside_sqrt}, scale={conv.adv_scale})"
