@@ -432,3 +432,77 @@ def test_natural_step_erratum_differs_from_delta_on_a_fixed_case():
     s = tabular.natural_gradient(mdp, theta).reshape(-1)
     ratio = float(g @ s) / float(g @ fisher @ g)  # the erratum's KL is delta * ratio
     assert ratio > 2.0  # the small Fisher eigenvalues make 000/002's step overshoot delta
+
+
+# ----------------------------------------------------------------------------- masks, devices, errors
+def test_trpo_with_damping_still_scales_by_the_undamped_quadratic_kl():
+    mdp = full_support_mdp(8, 5, 3, 0.9)
+    theta = random_theta(8, 5, 3)
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               0.01, damping=0.5, cg_iters=60)
+    step = (new.numpy() - theta).reshape(-1)
+    quadratic = 0.5 * float(step @ tabular.fisher_matrix(mdp, theta) @ step)
+    assert record.accepted and math.isclose(quadratic, record.quadratic_kl, rel_tol=1e-9)
+    assert math.isclose(record.quadratic_kl, record.step_fraction**2 * 0.01, rel_tol=1e-12)
+
+
+def test_zero_probability_actions_are_handled():
+    # A -inf logit is an action the policy never takes: it contributes nothing to the KL or Fisher.
+    theta = torch.tensor([[0.5, -0.5, 7.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
+    action_mask = torch.tensor([[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    w = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    v = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]], dtype=torch.float64)
+    got = tr.fisher_vector_product(lambda t: log_softmax(t + action_mask), theta, v, w)
+    pi = torch.softmax(theta + action_mask, dim=-1)
+    expected = w[:, None] * (pi * v - pi * (pi * v).sum(-1, keepdim=True))  # (diag pi - pi pi^T) v
+    assert torch.isfinite(got).all() and torch.allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA path, exercised only where CUDA exists")
+def test_trpo_step_runs_on_cuda_and_matches_cpu():
+    mdp = full_support_mdp(6, 4, 3, 0.9)
+    theta = random_theta(6, 4, 3)
+    pi = tabular.softmax_policy(theta)
+    d, adv = occupancy(mdp, theta), t64(tabular.advantages(mdp, pi))
+
+    def run(device):
+        dd, aa = d.to(device), adv.to(device)
+        def surrogate(th):
+            return (dd[:, None] * torch.softmax(th, dim=-1) * aa).sum() / (1.0 - mdp.gamma)
+        return tr.trpo_step(surrogate, log_softmax, t64(theta).to(device), dd, 0.01)
+
+    cpu_new, cpu_record = run("cpu")
+    gpu_new, gpu_record = run("cuda")
+    assert gpu_new.device.type == "cuda"
+    assert torch.allclose(gpu_new.cpu(), cpu_new, rtol=1e-9, atol=1e-12)
+    assert cpu_record.backtracks == gpu_record.backtracks
+
+
+def test_bad_input_is_rejected_with_the_argument_named():
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    v = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="state_weights must sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.6], dtype=torch.float64))
+    with pytest.raises(ValueError, match="state_weights must have shape"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.ones(3, dtype=torch.float64) / 3)
+    with pytest.raises(ValueError, match="non-negative"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([1.5, -0.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match="vector"):
+        tr.fisher_vector_product(log_softmax, theta, torch.ones(3, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="damping"):
+        tr.fisher_vector_product(log_softmax, theta, v, w, damping=-1.0)
+    with pytest.raises(ValueError, match="params contains NaN"):
+        tr.fisher_vector_product(log_softmax, theta * float("nan"), v, w)
+    with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\]"):
+        tr.fisher_vector_product(lambda t: t.reshape(-1), theta, v, w)
+    def surrogate(t):
+        return torch.softmax(t, dim=-1)[:, 0].sum()
+    with pytest.raises(ValueError, match="max_kl"):
+        tr.trpo_step(surrogate, log_softmax, theta, w, 0.0)
+    with pytest.raises(ValueError, match="backtrack_ratio"):
+        tr.trpo_step(surrogate, log_softmax, theta, w, 0.01, backtrack_ratio=1.0)
+    with pytest.raises(ValueError, match="surrogate_fn must return a scalar"):
+        tr.trpo_step(lambda t: torch.softmax(t, dim=-1), log_softmax, theta, w, 0.01)
+    with pytest.raises(ValueError, match="s\\^T F s"):
+        tr.trust_region_step_scale(v, torch.zeros_like(v), 0.01)
