@@ -134,22 +134,19 @@ def test_model_config_errors():
 # ------------------------------------------------------------------------------------ sampler
 
 
+def _sample(model, prompts, seed, **kwargs):
+    """``generate`` with EOS, PAD (unless given) and a seeded generator."""
+    kwargs.setdefault("pad", PAD)
+    return generate(model, prompts, eos=EOS, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 0), (1.3, 5)])
 def test_trainer_logprobs_equal_sampler_logprobs(temperature, top_k):
     """The trainer scores the sampled tokens under the sampling policy itself (temperature and
     top-k included): equal to the sampler's log-probs to 1e-5 in float32."""
     model = _model().eval()
     prompts = torch.randint(10, (64, 6), generator=torch.Generator().manual_seed(2))
-    ro = generate(
-        model,
-        prompts,
-        max_new_tokens=8,
-        eos=EOS,
-        pad=PAD,
-        temperature=temperature,
-        top_k=top_k,
-        generator=torch.Generator().manual_seed(3),
-    )
+    ro = _sample(model, prompts, 3, max_new_tokens=8, temperature=temperature, top_k=top_k)
     with torch.no_grad():
         logits = response_logits(model, ro.prompts, ro.responses)
     logp, entropy = policy_logprobs(logits, ro.responses, temperature, ro.topk_indices)
@@ -166,15 +163,7 @@ def test_trainer_logprobs_equal_sampler_logprobs(temperature, top_k):
 def test_top_k_restricts_samples_and_renormalises():
     model = _model().eval()
     prompts = torch.randint(10, (256, 4), generator=torch.Generator().manual_seed(4))
-    ro = generate(
-        model,
-        prompts,
-        max_new_tokens=3,
-        eos=EOS,
-        pad=PAD,
-        top_k=2,
-        generator=torch.Generator().manual_seed(5),
-    )
+    ro = _sample(model, prompts, 5, max_new_tokens=3, top_k=2)
     assert ro.topk_indices.shape == (256, 3, 2)
     sampled_in_set = (ro.topk_indices == ro.responses[..., None]).any(-1)
     assert sampled_in_set[ro.mask].all()
@@ -191,15 +180,7 @@ def test_first_token_frequencies_match_the_tempered_softmax():
     model = _model(seed=3).eval()
     n, temperature = 20000, 0.8
     prompts = torch.tensor(encode("12+34="))[None].repeat(n, 1)
-    ro = generate(
-        model,
-        prompts,
-        max_new_tokens=1,
-        eos=EOS,
-        pad=PAD,
-        temperature=temperature,
-        generator=torch.Generator().manual_seed(6),
-    )
+    ro = _sample(model, prompts, 6, max_new_tokens=1, temperature=temperature)
     with torch.no_grad():
         p = torch.softmax(model(prompts[:1])[0, -1].double() / temperature, -1)
     freq = torch.bincount(ro.responses[:, 0], minlength=len(VOCAB)).double() / n
@@ -215,15 +196,7 @@ def test_masks_come_from_sampled_lengths_and_eos_is_trained(pad):
     with torch.no_grad():  # make EOS likely so that responses end at different lengths
         model.lm_head.weight[EOS] += 0.5 * model.lm_head.weight.std()
     prompts = torch.randint(10, (128, 5), generator=torch.Generator().manual_seed(7))
-    ro = generate(
-        model,
-        prompts,
-        max_new_tokens=6,
-        eos=EOS,
-        pad=pad,
-        temperature=2.0,
-        generator=torch.Generator().manual_seed(8),
-    )
+    ro = _sample(model, prompts, 8, max_new_tokens=6, pad=pad, temperature=2.0)
     lengths = ro.lengths
     assert len(set(lengths.tolist())) >= 3
     for row, length, trunc, mrow in zip(ro.responses, lengths, ro.truncated, ro.mask, strict=True):
