@@ -51,6 +51,10 @@ BOUNDARY_SAFE = {
                                           behavior_correction="mask", behavior_cap=1.125),
     "ppo_entropy_k1": dataclasses.replace(PPO, eps_low=0.25, eps_high=0.25, entropy_coef=0.015625,
                                           kl_coef=0.25, kl_estimator="k1", aggregation="seq_mean"),
+    "gspo_token_mean": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
+                                           aggregation="token_mean"),
+    "seq_product_seq_sum": PolicyLossVariant(ratio="sequence_product", gate="none", aggregation="seq_sum",
+                                             max_length=6),
     "seq_product": PolicyLossVariant(ratio="sequence_product", gate="clip", eps_low=0.25, eps_high=0.25,
                                      aggregation="seq_mean"),
 }
@@ -269,3 +273,17 @@ def test_cispo_gradient_is_the_detached_clipped_weight_times_advantage():
     w = torch.exp(log_r).clamp(max=1.28)
     assert torch.allclose(grad, -w * adv / 3, rtol=1e-14, atol=0)
     assert float(loss) == pytest.approx(float(-(w * adv * (old + log_r)).sum() / 3), rel=1e-14)
+
+
+@pytest.mark.parametrize("mode", ["mask", "truncate"])
+def test_behaviour_weight_exactly_at_the_cap_is_kept(mode):
+    """md eq. (13): the masked IS weight keeps w == cap (inclusive); truncation leaves it at cap."""
+    v = dataclasses.replace(PPO, behavior_correction=mode, behavior_cap=1.25)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    behavior = torch.tensor([[-math.log(1.25), -0.5, 0.0]], dtype=torch.float64)  # w = 1.25, e^0.5, 1
+    logp = torch.tensor([[0.05, -0.1, 0.02]], dtype=torch.float64)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    _, grad, _ = _run(v, logp, old, adv, mask, behavior_logp=behavior)
+    w = torch.tensor([1.25, 1.25 if mode == "truncate" else 0.0, 1.0], dtype=torch.float64)
+    assert torch.allclose(grad, -(w * torch.exp(logp) / 3), rtol=1e-14, atol=0)
