@@ -83,7 +83,7 @@ def _dtype(*tensors: torch.Tensor) -> torch.dtype:
 def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
     """Deterministic ``[S, A]`` policy maximising ``sum_a pi'(a|s) A_hat(s, a)`` in every state.
 
-    spec: trust_region.md eq. (13); seed 001 (62): the maximiser over all policies of the
+    spec: trust_region.md eq. (15); seed 001 (62): the maximiser over all policies of the
     importance-weighted surrogate ``E_{a ~ pi}[pi'(a|s) / pi(a|s) A_hat(s, a)]`` is greedy in
     ``A_hat``. Ties go to the lowest action index (deterministic). Returns a one-hot tensor.
     """
@@ -95,7 +95,7 @@ def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
 def cpi_bound_parameters(
     target_policy: torch.Tensor, advantages: torch.Tensor, state_weights: torch.Tensor, gamma: float
 ) -> tuple[float, float]:
-    """``(g, eps)`` of seed 001 (58) / step 3 of (63) (spec: trust_region.md eq. (14)).
+    """``(g, eps)`` of seed 001 (58) / step 3 of (63) (spec: trust_region.md eq. (16)).
 
     ``g = sum_s d(s) sum_a pi'(a|s) A(s, a) / (1 - gamma)`` (the surrogate gain ``L_pi(pi') - J(pi)``),
     ``eps = max_s |sum_a pi'(a|s) A(s, a)|`` over the *target* policy pi' (the seed-000 erratum uses
@@ -124,7 +124,7 @@ def cpi_bound_parameters(
 
 
 def cpi_step_size(g: float, eps: float, gamma: float) -> float:
-    """``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))`` (spec: trust_region.md eq. (15); seed 001
+    """``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))`` (spec: trust_region.md eq. (17); seed 001
     (61), (63)), the maximiser over [0, 1] of the bound (60).
 
     ``g <= 0`` gives 0 (no guaranteed improvement). ``gamma = 0`` or ``eps = 0`` (with ``g > 0``)
@@ -145,7 +145,7 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
 
 def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> float:
     """Right side of seed 001 (60): ``alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
-    (spec: trust_region.md eq. (12)), a lower bound on ``J(pi_alpha) - J(pi)`` for exact g, eps."""
+    (spec: trust_region.md eq. (14)), a lower bound on ``J(pi_alpha) - J(pi)`` for exact g, eps."""
     gamma = _check_gamma(gamma)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
@@ -153,7 +153,7 @@ def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> f
 
 
 def mixture_policy(policy: torch.Tensor, target_policy: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``(1 - alpha) pi + alpha pi'`` (spec: trust_region.md eq. (11); seed 001 (55), (64))."""
+    """``(1 - alpha) pi + alpha pi'`` (spec: trust_region.md eq. (13); seed 001 (55), (64))."""
     _check_policy(policy, "policy")
     _check_policy(target_policy, "target_policy")
     if policy.shape != target_policy.shape:

@@ -372,7 +372,7 @@ def trpo_step(
     backtrack_ratio: float = 0.5,
     max_backtracks: int = 10,
 ) -> tuple[torch.Tensor, TRPOSearchRecord]:
-    """One TRPO update (spec: trust_region.md section 3; seed 001 4.6.4, (69)-(74)).
+    """One TRPO update (spec: trust_region.md eq. (11); seed 001 4.6.4, (69)-(74)).
 
     1. ``g = grad surrogate_fn`` at ``params`` (001 (71));
     2. ``s`` solves ``(F + damping I) s = g`` by CG with Fisher-vector products (001 (73));
