@@ -226,3 +226,24 @@ def rollout_batches(draw, max_rows: int = 3, max_steps: int = 6) -> dict[str, np
     next_values = np.where(cut, final, next_values)
     return {"rewards": rewards, "values": values, "next_values": next_values,
             "terminated": ends == "term", "truncated": ends == "trunc"}
+
+
+# ------------------------------------------------------ seeded random MDPs (tabular.examples.random_mdp)
+@st.composite
+def seeded_random_mdps(
+    draw,
+    max_states: int = 6,
+    max_actions: int = 4,
+    gammas: tuple[float, ...] = (0.0, 0.5, 0.9),
+    zero_fractions: tuple[float, ...] = (0.0, 0.5),
+) -> MDP:
+    """``tabular.examples.random_mdp`` from a drawn seed: Dirichlet(1) transition rows (a drawn
+    fraction of entries zeroed), rewards uniform on [-1, 1], and ``rho0`` a Dirichlet(1) draw, so
+    it has full support (d > 0 everywhere, as the natural-gradient and CPI closed forms need)."""
+    from tabular.examples import random_mdp
+
+    seed = draw(st.integers(0, 2**31 - 1))
+    S = draw(st.integers(1, max_states))
+    A = draw(st.integers(2, max_actions))
+    return random_mdp(seed, S, A, gamma=draw(st.sampled_from(gammas)),
+                      zero_fraction=draw(st.sampled_from(zero_fractions)))

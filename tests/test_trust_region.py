@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import mdps, softmax_params
+from strategies import mdps, seeded_random_mdps, softmax_params
 
 import tabular
 from refimpl import trust_region as tr
@@ -174,12 +174,6 @@ def random_theta(seed: int, num_states: int, num_actions: int, scale: float = 1.
     return scale * np.random.default_rng(seed).standard_normal((num_states, num_actions))
 
 
-tabular_cases = st.tuples(
-    st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(2, 4), st.sampled_from([0.0, 0.5, 0.9]),
-    st.sampled_from([0.0, 0.5]),
-)
-
-
 # ----------------------------------------------------------------------------- Fisher-vector products
 @given(data=st.data())
 def test_fisher_vector_product_equals_tabular_fisher_matrix(data):
@@ -227,23 +221,23 @@ def test_fisher_vector_product_of_a_non_tabular_policy_equals_the_explicit_fishe
     assert torch.allclose(got, fisher @ v, rtol=1e-10, atol=1e-13)
 
 
-@given(case=tabular_cases)
-def test_mean_kl_equals_tabular_mean_kl(case):
-    seed, S, A, gamma, zero_fraction = case
-    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
-    theta, theta_new = random_theta(seed, S, A), random_theta(seed + 1, S, A)
+@given(data=st.data())
+def test_mean_kl_equals_tabular_mean_kl(data):
+    mdp = data.draw(seeded_random_mdps())
+    S, A = mdp.num_states, mdp.num_actions
+    theta, theta_new = data.draw(softmax_params(S, A)), data.draw(softmax_params(S, A))
     got = tr.mean_kl(log_softmax, log_softmax(t64(theta)), t64(theta_new), occupancy(mdp, theta))
     assert math.isclose(float(got), tabular.mean_kl(mdp, theta, theta_new), rel_tol=1e-10, abs_tol=1e-15)
 
 
 # ----------------------------------------------------------------------------- natural gradient
-@given(case=tabular_cases)
-def test_natural_gradient_direction_is_the_centred_advantage_over_one_minus_gamma(case):
+@given(data=st.data())
+def test_natural_gradient_direction_is_the_centred_advantage_over_one_minus_gamma(data):
     # Kakade (2001): with the exact gradient and F weighted by the exact normalised occupancy, the
     # minimum-norm solution of F w = grad J is (A - mean_a A) / (1 - gamma) (rho0 full support).
-    seed, S, A, gamma, zero_fraction = case
-    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
-    theta = random_theta(seed + 7, S, A)
+    mdp = data.draw(seeded_random_mdps())
+    S, A, gamma = mdp.num_states, mdp.num_actions, mdp.gamma
+    theta = data.draw(softmax_params(S, A, scale=2.0))
     result = tr.natural_gradient_direction(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
                                            occupancy(mdp, theta), cg_iters=4 * S * A, cg_tol=1e-13)
     pi = tabular.softmax_policy(theta)
@@ -253,12 +247,12 @@ def test_natural_gradient_direction_is_the_centred_advantage_over_one_minus_gamm
     assert np.allclose(result.solution.numpy(), closed_form, rtol=1e-8, atol=1e-8 * np.abs(closed_form).max())
 
 
-@given(case=tabular_cases, eta=st.sampled_from([0.01, 0.3, 2.0]))
-def test_natural_step_is_the_multiplicative_weights_update(case, eta):
+@given(data=st.data(), eta=st.sampled_from([0.01, 0.3, 2.0]))
+def test_natural_step_is_the_multiplicative_weights_update(data, eta):
     # pi_new(a|s) ∝ pi(a|s) exp(eta A(s, a) / (1 - gamma)) (Agarwal, Kakade, Lee, Mahajan, eq. (16)).
-    seed, S, A, gamma, zero_fraction = case
-    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
-    theta = random_theta(seed + 3, S, A)
+    mdp = data.draw(seeded_random_mdps())
+    S, A, gamma = mdp.num_states, mdp.num_actions, mdp.gamma
+    theta = data.draw(softmax_params(S, A, scale=2.0))
     step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
                                     occupancy(mdp, theta), eta, cg_iters=4 * S * A, cg_tol=1e-13)
     pi = tabular.softmax_policy(theta)
@@ -308,11 +302,11 @@ def exact_backtracking_sequence(mdp, theta, max_kl, ratio, max_backtracks):
     return beta, rows
 
 
-@given(case=tabular_cases, max_kl=st.sampled_from([1e-3, 0.05, 0.5, 2.0]), ratio=st.sampled_from([0.5, 0.8]))
-def test_trpo_accepts_the_largest_candidate_with_gain_and_exact_kl_within_delta(case, max_kl, ratio):
-    seed, S, A, gamma, zero_fraction = case
-    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
-    theta = random_theta(seed + 5, S, A, scale=1.5)
+@given(data=st.data(), max_kl=st.sampled_from([1e-3, 0.05, 0.5, 2.0]), ratio=st.sampled_from([0.5, 0.8]))
+def test_trpo_accepts_the_largest_candidate_with_gain_and_exact_kl_within_delta(data, max_kl, ratio):
+    mdp = data.draw(seeded_random_mdps())
+    S, A = mdp.num_states, mdp.num_actions
+    theta = data.draw(softmax_params(S, A, scale=2.0))
     new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
                                max_kl, cg_iters=4 * S * A, cg_tol=1e-13, backtrack_ratio=ratio,
                                max_backtracks=6)
@@ -401,14 +395,14 @@ def test_trpo_improves_j_on_200_random_mdps_and_never_breaks_the_kl_limit():
 
 
 # ----------------------------------------------------------------------------- natural-step erratum
-@given(case=tabular_cases, delta=st.sampled_from([1e-3, 0.01, 0.1]))
-def test_natural_step_erratum_of_seeds_000_and_002(case, delta):
+@given(data=st.data(), delta=st.sampled_from([1e-3, 0.01, 0.1]))
+def test_natural_step_erratum_of_seeds_000_and_002(data, delta):
     # 000/002: theta' = theta + alpha F^-1 g with alpha = sqrt(2 delta / (g^T F g)). Its quadratic KL
     # 0.5 alpha^2 (F^-1 g)^T F (F^-1 g) = delta (g^T F^-1 g) / (g^T F g), not delta; 001 (74)'s
     # beta = sqrt(2 delta / (s^T F s)) with s = F^-1 g gives exactly delta.
-    seed, S, A, gamma, zero_fraction = case
-    mdp = full_support_mdp(seed, S, A, gamma, zero_fraction)
-    theta = random_theta(seed + 11, S, A)
+    mdp = data.draw(seeded_random_mdps())
+    S, A = mdp.num_states, mdp.num_actions
+    theta = data.draw(softmax_params(S, A, scale=2.0))
     g = tabular.policy_gradient(mdp, theta).reshape(-1)
     fisher = tabular.fisher_matrix(mdp, theta)
     s = tabular.natural_gradient(mdp, theta).reshape(-1)  # F^+ g
