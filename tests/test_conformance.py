@@ -276,7 +276,7 @@ def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode):
 
 
 def verl_actor_loss(call_fn, call):
-    """verl compute_policy_loss_vanilla / _gspo + the actor's KL loss, transcribed; the
+    """verl compute_policy_loss_vanilla / _gspo / _sapo + the actor's KL loss, transcribed; the
     framework config comes in ``call.config``."""
     cfg = call.config["framework_config"]
     dtype = torch.promote_types(call.logp.dtype, torch.float32)
@@ -294,6 +294,13 @@ def verl_actor_loss(call_fn, call):
         clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
         pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
         pg_loss = verl_agg_loss(pg_losses, mask, cfg["actor.loss_agg_mode"])
+    elif cfg["actor.policy_loss.loss_mode"] == "sapo":
+        tau_pos = torch.as_tensor(cfg["actor.tau_pos"], dtype=dtype)
+        tau_neg = torch.as_tensor(cfg["actor.tau_neg"], dtype=dtype)
+        ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0).exp()
+        taus = torch.where(advantages > 0, tau_pos, tau_neg)
+        gates = torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)
+        pg_loss = verl_agg_loss(-gates * advantages, mask, "seq-mean-token-mean")
     else:  # gspo
         negative_approx_kl = log_prob - old_log_prob
         seq_lengths = torch.sum(mask, dim=-1).clamp(min=1)
@@ -313,7 +320,7 @@ def verl_actor_loss(call_fn, call):
     return pg_loss
 
 
-VERL_PRESETS = ["ppo", "grpo", "dapo", "dr_grpo", "gspo", "gspo_token"]
+VERL_PRESETS = ["ppo", "grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "sapo"]
 
 
 @pytest.mark.parametrize("preset", VERL_PRESETS)
