@@ -117,3 +117,14 @@ def test_list_conventions_and_differences_in_process(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("empty_rows") and "FAIL" in line for line in lines)
     assert any(line.startswith("inside_clip") and "FAIL" not in line for line in lines)
+
+
+def test_other_kinds_in_process(capsys):
+    from refimpl.conformance.cli import main
+
+    assert main(["check", "refimpl.kl:kl_k3", "--kind", "kl", "--estimator", "k3"]) == 0
+    assert main(["check", "refimpl.kl:kl_k1", "--kind", "kl", "--estimator", "k3"]) == 1
+    assert main(["check", "refimpl.losses.logprobs:token_logprobs", "--kind", "token_logprobs"]) == 0
+    assert main(["check", "refimpl.advantages:dynamic_sampling_mask", "--kind", "group_advantages"]) == 1
+    out = capsys.readouterr().out
+    assert "KL estimator k3" in out and "token_logprobs" in out and "group advantages" in out
