@@ -247,3 +247,65 @@ def seeded_random_mdps(
     A = draw(st.integers(2, max_actions))
     return random_mdp(seed, S, A, gamma=draw(st.sampled_from(gammas)),
                       zero_fraction=draw(st.sampled_from(zero_fractions)))
+
+
+# ---------------------------------------------------------- policy-loss batches (refimpl.losses)
+@st.composite
+def policy_loss_batches(draw, boundaries: tuple[float, ...], ratio: str = "token", max_rows: int = 4,
+                        max_width: int = 4) -> dict:
+    """A padded batch for ``policy_loss``: float64 arrays ``logp``, ``old_logp`` [N, T], bool
+    ``mask`` (random, so rows are ragged and may be empty), ``advantages`` [N] (group-mean-centred
+    rewards over a random uneven partition into groups) or [N, T] (token ratio levels only), with
+    NaN / 1e3 garbage at masked entries; and ``boundary``: {(i, t): (multiple, b)} for entries whose
+    log-ratio is ``multiple * fl(log b)`` with ``old_logp = 0`` (b a clip boundary or 1).
+
+    Token kinds: random log-ratio in [-0.7, 0.7], far (|log r| in {1.5, 3}) or exactly on a boundary
+    b. For sequence ratios ("sequence_mean", "gspo_token", "sequence_product") the boundary sits on
+    the sequence ratio: one token carries n * log b (n the row length; 1 for the product) and the
+    rest 0, used only when n * fl(log b) / n is exact (n in {1, 2, 4}). Callers pass boundaries b
+    whose float64 ``exp(log b)`` round-trips to b exactly (``math.log`` is used, as in the tests).
+    """
+    import math  # local: this section's only use
+
+    n_rows, width = draw(st.integers(1, max_rows)), draw(st.integers(1, max_width))
+    mask = np.array(draw(st.lists(st.lists(st.booleans(), min_size=width, max_size=width),
+                                  min_size=n_rows, max_size=n_rows)), dtype=bool).reshape(n_rows, width)
+    logp = np.full((n_rows, width), np.nan)
+    old = np.full((n_rows, width), 1e3)
+    boundary: dict = {}
+    sequence_level = ratio != "token"
+    for i in range(n_rows):
+        cols = [t for t in range(width) if mask[i, t]]
+        n = len(cols)
+        on_boundary = sequence_level and n in ((1, 2, 4) if ratio != "sequence_product" else range(1, 99))
+        on_boundary = on_boundary and draw(st.booleans())
+        b = draw(st.sampled_from(boundaries))
+        multiple = 1 if ratio == "sequence_product" else n
+        for k, t in enumerate(cols):
+            if on_boundary:
+                old[i, t] = 0.0
+                logp[i, t] = multiple * math.log(b) if k == 0 else 0.0
+                boundary[(i, t)] = (multiple, b) if k == 0 else (0, 1.0)
+                continue
+            kind = draw(st.sampled_from(["random", "random", "far", "boundary"]))
+            if kind == "boundary" and not sequence_level:
+                b = draw(st.sampled_from(boundaries))
+                old[i, t], logp[i, t] = 0.0, math.log(b)
+                boundary[(i, t)] = (1, b)
+                continue
+            old[i, t] = draw(st.floats(-3.0, -0.01))
+            far = st.sampled_from([-3.0, -1.5, 1.5, 3.0])
+            log_r = draw(far) if kind == "far" else draw(st.floats(-0.7, 0.7))
+            logp[i, t] = old[i, t] + log_r
+    adv_values = st.one_of(st.floats(-2.0, 2.0), st.sampled_from([0.0, 1.0, -1.0]))
+    if ratio in ("token", "gspo_token") and draw(st.booleans()):
+        advantages = np.array(draw(st.lists(adv_values, min_size=n_rows * width, max_size=n_rows * width)),
+                               dtype=np.float64).reshape(n_rows, width)
+    else:
+        rewards_ = np.array(draw(st.lists(st.floats(-2, 2), min_size=n_rows, max_size=n_rows)),
+                            dtype=np.float64)
+        groups = np.array(draw(st.lists(st.integers(0, 1), min_size=n_rows, max_size=n_rows)))
+        advantages = rewards_.copy()
+        for g in np.unique(groups):
+            advantages[groups == g] -= rewards_[groups == g].mean()
+    return {"logp": logp, "old_logp": old, "advantages": advantages, "mask": mask, "boundary": boundary}

@@ -9,10 +9,10 @@ import dataclasses
 import math
 
 import pytest
-import sympy as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import policy_loss_batches
 from test_policy_loss_reference import assert_close, exact_ratio_log, loop_reference, spec_loss_and_grad
 
 from refimpl.losses import (
@@ -45,6 +45,7 @@ BOUNDARY_SAFE = {
     "gspo_token": dataclasses.replace(GSPO_TOKEN, eps_low=2.0**-12, eps_high=2.0**-11),
     "sapo": dataclasses.replace(SAPO, tau_pos=1.0, tau_neg=1.0625),
     "cispo": dataclasses.replace(CISPO, eps_high=0.28125),
+    "cispo_two_sided": dataclasses.replace(CISPO, eps_low=0.25, eps_high=0.28125),
     "dapo_truncated_is": dataclasses.replace(DAPO, eps_low=0.1875, eps_high=0.28125,
                                              behavior_correction="truncate", behavior_cap=1.25),
     "gspo_masked_is": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
@@ -72,62 +73,16 @@ def boundaries(v: PolicyLossVariant) -> list[float]:
     return out
 
 
-@st.composite
-def loss_batches(draw, v: PolicyLossVariant, max_n: int = 4, max_t: int = 4):
-    """(logp, old_logp, advantages, mask, exact_logp) with garbage (NaN / 1e3) at masked entries.
+def loss_batches(v: PolicyLossVariant, max_n: int = 4, max_t: int = 4):
+    """tests/strategies.policy_loss_batches for v, as float64 tensors plus the exact log-probs
+    (sympy: multiple * log(b)) of the entries that sit exactly on a boundary."""
 
-    Token kinds: random log-ratio in [-0.7, 0.7], far (|log r| in {1.5, 3}), or exactly on a
-    boundary b (old = 0, logp = fl(log b)); for sequence ratios the boundary sits on the
-    sequence ratio (one token carries n * log b with n in {1, 2, 4}, the rest 0)."""
-    n_rows, width = draw(st.integers(1, max_n)), draw(st.integers(1, max_t))
-    mask = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=width, max_size=width),
-                                      min_size=n_rows, max_size=n_rows)))
-    logp = torch.full((n_rows, width), float("nan"), dtype=torch.float64)
-    old = torch.full((n_rows, width), 1e3, dtype=torch.float64)
-    exact: dict = {}
-    bounds = boundaries(v)
-    sequence_level = v.ratio in ("sequence_mean", "sequence_product", "gspo_token")
-    for i in range(n_rows):
-        cols = [t for t in range(width) if bool(mask[i, t])]
-        n = len(cols)
-        seq_boundary = sequence_level and n > 0 and draw(st.booleans())
-        if seq_boundary:
-            b = draw(st.sampled_from(bounds))
-            multiple = n if v.ratio in ("sequence_mean", "gspo_token") else 1
-            if v.ratio != "sequence_product" and n == 3:
-                seq_boundary = False  # 3 * fl(log b) / 3 need not round-trip; use random tokens
-        for k, t in enumerate(cols):
-            if seq_boundary:
-                old[i, t] = 0.0
-                logp[i, t] = multiple * math.log(b) if k == 0 else 0.0
-                exact[(i, t)] = multiple * exact_ratio_log(b) if k == 0 else sp.Integer(0)
-                continue
-            kind = draw(st.sampled_from(["random", "random", "far", "boundary"]))
-            if kind == "boundary" and not sequence_level:
-                b = draw(st.sampled_from(bounds))
-                old[i, t], logp[i, t] = 0.0, math.log(b)
-                exact[(i, t)] = exact_ratio_log(b)
-                continue
-            old[i, t] = draw(st.floats(-3.0, -0.01))
-            if kind == "far":
-                log_r = draw(st.sampled_from([-3.0, -1.5, 1.5, 3.0]))
-            else:
-                log_r = draw(st.floats(-0.7, 0.7))
-            logp[i, t] = old[i, t] + log_r
-    per_token = v.ratio in ("token", "gspo_token") and draw(st.booleans())
-    adv_values = st.one_of(st.floats(-2.0, 2.0), st.sampled_from([0.0, 1.0, -1.0]))
-    if per_token:
-        adv = torch.tensor(draw(st.lists(adv_values, min_size=n_rows * width, max_size=n_rows * width)),
-                           dtype=torch.float64).reshape(n_rows, width)
-    else:
-        # uneven groups: group-mean-centred rewards over a random partition of the rows
-        rewards = torch.tensor(draw(st.lists(st.floats(-2, 2), min_size=n_rows, max_size=n_rows)),
-                               dtype=torch.float64)
-        groups = torch.tensor(draw(st.lists(st.integers(0, 1), min_size=n_rows, max_size=n_rows)))
-        adv = rewards.clone()
-        for g in groups.unique():
-            adv[groups == g] -= rewards[groups == g].mean()
-    return logp, old, adv, mask, exact
+    def convert(batch):
+        exact = {key: multiple * exact_ratio_log(b) for key, (multiple, b) in batch["boundary"].items()}
+        return (torch.from_numpy(batch["logp"]), torch.from_numpy(batch["old_logp"]),
+                torch.from_numpy(batch["advantages"]), torch.from_numpy(batch["mask"]), exact)
+
+    return policy_loss_batches(tuple(boundaries(v)), v.ratio, max_n, max_t).map(convert)
 
 
 def _extras(v: PolicyLossVariant, logp: torch.Tensor, seed: int) -> dict:
