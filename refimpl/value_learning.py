@@ -156,15 +156,15 @@ def td0_evaluation(env: TabularEnv, policy, generator: torch.Generator, *, num_e
 
 
 
-def q_learning(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 1024, num_steps: int = 1000,
+def q_learning(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 4096, num_steps: int = 800,
                max_episode_steps: int | None = 2, step_size: Schedule | None = None,
                epsilon: Schedule | None = None, exploring_starts: bool = True) -> torch.Tensor:
     """Tabular Q-learning (spec: estimators.md eq. (34); seed 003 "Q learning"):
     ``Q(s, a) += alpha (r + gamma (1 - terminated) max_a' Q(s', a') - Q(s, a))`` with epsilon-greedy
     (GLIE) behaviour. Off-policy, so exploration may decay slowly (default ``eps_k = 1 / (1 + k / 200)``);
-    default step sizes ``alpha_k = 1 / (1 + k / 15)``. Returns ``Q [S, A]``."""
+    default step sizes ``alpha_k = 1 / (1 + k / 30)``. Returns ``Q [S, A]``."""
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps)
-    step_size = step_size or robbins_monro(1.0, 15.0, 1.0)
+    step_size = step_size or robbins_monro(1.0, 30.0, 1.0)
     epsilon = epsilon or glie_epsilon(1.0, 200.0)
     S, A = env.num_states, env.num_actions
     Q = torch.zeros(S, A, dtype=env.P.dtype, device=env.device)
@@ -186,7 +186,7 @@ def q_learning(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 1
     return Q
 
 
-def sarsa(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 1024, num_steps: int = 1000,
+def sarsa(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 4096, num_steps: int = 800,
           max_episode_steps: int | None = 2, step_size: Schedule | None = None,
           epsilon: Schedule | None = None, exploring_starts: bool = True) -> torch.Tensor:
     """Tabular SARSA (spec: estimators.md eq. (35); on-policy TD control):
@@ -194,11 +194,11 @@ def sarsa(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 1024, 
     epsilon-greedy (GLIE) action the behaviour then takes in ``s'`` (for a truncated step, an
     action drawn in the final observation only to bootstrap). SARSA's fixed point is the value of
     the epsilon-greedy policy, so epsilon must be small when the step sizes average: the default
-    ``eps_k = 1 / (1 + k / 0.3)`` (exploring starts supply the non-greedy actions) and
-    ``alpha_k = 1 / (1 + k / 15)``. Returns ``Q [S, A]``."""
+    ``eps_k = 1 / (1 + 100 k)`` (still GLIE: it decays to 0 and its sum diverges; exploring
+    starts supply the non-greedy actions) and ``alpha_k = 1 / (1 + k / 30)``. Returns ``Q [S, A]``."""
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps)
-    step_size = step_size or robbins_monro(1.0, 15.0, 1.0)
-    epsilon = epsilon or glie_epsilon(1.0, 0.3)
+    step_size = step_size or robbins_monro(1.0, 30.0, 1.0)
+    epsilon = epsilon or glie_epsilon(1.0, 0.01)
     S, A = env.num_states, env.num_actions
     Q = torch.zeros(S, A, dtype=env.P.dtype, device=env.device)
     # the committed next action of each row (-1: a new episode, choose afresh)
@@ -294,12 +294,14 @@ class DQNResult:
 def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_steps: int = 600,
         max_episode_steps: int | None = 20, hidden: int = 64, buffer_capacity: int = 20_000,
         batch_size: int = 128, lr: float = 3e-3, target_period: int = 50, learning_starts: int = 20,
-        epsilon: Schedule | None = None) -> DQNResult:
+        epsilon: Schedule | None = None, lr_decay: bool = True) -> DQNResult:
     """DQN on one-hot state features (spec: estimators.md eq. (37); seed 003 "DQN"): an MLP
     ``Q_theta``, a replay buffer of ``(s, a, r, s', terminated)`` sampled uniformly, a target network
     copied every ``target_period`` gradient steps, the loss ``mean (Q_theta(s, a) - r - gamma
     (1 - terminated) max_a' Q_target(s', a'))^2`` minimised with Adam, and GLIE epsilon-greedy
-    behaviour. The network is initialised from ``generator`` (no global RNG)."""
+    behaviour. With ``lr_decay`` the learning rate decays linearly to 0 over the gradient steps (a
+    Robbins-Monro-like end to the SGD noise, which matters when action gaps are small). The
+    network is initialised from ``generator`` (no global RNG)."""
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps,
                         hidden=hidden, buffer_capacity=buffer_capacity, batch_size=batch_size,
                         target_period=target_period)
@@ -316,6 +318,7 @@ def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_
     target = target.to(device=dev, dtype=dt)
     target.load_state_dict(net.state_dict())
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    num_updates = max(num_steps - learning_starts, 1)
     eye = torch.eye(S, dtype=dt, device=dev)
     buf_s = torch.zeros(buffer_capacity, dtype=torch.int64, device=dev)
     buf_a, buf_s2 = torch.zeros_like(buf_s), torch.zeros_like(buf_s)
@@ -345,6 +348,9 @@ def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_
         loss = torch.mean((q - y) ** 2)
         optimizer.zero_grad()
         loss.backward()
+        if lr_decay:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * (1.0 - (k - learning_starts) / num_updates)
         optimizer.step()
         if (k - learning_starts + 1) % target_period == 0:
             target.load_state_dict(net.state_dict())
