@@ -222,13 +222,10 @@ def policy_loss_vectors(presets: tuple[str, ...] | None = None, *, seed: int = 2
             old[0][0] += Fraction(1, 32)
         adv = [Fraction(rng.randint(-48, 48), 32) for _ in lengths]
         specs_and_cases.append(("bf16_exact_inputs", lengths, adv, logp, old, None, None, "bfloat16"))
-        for index, (case_class, lengths, adv, logp, old, ref, normalizer, dtype) in enumerate(
-            specs_and_cases
-        ):
+        for case_class, lengths, adv, logp, old, ref, normalizer, dtype in specs_and_cases:
             out.append(
                 _policy_case(name, spec, case_class, 0, lengths, adv, logp, old, ref, normalizer, dtype)
             )
-            del index
         if name in ("grpo", "bnpo"):
             kl_spec = dataclasses.replace(spec, kl_coef=0.0625)
             lengths = [3, 2, 4]

@@ -200,10 +200,6 @@ def _assemble(
     )
 
 
-def _signs(n: int) -> list[float]:
-    return [1.0 if i % 2 == 0 else -1.0 for i in range(n)]
-
-
 def _band(variant: PolicyLossVariant) -> tuple[float, float]:
     """log-ratio interval strictly inside the gate's band (a default band for ungated variants)."""
     lower, upper, _ = clip_bounds(variant)
