@@ -242,3 +242,26 @@ def test_behaviour_weight_exactly_at_the_cap_is_kept(mode):
     _, grad, _ = _run(v, logp, old, adv, mask, behavior_logp=behavior)
     w = torch.tensor([1.25, 1.25 if mode == "truncate" else 0.0, 1.0], dtype=torch.float64)
     assert torch.allclose(grad, -(w * torch.exp(logp) / 3), rtol=1e-14, atol=0)
+
+
+def test_ppo_on_every_boundary_and_the_dual_clip_constant_equals_the_spec():
+    """Deterministic: one token exactly on each of 1 - eps_low, 1, 1 + eps_high and c, for both
+    advantage signs (and A = 0), plus tokens just inside / outside each, against the 50-digit spec."""
+    v = BOUNDARY_SAFE["ppo_dual"]
+    points = [0.75, 1.0, 1.25, 2.5]
+    ratios = [b * f for b in points for f in (1.0, 1 - 2**-20, 1 + 2**-20)]
+    for a in (1.5, -1.5, 0.0):
+        n = len(ratios)
+        logp = torch.tensor([[math.log(r) for r in ratios]], dtype=torch.float64)
+        old = torch.zeros(1, n, dtype=torch.float64)
+        adv = torch.tensor([a], dtype=torch.float64)
+        mask = torch.ones(1, n, dtype=torch.bool)
+        exact = {(0, 3 * k): exact_ratio_log(b) for k, b in enumerate(points)}
+        loss, grad, _ = _run(v, logp, old, adv, mask)
+        spec_loss, spec_grad, scale = spec_loss_and_grad(v, logp, old, adv, mask, exact_logp=exact)
+        assert_close(loss, spec_loss, scale, f"loss, A={a}")
+        assert_close(grad, spec_grad, scale + float(spec_grad.abs().sum()), f"gradient, A={a}")
+        on_boundary = grad[0, ::3]
+        # inclusive gates: every boundary is inside, except c for A > 0 (above 1 + eps_high)
+        expected_open = [True, True, True, a <= 0]
+        assert [bool(g != 0) for g in on_boundary] == [o and a != 0 for o in expected_open]
