@@ -51,7 +51,7 @@ SUPPORTED = [
     (p, c)
     for c in ("reference", "trl", "verl")
     for p in ("ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
-    if not (c == "trl" and p in ("gspo_token", "sapo")) and not (c == "verl" and p == "cispo")
+    if not (c == "trl" and p == "gspo_token") and not (c == "verl" and p == "cispo")
 ]
 
 
@@ -78,7 +78,7 @@ def test_grpo_with_kl_passes_under_every_convention_including_the_kl_class():
 
 def test_profiles_that_do_not_exist_are_refused():
     with pytest.raises(ValueError, match="no TRL"):
-        profile("trl", "sapo")
+        profile("trl", "gspo_token")
     with pytest.raises(ValueError, match="no verl"):
         profile("verl", "cispo")
     with pytest.raises(ValueError, match="convention must be one of"):
@@ -177,7 +177,8 @@ def trl_compute_loss(
     args,
     num_items_in_batch=None,
 ):
-    """TRL GRPOTrainer._compute_loss, transcribed (loss part only)."""
+    """TRL GRPOTrainer._compute_loss, transcribed (loss part only; grpo, bnpo, dr_grpo, dapo, cispo,
+    sapo; importance_sampling_level token or sequence)."""
     mask = completion_mask.to(torch.promote_types(per_token_logps.dtype, torch.float32))
     per_token_logps = per_token_logps.to(mask.dtype)
     log_ratio = per_token_logps - old_per_token_logps.to(mask.dtype)
@@ -186,26 +187,37 @@ def trl_compute_loss(
     else:
         log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     coef_1 = torch.exp(log_importance_weights)
-    coef_2 = torch.clamp(coef_1, 1 - args["epsilon"], 1 + args["epsilon_high"])
-    if args["delta"] is not None:
-        coef_1 = torch.clamp(coef_1, max=args["delta"])
     a = advantages.to(mask.dtype).unsqueeze(1)
-    per_token_loss = -torch.min(coef_1 * a, coef_2 * a)
+    if args["loss_type"] == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=args["epsilon_high"]).detach()
+        per_token_loss = -clamped_ratios * a * per_token_logps
+    elif args["loss_type"] == "sapo":
+        tau = torch.where(
+            a > 0,
+            torch.full_like(a, args["sapo_temperature_pos"]),
+            torch.full_like(a, args["sapo_temperature_neg"]),
+        )
+        per_token_loss = -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * a
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - args["epsilon"], 1 + args["epsilon_high"])
+        if args["delta"] is not None:
+            coef_1 = torch.clamp(coef_1, max=args["delta"])
+        per_token_loss = -torch.min(coef_1 * a, coef_2 * a)
     if args["beta"] != 0.0:
         ref = ref_per_token_logps.to(mask.dtype)
         per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
         per_token_loss = per_token_loss + args["beta"] * per_token_kl
-    if args["loss_type"] == "grpo":
+    if args["loss_type"] in ("grpo", "sapo"):
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     if args["loss_type"] == "bnpo":
         return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     if args["loss_type"] == "dr_grpo":
         return (per_token_loss * mask).sum() / (per_token_loss.size(0) * args["max_completion_length"])
     normalizer = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-    return (per_token_loss * mask).sum() / normalizer  # dapo
+    return (per_token_loss * mask).sum() / normalizer  # dapo, cispo
 
 
-TRL_PRESETS = ["grpo", "bnpo", "dr_grpo", "dapo", "gspo"]
+TRL_PRESETS = ["grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"]
 
 
 @pytest.mark.parametrize("preset", TRL_PRESETS)

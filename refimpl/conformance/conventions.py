@@ -172,6 +172,7 @@ _TRL_LOSS_TYPE = {
     "dapo": "dapo",
     "gspo": "grpo",
     "cispo": "cispo",
+    "sapo": "sapo",
 }
 # verl (loss_mode, loss_agg_mode) of each preset.
 _VERL_MODES = {
@@ -275,12 +276,15 @@ def framework_config(name: str, preset: str, variant: object | None = None) -> d
         return {
             "loss_type": _TRL_LOSS_TYPE[key],
             "epsilon": v.eps_low,
-            "epsilon_high": v.eps_high,
+            # TRL's cispo clamps the ratio at epsilon_high itself (not 1 + epsilon_high)
+            "epsilon_high": (1.0 + v.eps_high) if _TRL_LOSS_TYPE[key] == "cispo" else v.eps_high,
             "delta": v.dual_clip,
             "beta": v.kl_coef,
             "importance_sampling_level": "sequence" if v.ratio == "sequence_mean" else "token",
             "scale_rewards": "group" if conv.adv_scale == "group" else "none",
             "max_completion_length": v.max_length,
+            "sapo_temperature_pos": v.tau_pos,
+            "sapo_temperature_neg": v.tau_neg,
         }
     if name == "verl":
         loss_mode, agg = _VERL_MODES[key]
