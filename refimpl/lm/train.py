@@ -261,6 +261,7 @@ class Trainer:
         self.step = 0
         self.optimizer = self._new_optimizer(config.sft_lr)
         self.last_eval: dict = {}
+        self.warmup_eval: dict = {}  # held-out accuracy when the warm-up ended
 
     # ------------------------------------------------------------------ set-up helpers
 
@@ -349,6 +350,7 @@ class Trainer:
     def finish_warmup(self) -> None:
         """Freeze the reference model and start RL with a fresh optimizer."""
         self.phase = "rl"
+        self.warmup_eval = dict(self.last_eval)
         self.optimizer = self._new_optimizer(self.config.lr)
         if self.uses_reference:
             self.reset_reference()
@@ -658,6 +660,7 @@ class Trainer:
             "rng_split": int(self.data_gen.get_state().numel()),
             "torch_rng": torch.get_rng_state(),
             "last_eval": dict(self.last_eval),
+            "warmup_eval": dict(self.warmup_eval),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -684,6 +687,7 @@ class Trainer:
         self.sample_gen.set_state(rng[split:].clone())
         torch.set_rng_state(state["torch_rng"])
         self.last_eval = dict(state["last_eval"])
+        self.warmup_eval = dict(state["warmup_eval"])
 
 
 def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
@@ -876,6 +880,7 @@ def run_training(
                             )
                             if main:
                                 print(msg, file=sys.stderr)
+                            trainer.evaluate()
                             trainer.finish_warmup()
                             break
                         record = trainer.sft_step_once()
@@ -893,12 +898,8 @@ def run_training(
                             raise _StopRequested
                     bar.close()
                     save()
-                if not trainer.last_eval:
-                    trainer.evaluate()
                 summary["warmup_steps"] = trainer.sft_step
-                summary.update(
-                    {f"warmup_{k}": v for k, v in trainer.last_eval.items()} if trainer.step == 0 else {}
-                )
+                summary.update({f"warmup_{k}": v for k, v in trainer.warmup_eval.items()})
                 bar = tqdm(
                     total=config.steps,
                     initial=trainer.step,
