@@ -31,6 +31,7 @@ __all__ = [
     "prove_gae_is_normalised_nstep_mixture",
     "prove_lambda_return_is_gae_plus_value",
     "verify_erratum_004_gae",
+    "prove_seed_000_lambda_return_form",
     "prove_trajectory_weight_variance",
     "prove_is_unbiased",
 ]
@@ -184,6 +185,22 @@ def prove_lambda_return_is_gae_plus_value(T: int) -> bool:
     lr = lambda_return_exprs(r, v[1:], flags, flags, gamma, lam)
     for t in range(T):
         assert sp.expand(lr[t] - gae[t] - v[t]) == 0
+    return True
+
+
+def prove_seed_000_lambda_return_form(T: int) -> bool:
+    """Seed 000's closed form of the lambda-return, ``sum_k (gamma lam)^k (r_k + gamma (1 - lam)
+    V(s_{k+1}))``, on an episode of T steps bootstrapped from ``V(s_T)`` at the end: it equals
+    eq. (6) plus the tail ``(gamma lam)^T V(s_T)``, and its A3C(k) terms are the n-step returns
+    with ``n = k + 1`` (eq. (3))."""
+    r, v, gamma, lam = _symbolic_row(T)
+    flags = [False] * T
+    lr = lambda_return_exprs(r, v[1:], flags, flags, gamma, lam)[0]
+    closed = sum((gamma * lam) ** k * (r[k] + gamma * (1 - lam) * v[k + 1]) for k in range(T))
+    assert sp.expand(lr - closed - (gamma * lam) ** T * v[T]) == 0
+    for k in range(T):
+        a3c = sum(gamma**i * r[i] for i in range(k + 1)) + gamma ** (k + 1) * v[k + 1]
+        assert sp.expand(n_step_return_exprs(r, v[1:], flags, flags, gamma, k + 1)[0] - a3c) == 0
     return True
 
 

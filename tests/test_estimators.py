@@ -100,6 +100,7 @@ def test_spec_symbolic_facts():
     assert spec.prove_gae_is_normalised_nstep_mixture(4)
     assert spec.prove_lambda_return_is_gae_plus_value(4)
     assert spec.verify_erratum_004_gae(4)
+    assert spec.prove_seed_000_lambda_return_form(4)
     assert spec.prove_trajectory_weight_variance(3)
     assert spec.prove_is_unbiased(3)
 
