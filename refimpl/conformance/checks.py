@@ -147,7 +147,7 @@ def _err(got: torch.Tensor, expected: torch.Tensor, floor: float) -> float:
     where expected is."""
     if tuple(got.shape) != tuple(expected.shape):
         return math.inf
-    g, e = got.detach().double(), expected.double()
+    g, e = got.detach().cpu().double(), expected.cpu().double()
     both_inf = torch.isinf(e) & (g == e)
     if bool((~torch.isfinite(g) & ~both_inf).any()):
         return math.inf
@@ -194,22 +194,37 @@ def _run_user(case, compute) -> tuple[object, str | None]:
         return None, f"{type(exc).__name__}: {exc} ({traceback.extract_tb(exc.__traceback__)[-1].name})"
 
 
-def _user_policy_loss(fn, adapter, case: _cases.PolicyLossCase, variant, conv, config, normalizer=None):
-    logp = case.logp.detach().clone().requires_grad_(True)
+def _user_policy_loss(
+    fn,
+    adapter,
+    case: _cases.PolicyLossCase,
+    variant,
+    conv,
+    config,
+    normalizer=None,
+    device: torch.device | str = "cpu",
+):
+    """The user's loss (summed / averaged over micro-batches as the convention says) and its
+    gradient w.r.t. logp, computed on ``device`` and returned on the CPU."""
+    logp = case.logp.detach().to(device).clone().requires_grad_(True)
     parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
-    index = [torch.tensor(p, dtype=torch.long) for p in parts]
     split = case.micro_batches is not None
-    total_norm = sum(convention_normalizer(case.mask[i], variant, conv) for i in index)
+    total_norm = sum(convention_normalizer(case.mask[list(p)], variant, conv) for p in parts)
+
+    def on_device(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+        return None if x is None else x.to(device)[rows]
+
     loss = None
-    for i in index:
+    for p in parts:
+        i = torch.tensor(p, dtype=torch.long, device=logp.device)
         call = PolicyLossCall(
             logp[i] if split else logp,
-            case.old_logp[i],
-            case.advantages[i],
-            case.mask[i],
-            None if case.ref_logp is None else case.ref_logp[i],
-            case.rewards[i],
-            case.group_ids[i],
+            on_device(case.old_logp, i),
+            on_device(case.advantages, i),
+            on_device(case.mask, i),
+            on_device(case.ref_logp, i),
+            on_device(case.rewards, i),
+            on_device(case.group_ids, i),
             max(total_norm, 1.0) if split and conv.micro_batch == "global" else normalizer,
             config,
         )
@@ -220,7 +235,7 @@ def _user_policy_loss(fn, adapter, case: _cases.PolicyLossCase, variant, conv, c
     if split and conv.micro_batch == "local_mean":
         loss = loss / len(parts)
     (grad,) = torch.autograd.grad(loss, logp, allow_unused=True)
-    return loss.detach(), torch.zeros_like(logp) if grad is None else grad
+    return loss.detach().cpu(), (torch.zeros_like(logp) if grad is None else grad).cpu()
 
 
 def check_policy_loss(
@@ -233,6 +248,7 @@ def check_policy_loss(
     kl_coef: float | None = None,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Check a user's policy loss against ``preset`` under ``convention`` on every case class.
 
@@ -247,6 +263,8 @@ def check_policy_loss(
     Under the reference convention the class ``golden_vectors`` adds the 50-digit vectors of
     ``specs/vectors/policy_loss.json`` whose variant equals the checked one (when the file exists).
         rtol: float64 tolerance (see the module docstring).
+        device: where the user's function runs (inputs are moved there; expected values are
+            computed on the CPU in float64).
     Returns:
         a ``CheckReport``; ``report.ok`` is True when every case passed.
     """
@@ -268,7 +286,8 @@ def check_policy_loss(
     results = []
     for case, exp_loss, exp_grad, normalizer in jobs:
         (got, error) = _run_user(
-            case, lambda case=case, n=normalizer: _user_policy_loss(fn, adapter, case, v, conv, config, n)
+            case,
+            lambda case=case, n=normalizer: _user_policy_loss(fn, adapter, case, v, conv, config, n, device),
         )
         value_rtol, grad_rtol = _tolerances(case.logp.dtype, rtol)
         adv_scale = float(case.advantages.double().abs().max()) if case.advantages.numel() else 1.0

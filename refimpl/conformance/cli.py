@@ -84,7 +84,13 @@ def run_check(args: argparse.Namespace) -> int:
             print("refimpl check: --preset is required for --kind policy_loss", file=sys.stderr)
             return 2
         report = checks.check_policy_loss(
-            fn, args.preset, convention=args.convention, adapter=adapter, kl_coef=args.kl_coef, rtol=args.rtol
+            fn,
+            args.preset,
+            convention=args.convention,
+            adapter=adapter,
+            kl_coef=args.kl_coef,
+            rtol=args.rtol,
+            device=args.device,
         )
     elif args.kind == "group_advantages":
         report = checks.check_group_advantages(
@@ -126,6 +132,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--estimator", choices=("k1", "k2", "k3"), default="k3", help="for --kind kl")
     parser.add_argument("--kl-coef", type=float, default=None, help="KL weight (adds the kl_penalty class)")
+    parser.add_argument("--device", default="cpu", help="device the policy loss runs on (e.g. cuda)")
     parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="float64 tolerance")
     parser.add_argument(
         "--differences",
