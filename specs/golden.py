@@ -26,7 +26,7 @@ import sympy as sp
 
 from specs.advantages import group_advantages_exact
 from specs.kl import k_estimator
-from specs.policy_losses import LossSpec, build_policy_loss, evaluate
+from specs.policy_losses import LossSpec, build_policy_loss, evaluate, hard_clip_term, sapo_term
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -159,7 +159,75 @@ def _policy_case(
             "loss": _num(loss),
             "grad_logp": [[_num(g) for g in row] for row in grad],
             "abs_scale": _num(abs_scale),
+            "metrics": {k: _num(sp.N(v, DIGITS)) for k, v in sorted(_metrics(spec, logp, old, adv).items())},
         },
+        "convention": "reference",
+    }
+
+
+def _unit_ratios(spec: LossSpec, logp, old, adv) -> list[tuple[sp.Expr, sp.Expr, sp.Expr]]:
+    """(ratio, advantage, log-prob) per unit: tokens for token levels (GSPO-token: each token carries
+    its sequence ratio s_i, md eq. (4)), non-empty sequences for sequence levels (md eqs. (2)-(5))."""
+    units = []
+    for lrow, orow, a in zip(logp, old, adv, strict=True):
+        x = [sp.Rational(l_ - o) for l_, o in zip(lrow, orow, strict=True)]
+        a = sp.Rational(a)
+        if spec.ratio == "token":
+            units += [(sp.exp(xt), a, sp.Rational(l_)) for xt, l_ in zip(x, lrow, strict=True)]
+        elif spec.ratio == "gspo_token" and x:
+            units += [(sp.exp(sum(x) / len(x)), a, sp.Rational(l_)) for l_ in lrow]
+        elif x:
+            total = sum(x) / (len(x) if spec.ratio == "sequence_mean" else 1)
+            mean_logp = sum(sp.Rational(l_) for l_ in lrow) / (len(x) if spec.ratio == "sequence_mean" else 1)
+            units.append((sp.exp(total), a, mean_logp))
+    return units
+
+
+def _metrics(spec: LossSpec, logp, old, adv) -> dict[str, sp.Expr]:
+    """The diagnostics of ``policy_loss`` (no behaviour correction): over units, the ratio mean /
+    min / max (1 for no units), the fraction of units whose hard-clip gate (inclusive, seed 001
+    (116)) is closed (0 for the other gates) and the mean surrogate ``policy_objective``; over
+    tokens, ``approx_kl`` = mean of ``exp(x) - 1 - x`` with ``x = logp - old_logp`` (k3 of
+    KL(old || new) from samples of old)."""
+    units = _unit_ratios(spec, logp, old, adv)
+    ratios = [r for r, _, _ in units]
+    numeric = [sp.N(r, DIGITS + 10) for r in ratios]
+    lower = None if spec.eps_low is None else 1 - sp.Rational(spec.eps_low)
+    upper = None if spec.eps_high is None else 1 + sp.Rational(spec.eps_high)
+    c = None if spec.dual_clip is None else sp.Rational(spec.dual_clip)
+
+    def closed(r, a) -> bool:
+        if spec.gate != "clip":
+            return False
+        if a > 0:
+            return bool(upper is not None and r > upper)
+        return bool((lower is not None and r < lower) or (c is not None and r > c))
+
+    def surrogate(r, a, unit_logp):
+        if spec.gate == "clip":
+            return hard_clip_term(r, a, lower and 1 - lower, upper and upper - 1, c)
+        if spec.gate == "sapo":
+            return sapo_term(r, a, sp.Rational(spec.tau_pos), sp.Rational(spec.tau_neg))
+        if spec.gate == "cispo":
+            w = r if lower is None else sp.Max(r, lower)
+            return (w if upper is None else sp.Min(w, upper)) * a * unit_logp
+        return r * a
+
+    tokens = [
+        sp.Rational(l_ - o)
+        for lrow, orow in zip(logp, old, strict=True)
+        for l_, o in zip(lrow, orow, strict=True)
+    ]
+    n = max(len(units), 1)
+    return {
+        "ratio_mean": sum(ratios) / n if units else sp.Integer(1),
+        "ratio_min": ratios[numeric.index(min(numeric))] if units else sp.Integer(1),
+        "ratio_max": ratios[numeric.index(max(numeric))] if units else sp.Integer(1),
+        "clip_fraction": sp.Rational(
+            sum(closed(v, a) for v, (_, a, _) in zip(numeric, units, strict=True)), n
+        ),
+        "policy_objective": sum((surrogate(r, a, lp) for r, a, lp in units), sp.Integer(0)) / n,
+        "approx_kl": sum((sp.exp(x) - 1 - x for x in tokens), sp.Integer(0)) / max(len(tokens), 1),
     }
 
 

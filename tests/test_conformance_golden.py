@@ -174,3 +174,22 @@ def test_regeneration_is_bit_identical_on_a_subset():
     stored = {v["id"]: v for v in load("policy_loss.json")["vectors"]}
     for vector in golden.policy_loss_vectors(("cispo",)):
         assert golden.dumps(vector) == golden.dumps(stored[vector["id"]])
+
+
+@pytest.mark.parametrize(
+    "vector", [v for v in POLICY if v["inputs"]["dtype"] == "float64"], ids=lambda v: v["id"]
+)
+def test_refimpl_metrics_match_vector(vector):
+    """The diagnostics (ratio mean / min / max, clip fraction, policy objective, approx KL) equal
+    the 50-digit values of the vector."""
+    inputs = vector["inputs"]
+    logp, mask = padded(inputs["logp"])
+    old, _ = padded(inputs["old_logp"])
+    adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
+    kwargs = {} if inputs["ref_logp"] is None else {"ref_logp": padded(inputs["ref_logp"])[0]}
+    _, metrics = policy_loss(logp, old, adv, mask, PolicyLossVariant(**vector["variant"]), **kwargs)
+    expected = vector["expected"]["metrics"]
+    assert set(expected) <= set(metrics)
+    scale = float(vector["expected"]["abs_scale"]) + 1.0
+    for name, value in expected.items():
+        assert close(float(metrics[name]), float(value), scale), (name, float(metrics[name]), value)
