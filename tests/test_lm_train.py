@@ -361,3 +361,15 @@ def test_overlong_filter_masks_truncated_responses_and_penalty_shapes_rewards():
     # exact rewards are 0 for an untrained model; the penalty is 0 up to 2 tokens, -1/3 at 3, ..., -1 at 5
     expected = -(batch.lengths - 2).clamp(min=0).double() / 3
     torch.testing.assert_close(batch.rewards.double(), expected, rtol=0, atol=1e-6)
+
+
+def test_rl_learning_rate_decays_linearly_and_is_applied():
+    trainer = rl_trainer(lr=1e-2, lr_decay_steps=4, lr_min_fraction=0.25)
+    rates = []
+    for _ in range(6):
+        trainer.rl_step()
+        rates.append(trainer.optimizer.param_groups[0]["lr"])
+    expected = [1e-2 * (1 - 0.75 * min(s / 4, 1.0)) for s in range(6)]
+    assert rates == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="lr_min_fraction"):
+        tiny(lr_min_fraction=1.5)

@@ -85,13 +85,15 @@ class TrainConfig:
     sft_eval_every: int = 10
     sft_target_accuracy: float = 0.15  # held-out sampled accuracy that ends the warm-up
     # RL
-    steps: int = 150
+    steps: int = 200
     prompts_per_step: int = 64
     group_size: int = 8
     inner_epochs: int = 2
     minibatches: int = 2  # optimizer steps per inner epoch
     micro_batch_size: int = 256  # sequences per forward/backward (gradient accumulation)
     lr: float = 5e-4
+    lr_decay_steps: int = 200  # RL learning rate decays linearly over this many steps ...
+    lr_min_fraction: float = 0.1  # ... to this fraction of lr (1.0 = constant)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     temperature: float = 1.0
@@ -129,7 +131,9 @@ class TrainConfig:
         for name in ("prompts_per_step", "inner_epochs", "minibatches", "micro_batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        for name in ("steps", "sft_max_steps", "ref_reset_every", "top_k"):
+        if not 0.0 <= self.lr_min_fraction <= 1.0:
+            raise ValueError(f"lr_min_fraction: expected a fraction in [0, 1], got {self.lr_min_fraction}")
+        for name in ("steps", "sft_max_steps", "ref_reset_every", "top_k", "lr_decay_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
         if not 0.0 <= self.sft_target_accuracy <= 1.0:
@@ -614,12 +618,21 @@ class Trainer:
                     totals[key] = totals.get(key, 0.0) + float(value)
         return _finalise_metrics(totals)
 
+    def rl_learning_rate(self) -> float:
+        """Linear decay from ``lr`` to ``lr * lr_min_fraction`` over ``lr_decay_steps`` steps, a
+        function of the step counter only (so a resumed run follows the same schedule)."""
+        c = self.config
+        progress = min(self.step / max(c.lr_decay_steps, 1), 1.0)
+        return c.lr * (1.0 - (1.0 - c.lr_min_fraction) * progress)
+
     def rl_step(self) -> dict:
         """One iteration of 001 5.3.2: collect, then update. Returns the step's metrics."""
         c = self.config
         if c.ref_reset_every and self.step > 0 and self.step % c.ref_reset_every == 0:
             self.reset_reference()
             self.optimizer = self._new_optimizer(c.lr)  # ProRL resets the optimizer state too
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.rl_learning_rate()
         t0 = time.perf_counter()
         batch = self.collect()
         t1 = time.perf_counter()
@@ -635,6 +648,7 @@ class Trainer:
             accuracy=float(batch.correct.mean()) if len(batch) else float("nan"),
             response_length=float(batch.lengths.float().mean()) if len(batch) else float("nan"),
             kept_groups=batch.kept_fraction,
+            lr=self.optimizer.param_groups[0]["lr"],
             rollout_tokens_per_s=sampled_tokens / max(t1 - t0, 1e-9),
             update_tokens_per_s=tokens * c.inner_epochs * self.world_size / max(t2 - t1, 1e-9),
         )
