@@ -82,6 +82,7 @@ def test_step_size_closed_form_cases():
     assert cpi.cpi_step_size(0.2, 1.0, 0.5) == pytest.approx(0.25 * 0.2 / 2.0, rel=1e-15)
     assert cpi.cpi_step_size(100.0, 1.0, 0.5) == 1.0
     assert cpi.cpi_step_size(0.0, 1.0, 0.5) == 0.0
+    assert cpi.cpi_step_size(0.0, 0.0, 0.5) == 0.0  # g = eps = 0 (pi optimal): no step, not alpha = 1
     assert cpi.cpi_step_size(-0.3, 1.0, 0.5) == 0.0
     assert cpi.cpi_step_size(0.3, 1.0, 0.0) == 1.0
     assert cpi.cpi_improvement_bound(0.2, 1.0, 0.05, 0.5) == pytest.approx(0.01 - 2 * 0.5 * 0.0025 / 0.25)
