@@ -34,6 +34,8 @@ __all__ = [
     "GOLDEN_PRESETS",
     "ADVANTAGE_CONVENTIONS",
     "policy_loss_vectors",
+    "CONVENTION_FLAGS",
+    "convention_vectors",
     "kl_vectors",
     "advantage_vectors",
     "all_vector_files",
@@ -304,6 +306,145 @@ def policy_loss_vectors(presets: tuple[str, ...] | None = None, *, seed: int = 2
     return out
 
 
+#: The numerical flags of the frameworks' profiles that the convention vectors exercise (data that
+#: mirrors ``refimpl.conformance.profile``; a test checks that they agree).
+CONVENTION_FLAGS: dict[str, dict[str, object]] = {
+    "trl": dict(
+        log_ratio_clamp=None,
+        dual_clip=None,
+        kl_log_ratio_clamp=None,
+        kl_value_clamp=None,
+        empty_rows="keep",
+        seq_sum_width="max_length",
+        seq_sum_rows="all",
+    ),
+    "verl": dict(
+        log_ratio_clamp=20.0,
+        dual_clip=3.0,
+        kl_log_ratio_clamp=20.0,
+        kl_value_clamp=10.0,
+        empty_rows="drop",
+        seq_sum_width="padded_width",
+        seq_sum_rows="all",
+    ),
+}
+
+
+def _clamp(x: sp.Expr, c) -> sp.Expr:
+    return x if c is None else sp.Max(sp.Min(x, sp.Rational(c)), -sp.Rational(c))
+
+
+def _convention_denominator(spec: LossSpec, lengths, flags) -> sp.Expr:
+    """policy_losses.md eq. (11) with the flags: empty rows kept or dropped from sequence means; Dr.
+    GRPO over all or non-empty rows times L_max or the padded width (= the longest row here)."""
+    nonempty, rows = sum(1 for n in lengths if n), len(lengths)
+    if spec.aggregation == "token_mean":
+        return sp.Integer(max(sum(lengths), 1))
+    if spec.aggregation == "seq_sum":
+        width = spec.max_length if flags["seq_sum_width"] == "max_length" else max(lengths)
+        return sp.Integer(max((rows if flags["seq_sum_rows"] == "all" else nonempty) * width, 1))
+    return sp.Integer(max(rows if flags["empty_rows"] == "keep" else nonempty, 1))
+
+
+def _convention_case(
+    name: str, convention: str, spec: LossSpec, case_class: str, lengths, adv, logp, old, ref=None
+) -> dict:
+    """A policy vector under a framework's flags: the spec's loss with the global denominator of the
+    flags, ``logp - old_logp`` clamped before exp in the surrogate, and the k3 KL with its log-ratio
+    and value clamps (substituted into the exact-KL symbols), differentiated after substitution."""
+    flags = CONVENTION_FLAGS[convention]
+    if flags["dual_clip"] is not None and spec.gate == "clip" and spec.ratio == "token":
+        spec = dataclasses.replace(spec, dual_clip=flags["dual_clip"])
+    built = build_policy_loss(
+        spec, tuple(lengths), False, "exact" if ref is not None else "none", False, True
+    )
+    subs = {}
+    for row_l, row_s, row_o in zip(built.logp, built.logp_sg, built.old_logp, strict=True):
+        for lsym, ssym, osym in zip(row_l, row_s, row_o, strict=True):
+            subs[lsym] = osym + _clamp(lsym - osym, flags["log_ratio_clamp"])
+            subs[ssym] = osym + _clamp(ssym - osym, flags["log_ratio_clamp"])
+    loss, abs_scale = built.loss.xreplace(subs), built.abs_scale.xreplace(subs)
+    if ref is not None:
+        kl_subs = {}
+        for row_k, row_l, row_r in zip(built.kl, built.logp, built.ref_logp, strict=True):
+            for ksym, lsym, rsym in zip(row_k, row_l, row_r, strict=True):
+                log_r = _clamp(rsym - lsym, flags["kl_log_ratio_clamp"])
+                kl_subs[ksym] = _clamp(sp.exp(log_r) - 1 - log_r, flags["kl_value_clamp"])
+        loss, abs_scale = loss.xreplace(kl_subs), abs_scale.xreplace(kl_subs)
+    denominator = _convention_denominator(spec, lengths, flags)
+    loss, abs_scale = (x.xreplace({built.normalizer: denominator}) for x in (loss, abs_scale))
+    values = {built.logp: logp, built.logp_sg: logp, built.old_logp: old, built.advantages: adv}
+    if ref is not None:
+        values[built.ref_logp] = ref
+    point = {}
+    for symbols, numbers in values.items():
+        for sym, num in zip(symbols, numbers, strict=True):
+            if isinstance(sym, tuple):
+                point.update({s_: sp.Rational(n_) for s_, n_ in zip(sym, num, strict=True)})
+            else:
+                point[sym] = sp.Rational(num)
+    grad = [[_num(sp.N(sp.diff(loss, lsym).xreplace(point), DIGITS)) for lsym in row] for row in built.logp]
+    return {
+        "id": f"policy_loss/{convention}/{name}/{case_class}/0",
+        "preset": name,
+        "case_class": case_class,
+        "convention": convention,
+        "convention_flags": dict(sorted(flags.items())),
+        "variant": dataclasses.asdict(spec),
+        "inputs": {
+            "dtype": "float64",
+            "lengths": list(lengths),
+            "logp": [[_num(v) for v in row] for row in logp],
+            "old_logp": [[_num(v) for v in row] for row in old],
+            "ref_logp": None if ref is None else [[_num(v) for v in row] for row in ref],
+            "advantages": [_num(a) for a in adv],
+            "normalizer": None,
+        },
+        "expected": {
+            "loss": _num(sp.N(loss.xreplace(point), DIGITS)),
+            "grad_logp": grad,
+            "abs_scale": _num(sp.N(abs_scale.xreplace(point), DIGITS)),
+        },
+    }
+
+
+def convention_vectors(*, seed: int = 20251121) -> list[dict]:
+    """Policy vectors under the TRL and verl flags (``CONVENTION_FLAGS``) for GRPO, DAPO, Dr. GRPO
+    (L_max = 16) and GRPO with a k3 KL (beta = 1/16): an empty row and ragged lengths, and log-ratios
+    of +-50 and +-24 (beyond verl's +-20 clamps)."""
+    out = []
+    for convention in ("trl", "verl"):
+        rng = random.Random(f"{seed}/{convention}")
+        for name in ("grpo", "dapo", "dr_grpo"):
+            spec = GOLDEN_PRESETS[name]
+            lengths = [4, 0, 2, 3]
+            logp, old, _ = _ragged_inputs(rng, lengths, (-0.8, 0.8), False)
+            adv = [_dyadic(rng, -1.5, 1.5) for _ in lengths]
+            out.append(_convention_case(name, convention, spec, "ragged_empty_row", lengths, adv, logp, old))
+            old = [[Fraction(-1), Fraction(-2)], [Fraction(-3, 2), Fraction(-1), Fraction(-2)]]
+            logp = [[Fraction(49), Fraction(-52)], [Fraction(-51, 2), Fraction(23), Fraction(-9, 4)]]
+            out.append(
+                _convention_case(
+                    name,
+                    convention,
+                    spec,
+                    "extreme_log_ratio",
+                    [2, 3],
+                    [Fraction(-3, 4), Fraction(5, 4)],
+                    logp,
+                    old,
+                )
+            )
+        kl_spec = dataclasses.replace(GOLDEN_PRESETS["grpo"], kl_coef=0.0625)
+        lengths = [3, 2]
+        logp, old, ref = _ragged_inputs(rng, lengths, (-0.5, 0.5), True)
+        ref[0][0] = logp[0][0] + 24
+        ref[1][1] = logp[1][1] - 23
+        adv = [_dyadic(rng, -1.5, 1.5) for _ in lengths]
+        out.append(_convention_case("grpo", convention, kl_spec, "kl_penalty", lengths, adv, logp, old, ref))
+    return out
+
+
 def kl_vectors(*, seed: int = 20251121) -> list[dict]:
     """k1, k2, k3 (kl.md eqs. (1)-(4)) and d/d logp at dyadic points, |log r| from 2^-10 to 50."""
     x, y = sp.symbols("logp ref_logp", real=True)
@@ -388,6 +529,7 @@ def all_vector_files() -> dict[str, dict]:
     """``{file name: document}`` for every vector file."""
     return {
         "policy_loss.json": _document("policy_loss", policy_loss_vectors()),
+        "policy_loss_conventions.json": _document("policy_loss_conventions", convention_vectors()),
         "kl.json": _document("kl", kl_vectors()),
         "advantages.json": _document("advantages", advantage_vectors()),
     }

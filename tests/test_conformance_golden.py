@@ -193,3 +193,45 @@ def test_refimpl_metrics_match_vector(vector):
     scale = float(vector["expected"]["abs_scale"]) + 1.0
     for name, value in expected.items():
         assert close(float(metrics[name]), float(value), scale), (name, float(metrics[name]), value)
+
+
+CONVENTIONS = load("policy_loss_conventions.json")["vectors"]
+
+
+def test_convention_flags_of_the_vectors_are_the_kits_profiles():
+    from refimpl.conformance import profile
+
+    for name, flags in golden.CONVENTION_FLAGS.items():
+        conv = profile(name, "grpo")
+        assert {k: getattr(conv, k) for k in flags} == flags, name
+    assert {v["convention"] for v in CONVENTIONS} == {"trl", "verl"}
+
+
+@pytest.mark.parametrize("vector", CONVENTIONS, ids=[v["id"] for v in CONVENTIONS])
+def test_kit_expected_values_match_convention_vector(vector):
+    """The kit's flag interpreter (refimpl.conformance.expected) equals the sympy spec with the
+    framework's clamps and denominators substituted, at 50 digits."""
+    from refimpl.conformance import effective_variant, expected_policy_loss, profile, resolve_preset
+    from refimpl.conformance.cases import PolicyLossCase
+
+    inputs = vector["inputs"]
+    logp, mask = padded(inputs["logp"])
+    old, _ = padded(inputs["old_logp"])
+    ref = None if inputs["ref_logp"] is None else padded(inputs["ref_logp"])[0]
+    adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
+    _, variant = resolve_preset(vector["preset"], kl_coef=vector["variant"]["kl_coef"] or None)
+    conv = profile(vector["convention"], vector["preset"])
+    effective = effective_variant(variant, conv)
+    assert dataclasses.asdict(effective) == vector["variant"]
+    case = PolicyLossCase(
+        "vector", 0, logp, old, adv, mask, adv, torch.zeros(len(adv), dtype=torch.long), ref
+    )
+    loss, grad = expected_policy_loss(case, effective, conv)
+    scale = float(vector["expected"]["abs_scale"])
+    assert close(float(loss), float(vector["expected"]["loss"]), scale), (
+        float(loss),
+        vector["expected"]["loss"],
+    )
+    for i, row in enumerate(vector["expected"]["grad_logp"]):
+        for t, g in enumerate(row):
+            assert close(float(grad[i, t]), float(g), scale), (i, t, float(grad[i, t]), g)
