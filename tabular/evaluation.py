@@ -42,9 +42,7 @@ def _reachable_from_start(mdp: MDP, P_pi: np.ndarray) -> np.ndarray:
     reached = mdp.rho0 > 0.0
     if mdp.gamma == 0.0:
         return reached
-    edges = P_pi > 0.0
-    if mdp.gamma == 1.0:
-        edges = edges & ~mdp.terminal[:, None]  # terminal states are excluded at gamma = 1
+    edges = P_pi > 0.0  # (a terminal state only leads to itself, so it reaches nothing new)
     while True:
         new = reached | (edges & reached[:, None]).any(axis=0)
         if np.array_equal(new, reached):

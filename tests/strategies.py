@@ -85,13 +85,19 @@ def mdps(
 ) -> MDP:
     """Discounted MDPs (gamma < 1 by default, drawn from :func:`gammas`).
 
-    Transitions with zero-probability entries and absorbing states (rows that put all mass on
-    ``s`` itself arise from the integer weights); rewards ``[S, A]`` or ``[S, A, S]``
-    (``reward_shape`` "sa"/"sas", drawn when None); ``rho0`` may have zeros.
+    Transitions with zero-probability entries and, with ``allow_zeros``, absorbing states
+    (``P(s|s, a) = 1`` for every a; each state is made absorbing with probability ~1/4, shrinking
+    to not absorbing); rewards ``[S, A]`` or ``[S, A, S]`` (``reward_shape`` "sa"/"sas", drawn
+    when None); ``rho0`` may have zeros.
     """
     S = draw(st.integers(min_states, max_states))
     A = draw(st.integers(min_actions, max_actions))
     P = draw(stochastic_arrays((S, A, S), allow_zeros))
+    if allow_zeros:
+        absorbing = draw(st.lists(st.integers(0, 3).map(lambda k: k == 3), min_size=S, max_size=S))
+        for s in np.flatnonzero(absorbing):
+            P[s] = 0.0
+            P[s, :, s] = 1.0
     shape = draw(st.sampled_from(["sa", "sas"])) if reward_shape is None else reward_shape
     r = draw(rewards((S, A) if shape == "sa" else (S, A, S)))
     rho0 = draw(distributions(S, allow_zeros))

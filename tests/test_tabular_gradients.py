@@ -122,6 +122,27 @@ def test_fisher_matrix_is_the_hessian_of_the_mean_kl(case):
     assert T.mean_kl(mdp, theta, theta) == 0.0
 
 
+@given(
+    mdps(max_states=4, gamma=st.floats(0.0, 0.9)).flatmap(
+        lambda m: st.tuples(
+            st.just(m),
+            softmax_params(m.num_states, m.num_actions),
+            softmax_params(m.num_states, m.num_actions),
+        )
+    )
+)
+def test_mean_kl_value_old_policy_first(case):
+    # E_{s ~ d_theta}[KL(pi_theta(.|s) || pi_theta_new(.|s))]: occupancy and expectation of the OLD theta.
+    mdp, theta, theta_new = case
+    pi, pi_new = softmax_policy(theta), softmax_policy(theta_new)
+    d = T.state_occupancy(mdp, pi)
+    expected = 0.0
+    for s in range(mdp.num_states):
+        for a in range(mdp.num_actions):
+            expected += d[s] * pi[s, a] * np.log(pi[s, a] / pi_new[s, a])
+    assert T.mean_kl(mdp, theta, theta_new) == pytest.approx(expected, rel=1e-10, abs=1e-14)
+
+
 def test_fisher_matrix_equals_sympy_hessian_of_the_mean_kl():
     mdp = T.random_mdp(5, num_states=2, num_actions=3, gamma=0.8)
     theta = np.array([[0.3, -1.2, 0.5], [2.0, 0.1, -0.7]])
