@@ -18,7 +18,8 @@ import sympy
 from sympy.polys.domains import QQ
 from sympy.polys.matrices import DomainMatrix
 
-from tabular.mdp import MDP, reaches_terminal_surely
+from tabular.evaluation import _solve_states as float_solve_states
+from tabular.mdp import MDP
 
 __all__ = [
     "to_rational",
@@ -111,16 +112,8 @@ class ExactMDP:
 
 
 def _solve_states(emdp: ExactMDP, pi_q: np.ndarray) -> np.ndarray:
-    if emdp.gamma < 1:
-        return np.arange(emdp.num_states)
-    ok = reaches_terminal_surely(emdp.mdp, _to_float(pi_q))
-    if not np.all(ok):
-        bad = np.flatnonzero(~ok).tolist()
-        raise ValueError(
-            "gamma = 1 requires a policy that reaches a terminal state with probability 1 from every "
-            f"state; from states {bad} it does not"
-        )
-    return np.flatnonzero(~emdp.terminal)
+    # Same states and the same episodic check as the float path (the support graph is identical).
+    return float_solve_states(emdp.mdp, _to_float(pi_q))
 
 
 def _solve(M: np.ndarray, b: np.ndarray) -> np.ndarray:

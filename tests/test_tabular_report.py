@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import re
-from collections import deque
 from contextlib import redirect_stdout
 from fractions import Fraction
 
@@ -15,6 +14,7 @@ import pytest
 
 from refimpl.cli import main
 from tabular.examples import random_mdp, random_policy
+from tests.test_tabular_examples import bfs_distances
 
 UP, RIGHT, DOWN, LEFT = "↑", "→", "↓", "←"
 MOVES = {
@@ -45,24 +45,11 @@ def test_report_runs_through_the_cli_entry_point(capsys):
     assert "NO" not in out
 
 
-def bfs_distance(goal=(0, 7), trap=(3, 3), size=8):
-    dist = {goal: 0}
-    queue = deque([goal])
-    while queue:
-        r, c = queue.popleft()
-        for dr, dc in ((-1, 0), (1, 0), (0, -1), (0, 1)):
-            n = (r + dr, c + dc)
-            if 0 <= n[0] < size and 0 <= n[1] < size and n not in dist and n != trap:
-                dist[n] = dist[(r, c)] + 1
-                queue.append(n)
-    return dist
-
-
 def test_grid_values_and_arrows(report_text):
     lines = report_text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Reward on arrival")) + 1
     value_rows = [line.split() for line in lines[start : start + 8]]
-    dist = bfs_distance()
+    dist = bfs_distances(8, (0, 7), (3, 3))
     for r, row in enumerate(value_rows):
         assert len(row) == 8
         for c, text in enumerate(row):
