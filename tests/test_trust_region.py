@@ -452,6 +452,22 @@ def test_zero_probability_actions_are_handled():
     assert torch.isfinite(got).all() and torch.allclose(got, expected, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_parameters_compute_in_float32(dtype):
+    mdp = full_support_mdp(9, 4, 3, 0.9)
+    theta, v = random_theta(9, 4, 3), random_theta(10, 4, 3)
+    d = occupancy(mdp, theta)
+    exact = tr.fisher_vector_product(log_softmax, t64(theta), t64(v), d)
+    low = tr.fisher_vector_product(log_softmax, t64(theta).to(dtype), t64(v).to(dtype), d.to(dtype))
+    assert low.dtype == torch.float32
+    # Inputs rounded to dtype (bfloat16: 8 bits), arithmetic in float32.
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert torch.allclose(low.double(), exact, rtol=tol, atol=tol * float(exact.abs().max()))
+    new, record = tr.trpo_step(lambda th: torch.softmax(th, dim=-1)[:, 0].sum(), log_softmax,
+                               t64(theta).to(dtype), d.to(dtype), 0.01)
+    assert new.dtype == dtype and record.accepted
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA path, exercised only where CUDA exists")
 def test_trpo_step_runs_on_cuda_and_matches_cpu():
     mdp = full_support_mdp(6, 4, 3, 0.9)
