@@ -373,3 +373,13 @@ def test_rl_learning_rate_decays_linearly_and_is_applied():
     assert rates == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="lr_min_fraction"):
         tiny(lr_min_fraction=1.5)
+
+
+def test_reported_reward_and_accuracy_cover_every_drawn_sample():
+    trainer = rl_trainer(loss="grpo", reward="partial")
+    batch = trainer.collect()
+    assert batch.drawn_reward == pytest.approx(float(batch.rewards.mean()), rel=1e-6)
+    assert batch.drawn_accuracy == pytest.approx(float(batch.correct.mean()), abs=1e-12)
+    trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=3)
+    batch = trainer.collect()  # nothing kept, but 3 rounds of 4 x 4 samples were drawn and scored
+    assert len(batch) == 0 and batch.drawn_reward == 0.0 and batch.drawn_accuracy == 0.0

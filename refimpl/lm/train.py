@@ -196,6 +196,8 @@ class RolloutBatch:
     topk_indices: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     kept_fraction: float = 1.0
+    drawn_reward: float = float("nan")  # mean reward / accuracy over every sample drawn,
+    drawn_accuracy: float = float("nan")  # before dynamic sampling drops groups
 
     def __len__(self) -> int:
         return self.prompts.shape[0]
@@ -408,11 +410,13 @@ class Trainer:
         groups with non-zero reward variance are kept (at most ``max_sampling_rounds``)."""
         c = self.config
         rounds = c.max_sampling_rounds if c.resolved_dynamic_sampling() else 1
-        parts, kept_groups, drawn_groups = [], 0, 0
+        parts, kept_groups, drawn_groups, drawn_reward, drawn_correct = [], 0, 0, 0.0, 0.0
         for _ in range(rounds):
             problems = self.task.sample_problems(c.prompts_per_step, self.data_gen).to(self.device)
             ro, rewards, correct, group_ids = self._sample(problems)
             drawn_groups += c.prompts_per_step
+            drawn_reward += float(rewards.sum())
+            drawn_correct += float(correct.sum())
             if c.resolved_dynamic_sampling():
                 keep = adv_lib.dynamic_sampling_mask(rewards, group_ids)
                 idx = keep.nonzero().squeeze(1)[: (c.prompts_per_step - kept_groups) * c.group_size]
@@ -451,6 +455,8 @@ class Trainer:
             ro.topk_indices,
             returns,
             kept_fraction=kept_groups / max(drawn_groups, 1),
+            drawn_reward=drawn_reward / (drawn_groups * c.group_size),
+            drawn_accuracy=drawn_correct / (drawn_groups * c.group_size),
         )
 
     @torch.no_grad()
@@ -644,8 +650,8 @@ class Trainer:
         metrics.update(
             phase="rl",
             step=self.step,
-            reward=float(batch.rewards.mean()) if len(batch) else float("nan"),
-            accuracy=float(batch.correct.mean()) if len(batch) else float("nan"),
+            reward=batch.drawn_reward,
+            accuracy=batch.drawn_accuracy,
             response_length=float(batch.lengths.float().mean()) if len(batch) else float("nan"),
             kept_groups=batch.kept_fraction,
             lr=self.optimizer.param_groups[0]["lr"],
