@@ -25,7 +25,11 @@ BUILTIN_COMMANDS: tuple[str, ...] = ("refimpl.lm.cli", "refimpl.conformance.cli"
 def _providers() -> list[Callable[[argparse._SubParsersAction], None]]:
     providers = [importlib.import_module(name).register for name in BUILTIN_COMMANDS]
     for ep in sorted(entry_points(group="refimpl.commands"), key=lambda e: e.name):
-        providers.append(ep.load())
+        try:
+            providers.append(ep.load())
+        except (ImportError, AttributeError) as exc:
+            # A stale or partial install must not take the other subcommands down with it.
+            print(f"refimpl: subcommand {ep.name!r} unavailable ({ep.value}: {exc})", file=sys.stderr)
     return providers
 
 
