@@ -27,7 +27,7 @@ STOCHASTIC_ATOL = 1e-9
 
 def _as_finite_float_array(x, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
     try:
-        arr = np.asarray(x, dtype=np.float64)
+        arr = np.array(x, dtype=np.float64)  # a copy: the MDP freezes its arrays, not the caller's
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
     dims = (ndim,) if isinstance(ndim, int) else ndim

@@ -236,3 +236,13 @@ def test_seed_003_reward_on_arrival_vs_reward_in_state(case, seed):
     # seed 003's Bellman expectation: V(s) = sum_a pi [R(s) + gamma sum_s' P V(s')]
     assert_close(V_in, R + mdp.gamma * np.einsum("sa,sat,t->s", pi, mdp.P, V_in), scale)
     assert_close(V_in, R + mdp.gamma * V_arr, scale)
+
+
+def test_exact_mdp_reduces_transition_rewards_exactly():
+    F = sympy.Rational
+    P = [[[F(1, 3), F(2, 3)]], [[F(0), F(1)]]]
+    r_sas = [[[F(3), F(-6, 5)]], [[F(7), F(1, 2)]]]
+    emdp = ExactMDP.from_arrays(P, r_sas, [F(1), F(0)], F(1, 2))
+    assert emdp.r[0, 0] == F(1, 3) * 3 + F(2, 3) * F(-6, 5)
+    assert emdp.r[1, 0] == F(1, 2)
+    assert float(emdp.mdp.r[0, 0]) == pytest.approx(float(emdp.r[0, 0]), rel=1e-15)

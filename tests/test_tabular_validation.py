@@ -26,6 +26,9 @@ def test_good_arrays_build_an_mdp():
     mdp = T.MDP(P, r, rho0, 0.9, terminal=np.array([False, False, True]))
     assert mdp.num_states == 3 and mdp.num_actions == 2
     assert not mdp.P.flags.writeable  # read-only: an MDP cannot be mutated after validation
+    assert P.flags.writeable and r.flags.writeable and rho0.flags.writeable  # caller's arrays untouched
+    P[0, 0, 1] = 0.0
+    assert mdp.P[0, 0, 1] == 1.0
 
 
 def bad_P_cases():
@@ -197,3 +200,24 @@ def test_bad_example_and_generator_arguments():
         T.trajectory_is_example(3, reward="twice")
     with pytest.raises(ValueError, match="p"):
         T.is_weight_variance(0.0, 0.5, 3)
+
+
+def test_reaching_a_terminal_with_positive_probability_is_not_enough_at_gamma_one():
+    # State 0 ends with probability 1/2 and otherwise falls into state 1, a non-terminal trap it
+    # never leaves: a terminal state is reachable from 0, but not reached surely.
+    P = np.zeros((3, 1, 3))
+    P[0, 0, [1, 2]] = 0.5
+    P[1, 0, 1] = 1.0
+    P[2, 0, 2] = 1.0
+    mdp = T.MDP(P, np.zeros((3, 1)), np.array([1.0, 0.0, 0.0]), 1.0, terminal=np.array([False, False, True]))
+    pi = np.ones((3, 1))
+    np.testing.assert_array_equal(T.reaches_terminal_surely(mdp, pi), [False, False, True])
+    with pytest.raises(ValueError, match=r"from states \[0, 1\] it does not"):
+        T.policy_evaluation(mdp, pi)
+    # the same chain with the trap leaking to the terminal state is proper
+    P[1, 0, [1, 2]] = 0.5
+    leaky = T.MDP(
+        P, np.zeros((3, 1)), np.array([1.0, 0.0, 0.0]), 1.0, terminal=np.array([False, False, True])
+    )
+    np.testing.assert_array_equal(T.reaches_terminal_surely(leaky, pi), [True, True, True])
+    np.testing.assert_allclose(T.state_occupancy(leaky, pi, normalized=False), [1.0, 1.0, 0.0])
