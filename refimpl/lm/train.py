@@ -707,7 +707,7 @@ class Trainer:
         self.sample_gen.set_state(rng[split:].clone())
         torch.set_rng_state(state["torch_rng"])
         self.last_eval = dict(state["last_eval"])
-        self.warmup_eval = dict(state["warmup_eval"])
+        self.warmup_eval = dict(state.get("warmup_eval", {}))  # absent in early checkpoints
 
 
 def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
