@@ -996,15 +996,15 @@ def plot_metrics(metrics_path, png_path) -> None:
     rl = [r for r in records if r.get("phase") == "rl"]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
 
-    def curve(ax, rows, x, key, label):
+    def curve(ax, rows, x, key, label, **style):
         pts = [(r[x], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         if pts:
-            ax.plot(*zip(*pts, strict=True), label=label)
+            ax.plot(*zip(*pts, strict=True), label=label, **style)
 
-    curve(axes[0, 0], sft, "sft_step", "sft_loss", "next-token loss")
+    curve(axes[0, 0], sft, "sft_step", "sft_loss", "next-token loss (left)", color="gray")
     ax = axes[0, 0].twinx()
-    curve(ax, sft, "sft_step", "eval_sampled_accuracy", "held-out sampled acc")
-    curve(ax, sft, "sft_step", "eval_greedy_accuracy", "held-out greedy acc")
+    curve(ax, sft, "sft_step", "eval_sampled_accuracy", "held-out sampled acc", color="tab:orange")
+    curve(ax, sft, "sft_step", "eval_greedy_accuracy", "held-out greedy acc", color="tab:blue")
     axes[0, 0].set_title("warm-up")
     ax.legend(loc="center right", fontsize=8)
     curve(axes[0, 1], rl, "step", "reward", "reward")
