@@ -124,6 +124,11 @@ def test_policy_iteration_on_episodic_mdps_at_gamma_one(mdp):
 def test_greedy_tie_breaking_is_deterministic():
     Q = np.array([[1.0, 1.0, 0.0], [0.0, 2.0, 2.0], [3.0, 3.0 - 1e-14, 1.0]])
     np.testing.assert_array_equal(T.greedy_policy(Q), [[1, 0, 0], [0, 1, 0], [1, 0, 0]])
+    # a gap far above rounding is not a tie, even a small one
+    np.testing.assert_array_equal(T.greedy_policy(np.array([[1.0, 1.0 + 1e-9]])), [[0, 1]])
+    np.testing.assert_array_equal(
+        T.greedy_policy(np.array([[5.0, 5.0 + 1e-9]]), current=np.array([0])), [[0, 1]]
+    )
     # current actions are kept while tied, replaced when strictly worse
     np.testing.assert_array_equal(
         T.greedy_policy(Q, current=np.array([1, 2, 2])), [[0, 1, 0], [0, 0, 1], [1, 0, 0]]
