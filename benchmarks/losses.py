@@ -1,6 +1,7 @@
 """Benchmark of the policy-loss family (spec: specs/policy_losses.md; issue "GRPO family").
 
-Prints, in one run (ratios measured in the same process on the same tensors):
+Prints, in one run (ratios measured in the same process on the same tensors; on CPU
+single-threaded CPU time, on CUDA synchronised wall time):
 
 1. forward + backward time of every preset (metrics included) on [N, T] float32 log-probs with
    ragged (prefix) masks, as ratios to the one-pass floor
@@ -37,17 +38,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _clock(device: torch.device):
+    """CUDA: wall time (with synchronisation). CPU: the calling thread's CPU time, run with one
+    intra-op thread, so that other processes on a shared machine do not distort the ratios."""
+    return time.perf_counter if device.type == "cuda" else time.thread_time
+
+
 def _times(fn, device: torch.device, repeats: int, warmup: int = 2) -> list[float]:
-    """Wall times of fn() in seconds (synchronised on CUDA)."""
+    """Times of fn() in seconds (see _clock)."""
+    clock = _clock(device)
     for _ in range(warmup):
         fn()
     _sync(device)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
         _sync(device)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return times
 
 
@@ -102,8 +110,9 @@ def loop_step(batch, variant) -> None:
 def policy_loss_table(n: int, t: int, device: torch.device, repeats: int) -> None:
     batch = make_batch(n, t, device)
     floor = min(_times(lambda: floor_step(batch), device, repeats))
+    what = "thread CPU time, 1 thread" if device.type == "cpu" else "wall time"
     print(f"\npolicy_loss forward+backward (metrics included), [N={n}, T={t}] float32, ragged masks, "
-          f"device {device}; best of {repeats}, timed alternately with the floor / the loop")
+          f"device {device}; best of {repeats} ({what}), timed alternately with the floor / the loop")
     print(f"floor (one pass): {floor * 1e3:.2f} ms")
     print(f"{'preset':<12} {'ms':>9} {'x floor':>9} {'x loop':>9}")
     for name, variant in PRESETS.items():
@@ -174,6 +183,8 @@ def main() -> None:
     parser.add_argument("--vocabs", type=int, nargs="*", default=None, help="V of the logprobs table")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # see _clock: thread CPU time measures the whole computation
     torch.manual_seed(0)
     n, t, tokens, vocabs = (64, 512, 1024, [32_000]) if args.quick else (256, 2048, 4096, [32_000, 128_000])
     policy_loss_table(n, t, device, args.repeats)

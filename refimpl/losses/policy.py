@@ -233,12 +233,13 @@ def _as_bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) ->
     return mask != 0
 
 
-def _check_finite(named: dict[str, torch.Tensor]) -> None:
-    """NaN / inf in the given tensors (already zeroed at masked positions) -> ValueError naming the
-    argument. Fast path: one scalar sum of everything (non-finite if any value is); only then are
-    the tensors checked one by one, so the error names the culprit (and a sum that merely
-    overflowed raises nothing). On accelerators an asynchronous assertion on the sum instead."""
-    total = sum(x.detach().sum() for x in named.values())
+def _check_finite(summed: list[torch.Tensor], named: dict[str, torch.Tensor]) -> None:
+    """NaN / inf in the ``named`` tensors (zeroed at masked positions) -> ValueError naming the
+    argument. Fast path: one scalar sum of ``summed`` (tensors that are non-finite wherever a named
+    tensor is, e.g. logp - old_logp for both); only if it is non-finite are the named tensors
+    checked one by one, so the error names the culprit (and a sum that merely overflowed raises
+    nothing). On accelerators an asynchronous assertion on the sum instead (no host sync)."""
+    total = sum(x.detach().sum() for x in summed)
     if total.device.type != "cpu":  # pragma: no cover - exercised on CUDA only
         torch._assert_async(torch.isfinite(total), f"NaN or inf at unmasked positions of {', '.join(named)}")
         return
@@ -295,21 +296,23 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
     return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
 
 
-def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor,
-                    lengths: torch.Tensor, ratio: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-ratio, log-prob) per unit: [N, T] for token levels, [N] for sequence levels (spec:
-    policy_losses.md eqs. (2)-(5)). ``log_ratio`` and ``logp`` are zero at masked positions; so is
-    the result, except GSPO-token's log-ratio, which is log s_i on every token of row i."""
+def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor,
+                    ratio: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-ratio, log-prob, detached ratio) per unit: [N, T] for token levels, [N] for sequence
+    levels (spec: policy_losses.md eqs. (2)-(5)). ``log_ratio`` and ``logp`` are zero at masked
+    positions; so are the results (ratio 1), except GSPO-token's log-ratio, which is log s_i on
+    every token of row i (its advantage is 0 at masked positions)."""
     if ratio == "token":
-        return log_ratio, logp
+        return log_ratio, logp, torch.exp(log_ratio.detach())
     total = log_ratio.sum(dim=-1)
-    if ratio == "gspo_token":  # value log s_i at every token (masked ones too: their A is 0)
+    if ratio == "gspo_token":
         log_s = (total / lengths.clamp(min=1.0)).detach()
-        return logp - logp.detach() + log_s.unsqueeze(-1), logp
+        detached_ratio = torch.where(mask, torch.exp(log_s).unsqueeze(-1), 1.0)
+        return logp - logp.detach() + log_s.unsqueeze(-1), logp, detached_ratio
     total_logp = logp.sum(dim=-1)
     if ratio == "sequence_mean":
-        return total / lengths.clamp(min=1.0), total_logp / lengths.clamp(min=1.0)
-    return total, total_logp  # sequence_product
+        total, total_logp = total / lengths.clamp(min=1.0), total_logp / lengths.clamp(min=1.0)
+    return total, total_logp, torch.exp(total.detach())  # sequence_mean, sequence_product
 
 
 def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor,
@@ -463,15 +466,12 @@ def policy_loss(
     adv = torch.where(adv_mask, advantages.detach().to(dtype), 0.0)
     given = {name: torch.where(mask, value.to(dtype), 0.0) for name, value in optional.items()
              if value is not None}
-    _check_finite({"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
-
     log_ratio = logp_c - old_c
-    unit_log_ratio, unit_logp = _unit_log_ratio(log_ratio, logp_c, mask, lengths, variant.ratio)
+    _check_finite([log_ratio, adv, *given.values()],
+                  {"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
+    unit_log_ratio, unit_logp, ratio = _unit_log_ratio(log_ratio, logp_c, mask, lengths, variant.ratio)
     if not variant.sequence_level and adv.ndim == 1:
         adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
-    ratio = torch.exp(unit_log_ratio.detach())
-    if variant.ratio == "gspo_token":  # a ratio of 1 at masked positions, as for the other levels
-        ratio = torch.where(mask, ratio, 1.0)
     gate_open = None
     if variant.gate == "clip":
         surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, variant)
