@@ -403,3 +403,27 @@ def test_sequence_ratio_metrics_are_over_units(variant):
     if variant is GSPO_TOKEN:
         closed = torch.repeat_interleave(closed, m.sum(-1)[rows])
     assert float(metrics["clip_fraction"]) == pytest.approx(float(closed.mean()), rel=1e-14)
+
+
+def test_gradients_flow_to_logp_entropy_and_kl_but_not_to_the_constants():
+    batch = _random_batch(5)
+    leaves = {k: batch[k].clone().requires_grad_(True)
+              for k in ("logp", "old_logp", "advantages", "ref_logp", "entropy", "behavior_logp")}
+    v = dataclasses.replace(GRPO, kl_coef=0.1, entropy_coef=0.2, behavior_correction="truncate")
+    loss, _ = policy_loss(leaves["logp"], leaves["old_logp"], leaves["advantages"], batch["mask"], v,
+                          ref_logp=leaves["ref_logp"], entropy=leaves["entropy"],
+                          behavior_logp=leaves["behavior_logp"])
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    grads = dict(zip(leaves, grads, strict=True))
+    for constant in ("old_logp", "advantages", "ref_logp", "behavior_logp"):
+        assert grads[constant] is None, constant
+    m = batch["mask"]
+    # d loss / d H[i,t] = -entropy_coef / (T_i * number of non-empty rows) on unmasked tokens
+    mf = m.double()
+    expected = -0.2 * mf / mf.sum(-1, keepdim=True).clamp(min=1) / float(m.any(-1).sum())
+    assert torch.allclose(grads["entropy"], expected, rtol=1e-14, atol=0)
+    kl = batch["entropy"].clone().requires_grad_(True)
+    loss_kl, _ = policy_loss(batch["logp"], batch["old_logp"], batch["advantages"], m,
+                             dataclasses.replace(GRPO, kl_coef=0.3), kl=kl)
+    (g,) = torch.autograd.grad(loss_kl, kl)
+    assert torch.allclose(g, -expected / 0.2 * 0.3, rtol=1e-14, atol=0)

@@ -415,8 +415,9 @@ def policy_loss(
         variant: a PolicyLossVariant (see the presets and ``get_preset``).
         ref_logp: [N, T] reference log-probs for the KL term via ``variant.kl_estimator``.
         behavior_logp: [N, T] the sampler's log-probs for the behaviour IS correction.
-        entropy: [N, T] per-token entropy (from ``token_entropy``) for the bonus.
-        kl: [N, T] exact per-token KL (from ``categorical_kl``), used instead of ``ref_logp``.
+        entropy: [N, T] per-token entropy (from ``token_entropy``) for the bonus; its gradient flows.
+        kl: [N, T] exact per-token KL (from ``categorical_kl``), used instead of ``ref_logp``; its
+            gradient flows. (``old_logp``, ``ref_logp``, ``behavior_logp``, advantages: constants.)
         normalizer: the global denominator (> 0) when the batch is split into micro-batches / ranks.
     Returns:
         ``(loss, metrics)``: loss a scalar in ``promote_types(logp.dtype, float32)``; metrics a dict
@@ -464,8 +465,10 @@ def policy_loss(
     logp_c = torch.where(mask, logp.to(dtype), 0.0)
     old_c = torch.where(mask, old_logp.detach().to(dtype), 0.0)
     adv = torch.where(adv_mask, advantages.detach().to(dtype), 0.0)
-    given = {name: torch.where(mask, value.to(dtype), 0.0) for name, value in optional.items()
-             if value is not None}
+    # ref_logp / behavior_logp are constants; entropy and kl keep their gradients (the bonus and
+    # an exact KL differentiate through the logits that produced them).
+    given = {name: torch.where(mask, (value.detach() if name.endswith("logp") else value).to(dtype), 0.0)
+             for name, value in optional.items() if value is not None}
     log_ratio = logp_c - old_c
     _check_finite([log_ratio, adv, *given.values()],
                   {"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
