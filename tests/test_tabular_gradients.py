@@ -41,6 +41,7 @@ def fd_gradient(f, theta: np.ndarray, h: float = 1e-3) -> np.ndarray:
 
 
 def scale(mdp):
+    # gamma = 1: episodic_mdps terminates w.p. >= 1/24 per step, so episodes last < 100 steps on average
     horizon = 1.0 / (1.0 - mdp.gamma) if mdp.gamma < 1 else 100.0
     return max(1.0, float(np.abs(mdp.r).max(initial=0.0)) * horizon)
 

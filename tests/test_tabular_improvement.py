@@ -28,6 +28,7 @@ def mdp_and_two_policies(mdp_strategy, kind=None):
 
 
 def value_scale(mdp):
+    # gamma = 1: episodic_mdps terminates w.p. >= 1/24 per step, so episodes last < 100 steps on average
     horizon = 1.0 / (1.0 - mdp.gamma) if mdp.gamma < 1 else 100.0
     return max(1.0, float(np.abs(mdp.r).max(initial=0.0)) * horizon)
 
