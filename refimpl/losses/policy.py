@@ -316,12 +316,13 @@ def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Ten
 
 
 def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor,
-                         variant: PolicyLossVariant) -> tuple[torch.Tensor, torch.Tensor]:
+                         positive: torch.Tensor, variant: PolicyLossVariant
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, with ``max(., c A)`` for A < 0 under
     dual clip, written as ``r A`` where the gate of seed 001 (116) is open and ``bound * A``
     elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
-    ``ratio`` is the detached ``exp(log_ratio)``. Returns (term, gate open)."""
-    positive = adv > 0
+    ``ratio`` is the detached ``exp(log_ratio)``; ``positive`` is ``A > 0`` (broadcastable).
+    Returns (term, gate open)."""
     full = functools.partial(torch.full, (), dtype=ratio.dtype, device=ratio.device)
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
@@ -338,9 +339,9 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
     return torch.where(gate, r_open, bound) * adv, gate
 
 
-def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.Tensor,
+                    variant: PolicyLossVariant) -> torch.Tensor:
     """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
-    positive = adv > 0
     full = functools.partial(torch.full, (), dtype=adv.dtype, device=adv.device)  # where(c, float, float)
     tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)  # would be the default dtype
     scale = torch.where(positive, full(4.0 / variant.tau_pos), 4.0 / variant.tau_neg)
@@ -473,13 +474,15 @@ def policy_loss(
     _check_finite([log_ratio, adv, *given.values()],
                   {"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
     unit_log_ratio, unit_logp, ratio = _unit_log_ratio(log_ratio, logp_c, mask, lengths, variant.ratio)
+    # the sign of A decides the gate and SAPO's temperature: [N, 1] broadcasts for per-sequence A
+    positive = (adv > 0).unsqueeze(-1) if not variant.sequence_level and adv.ndim == 1 else adv > 0
     if not variant.sequence_level and adv.ndim == 1:
         adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
     gate_open = None
     if variant.gate == "clip":
-        surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, variant)
+        surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, positive, variant)
     elif variant.gate == "sapo":
-        surrogate = _sapo_surrogate(unit_log_ratio, adv, variant)
+        surrogate = _sapo_surrogate(unit_log_ratio, adv, positive, variant)
     elif variant.gate == "cispo":
         surrogate = _cispo_surrogate(ratio, unit_logp, adv, variant)
     else:
