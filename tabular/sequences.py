@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tabular.gradients import softmax_policy  # one row-wise softmax for MDPs and token trees
+
 __all__ = [
     "TokenTree",
     "make_token_tree",
-    "softmax_policy",
     "validate_tree_policy",
     "sequence_probabilities",
     "sequence_token_logprobs",
@@ -110,15 +111,6 @@ def make_token_tree(vocab_size: int, max_len: int, eos: int = 0) -> TokenTree:
         arr.setflags(write=False)
     return TokenTree(vocab_size, eos, max_len, tuple(prefixes), tuple(sequences),
                      seq_states, seq_tokens, lengths, truncated)
-
-
-def softmax_policy(logits) -> np.ndarray:
-    """``[S, V]`` row-wise softmax of a logit table (max-shifted)."""
-    z = np.asarray(logits, dtype=np.float64)
-    if z.ndim != 2 or not np.all(np.isfinite(z)):
-        raise ValueError(f"logits must be a finite [S, V] array, got shape {z.shape}")
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def validate_tree_policy(tree: TokenTree, policy, name: str = "policy") -> np.ndarray:

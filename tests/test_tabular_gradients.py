@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tabular as T
-from tabular.gradients import softmax_policy  # tabular.sequences exports another softmax_policy
+from tabular.gradients import softmax_policy
 from tests.strategies import episodic_mdps, mdps, softmax_params
 
 
@@ -242,3 +242,8 @@ def test_gradient_functions_reject_bad_theta():
         T.mean_kl(mdp, good, np.full((3, 2), np.inf))
     with pytest.raises(ValueError, match="theta"):
         softmax_policy(np.zeros(3))
+
+
+def test_package_exports_one_softmax_policy():
+    # tabular.sequences reuses the MDP softmax; the package-level name must be this one.
+    assert T.softmax_policy is softmax_policy
