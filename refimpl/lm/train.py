@@ -1015,6 +1015,8 @@ def plot_metrics(metrics_path, png_path) -> None:
     axes[0, 2].set_title("held-out accuracy")
     curve(axes[1, 0], rl, "step", "kl", "KL to reference (k3)")
     axes[1, 0].set_title("KL")
+    if not axes[1, 0].lines:
+        axes[1, 0].text(0.5, 0.5, "no reference model (KL coefficient 0)", ha="center", va="center")
     curve(axes[1, 1], rl, "step", "entropy", "entropy per token")
     axes[1, 1].set_title("entropy")
     curve(axes[1, 2], rl, "step", "clip_fraction", "clip fraction")
