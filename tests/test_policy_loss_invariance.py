@@ -274,6 +274,19 @@ def test_all_masked_rows_count_for_nothing_and_an_empty_batch_gives_zero():
             assert float(metrics["clip_fraction"]) == 0.0 and float(metrics["approx_kl"]) == 0.0
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_batch_of_zero_sequences_gives_zero_loss_and_unit_ratio_metrics(name):
+    """A micro-batch with N = 0 rows (e.g. a rank's share after filtering) behaves like a fully
+    masked one: loss 0, an empty gradient, ratio metrics 1."""
+    v = PRESETS[name]
+    if v.aggregation == "seq_sum":
+        v = dataclasses.replace(v, max_length=4)
+    batch = {k: x[:0] for k, x in _random_batch(3).items()}
+    loss, grad, metrics = _loss_and_grad(v, batch)
+    assert float(loss) == 0.0 and grad.shape == (0, batch["logp"].shape[1])
+    assert float(metrics["ratio_min"]) == 1.0 and float(metrics["ratio_max"]) == 1.0
+
+
 def test_metrics_are_detached_tensors_with_the_documented_values():
     batch = _random_batch(9)
     v = dataclasses.replace(GRPO, kl_coef=0.1)

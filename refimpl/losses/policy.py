@@ -534,7 +534,10 @@ def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tok
         ratio_minus_one = ratio - 1.0
         ratio_mean = 1.0 + ratio_minus_one.sum() / units
         # masked units are filled with the mean, which lies between the unmasked min and max
-        ratio_min, ratio_max = torch.aminmax(torch.where(unit_mask, ratio, ratio_mean))
+        if ratio.numel() == 0:  # a batch of zero sequences (a shape fact: no host sync)
+            ratio_min = ratio_max = ratio_mean
+        else:
+            ratio_min, ratio_max = torch.aminmax(torch.where(unit_mask, ratio, ratio_mean))
         # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp, per token
         if variant.ratio == "token":
             approx_kl = (ratio_minus_one - log_ratio).sum() / tokens
