@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    -- the main job (installs into .venv first)
+#   make run    -- the main job: train the tiny LM with a verified loss (installs into .venv first)
 #   make test   -- the test suite (installs into .venv first)
 # TORCH_SPEC picks the torch wheel installed before the project; the default pins a release whose
 # CPU wheel is available locally. Elsewhere, e.g.: make test TORCH_SPEC="torch>=2.4"
@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/refimpl report
+	$(BIN)/refimpl train --out runs/main
+	$(BIN)/refimpl eval runs/main/checkpoint.pt
 
 report: $(STAMP)
 	$(BIN)/refimpl report
