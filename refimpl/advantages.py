@@ -7,7 +7,9 @@ convention                    arguments
 ============================  =====================================================================
 GRPO, seed 001 (90)-(91)      scale="group", std="population", eps=e, eps_inside_sqrt=True
 TRL GRPOTrainer               scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False
-verl GRPO                     scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False
+TRL scale_rewards="batch"     scale="batch_rewards", std="sample", eps=1e-4, eps_inside_sqrt=False
+verl GRPO                     scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False,
+                              singleton="raw"
 Dr. GRPO, seed 001 (98)       scale="none"
 RLOO                          scale="none", leave_one_out=True
 Magistral (seed 002)          scale="batch", std=..., eps=..., eps_inside_sqrt=...
@@ -30,9 +32,10 @@ __all__ = [
     "overlong_filter_mask",
 ]
 
-_SCALES = ("group", "batch", "none")
+_SCALES = ("group", "batch", "batch_rewards", "none")
 _STDS = ("population", "sample")
-_SINGLETON = ("error", "zero")
+_SINGLETON = ("error", "zero", "raw")
+_RAW_SINGLETON_SCALES = ("group", "none")
 _ZERO_VARIANCE = ("zero", "formula", "error")
 
 
@@ -120,7 +123,7 @@ def group_advantages(
     zero_variance: str | None = None,
     leave_one_out: bool = False,
 ) -> torch.Tensor:
-    """Group-relative advantages (spec: advantages.md eq. (1)-(6); seed 001 (90)-(91), (98)).
+    """Group-relative advantages (spec: advantages.md eq. (1)-(6), (14)-(15); seed 001 (90)-(91), (98)).
 
     Centring (advantages.md eq. (1)-(2)), for sample i of group g with n_g samples:
     ``c_i = R_i - mean_g R`` or, with ``leave_one_out=True`` (RLOO),
@@ -128,7 +131,9 @@ def group_advantages(
 
     Scaling (eq. (3)-(5)): ``scale="none"`` returns ``c`` (Dr. GRPO (98), RLOO);
     ``scale="group"`` returns ``c_i / s_g`` with s_g the std of the group's *rewards*;
-    ``scale="batch"`` (Magistral) returns ``c_i / s_B`` with s_B the std of all N centred values.
+    ``scale="batch"`` (Magistral) returns ``c_i / s_B`` with s_B the std of all N centred values;
+    ``scale="batch_rewards"`` (TRL ``scale_rewards="batch"``, eq. (14)) returns ``c_i / s_R`` with
+    s_R the std of all N *raw rewards* (about the batch mean, not the group means).
     ``s = sqrt(var + eps)`` if ``eps_inside_sqrt`` (seed 001 (90)) else ``sqrt(var) + eps``
     (TRL, verl); ``var`` divides the sum of squared deviations by n (``std="population"``) or
     n - 1 (``std="sample"``, torch.std's default, used by TRL and verl).
@@ -136,9 +141,14 @@ def group_advantages(
     Degenerate groups (each behaviour chosen by an argument, eq. (6)):
       * ``singleton`` -- a group of one sample: ``"error"`` raises ValueError; ``"zero"`` gives it
         advantage 0 (it has no baseline). The rule applies to every scale (with ``scale="batch"``
-        the zero enters the batch std as a sample).
+        the zero enters the batch std as a sample; with ``scale="batch_rewards"`` its reward is
+        still one of the N rewards of the batch std). ``"raw"`` (verl, eq. (15)) gives the group
+        mean 0 and std 1: ``c_i = R_i`` and ``A_i = R_i / s`` with ``s`` eq. (4) at ``var = 1``
+        (``1 + eps``, or ``sqrt(1 + eps)``); only with ``scale="group"`` or ``"none"`` (where it
+        is ``R_i``), else ValueError.
       * ``zero_variance`` (required when scaling) -- a group of >= 2 samples with all rewards equal
-        (for ``scale="batch"``: all N centred values equal): ``"zero"`` gives advantage exactly 0;
+        (for ``scale="batch"``: all N centred values equal; for ``scale="batch_rewards"``: all N
+        rewards of the batch equal, so s_R = 0): ``"zero"`` gives advantage exactly 0;
         ``"formula"`` applies the formula (numerator / (sqrt(eps) or eps); the numerator is 0 up
         to rounding of the mean), which needs eps > 0; ``"error"`` raises ValueError.
 
@@ -155,6 +165,9 @@ def group_advantages(
     _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance)
     if singleton not in _SINGLETON:
         raise ValueError(f"singleton must be one of {_SINGLETON}, got {singleton!r}")
+    if singleton == "raw" and scale not in _RAW_SINGLETON_SCALES:
+        raise ValueError(f"singleton='raw' (verl: mean 0, std 1) is defined for scale in "
+                         f"{_RAW_SINGLETON_SCALES}, got scale={scale!r}")
     if not isinstance(leave_one_out, bool):
         raise TypeError(f"leave_one_out must be a bool, got {leave_one_out!r}")
 
@@ -176,14 +189,27 @@ def group_advantages(
         centred = deviation * factor[index]
     else:
         centred = deviation
-    centred = torch.where(is_singleton, torch.zeros_like(centred), centred)
+    # eq. (6)/(15): a singleton has no baseline: advantage 0, or (raw) its reward against mean 0.
+    centred = torch.where(is_singleton, r if singleton == "raw" else torch.zeros_like(centred), centred)
     if scale == "none":
         return centred
 
     if scale == "group":
         sum_sq = _group_sum(deviation * deviation, index, num_groups)
         denominator = _scale_denominator(sum_sq, count, std, eps, eps_inside_sqrt)[index]
+        if singleton == "raw":  # eq. (15): std 1, i.e. var = 1 in eq. (4)
+            unit = torch.ones(1, dtype=dtype, device=r.device)
+            raw_denominator = torch.sqrt(unit + eps) if eps_inside_sqrt else unit + eps
+            denominator = torch.where(is_singleton, raw_denominator.expand_as(r), denominator)
         constant = _group_is_constant(r, index, num_groups)[index] & ~is_singleton
+    elif scale == "batch_rewards":  # eq. (14): std of all N raw rewards (TRL scale_rewards="batch")
+        n = torch.tensor([r.numel()], device=r.device)
+        reward_dev = r - r.mean()
+        denominator = _scale_denominator((reward_dev * reward_dev).sum().reshape(1), n, std, eps,
+                                         eps_inside_sqrt).expand_as(r)
+        # s_R = 0 (before eps) iff every reward of the batch is equal, tested exactly (max == min).
+        all_equal = bool(r.max() == r.min())
+        constant = torch.full_like(is_singleton, all_equal) & ~is_singleton
     else:  # "batch": std of all N centred values (Magistral)
         n = torch.tensor([r.numel()], device=r.device)
         # (N = 1 is a single singleton group: its advantage is 0 by the singleton rule below.)
@@ -204,6 +230,8 @@ def group_advantages(
     advantages = centred / safe_denominator
     if zero_variance == "zero":
         advantages = torch.where(constant, torch.zeros_like(advantages), advantages)
+    if singleton == "raw":
+        return advantages
     return torch.where(is_singleton, torch.zeros_like(advantages), advantages)
 
 

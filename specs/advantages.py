@@ -1,7 +1,7 @@
 """Exact forms of the group-relative advantages and of their exact expected-gradient factors
 (spec: specs/advantages.md).
 
-``group_advantages_exact`` evaluates advantages.md eq. (1)-(6) with sympy numbers (rationals and
+``group_advantages_exact`` evaluates advantages.md eq. (1)-(6), (14)-(15) with sympy numbers (rationals and
 square roots), group by group, straight from the equations. ``binary_reward_gradient_factor``
 is eq. (13): for 0/1 rewards the expected gradient of the group-advantage policy-gradient term is
 ``c_G(p) grad J`` with the factor ``c_G(p) = E[A_1 | R_1 = 1] - E[A_1 | R_1 = 0]`` a polynomial
@@ -46,7 +46,7 @@ def group_advantages_exact(
     rewards, group_ids, *, scale: str, singleton: str, std: str | None = None, eps=None,
     eps_inside_sqrt: bool | None = None, zero_variance: str | None = None, leave_one_out: bool = False,
 ) -> list[sp.Expr]:
-    """advantages.md eq. (1)-(6) exactly (floats are taken as their exact binary values).
+    """advantages.md eq. (1)-(6), (14)-(15) exactly (floats are taken as their exact binary values).
 
     Same arguments and degenerate-case rules as ``refimpl.advantages.group_advantages``; returns
     one sympy number per sample. Raises ValueError where eq. (6) says "error".
@@ -58,12 +58,16 @@ def group_advantages_exact(
     centred: list[sp.Expr] = [sp.Integer(0)] * len(r)
     is_singleton = [False] * len(r)
     constant = [False] * len(r)
+    if singleton == "raw" and scale not in ("group", "none"):
+        raise ValueError("singleton='raw' needs scale 'group' or 'none'")
     for members in groups.values():
         values = [r[i] for i in members]
         if len(members) == 1:
             if singleton == "error":
                 raise ValueError("singleton group")
             is_singleton[members[0]] = True
+            if singleton == "raw":  # eq. (15): mean 0
+                centred[members[0]] = values[0]
             continue
         for i, c in zip(members, _centred(values, leave_one_out), strict=True):
             centred[i] = c
@@ -74,6 +78,10 @@ def group_advantages_exact(
         out = []
         for members in groups.values():
             if len(members) == 1:
+                if singleton == "raw":  # eq. (15): std 1, so s = eq. (4) at var = 1
+                    e = _exact(eps)
+                    unit = sp.sqrt(1 + e) if eps_inside_sqrt else 1 + e
+                    out.append((members[0], centred[members[0]], unit))
                 continue
             s = _std([r[i] for i in members], std, eps, eps_inside_sqrt)
             out.extend((i, centred[i], s) for i in members)
@@ -81,6 +89,12 @@ def group_advantages_exact(
         s = _std(centred, std, eps, eps_inside_sqrt)
         batch_constant = all(constant[i] or is_singleton[i] for i in range(len(r)))
         constant = [batch_constant and not is_singleton[i] for i in range(len(r))]
+        out = [(i, centred[i], s) for i in range(len(r)) if not is_singleton[i]]
+    elif scale == "batch_rewards":
+        # eq. (14): the std (3)-(4) of all N rewards about the batch mean (TRL scale_rewards="batch");
+        # zero variance means every reward of the batch is equal.
+        s = _std(r, std, eps, eps_inside_sqrt) if len(r) > 1 else _std(r, "population", eps, eps_inside_sqrt)
+        constant = [len(set(r)) == 1 and not is_singleton[i] for i in range(len(r))]
         out = [(i, centred[i], s) for i in range(len(r)) if not is_singleton[i]]
     else:
         raise ValueError(f"unknown scale {scale!r}")

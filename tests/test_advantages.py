@@ -27,6 +27,14 @@ CONVENTIONS = {
                            leave_one_out=True),
     "magistral_pop": dict(scale="batch", std="population", eps=1e-6, eps_inside_sqrt=False),
     "magistral_sample": dict(scale="batch", std="sample", eps=1e-3, eps_inside_sqrt=True),
+    # advantages.md eq. (14): TRL scale_rewards="batch" (std of all raw rewards)
+    "trl_batch": dict(scale="batch_rewards", std="sample", eps=1e-4, eps_inside_sqrt=False),
+    "batch_rewards_pop": dict(scale="batch_rewards", std="population", eps=1e-3, eps_inside_sqrt=True),
+    # eq. (15): verl's singletons (mean 0, std 1); a convention's own singleton rule wins
+    "verl_raw": dict(scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False, singleton="raw"),
+    "raw_inside_sqrt": dict(scale="group", std="population", eps=0.25, eps_inside_sqrt=True, singleton="raw"),
+    "dr_grpo_raw": dict(scale="none", singleton="raw"),
+    "rloo_raw": dict(scale="none", leave_one_out=True, singleton="raw"),
 }
 
 
@@ -47,7 +55,7 @@ def slow_loop_advantages(rewards, group_ids, *, scale, singleton, std=None, eps=
     for i in range(n):
         others = [rewards[j] for j in members[i] if j != i]
         if not others:
-            centred.append(0.0)
+            centred.append(rewards[i] if singleton == "raw" else 0.0)
         elif leave_one_out:
             centred.append(rewards[i] - sum(others) / len(others))
         else:
@@ -57,11 +65,15 @@ def slow_loop_advantages(rewards, group_ids, *, scale, singleton, std=None, eps=
     out = []
     for i in range(n):
         if len(members[i]) == 1:
-            out.append(0.0)
+            unit = math.sqrt(1 + eps) if eps_inside_sqrt else 1 + eps  # verl: std 1
+            out.append(rewards[i] / unit if singleton == "raw" else 0.0)
             continue
         if scale == "group":
             constant = len({rewards[j] for j in members[i]}) == 1
             s = stdev([rewards[j] for j in members[i]])
+        elif scale == "batch_rewards":
+            constant = len(set(rewards)) == 1
+            s = stdev(list(rewards))
         else:
             constant = all(len({rewards[j] for j in m}) == 1 for m in members)
             s = stdev(centred)
@@ -85,7 +97,7 @@ def assert_close_to_exact(got, exact, rewards, scale_value=1.0):
 @given(grouped_rewards(), st.sampled_from(["zero", "formula"]))
 def test_every_convention_matches_spec_and_loop(name, case, zero_variance):
     rewards, group_ids = case
-    conv = dict(CONVENTIONS[name], singleton="zero")
+    conv = dict(dict(singleton="zero"), **CONVENTIONS[name])
     if conv["scale"] != "none":
         conv["zero_variance"] = zero_variance
     got = run(rewards, group_ids, **conv).numpy()
@@ -120,6 +132,11 @@ def test_trl_and_verl_formulas_on_contiguous_groups():
         frame = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + eps)).reshape(-1)
         ours = group_advantages(rewards, ids, singleton="error", zero_variance="formula", **CONVENTIONS[name])
         np.testing.assert_allclose(ours.numpy(), frame.numpy(), rtol=1e-12, atol=1e-14)
+    # TRL scale_rewards="batch": group-centred, divided by the sample std of ALL raw rewards + 1e-4
+    trl_batch = ((grouped - grouped.mean(1, keepdim=True)) / (rewards.std() + 1e-4)).reshape(-1)
+    ours = group_advantages(rewards, ids, singleton="error", zero_variance="formula",
+                            **CONVENTIONS["trl_batch"])
+    np.testing.assert_allclose(ours.numpy(), trl_batch.numpy(), rtol=1e-12, atol=1e-14)
     rloo = (grouped - (grouped.sum(1, keepdim=True) - grouped) / 4).reshape(-1)
     np.testing.assert_allclose(group_advantages(rewards, ids, scale="none", singleton="error",
                                                 leave_one_out=True).numpy(), rloo.numpy(), rtol=1e-12)
@@ -147,6 +164,17 @@ def test_singleton_groups():
     # RLOO on a singleton has no leave-one-out mean: zero, not NaN
     out = run([3.0], [7], scale="none", leave_one_out=True, singleton="zero")
     assert out.tolist() == [0.0]
+    # verl (eq. (15)): mean 0, std 1 -> R / (1 + eps) with the std, R without it; others unchanged
+    verl = dict(scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False, zero_variance="formula")
+    raw = run(rewards, ids, singleton="raw", **verl)
+    assert raw[2].item() == 4.0 / (1 + 1e-6)
+    assert raw[:2].tolist() == run(rewards[:2], ids[:2], singleton="error", **verl).tolist()
+    assert run(rewards, ids, scale="none", singleton="raw").tolist() == [-0.5, 0.5, 4.0]
+    assert run([3.0], [7], scale="none", leave_one_out=True, singleton="raw").tolist() == [3.0]
+    for scale in ("batch", "batch_rewards"):  # no framework mixes raw singletons with a batch std
+        with pytest.raises(ValueError, match="singleton='raw'"):
+            run(rewards, ids, scale=scale, std="sample", eps=1e-6, eps_inside_sqrt=False,
+                zero_variance="zero", singleton="raw")
 
 
 def test_zero_variance_groups():
@@ -169,6 +197,16 @@ def test_zero_variance_groups():
     assert run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="zero", **batch).tolist() == [0.0] * 4
     with pytest.raises(ValueError, match="zero-variance"):
         run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="error", **batch)
+    # batch_rewards (eq. (14)): zero variance means every reward of the batch is equal, so constant
+    # groups with different values are scaled by s_R > 0 (their centred values are exactly 0)
+    rewards_scale = dict(batch, scale="batch_rewards")
+    constant_groups = run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="error", **rewards_scale)
+    assert constant_groups.tolist() == [0.0] * 4
+    assert run([0.3] * 3 + [5.0], [0, 0, 0, 1], zero_variance="zero", **rewards_scale).tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="zero-variance"):
+        run([0.3] * 4, [0, 0, 1, 1], zero_variance="error", **rewards_scale)
+    with pytest.raises(ValueError, match="eps=0"):
+        run([0.3] * 4, [0, 0, 1, 1], zero_variance="formula", **rewards_scale)
 
 
 def test_erratum_000_std_without_square_is_zero():
