@@ -1,6 +1,7 @@
 """refimpl.advantages against the exact spec (specs/advantages.py) and a slow per-group loop, for
 every convention on uneven non-contiguous groups; degenerate groups; DAPO's filters."""
 
+import dataclasses
 import itertools
 import math
 
@@ -313,3 +314,50 @@ def test_binary_factor_against_brute_force_reward_vectors(group_size):
     exact = binary_reward_gradient_factor(group_size, sp.Rational(3, 10), scale="group", std="population",
                                           eps=sp.Rational(1, 1000), eps_inside_sqrt=True)
     assert total == pytest.approx(float(exact), rel=1e-12)
+
+
+# ------------------------------------------------ the conformance kit's TRL / verl advantage profiles
+def trl_batch_transcription(rewards, group_ids):
+    """TRL GRPOTrainer, scale_rewards="batch": rewards - group mean, / (rewards.std() + 1e-4)."""
+    centred = torch.empty_like(rewards)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        if int(idx.sum()) < 2:
+            raise ValueError("num_generations must be >= 2")
+        centred[idx] = rewards[idx] - rewards[idx].mean()
+    return centred / (rewards.std() + 1e-4)
+
+
+def verl_transcription(norm_adv_by_std_in_grpo):
+    """verl compute_grpo_outcome_advantage: a singleton gets mean 0 and std 1; eps 1e-6."""
+    def advantages(rewards, group_ids):
+        out = torch.empty_like(rewards)
+        for i in range(len(rewards)):
+            r = rewards[group_ids == group_ids[i]]
+            mean, std = (r.mean(), r.std()) if len(r) > 1 else (0.0, 1.0)
+            out[i] = (rewards[i] - mean) / (std + 1e-6) if norm_adv_by_std_in_grpo else rewards[i] - mean
+        return out
+    return advantages
+
+
+def test_conformance_profiles_reproduce_trl_batch_scale_and_verl_singletons():
+    from refimpl.conformance import check_group_advantages, framework_config, profile, unsupported_flags
+
+    trl_batch = profile("trl", "grpo", scale_rewards="batch")
+    assert trl_batch.adv_scale == "batch_rewards"
+    assert framework_config("trl", "grpo", scale_rewards="batch")["scale_rewards"] == "batch"
+    assert framework_config("trl", "grpo")["scale_rewards"] == "group"
+    assert check_group_advantages(trl_batch_transcription, convention=trl_batch).ok
+    assert not check_group_advantages(trl_batch_transcription, convention="trl").ok
+    verl_std, verl_dr = verl_transcription(True), verl_transcription(False)
+    assert check_group_advantages(verl_std, convention="verl").ok
+    assert check_group_advantages(verl_dr, convention=profile("verl", "dr_grpo")).ok
+    zero_singletons = dataclasses.replace(profile("verl"), adv_singleton="zero")
+    report = check_group_advantages(verl_std, convention=zero_singletons)
+    assert report.failing_classes() == ["singleton_group"]
+    assert not any("batch" in k for k in unsupported_flags("trl"))
+    assert not any("singleton" in k for k in unsupported_flags("verl"))
+    with pytest.raises(ValueError, match="scale_rewards"):
+        profile("verl", "grpo", scale_rewards="batch")
+    with pytest.raises(ValueError, match="scale_rewards"):
+        profile("trl", "grpo", scale_rewards="global")

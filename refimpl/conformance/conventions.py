@@ -17,7 +17,8 @@ convention is a value, never a code fork. Three profiles ship:
   ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
 
 ``profile(name, preset)`` returns the profile's flags for one preset (TRL's micro-batch
-normaliser depends on its ``loss_type``) and ``framework_config(name, preset)`` the framework's own
+normaliser depends on its ``loss_type``; ``profile("trl", preset, scale_rewards="batch")`` selects
+TRL's batch std, advantages.md eq. (14)) and ``framework_config(name, preset)`` the framework's own
 configuration keys that reproduce the preset there.
 """
 
@@ -41,7 +42,10 @@ _SEQUENCE_RATIO_GRADIENT = ("sequence", "token")
 _MICRO_BATCH = ("global", "local_mean")
 _STDS = ("population", "sample")
 _ZERO_VARIANCE = ("zero", "formula")
-_SINGLETON = ("zero", "error")
+_SINGLETON = ("zero", "error", "raw")
+_ADV_SCALES = ("group", "none", "batch_rewards")
+# TRL GRPOConfig.scale_rewards -> group_advantages(scale=...) (advantages.md eq. (5), (14))
+_TRL_SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,9 @@ class Convention:
         micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed)
             or "local_mean" (each micro-batch divides by its own normaliser; losses averaged).
         adv_std, adv_eps, adv_eps_inside_sqrt, adv_zero_variance, adv_singleton: the arguments of
-            ``group_advantages`` (scale="group").
-        adv_scale: "group" (divide by the group std) or "none" (Dr. GRPO: mean-centred only).
+            ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
+        adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
+            "batch_rewards" (TRL ``scale_rewards="batch"``: the std of all rewards, eq. (14)).
     """
 
     name: str = "reference"
@@ -94,7 +99,7 @@ class Convention:
             "adv_std": _STDS,
             "adv_zero_variance": _ZERO_VARIANCE,
             "adv_singleton": _SINGLETON,
-            "adv_scale": ("group", "none"),
+            "adv_scale": _ADV_SCALES,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -115,6 +120,9 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+        if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
+            raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
+                             f"got {self.adv_scale!r}")
 
     def differences(self) -> dict[str, tuple[object, object]]:
         """``{flag: (reference value, this value)}`` for every flag that differs from the spec."""
@@ -149,15 +157,17 @@ FLAG_REASONS: dict[str, str] = {
     "loss_type='dapo') or each micro-batch is a local mean and the losses are "
     "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means.",
     "adv_scale": "GRPO divides the centred reward by the group std; Dr. GRPO does not (verl's "
-    "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none').",
+    "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none'); TRL's scale_rewards='batch' "
+    "divides by the std of all rewards of the batch ('batch_rewards', advantages.md eq. (14)).",
     "adv_std": "torch.std is the sample (Bessel, n - 1) std; GRPO's formula (seed 001 (90)) is the "
     "population std.",
     "adv_eps": "epsilon keeps zero-variance groups finite; TRL adds 1e-4, verl 1e-6.",
     "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
-    "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), or an error (TRL "
-    "requires num_generations >= 2).",
+    "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
+    "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
+    "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl")
@@ -210,6 +220,7 @@ _VERL = Convention(
     adv_eps=1e-6,
     adv_eps_inside_sqrt=False,
     adv_zero_variance="formula",
+    adv_singleton="raw",
 )
 
 
@@ -217,18 +228,27 @@ def _preset_key(preset: str) -> str:
     return preset.strip().lower().replace("-", "_")
 
 
-def profile(name: str | Convention, preset: str = "grpo") -> Convention:
+def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str | None = None) -> Convention:
     """The flags of profile ``name`` ("reference", "trl", "verl") for ``preset`` (a preset name).
 
-    A ``Convention`` passed as ``name`` is returned unchanged (custom conventions are plain values).
-    Raises ValueError for an unknown profile or a preset the framework has no equivalent of.
+    ``scale_rewards`` (TRL profile only) is TRL's ``GRPOConfig.scale_rewards``: "group", "batch"
+    (advantages.md eq. (14)) or "none"; None takes TRL's value for the preset ("none" for dr_grpo,
+    else "group"). A ``Convention`` passed as ``name`` is returned unchanged (custom conventions are
+    plain values). Raises ValueError for an unknown profile, a preset the framework has no
+    equivalent of, or ``scale_rewards`` outside the TRL profile.
     """
     if isinstance(name, Convention):
+        if scale_rewards is not None:
+            raise ValueError("scale_rewards applies to the 'trl' profile, not to a Convention value")
         return name
     if not isinstance(name, str) or name.lower() not in PROFILE_NAMES:
         raise ValueError(f"convention must be one of {PROFILE_NAMES} or a Convention, got {name!r}")
     key = _preset_key(preset)
     name = name.lower()
+    if scale_rewards is not None and name != "trl":
+        raise ValueError(f"scale_rewards is TRL's GRPOConfig option; profile {name!r} does not take it")
+    if scale_rewards is not None and scale_rewards not in _TRL_SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {tuple(_TRL_SCALE_REWARDS)}, got {scale_rewards!r}")
     if name == "reference":
         return Convention()
     if name == "trl":
@@ -241,8 +261,9 @@ def profile(name: str | Convention, preset: str = "grpo") -> Convention:
         # TRL: "dapo" and "cispo" divide by num_items_in_batch (global tokens); the others are
         # local means that the Trainer averages over gradient-accumulation steps.
         micro = "global" if loss_type in ("dapo", "cispo") else "local_mean"
-        scale = "none" if key == "dr_grpo" else "group"
-        return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=scale)
+        if scale_rewards is None:
+            scale_rewards = "none" if key == "dr_grpo" else "group"
+        return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
     if key not in _VERL_MODES:
         raise ValueError(
             f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
@@ -261,17 +282,21 @@ def profile(name: str | Convention, preset: str = "grpo") -> Convention:
     return dataclasses.replace(_VERL, adv_scale=scale, **flags)
 
 
-def framework_config(name: str, preset: str, variant: object | None = None) -> dict[str, object]:
+def framework_config(
+    name: str, preset: str, variant: object | None = None, *, scale_rewards: str | None = None
+) -> dict[str, object]:
     """The framework's own config keys that reproduce ``preset`` under profile ``name``.
 
-    ``variant`` (a PolicyLossVariant, default the preset) supplies eps / tau / L_max / beta.
+    ``variant`` (a PolicyLossVariant, default the preset) supplies eps / tau / L_max / beta;
+    ``scale_rewards`` is passed to ``profile`` (TRL only).
     TRL keys follow ``GRPOConfig``; verl keys follow ``actor_rollout_ref.actor`` and ``algorithm``.
     """
     from refimpl.losses import get_preset
 
     key = _preset_key(preset)
     v = get_preset(key) if variant is None else variant
-    conv = profile(name, key)
+    conv = profile(name, key, scale_rewards=scale_rewards)
+    trl_scale_rewards = {ours: theirs for theirs, ours in _TRL_SCALE_REWARDS.items()}
     if name == "trl":
         return {
             "loss_type": _TRL_LOSS_TYPE[key],
@@ -281,7 +306,7 @@ def framework_config(name: str, preset: str, variant: object | None = None) -> d
             "delta": v.dual_clip,
             "beta": v.kl_coef,
             "importance_sampling_level": "sequence" if v.ratio == "sequence_mean" else "token",
-            "scale_rewards": "group" if conv.adv_scale == "group" else "none",
+            "scale_rewards": trl_scale_rewards[conv.adv_scale],
             "max_completion_length": v.max_length,
             "sapo_temperature_pos": v.tau_pos,
             "sapo_temperature_neg": v.tau_neg,
@@ -308,15 +333,11 @@ def unsupported_flags(name: str) -> dict[str, str]:
     """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
     if name == "trl":
         return {
-            "scale_rewards='batch'": "TRL divides by the std of all rewards; group_advantages' "
-            "scale='batch' divides by the std of the centred values (Magistral).",
             "gradient_accumulation": "TRL's local means are averaged over equal-sized micro-batches "
             "(the kit's micro-batch cases use equal sizes).",
         }
     if name == "verl":
         return {
-            "singleton groups": "verl gives a singleton group mean 0 and std 1, i.e. advantage "
-            "R / (1 + eps); group_advantages offers only 'zero' or 'error'.",
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
             "gradient in half; the kit follows the inclusive gate of seed 001 (116).",
             "seq-mean-token-sum-norm": "verl divides the summed sequence losses by the padded width "

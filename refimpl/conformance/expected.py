@@ -156,7 +156,9 @@ def expected_policy_loss(
 
 
 def expected_group_advantages(case: AdvantageCase, convention: Convention) -> torch.Tensor:
-    """``group_advantages`` with the convention's flags, float64 (raises where the convention does)."""
+    """``group_advantages`` with the convention's flags, float64 (raises where the convention does):
+    ``adv_scale`` "group" or "batch_rewards" (advantages.md eq. (5), (14)), ``adv_singleton`` incl.
+    verl's "raw" (eq. (15))."""
     if convention.adv_scale == "none":
         return group_advantages(
             case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton
@@ -164,7 +166,7 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     return group_advantages(
         case.rewards.double(),
         case.group_ids,
-        scale="group",
+        scale=convention.adv_scale,
         std=convention.adv_std,
         eps=convention.adv_eps,
         eps_inside_sqrt=convention.adv_eps_inside_sqrt,
