@@ -86,7 +86,7 @@ ADVANTAGE_CONVENTIONS: dict[str, dict[str, object]] = {
         eps=1e-6,
         eps_inside_sqrt=False,
         zero_variance="formula",
-        singleton="zero",
+        singleton="raw",  # verl: a one-sample group has mean 0 and std 1 (advantages.md eq. (15))
     ),
     "dr_grpo": dict(scale="none", singleton="zero"),
     "rloo": dict(scale="none", singleton="zero", leave_one_out=True),

@@ -35,6 +35,15 @@ USER_MODULE = textwrap.dedent('''
         losses = torch.where(a < 0, torch.minimum(-a * 3.0, losses), losses)
         return (losses * m).sum() / (m.sum() + 1e-8), {"clipfrac": 0.0}
 
+    def trl_batch_advantages(rewards, group_ids):
+        """TRL scale_rewards="batch": group-centred, over the sample std of all rewards + 1e-4."""
+        r = rewards.double()
+        groups, index, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+        mean = torch.zeros(len(groups), dtype=r.dtype).index_add_(0, index, r) / counts
+        if bool((counts == 1).any()):
+            raise ValueError("TRL needs at least 2 generations per prompt")
+        return (r - mean[index]) / (r.std() + 1e-4)
+
     def adapter(fn, call):
         cfg = call.config
         return fn(call.old_logp, call.logp, call.advantages, call.mask, cfg["eps_low"], cfg["eps_high"])[0]
@@ -128,3 +137,12 @@ def test_other_kinds_in_process(capsys):
     assert main(["check", "refimpl.advantages:dynamic_sampling_mask", "--kind", "group_advantages"]) == 1
     out = capsys.readouterr().out
     assert "KL estimator k3" in out and "token_logprobs" in out and "group advantages" in out
+
+
+def test_scale_rewards_batch_selects_trls_batch_rule(tmp_path):
+    args = ("user_losses:trl_batch_advantages", "--kind", "group_advantages", "--convention", "trl")
+    passing = run_check(tmp_path, *args, "--scale-rewards", "batch")
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert run_check(tmp_path, *args).returncode == 1  # TRL's default is the group std
+    wrong_profile = run_check(tmp_path, *args[:-1], "verl", "--scale-rewards", "batch")
+    assert wrong_profile.returncode == 2 and "scale_rewards" in wrong_profile.stderr

@@ -63,6 +63,16 @@ def run_check(args: argparse.Namespace) -> int:
     if args.list_conventions:
         print(conventions_text())
         return 0
+    if args.scale_rewards is not None:  # TRL's GRPOConfig.scale_rewards refines the trl profile
+        from refimpl.conformance.conventions import profile
+
+        try:
+            args.convention = profile(
+                args.convention, args.preset or "grpo", scale_rewards=args.scale_rewards
+            )
+        except ValueError as exc:
+            print(f"refimpl check: {exc}", file=sys.stderr)
+            return 2
     if args.differences:
         if args.preset is None:
             print("refimpl check: --differences needs --preset", file=sys.stderr)
@@ -126,6 +136,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=PROFILE_NAMES,
         default="reference",
         help="numerical convention profile (default: the spec)",
+    )
+    parser.add_argument(
+        "--scale-rewards",
+        choices=("group", "batch", "none"),
+        default=None,
+        help="with --convention trl: TRL's GRPOConfig.scale_rewards (default: TRL's value for the preset)",
     )
     parser.add_argument(
         "--adapter", metavar="MODULE:NAME", help="adapter(fn, call) mapping the kit's call to your signature"
