@@ -14,30 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from refimpl.losses.policy import PPO, PolicyLossVariant, policy_loss
+from refimpl.losses.policy import PPO, PolicyLossVariant, _as_bool_mask, _check_tensor, policy_loss
 
 __all__ = ["value_loss", "entropy_bonus_loss", "ppo_combined_loss"]
-
-
-def _check_same_shape(x: object, name: str, shape: tuple[int, ...], device: torch.device) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape} (no broadcasting), got {tuple(x.shape)}")
-    if x.device != device:
-        raise ValueError(f"{name} must be on device {device}, got {x.device}")
-
-
-def _bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != shape or mask.device != device:
-        raise ValueError(f"mask must be a tensor of shape {shape} on {device}")
-    if mask.dtype != torch.bool:
-        if mask.device.type == "cpu" and not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must contain only 0 and 1")
-        mask = mask != 0
-    return mask
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor, normalizer) -> torch.Tensor:
@@ -77,7 +56,7 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
     shape, device = tuple(values.shape), values.device
-    mask = _bool_mask(mask, shape, device)
+    mask = _as_bool_mask(mask, shape, device)
     if (clip_eps is None) != (old_values is None):
         raise ValueError("old_values must be given exactly when clip_eps is given")
     if clip_eps is not None and (isinstance(clip_eps, bool) or not isinstance(clip_eps, (int, float))
@@ -85,7 +64,7 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
         raise ValueError(f"clip_eps must be a positive number, got {clip_eps!r}")
     for x, name in ((values, "values"), (returns, "returns"), (old_values, "old_values")):
         if x is not None:
-            _check_same_shape(x, name, shape, device)
+            _check_tensor(x, name, shape, device)
             _check_finite(x, mask, name)
     dtype = torch.promote_types(values.dtype, torch.float32)
     zero = torch.zeros((), dtype=dtype, device=device)
@@ -122,8 +101,8 @@ def entropy_bonus_loss(entropy: torch.Tensor, mask: torch.Tensor, *,
     if not isinstance(entropy, torch.Tensor):
         raise TypeError(f"entropy must be a torch.Tensor, got {type(entropy).__name__}")
     shape = tuple(entropy.shape)
-    _check_same_shape(entropy, "entropy", shape, entropy.device)
-    mask = _bool_mask(mask, shape, entropy.device)
+    _check_tensor(entropy, "entropy", shape, entropy.device)
+    mask = _as_bool_mask(mask, shape, entropy.device)
     _check_finite(entropy, mask, "entropy")
     dtype = torch.promote_types(entropy.dtype, torch.float32)
     mean_entropy = _masked_mean(entropy.to(dtype), mask, normalizer)
