@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from refimpl._checks import check_discount, check_float_tensor, check_rows_stochastic
+
 __all__ = [
     "greedy_policy",
     "cpi_bound_parameters",
@@ -36,41 +38,13 @@ __all__ = [
     "cpi_step",
 ]
 
+_CPI_GAMMA = "the CPI bound has (1 - gamma) in a denominator"
 _ROW_SUM_ATOL = 1e-6
 
 
-def _check_tensor(x, name: str, ndim: int) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf")
-
-
-def _check_distribution(x: torch.Tensor, name: str) -> None:
-    if bool((x < 0).any()):
-        raise ValueError(f"{name} has a negative probability")
-    worst = float((x.double().sum(dim=-1) - 1.0).abs().max())
-    if worst > _ROW_SUM_ATOL:
-        raise ValueError(f"{name} must sum to 1 along its last dim (off by up to {worst!r})")
-
-
 def _check_policy(policy, name: str) -> None:
-    _check_tensor(policy, name, 2)
-    _check_distribution(policy, name)
-
-
-def _check_gamma(gamma) -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-        raise TypeError(f"gamma must be a real number, got {type(gamma).__name__}")
-    gamma = float(gamma)
-    if not 0.0 <= gamma < 1.0:
-        raise ValueError(f"gamma must lie in [0, 1) (the CPI bound has (1 - gamma) in a denominator), "
-                         f"got {gamma!r}")
-    return gamma
+    check_float_tensor(policy, name, ndim=2)
+    check_rows_stochastic(policy, name, _ROW_SUM_ATOL)
 
 
 def _dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -87,7 +61,7 @@ def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
     importance-weighted surrogate ``E_{a ~ pi}[pi'(a|s) / pi(a|s) A_hat(s, a)]`` is greedy in
     ``A_hat``. Ties go to the lowest action index (deterministic). Returns a one-hot tensor.
     """
-    _check_tensor(advantages, "advantages", 2)
+    check_float_tensor(advantages, "advantages", ndim=2)
     best = advantages.argmax(dim=-1)  # first maximal index on ties
     return torch.nn.functional.one_hot(best, advantages.shape[-1]).to(_dtype(advantages))
 
@@ -106,10 +80,10 @@ def cpi_bound_parameters(
         state_weights: ``[S]`` (estimated) normalised occupancy ``d_pi``. gamma: in [0, 1).
     """
     _check_policy(target_policy, "target_policy")
-    _check_tensor(advantages, "advantages", 2)
-    _check_tensor(state_weights, "state_weights", 1)
-    _check_distribution(state_weights, "state_weights")
-    gamma = _check_gamma(gamma)
+    check_float_tensor(advantages, "advantages", ndim=2)
+    check_float_tensor(state_weights, "state_weights", ndim=1)
+    check_rows_stochastic(state_weights, "state_weights", _ROW_SUM_ATOL)
+    gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
     if advantages.shape != target_policy.shape:
         raise ValueError(f"advantages must have the policy's shape {tuple(target_policy.shape)}, "
                          f"got {tuple(advantages.shape)}")
@@ -130,7 +104,7 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
     ``g <= 0`` gives 0 (no guaranteed improvement). ``gamma = 0`` or ``eps = 0`` (with ``g > 0``)
     give 1: the penalty term of (60) vanishes.
     """
-    gamma = _check_gamma(gamma)
+    gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
     for value, name in ((g, "g"), (eps, "eps")):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite real number, got {value!r}")
@@ -146,7 +120,7 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
 def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> float:
     """Right side of seed 001 (60): ``alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
     (spec: trust_region.md eq. (14)), a lower bound on ``J(pi_alpha) - J(pi)`` for exact g, eps."""
-    gamma = _check_gamma(gamma)
+    gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
     return alpha * g - 2.0 * gamma * eps * alpha**2 / (1.0 - gamma) ** 2
@@ -198,7 +172,7 @@ def cpi_step(
     passes a ``min_gain`` at the rounding level of its values (e.g. ``1e-12 max|V| / (1 - gamma)``).
     """
     _check_policy(policy, "policy")
-    _check_tensor(advantages, "advantages", 2)
+    check_float_tensor(advantages, "advantages", ndim=2)
     if advantages.shape != policy.shape:
         raise ValueError(f"advantages must have the policy's shape {tuple(policy.shape)}, "
                          f"got {tuple(advantages.shape)}")

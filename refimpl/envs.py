@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from refimpl._checks import check_discount, check_rows_stochastic
+
 __all__ = ["TabularEnv", "Rollout", "Transition", "sample_categorical"]
 
 _ATOL = 1e-6
@@ -30,14 +32,6 @@ _ATOL = 1e-6
 def _check_finite(x: torch.Tensor, name: str) -> None:
     if not torch.isfinite(x).all():
         raise ValueError(f"{name} contains NaN or inf")
-
-
-def _check_rows_stochastic(x: torch.Tensor, name: str) -> None:
-    if (x < 0).any():
-        raise ValueError(f"{name} has negative probabilities")
-    sums = x.sum(-1)
-    if not torch.allclose(sums, torch.ones_like(sums), atol=_ATOL, rtol=0.0):
-        raise ValueError(f"{name} rows must sum to 1 (max deviation {float((sums - 1).abs().max()):.3g})")
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -116,14 +110,13 @@ class TabularEnv:
         rho0 = torch.as_tensor(rho0, device=dev, dtype=dt)
         for name, x in (("P", P), ("r", r), ("rho0", rho0)):
             _check_finite(x, name)
-        _check_rows_stochastic(P, "P")
+        check_rows_stochastic(P, "P", _ATOL)
         if tuple(r.shape) not in ((S, A), (S, A, S)):
             raise ValueError(f"r must have shape [S, A] = {(S, A)} or [S, A, S], got {tuple(r.shape)}")
         if tuple(rho0.shape) != (S,):
             raise ValueError(f"rho0 must have shape [S] = ({S},), got {tuple(rho0.shape)}")
-        _check_rows_stochastic(rho0, "rho0")
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= float(gamma) <= 1.0:
-            raise ValueError(f"gamma must be a real number in [0, 1], got {gamma!r}")
+        check_rows_stochastic(rho0, "rho0", _ATOL)
+        gamma = check_discount(gamma)
         if terminal is None:
             terminal = torch.zeros(S, dtype=torch.bool, device=dev)
         terminal = torch.as_tensor(terminal, device=dev)
@@ -247,5 +240,5 @@ class TabularEnv:
             raise ValueError(f"policy must be [S, A] = {(self.num_states, self.num_actions)}, "
                              f"got {tuple(pi.shape)}")
         _check_finite(pi, "policy")
-        _check_rows_stochastic(pi, "policy")
+        check_rows_stochastic(pi, "policy", _ATOL)
         return lambda s, episode_steps: pi[s]

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import torch
 
+from refimpl._checks import check_discount
+
 __all__ = [
     "GAEOutput",
     "discounted_returns",
@@ -88,14 +90,6 @@ def _flag_2d(x, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return x
 
 
-def _check_gamma(gamma: float, name: str = "gamma") -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {type(gamma).__name__}")
-    if not 0.0 <= float(gamma) <= 1.0:
-        raise ValueError(f"{name} must lie in [0, 1], got {gamma!r}")
-    return float(gamma)
-
-
 def _episode_flags(rewards, terminated, truncated):
     shape = tuple(rewards.shape)
     term = _flag_2d(terminated, "terminated", shape)
@@ -144,7 +138,7 @@ def discounted_returns(rewards, terminated, truncated, gamma: float, next_values
     rewards = _float_2d(rewards, "rewards")
     shape = tuple(rewards.shape)
     term, trunc = _episode_flags(rewards, terminated, truncated)
-    gamma = _check_gamma(gamma)
+    gamma = check_discount(gamma)
     boot = _bootstrap_points(term, trunc)
     dt = _compute_dtype(rewards)
     if next_values is None:
@@ -173,7 +167,7 @@ def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n:
     shape = tuple(rewards.shape)
     nv = _float_2d(next_values, "next_values", shape)
     term, trunc = _episode_flags(rewards, terminated, truncated)
-    gamma = _check_gamma(gamma)
+    gamma = check_discount(gamma)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     dt = _compute_dtype(rewards)
@@ -215,7 +209,7 @@ def td_errors(rewards, values, next_values, terminated, gamma: float) -> torch.T
     values = _float_2d(values, "values", shape)
     nv = _float_2d(next_values, "next_values", shape)
     term = _flag_2d(terminated, "terminated", shape)
-    return _td_errors_unchecked(rewards, values, nv, term, _check_gamma(gamma))
+    return _td_errors_unchecked(rewards, values, nv, term, check_discount(gamma))
 
 
 def _td_errors_unchecked(rewards, values, next_values, term, gamma: float) -> torch.Tensor:
@@ -237,7 +231,7 @@ def lambda_returns(rewards, next_values, terminated, truncated, gamma: float, la
     shape = tuple(rewards.shape)
     nv = _float_2d(next_values, "next_values", shape)
     term, trunc = _episode_flags(rewards, terminated, truncated)
-    gamma, lam = _check_gamma(gamma), _check_gamma(lam, "lam")
+    gamma, lam = check_discount(gamma), check_discount(lam, "lam")
     boot = _bootstrap_points(term, trunc)
     dt = _compute_dtype(rewards)
     v = nv.to(dt)
@@ -265,7 +259,7 @@ def gae_advantages(
     term, trunc = _episode_flags(rewards, terminated, truncated)
     values = _float_2d(values, "values", shape)
     nv = _float_2d(next_values, "next_values", shape)
-    gamma, lam = _check_gamma(gamma), _check_gamma(lam, "lam")
+    gamma, lam = check_discount(gamma), check_discount(lam, "lam")
     delta = _td_errors_unchecked(rewards, values, nv, term, gamma)
     decay = gamma * lam * (~(term | trunc)).to(delta.dtype)
     adv = _backward_linear_recursion(delta, decay)
@@ -330,7 +324,7 @@ def _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma):
     rewards = _float_2d(rewards, "rewards")
     shape = tuple(rewards.shape)
     mask = _flag_2d(mask, "mask", shape)
-    gamma = _check_gamma(gamma)
+    gamma = check_discount(gamma)
     dt = _compute_dtype(rewards)
     log_ratio = (_float_2d(target_logp, "target_logp", shape).to(dt)
                  - _float_2d(behavior_logp, "behavior_logp", shape).to(dt))

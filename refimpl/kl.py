@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from refimpl._checks import check_float_tensor
+
 __all__ = ["kl_log_ratio", "kl_k1", "kl_k2", "kl_k3", "categorical_kl"]
 
 # |log r| below this uses the Taylor series of exp(x) - 1 - x (relative error < 1e-15 in float64,
@@ -34,13 +36,6 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def _check_float_tensor(x, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-
-
 def kl_log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """``log r = ref_logp - logp`` in ``promote_types(dtypes, float32)`` (spec: kl.md eq. (1)).
 
@@ -53,8 +48,8 @@ def kl_log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bo
     Returns:
         ``log r``, same shape as the inputs.
     """
-    _check_float_tensor(logp, "logp")
-    _check_float_tensor(ref_logp, "ref_logp")
+    check_float_tensor(logp, "logp", finite=False)
+    check_float_tensor(ref_logp, "ref_logp", finite=False)
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp and ref_logp must have the same shape, got {tuple(logp.shape)} "
                          f"and {tuple(ref_logp.shape)}")
@@ -125,8 +120,8 @@ def categorical_kl(
         ``[...]`` in ``promote_types(dtypes, float32)``. For the reverse direction
         ``KL(q || p)`` swap the arguments.
     """
-    _check_float_tensor(logits_p, "logits_p")
-    _check_float_tensor(logits_q, "logits_q")
+    check_float_tensor(logits_p, "logits_p", finite=False)
+    check_float_tensor(logits_q, "logits_q", finite=False)
     if logits_p.shape != logits_q.shape:
         raise ValueError(f"logits_p and logits_q must have the same shape, got {tuple(logits_p.shape)} "
                          f"and {tuple(logits_q.shape)}")

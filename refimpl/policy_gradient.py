@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from refimpl._checks import check_discount
+
 __all__ = ["REINFORCE_FORMS", "reinforce_loss", "episode_returns_to_go"]
 
 REINFORCE_FORMS = ("whole_return", "reward_to_go", "reward_to_go_baseline", "reward_to_go_no_gamma")
@@ -86,8 +88,7 @@ def reinforce_loss(logp, rewards, mask, gamma: float, *, form: str, baseline=Non
         raise TypeError(f"logp must be floating, got dtype {logp.dtype}")
     shape = tuple(logp.shape)
     rewards = _check(rewards, "rewards", shape)
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be a real number in [0, 1], got {gamma!r}")
+    gamma = check_discount(gamma)
     mask = _prefix_mask(mask, shape)
     if (form == "reward_to_go_baseline") != (baseline is not None):
         raise ValueError("baseline is required by form='reward_to_go_baseline' and only allowed with it")

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from refimpl._checks import check_float_tensor
 from refimpl.kl import categorical_kl
 
 __all__ = [
@@ -49,15 +50,6 @@ SurrogateFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- validation helpers
-def _check_float_tensor(x, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf")
-
-
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
@@ -84,7 +76,7 @@ def _check_nonnegative_real(x, name: str) -> float:
 
 
 def _check_state_weights(state_weights, num_states: int, ref: torch.Tensor) -> torch.Tensor:
-    _check_float_tensor(state_weights, "state_weights")
+    check_float_tensor(state_weights, "state_weights")
     if state_weights.shape != (num_states,):
         raise ValueError(f"state_weights must have shape [N] = ({num_states},) matching log_prob_fn's "
                          f"output, got {tuple(state_weights.shape)}")
@@ -148,7 +140,7 @@ def conjugate_gradient(
     Returns:
         :class:`CGResult` (solution in ``promote_types(b.dtype, float32)``).
     """
-    _check_float_tensor(b, "b")
+    check_float_tensor(b, "b")
     iters = _check_positive_int(iters, "iters")
     tol = _check_nonnegative_real(tol, "tol")
     b = b.to(_work_dtype(b))
@@ -194,7 +186,7 @@ def mean_kl(
     ``old_log_probs [N, A]`` are pi_old's log-probabilities (treated as constants; ``-inf`` marks a
     zero-probability action, which contributes 0). Differentiable in ``params``. Returns a scalar.
     """
-    _check_float_tensor(params, "params")
+    check_float_tensor(params, "params")
     logp = _log_probs(log_prob_fn, params)
     if logp.shape != old_log_probs.shape:
         raise ValueError(f"log_prob_fn(params) has shape {tuple(logp.shape)} but old_log_probs has "
@@ -215,7 +207,7 @@ def fisher_vector_product_fn(
     of the KL is built once with ``create_graph=True`` and each product is one more backward pass
     through ``grad(KL) . v`` (the matrix is never formed).
     """
-    _check_float_tensor(params, "params")
+    check_float_tensor(params, "params")
     damping = _check_nonnegative_real(damping, "damping")
     theta = params.detach().to(_work_dtype(params)).requires_grad_(True)
     with torch.enable_grad():
@@ -246,7 +238,7 @@ def fisher_vector_product(
 ) -> torch.Tensor:
     """``(F + damping I) v`` for one vector (see :func:`fisher_vector_product_fn`; spec:
     trust_region.md eq. (3)-(4)). Returns a tensor of the parameters' shape."""
-    _check_float_tensor(vector, "vector")
+    check_float_tensor(vector, "vector")
     return fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)(vector)
 
 
@@ -289,7 +281,7 @@ def natural_gradient_direction(
     gradient of J and F weighted by the normalised occupancy, the CG (minimum-norm) solution is
     ``(A - mean_a A) / (1 - gamma)`` on states with d > 0 (trust_region.md eq. (8)).
     """
-    _check_float_tensor(gradient, "gradient")
+    check_float_tensor(gradient, "gradient")
     if gradient.shape != params.shape:
         raise ValueError(f"gradient must have the parameters' shape {tuple(params.shape)}, "
                          f"got {tuple(gradient.shape)}")
@@ -395,7 +387,7 @@ def trpo_step(
         ``(new_params, record)``: new parameters (the old ones, cloned, when no step is accepted)
         and a :class:`TRPOSearchRecord`.
     """
-    _check_float_tensor(params, "params")
+    check_float_tensor(params, "params")
     max_kl = _check_nonnegative_real(max_kl, "max_kl")
     if max_kl == 0.0:
         raise ValueError("max_kl must be > 0")
