@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import mdps, policies
 
 import tabular
 from refimpl import cpi
 from tabular.examples import random_mdp
+from tests.strategies import mdps, policies
 
 
 def t64(x) -> torch.Tensor:

@@ -8,7 +8,6 @@ import sympy as sp
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import rollout_batches
 
 import specs.estimators as spec
 from refimpl.estimators import (
@@ -24,6 +23,7 @@ from refimpl.estimators import (
     trajectory_importance_weights,
     trajectory_is,
 )
+from tests.strategies import rollout_batches
 
 F64 = torch.float64
 

@@ -12,8 +12,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import policy_loss_batches
-from test_policy_loss_reference import assert_close, exact_ratio_log, loop_reference, spec_loss_and_grad
 
 from refimpl.losses import (
     BNPO,
@@ -30,6 +28,8 @@ from refimpl.losses import (
     get_preset,
     policy_loss,
 )
+from tests.strategies import policy_loss_batches
+from tests.test_policy_loss_reference import assert_close, exact_ratio_log, loop_reference, spec_loss_and_grad
 
 # Presets with clip bounds moved to binary fractions whose ratios round-trip exactly through
 # exp(log(.)) in float64, so a token can sit *exactly* on a boundary both in the spec (exact

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import sympy as sp
-from test_policy_loss_reference import to_spec
 
 import specs.policy_losses as spec
 from refimpl.losses import DR_GRPO, PRESETS
+from tests.test_policy_loss_reference import to_spec
 
 
 def test_min_clip_identity():

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import episodic_mdps, mdps, policies
 
 import tabular
 from tabular.examples import random_mdp, random_policy
 from tabular.gradients import softmax_policy
+from tests.strategies import episodic_mdps, mdps, policies
 
 
 def matrix_power_values(mdp, pi, H):

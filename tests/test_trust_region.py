@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import mdps, seeded_random_mdps, softmax_params
 
 import tabular
 from refimpl import trust_region as tr
 from tabular.examples import random_mdp
+from tests.strategies import mdps, seeded_random_mdps, softmax_params
 
 
 # ----------------------------------------------------------------------------- conjugate gradient
