@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run report test test-thorough lint bench clean
+.PHONY: install run report test test-thorough test-portable lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,19 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
 
+# SEED=N fixes hypothesis' randomisation (pytest --hypothesis-seed), so a failure found by one
+# seed can be replayed: make test-thorough SEED=1
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough $(BIN)/python -m pytest -q
+	HYPOTHESIS_PROFILE=thorough $(BIN)/python -m pytest -q $(if $(SEED),--hypothesis-seed=$(SEED))
+
+# The suite under kernels that imitate other CPUs (ATen's dispatch: no SIMD, AVX2) and with 1 and 2
+# threads; run it before resolving a numerical change.
+test-portable: $(STAMP)
+	$(BIN)/ruff check .
+	for cap in default avx2; do for threads in 1 2; do \
+	  echo "== ATEN_CPU_CAPABILITY=$$cap OMP_NUM_THREADS=$$threads"; \
+	  ATEN_CPU_CAPABILITY=$$cap OMP_NUM_THREADS=$$threads HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} \
+	    $(BIN)/python -m pytest -q -p no:cacheprovider || exit 1; done; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
