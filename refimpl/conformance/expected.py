@@ -12,7 +12,9 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``sequence_log_ratio_cap c`` (GSPO-token): rows whose ``log s_i`` exceeds c get a detached
   ``logp`` shifted so that ``log s_i = c``;
 * ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
-* ``kl_log_ratio_clamp`` / ``kl_value_clamp``: the k3 term is built here and passed as ``kl=``;
+* ``kl_log_ratio_clamp`` / ``kl_value_clamp`` / ``kl_log_ratio_max`` / ``kl_k3_form`` /
+  ``kl_value_clamp_scope`` / ``kl_compute_dtype``: the KL term is built here and passed as ``kl=``;
+* ``normalizer_rounding``: the denominator rounded as ``rounded_normalizer`` says;
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
@@ -70,6 +72,17 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
     return nonempty if convention.empty_rows == "drop" else every
 
 
+def rounded_normalizer(denominator: float, micro_batches: int, convention: Convention) -> float:
+    """The denominator a framework effectively divides by (flag ``normalizer_rounding``): exact, or
+    ``micro_batches * float32(float32(denominator) / micro_batches)`` (OpenRLHF's
+    ``_optimizer_step_loss_norm`` divides the float32 count by the accumulation steps, DeepSpeed
+    divides each micro-batch loss by them again)."""
+    if convention.normalizer_rounding == "exact":
+        return denominator
+    per_step = torch.tensor(denominator, dtype=torch.float32) / micro_batches
+    return micro_batches * float(per_step)
+
+
 def _clamped_logp(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) -> torch.Tensor:
     if clamp is None:
         return logp
@@ -88,17 +101,38 @@ def _capped_sequence_logp(logp, old, mask, cap: float | None):
     return torch.where(over, shifted, logp)
 
 
+def _k3_of_log_ratio(log_r: torch.Tensor, form: str) -> torch.Tensor:
+    """k3 = r - 1 - log r from ``log r`` (kl.md eq. (4)): "accurate" (refimpl.kl) or "naive"
+    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``)."""
+    if form == "naive":
+        return torch.exp(log_r) - 1 - log_r
+    return kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
+
+
 def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, mask) -> torch.Tensor:
+    """Per-token KL estimate with the KL flags: ``kl_compute_dtype`` (float32 inputs),
+    ``kl_log_ratio_clamp`` / ``kl_log_ratio_max`` / ``kl_k3_form`` (k3 only) and
+    ``kl_value_clamp`` (k3 only or every estimator, ``kl_value_clamp_scope``)."""
     zero = torch.zeros((), dtype=logp.dtype)
     logp_m = torch.where(mask, logp, zero)
     ref_m = torch.where(mask, ref, zero)
-    if convention.kl_log_ratio_clamp is not None and variant.kl_estimator == "k3":
-        c = convention.kl_log_ratio_clamp
-        log_r = (ref_m - logp_m).clamp(-c, c)
-        value = kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
+    if convention.kl_compute_dtype == "float32":
+        logp_m, ref_m = logp_m.float(), ref_m.float()
+    k3 = variant.kl_estimator == "k3"
+    if k3 and (
+        convention.kl_log_ratio_clamp is not None
+        or convention.kl_log_ratio_max is not None
+        or convention.kl_k3_form != "accurate"
+    ):
+        log_r = ref_m - logp_m
+        if convention.kl_log_ratio_clamp is not None:
+            log_r = log_r.clamp(-convention.kl_log_ratio_clamp, convention.kl_log_ratio_clamp)
+        if convention.kl_log_ratio_max is not None:
+            log_r = log_r.clamp(max=convention.kl_log_ratio_max)
+        value = _k3_of_log_ratio(log_r, convention.kl_k3_form)
     else:
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
-    if convention.kl_value_clamp is not None and variant.kl_estimator == "k3":
+    if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
     return value
 
@@ -109,7 +143,13 @@ def convention_loss(logp, old, adv, mask, ref, variant, convention, normalizer) 
     ratio_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
     if variant.ratio == "gspo_token":
         ratio_logp = _capped_sequence_logp(ratio_logp, old, mask, convention.sequence_log_ratio_cap)
-    clamps_kl = convention.kl_log_ratio_clamp is not None or convention.kl_value_clamp is not None
+    clamps_kl = (
+        convention.kl_log_ratio_clamp is not None
+        or convention.kl_value_clamp is not None
+        or convention.kl_log_ratio_max is not None
+        or convention.kl_k3_form != "accurate"
+        or convention.kl_compute_dtype != "input"
+    )
     kwargs = {}
     if ref is not None and variant.kl_coef > 0:
         if clamps_kl or ratio_logp is not logp:
@@ -139,6 +179,7 @@ def expected_policy_loss(
     total = torch.zeros((), dtype=torch.float64)
     for i, own in zip(index, local, strict=True):
         denominator = sum(local) if convention.micro_batch == "global" else own
+        denominator = rounded_normalizer(denominator, len(parts), convention)
         total = total + convention_loss(
             logp[i],
             old[i],
