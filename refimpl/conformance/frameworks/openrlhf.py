@@ -190,7 +190,8 @@ _UNSUPPORTED = {
         "gspo/dual-clip": "GSPO's sequence ratio with dual_clip has no spec variant (dual_clip needs the "
         "token-level clip gate)",
         "dr_grpo (seq_sum)": "aggregate_loss has only token-mean and seq-mean-token-mean; no "
-        "sum / (sequences x L_max) aggregation",
+        "sum / (sequences x L_max) aggregation (--algo.advantage.estimator dr_grpo changes only the "
+        "advantages: mean-centred, not divided by the std)",
         "gspo_token": "OpenRLHF has no GSPO-token form (its gspo back-propagates the sequence ratio "
         "exactly; the two agree for per-sequence advantages)",
         "sapo": "no SAPO gate in OpenRLHF 0.11.2",
@@ -417,15 +418,12 @@ def _loss_batch_info(call, loss_utils) -> tuple[dict, int]:
         else:
             tokens, sequences = int(mask.sum()), int(mask.any(dim=-1).sum())
     tokens, sequences = int(round(tokens)), int(round(sequences))
+    if tokens < sequences or (sequences == 0) != (tokens == 0):
+        raise ValueError(f"call: global_tokens={tokens} and global_sequences={sequences} are inconsistent")
+    carrier = torch.zeros((max(sequences, 1), max(tokens - sequences + 1, 1)), dtype=torch.long)
     if sequences > 0:
-        carrier = torch.zeros((sequences, max(tokens - sequences + 1, 1)), dtype=torch.long)
         carrier[:, 0] = 1
         carrier[0, :] = 1
-        if int(carrier.sum()) != tokens:  # tokens < sequences cannot come from a real batch
-            carrier = torch.zeros((1, tokens), dtype=torch.long) + 1
-    else:
-        carrier = torch.zeros((1, max(tokens, 1)), dtype=torch.long)
-        carrier[0, :tokens] = 1
     info = loss_utils._optimizer_step_loss_norm([carrier], None, 1, gas)
     info = {k: (v.to(call.logp.device) if isinstance(v, torch.Tensor) else v) for k, v in info.items()}
     return info, gas
