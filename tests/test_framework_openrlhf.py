@@ -30,7 +30,7 @@ from refimpl.conformance.cases import KLCase
 from refimpl.conformance.checks import PolicyLossCall
 from refimpl.conformance.expected import effective_variant, expected_kl, expected_policy_loss
 from refimpl.conformance.frameworks import load_driver, source_hash
-from refimpl.losses import get_preset
+from refimpl.losses import get_preset, policy_loss
 
 pytestmark = pytest.mark.framework
 
@@ -195,6 +195,36 @@ def test_policy_loss_kwargs_follow_the_variant_and_refuse_what_openrlhf_lacks():
         driver.target("policy_loss", "sapo")
     with pytest.raises(ValueError, match="kind must be"):
         driver.modes("value")
+
+
+@pytest.mark.parametrize(("openrlhf_mode", "spec_correction"), [("clip", "truncate"), ("mask", "mask")])
+@pytest.mark.parametrize("preset", ["ppo", "grpo"])
+def test_token_is_correction_is_the_spec_behaviour_correction(openrlhf_mode, spec_correction, preset):
+    # Not reachable through the kit (its cases carry no behaviour log-probs): OpenRLHF's token-level
+    # TIS (clip) / ICEPOP (mask) with threshold (0, cap) against policy_loss(behavior_logp=...).
+    # Tolerance: float64 sums of ~20 terms; the cap enters as exp(log cap) vs cap (1 ulp).
+    g = torch.Generator().manual_seed(7)
+    lengths = [5, 2, 0, 4]
+    mask = torch.arange(5).expand(4, 5) < torch.tensor(lengths).unsqueeze(-1)
+    old = -3.0 + 2.9 * torch.rand((4, 5), generator=g, dtype=torch.float64)
+    logp = (old + 0.6 * torch.rand((4, 5), generator=g, dtype=torch.float64) - 0.3).requires_grad_(True)
+    rollout = old + 3.0 * torch.rand((4, 5), generator=g, dtype=torch.float64) - 1.5  # w in [0.22, 4.5]
+    adv = torch.tensor([0.9, -1.3, 0.5, -0.4], dtype=torch.float64)
+    cap = 2.0
+    v = dataclasses.replace(get_preset(preset), behavior_correction=spec_correction, behavior_cap=cap)
+    expected, _ = policy_loss(logp, old, adv, mask, v, behavior_logp=rollout)
+    (expected_grad,) = torch.autograd.grad(expected, logp)
+    fn = driver._modules()["loss"].PolicyLoss(
+        token_level_loss=preset == "ppo", is_correction_level="token", is_correction_mode=openrlhf_mode,
+        is_correction_threshold=(0.0, cap),
+    )
+    info = dict(dp_size=1, batch_num_tokens=mask.sum().float(), global_batch_size=mask.any(-1).sum().float())
+    got = fn(logp, old, adv.unsqueeze(-1).expand(4, 5), action_mask=mask.long(), rollout_log_probs=rollout,
+             **info)[0]
+    (grad,) = torch.autograd.grad(got, logp)
+    assert float((rollout - old).exp().max()) > cap > float((rollout - old).exp().min())  # both sides
+    assert torch.allclose(got, expected, rtol=1e-13, atol=0)
+    assert torch.allclose(grad, expected_grad, rtol=1e-13, atol=1e-15)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -182,10 +182,11 @@ _PRESET_MODES = {
 
 _UNSUPPORTED = {
     "policy_loss": {
-        "is_correction (token/seq, mask/clip, ratio/binary_kl/tv)": "the vLLM/train mismatch correction "
-        "needs rollout_log_probs; the kit's cases carry no behaviour log-probs (the spec's "
-        "behavior_correction 'truncate'/'mask' match is_correction_level='token' with "
-        "is_correction_threshold (0, cap), modes clip/mask, but cannot be exercised)",
+        "is_correction token clip / mask (TIS / ICEPOP)": "equal to the spec's behavior_correction "
+        "'truncate' / 'mask' with is_correction_threshold (0, cap) (tests/test_framework_openrlhf.py, "
+        "direct inputs), but PolicyLossCall and the kit's cases carry no rollout (behaviour) log-probs",
+        "is_correction seq level, binary_kl / tv gating, lower threshold > 0": "no spec variant: a "
+        "per-sequence geometric-mean or divergence gate that keeps per-token weights, or a lower cut",
         "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases)",
         "gspo/dual-clip": "GSPO's sequence ratio with dual_clip has no spec variant (dual_clip needs the "
         "token-level clip gate)",
