@@ -401,10 +401,12 @@ def _loss_batch_info(call, loss_utils) -> tuple[dict, int]:
     """(``loss_batch_info``, gas) for one micro-batch from OpenRLHF's ``_optimizer_step_loss_norm``.
 
     That function sums the token count and the non-empty-row count over the masks of the step's
-    micro-batches and divides by ``gas`` in float32. The call carries the step's global counts
-    (``global_tokens``, ``global_sequences``), so it is given one mask with exactly those counts
-    (row 0 holds the surplus tokens, every other row one token). Without the kit's global fields
-    (older kit) the call's ``normalizer`` (or the call's own counts) stands for both, gas = 1.
+    micro-batches and divides by ``gas`` (the kit's ``micro_batch_count``) in float32. The call
+    carries the step's denominator: ``normalizer`` (the kit's global denominator of the variant's
+    aggregation, also an externally imposed one as in the golden vectors) or else the global
+    counts ``global_tokens`` / ``global_sequences``, else the call's own counts. OpenRLHF's
+    function is given one mask with exactly those counts (row 0 holds the surplus tokens, every
+    other row one token); PolicyLoss reads only the count of its own aggregation.
     """
     import torch
 
@@ -412,12 +414,12 @@ def _loss_batch_info(call, loss_utils) -> tuple[dict, int]:
     gas = int(getattr(call, "micro_batch_count", 1) or 1)
     tokens = getattr(call, "global_tokens", None)
     sequences = getattr(call, "global_sequences", None)
-    if tokens is None or sequences is None:
-        gas = 1
-        if call.normalizer is not None:
-            tokens = sequences = call.normalizer
-        else:
-            tokens, sequences = int(mask.sum()), int(mask.any(dim=-1).sum())
+    if call.normalizer is not None:
+        tokens = sequences = call.normalizer
+    elif tokens is None or sequences is None:
+        tokens, sequences = int(mask.sum()), int(mask.any(dim=-1).sum())
+    if tokens != round(tokens) or sequences != round(sequences):
+        raise ValueError(f"call: OpenRLHF counts whole tokens / sequences, got {tokens} and {sequences}")
     tokens, sequences = int(round(tokens)), int(round(sequences))
     if tokens < sequences or (sequences == 0) != (tokens == 0):
         raise ValueError(f"call: global_tokens={tokens} and global_sequences={sequences} are inconsistent")
