@@ -113,9 +113,10 @@ def test_driver_loads_the_installed_sources_without_leaving_stubs():
     assert sys.modules[type(fn).__module__].__file__ == str(files[0])
     # the package __init__ chain (actor, model: peft, flash_attn, deepspeed) is never imported
     assert "openrlhf.models" not in sys.modules
-    # a stub stands in for deepspeed only while the sources execute
+    # a stub stands in for deepspeed, and torch.compile is the identity, only while the sources execute
     if "deepspeed" in driver.STUBBED:
         assert "deepspeed" not in sys.modules
+    assert (torch.compile.__module__, torch.compile.__name__) == ("torch", "compile")
 
 
 def test_another_installed_version_warns(monkeypatch):

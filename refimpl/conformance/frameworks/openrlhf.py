@@ -13,8 +13,10 @@ unchanged, as submodules of two private packages (``_refimpl_openrlhf_models`` a
 dependency on that path is ``import deepspeed`` at the top of ``models/utils.py`` (used only by
 ``set_z3_leaf_modules``, which the losses never call): when the real ``deepspeed`` is absent a
 stub module stands in for it *while those files execute* and is removed from ``sys.modules``
-afterwards, so nothing else in the process sees a fake ``deepspeed``. Nothing in site-packages
-is edited and no other stub is needed (``torch.distributed`` is only queried, never initialised).
+afterwards, so nothing else in the process sees a fake ``deepspeed``. While they load,
+``torch.compile`` is also the identity (``compute_entropy``'s decorator; it is never called and
+would import ``torch._dynamo``, ~8 s). Nothing in site-packages is edited and no other stub is
+needed (``torch.distributed`` is only queried, never initialised).
 
 What a call does (``training_step`` of ``trainer/ray/ppo_actor.py``, single data-parallel rank):
 ``PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, token_level_loss, policy_loss_type)`` is
@@ -258,6 +260,21 @@ def _import_stubs(names: tuple[str, ...]) -> Iterator[list[str]]:
             sys.modules.pop(name, None)
 
 
+@contextlib.contextmanager
+def _plain_torch_compile() -> Iterator[None]:
+    """While the sources load, ``torch.compile`` returns its function unchanged: ``models/utils.py``
+    decorates ``compute_entropy`` (never called by the losses) with ``@torch.compile``, whose
+    first use imports ``torch._dynamo`` (~8 s of import time per process)."""
+    import torch
+
+    original = torch.compile
+    torch.compile = lambda fn=None, *args, **kwargs: fn if fn is not None else (lambda f: f)
+    try:
+        yield
+    finally:
+        torch.compile = original
+
+
 _LOADED: dict[str, types.ModuleType] = {}
 STUBBED: list[str] = []  # which import-only dependencies were stubbed when the sources were loaded
 
@@ -278,7 +295,7 @@ def _modules() -> dict[str, types.ModuleType]:
         raise ModuleNotFoundError("OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)")
     _private_package(_MODELS_PKG, root / "models")
     _private_package(_UTILS_PKG, root / "utils")
-    with _import_stubs(("deepspeed",)) as stubbed:
+    with _import_stubs(("deepspeed",)) as stubbed, _plain_torch_compile():
         utils = importlib.import_module(f"{_MODELS_PKG}.utils")
         loss = importlib.import_module(f"{_MODELS_PKG}.loss")
     loss_utils = importlib.import_module(f"{_UTILS_PKG}.loss_utils")
