@@ -54,7 +54,9 @@ __all__ = [
     "modes",
     "unsupported_modes",
     "mode_for_preset",
+    "policy_loss_kwargs",
     "target",
+    "STUBBED",
 ]
 
 NAME = "openrlhf"
