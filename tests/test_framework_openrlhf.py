@@ -58,7 +58,7 @@ def _variant(mode):
 
 
 def _classes() -> tuple[str, ...]:
-    skip = {"golden_vectors", "kl_penalty"}
+    skip = {"golden_vectors"}
     if not _KIT_HAS_DTYPE:
         skip |= {"bf16", "fp16"}
     if not _KIT_HAS_MICRO:
@@ -87,8 +87,8 @@ def _micro_batch_errors(mode_name: str, conv: Convention) -> list[float]:
             i = torch.tensor(part)
             call = types.SimpleNamespace(
                 logp=logp[i], old_logp=case.old_logp[i], advantages=case.advantages[i], mask=case.mask[i],
-                ref_logp=None, rewards=case.rewards[i], group_ids=case.group_ids[i], normalizer=None,
-                config={}, micro_batch_index=k, **glob,
+                ref_logp=None if case.ref_logp is None else case.ref_logp[i], rewards=case.rewards[i],
+                group_ids=case.group_ids[i], normalizer=None, config={}, micro_batch_index=k, **glob,
             )
             total = total + adapter(fn, call)
         (grad,) = torch.autograd.grad(total, logp)
@@ -134,10 +134,11 @@ def test_another_installed_version_warns(monkeypatch):
 def test_policy_mode_passes_every_case_class_under_its_profile(mode_name):
     mode = driver.modes()[mode_name]
     fn, adapter = driver.target("policy_loss", mode_name)
-    report = check_policy_loss(fn, _variant(mode), convention=_conv(mode.convention), adapter=adapter,
-                               classes=_classes())
+    v = _variant(mode)
+    report = check_policy_loss(fn, v, convention=_conv(mode.convention), adapter=adapter, classes=_classes())
     assert report.ok, report.render()
-    assert {r.case_class for r in report.results} == set(_classes())
+    without_kl = {"kl_penalty"} if v.kl_coef == 0 else set()
+    assert {r.case_class for r in report.results} == set(_classes()) - without_kl
 
 
 @pytest.mark.parametrize("mode_name", _POLICY_MODES)
@@ -161,6 +162,27 @@ def test_ppo_modes_need_the_log_ratio_clamp(mode_name):
     report = check_policy_loss(fn, _variant(mode), convention=without, adapter=adapter,
                                classes=("extreme_log_ratio", "inside_clip"))
     assert report.failing_classes() == ["extreme_log_ratio"]
+
+
+@pytest.mark.parametrize(
+    ("mode_name", "flag", "failing"),
+    [
+        # the KL loss is a token mean also under seq-mean-token-mean (0.028 / 3e-5 off otherwise)
+        ("ppo/seq-mean-token-mean+kl-loss/k3", "kl_aggregation", ["inside_clip", "kl_penalty"]),
+        # float32 KL tokens summed in float32 (1e-7 off when summed in float64)
+        ("ppo/token-mean+kl-loss/k3", "kl_compute_dtype", ["kl_penalty"]),
+        ("ppo/token-mean+kl-loss/k3", "kl_value_clamp", ["kl_penalty"]),
+        # k2's value is clamped at 10 too (|log r| up to 24 in the kl_penalty case)
+        ("ppo/seq-mean-token-mean+kl-loss/k2", "kl_value_clamp_scope", ["kl_penalty"]),
+    ],
+)
+def test_kl_loss_modes_need_their_kl_flags(mode_name, flag, failing):
+    mode = driver.modes()[mode_name]
+    fn, adapter = driver.target("policy_loss", mode_name)
+    conv = dataclasses.replace(_conv(mode.convention), **{flag: getattr(Convention(), flag)})
+    report = check_policy_loss(fn, _variant(mode), convention=conv, adapter=adapter,
+                               classes=("inside_clip", "kl_penalty"))
+    assert report.failing_classes() == failing
 
 
 def test_gspo_has_no_log_ratio_clamp():
@@ -201,8 +223,6 @@ def test_policy_loss_kwargs_follow_the_variant_and_refuse_what_openrlhf_lacks():
         driver.policy_loss_kwargs(get_preset("dr_grpo"))
     with pytest.raises(ValueError, match="variant.ratio"):
         driver.policy_loss_kwargs(get_preset("gspo_token"))
-    with pytest.raises(ValueError, match="variant.kl_coef"):
-        driver.policy_loss_kwargs(dataclasses.replace(get_preset("grpo"), kl_coef=0.04))
     with pytest.raises(ValueError, match="not an OpenRLHF policy_loss mode"):
         driver.target("policy_loss", "sapo")
     with pytest.raises(ValueError, match="kind must be"):

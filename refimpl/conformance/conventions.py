@@ -52,6 +52,7 @@ _NORMALIZER_ROUNDING = ("exact", "float32_per_micro_batch")
 _KL_COMPUTE_DTYPES = ("input", "float32")
 _KL_K3_FORMS = ("accurate", "naive")
 _KL_VALUE_CLAMP_SCOPES = ("k3", "all")
+_KL_AGGREGATIONS = ("policy", "token_mean")
 # TRL GRPOConfig.scale_rewards -> group_advantages(scale=...) (advantages.md eq. (5), (14))
 _TRL_SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
 
@@ -88,6 +89,9 @@ class Convention:
         kl_log_ratio_max: clamp ``log r`` above at this value inside k3 (one-sided; OpenRLHF: 10).
         kl_value_clamp_scope: ``kl_value_clamp`` applies to "k3" only (verl's low_var_kl) or to
             "all" estimators (OpenRLHF).
+        kl_aggregation: the KL term of the loss is aggregated like the "policy" term (spec) or
+            always as a global "token_mean" (OpenRLHF's training_step), reduced in the KL's
+            compute dtype (``kl_compute_dtype``).
     """
 
     name: str = "reference"
@@ -112,6 +116,7 @@ class Convention:
     kl_k3_form: str = "accurate"
     kl_log_ratio_max: float | None = None
     kl_value_clamp_scope: str = "k3"
+    kl_aggregation: str = "policy"
 
     def __post_init__(self) -> None:
         choices = {
@@ -127,6 +132,7 @@ class Convention:
             "kl_compute_dtype": _KL_COMPUTE_DTYPES,
             "kl_k3_form": _KL_K3_FORMS,
             "kl_value_clamp_scope": _KL_VALUE_CLAMP_SCOPES,
+            "kl_aggregation": _KL_AGGREGATIONS,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -208,6 +214,9 @@ FLAG_REASONS: dict[str, str] = {
     "log r = log(pi_ref / pi) above at 10 (one-sided; no gradient beyond).",
     "kl_value_clamp_scope": "verl clamps only low_var_kl (k3) to [-10, 10]; OpenRLHF clamps the value "
     "of every estimator (k1, k2, k3) to [-10, 10].",
+    "kl_aggregation": "OpenRLHF adds its KL loss outside PolicyLoss as aggregate_loss(kl, mask, "
+    "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
+    "sequence mean (seq-mean-token-mean); the spec aggregates both terms alike.",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl", "openrlhf")

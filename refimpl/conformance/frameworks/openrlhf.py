@@ -26,8 +26,10 @@ integer ``action_mask`` of its sample generator, ``dp_size=1`` and the optimizer
 (``iter_grad_accum_global_norm``: global counts divided by the gradient-accumulation steps
 ``gas``). DeepSpeed (not installed) then scales every micro-batch loss by ``1 / gas`` before
 backward; the adapter applies that division, the only arithmetic here that is not OpenRLHF's.
-The KL estimators are driven alone (kind "kl": ``compute_approx_kl(logp, ref_logp,
-kl_estimator=...)``); a KL loss inside the policy loss is out of scope (see ``unsupported_modes``).
+With a KL loss (``algo.kl.use_loss``, fixed controller ``kl_ctl = init_coef``) the adapter adds
+``aggregate_loss(compute_approx_kl(logp, ref_logp, log_probs_old=old_logp, kl_estimator=...),
+action_mask, **loss_batch_info) * kl_coef`` as ``training_step`` does. The KL estimators are also
+driven alone (kind "kl").
 """
 
 from __future__ import annotations
@@ -86,12 +88,15 @@ _KL_PROFILE = {
 # * masked_nonfinite "propagate" (kit flag): aggregate_loss and masked_mean reduce with
 #   (loss * mask).sum(), so a NaN at a masked position reaches the loss;
 # * normalizer_rounding "float32_per_micro_batch": _optimizer_step_loss_norm's float32 count / gas;
+# * kl_aggregation "token_mean": with algo.kl.use_loss the KL term is aggregate_loss(kl, mask,
+#   **loss_batch_info), a global token mean whatever actor.loss_agg_mode says;
 # * log_ratio_clamp 20 (ppo only): log_probs - old_log_probs is clamped to [-20, 20] before exp.
 _POLICY_PROFILE = {
     **_KL_PROFILE,
     "compute_dtype": "input",
     "masked_nonfinite": "propagate",
     "normalizer_rounding": "float32_per_micro_batch",
+    "kl_aggregation": "token_mean",
 }
 _PPO_PROFILE = {**_POLICY_PROFILE, "log_ratio_clamp": 20.0}
 # GSPO (policy_loss_type "gspo") exponentiates the masked mean log-ratio without a clamp.
@@ -105,7 +110,13 @@ def _ppo_config(eps_low: float, eps_high: float, agg: str, dual_clip: float | No
         "actor.dual_clip": dual_clip,
         "actor.loss_agg_mode": agg,
         "algo.advantage.is_correction_level": "off",
+        "algo.kl.use_loss": False,
     }
+
+
+def _kl_loss_config(config: dict, estimator: str, coef: float) -> dict:
+    return {**config, "algo.kl.use_loss": True, "algo.kl.init_coef": coef, "algo.kl.estimator": estimator,
+            "algo.kl.unbiased_gradient": False, "algo.kl.target": None}
 
 
 _POLICY_MODES = (
@@ -148,6 +159,30 @@ _POLICY_MODES = (
         description="dual-clip PPO (dual_clip=3.0), sequence mean of token means",
     ),
     Mode(
+        "ppo/token-mean+kl-loss/k3",
+        preset="bnpo",
+        variant_overrides={"kl_coef": 0.01, "kl_estimator": "k3"},
+        framework_config=_kl_loss_config(_ppo_config(0.2, 0.2, "token-mean"), "k3", 0.01),
+        convention=_PPO_PROFILE,
+        description="clipped surrogate + 0.01 * k3 KL loss (fixed KL controller), global token means",
+    ),
+    Mode(
+        "ppo/seq-mean-token-mean+kl-loss/k3",
+        preset="grpo",
+        variant_overrides={"kl_coef": 0.01, "kl_estimator": "k3"},
+        framework_config=_kl_loss_config(_ppo_config(0.2, 0.2, "seq-mean-token-mean"), "k3", 0.01),
+        convention=_PPO_PROFILE,
+        description="OpenRLHF's GRPO recipe: sequence-mean surrogate + 0.01 * k3 KL loss (token mean)",
+    ),
+    Mode(
+        "ppo/seq-mean-token-mean+kl-loss/k2",
+        preset="grpo",
+        variant_overrides={"kl_coef": 0.01, "kl_estimator": "k2"},
+        framework_config=_kl_loss_config(_ppo_config(0.2, 0.2, "seq-mean-token-mean"), "k2", 0.01),
+        convention=_PPO_PROFILE,
+        description="sequence-mean surrogate + 0.01 * k2 KL loss (token mean)",
+    ),
+    Mode(
         "gspo",
         preset="gspo",
         framework_config={
@@ -156,6 +191,7 @@ _POLICY_MODES = (
             "actor.dual_clip": None,
             "actor.loss_agg_mode": "seq-mean-token-mean",
             "algo.advantage.is_correction_level": "off",
+            "algo.kl.use_loss": False,
         },
         convention=_GSPO_PROFILE,
         description="PolicyLoss(policy_loss_type='gspo'): sequence ratio exp(mean log-ratio) with its "
@@ -201,10 +237,8 @@ _UNSUPPORTED = {
         "exactly; the two agree for per-sequence advantages)",
         "sapo": "no SAPO gate in OpenRLHF 0.11.2",
         "cispo": "no CISPO gate in OpenRLHF 0.11.2",
-        "KL loss (algo.kl.use_loss)": "added outside PolicyLoss in training_step as kl_coef * "
-        "aggregate_loss(compute_approx_kl(...)): float32 KL tokens summed in float32 (agrees to float32 "
-        "roundoff only) and always token-mean aggregated, also under seq-mean-token-mean; the "
-        "estimator itself is checked by the kind 'kl' modes",
+        "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
+        "the kit checks one step with a fixed coefficient (the fixed controller is in scope)",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
         "the kit's cases carry no entropy",
     },
@@ -384,9 +418,6 @@ def policy_loss_kwargs(variant) -> dict[str, object]:
     if v.gate != "clip" or v.eps_low is None or v.eps_high is None:
         raise ValueError(f"variant: OpenRLHF PolicyLoss has only the two-sided clip gate, got "
                          f"gate={v.gate!r} eps_low={v.eps_low} eps_high={v.eps_high}")
-    if v.kl_coef != 0:
-        raise ValueError("variant.kl_coef: OpenRLHF adds its KL loss outside PolicyLoss (training_step: "
-                         "float32 compute_approx_kl, token-mean aggregated); check it with kind 'kl'")
     if v.behavior_correction != "none" or v.entropy_coef != 0:
         raise ValueError("variant: behavior_correction / entropy_coef are not expressible through the kit's "
                          "OpenRLHF driver (no rollout log-probs or entropy in the cases)")
@@ -416,38 +447,52 @@ def policy_loss_kwargs(variant) -> dict[str, object]:
 # Targets
 
 
-def _loss_batch_info(call, loss_utils) -> tuple[dict, int]:
-    """(``loss_batch_info``, gas) for one micro-batch from OpenRLHF's ``_optimizer_step_loss_norm``.
+def _step_counts(call, token_level: bool) -> tuple[int, int]:
+    """(tokens, sequences) of the optimizer step the call's micro-batch belongs to.
 
-    That function sums the token count and the non-empty-row count over the masks of the step's
-    micro-batches and divides by ``gas`` (the kit's ``micro_batch_count``) in float32. The call
-    carries the step's denominator: ``normalizer`` (the kit's global denominator of the variant's
-    aggregation, also an externally imposed one as in the golden vectors) or else the global
-    counts ``global_tokens`` / ``global_sequences``, else the call's own counts. OpenRLHF's
-    function is given one mask with exactly those counts (row 0 holds the surplus tokens, every
-    other row one token); PolicyLoss reads only the count of its own aggregation.
+    The count of the loss's own aggregation is the call's ``normalizer`` when given (the kit's
+    global denominator, or one imposed as in the golden vectors); otherwise, and for the other
+    count (the KL loss is always a token mean), the kit's ``global_tokens`` / ``global_sequences``,
+    else the call's own counts.
+    """
+    mask = call.mask
+    tokens = getattr(call, "global_tokens", None)
+    sequences = getattr(call, "global_sequences", None)
+    tokens = int(mask.sum()) if tokens is None else tokens
+    sequences = int(mask.any(dim=-1).sum()) if sequences is None else sequences
+    if call.normalizer is not None:
+        if call.normalizer != round(call.normalizer):
+            raise ValueError(
+                f"call.normalizer: OpenRLHF counts whole tokens / sequences, got {call.normalizer}"
+            )
+        if token_level:
+            tokens = int(round(call.normalizer))
+        else:
+            sequences = int(round(call.normalizer))
+    return int(tokens), int(sequences)
+
+
+def _loss_batch_info(call, loss_utils, token_level: bool) -> tuple[dict, int]:
+    """(``loss_batch_info``, gas) for one micro-batch from OpenRLHF's ``_optimizer_step_loss_norm``
+    (``iter_grad_accum_global_norm``'s normalisers: the step's token and non-empty-sequence counts
+    summed over its micro-batch masks and divided by ``gas``, the kit's ``micro_batch_count``, in
+    float32). It is given masks that carry the step's counts (``_step_counts``): one row of
+    ``tokens`` ones for ``batch_num_tokens``, ``sequences`` one-token rows for ``global_batch_size``.
     """
     import torch
 
-    mask = call.mask
     gas = int(getattr(call, "micro_batch_count", 1) or 1)
-    tokens = getattr(call, "global_tokens", None)
-    sequences = getattr(call, "global_sequences", None)
-    if call.normalizer is not None:
-        tokens = sequences = call.normalizer
-    elif tokens is None or sequences is None:
-        tokens, sequences = int(mask.sum()), int(mask.any(dim=-1).sum())
-    if tokens != round(tokens) or sequences != round(sequences):
-        raise ValueError(f"call: OpenRLHF counts whole tokens / sequences, got {tokens} and {sequences}")
-    tokens, sequences = int(round(tokens)), int(round(sequences))
-    if tokens < sequences or (sequences == 0) != (tokens == 0):
-        raise ValueError(f"call: global_tokens={tokens} and global_sequences={sequences} are inconsistent")
-    carrier = torch.zeros((max(sequences, 1), max(tokens - sequences + 1, 1)), dtype=torch.long)
-    if sequences > 0:
-        carrier[:, 0] = 1
-        carrier[0, :] = 1
-    info = loss_utils._optimizer_step_loss_norm([carrier], None, 1, gas)
-    info = {k: (v.to(call.logp.device) if isinstance(v, torch.Tensor) else v) for k, v in info.items()}
+    tokens, sequences = _step_counts(call, token_level)
+
+    def norm(rows: int, cols: int, key: str):
+        carrier = torch.ones((rows, cols), dtype=torch.long) if rows and cols else torch.zeros((1, 1))
+        return loss_utils._optimizer_step_loss_norm([carrier], None, 1, gas)[key].to(call.logp.device)
+
+    info = {
+        "dp_size": 1,
+        "batch_num_tokens": norm(1, tokens, "batch_num_tokens"),
+        "global_batch_size": norm(sequences, 1, "global_batch_size"),
+    }
     return info, gas
 
 
@@ -455,6 +500,7 @@ def _policy_target(variant) -> tuple[Callable, Callable]:
     mods = _modules()
     kwargs = policy_loss_kwargs(variant)
     loss_fn = mods["loss"].PolicyLoss(**kwargs)
+    kl_coef, estimator = float(variant.kl_coef), variant.kl_estimator
 
     def adapter(fn, call):
         import torch
@@ -463,8 +509,15 @@ def _policy_target(variant) -> tuple[Callable, Callable]:
         advantages = call.advantages
         if advantages.ndim == 1:  # OpenRLHF's advantages are per token
             advantages = advantages.unsqueeze(-1).expand_as(call.logp)
-        info, gas = _loss_batch_info(call, mods["loss_utils"])
+        info, gas = _loss_batch_info(call, mods["loss_utils"], kwargs.get("token_level_loss", False))
         loss = fn(call.logp, call.old_logp, advantages, action_mask=action_mask, **info)[0]
+        if kl_coef > 0:  # training_step with algo.kl.use_loss: loss = actor_loss + kl_loss * kl_ctl
+            if call.ref_logp is None:
+                raise ValueError("call.ref_logp is required when variant.kl_coef > 0")
+            kl = mods["utils"].compute_approx_kl(
+                call.logp, call.ref_logp, log_probs_old=call.old_logp, kl_estimator=estimator
+            )
+            loss = loss + mods["loss"].aggregate_loss(kl, action_mask, **info) * kl_coef
         return loss / gas  # DeepSpeed's engine.backward scales each micro-batch loss by 1 / gas
 
     return loss_fn, adapter
