@@ -323,6 +323,15 @@ def test_profile_and_framework_config_are_the_modes(preset):
     assert config["actor.policy_loss_type"] == ("gspo" if preset == "gspo" else "ppo")
 
 
+def test_every_mode_config_is_the_config_of_its_variant():
+    for mode in driver.modes("policy_loss").values():
+        assert driver.config_for_variant(_variant(mode)) == mode.framework_config, mode.name
+    grpo_kl = dataclasses.replace(get_preset("grpo"), kl_coef=0.04, kl_estimator="k2")
+    config = framework_config("openrlhf", "grpo", grpo_kl)
+    assert config["algo.kl.use_loss"] and config["algo.kl.init_coef"] == 0.04
+    assert config["algo.kl.estimator"] == "k2" and config["actor.loss_agg_mode"] == "seq-mean-token-mean"
+
+
 def test_profile_refuses_presets_openrlhf_lacks():
     with pytest.raises(ValueError, match="no OpenRLHF PolicyLoss equivalent"):
         profile("openrlhf", "sapo")

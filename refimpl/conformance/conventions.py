@@ -374,13 +374,9 @@ def framework_config(
             "sapo_temperature_neg": v.tau_neg,
         }
     if name == "openrlhf":
-        from .frameworks.openrlhf import mode_for_preset, policy_loss_kwargs
+        from .frameworks.openrlhf import config_for_variant
 
-        config = dict(mode_for_preset(key).framework_config)
-        kwargs = policy_loss_kwargs(v)
-        config["actor.eps_clip_low_high"] = (kwargs["clip_eps_low"], kwargs["clip_eps_high"])
-        config["actor.dual_clip"] = kwargs.get("dual_clip")
-        return config
+        return config_for_variant(v)
     if name == "verl":
         loss_mode, agg = _VERL_MODES[key]
         return {

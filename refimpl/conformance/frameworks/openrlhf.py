@@ -57,6 +57,7 @@ __all__ = [
     "unsupported_modes",
     "mode_for_preset",
     "policy_loss_kwargs",
+    "config_for_variant",
     "target",
     "STUBBED",
 ]
@@ -445,6 +446,23 @@ def policy_loss_kwargs(variant) -> dict[str, object]:
 
 # ----------------------------------------------------------------------------------------------
 # Targets
+
+
+def config_for_variant(variant) -> dict[str, object]:
+    """OpenRLHF's own options (``train_ppo_ray.py``) that run ``variant`` (a ``PolicyLossVariant``;
+    raises ValueError where ``policy_loss_kwargs`` does)."""
+    kwargs = policy_loss_kwargs(variant)
+    config = {
+        "actor.policy_loss_type": kwargs["policy_loss_type"],
+        "actor.eps_clip_low_high": (kwargs["clip_eps_low"], kwargs["clip_eps_high"]),
+        "actor.dual_clip": kwargs.get("dual_clip"),
+        "actor.loss_agg_mode": "token-mean" if kwargs.get("token_level_loss") else "seq-mean-token-mean",
+        "algo.advantage.is_correction_level": "off",
+        "algo.kl.use_loss": variant.kl_coef > 0,
+    }
+    if variant.kl_coef > 0:
+        config = _kl_loss_config(config, variant.kl_estimator, variant.kl_coef)
+    return config
 
 
 def _step_counts(call, token_level: bool) -> tuple[int, int]:
