@@ -120,7 +120,6 @@ def test_driver_loads_the_installed_sources_without_leaving_stubs():
 
 
 def test_another_installed_version_warns(monkeypatch):
-    monkeypatch.setattr(driver, "_LOADED", {})
     monkeypatch.setattr(driver, "installed_version", lambda: "0.0.1")
     with pytest.warns(UserWarning, match="OpenRLHF 0.0.1 is installed; the openrlhf profiles describe"):
         driver.target("policy_loss", "gspo")

@@ -337,12 +337,6 @@ def _modules() -> dict[str, types.ModuleType]:
         loss = importlib.import_module(f"{_MODELS_PKG}.loss")
     loss_utils = importlib.import_module(f"{_UTILS_PKG}.loss_utils")
     STUBBED[:] = stubbed
-    version = installed_version()
-    if version != PINNED_VERSION:
-        warnings.warn(
-            f"OpenRLHF {version} is installed; the openrlhf profiles describe {PINNED_VERSION}",
-            stacklevel=2,
-        )
     _LOADED.update(loss=loss, utils=utils, loss_utils=loss_utils)
     return _LOADED
 
@@ -560,6 +554,11 @@ def target(kind: str, mode: str | Mode, variant=None) -> tuple[Callable, Callabl
     """
     _check_kind(kind)
     m = _mode(kind, mode)
+    version = installed_version()
+    if version != PINNED_VERSION:
+        warnings.warn(
+            f"OpenRLHF {version} is installed; the openrlhf profiles describe {PINNED_VERSION}", stacklevel=2
+        )
     if kind == "policy_loss":
         return _policy_target(_mode_variant(m) if variant is None else variant)
     if kind == "kl":
