@@ -1,6 +1,8 @@
-"""The OpenRLHF driver against the installed OpenRLHF (0.11.2): every PolicyLoss mode and every
-``compute_approx_kl`` estimator passes every case class under its own profile, every flag of a
-profile is needed (dropping it makes a class fail), and the import leaves no stub behind.
+"""The OpenRLHF driver against the installed OpenRLHF (0.11.2): every PolicyLoss mode (KL loss
+included) and every ``compute_approx_kl`` estimator passes every case class under its own profile;
+each OpenRLHF flag is shown to be needed (dropping it makes a class, or a stated direct case,
+fail); the token-level IS corrections equal the spec's behaviour corrections; the import leaves no
+stub behind.
 
 Expected values come from our reference with the profile's flags (``refimpl.conformance.expected``),
 never from running OpenRLHF. Skipped with a message when OpenRLHF is not installed.
