@@ -530,7 +530,8 @@ def _policy_target(variant) -> tuple[Callable, Callable]:
                 call.logp, call.ref_logp, log_probs_old=call.old_logp, kl_estimator=estimator
             )
             loss = loss + mods["loss"].aggregate_loss(kl, action_mask, **info) * kl_coef
-        return loss / gas  # DeepSpeed's engine.backward scales each micro-batch loss by 1 / gas
+        # DeepSpeed engine.backward -> _scale_loss_by_gas: loss / gradient_accumulation_steps()
+        return loss / gas
 
     return loss_fn, adapter
 
