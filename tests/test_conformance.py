@@ -82,7 +82,7 @@ def test_profiles_that_do_not_exist_are_refused():
     with pytest.raises(ValueError, match="no verl"):
         profile("verl", "cispo")
     with pytest.raises(ValueError, match="convention must be one of"):
-        profile("openrlhf", "grpo")
+        profile("megatron", "grpo")
     with pytest.raises(ValueError, match="empty_rows"):
         Convention(empty_rows="ignore")
     with pytest.raises(ValueError, match="log_ratio_clamp"):

@@ -3,7 +3,7 @@
 A ``Convention`` is a frozen dataclass of flags. The kit computes every expected value from the
 spec's composable loss (``refimpl.losses.policy_loss``, ``refimpl.advantages.group_advantages``,
 ``refimpl.kl``) with the flags applied by one interpreter (``refimpl.conformance.expected``), so a
-convention is a value, never a code fork. Three profiles ship:
+convention is a value, never a code fork. Four profiles ship:
 
 * ``reference`` -- the spec (specs/policy_losses.md, advantages.md, kl.md): no clamps, empty rows
   dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
@@ -15,6 +15,10 @@ convention is a value, never a code fork. Three profiles ship:
 * ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
   ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
   ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
+* ``openrlhf`` -- the flags of the OpenRLHF driver's mode for the preset
+  (``refimpl.conformance.frameworks.openrlhf``, proven against the installed OpenRLHF 0.11.2
+  ``PolicyLoss`` / ``compute_approx_kl``; ``--actor.policy_loss_type``, ``--actor.loss_agg_mode``,
+  ``--actor.eps_clip_low_high``, ``--actor.dual_clip``, ``--algo.kl.estimator``).
 
 ``profile(name, preset)`` returns the profile's flags for one preset (TRL's micro-batch
 normaliser depends on its ``loss_type``; ``profile("trl", preset, scale_rewards="batch")`` selects
@@ -44,6 +48,11 @@ _STDS = ("population", "sample")
 _ZERO_VARIANCE = ("zero", "formula")
 _SINGLETON = ("zero", "error", "raw")
 _ADV_SCALES = ("group", "none", "batch_rewards")
+_NORMALIZER_ROUNDING = ("exact", "float32_per_micro_batch")
+_KL_COMPUTE_DTYPES = ("input", "float32")
+_KL_K3_FORMS = ("accurate", "naive")
+_KL_VALUE_CLAMP_SCOPES = ("k3", "all")
+_KL_AGGREGATIONS = ("policy", "token_mean")
 # TRL GRPOConfig.scale_rewards -> group_advantages(scale=...) (advantages.md eq. (5), (14))
 _TRL_SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
 
@@ -70,6 +79,19 @@ class Convention:
             ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
         adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
             "batch_rewards" (TRL ``scale_rewards="batch"``: the std of all rewards, eq. (14)).
+        normalizer_rounding: "exact" or "float32_per_micro_batch": the global normaliser is stored
+            as ``float32(count / micro_batches)`` and each micro-batch loss is divided by the
+            number of micro-batches again (OpenRLHF's ``_optimizer_step_loss_norm`` + DeepSpeed).
+        kl_compute_dtype: the KL estimator is evaluated in the "input" dtype or in "float32"
+            (OpenRLHF's ``compute_approx_kl`` casts both log-probs to float32 first).
+        kl_k3_form: k3 as "accurate" ``expm1(log r) - log r`` (kl.md eq. (4)) or "naive"
+            ``exp(log r) - 1 - log r`` (cancels for small ``|log r|`` in float32).
+        kl_log_ratio_max: clamp ``log r`` above at this value inside k3 (one-sided; OpenRLHF: 10).
+        kl_value_clamp_scope: ``kl_value_clamp`` applies to "k3" only (verl's low_var_kl) or to
+            "all" estimators (OpenRLHF).
+        kl_aggregation: the KL term of the loss is aggregated like the "policy" term (spec) or
+            always as a global "token_mean" (OpenRLHF's training_step), reduced in the KL's
+            compute dtype (``kl_compute_dtype``).
     """
 
     name: str = "reference"
@@ -89,6 +111,12 @@ class Convention:
     adv_eps_inside_sqrt: bool = True
     adv_zero_variance: str = "zero"
     adv_singleton: str = "zero"
+    normalizer_rounding: str = "exact"
+    kl_compute_dtype: str = "input"
+    kl_k3_form: str = "accurate"
+    kl_log_ratio_max: float | None = None
+    kl_value_clamp_scope: str = "k3"
+    kl_aggregation: str = "policy"
 
     def __post_init__(self) -> None:
         choices = {
@@ -100,6 +128,11 @@ class Convention:
             "adv_zero_variance": _ZERO_VARIANCE,
             "adv_singleton": _SINGLETON,
             "adv_scale": _ADV_SCALES,
+            "normalizer_rounding": _NORMALIZER_ROUNDING,
+            "kl_compute_dtype": _KL_COMPUTE_DTYPES,
+            "kl_k3_form": _KL_K3_FORMS,
+            "kl_value_clamp_scope": _KL_VALUE_CLAMP_SCOPES,
+            "kl_aggregation": _KL_AGGREGATIONS,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -110,6 +143,7 @@ class Convention:
             "dual_clip",
             "kl_log_ratio_clamp",
             "kl_value_clamp",
+            "kl_log_ratio_max",
         ):
             value = getattr(self, field)
             if value is not None and (
@@ -168,9 +202,24 @@ FLAG_REASONS: dict[str, str] = {
     "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
     "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
     "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
+    "normalizer_rounding": "OpenRLHF's _optimizer_step_loss_norm stores the step's global token / "
+    "sequence count divided by the gradient-accumulation steps as a float32 tensor and DeepSpeed "
+    "divides each micro-batch loss by those steps again: the denominator is "
+    "gas * float32(count / gas), off by up to 2^-24 relative when gas does not divide the count.",
+    "kl_compute_dtype": "OpenRLHF's compute_approx_kl casts both log-probs to float32 (.float()) "
+    "before the log-ratio, so float64 inputs are evaluated in float32.",
+    "kl_k3_form": "k3 = r - 1 - log r evaluated directly (OpenRLHF, verl) cancels for |log r| << 1 "
+    "(in float32 the error is ~1e-7 absolute on a value ~(log r)^2 / 2); the spec uses expm1 / a series.",
+    "kl_log_ratio_max": "OpenRLHF's k3 clamps log(pi / pi_ref) below at -10 before exp, i.e. "
+    "log r = log(pi_ref / pi) above at 10 (one-sided; no gradient beyond).",
+    "kl_value_clamp_scope": "verl clamps only low_var_kl (k3) to [-10, 10]; OpenRLHF clamps the value "
+    "of every estimator (k1, k2, k3) to [-10, 10].",
+    "kl_aggregation": "OpenRLHF adds its KL loss outside PolicyLoss as aggregate_loss(kl, mask, "
+    "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
+    "sequence mean (seq-mean-token-mean); the spec aggregates both terms alike.",
 }
 
-PROFILE_NAMES = ("reference", "trl", "verl")
+PROFILE_NAMES = ("reference", "trl", "verl", "openrlhf")
 
 # TRL loss_type of each preset (TRL GRPOConfig documentation; gspo = importance_sampling_level
 # "sequence" with loss_type "grpo").
@@ -229,7 +278,7 @@ def _preset_key(preset: str) -> str:
 
 
 def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str | None = None) -> Convention:
-    """The flags of profile ``name`` ("reference", "trl", "verl") for ``preset`` (a preset name).
+    """The flags of profile ``name`` ("reference", "trl", "verl", "openrlhf") for ``preset``.
 
     ``scale_rewards`` (TRL profile only) is TRL's ``GRPOConfig.scale_rewards``: "group", "batch"
     (advantages.md eq. (14)) or "none"; None takes TRL's value for the preset ("none" for dr_grpo,
@@ -264,6 +313,8 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
         if scale_rewards is None:
             scale_rewards = "none" if key == "dr_grpo" else "group"
         return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
+    if name == "openrlhf":
+        return _openrlhf_profile(preset)
     if key not in _VERL_MODES:
         raise ValueError(
             f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
@@ -282,6 +333,16 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
     return dataclasses.replace(_VERL, adv_scale=scale, **flags)
 
 
+def _openrlhf_profile(preset: str) -> Convention:
+    """The flags of the OpenRLHF driver's mode for ``preset`` (``Mode.convention``, data kept with
+    the driver). Flags this ``Convention`` does not define yet (generic flags of the kit) are
+    skipped so that the profile can be built before they land."""
+    from .frameworks.openrlhf import mode_for_preset
+
+    known = {f.name for f in dataclasses.fields(Convention)}
+    return Convention(**{k: v for k, v in mode_for_preset(preset).convention.items() if k in known})
+
+
 def framework_config(
     name: str, preset: str, variant: object | None = None, *, scale_rewards: str | None = None
 ) -> dict[str, object]:
@@ -289,7 +350,8 @@ def framework_config(
 
     ``variant`` (a PolicyLossVariant, default the preset) supplies eps / tau / L_max / beta;
     ``scale_rewards`` is passed to ``profile`` (TRL only).
-    TRL keys follow ``GRPOConfig``; verl keys follow ``actor_rollout_ref.actor`` and ``algorithm``.
+    TRL keys follow ``GRPOConfig``; verl keys follow ``actor_rollout_ref.actor`` and ``algorithm``;
+    OpenRLHF keys follow ``train_ppo_ray.py``'s ``--actor.*`` / ``--algo.*`` options.
     """
     from refimpl.losses import get_preset
 
@@ -311,6 +373,10 @@ def framework_config(
             "sapo_temperature_pos": v.tau_pos,
             "sapo_temperature_neg": v.tau_neg,
         }
+    if name == "openrlhf":
+        from .frameworks.openrlhf import config_for_variant
+
+        return config_for_variant(v)
     if name == "verl":
         loss_mode, agg = _VERL_MODES[key]
         return {

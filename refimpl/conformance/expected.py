@@ -12,7 +12,11 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``sequence_log_ratio_cap c`` (GSPO-token): rows whose ``log s_i`` exceeds c get a detached
   ``logp`` shifted so that ``log s_i = c``;
 * ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
-* ``kl_log_ratio_clamp`` / ``kl_value_clamp``: the k3 term is built here and passed as ``kl=``;
+* ``kl_log_ratio_clamp`` / ``kl_value_clamp`` / ``kl_log_ratio_max`` / ``kl_k3_form`` /
+  ``kl_value_clamp_scope`` / ``kl_compute_dtype``: the KL term is built here and passed as ``kl=``;
+* ``normalizer_rounding``: the denominator rounded as ``rounded_normalizer`` says;
+* ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
+  the KL's compute dtype) added to the policy term of the variant's own aggregation;
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
@@ -70,6 +74,25 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
     return nonempty if convention.empty_rows == "drop" else every
 
 
+def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -> tuple[float, int]:
+    """(per-step token count, micro-batches) of a token-mean KL term: exact ``(tokens, 1)`` or,
+    under ``normalizer_rounding="float32_per_micro_batch"``, ``(float32(tokens) / mb, mb)``."""
+    if convention.normalizer_rounding == "exact":
+        return tokens, 1
+    return float(torch.tensor(tokens, dtype=torch.float32) / micro_batches), micro_batches
+
+
+def rounded_normalizer(denominator: float, micro_batches: int, convention: Convention) -> float:
+    """The denominator a framework effectively divides by (flag ``normalizer_rounding``): exact, or
+    ``micro_batches * float32(float32(denominator) / micro_batches)`` (OpenRLHF's
+    ``_optimizer_step_loss_norm`` divides the float32 count by the accumulation steps, DeepSpeed
+    divides each micro-batch loss by them again)."""
+    if convention.normalizer_rounding == "exact":
+        return denominator
+    per_step = torch.tensor(denominator, dtype=torch.float32) / micro_batches
+    return micro_batches * float(per_step)
+
+
 def _clamped_logp(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) -> torch.Tensor:
     if clamp is None:
         return logp
@@ -88,28 +111,73 @@ def _capped_sequence_logp(logp, old, mask, cap: float | None):
     return torch.where(over, shifted, logp)
 
 
+def _k3_of_log_ratio(log_r: torch.Tensor, form: str) -> torch.Tensor:
+    """k3 = r - 1 - log r from ``log r`` (kl.md eq. (4)): "accurate" (refimpl.kl) or "naive"
+    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``)."""
+    if form == "naive":
+        return torch.exp(log_r) - 1 - log_r
+    return kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
+
+
 def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, mask) -> torch.Tensor:
+    """Per-token KL estimate with the KL flags: ``kl_compute_dtype`` (float32 inputs),
+    ``kl_log_ratio_clamp`` / ``kl_log_ratio_max`` / ``kl_k3_form`` (k3 only) and
+    ``kl_value_clamp`` (k3 only or every estimator, ``kl_value_clamp_scope``)."""
     zero = torch.zeros((), dtype=logp.dtype)
     logp_m = torch.where(mask, logp, zero)
     ref_m = torch.where(mask, ref, zero)
-    if convention.kl_log_ratio_clamp is not None and variant.kl_estimator == "k3":
-        c = convention.kl_log_ratio_clamp
-        log_r = (ref_m - logp_m).clamp(-c, c)
-        value = kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
+    if convention.kl_compute_dtype == "float32":
+        logp_m, ref_m = logp_m.float(), ref_m.float()
+    k3 = variant.kl_estimator == "k3"
+    if k3 and (
+        convention.kl_log_ratio_clamp is not None
+        or convention.kl_log_ratio_max is not None
+        or convention.kl_k3_form != "accurate"
+    ):
+        log_r = ref_m - logp_m
+        if convention.kl_log_ratio_clamp is not None:
+            log_r = log_r.clamp(-convention.kl_log_ratio_clamp, convention.kl_log_ratio_clamp)
+        if convention.kl_log_ratio_max is not None:
+            log_r = log_r.clamp(max=convention.kl_log_ratio_max)
+        value = _k3_of_log_ratio(log_r, convention.kl_k3_form)
     else:
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
-    if convention.kl_value_clamp is not None and variant.kl_estimator == "k3":
+    if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
     return value
 
 
-def convention_loss(logp, old, adv, mask, ref, variant, convention, normalizer) -> torch.Tensor:
+def _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) -> torch.Tensor:
+    """``kl_coef * sum(kl) / per_step / micro_batches`` with ``kl_denominator = (per_step,
+    micro_batches)`` (default: this batch's token count, 1), reduced in the KL's compute dtype
+    (flag ``kl_aggregation="token_mean"``)."""
+    kl = _kl_tokens(logp, ref, variant, convention, mask)
+    per_step, micro_batches = kl_denominator if kl_denominator is not None else (float(mask.sum()), 1)
+    term = (kl * mask).sum() / torch.tensor(per_step if per_step > 0 else 1.0, dtype=kl.dtype)
+    return (term * variant.kl_coef).to(torch.float64) / micro_batches
+
+
+def convention_loss(
+    logp, old, adv, mask, ref, variant, convention, normalizer, kl_denominator=None
+) -> torch.Tensor:
     """The loss of one (micro-)batch under ``convention`` with denominator ``normalizer`` (md eq. (12)
-    with the flags of the module docstring); ``variant`` is already effective."""
+    with the flags of the module docstring); ``variant`` is already effective. ``kl_denominator``
+    (per-step token count, micro-batches) is the KL term's under ``kl_aggregation="token_mean"``."""
+    if ref is not None and variant.kl_coef > 0 and convention.kl_aggregation == "token_mean":
+        policy = convention_loss(
+            logp, old, adv, mask, None, dataclasses.replace(variant, kl_coef=0.0), convention, normalizer
+        )
+        return policy + _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator)
     ratio_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
     if variant.ratio == "gspo_token":
         ratio_logp = _capped_sequence_logp(ratio_logp, old, mask, convention.sequence_log_ratio_cap)
-    clamps_kl = convention.kl_log_ratio_clamp is not None or convention.kl_value_clamp is not None
+    clamps_kl = (
+        convention.kl_log_ratio_clamp is not None
+        or convention.kl_value_clamp is not None
+        or convention.kl_log_ratio_max is not None
+        or convention.kl_k3_form != "accurate"
+        or convention.kl_compute_dtype != "input"
+    )
     kwargs = {}
     if ref is not None and variant.kl_coef > 0:
         if clamps_kl or ratio_logp is not logp:
@@ -136,9 +204,11 @@ def expected_policy_loss(
     parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
     index = [torch.tensor(p, dtype=torch.long) for p in parts]
     local = [convention_normalizer(case.mask[i], variant, convention) for i in index]
+    tokens = [float(case.mask[i].sum()) for i in index]
     total = torch.zeros((), dtype=torch.float64)
-    for i, own in zip(index, local, strict=True):
+    for i, own, own_tokens in zip(index, local, tokens, strict=True):
         denominator = sum(local) if convention.micro_batch == "global" else own
+        denominator = rounded_normalizer(denominator, len(parts), convention)
         total = total + convention_loss(
             logp[i],
             old[i],
@@ -148,6 +218,8 @@ def expected_policy_loss(
             variant,
             convention,
             denominator,
+            _kl_denominator(sum(tokens) if convention.micro_batch == "global" else own_tokens, len(parts),
+                            convention),
         )
     if convention.micro_batch == "local_mean":
         total = total / len(parts)

@@ -1,0 +1,350 @@
+"""The OpenRLHF driver against the installed OpenRLHF (0.11.2): every PolicyLoss mode (KL loss
+included) and every ``compute_approx_kl`` estimator passes every case class under its own profile;
+each OpenRLHF flag is shown to be needed (dropping it makes a class, or a stated direct case,
+fail); the token-level IS corrections equal the spec's behaviour corrections; the import leaves no
+stub behind.
+
+Expected values come from our reference with the profile's flags (``refimpl.conformance.expected``),
+never from running OpenRLHF. Skipped with a message when OpenRLHF is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from refimpl.conformance import (
+    POLICY_CASE_CLASSES,
+    Convention,
+    check_kl,
+    check_policy_loss,
+    framework_config,
+    policy_loss_cases,
+    profile,
+)
+from refimpl.conformance.cases import KLCase
+from refimpl.conformance.checks import PolicyLossCall
+from refimpl.conformance.expected import effective_variant, expected_kl, expected_policy_loss
+from refimpl.conformance.frameworks import load_driver, source_hash
+from refimpl.losses import get_preset, policy_loss
+
+pytestmark = pytest.mark.framework
+
+driver = load_driver("openrlhf")
+_WHY = driver.availability()
+if _WHY is not None:
+    pytest.skip(f"OpenRLHF driver unavailable: {_WHY}", allow_module_level=True)
+
+_KNOWN = {f.name for f in dataclasses.fields(Convention)}
+_CALL_FIELDS = {f.name for f in dataclasses.fields(PolicyLossCall)}
+# Until the kit's generic flags / PolicyLossCall fields land, the classes that need them are run
+# by this file's own micro-batch driver (below) or left to the kit (bf16 / fp16 need compute_dtype).
+_KIT_HAS_DTYPE = "compute_dtype" in _KNOWN
+_KIT_HAS_MICRO = "micro_batch_count" in _CALL_FIELDS
+_POLICY_MODES = sorted(driver.modes("policy_loss"))
+_KL_MODES = sorted(driver.modes("kl"))
+
+
+def _conv(flags: dict) -> Convention:
+    return Convention(**{k: v for k, v in flags.items() if k in _KNOWN})
+
+
+def _variant(mode):
+    return dataclasses.replace(get_preset(mode.preset), **mode.variant_overrides)
+
+
+def _classes() -> tuple[str, ...]:
+    skip = {"golden_vectors"}
+    if not _KIT_HAS_DTYPE:
+        skip |= {"bf16", "fp16"}
+    if not _KIT_HAS_MICRO:
+        skip |= {"micro_batch"}
+    return tuple(c for c in POLICY_CASE_CLASSES if c not in skip)
+
+
+def _micro_batch_errors(mode_name: str, conv: Convention) -> list[float]:
+    """max(value, gradient) error per micro_batch case of the driver under ``conv``, the driver fed
+    the kit's micro-batch fields (index, count, global tokens / sequences / rows) explicitly."""
+    mode = driver.modes()[mode_name]
+    v = effective_variant(_variant(mode), conv)
+    fn, adapter = driver.target("policy_loss", mode_name, v)
+    errors = []
+    for case in policy_loss_cases(v, conv, classes=("micro_batch",)):
+        exp_loss, exp_grad = expected_policy_loss(case, v, conv)
+        logp = case.logp.clone().requires_grad_(True)
+        glob = dict(
+            micro_batch_count=len(case.micro_batches),
+            global_tokens=int(case.mask.sum()),
+            global_sequences=int(case.mask.any(-1).sum()),
+            global_rows=case.mask.shape[0],
+        )
+        total = 0.0
+        for k, part in enumerate(case.micro_batches):
+            i = torch.tensor(part)
+            call = types.SimpleNamespace(
+                logp=logp[i], old_logp=case.old_logp[i], advantages=case.advantages[i], mask=case.mask[i],
+                ref_logp=None if case.ref_logp is None else case.ref_logp[i], rewards=case.rewards[i],
+                group_ids=case.group_ids[i], normalizer=None, config={}, micro_batch_index=k, **glob,
+            )
+            total = total + adapter(fn, call)
+        (grad,) = torch.autograd.grad(total, logp)
+        scale = float(exp_loss.abs()) + 1e-3
+        value_error = float((total.detach() - exp_loss).abs()) / scale
+        errors.append(max(value_error, float((grad - exp_grad).abs().max()) / scale))
+    return errors
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver runs the installed code
+
+
+def test_driver_loads_the_installed_sources_without_leaving_stubs():
+    assert driver.installed_version() is not None
+    files = driver.source_files()
+    assert [f.name for f in files] == ["loss.py", "utils.py", "loss_utils.py"]
+    assert all(f.is_file() for f in files)
+    assert re.fullmatch(r"[0-9a-f]{12}", source_hash(files))
+    fn, _ = driver.target("policy_loss", "ppo/token-mean")
+    assert type(fn).__name__ == "PolicyLoss" and type(fn).__module__ == "_refimpl_openrlhf_models.loss"
+    assert sys.modules[type(fn).__module__].__file__ == str(files[0])
+    # the package __init__ chain (actor, model: peft, flash_attn, deepspeed) is never imported
+    assert "openrlhf.models" not in sys.modules
+    # a stub stands in for deepspeed, and torch.compile is the identity, only while the sources execute
+    if "deepspeed" in driver.STUBBED:
+        assert "deepspeed" not in sys.modules
+    assert (torch.compile.__module__, torch.compile.__name__) == ("torch", "compile")
+
+
+def test_another_installed_version_warns(monkeypatch):
+    monkeypatch.setattr(driver, "installed_version", lambda: "0.0.1")
+    with pytest.warns(UserWarning, match="OpenRLHF 0.0.1 is installed; the openrlhf profiles describe"):
+        driver.target("policy_loss", "gspo")
+
+
+# ----------------------------------------------------------------------------------------------
+# Policy losses: own profile passes; each flag is needed
+
+
+@pytest.mark.parametrize("mode_name", _POLICY_MODES)
+def test_policy_mode_passes_every_case_class_under_its_profile(mode_name):
+    mode = driver.modes()[mode_name]
+    fn, adapter = driver.target("policy_loss", mode_name)
+    v = _variant(mode)
+    report = check_policy_loss(fn, v, convention=_conv(mode.convention), adapter=adapter, classes=_classes())
+    assert report.ok, report.render()
+    without_kl = {"kl_penalty"} if v.kl_coef == 0 else set()
+    assert {r.case_class for r in report.results} == set(_classes()) - without_kl
+
+
+@pytest.mark.parametrize("mode_name", _POLICY_MODES)
+def test_policy_mode_micro_batches_use_openrlhf_step_normalisers(mode_name):
+    # relative error bound: float64 sums of <= 15 terms of size <= ~3 (a few units of 2^-52)
+    conv = _conv(driver.modes()[mode_name].convention)
+    assert max(_micro_batch_errors(mode_name, conv)) < 1e-13
+    if "seq-mean" in mode_name or mode_name == "gspo":
+        # 5 sequences over 3 micro-batches: OpenRLHF divides by 3 * float32(5 / 3), 2.4e-8 off
+        exact = dataclasses.replace(conv, normalizer_rounding="exact")
+        assert 1e-8 < max(_micro_batch_errors(mode_name, exact)) < 2.0**-24 * 1.01
+
+
+# With dual_clip the clamp is not visible in the kit's cases: A < 0 tokens are bounded by
+# dual_clip * A whatever the ratio, and an A > 0 token below exp(-20) contributes < 2e-9 * A.
+@pytest.mark.parametrize("mode_name", [m for m in _POLICY_MODES if m.startswith("ppo") and "dual" not in m])
+def test_ppo_modes_need_the_log_ratio_clamp(mode_name):
+    mode = driver.modes()[mode_name]
+    fn, adapter = driver.target("policy_loss", mode_name)
+    without = dataclasses.replace(_conv(mode.convention), log_ratio_clamp=None)
+    report = check_policy_loss(fn, _variant(mode), convention=without, adapter=adapter,
+                               classes=("extreme_log_ratio", "inside_clip"))
+    assert report.failing_classes() == ["extreme_log_ratio"]
+
+
+@pytest.mark.parametrize(
+    ("mode_name", "flag", "failing"),
+    [
+        # the KL loss is a token mean also under seq-mean-token-mean (0.028 / 3e-5 off otherwise)
+        ("ppo/seq-mean-token-mean+kl-loss/k3", "kl_aggregation", ["inside_clip", "kl_penalty"]),
+        # float32 KL tokens summed in float32 (1e-7 off when summed in float64)
+        ("ppo/token-mean+kl-loss/k3", "kl_compute_dtype", ["kl_penalty"]),
+        ("ppo/token-mean+kl-loss/k3", "kl_value_clamp", ["kl_penalty"]),
+        # k2's value is clamped at 10 too (|log r| up to 24 in the kl_penalty case)
+        ("ppo/seq-mean-token-mean+kl-loss/k2", "kl_value_clamp_scope", ["kl_penalty"]),
+    ],
+)
+def test_kl_loss_modes_need_their_kl_flags(mode_name, flag, failing):
+    mode = driver.modes()[mode_name]
+    fn, adapter = driver.target("policy_loss", mode_name)
+    conv = dataclasses.replace(_conv(mode.convention), **{flag: getattr(Convention(), flag)})
+    report = check_policy_loss(fn, _variant(mode), convention=conv, adapter=adapter,
+                               classes=("inside_clip", "kl_penalty"))
+    assert report.failing_classes() == failing
+
+
+def test_gspo_has_no_log_ratio_clamp():
+    mode = driver.modes()["gspo"]
+    fn, adapter = driver.target("policy_loss", "gspo")
+    clamped = dataclasses.replace(_conv(mode.convention), log_ratio_clamp=20.0)
+    report = check_policy_loss(fn, _variant(mode), convention=clamped, adapter=adapter,
+                               classes=("extreme_log_ratio",))
+    assert report.failing_classes() == ["extreme_log_ratio"]
+
+
+def test_reference_convention_departures_are_the_flagged_classes():
+    # under the spec the installed code departs only where a profile flag says so
+    explained = {"extreme_log_ratio": "log_ratio_clamp", "bf16": "compute_dtype", "fp16": "compute_dtype",
+                 "half_overflow": "compute_dtype", "masked_nonfinite": "masked_nonfinite",
+                 "micro_batch": "normalizer_rounding", "padding_micro_batch": "normalizer_rounding"}
+    fn, adapter = driver.target("policy_loss", "ppo/seq-mean-token-mean")
+    report = check_policy_loss(fn, "grpo", adapter=adapter)
+    failing = report.failing_classes()
+    assert "extreme_log_ratio" in failing and set(failing) <= {*explained, "golden_vectors"}, failing
+    if _KIT_HAS_MICRO:  # 5 sequences in 3 micro-batches: float32(5 / 3)
+        assert "micro_batch" in failing
+    # the golden vectors that fail are the extreme-ratio and bf16 ones (the detail names its origin)
+    golden = [r.detail.splitlines()[0] for r in report.results
+              if r.case_class == "golden_vectors" and not r.ok]
+    assert golden and all(("extreme_log_ratio" in g) or ("bf16" in g) for g in golden), golden
+
+
+def test_policy_loss_kwargs_follow_the_variant_and_refuse_what_openrlhf_lacks():
+    dapo = driver.policy_loss_kwargs(get_preset("dapo"))
+    assert dapo == dict(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=None, token_level_loss=True,
+                        policy_loss_type="ppo")
+    assert driver.policy_loss_kwargs(get_preset("gspo"))["policy_loss_type"] == "gspo"
+    assert driver.policy_loss_kwargs(get_preset("grpo"))["token_level_loss"] is False
+    with pytest.raises(ValueError, match="only the two-sided clip gate"):
+        driver.policy_loss_kwargs(get_preset("sapo"))
+    with pytest.raises(ValueError, match="variant.aggregation"):
+        driver.policy_loss_kwargs(get_preset("dr_grpo"))
+    with pytest.raises(ValueError, match="variant.ratio"):
+        driver.policy_loss_kwargs(get_preset("gspo_token"))
+    with pytest.raises(ValueError, match="not an OpenRLHF policy_loss mode"):
+        driver.target("policy_loss", "sapo")
+    with pytest.raises(ValueError, match="kind must be"):
+        driver.modes("value")
+
+
+@pytest.mark.parametrize(("openrlhf_mode", "spec_correction"), [("clip", "truncate"), ("mask", "mask")])
+@pytest.mark.parametrize("preset", ["ppo", "grpo"])
+def test_token_is_correction_is_the_spec_behaviour_correction(openrlhf_mode, spec_correction, preset):
+    # Not reachable through the kit (its cases carry no behaviour log-probs): OpenRLHF's token-level
+    # TIS (clip) / ICEPOP (mask) with threshold (0, cap) against policy_loss(behavior_logp=...).
+    # Tolerance: float64 sums of ~20 terms; the cap enters as exp(log cap) vs cap (1 ulp).
+    g = torch.Generator().manual_seed(7)
+    lengths = [5, 2, 0, 4]
+    mask = torch.arange(5).expand(4, 5) < torch.tensor(lengths).unsqueeze(-1)
+    old = -3.0 + 2.9 * torch.rand((4, 5), generator=g, dtype=torch.float64)
+    logp = (old + 0.6 * torch.rand((4, 5), generator=g, dtype=torch.float64) - 0.3).requires_grad_(True)
+    rollout = old + 3.0 * torch.rand((4, 5), generator=g, dtype=torch.float64) - 1.5  # w in [0.22, 4.5]
+    adv = torch.tensor([0.9, -1.3, 0.5, -0.4], dtype=torch.float64)
+    cap = 2.0
+    v = dataclasses.replace(get_preset(preset), behavior_correction=spec_correction, behavior_cap=cap)
+    expected, _ = policy_loss(logp, old, adv, mask, v, behavior_logp=rollout)
+    (expected_grad,) = torch.autograd.grad(expected, logp)
+    fn = driver._modules()["loss"].PolicyLoss(
+        token_level_loss=preset == "ppo", is_correction_level="token", is_correction_mode=openrlhf_mode,
+        is_correction_threshold=(0.0, cap),
+    )
+    info = dict(dp_size=1, batch_num_tokens=mask.sum().float(), global_batch_size=mask.any(-1).sum().float())
+    got = fn(logp, old, adv.unsqueeze(-1).expand(4, 5), action_mask=mask.long(), rollout_log_probs=rollout,
+             **info)[0]
+    (grad,) = torch.autograd.grad(got, logp)
+    assert float((rollout - old).exp().max()) > cap > float((rollout - old).exp().min())  # both sides
+    assert torch.allclose(got, expected, rtol=1e-13, atol=0)
+    assert torch.allclose(grad, expected_grad, rtol=1e-13, atol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------------
+# KL estimators
+
+
+@pytest.mark.parametrize("mode_name", _KL_MODES)
+def test_kl_estimator_passes_under_its_profile_and_fails_under_the_reference(mode_name):
+    mode = driver.modes("kl")[mode_name]
+    fn, adapter = driver.target("kl", mode_name)
+    estimator = mode.variant_overrides["kl_estimator"]
+    assert check_kl(fn, estimator, convention=_conv(mode.convention), adapter=adapter).ok
+    assert "tiny_log_ratio" in check_kl(fn, estimator, adapter=adapter).failing_classes()  # float32
+
+
+@pytest.mark.parametrize(
+    ("flag", "estimators"),
+    [
+        ("kl_compute_dtype", ("k1", "k2", "k3")),
+        ("kl_k3_form", ("k3",)),
+        ("kl_value_clamp", ("k1", "k2", "k3")),
+        ("kl_value_clamp_scope", ("k1", "k2")),
+    ],
+)
+def test_every_kl_flag_is_needed(flag, estimators):
+    default = getattr(Convention(), flag)
+    for estimator in estimators:
+        mode = driver.modes("kl")[f"kl/{estimator}"]
+        fn, adapter = driver.target("kl", mode.name)
+        conv = dataclasses.replace(_conv(mode.convention), **{flag: default})
+        assert not check_kl(fn, estimator, convention=conv, adapter=adapter).ok, (flag, estimator)
+
+
+def test_k3_log_ratio_bound_keeps_the_gradient_finite_beyond_float32_overflow():
+    # log r = ref - logp = 95 overflows exp in float32: the value clamp alone leaves 0 * inf = NaN in
+    # the gradient; OpenRLHF's bound log r <= 10 (kl_log_ratio_max) keeps it 0. Compared bit for bit.
+    logp = torch.tensor([[-95.5, -0.5, -3.0]], dtype=torch.float64)
+    ref = torch.tensor([[-0.5, -96.0, -2.0]], dtype=torch.float64)
+    case = KLCase("float32_overflow", 0, logp, ref)
+    mode = driver.modes("kl")["kl/k3"]
+    fn, adapter = driver.target("kl", "kl/k3")
+    x = logp.clone().requires_grad_(True)
+    got = adapter(fn, x, ref)
+    (grad,) = torch.autograd.grad(got.sum(), x)
+    conv = _conv(mode.convention)
+    value, expected_grad = expected_kl(case, "k3", conv)
+    assert torch.equal(got.detach(), value) and torch.equal(grad, expected_grad)
+    assert torch.isfinite(grad).all()
+    _, unbounded_grad = expected_kl(case, "k3", dataclasses.replace(conv, kl_log_ratio_max=None))
+    assert torch.isnan(unbounded_grad).any()
+
+
+# ----------------------------------------------------------------------------------------------
+# Profiles as data
+
+
+@pytest.mark.parametrize("preset", ["ppo", "bnpo", "dapo", "grpo", "gspo"])
+def test_profile_and_framework_config_are_the_modes(preset):
+    mode = driver.mode_for_preset(preset)
+    assert profile("openrlhf", preset) == _conv(mode.convention)
+    config = framework_config("openrlhf", preset)
+    v = get_preset(preset)
+    assert config["actor.eps_clip_low_high"] == (v.eps_low, v.eps_high)
+    assert config["actor.policy_loss_type"] == ("gspo" if preset == "gspo" else "ppo")
+
+
+def test_every_mode_config_is_the_config_of_its_variant():
+    for mode in driver.modes("policy_loss").values():
+        assert driver.config_for_variant(_variant(mode)) == mode.framework_config, mode.name
+    grpo_kl = dataclasses.replace(get_preset("grpo"), kl_coef=0.04, kl_estimator="k2")
+    config = framework_config("openrlhf", "grpo", grpo_kl)
+    assert config["algo.kl.use_loss"] and config["algo.kl.init_coef"] == 0.04
+    assert config["algo.kl.estimator"] == "k2" and config["actor.loss_agg_mode"] == "seq-mean-token-mean"
+
+
+def test_profile_refuses_presets_openrlhf_lacks():
+    with pytest.raises(ValueError, match="no OpenRLHF PolicyLoss equivalent"):
+        profile("openrlhf", "sapo")
+    unsupported = driver.unsupported_modes("policy_loss")
+    assert {"sapo", "cispo", "dr_grpo (seq_sum)", "gspo_token"} <= set(unsupported)
+    assert driver.modes("group_advantages") == {} and driver.unsupported_modes("group_advantages")
+
+
+def test_every_mode_profile_is_complete_once_the_kit_flags_exist():
+    for mode in [*driver.modes("policy_loss").values(), *driver.modes("kl").values()]:
+        unknown = set(mode.convention) - _KNOWN
+        assert unknown <= {"compute_dtype", "masked_nonfinite"}, (mode.name, unknown)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _conv(mode.convention)
