@@ -70,6 +70,10 @@ class Convention:
             ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
         adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
             "batch_rewards" (TRL ``scale_rewards="batch"``: the std of all rewards, eq. (14)).
+        sapo_tau_float32: SAPO's temperatures are float32 numbers (TRL builds them with
+            ``torch.where(A > 0, tau_pos, tau_neg)``, a default-dtype tensor).
+        kl_importance_weight: the per-token KL term is multiplied by the unit's importance ratio,
+            differentiated (TRL ``use_bias_correction_kl=True``, its default).
     """
 
     name: str = "reference"
@@ -89,6 +93,8 @@ class Convention:
     adv_eps_inside_sqrt: bool = True
     adv_zero_variance: str = "zero"
     adv_singleton: str = "zero"
+    sapo_tau_float32: bool = False
+    kl_importance_weight: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -120,6 +126,9 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+        for field in ("sapo_tau_float32", "kl_importance_weight"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"convention.{field} must be a bool, got {getattr(self, field)!r}")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -165,6 +174,12 @@ FLAG_REASONS: dict[str, str] = {
     "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
+    "sapo_tau_float32": "TRL builds SAPO's temperatures with torch.where(A > 0, tau_pos, tau_neg) from "
+    "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
+    "in float64 losses).",
+    "kl_importance_weight": "TRL's use_bias_correction_kl (default True; DeepSeek-V3.2) multiplies the "
+    "per-token k3 term by the importance ratio exp(logp - old_logp) (GSPO: the sequence ratio), "
+    "differentiated, so the KL gradient is the unbiased reverse-KL gradient under off-policy samples.",
     "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
     "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
     "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
@@ -172,18 +187,21 @@ FLAG_REASONS: dict[str, str] = {
 
 PROFILE_NAMES = ("reference", "trl", "verl")
 
-# TRL loss_type of each preset (TRL GRPOConfig documentation; gspo = importance_sampling_level
-# "sequence" with loss_type "grpo").
-_TRL_LOSS_TYPE = {
+# The TRL mode (refimpl.conformance.frameworks.trl, whose Mode.convention is the TRL profile) of each
+# preset; ppo's variant equals bnpo's.
+_TRL_MODE_OF_PRESET = {
     "grpo": "grpo",
     "bnpo": "bnpo",
     "ppo": "bnpo",
     "dr_grpo": "dr_grpo",
     "dapo": "dapo",
-    "gspo": "grpo",
+    "gspo": "gspo",
     "cispo": "cispo",
     "sapo": "sapo",
 }
+# Generic flags that the kit adds to Convention (issue 10); a framework profile may name them before
+# they exist here, and they are left out until then (only these names: any other unknown flag raises).
+_PENDING_KIT_FLAGS = frozenset({"compute_dtype", "masked_nonfinite"})
 # verl (loss_mode, loss_agg_mode) of each preset.
 _VERL_MODES = {
     "ppo": ("vanilla", "token-mean"),
@@ -196,17 +214,6 @@ _VERL_MODES = {
     "sapo": ("sapo", "seq-mean-token-mean"),
 }
 
-_TRL = Convention(
-    name="trl",
-    empty_rows="keep",
-    seq_sum_rows="all",
-    micro_batch="local_mean",
-    adv_std="sample",
-    adv_eps=1e-4,
-    adv_eps_inside_sqrt=False,
-    adv_zero_variance="formula",
-    adv_singleton="error",
-)
 _VERL = Convention(
     name="verl",
     log_ratio_clamp=20.0,
@@ -252,18 +259,7 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
     if name == "reference":
         return Convention()
     if name == "trl":
-        if key not in _TRL_LOSS_TYPE:
-            raise ValueError(
-                f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
-                f"{sorted(_TRL_LOSS_TYPE)}"
-            )
-        loss_type = _TRL_LOSS_TYPE[key]
-        # TRL: "dapo" and "cispo" divide by num_items_in_batch (global tokens); the others are
-        # local means that the Trainer averages over gradient-accumulation steps.
-        micro = "global" if loss_type in ("dapo", "cispo") else "local_mean"
-        if scale_rewards is None:
-            scale_rewards = "none" if key == "dr_grpo" else "group"
-        return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
+        return _trl_profile(preset, scale_rewards)
     if key not in _VERL_MODES:
         raise ValueError(
             f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
@@ -282,6 +278,36 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
     return dataclasses.replace(_VERL, adv_scale=scale, **flags)
 
 
+def convention_from_flags(name: str, flags: dict) -> Convention:
+    """A ``Convention`` called ``name`` from a flag dict (a driver's ``Mode.convention``)."""
+    known = {f.name for f in dataclasses.fields(Convention)}
+    unknown = set(flags) - known - _PENDING_KIT_FLAGS - {"name"}
+    if unknown:
+        raise ValueError(f"unknown convention flags {sorted(unknown)}; known: {sorted(known - {'name'})}")
+    return Convention(name=name, **{k: v for k, v in flags.items() if k in known and k != "name"})
+
+
+def _trl_mode(preset: str):
+    from .frameworks import load_driver
+
+    key = _preset_key(preset)
+    if key not in _TRL_MODE_OF_PRESET:
+        raise ValueError(
+            f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
+            f"{sorted(_TRL_MODE_OF_PRESET)}"
+        )
+    return load_driver("trl").modes()[_TRL_MODE_OF_PRESET[key]]
+
+
+def _trl_profile(preset: str, scale_rewards: str | None) -> Convention:
+    """The flags of the TRL mode of ``preset`` (proven against the installed TRL by
+    tests/test_framework_trl.py), with ``adv_scale`` from ``scale_rewards`` when given."""
+    conv = convention_from_flags("trl", _trl_mode(preset).convention)
+    if scale_rewards is not None:
+        conv = dataclasses.replace(conv, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
+    return conv
+
+
 def framework_config(
     name: str, preset: str, variant: object | None = None, *, scale_rewards: str | None = None
 ) -> dict[str, object]:
@@ -295,22 +321,16 @@ def framework_config(
 
     key = _preset_key(preset)
     v = get_preset(key) if variant is None else variant
-    conv = profile(name, key, scale_rewards=scale_rewards)
+    conv = profile(name, key if name != "trl" or key in _TRL_MODE_OF_PRESET else "grpo",
+                   scale_rewards=scale_rewards)
     trl_scale_rewards = {ours: theirs for theirs, ours in _TRL_SCALE_REWARDS.items()}
     if name == "trl":
-        return {
-            "loss_type": _TRL_LOSS_TYPE[key],
-            "epsilon": v.eps_low,
-            # TRL's cispo clamps the ratio at epsilon_high itself (not 1 + epsilon_high)
-            "epsilon_high": (1.0 + v.eps_high) if _TRL_LOSS_TYPE[key] == "cispo" else v.eps_high,
-            "delta": v.dual_clip,
-            "beta": v.kl_coef,
-            "importance_sampling_level": "sequence" if v.ratio == "sequence_mean" else "token",
-            "scale_rewards": trl_scale_rewards[conv.adv_scale],
-            "max_completion_length": v.max_length,
-            "sapo_temperature_pos": v.tau_pos,
-            "sapo_temperature_neg": v.tau_neg,
-        }
+        from .checks import resolve_preset
+        from .frameworks import trl
+
+        v = resolve_preset(v)[1]  # a seq_sum variant without L_max gets the kit's L_max
+        mode = _trl_mode(key) if key in _TRL_MODE_OF_PRESET or variant is None else trl.mode_of_variant(v)
+        return {**trl.grpo_config_kwargs(mode, v), "scale_rewards": trl_scale_rewards[conv.adv_scale]}
     if name == "verl":
         loss_mode, agg = _VERL_MODES[key]
         return {
