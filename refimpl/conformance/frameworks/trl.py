@@ -139,11 +139,19 @@ _MODES = {
         convention={**_COMMON, **_SEQ_MEAN},
         description="GSPO: importance_sampling_level='sequence' with loss_type='grpo'",
     ),
+    "luspo": Mode(
+        "luspo",
+        preset="gspo",
+        # ``(per_token_loss * mask).sum(-1).mean()``: each row's token sum (a sequence ratio counted once per
+        # token, i.e. scaled by the length), mean over all rows: Dr. GRPO's seq_sum with L_max = 1.
+        variant_overrides={"aggregation": "seq_sum", "max_length": 1},
+        framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        convention={**_COMMON, **_DR_GRPO},
+        description="LUSPO: GSPO's sequence ratio, each row's loss scaled by its length, mean over rows",
+    ),
 }
 
 _UNSUPPORTED = {
-    "luspo": "LUSPO (loss_type='luspo'): not yet mapped to a preset (it is the seq_sum aggregation with "
-    "L_max = 1 and every row counted).",
     "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
     "no gate in refimpl's policy-loss family.",
     "delta": "GRPOConfig.delta (INTELLECT-2 upper clamp of the ratio): not in the modes; equals refimpl's "
@@ -273,6 +281,9 @@ def grpo_config_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     else:
         keys.update(sapo_temperature_pos=variant.tau_pos, sapo_temperature_neg=variant.tau_neg)
     keys.update(beta=variant.kl_coef, use_bias_correction_kl=True)
+    if loss_type == "luspo" and variant.max_length != 1:
+        raise ValueError(f"TRL's luspo is seq_sum with L_max = 1: variant.max_length must be 1, "
+                         f"got {variant.max_length!r}")
     if loss_type == "dr_grpo":
         if variant.max_length is None:
             raise ValueError("variant.max_length (TRL's max_completion_length) is required by dr_grpo")
