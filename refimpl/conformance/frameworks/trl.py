@@ -47,7 +47,10 @@ __all__ = [
     "target",
     "grpo_config_kwargs",
     "trl_policy_loss",
+    "loss_step",
     "time_loss",
+    "mode_variant",
+    "mode_of_variant",
 ]
 
 NAME = "trl"
@@ -434,7 +437,9 @@ def trl_policy_loss(call, *, mode: str | Mode, variant) -> torch.Tensor:
 
 def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
     """``(fn, adapter)`` for the kit: ``fn`` is TRL's own ``GRPOTrainer._compute_loss`` and
-    ``adapter(fn, call)`` runs it on a stand-in trainer for ``mode`` and ``variant``."""
+    ``adapter(fn, call)`` runs it on a stand-in trainer for ``mode`` and ``variant`` (None: the mode's
+    own variant). The adapter returns TRL's loss of that (micro-)batch, already scaled for gradient
+    accumulation: the kit sums the losses of a batch's micro-batches."""
     if kind != "policy_loss":
         reason = unsupported_modes(kind)
         raise ValueError(f"TRL has no driver for kind {kind!r}: {next(iter(reason.values()))}")
@@ -443,6 +448,10 @@ def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
         raise RuntimeError(reason)
     _warn_version()
     m = _mode(mode)
+    if variant is None:
+        from refimpl.conformance.checks import resolve_preset
+
+        variant = resolve_preset(mode_variant(m))[1]
     grpo_config_kwargs(m, variant)  # reject a variant TRL cannot express before any case runs
     trainer_class, _ = _trl()
 
@@ -454,24 +463,41 @@ def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
     return trainer_class._compute_loss, adapter
 
 
-def time_loss(
-    mode: str, variant, logp, old_logp, advantages, mask, *, ref_logp=None, repeats: int = 20
-) -> float:
-    """Median seconds of one forward + backward of TRL's loss in ``mode`` on the given tensors (one
-    batch, no micro-batches), for benchmarks/losses.py; synchronises CUDA around each repeat."""
+def loss_step(mode: str, variant, logp, old_logp, advantages, mask, *, ref_logp=None) -> Callable:
+    """A closure running one forward + backward of TRL's loss in ``mode`` on the given tensors (one
+    batch, no micro-batches; a fresh leaf each time) and returning the loss, for benchmarks."""
     _warn_version()
-    times = []
-    for _ in range(max(int(repeats), 1)):
-        leaf = logp.detach().clone().requires_grad_(True)
+    grpo_config_kwargs(mode, variant)
+
+    def step() -> torch.Tensor:
+        leaf = logp.detach().requires_grad_(True)
         call = SimpleNamespace(logp=leaf, old_logp=old_logp, advantages=advantages, mask=mask,
                                ref_logp=ref_logp, normalizer=None)
-        if leaf.is_cuda:
-            torch.cuda.synchronize(leaf.device)
-        start = time.perf_counter()
-        trl_policy_loss(call, mode=mode, variant=variant).backward()
-        if leaf.is_cuda:
-            torch.cuda.synchronize(leaf.device)
-        times.append(time.perf_counter() - start)
+        loss = trl_policy_loss(call, mode=mode, variant=variant)
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def time_loss(
+    mode: str, variant, logp, old_logp, advantages, mask, *, ref_logp=None, repeats: int = 20, warmup: int = 2
+) -> float:
+    """Median seconds of ``loss_step`` (benchmarks/losses.py's clocks: synchronised wall time on CUDA,
+    the calling thread's CPU time on the CPU)."""
+    step = loss_step(mode, variant, logp, old_logp, advantages, mask, ref_logp=ref_logp)
+    cuda = logp.is_cuda
+    clock = time.perf_counter if cuda else time.thread_time
+    times = []
+    for k in range(max(int(warmup), 0) + max(int(repeats), 1)):
+        if cuda:
+            torch.cuda.synchronize(logp.device)
+        start = clock()
+        step()
+        if cuda:
+            torch.cuda.synchronize(logp.device)
+        if k >= warmup:
+            times.append(clock() - start)
     return sorted(times)[len(times) // 2]
 
 
