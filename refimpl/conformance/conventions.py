@@ -9,9 +9,11 @@ convention is a value, never a code fork. Three profiles ship:
   dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
   exact gradient, the global normaliser over micro-batches, population std with eps inside the
   square root (seed 001 (90)-(91)).
-* ``trl`` -- mirrors the public documentation and code of TRL's ``GRPOConfig`` / ``GRPOTrainer``
-  (``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``, ``beta``,
-  ``importance_sampling_level``, ``scale_rewards``, ``max_completion_length``).
+* ``trl`` -- the flags of the TRL driver's modes (``refimpl.conformance.frameworks.trl``), proven
+  against the installed TRL 1.16.0's own ``GRPOTrainer._compute_loss`` (tests/test_framework_trl.py);
+  ``framework_config`` gives the ``GRPOConfig`` keys (``loss_type``, ``epsilon``, ``epsilon_high``,
+  ``delta``, ``beta``, ``importance_sampling_level``, ``max_completion_length``, SAPO temperatures,
+  ``use_bias_correction_kl``, ``scale_rewards``).
 * ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
   ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
   ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
@@ -352,10 +354,9 @@ def framework_config(
 def unsupported_flags(name: str) -> dict[str, str]:
     """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
     if name == "trl":
-        return {
-            "gradient_accumulation": "TRL's local means are averaged over equal-sized micro-batches "
-            "(the kit's micro-batch cases use equal sizes).",
-        }
+        from .frameworks import load_driver
+
+        return load_driver("trl").unsupported_modes()
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
