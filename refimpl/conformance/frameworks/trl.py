@@ -59,7 +59,7 @@ PINNED_VERSION = "1.16.0"
 # -----------------------------------------------------------------------------------------------
 # The profile (data): Convention overrides that reproduce TRL 1.16.0's numerics, shared by the modes.
 
-#: Flags every TRL mode carries (see conventions.FLAG_REASONS):
+#: Flags every TRL mode carries (see conventions.FLAG_REASONS), besides the row counting below:
 #: - compute_dtype "input": TRL's loss runs in the dtype of the log-probs it is given;
 #: - masked_nonfinite "propagate": TRL masks by multiplication, ``(per_token_loss * mask).sum()``, so a
 #:   NaN / inf at a masked position reaches the loss (and every gradient);
@@ -70,6 +70,10 @@ PINNED_VERSION = "1.16.0"
 #:   ``num_generations >= 2`` is enforced by GRPOConfig). That code cannot run without a model, so these
 #:   flags only shape the inputs of the group case classes.
 _COMMON = {
+    # TRL counts every row: an empty row is a 0 in grpo's / sapo's mean over rows and a row of
+    # dr_grpo's / luspo's per_token_loss.size(0) (the flags change nothing in token-mean modes)
+    "empty_rows": "keep",
+    "seq_sum_rows": "all",
     "compute_dtype": "input",
     "masked_nonfinite": "propagate",
     "kl_importance_weight": True,
@@ -81,9 +85,9 @@ _COMMON = {
 }
 # grpo / sapo: ``((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()`` -- an empty row
 # is a 0 counted in the mean over all rows -- divided by the accumulation steps (a local mean).
-_SEQ_MEAN = {"empty_rows": "keep", "micro_batch": "local_mean"}
+_SEQ_MEAN = {"micro_batch": "local_mean"}
 # dr_grpo: ``sum / (per_token_loss.size(0) * max_completion_length)``: every row counts.
-_DR_GRPO = {"seq_sum_rows": "all", "micro_batch": "local_mean"}
+_DR_GRPO = {"micro_batch": "local_mean"}
 # dapo / cispo: ``sum / num_items_in_batch`` with the global token count: the reference aggregation.
 _GLOBAL_TOKENS: dict = {}
 
