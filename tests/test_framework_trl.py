@@ -157,6 +157,23 @@ def test_each_trl_flag_is_needed(installed, mode, kl, flag, classes):
     assert classes <= set(report.failing_classes()), report.failing_classes()
 
 
+@pytest.mark.parametrize("mode", ["grpo", "dapo", "dr_grpo", "gspo"])
+def test_trl_delta_is_the_dual_clip(installed, mode):
+    """GRPOConfig.delta (INTELLECT-2: coef_1 clamped above at delta) is refimpl's dual clip: with
+    variant.dual_clip = delta TRL passes every float64 class, on_boundary at delta included."""
+    variant = dataclasses.replace(variant_of(mode), dual_clip=1.01 if mode == "gspo" else 3.0)
+    assert trl.grpo_config_kwargs(mode, variant)["delta"] == variant.dual_clip
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    report = check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=FLOAT64_CLASSES)
+    assert report.ok, report.render()
+    assert max(max_errors(report)) <= EXACT
+    # the extreme class reaches ratios beyond delta with A < 0: expecting no dual clip fails there
+    loose = dataclasses.replace(variant, dual_clip=None)
+    report = check_policy_loss(fn, loose, convention=conv, adapter=adapter, classes=("extreme_log_ratio",))
+    assert not report.ok
+
+
 def test_sapo_float32_temperature_is_the_whole_departure(installed):
     """TRL's sapo departs from the float64 spec by 1e-8 .. 1e-5 (temperatures built as a float32
     tensor by torch.where from Python floats: tau_neg = 1.05 -> 1.0499999523); rounding tau to

@@ -161,8 +161,6 @@ _MODES = {
 _UNSUPPORTED = {
     "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
     "no gate in refimpl's policy-loss family.",
-    "delta": "GRPOConfig.delta (INTELLECT-2 upper clamp of the ratio): not in the modes; equals refimpl's "
-    "dual_clip for A < 0.",
     "importance_sampling_level='sequence' with loss_type other than grpo": "TRL warns against it (length-"
     "weighted sequence ratios); not a mode of the matrix.",
     "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
