@@ -14,6 +14,11 @@ its ``global_tokens`` (TRL gathers ``loss_mask.sum()`` over the generation batch
 loss is already scaled for accumulation (``GRPOTrainer.loss_is_scaled_for_ga``), so the losses of a
 batch's micro-batches are *summed*, as ``accelerator.backward`` sums their gradients.
 
+Half precision (bf16 / fp16 log-probs): TRL computes the per-token terms in the input dtype; its final
+division is by a float32 tensor (``mask.sum().clamp(min=1.0)``, ``num_items_in_batch``), so the
+returned loss is float32 except for dr_grpo (divided by a Python int: the input dtype), and SAPO's
+float32 temperatures promote its gate to float32 (profile flag ``compute_dtype="input"``).
+
 TRL is imported lazily (``import refimpl`` never imports it). Its import chain needs ``pandas`` and
 ``datasets`` (requirements/frameworks-trl.txt); nothing is stubbed and site-packages is never edited.
 """
@@ -161,8 +166,8 @@ _MODES = {
 _UNSUPPORTED = {
     "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
     "no gate in refimpl's policy-loss family.",
-    "importance_sampling_level='sequence' with loss_type other than grpo": "TRL warns against it (length-"
-    "weighted sequence ratios); not a mode of the matrix.",
+    "importance_sampling_level='sequence' with loss_type other than grpo / luspo": "TRL warns against it "
+    "(length-weighted sequence ratios); not a mode of the matrix.",
     "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
     "(kl_importance_weight=False).",
     "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
