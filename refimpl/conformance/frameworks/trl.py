@@ -88,12 +88,12 @@ _COMMON = {
     "adv_zero_variance": "formula",
     "adv_singleton": "error",
 }
-# grpo / sapo: ``((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()`` -- an empty row
-# is a 0 counted in the mean over all rows -- divided by the accumulation steps (a local mean).
-_SEQ_MEAN = {"micro_batch": "local_mean"}
-# dr_grpo: ``sum / (per_token_loss.size(0) * max_completion_length)``: every row counts.
-_DR_GRPO = {"micro_batch": "local_mean"}
-# dapo / cispo: ``sum / num_items_in_batch`` with the global token count: the reference aggregation.
+# Micro-batches. grpo / sapo / gspo (``(per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)``,
+# mean over rows), bnpo (local token mean), dr_grpo (``/ (per_token_loss.size(0) * max_completion_length)``)
+# and luspo (row sums, mean over rows) divide their local value by current_gradient_accumulation_steps:
+# the mean of micro-batch means. dapo / cispo divide the sum by num_items_in_batch (the global token
+# count): the reference.
+_LOCAL_MEAN = {"micro_batch": "local_mean"}
 _GLOBAL_TOKENS: dict = {}
 
 _MODES = {
@@ -101,7 +101,7 @@ _MODES = {
         "grpo",
         preset="grpo",
         framework_config={"loss_type": "grpo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_SEQ_MEAN},
+        convention={**_COMMON, **_LOCAL_MEAN},
         description="GRPO: token ratio, hard clip, mean over each row, mean over rows (empty rows count)",
     ),
     "dr_grpo": Mode(
@@ -110,7 +110,7 @@ _MODES = {
         framework_config={
             "loss_type": "dr_grpo", "importance_sampling_level": "token", "scale_rewards": "none"
         },
-        convention={**_COMMON, **_DR_GRPO, "adv_scale": "none"},
+        convention={**_COMMON, **_LOCAL_MEAN, "adv_scale": "none"},
         description="Dr. GRPO: token sum / (all rows x max_completion_length)",
     ),
     "dapo": Mode(
@@ -124,14 +124,14 @@ _MODES = {
         "bnpo",
         preset="bnpo",
         framework_config={"loss_type": "bnpo", "importance_sampling_level": "token"},
-        convention={**_COMMON, "micro_batch": "local_mean"},
+        convention={**_COMMON, **_LOCAL_MEAN},
         description="BNPO: token mean over the local (micro-)batch",
     ),
     "sapo": Mode(
         "sapo",
         preset="sapo",
         framework_config={"loss_type": "sapo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_SEQ_MEAN, "sapo_tau_float32": True},
+        convention={**_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
         description="SAPO: soft sigmoid gate (temperatures in float32), GRPO's aggregation",
     ),
     "cispo": Mode(
@@ -148,7 +148,7 @@ _MODES = {
         # same as GSPO's per-sequence mean, and the KL term (per token) is averaged per row.
         variant_overrides={"aggregation": "seq_mean_token_mean"},
         framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
-        convention={**_COMMON, **_SEQ_MEAN},
+        convention={**_COMMON, **_LOCAL_MEAN},
         description="GSPO: importance_sampling_level='sequence' with loss_type='grpo'",
     ),
     "luspo": Mode(
@@ -158,7 +158,7 @@ _MODES = {
         # token, i.e. scaled by the length), mean over all rows: Dr. GRPO's seq_sum with L_max = 1.
         variant_overrides={"aggregation": "seq_sum", "max_length": 1},
         framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
-        convention={**_COMMON, **_DR_GRPO},
+        convention={**_COMMON, **_LOCAL_MEAN},
         description="LUSPO: GSPO's sequence ratio, each row's loss scaled by its length, mean over rows",
     ),
 }
@@ -217,12 +217,13 @@ def _trl():
 def availability() -> str | None:
     """None when TRL's GRPOTrainer can be imported, else a one-line reason."""
     if installed_version() is None:
-        return "TRL is not installed (pip install -r requirements/frameworks-trl.txt)"
+        return "TRL is not installed (install requirements/frameworks-trl.txt with --no-deps)"
     try:
         _trl()
     except Exception as exc:  # an absent import-time dependency: say which
-        return (f"TRL {installed_version()} cannot be imported ({type(exc).__name__}: {exc}); "
-                "install requirements/frameworks-trl.txt")
+        first_line = (str(exc).splitlines() or [""])[0]
+        return (f"TRL {installed_version()} cannot be imported ({type(exc).__name__}: {first_line}); "
+                "install requirements/frameworks-trl.txt with --no-deps")
     return None
 
 
