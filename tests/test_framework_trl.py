@@ -308,12 +308,34 @@ def test_modes_cover_the_scope_and_the_profile_is_their_data():
         trl.modes("value")
 
 
-def test_framework_config_is_accepted_by_trls_grpo_config(installed):
-    for mode in trl.modes().values():
-        keys = trl.grpo_config_kwargs(mode, variant_of(mode.name, 0.04))
-        args = trl._grpo_config(tuple(sorted(keys.items())), 1)
-        assert args.loss_type == mode.framework_config["loss_type"] and args.beta == 0.04
+def test_framework_config_is_accepted_by_trls_grpo_config(installed, tmp_path):
+    """The driver's config namespace equals a real GRPOConfig on every field _compute_loss reads
+    (a real one is built here only: it initialises accelerate's process state, reset afterwards)."""
+    from accelerate.state import PartialState
+
+    _, config_class = trl._trl()
+    read = (
+        "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
+        "max_completion_length", "sapo_temperature_pos", "sapo_temperature_neg", "use_bias_correction_kl",
+        "top_entropy_quantile", "off_policy_mask_threshold", "use_vllm",
+        "vllm_importance_sampling_correction",
+        "entropy_coef", "use_adaptive_entropy", "steps_per_generation", "gradient_accumulation_steps",
+    )
+    fresh = not PartialState._shared_state
+    try:
+        for mode in trl.modes().values():
+            keys = trl.grpo_config_kwargs(mode, variant_of(mode.name, 0.04))
+            args = trl._grpo_config(tuple(sorted(keys.items())), 3)
+            real = config_class(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_generations=2,
+                                per_device_train_batch_size=2, gradient_accumulation_steps=3, **keys)
+            assert {k: getattr(args, k) for k in read} == {k: getattr(real, k) for k in read}, mode.name
+            assert args.loss_type == mode.framework_config["loss_type"] and args.beta == 0.04
+    finally:
+        if fresh:
+            PartialState._reset_state()
     assert trl.grpo_config_kwargs("cispo", variant_of("cispo"))["epsilon_high"] == 1.28
+    with pytest.raises(ValueError, match="not GRPOConfig fields"):
+        trl._grpo_config((("clip_ratio_c", 3.0),), 1)
 
 
 def test_driver_reports_version_and_source_hash(installed):

@@ -2,9 +2,9 @@
 
 The kit's call becomes one call of TRL's own loss method (trl/trainer/grpo_trainer.py), with no
 transcription of its arithmetic: the trainer object is ``object.__new__(GRPOTrainer)`` carrying the
-attributes ``__init__`` would copy from a real ``GRPOConfig`` (built from the mode's keys, so TRL
-validates them and supplies its defaults), a single-process stand-in accelerator (``gather`` and
-``reduce`` of one process are the identity) and, in place of the model forward pass,
+attributes ``__init__`` would copy from a ``GRPOConfig`` (the installed dataclass's defaults with the
+mode's keys), a single-process stand-in accelerator (``gather`` and ``reduce`` of one process are the
+identity) and, in place of the model forward pass,
 ``_get_per_token_logps_and_entropies`` returning the kit's leaf ``logp``, so the gradient of TRL's
 loss flows back to the kit's tensor.
 
@@ -30,7 +30,6 @@ import functools
 import importlib.metadata
 import importlib.util
 import pathlib
-import tempfile
 import time
 import warnings
 from collections import defaultdict
@@ -341,19 +340,27 @@ def _mode(mode: str | Mode) -> Mode:
 
 
 @functools.cache
-def _grpo_config(frozen_keys: tuple, accumulation_steps: int):
-    """A real ``GRPOConfig`` (cached: the first one sets up accelerate's CPU state, ~3 s)."""
+def _grpo_config(frozen_keys: tuple, accumulation_steps: int) -> SimpleNamespace:
+    """TRL's ``GRPOConfig`` as ``_compute_loss`` reads it: every field's default from the installed
+    dataclass, the mode's keys (which must be GRPOConfig fields) and the accumulation steps, with
+    ``steps_per_generation`` = ``gradient_accumulation_steps`` as ``GRPOConfig.__post_init__`` sets it.
+    A namespace rather than an instance: constructing a GRPOConfig initialises accelerate's process
+    state (``PartialState``) as a side effect, which would outlive the check in the caller's process."""
     _, config_class = _trl()
-    with tempfile.TemporaryDirectory() as tmp:
-        return config_class(
-            output_dir=tmp,
-            report_to="none",
-            use_cpu=True,
-            per_device_train_batch_size=2,
-            num_generations=2,
-            gradient_accumulation_steps=accumulation_steps,
-            **dict(frozen_keys),
-        )
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    keys = dict(frozen_keys)
+    unknown = sorted(set(keys) - set(fields))
+    if unknown:
+        raise ValueError(f"not GRPOConfig fields in TRL {installed_version()}: {unknown}")
+    values = {}
+    for name, f in fields.items():
+        if f.default is not dataclasses.MISSING:
+            values[name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[name] = f.default_factory()
+    values.update(keys)
+    values.update(gradient_accumulation_steps=accumulation_steps, steps_per_generation=accumulation_steps)
+    return SimpleNamespace(**values)
 
 
 class _SingleProcess:
