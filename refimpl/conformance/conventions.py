@@ -176,15 +176,15 @@ FLAG_REASONS: dict[str, str] = {
     "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
+    "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
+    "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
+    "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
     "sapo_tau_float32": "TRL builds SAPO's temperatures with torch.where(A > 0, tau_pos, tau_neg) from "
     "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
     "in float64 losses).",
     "kl_importance_weight": "TRL's use_bias_correction_kl (default True; DeepSeek-V3.2) multiplies the "
     "per-token k3 term by the importance ratio exp(logp - old_logp) (GSPO: the sequence ratio), "
     "differentiated, so the KL gradient is the unbiased reverse-KL gradient under off-policy samples.",
-    "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
-    "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
-    "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl")
