@@ -317,6 +317,7 @@ CONVENTION_FLAGS: dict[str, dict[str, object]] = {
         empty_rows="keep",
         seq_sum_width="max_length",
         seq_sum_rows="all",
+        kl_importance_weight=True,
     ),
     "verl": dict(
         log_ratio_clamp=20.0,
@@ -351,7 +352,8 @@ def _convention_case(
 ) -> dict:
     """A policy vector under a framework's flags: the spec's loss with the global denominator of the
     flags, ``logp - old_logp`` clamped before exp in the surrogate, and the k3 KL with its log-ratio
-    and value clamps (substituted into the exact-KL symbols), differentiated after substitution."""
+    and value clamps (substituted into the exact-KL symbols), times the token ratio
+    ``exp(logp - old_logp)`` under ``kl_importance_weight``, differentiated after substitution."""
     flags = CONVENTION_FLAGS[convention]
     if flags["dual_clip"] is not None and spec.gate == "clip" and spec.ratio == "token":
         spec = dataclasses.replace(spec, dual_clip=flags["dual_clip"])
@@ -366,10 +368,13 @@ def _convention_case(
     loss, abs_scale = built.loss.xreplace(subs), built.abs_scale.xreplace(subs)
     if ref is not None:
         kl_subs = {}
-        for row_k, row_l, row_r in zip(built.kl, built.logp, built.ref_logp, strict=True):
-            for ksym, lsym, rsym in zip(row_k, row_l, row_r, strict=True):
+        rows = zip(built.kl, built.logp, built.ref_logp, built.old_logp, strict=True)
+        for row_k, row_l, row_r, row_o in rows:
+            for ksym, lsym, rsym, osym in zip(row_k, row_l, row_r, row_o, strict=True):
                 log_r = _clamp(rsym - lsym, flags["kl_log_ratio_clamp"])
                 kl_subs[ksym] = _clamp(sp.exp(log_r) - 1 - log_r, flags["kl_value_clamp"])
+                if flags.get("kl_importance_weight", False):  # TRL use_bias_correction_kl: k3 x ratio
+                    kl_subs[ksym] = kl_subs[ksym] * sp.exp(lsym - osym)
         loss, abs_scale = loss.xreplace(kl_subs), abs_scale.xreplace(kl_subs)
     denominator = _convention_denominator(spec, lengths, flags)
     loss, abs_scale = (x.xreplace({built.normalizer: denominator}) for x in (loss, abs_scale))

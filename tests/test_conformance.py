@@ -1,6 +1,7 @@
 """The conformance kit: our presets pass every case class under every shipped convention; literal
-transcriptions of TRL's and verl's public loss code pass under their profiles (so the profiles
-reproduce those numerics) and differ from the spec exactly where ``convention_differences`` says;
+transcriptions of verl's public loss code pass under its profile (so the profile reproduces those
+numerics) and differ from the spec exactly where ``convention_differences`` says (TRL: the installed
+code itself, tests/test_framework_trl.py);
 the cases are what their names promise; reports name the failing class and print the smallest
 failing case in full."""
 
@@ -151,110 +152,8 @@ def test_cases_are_deterministic():
 
 
 # ----------------------------------------------------------------------------------------------
-# literal transcriptions of the frameworks' public loss code (TRL GRPOTrainer, verl core_algos)
-
-
-def trl_adapter(fn, call):
-    """Adapter for ``trl_compute_loss``: TRL's config keys come in ``call.config``."""
-    cfg = call.config["framework_config"]
-    return fn(
-        call.logp,
-        call.old_logp,
-        call.ref_logp,
-        call.advantages,
-        call.mask,
-        cfg,
-        num_items_in_batch=call.normalizer,
-    )
-
-
-def trl_compute_loss(
-    per_token_logps,
-    old_per_token_logps,
-    ref_per_token_logps,
-    advantages,
-    completion_mask,
-    args,
-    num_items_in_batch=None,
-):
-    """TRL GRPOTrainer._compute_loss, transcribed (loss part only; grpo, bnpo, dr_grpo, dapo, cispo,
-    sapo; importance_sampling_level token or sequence)."""
-    mask = completion_mask.to(torch.promote_types(per_token_logps.dtype, torch.float32))
-    per_token_logps = per_token_logps.to(mask.dtype)
-    log_ratio = per_token_logps - old_per_token_logps.to(mask.dtype)
-    if args["importance_sampling_level"] == "token":
-        log_importance_weights = log_ratio
-    else:
-        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    coef_1 = torch.exp(log_importance_weights)
-    a = advantages.to(mask.dtype).unsqueeze(1)
-    if args["loss_type"] == "cispo":
-        clamped_ratios = torch.clamp(coef_1, max=args["epsilon_high"]).detach()
-        per_token_loss = -clamped_ratios * a * per_token_logps
-    elif args["loss_type"] == "sapo":
-        tau = torch.where(
-            a > 0,
-            torch.full_like(a, args["sapo_temperature_pos"]),
-            torch.full_like(a, args["sapo_temperature_neg"]),
-        )
-        per_token_loss = -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * a
-    else:
-        coef_2 = torch.clamp(coef_1, 1 - args["epsilon"], 1 + args["epsilon_high"])
-        if args["delta"] is not None:
-            coef_1 = torch.clamp(coef_1, max=args["delta"])
-        per_token_loss = -torch.min(coef_1 * a, coef_2 * a)
-    if args["beta"] != 0.0:
-        ref = ref_per_token_logps.to(mask.dtype)
-        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
-        per_token_loss = per_token_loss + args["beta"] * per_token_kl
-    if args["loss_type"] in ("grpo", "sapo"):
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if args["loss_type"] == "bnpo":
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    if args["loss_type"] == "dr_grpo":
-        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * args["max_completion_length"])
-    normalizer = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-    return (per_token_loss * mask).sum() / normalizer  # dapo, cispo
-
-
-TRL_PRESETS = ["grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"]
-
-
-@pytest.mark.parametrize("preset", TRL_PRESETS)
-def test_trl_transcription_passes_under_trl_profile(preset):
-    report = check_policy_loss(trl_compute_loss, preset, convention="trl", adapter=trl_adapter)
-    assert report.ok, report.render()
-
-
-def test_trl_transcription_with_kl_passes_under_trl_profile():
-    report = check_policy_loss(trl_compute_loss, "grpo", convention="trl", adapter=trl_adapter, kl_coef=0.04)
-    assert report.ok, report.render()
-
-
-@pytest.mark.parametrize("preset", TRL_PRESETS)
-def test_trl_departs_from_the_spec_exactly_where_the_differences_report_says(preset):
-    """Under the reference convention the TRL code fails precisely the case classes on which
-    ``convention_differences(preset, "trl")`` reports a departure."""
-    differences = convention_differences(preset, "trl")
-    report = check_policy_loss(
-        trl_compute_loss,
-        preset,
-        convention="reference",
-        adapter=lambda fn, call: trl_adapter(
-            fn,
-            dataclasses.replace(
-                call,
-                config={
-                    **call.config,
-                    "framework_config": framework_config("trl", preset, resolve_preset(preset)[1]),
-                },
-            ),
-        ),
-    )
-    failing = report.failing_classes()
-    assert [c for c in failing if c != "golden_vectors"] == differences.failing_classes()
-    # the golden vectors (empty row, global normaliser) catch the same departures
-    assert ("golden_vectors" in failing) == bool(differences.failing_classes())
+# literal transcriptions of verl's public loss code (core_algos); TRL is checked against the
+# installed TRL itself in tests/test_framework_trl.py
 
 
 def test_trl_differences_are_the_documented_ones():

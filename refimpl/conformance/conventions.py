@@ -9,9 +9,11 @@ convention is a value, never a code fork. Four profiles ship:
   dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
   exact gradient, the global normaliser over micro-batches, population std with eps inside the
   square root (seed 001 (90)-(91)).
-* ``trl`` -- mirrors the public documentation and code of TRL's ``GRPOConfig`` / ``GRPOTrainer``
-  (``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``, ``beta``,
-  ``importance_sampling_level``, ``scale_rewards``, ``max_completion_length``).
+* ``trl`` -- the flags of the TRL driver's modes (``refimpl.conformance.frameworks.trl``), proven
+  against the installed TRL 1.16.0's own ``GRPOTrainer._compute_loss`` (tests/test_framework_trl.py);
+  ``framework_config`` gives the ``GRPOConfig`` keys (``loss_type``, ``epsilon``, ``epsilon_high``,
+  ``delta``, ``beta``, ``importance_sampling_level``, ``max_completion_length``, SAPO temperatures,
+  ``use_bias_correction_kl``, ``scale_rewards``).
 * ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
   ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
   ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
@@ -92,6 +94,10 @@ class Convention:
         kl_aggregation: the KL term of the loss is aggregated like the "policy" term (spec) or
             always as a global "token_mean" (OpenRLHF's training_step), reduced in the KL's
             compute dtype (``kl_compute_dtype``).
+        sapo_tau_float32: SAPO's temperatures are float32 numbers (TRL builds them with
+            ``torch.where(A > 0, tau_pos, tau_neg)``, a default-dtype tensor).
+        kl_importance_weight: the per-token KL term is multiplied by the unit's importance ratio,
+            differentiated (TRL ``use_bias_correction_kl=True``, its default).
     """
 
     name: str = "reference"
@@ -117,6 +123,8 @@ class Convention:
     kl_log_ratio_max: float | None = None
     kl_value_clamp_scope: str = "k3"
     kl_aggregation: str = "policy"
+    sapo_tau_float32: bool = False
+    kl_importance_weight: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -154,6 +162,9 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+        for field in ("sapo_tau_float32", "kl_importance_weight"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"convention.{field} must be a bool, got {getattr(self, field)!r}")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -217,22 +228,31 @@ FLAG_REASONS: dict[str, str] = {
     "kl_aggregation": "OpenRLHF adds its KL loss outside PolicyLoss as aggregate_loss(kl, mask, "
     "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
     "sequence mean (seq-mean-token-mean); the spec aggregates both terms alike.",
+    "sapo_tau_float32": "TRL builds SAPO's temperatures with torch.where(A > 0, tau_pos, tau_neg) from "
+    "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
+    "in float64 losses).",
+    "kl_importance_weight": "TRL's use_bias_correction_kl (default True; DeepSeek-V3.2) multiplies the "
+    "per-token k3 term by the importance ratio exp(logp - old_logp) (GSPO: the sequence ratio), "
+    "differentiated, so the KL gradient is the unbiased reverse-KL gradient under off-policy samples.",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl", "openrlhf")
 
-# TRL loss_type of each preset (TRL GRPOConfig documentation; gspo = importance_sampling_level
-# "sequence" with loss_type "grpo").
-_TRL_LOSS_TYPE = {
+# The TRL mode (refimpl.conformance.frameworks.trl, whose Mode.convention is the TRL profile) of each
+# preset; ppo's variant equals bnpo's.
+_TRL_MODE_OF_PRESET = {
     "grpo": "grpo",
     "bnpo": "bnpo",
     "ppo": "bnpo",
     "dr_grpo": "dr_grpo",
     "dapo": "dapo",
-    "gspo": "grpo",
+    "gspo": "gspo",
     "cispo": "cispo",
     "sapo": "sapo",
 }
+# Generic flags that the kit adds to Convention (issue 10); a framework profile may name them before
+# they exist here, and they are left out until then (only these names: any other unknown flag raises).
+_PENDING_KIT_FLAGS = frozenset({"compute_dtype", "masked_nonfinite"})
 # verl (loss_mode, loss_agg_mode) of each preset.
 _VERL_MODES = {
     "ppo": ("vanilla", "token-mean"),
@@ -245,17 +265,6 @@ _VERL_MODES = {
     "sapo": ("sapo", "seq-mean-token-mean"),
 }
 
-_TRL = Convention(
-    name="trl",
-    empty_rows="keep",
-    seq_sum_rows="all",
-    micro_batch="local_mean",
-    adv_std="sample",
-    adv_eps=1e-4,
-    adv_eps_inside_sqrt=False,
-    adv_zero_variance="formula",
-    adv_singleton="error",
-)
 _VERL = Convention(
     name="verl",
     log_ratio_clamp=20.0,
@@ -301,18 +310,7 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
     if name == "reference":
         return Convention()
     if name == "trl":
-        if key not in _TRL_LOSS_TYPE:
-            raise ValueError(
-                f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
-                f"{sorted(_TRL_LOSS_TYPE)}"
-            )
-        loss_type = _TRL_LOSS_TYPE[key]
-        # TRL: "dapo" and "cispo" divide by num_items_in_batch (global tokens); the others are
-        # local means that the Trainer averages over gradient-accumulation steps.
-        micro = "global" if loss_type in ("dapo", "cispo") else "local_mean"
-        if scale_rewards is None:
-            scale_rewards = "none" if key == "dr_grpo" else "group"
-        return dataclasses.replace(_TRL, micro_batch=micro, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
+        return _trl_profile(preset, scale_rewards)
     if name == "openrlhf":
         return _openrlhf_profile(preset)
     if key not in _VERL_MODES:
@@ -341,6 +339,34 @@ def _openrlhf_profile(preset: str) -> Convention:
 
     known = {f.name for f in dataclasses.fields(Convention)}
     return Convention(**{k: v for k, v in mode_for_preset(preset).convention.items() if k in known})
+def convention_from_flags(name: str, flags: dict) -> Convention:
+    """A ``Convention`` called ``name`` from a flag dict (a driver's ``Mode.convention``)."""
+    known = {f.name for f in dataclasses.fields(Convention)}
+    unknown = set(flags) - known - _PENDING_KIT_FLAGS - {"name"}
+    if unknown:
+        raise ValueError(f"unknown convention flags {sorted(unknown)}; known: {sorted(known - {'name'})}")
+    return Convention(name=name, **{k: v for k, v in flags.items() if k in known and k != "name"})
+
+
+def _trl_mode(preset: str):
+    from .frameworks import load_driver
+
+    key = _preset_key(preset)
+    if key not in _TRL_MODE_OF_PRESET:
+        raise ValueError(
+            f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
+            f"{sorted(_TRL_MODE_OF_PRESET)}"
+        )
+    return load_driver("trl").modes()[_TRL_MODE_OF_PRESET[key]]
+
+
+def _trl_profile(preset: str, scale_rewards: str | None) -> Convention:
+    """The flags of the TRL mode of ``preset`` (proven against the installed TRL by
+    tests/test_framework_trl.py), with ``adv_scale`` from ``scale_rewards`` when given."""
+    conv = convention_from_flags("trl", _trl_mode(preset).convention)
+    if scale_rewards is not None:
+        conv = dataclasses.replace(conv, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
+    return conv
 
 
 def framework_config(
@@ -357,22 +383,16 @@ def framework_config(
 
     key = _preset_key(preset)
     v = get_preset(key) if variant is None else variant
-    conv = profile(name, key, scale_rewards=scale_rewards)
+    conv = profile(name, key if name != "trl" or key in _TRL_MODE_OF_PRESET else "grpo",
+                   scale_rewards=scale_rewards)
     trl_scale_rewards = {ours: theirs for theirs, ours in _TRL_SCALE_REWARDS.items()}
     if name == "trl":
-        return {
-            "loss_type": _TRL_LOSS_TYPE[key],
-            "epsilon": v.eps_low,
-            # TRL's cispo clamps the ratio at epsilon_high itself (not 1 + epsilon_high)
-            "epsilon_high": (1.0 + v.eps_high) if _TRL_LOSS_TYPE[key] == "cispo" else v.eps_high,
-            "delta": v.dual_clip,
-            "beta": v.kl_coef,
-            "importance_sampling_level": "sequence" if v.ratio == "sequence_mean" else "token",
-            "scale_rewards": trl_scale_rewards[conv.adv_scale],
-            "max_completion_length": v.max_length,
-            "sapo_temperature_pos": v.tau_pos,
-            "sapo_temperature_neg": v.tau_neg,
-        }
+        from .checks import resolve_preset
+        from .frameworks import trl
+
+        v = resolve_preset(v)[1]  # a seq_sum variant without L_max gets the kit's L_max
+        mode = _trl_mode(key) if key in _TRL_MODE_OF_PRESET or variant is None else trl.mode_of_variant(v)
+        return {**trl.grpo_config_kwargs(mode, v), "scale_rewards": trl_scale_rewards[conv.adv_scale]}
     if name == "openrlhf":
         from .frameworks.openrlhf import config_for_variant
 
@@ -398,10 +418,9 @@ def framework_config(
 def unsupported_flags(name: str) -> dict[str, str]:
     """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
     if name == "trl":
-        return {
-            "gradient_accumulation": "TRL's local means are averaged over equal-sized micro-batches "
-            "(the kit's micro-batch cases use equal sizes).",
-        }
+        from .frameworks import load_driver
+
+        return load_driver("trl").unsupported_modes()
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "

@@ -20,7 +20,10 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
-  aggregation (the GSPO-token form of the same value).
+  aggregation (the GSPO-token form of the same value);
+* ``sapo_tau_float32``: the variant's SAPO temperatures rounded to float32 (``effective_variant``);
+* ``kl_importance_weight``: the per-token KL is multiplied by the differentiated unit ratio and
+  passed as ``kl=``.
 """
 
 from __future__ import annotations
@@ -54,10 +57,31 @@ def effective_variant(variant: PolicyLossVariant, convention: Convention) -> Pol
     v = variant
     if convention.dual_clip is not None and v.gate == "clip" and v.ratio == "token" and v.dual_clip is None:
         v = dataclasses.replace(v, dual_clip=max(convention.dual_clip, 1.0 + (v.eps_high or 0.0)))
+    if convention.sapo_tau_float32 and v.gate == "sapo":
+        v = dataclasses.replace(v, tau_pos=_float32(v.tau_pos), tau_neg=_float32(v.tau_neg))
     if v.ratio == "sequence_mean" and convention.sequence_ratio_gradient == "token":
         aggregation = "seq_mean_token_mean" if v.aggregation == "seq_mean" else v.aggregation
         v = dataclasses.replace(v, ratio="gspo_token", aggregation=aggregation)
     return v
+
+
+def _float32(x: float) -> float:
+    """``x`` rounded to the nearest float32 (TRL's temperatures, ``sapo_tau_float32``)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _importance_weighted_kl(kl_tokens, logp, old, mask, variant: PolicyLossVariant) -> torch.Tensor:
+    """``kl_tokens * r`` with the unit's differentiated importance ratio ``r`` (``kl_importance_weight``):
+    ``exp(logp - old)`` per token, or GSPO's ``exp(mean_t (logp - old))`` on every token of the row."""
+    zero = torch.zeros((), dtype=logp.dtype)
+    log_ratio = torch.where(mask, logp - old, zero)
+    if variant.ratio == "sequence_mean":
+        lengths = mask.sum(-1, dtype=logp.dtype).clamp(min=1.0)
+        log_ratio = (log_ratio.sum(-1) / lengths).unsqueeze(-1).expand_as(logp)
+    elif variant.ratio != "token":
+        raise ValueError(f"kl_importance_weight supports ratio 'token' or 'sequence_mean', "
+                         f"got {variant.ratio!r}")
+    return torch.where(mask, kl_tokens * torch.exp(log_ratio), zero)
 
 
 def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, convention: Convention) -> float:
@@ -180,7 +204,10 @@ def convention_loss(
     )
     kwargs = {}
     if ref is not None and variant.kl_coef > 0:
-        if clamps_kl or ratio_logp is not logp:
+        if convention.kl_importance_weight:
+            kl = _kl_tokens(logp, ref, variant, convention, mask)
+            kwargs["kl"] = _importance_weighted_kl(kl, ratio_logp, old, mask, variant)
+        elif clamps_kl or ratio_logp is not logp:
             kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
         else:
             kwargs["ref_logp"] = ref

@@ -1,0 +1,377 @@
+"""The TRL driver and the TRL profile, against the installed TRL (``GRPOTrainer._compute_loss``).
+
+Expected values come from our reference implementation with the profile's flags applied
+(``refimpl.conformance.expected``), never from TRL. Each mode passes every case class under its own
+profile; each TRL-specific flag is necessary (dropping it fails the classes it explains) and
+sufficient to float64 rounding (it reproduces TRL's value, not just within the kit's 1e-8);
+micro-batches use TRL's own gradient-accumulation normalisation; a NaN at a masked position
+reaches TRL's loss in every mode. Skipped with a message when TRL cannot be imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from refimpl.conformance import POLICY_CASE_CLASSES, Convention, check_policy_loss, convention_differences
+from refimpl.conformance.cases import policy_loss_cases
+from refimpl.conformance.checks import resolve_preset
+from refimpl.conformance.conventions import convention_from_flags, framework_config, profile
+from refimpl.conformance.expected import convention_normalizer, effective_variant, expected_policy_loss
+from refimpl.conformance.frameworks import Mode, load_driver, source_hash
+from refimpl.losses import PRESETS, policy_loss
+
+trl = load_driver("trl")
+pytestmark = pytest.mark.framework
+
+MODES = sorted(trl.modes())
+HALF_CLASSES = ("bf16", "fp16")
+# bf16 / fp16 classes need the kit's compute_dtype flag (issue 10): TRL computes in the input dtype.
+HALF_READY = "compute_dtype" in {f.name for f in dataclasses.fields(Convention)}
+CLASSES = tuple(
+    c for c in POLICY_CASE_CLASSES if c != "golden_vectors" and (HALF_READY or c not in HALF_CLASSES)
+)
+FLOAT64_CLASSES = tuple(c for c in CLASSES if c not in HALF_CLASSES)
+EPS64 = torch.finfo(torch.float64).eps
+# float64 agreement that counts as "reproduces exactly": each loss is a sum of <= 30 terms of a few
+# rounded operations (exp, clamp, products), so a few hundred ulps at most; TRL's largest measured
+# departure from the profile is 1.2e-14, and the smallest departure a flag explains is 1.3e-8 (sapo).
+EXACT = 1e-12
+
+
+@pytest.fixture(scope="module")
+def installed():
+    reason = trl.availability()
+    if reason is not None:
+        pytest.skip(f"TRL is not drivable here: {reason}")
+    return trl
+
+
+def variant_of(mode: str, kl: float | None = None):
+    return resolve_preset(trl.mode_variant(mode), kl_coef=kl)[1]
+
+
+def check_mode(mode: str, *, kl: float | None = None, drop: tuple[str, ...] = (), classes=CLASSES, rtol=1e-8):
+    """check_policy_loss of TRL's own loss in ``mode`` under the mode's profile less ``drop``."""
+    flags = {k: v for k, v in trl.modes()[mode].convention.items() if k not in drop}
+    variant = variant_of(mode, kl)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    conv = convention_from_flags("trl", flags)
+    return check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=classes, rtol=rtol)
+
+
+def max_errors(report, classes=FLOAT64_CLASSES) -> tuple[float, float]:
+    rows = [r for r in report.results if r.case_class in classes]
+    return max(r.value_error for r in rows), max(r.grad_error for r in rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# every mode passes every case class under its own profile
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trl_passes_every_case_class_under_its_profile(installed, mode):
+    report = check_mode(mode)
+    assert report.ok, report.render()
+    assert {c.case_class for c in report.by_class()} == set(CLASSES) - {"kl_penalty"}
+    # and reproduces the profile to float64 rounding, far inside the kit's 1e-8
+    assert max(max_errors(report)) <= EXACT, max_errors(report)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trl_with_beta_passes_under_its_profile(installed, mode):
+    """beta > 0 adds TRL's k3 term weighted by the importance ratio (use_bias_correction_kl)."""
+    report = check_mode(mode, kl=0.1, classes=tuple(c for c in CLASSES if c != "kl_penalty"))
+    assert report.ok, report.render()
+    assert max(max_errors(report)) <= EXACT, max_errors(report)
+
+
+def _kl_rounding_floor(case, variant, conv) -> float:
+    """Rounding bound of d(beta r k3)/d logp in float64: the product rule adds r k3 and r k3', which
+    cancel to O(r |log r|) when |log r| is large (k3 ~ e^|log r|), so each float64 gradient carries an
+    absolute error of a few eps times beta r (k3 + |k3'|) weighted as the loss weights that token
+    (the weight is d loss / d kl of policy_loss(kl=...)); 16 eps covers exp, the two products and the
+    sum, summed over the tokens (a row's sequence ratio spreads over the row)."""
+    mask = case.mask
+    zero = torch.zeros((), dtype=torch.float64)
+    log_r = torch.where(mask, case.ref_logp - case.logp, zero)
+    log_ratio = torch.where(mask, case.logp - case.old_logp, zero)
+    if variant.ratio == "sequence_mean":
+        log_ratio = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).unsqueeze(-1).expand_as(log_r)
+    k3, dk3 = torch.expm1(log_r) - log_r, torch.expm1(log_r)
+    terms = variant.kl_coef * torch.exp(log_ratio) * (k3.abs() + dk3.abs())
+    kl = torch.zeros_like(case.logp, requires_grad=True)
+    unit_kl = dataclasses.replace(variant, kl_coef=1.0)
+    denominator = max(convention_normalizer(mask, variant, conv), 1.0)
+    loss, _ = policy_loss(case.logp, case.old_logp, case.advantages, mask, unit_kl, kl=kl,
+                          normalizer=denominator)
+    (weight,) = torch.autograd.grad(loss, kl)
+    return 16 * EPS64 * float((torch.where(mask, terms, zero) * weight.abs()).sum())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trl_kl_penalty_class_within_its_rounding(installed, mode):
+    """The kl_penalty class (|log r| up to 24) under the profile, to the bound of ``_kl_rounding_floor``:
+    TRL and the float64 reference both round terms of size beta e^24 r / D whose sum is O(1)."""
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    variant = effective_variant(variant_of(mode, 0.1), conv)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    for case in policy_loss_cases(variant, conv, classes=("kl_penalty",)):
+        exp_loss, exp_grad = expected_policy_loss(case, variant, conv)
+        logp = case.logp.clone().requires_grad_(True)
+        call = SimpleNamespace(logp=logp, old_logp=case.old_logp, advantages=case.advantages, mask=case.mask,
+                               ref_logp=case.ref_logp, normalizer=None)
+        loss = adapter(fn, call)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert abs(float(loss.detach()) - float(exp_loss)) <= EXACT * abs(float(exp_loss))
+        floor = _kl_rounding_floor(case, variant, conv)
+        assert float((grad - exp_grad).abs().max()) <= EXACT * float(exp_grad.abs().max()) + floor
+        assert floor < 1e-5 * float(exp_grad.abs().max())  # the bound is a check, not a pass
+
+
+# ----------------------------------------------------------------------------------------------
+# each flag is needed (dropping it fails what it explains) and explains exactly
+
+
+@pytest.mark.parametrize(
+    ("mode", "kl", "flag", "classes"),
+    [
+        ("sapo", None, "sapo_tau_float32", {"inside_clip", "outside_clip", "extreme_log_ratio", "ragged"}),
+        ("grpo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty"}),
+        ("gspo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty"}),
+        ("grpo", None, "empty_rows", {"empty_rows", "micro_batch"}),
+        ("sapo", None, "empty_rows", {"empty_rows", "micro_batch"}),
+        ("gspo", None, "empty_rows", {"empty_rows", "micro_batch"}),
+        ("dr_grpo", None, "seq_sum_rows", {"empty_rows", "micro_batch"}),
+        ("bnpo", None, "micro_batch", {"micro_batch"}),
+        ("luspo", None, "seq_sum_rows", {"empty_rows", "micro_batch"}),
+    ],
+)
+def test_each_trl_flag_is_needed(installed, mode, kl, flag, classes):
+    report = check_mode(mode, kl=kl, drop=(flag,), classes=FLOAT64_CLASSES)
+    assert classes <= set(report.failing_classes()), report.failing_classes()
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dapo", "dr_grpo", "gspo"])
+def test_trl_delta_is_the_dual_clip(installed, mode):
+    """GRPOConfig.delta (INTELLECT-2: coef_1 clamped above at delta) is refimpl's dual clip: with
+    variant.dual_clip = delta TRL passes every float64 class, on_boundary at delta included."""
+    variant = dataclasses.replace(variant_of(mode), dual_clip=1.01 if mode == "gspo" else 3.0)
+    assert trl.grpo_config_kwargs(mode, variant)["delta"] == variant.dual_clip
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    report = check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=FLOAT64_CLASSES)
+    assert report.ok, report.render()
+    assert max(max_errors(report)) <= EXACT
+    # the extreme class reaches ratios beyond delta with A < 0: expecting no dual clip fails there
+    loose = dataclasses.replace(variant, dual_clip=None)
+    report = check_policy_loss(fn, loose, convention=conv, adapter=adapter, classes=("extreme_log_ratio",))
+    assert not report.ok
+
+
+def test_sapo_float32_temperature_is_the_whole_departure(installed):
+    """TRL's sapo departs from the float64 spec by 1e-8 .. 1e-5 (temperatures built as a float32
+    tensor by torch.where from Python floats: tau_neg = 1.05 -> 1.0499999523); rounding tau to
+    float32 in the reference reproduces TRL to float64 rounding."""
+    without = max_errors(check_mode("sapo", drop=("sapo_tau_float32",), classes=FLOAT64_CLASSES))
+    with_flag = max_errors(check_mode("sapo", classes=FLOAT64_CLASSES))
+    assert 1e-8 < without[0] < 1e-5
+    assert max(with_flag) <= EXACT
+    assert effective_variant(variant_of("sapo"), profile("trl", "sapo")).tau_neg == float(
+        torch.tensor(1.05, dtype=torch.float32)
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trl_departs_from_the_spec_exactly_where_the_differences_report_says(installed, mode):
+    """Under the reference convention TRL fails precisely the float64 classes on which the profile
+    departs from the spec (``convention_differences``)."""
+    variant = variant_of(mode)
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    expected = convention_differences(variant, conv, seed=0).failing_classes()
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    report = check_policy_loss(fn, variant, convention="reference", adapter=adapter, classes=FLOAT64_CLASSES)
+    assert report.failing_classes() == [c for c in expected if c in FLOAT64_CLASSES]
+
+
+# ----------------------------------------------------------------------------------------------
+# micro-batches: TRL's gradient accumulation (current_gradient_accumulation_steps, num_items_in_batch)
+
+
+def _micro_batch_calls(case, logp):
+    """One call per micro-batch with the issue-10 fields (index, count, global counts)."""
+    parts = case.micro_batches
+    for k, rows in enumerate(parts):
+        i = torch.tensor(rows)
+        yield SimpleNamespace(
+            logp=logp[i], old_logp=case.old_logp[i], advantages=case.advantages[i], mask=case.mask[i],
+            ref_logp=None if case.ref_logp is None else case.ref_logp[i], normalizer=None,
+            micro_batch_index=k, micro_batch_count=len(parts), global_tokens=int(case.mask.sum()),
+            global_sequences=int(case.mask.any(-1).sum()), global_rows=int(case.mask.shape[0]),
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kl", [None, 0.1])
+def test_micro_batches_use_trls_gradient_accumulation(installed, mode, kl):
+    """TRL's micro-batch losses (divided by the accumulation steps, or by num_items_in_batch for
+    dapo / cispo) summed equal the profile's micro-batch loss and gradient; grpo / sapo / gspo /
+    bnpo differ from the spec's global normaliser on these cases (so the comparison can fail)."""
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    variant = effective_variant(variant_of(mode, kl), conv)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    for case in policy_loss_cases(variant, conv, classes=("micro_batch",)):
+        exp_loss, exp_grad = expected_policy_loss(case, variant, conv)
+        logp = case.logp.clone().requires_grad_(True)
+        loss = sum(adapter(fn, call) for call in _micro_batch_calls(case, logp))
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert abs(float(loss.detach()) - float(exp_loss)) <= EXACT * abs(float(exp_loss))
+        assert float((grad - exp_grad).abs().max()) <= EXACT * float(exp_grad.abs().max())
+    if conv.micro_batch == "local_mean" and mode != "dr_grpo":
+        first = policy_loss_cases(variant, conv, classes=("micro_batch",))[0]
+        spec_loss, _ = expected_policy_loss(first, effective_variant(variant_of(mode, kl), Convention()),
+                                            Convention())
+        logp = first.logp.clone().requires_grad_(True)
+        trl_loss = sum(adapter(fn, call) for call in _micro_batch_calls(first, logp)).detach()
+        assert abs(float(trl_loss) - float(spec_loss)) > 1e-3 * abs(float(spec_loss))
+
+
+# ----------------------------------------------------------------------------------------------
+# non-finite values at masked positions reach TRL's loss (masked_nonfinite="propagate")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nonfinite_at_masked_positions_reaches_trls_loss(installed, mode):
+    variant = variant_of(mode, 0.1)
+    conv = convention_from_flags("trl", trl.modes()[mode].convention)
+    fn, adapter = trl.target("policy_loss", mode, variant)
+    case = policy_loss_cases(variant, conv, classes=("ragged",))[0]
+    assert not bool(case.mask.all())
+
+    def trl_loss(**junk):
+        fields = {name: getattr(case, name).clone() for name in ("logp", "old_logp", "ref_logp")}
+        for name, value in junk.items():
+            fields[name][~case.mask] = value
+        logp = fields["logp"].requires_grad_(True)
+        call = SimpleNamespace(logp=logp, old_logp=fields["old_logp"], advantages=case.advantages,
+                               mask=case.mask, ref_logp=fields["ref_logp"], normalizer=None)
+        loss = adapter(fn, call)
+        (grad,) = torch.autograd.grad(loss, logp)
+        return float(loss.detach()), grad
+
+    finite_loss, finite_grad = trl_loss()
+    assert math.isfinite(finite_loss) and bool(torch.isfinite(finite_grad).all())
+    for junk in ({"logp": math.nan}, {"old_logp": math.nan}, {"ref_logp": math.inf}, {"logp": -math.inf}):
+        loss, grad = trl_loss(**junk)
+        assert math.isnan(loss), junk
+        assert not bool(torch.isfinite(grad).all()), junk
+    assert trl.modes()[mode].convention["masked_nonfinite"] == "propagate"
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver: modes, profile data, metadata, errors
+
+
+def test_every_loss_type_of_the_installed_grpo_config_is_a_mode_or_unsupported(installed):
+    _, config_class = trl._trl()
+    help_text = next(f for f in dataclasses.fields(config_class) if f.name == "loss_type").metadata["help"]
+    listed = re.search(r"Supported values are (.*?)\. ", help_text)
+    assert listed, help_text
+    loss_types = set(re.findall(r"'([a-z_]+)'", listed.group(1)))
+    assert {"grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"} <= loss_types
+    covered = {m.framework_config["loss_type"] for m in trl.modes().values()} | set(trl.unsupported_modes())
+    assert loss_types <= covered, loss_types - covered
+
+
+def test_modes_cover_the_scope_and_the_profile_is_their_data():
+    modes = trl.modes()
+    assert set(modes) == {"grpo", "dr_grpo", "dapo", "bnpo", "sapo", "cispo", "gspo", "luspo"}
+    assert modes["gspo"].framework_config["importance_sampling_level"] == "sequence"
+    for name, mode in modes.items():
+        assert isinstance(mode, Mode) and mode.kind == "policy_loss" and mode.preset in PRESETS
+        if name == "luspo":  # a variant of the gspo preset, not a preset's own mode
+            continue
+        assert profile("trl", mode.preset) == convention_from_flags("trl", mode.convention), name
+        assert framework_config("trl", mode.preset)["loss_type"] == mode.framework_config["loss_type"]
+    assert profile("trl", "ppo") == profile("trl", "bnpo")
+    assert profile("trl", "grpo", scale_rewards="batch").adv_scale == "batch_rewards"
+    assert trl.modes("kl") == {} and trl.modes("group_advantages") == {}
+    assert "group" in trl.unsupported_modes("group_advantages")
+    with pytest.raises(ValueError, match="no TRL"):
+        profile("trl", "gspo_token")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        trl.modes("value")
+
+
+def test_framework_config_is_accepted_by_trls_grpo_config(installed, tmp_path):
+    """The driver's config namespace equals a real GRPOConfig on every field _compute_loss reads
+    (a real one is built here only: it initialises accelerate's process state, reset afterwards)."""
+    from accelerate.state import PartialState
+
+    _, config_class = trl._trl()
+    read = (
+        "loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "beta",
+        "max_completion_length", "sapo_temperature_pos", "sapo_temperature_neg", "use_bias_correction_kl",
+        "top_entropy_quantile", "off_policy_mask_threshold", "use_vllm",
+        "vllm_importance_sampling_correction",
+        "entropy_coef", "use_adaptive_entropy", "steps_per_generation", "gradient_accumulation_steps",
+    )
+    fresh = not PartialState._shared_state
+    try:
+        for mode in trl.modes().values():
+            keys = trl.grpo_config_kwargs(mode, variant_of(mode.name, 0.04))
+            args = trl._grpo_config(tuple(sorted(keys.items())), 3)
+            real = config_class(output_dir=str(tmp_path), report_to="none", use_cpu=True, num_generations=2,
+                                per_device_train_batch_size=2, gradient_accumulation_steps=3, **keys)
+            assert {k: getattr(args, k) for k in read} == {k: getattr(real, k) for k in read}, mode.name
+            assert args.loss_type == mode.framework_config["loss_type"] and args.beta == 0.04
+    finally:
+        if fresh:
+            PartialState._reset_state()
+    assert trl.grpo_config_kwargs("cispo", variant_of("cispo"))["epsilon_high"] == 1.28
+    with pytest.raises(ValueError, match="not GRPOConfig fields"):
+        trl._grpo_config((("clip_ratio_c", 3.0),), 1)
+
+
+def test_driver_reports_version_and_source_hash(installed):
+    assert trl.installed_version() == trl.PINNED_VERSION
+    files = trl.source_files()
+    assert files and all(f.is_file() for f in files)
+    assert any(f.name == "grpo_trainer.py" for f in files)
+    assert re.fullmatch(r"[0-9a-f]{12}", source_hash(files))
+
+
+def test_another_installed_version_gives_a_warning(installed, monkeypatch):
+    monkeypatch.setattr(trl, "installed_version", lambda: "9.9.9")
+    trl._warn_version.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="describe TRL 1.16.0; TRL 9.9.9 is installed"):
+            trl.target("policy_loss", "grpo", variant_of("grpo"))
+    finally:
+        trl._warn_version.cache_clear()
+
+
+def test_target_refuses_what_trl_cannot_run(installed):
+    with pytest.raises(ValueError, match="TRL has no driver for kind 'kl'"):
+        trl.target("kl", "k3", None)
+    with pytest.raises(ValueError, match="TRL mode must be one of"):
+        trl.target("policy_loss", "ppo_clip", variant_of("grpo"))
+    with pytest.raises(ValueError, match="kl_estimator must be 'k3'"):
+        k1 = dataclasses.replace(variant_of("grpo"), kl_coef=0.1, kl_estimator="k1")
+        trl.target("policy_loss", "grpo", k1)
+    with pytest.raises(ValueError, match="TRL mode 'grpo' runs ratio='token'"):
+        trl.target("policy_loss", "grpo", PRESETS["gspo_token"])
+    with pytest.raises(ValueError, match="cispo clamps only above"):
+        trl.target("policy_loss", "cispo", dataclasses.replace(PRESETS["cispo"], eps_low=0.2))
+
+
+def test_time_loss_times_trls_loss(installed):
+    case = policy_loss_cases(variant_of("dapo"), profile("trl", "dapo"), classes=("ragged",))[0]
+    seconds = trl.time_loss("dapo", variant_of("dapo"), case.logp, case.old_logp, case.advantages, case.mask,
+                            repeats=3)
+    assert 0.0 < seconds < 10.0
