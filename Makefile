@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run report test test-thorough test-portable lint bench clean
+.PHONY: install frameworks run report test test-thorough test-portable lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The real frameworks the conformance drivers run (refimpl check --framework, refimpl matrix):
+# TRL 1.16.0, verl 0.9.1 and OpenRLHF 0.11.2 at the versions their profiles describe. Their own
+# dependency pins cannot all hold at once (OpenRLHF pins deepspeed and flash-attn, CUDA source
+# builds, and a transformers that verl excludes), so each is installed with --no-deps plus the few
+# packages its loss code imports (requirements/frameworks-*.txt); the drivers stub the import-only
+# rest. The constraints keep the torch, numpy and sympy already installed.
+FRAMEWORKS_STAMP := $(VENV)/.frameworks
+$(FRAMEWORKS_STAMP): $(STAMP) requirements/frameworks.txt $(wildcard requirements/frameworks-*.txt)
+	$(BIN)/pip freeze | grep -iE '^(torch|numpy|sympy)==' > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -r requirements/frameworks.txt
+	$(BIN)/pip install -q --no-deps -c $(VENV)/constraints.txt \
+	  $(foreach f,$(wildcard requirements/frameworks-*.txt),-r $(f))
+	touch $(FRAMEWORKS_STAMP)
+
+frameworks: $(FRAMEWORKS_STAMP)
 
 run: $(STAMP)
 	$(BIN)/refimpl train --out runs/main
