@@ -13,11 +13,12 @@ USER_MODULE = textwrap.dedent('''
 
     def dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
         """A framework-style DAPO loss (token mean, eps_low 0.2, eps_high 0.28)."""
-        m = mask.to(torch.promote_types(logp.dtype, torch.float32))
-        ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)
-        a = advantages.to(m.dtype).unsqueeze(-1)
-        per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a)
-        return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))
+        dtype = torch.promote_types(logp.dtype, torch.float32)
+        mask = mask.bool()
+        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+        a = advantages.to(dtype).unsqueeze(-1)
+        per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
+        return per_token.sum() / (normalizer or mask.sum().clamp(min=1))
 
     def dapo_loss_swapped_bounds(logp, old_logp, advantages, mask, *, normalizer=None):
         m = mask.to(torch.promote_types(logp.dtype, torch.float32))
@@ -29,6 +30,8 @@ USER_MODULE = textwrap.dedent('''
     def loss_with_other_signature(old_log_prob, log_prob, advantages, response_mask, eps_low, eps_high):
         """verl-like argument order, config passed explicitly (needs an adapter)."""
         m = response_mask.to(torch.promote_types(log_prob.dtype, torch.float32))
+        log_prob = torch.where(response_mask.bool(), log_prob, 0.0)
+        old_log_prob = torch.where(response_mask.bool(), old_log_prob, 0.0)
         ratio = torch.exp(torch.clamp((log_prob.to(m.dtype) - old_log_prob.to(m.dtype)) * m, -20, 20))
         a = advantages.to(m.dtype).unsqueeze(-1) * m
         losses = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))

@@ -46,6 +46,8 @@ _SINGLETON = ("zero", "error", "raw")
 _ADV_SCALES = ("group", "none", "batch_rewards")
 # TRL GRPOConfig.scale_rewards -> group_advantages(scale=...) (advantages.md eq. (5), (14))
 _TRL_SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
+_COMPUTE_DTYPES = ("float32_min", "input")
+_MASKED_NONFINITE = ("ignore", "propagate")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,13 @@ class Convention:
             ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
         adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
             "batch_rewards" (TRL ``scale_rewards="batch"``: the std of all rewards, eq. (14)).
+        compute_dtype: "float32_min" (the loss is computed in at least float32: the spec) or
+            "input" (computed in the inputs' dtype, bf16 / fp16 included; the half-precision
+            tolerance then follows from that dtype's unit roundoff, see ``checks.half_tolerance``).
+        masked_nonfinite: "ignore" (NaN / inf at masked positions never reach the loss or its
+            gradient: the spec) or "propagate" (they may, e.g. ``(x * mask).sum()``).
+        adv_leave_one_out: RLOO's leave-one-out baseline ``R_i - mean_{j != i} R_j`` instead of the
+            group mean (advantages.md; ``group_advantages(leave_one_out=True)``).
     """
 
     name: str = "reference"
@@ -89,6 +98,9 @@ class Convention:
     adv_eps_inside_sqrt: bool = True
     adv_zero_variance: str = "zero"
     adv_singleton: str = "zero"
+    compute_dtype: str = "float32_min"
+    masked_nonfinite: str = "ignore"
+    adv_leave_one_out: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -100,6 +112,8 @@ class Convention:
             "adv_zero_variance": _ZERO_VARIANCE,
             "adv_singleton": _SINGLETON,
             "adv_scale": _ADV_SCALES,
+            "compute_dtype": _COMPUTE_DTYPES,
+            "masked_nonfinite": _MASKED_NONFINITE,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -120,6 +134,8 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+        if not isinstance(self.adv_leave_one_out, bool):
+            raise ValueError(f"convention.adv_leave_one_out must be a bool, got {self.adv_leave_one_out!r}")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -168,6 +184,15 @@ FLAG_REASONS: dict[str, str] = {
     "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
     "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
     "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
+    "compute_dtype": "the spec computes the loss in at least float32 ('float32_min'); TRL, verl and "
+    "OpenRLHF compute it in the log-probs' own dtype ('input'), so bf16 / fp16 inputs give a loss with "
+    "bf16 / fp16 rounding (checked against a bound from the dtype's unit roundoff and the reduction "
+    "length instead of float32's).",
+    "masked_nonfinite": "the spec never lets a value at a masked position reach the loss ('ignore': "
+    "torch.where before any arithmetic); '(x * mask).sum()' turns a NaN or inf there into a NaN loss "
+    "('propagate': a hazard, reported as this named departure).",
+    "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
+    "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl")
@@ -206,6 +231,7 @@ _TRL = Convention(
     adv_eps_inside_sqrt=False,
     adv_zero_variance="formula",
     adv_singleton="error",
+    masked_nonfinite="propagate",  # (per_token_loss * completion_mask).sum()
 )
 _VERL = Convention(
     name="verl",
@@ -221,6 +247,7 @@ _VERL = Convention(
     adv_eps_inside_sqrt=False,
     adv_zero_variance="formula",
     adv_singleton="raw",
+    masked_nonfinite="propagate",  # verl_F.masked_sum: (values * mask).sum()
 )
 
 
