@@ -62,6 +62,8 @@ __all__ = [
     "half_tolerance",
     "case_line",
     "POLICY_LOSS_SIGNATURE",
+    "SIGNATURES",
+    "advantage_convention",
 ]
 
 DEFAULT_RTOL = 1e-8
@@ -724,6 +726,37 @@ def _describe(v: PolicyLossVariant) -> str:
     return ", ".join(parts)
 
 
+#: the contract signature of each kind without an adapter, and the adapter's (one API for every kind:
+#: ``adapter(fn, *inputs)`` receives the function and exactly the inputs the kit would pass it)
+SIGNATURES = {
+    "policy_loss": POLICY_LOSS_SIGNATURE,
+    "kl": "fn(logp [N, T], ref_logp [N, T]) -> per-token KL [N, T] (or give an adapter(fn, logp, ref_logp))",
+    "group_advantages": "fn(rewards [N], group_ids [N]) -> advantages [N] "
+    "(or give an adapter(fn, rewards, group_ids))",
+    "token_logprobs": "fn(logits [N, T, V], tokens [N, T]) -> log-probs [N, T] "
+    "(or give an adapter(fn, logits, tokens))",
+}
+
+
+def _call(fn, adapter, *inputs):
+    return adapter(fn, *inputs) if adapter is not None else fn(*inputs)
+
+
+def _preflight_simple(kind: str, fn, compute, shape: tuple[int, ...]) -> None:
+    """Run ``compute()`` on the first case of a checker: an exception or an output that is not a
+    tensor of ``shape`` stops the check with the expected signature (SignatureError)."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    try:
+        out = compute()
+    except Exception as exc:
+        raise SignatureError(
+            f"{name} fails on the plainest case with {type(exc).__name__}: {exc}; expected {SIGNATURES[kind]}"
+        ) from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise SignatureError(f"{name} returned {got}, expected a tensor of shape {shape}: {SIGNATURES[kind]}")
+
+
 def check_group_advantages(
     fn: Callable,
     *,
@@ -731,34 +764,45 @@ def check_group_advantages(
     adapter: Callable | None = None,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    preset: str | None = None,
+    header: tuple[str, ...] = (),
 ) -> CheckReport:
-    """Check ``fn(rewards [N], group_ids [N]) -> advantages [N]`` (or via ``adapter(fn, case,
-    convention)``) against ``group_advantages`` with the convention's std / eps / degenerate-group
-    flags. A case where the convention raises (e.g. TRL's singleton groups) expects the user's
-    function to raise too. Values only (advantages carry no gradient)."""
-    conv = profile(convention)
+    """Check ``fn(rewards [N], group_ids [N]) -> advantages [N]`` (or ``adapter(fn, rewards,
+    group_ids)``) against ``group_advantages`` with the convention's std / eps / degenerate-group /
+    leave-one-out flags. ``preset`` selects the profile's flags for that preset (e.g. Dr. GRPO:
+    no std scaling; under the reference convention ``dr_grpo`` sets ``adv_scale="none"``). A case
+    where the convention raises (e.g. TRL's singleton groups) expects the user's function to raise
+    too. Values only (advantages carry no gradient). Raises SignatureError as ``check_policy_loss``."""
+    conv = advantage_convention(convention, preset)
+    cases = _cases.advantage_cases(seed=seed)
+    first = cases[0]
+    _preflight_simple(
+        "group_advantages",
+        fn,
+        lambda: _call(fn, adapter, first.rewards.clone(), first.group_ids.clone()),
+        tuple(first.rewards.shape),
+    )
     results = []
-    for case in _cases.advantage_cases(seed=seed):
+    for case in cases:
         try:
             expected, expected_error = expected_group_advantages(case, conv), None
         except ValueError as exc:
             expected, expected_error = None, str(exc)
-        call = (
-            (lambda case=case: adapter(fn, case, conv))
-            if adapter
-            else (lambda case=case: fn(case.rewards.clone(), case.group_ids.clone()))
+        got, error = _run_user(
+            case, lambda case=case: _call(fn, adapter, case.rewards.clone(), case.group_ids.clone())
         )
-        got, error = _run_user(case, call)
+        line = case_line(case)
         if expected is None:  # the convention rejects the batch: the user's function must raise too
             detail = _case_text(case, [f"expected: an error ({expected_error})"])
             ok = error is not None
-            results.append(_value_only(case, 0.0 if ok else math.inf, ok, detail))
+            results.append(
+                dataclasses.replace(_value_only(case, 0.0 if ok else math.inf, ok, detail), case_line=line)
+            )
             continue
         if got is None:
+            detail = _case_text(case, [tensor_text("expected", expected)])
             results.append(
-                _value_only(
-                    case, math.inf, False, _case_text(case, [tensor_text("expected", expected)]), error
-                )
+                dataclasses.replace(_value_only(case, math.inf, False, detail, error), case_line=line)
             )
             continue
         got_t = got if isinstance(got, torch.Tensor) else torch.as_tensor(got, dtype=torch.float64)
@@ -766,12 +810,28 @@ def check_group_advantages(
         detail = _case_text(
             case, [tensor_text("expected advantages", expected), tensor_text("got advantages", got_t)]
         )
-        results.append(_value_only(case, value_error, value_error <= rtol, detail))
+        results.append(
+            dataclasses.replace(_value_only(case, value_error, value_error <= rtol, detail), case_line=line)
+        )
     title = (
         f"group advantages: convention {conv.name} (std={conv.adv_std}, eps={conv.adv_eps}, "
-        f"eps_inside_sqrt={conv.adv_eps_inside_sqrt}, scale={conv.adv_scale})"
+        f"eps_inside_sqrt={conv.adv_eps_inside_sqrt}, scale={conv.adv_scale}, "
+        f"leave_one_out={conv.adv_leave_one_out})"
     )
-    return CheckReport(title, tuple(results))
+    notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]
+    return CheckReport(title, tuple(results), tuple(notes), tuple(header))
+
+
+def advantage_convention(convention: str | Convention, preset: str | None) -> Convention:
+    """The convention of a group-advantage check: ``profile(convention, preset)``; under the
+    reference convention the ``dr_grpo`` preset drops the std scaling (Dr. GRPO, advantages.md)."""
+    if preset is None:
+        return profile(convention)
+    key = resolve_preset(preset)[0]
+    conv = profile(convention, key)
+    if key == "dr_grpo" and conv.name == "reference":
+        conv = dataclasses.replace(conv, adv_scale="none")
+    return conv
 
 
 def check_kl(
@@ -782,25 +842,39 @@ def check_kl(
     adapter: Callable | None = None,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    header: tuple[str, ...] = (),
 ) -> CheckReport:
-    """Check a per-token KL estimator ``fn(logp, ref_logp) -> [N, T]`` (k1 / k2 / k3 of kl.md with
-    ``log r = ref_logp - logp``; the convention's k3 clamps) by value and by its gradient in logp."""
+    """Check a per-token KL estimator ``fn(logp, ref_logp) -> [N, T]`` (or ``adapter(fn, logp,
+    ref_logp)``; k1 / k2 / k3 of kl.md with ``log r = ref_logp - logp``; the convention's k3
+    clamps) by value and by its gradient in logp. Raises SignatureError as ``check_policy_loss``."""
     if estimator not in ("k1", "k2", "k3"):
         raise ValueError(f"estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
     conv = profile(convention)
+    cases = _cases.kl_cases(seed=seed)
+    first = cases[0]
+    _preflight_simple(
+        "kl",
+        fn,
+        lambda: _call(fn, adapter, first.logp.clone(), first.ref_logp.clone()),
+        tuple(first.logp.shape),
+    )
     results = []
-    for case in _cases.kl_cases(seed=seed):
+    for case in cases:
         exp_value, exp_grad = expected_kl(case, estimator, conv)
 
         def compute(case=case):
             logp = case.logp.clone().requires_grad_(True)
-            out = adapter(fn, logp, case.ref_logp.clone()) if adapter else fn(logp, case.ref_logp.clone())
+            out = _call(fn, adapter, logp, case.ref_logp.clone())
+            if not out.requires_grad:
+                return out.detach(), torch.zeros_like(logp)
             (grad,) = torch.autograd.grad(out.sum(), logp, allow_unused=True)
             return out.detach(), torch.zeros_like(logp) if grad is None else grad
 
         got, error = _run_user(case, compute)
         if got is None:
-            results.append(_raised(case, _case_text(case, []), error))
+            results.append(
+                dataclasses.replace(_raised(case, _case_text(case, []), error), case_line=case_line(case))
+            )
             continue
         floor = 1e-4
         value_error, grad_error = _err(got[0], exp_value, floor), _err(got[1], exp_grad, floor)
@@ -813,20 +887,43 @@ def check_kl(
                 tensor_text("got d/d logp", got[1]),
             ],
         )
-        results.append(_judged(case, value_error, grad_error, rtol, rtol, detail))
-    return CheckReport(f"KL estimator {estimator}: convention {conv.name}", tuple(results))
+        results.append(
+            dataclasses.replace(
+                _judged(case, value_error, grad_error, rtol, rtol, detail), case_line=case_line(case)
+            )
+        )
+    notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]
+    return CheckReport(
+        f"KL estimator {estimator}: convention {conv.name}", tuple(results), tuple(notes), tuple(header)
+    )
 
 
-def check_token_logprobs(fn: Callable, *, rtol: float = DEFAULT_RTOL, seed: int = 0) -> CheckReport:
-    """Check ``fn(logits [N, T, V], tokens [N, T]) -> [N, T]`` against the float64
-    ``log_softmax(logits).gather(tokens)`` and its gradient in the logits (for a fixed cotangent)."""
+def check_token_logprobs(
+    fn: Callable,
+    *,
+    adapter: Callable | None = None,
+    rtol: float = DEFAULT_RTOL,
+    seed: int = 0,
+    header: tuple[str, ...] = (),
+) -> CheckReport:
+    """Check ``fn(logits [N, T, V], tokens [N, T]) -> [N, T]`` (or ``adapter(fn, logits, tokens)``)
+    against the float64 ``log_softmax(logits).gather(tokens)`` and its gradient in the logits (for a
+    fixed cotangent). Raises SignatureError as ``check_policy_loss``."""
+    cases = _cases.logprob_cases(seed=seed)
+    first = cases[0]
+    _preflight_simple(
+        "token_logprobs",
+        fn,
+        lambda: _call(fn, adapter, first.logits.clone(), first.tokens.clone()),
+        tuple(first.tokens.shape),
+    )
     results = []
-    for case in _cases.logprob_cases(seed=seed):
+    for case in cases:
         exp_value, exp_grad = expected_token_logprobs(case)
 
         def compute(case=case):
             logits = case.logits.clone().requires_grad_(True)
-            out = fn(logits, case.tokens.clone())
+            out = _call(fn, adapter, logits, case.tokens.clone())
             (grad,) = torch.autograd.grad((out.double() * case.weights).sum(), logits)
             return out.detach(), grad
 
@@ -840,7 +937,7 @@ def check_token_logprobs(fn: Callable, *, rtol: float = DEFAULT_RTOL, seed: int 
         value_error, grad_error = _err(got[0], exp_value, 1e-3), _err(got[1], exp_grad, 1e-3)
         detail = _case_text(case, [tensor_text("expected", exp_value), tensor_text("got", got[0])])
         results.append(_judged(case, value_error, grad_error, value_rtol, grad_rtol, detail))
-    return CheckReport("token_logprobs", tuple(results))
+    return CheckReport("token_logprobs", tuple(results), (), tuple(header))
 
 
 def convention_differences(
