@@ -657,7 +657,7 @@ def check_policy_loss(
     results = _with_explanations(results, got_by_id, v, conv, name, rtol, explain)
     notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]
     title = f"policy loss: preset {name} ({_describe(v)}), convention {conv.name}, {len(results)} cases"
-    return CheckReport(title, tuple(results), tuple(notes), tuple(header))
+    return CheckReport(title, tuple(results), tuple(notes), tuple(header), explain is not None)
 
 
 def _with_explanations(results, got_by_id, v, conv, name, rtol, explain):

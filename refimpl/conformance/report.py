@@ -94,6 +94,7 @@ class CheckReport:
     results: tuple[CaseResult, ...]
     notes: tuple[str, ...] = ()
     header: tuple[str, ...] = ()  # e.g. the framework, its version and source hash
+    list_departures: bool = False  # render every failing class's smallest case with its explanation
 
     @property
     def ok(self) -> bool:
@@ -198,6 +199,17 @@ class CheckReport:
             cases = [r.case_id for r in self.departures() if r.departure == departure]
             parts.append(f"departure from the spec, allowed by {departure}: {', '.join(cases)}")
         worst = self.smallest_failure()
+        if worst is not None and self.list_departures:
+            parts.append(f"FAIL: case classes {', '.join(self.failing_classes())}")
+            for name in self.failing_classes():
+                failing = [r for r in self.results if r.case_class == name and not r.ok]
+                case = min(failing, key=_diagnostic_order)
+                why = case.explanation or "unexplained"
+                parts.append(f"departure {name} ({case.case_id}): {why.removeprefix('matches ')}")
+                if case.error:
+                    parts.append(f"  the function raised: {case.error}")
+                parts.append(case.detail)
+            return "\n".join(parts)
         if worst is None:
             parts.append(f"PASS: {len(self.results)} cases in {len(self.by_class())} case classes")
         else:
