@@ -355,6 +355,8 @@ def _user_policy_loss(
         "global_sequences": int(case.mask.any(dim=-1).sum()),
         "global_rows": int(case.mask.shape[0]),
     }
+    if normalizer is not None:  # a golden vector: one part of a larger batch, described by its normaliser
+        counts = _counts_from_normalizer(normalizer, variant, counts)
 
     def on_device(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
         return None if x is None else x.to(device)[rows]
@@ -391,6 +393,15 @@ def _user_policy_loss(
     else:
         (grad,) = torch.autograd.grad(loss, logp, allow_unused=True)
     return loss.detach().cpu(), (torch.zeros_like(logp) if grad is None else grad).cpu()
+
+
+def _counts_from_normalizer(normalizer: float, variant: PolicyLossVariant, counts: dict) -> dict:
+    """The global counts of the batch a given normaliser describes (policy_losses.md eq. (11)):
+    tokens for token_mean, sequences (= rows) for the sequence means, sequences x L_max for seq_sum."""
+    if variant.aggregation == "token_mean":
+        return {**counts, "global_tokens": int(round(normalizer))}
+    sequences = normalizer / variant.max_length if variant.aggregation == "seq_sum" else normalizer
+    return {**counts, "global_sequences": int(round(sequences)), "global_rows": int(round(sequences))}
 
 
 def _preflight(fn, adapter, variant, conv, config, device) -> None:
