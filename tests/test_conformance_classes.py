@@ -137,3 +137,29 @@ def test_compute_dtype_and_masked_nonfinite_are_validated():
         Convention(compute_dtype="bf16")
     with pytest.raises(ValueError, match="convention.masked_nonfinite must be one of"):
         Convention(masked_nonfinite="nan")
+
+
+def test_a_wrong_signature_or_a_non_scalar_stops_before_any_case():
+    from refimpl.conformance.checks import SignatureError
+
+    with pytest.raises(
+        SignatureError, match=r"fails on the plainest case inside_clip/0 .*expected fn\(logp, old_logp"
+    ):
+        check_policy_loss(lambda logp, old_logp: (logp - old_logp).sum(), "dapo")
+    with pytest.raises(
+        SignatureError, match=r"must return a scalar loss tensor, got Tensor of shape \(4, 5\)"
+    ):
+        check_policy_loss(lambda logp, old_logp, advantages, mask: logp * mask, "dapo")
+
+
+def test_a_wrong_aggregation_is_diagnosed():
+    def dapo_as_grpo(logp, old_logp, advantages, mask, *, normalizer=None):
+        mask = mask.bool()
+        ratio = torch.exp(torch.where(mask, logp.double() - old_logp.double(), 0.0))
+        a = advantages.double().unsqueeze(-1)
+        per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
+        rows = per_token.sum(-1) / mask.sum(-1).clamp(min=1)
+        return rows.sum() / (normalizer or mask.any(-1).sum().clamp(min=1))
+
+    report = check_policy_loss(dapo_as_grpo, "dapo")
+    assert report.smallest_failure().explanation == "matches aggregation 'seq_mean_token_mean'"

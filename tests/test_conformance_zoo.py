@@ -119,6 +119,10 @@ def test_mean_of_micro_batch_means_fails_only_where_micro_batches_are():
     report = check_policy_loss(framework_loss(get_preset("dapo"), "mean_of_micro_batch_means"), "dapo")
     # a golden vector has a global normaliser
     assert report.failing_classes() == ["micro_batch", "padding_micro_batch", "golden_vectors"]
+    assert (
+        "diagnosis: matches local means per micro-batch: the normalizer argument is ignored"
+        in report.render()
+    )
 
 
 @pytest.mark.parametrize(

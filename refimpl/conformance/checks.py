@@ -551,6 +551,17 @@ def _explain(case, got_loss, got_grad, v, conv, name, rtol, explain) -> str | No
         )
         if value_ok and grad_ok:
             return f"matches {label}"
+    if case.micro_batches and conv.micro_batch == "global":
+        # the kit passed the global normaliser and summed the parts: a function that ignores
+        # ``normalizer`` returns the sum of the micro-batches' local means
+        local = dataclasses.replace(conv, micro_batch="local_mean")
+        exp_loss, exp_grad = expected_policy_loss(case, v, local)
+        parts = len(case.micro_batches)
+        _, _, value_ok, grad_ok, _ = _judge_policy(
+            case, got_loss, got_grad, exp_loss * parts, exp_grad * parts, v, local, rtol
+        )
+        if value_ok and grad_ok:
+            return "matches local means per micro-batch: the normalizer argument is ignored"
     return None
 
 
