@@ -67,6 +67,7 @@ def test_other_kinds_and_json(monkeypatch, capsys):
         "reference",
     )
     assert code == 1 and "large_log_ratio" in out
+    assert "departure extreme_log_ratio (extreme_log_ratio/0): flag" in out  # explained by a clamp flag
 
 
 def test_missing_framework_is_one_line_and_a_failure_when_required(monkeypatch, capsys):

@@ -267,12 +267,47 @@ def check_framework_mode(
             header=header,
         )
     if mode.kind == "kl":
-        return checks.check_kl(
-            fn, variant.kl_estimator, convention=conv, adapter=adapter, rtol=rtol, header=header
-        )
-    if mode.kind == "group_advantages":
-        return checks.check_group_advantages(fn, convention=conv, adapter=adapter, rtol=rtol, header=header)
-    raise UserError(f"mode {mode.name!r} has kind {mode.kind!r}, which no checker takes")
+
+        def run(c):
+            return checks.check_kl(
+                fn, variant.kl_estimator, convention=c, adapter=adapter, rtol=rtol, header=header
+            )
+
+    elif mode.kind == "group_advantages":
+
+        def run(c):
+            return checks.check_group_advantages(fn, convention=c, adapter=adapter, rtol=rtol, header=header)
+
+    else:
+        raise UserError(f"mode {mode.name!r} has kind {mode.kind!r}, which no checker takes")
+    report = run(conv)
+    if reference and not report.ok and not flag_overrides:
+        report = explained_by_rerun(report, conv, dict(mode.convention), run)
+    return report
+
+
+def explained_by_rerun(report, conv, flags: dict, run):
+    """Name, for each failing class of ``report``, the first of ``flags`` (one at a time, then all
+    together) under which ``run(conv + flag)`` passes that class, or ``unexplained``; the report then
+    lists every departure (for the kinds whose values carry no per-case diagnosis)."""
+    trials = [{k: v} for k, v in flags.items()] + ([flags] if len(flags) > 1 else [])
+    passing = []
+    for trial in trials:
+        try:
+            candidate = dataclasses.replace(conv, **trial)
+        except (TypeError, ValueError):
+            continue
+        label = ("flag " if len(trial) == 1 else "flags ") + ", ".join(f"{k}={v!r}" for k, v in trial.items())
+        passing.append((label, {c.case_class for c in run(candidate).by_class() if c.ok}))
+    why = {
+        name: next((label for label, ok in passing if name in ok), "unexplained")
+        for name in report.failing_classes()
+    }
+    results = tuple(
+        dataclasses.replace(r, explanation=why[r.case_class]) if not r.ok and r.case_class in why else r
+        for r in report.results
+    )
+    return dataclasses.replace(report, results=results, list_departures=True)
 
 
 # ----------------------------------------------------------------------------------------------

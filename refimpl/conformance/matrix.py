@@ -5,10 +5,10 @@ For every framework driver (``refimpl.conformance.frameworks``) and every mode i
 runs twice: under the mode's profile (``Mode.convention``: must pass every class) and under the
 reference convention, where each failing class is a *departure* from the spec, explained by the
 mode's flag that reproduces the framework's value exactly (a policy loss: on the class's smallest
-failing case; other kinds: the class passes under the reference with that flag) or
-``unexplained``. Modes out of scope are listed with the driver's reason, frameworks that are not
-installed as such. Expected values never come from the framework: a profile is data applied to
-the reference implementation.
+failing case; other kinds: the class passes under the reference with that flag; see
+``cli.check_framework_mode``) or ``unexplained``. Modes out of scope are listed with the driver's
+reason, frameworks that are not installed as such. Expected values never come from the framework:
+a profile is data applied to the reference implementation.
 """
 
 from __future__ import annotations
@@ -30,21 +30,6 @@ def _class_status(report) -> dict[str, str]:
         else:
             out[c.case_class] = "ok"
     return out
-
-
-def _rerun_explanation(driver, mode, case_class: str) -> str:
-    """The first mode flag (then all of them) under which the reference passes ``case_class``."""
-    from refimpl.conformance.cli import check_framework_mode
-
-    flags = dict(mode.convention)
-    trials = [{k: v} for k, v in flags.items()] + ([flags] if len(flags) > 1 else [])
-    for trial in trials:
-        report = check_framework_mode(driver, mode, reference=True, flag_overrides=trial)
-        if case_class in {c.case_class for c in report.by_class() if c.ok}:
-            return ("flag " if len(trial) == 1 else "flags ") + ", ".join(
-                f"{k}={v!r}" for k, v in trial.items()
-            )
-    return "unexplained"
 
 
 def mode_entry(driver, mode) -> dict:
@@ -72,11 +57,8 @@ def mode_entry(driver, mode) -> dict:
             continue
         failing = [r for r in reference.results if r.case_class == c.case_class and not r.ok]
         smallest = min(failing, key=lambda r: (r.size, r.case_id))
-        if mode.kind == "policy_loss":
-            explanation = next((r.explanation for r in failing if r.explanation), None) or "unexplained"
-            explanation = explanation.removeprefix("matches ")
-        else:
-            explanation = _rerun_explanation(driver, mode, c.case_class)
+        explanation = next((r.explanation for r in failing if r.explanation), None) or "unexplained"
+        explanation = explanation.removeprefix("matches ")
         departures.append(
             {
                 "case_class": c.case_class,
