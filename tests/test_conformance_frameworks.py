@@ -145,3 +145,15 @@ def test_matrix_with_a_fake_driver(monkeypatch, capsys, tmp_path):
     code, _, _ = run(capsys, "matrix", "--framework", "trl", "--out", str(out_md), "--json", str(out_json))
     assert code == 0 and out_md.read_text().startswith("# Conformance matrix")
     assert json.loads(out_json.read_text())["frameworks"][0]["framework"] == "trl"
+
+
+def test_a_driver_that_cannot_load_its_framework_is_one_line(monkeypatch, capsys):
+    driver = fake_framework.install(monkeypatch)
+
+    def target(kind, mode, variant):
+        raise ModuleNotFoundError("No module named 'ray'")
+
+    monkeypatch.setattr(driver, "target", target)
+    code, out, err = run(capsys, "check", "--framework", "trl", "--preset", "dapo")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "trl mode dapo: ModuleNotFoundError: No module named 'ray'" in err

@@ -400,8 +400,10 @@ def _run_framework(args: argparse.Namespace) -> int:
             flag_overrides=flags,
             rtol=args.rtol,
         )
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"{driver.NAME} mode {mode.name}: {_one_line(exc)}") from None
+    except UserError:
+        raise
+    except Exception as exc:  # the driver could not build or run the framework's code: one line
+        raise UserError(f"{driver.NAME} mode {mode.name}: {type(exc).__name__}: {_one_line(exc)}") from None
     return _emit(report, args.json)
 
 
