@@ -318,6 +318,9 @@ def test_list_conventions_and_differences_in_process(capsys):
     for field in dataclasses.fields(Convention):
         if field.name != "name":
             assert f"{field.name}: reference=" in out
+    assert main(["check", "--list-conventions", "--json"]) == 0
+    flags = json.loads(capsys.readouterr().out)
+    assert flags["masked_nonfinite"]["reference"] == "ignore" and flags["masked_nonfinite"]["reason"]
     assert main(["check", "--differences", "--preset", "grpo", "--convention", "trl"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("empty_rows") and "FAIL" in line for line in lines)

@@ -36,6 +36,7 @@ __all__ = [
     "run_check",
     "run_matrix",
     "conventions_text",
+    "conventions_data",
     "parse_assignments",
     "UserError",
     "main",
@@ -142,6 +143,18 @@ def conventions_text() -> str:
         values = ", ".join(f"{p.name}={getattr(p, field.name)!r}" for p in profiles)
         lines.append(f"{field.name}: {values}\n    {FLAG_REASONS.get(field.name, '')}")
     return "\n".join(lines)
+
+
+def conventions_data() -> dict[str, dict]:
+    """``{flag: {"reason": ..., profile: value, ...}}`` (``--list-conventions --json``)."""
+    from refimpl.conformance.conventions import FLAG_REASONS, PROFILE_NAMES, profile
+
+    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    return {
+        f.name: {"reason": FLAG_REASONS.get(f.name, ""), **{p.name: getattr(p, f.name) for p in profiles}}
+        for f in dataclasses.fields(profiles[0])
+        if f.name != "name"
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,7 +424,7 @@ def _run(args: argparse.Namespace) -> int:
     from refimpl.conformance import checks
 
     if args.list_conventions:
-        print(conventions_text())
+        print(json.dumps(conventions_data(), indent=1) if args.json else conventions_text())
         return 0
     _validate(args)
     if args.framework is not None:
