@@ -435,7 +435,8 @@ def _judge_policy(case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol: f
     floor = 1e-3 * max(adv_scale, 1e-3)
     if half and normalizer is None:
         abs_tol, grad_rtol, overflow = half_tolerance(case, v, conv, float(exp_loss))
-        value_rtol = abs_tol / (abs(float(exp_loss)) + floor)
+        value_rtol = max(abs_tol / (abs(float(exp_loss)) + floor), rtol)  # --rtol can only loosen it
+        grad_rtol = max(grad_rtol, rtol)
         if overflow:
             allowed = "compute_dtype='input' (overflow)"
     elif half:  # golden vectors in half precision (own normaliser): the former fixed tolerance
