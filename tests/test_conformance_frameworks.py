@@ -145,6 +145,11 @@ def test_matrix_with_a_fake_driver(monkeypatch, capsys, tmp_path):
     code, _, _ = run(capsys, "matrix", "--framework", "trl", "--out", str(out_md), "--json", str(out_json))
     assert code == 0 and out_md.read_text().startswith("# Conformance matrix")
     assert json.loads(out_json.read_text())["frameworks"][0]["framework"] == "trl"
+    # CI: a drift of the committed matrix is a failure
+    assert run(capsys, "matrix", "--framework", "trl", "--out", str(out_md), "--check")[0] == 0
+    out_md.write_text(out_md.read_text().replace("pass", "PASS"))
+    code, _, err = run(capsys, "matrix", "--framework", "trl", "--out", str(out_md), "--check")
+    assert code == 1 and "out of date" in err and err.count("\n") == 1
 
 
 def test_a_driver_that_cannot_load_its_framework_is_one_line(monkeypatch, capsys):

@@ -10,7 +10,7 @@
     refimpl check --framework verl --mode vanilla/token-mean --kind policy_loss
     refimpl check --differences --preset grpo --convention verl     (spec vs a framework's numerics)
     refimpl check --list-conventions                                  (every flag, per profile, and why)
-    refimpl matrix [--json PATH] [--out docs/conformance-matrix.md]
+    refimpl matrix [--json PATH] [--out docs/conformance-matrix.md] [--check]
 
 ``check`` prints the table (case class, value ok, gradient ok, max error, departure) and the most
 diagnostic failing case in full (``--json``: the same report as JSON); exits 0 when every case
@@ -494,6 +494,24 @@ def run_matrix(args: argparse.Namespace) -> int:
         print(f"refimpl matrix: {exc}", file=sys.stderr)
         return 2
     text = matrix_markdown(matrix)
+    if args.check:
+        if not args.out:
+            print("refimpl matrix: --check needs --out (the committed matrix to compare)", file=sys.stderr)
+            return 2
+        try:
+            with open(args.out) as handle:
+                committed = handle.read()
+        except OSError as exc:
+            print(f"refimpl matrix: cannot read --out: {exc}", file=sys.stderr)
+            return 2
+        if committed != text:
+            print(
+                f"refimpl matrix: {args.out} is out of date; regenerate: refimpl matrix --out {args.out}",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{args.out} is up to date")
+        return 0
     if args.out:
         with open(args.out, "w") as handle:
             handle.write(text)
@@ -601,6 +619,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     matrix.add_argument("--out", help="write the Markdown matrix here (default: stdout)")
     matrix.add_argument("--json", metavar="PATH", help="also write the matrix as JSON")
     matrix.add_argument("--framework", action="append", help="only these frameworks (repeatable)")
+    matrix.add_argument(
+        "--check", action="store_true", help="compare with --out instead of writing it (CI: exit 1 on drift)"
+    )
     matrix.set_defaults(func=run_matrix)
 
 
