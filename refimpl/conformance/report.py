@@ -127,8 +127,9 @@ class CheckReport:
         return [c.case_class for c in self.by_class() if not c.ok]
 
     def smallest_failure(self) -> CaseResult | None:
-        """The most diagnostic failing case: generated float64 cases before half-precision ones
-        and before the golden vectors (whose magnitudes reach 1e12), then the fewest elements."""
+        """The most diagnostic failing case: generated float64 cases with finite inputs before those
+        with NaN / inf padding, half-precision ones and the golden vectors (whose magnitudes reach
+        1e12), then the fewest elements."""
         failures = [r for r in self.results if not r.ok]
         return min(failures, key=_diagnostic_order) if failures else None
 
@@ -227,7 +228,14 @@ class CheckReport:
 
 
 def _diagnostic_order(r: CaseResult) -> tuple:
-    return (r.case_class == "golden_vectors", r.dtype != "float64", r.size, r.case_id)
+    """Plain generated float64 cases first; then NaN / inf inputs, half precision, golden vectors."""
+    return (
+        r.case_class == "golden_vectors",
+        r.dtype != "float64",
+        r.case_class == "masked_nonfinite",
+        r.size,
+        r.case_id,
+    )
 
 
 def tensor_text(name: str, x: torch.Tensor | None) -> str:
