@@ -28,6 +28,9 @@ def framework_loss(variant, bug: str | None = None):
         if bug == "mask_ignored":
             m = torch.ones_like(m)
         lp, old = logp.to(dtype), old_logp.to(dtype)
+        if bug != "nan_through_mask":  # zero the padding before any arithmetic (it may hold NaN)
+            lp, old = torch.where(m > 0, lp, 0.0), torch.where(m > 0, old, 0.0)
+            ref_logp = None if ref_logp is None else torch.where(m > 0, ref_logp.to(dtype), 0.0)
         a = advantages.to(dtype).unsqueeze(-1)
         log_ratio = (lp - old) * m
         lengths = m.sum(-1)
@@ -36,6 +39,8 @@ def framework_loss(variant, bug: str | None = None):
             log_ratio = total if bug == "gspo_product" else total / lengths.clamp(min=1).unsqueeze(-1)
             log_ratio = log_ratio.expand_as(lp)
         ratio = log_ratio if bug == "ratio_not_exponentiated" else torch.exp(log_ratio)
+        if bug == "ratio_from_probabilities":  # exp(logp) / exp(old_logp): underflows in half precision
+            ratio = torch.exp(lp) / torch.exp(old)
         if variant.gate == "sapo":
             tau = torch.where(a > 0, torch.full_like(a, variant.tau_pos), torch.full_like(a, variant.tau_neg))
             gate = torch.sigmoid(tau * (ratio - 1))
@@ -54,6 +59,8 @@ def framework_loss(variant, bug: str | None = None):
         if bug == "wrong_normaliser" and aggregation == "token_mean":
             aggregation = "seq_mean_token_mean"
         local_norm = normalizer if bug != "mean_of_micro_batch_means" else None
+        if bug == "scaled_local_mean" and normalizer is not None:  # global via local mean x share
+            return (per_token * m).sum() / m.sum() * (m.sum() / normalizer)
         if aggregation == "token_mean":
             return (per_token * m).sum() / (local_norm or m.sum().clamp(min=1))
         if aggregation == "seq_sum":
@@ -91,6 +98,10 @@ ZOO = [
     ("mean_of_micro_batch_means", get_preset("dapo"), "micro_batch"),
     ("gspo_product", get_preset("gspo"), "inside_clip"),
     ("sapo_without_4_over_tau", get_preset("sapo"), "inside_clip"),
+    # the classes of issue 10: each fails a plausible bug
+    ("nan_through_mask", get_preset("dapo"), "masked_nonfinite"),
+    ("scaled_local_mean", get_preset("dapo"), "padding_micro_batch"),
+    ("ratio_from_probabilities", get_preset("dapo"), "half_overflow"),
 ]
 
 
@@ -106,7 +117,26 @@ def test_policy_loss_mutant_is_flagged(bug, variant, case_class):
 
 def test_mean_of_micro_batch_means_fails_only_where_micro_batches_are():
     report = check_policy_loss(framework_loss(get_preset("dapo"), "mean_of_micro_batch_means"), "dapo")
-    assert report.failing_classes() == ["micro_batch", "golden_vectors"]  # a vector has a global normaliser
+    # a golden vector has a global normaliser
+    assert report.failing_classes() == ["micro_batch", "padding_micro_batch", "golden_vectors"]
+    assert (
+        "diagnosis: matches local means per micro-batch: the normalizer argument is ignored"
+        in report.render()
+    )
+
+
+@pytest.mark.parametrize(
+    ("bug", "only"),
+    [
+        ("nan_through_mask", ["masked_nonfinite"]),
+        ("scaled_local_mean", ["padding_micro_batch"]),
+        ("ratio_from_probabilities", ["half_overflow"]),
+    ],
+)
+def test_new_case_classes_catch_what_the_old_ones_miss(bug, only):
+    """Each bug passes every case class the kit had before issue 10 and fails the new one."""
+    report = check_policy_loss(framework_loss(get_preset("dapo"), bug), "dapo")
+    assert report.failing_classes() == only, report.render()
 
 
 def group_advantages_torch(std_unbiased: bool, eps: float = 1e-6):

@@ -10,19 +10,25 @@ flags, with shipped ``trl`` and ``verl`` profiles). See docs/conformance.md.
     print(report)                                        # table + smallest failing case
     assert report.ok
 
-Command line: ``refimpl check MODULE:FUNCTION --preset dapo [--convention trl] [--adapter M:NAME]``.
+Command line: ``refimpl check MODULE:FUNCTION --preset dapo [--convention trl] [--adapter M:NAME]``
+(``--variant``, ``--flag``, ``--json``; ``--framework trl|verl|openrlhf`` for the installed
+frameworks) and ``refimpl matrix`` (framework x mode x case class, ``refimpl.conformance.matrix``).
+Half-precision cases are judged with a bound from the compute dtype's unit roundoff
+(``half_tolerance``); a function that cannot be called raises ``SignatureError`` before any case.
 """
 
 from refimpl.conformance.cases import POLICY_CASE_CLASSES, clip_bounds, policy_loss_cases
 from refimpl.conformance.checks import (
     DEFAULT_RTOL,
     PolicyLossCall,
+    SignatureError,
     check_group_advantages,
     check_kl,
     check_policy_loss,
     check_token_logprobs,
     contract_adapter,
     convention_differences,
+    half_tolerance,
     reference_policy_loss_fn,
     resolve_preset,
 )
@@ -43,6 +49,8 @@ __all__ = [
     "policy_loss_cases",
     "DEFAULT_RTOL",
     "PolicyLossCall",
+    "SignatureError",
+    "half_tolerance",
     "check_group_advantages",
     "check_kl",
     "check_policy_loss",

@@ -3,7 +3,8 @@
 Each generator returns a list of cases for one *case class* (the name a report shows). Inputs are
 built in float64 from a fixed seed (``torch.Generator``), so a case id such as
 ``"on_boundary/2"`` always denotes the same tensors. Masked positions hold finite junk (the loss
-must ignore them); ratios "exactly on a boundary" are float64 log-ratios whose ``exp`` equals the
+must ignore them), except in ``masked_nonfinite`` (NaN, +inf, -inf there); ratios "exactly on a
+boundary" are float64 log-ratios whose ``exp`` equals the
 boundary exactly, so an implementation that computes ``exp(logp - old_logp)`` sees the tie.
 """
 
@@ -107,6 +108,9 @@ POLICY_CASE_CLASSES = (
     "fp16",
     "micro_batch",
     "kl_penalty",
+    "masked_nonfinite",
+    "padding_micro_batch",
+    "half_overflow",
     "golden_vectors",
 )
 
@@ -449,6 +453,149 @@ def _kl(variant, seq, g, index):
     ]
 
 
+def _masked_nonfinite(variant, seq, g, index):
+    """NaN, +inf and -inf at every masked position of logp, old_logp and (with a KL term) ref_logp
+    (one value per case; an all-masked row included); with a KL term, a fourth case with NaN in
+    ref_logp only. The
+    spec's loss and gradient are those of the same case with finite junk (0 gradient there)."""
+    lengths = [3, 0, 4, 2]
+    adv = [0.9, -0.4, -1.2, 0.6]
+    base = _assemble(
+        "masked_nonfinite", index, lengths, _mixed_rows(variant, g, lengths), adv, g, with_ref=True
+    )
+    values = [("NaN", math.nan), ("+inf", math.inf), ("-inf", -math.inf)]
+    cases = []
+    for k, (label, value) in enumerate(values):
+        fill = torch.full_like(base.logp, value)
+        cases.append(
+            dataclasses.replace(
+                base,
+                index=index + k,
+                logp=torch.where(base.mask, base.logp, fill),
+                old_logp=torch.where(base.mask, base.old_logp, fill),
+                ref_logp=torch.where(base.mask, base.ref_logp, fill) if variant.kl_coef > 0 else None,
+                note=f"{label} at every masked position of logp, old_logp"
+                + (", ref_logp" if variant.kl_coef > 0 else ""),
+            )
+        )
+    if variant.kl_coef > 0:
+        cases.append(
+            dataclasses.replace(
+                base,
+                index=index + 3,
+                ref_logp=torch.where(base.mask, base.ref_logp, torch.full_like(base.logp, math.nan)),
+                note="NaN at the masked positions of ref_logp only",
+            )
+        )
+    return cases
+
+
+def _padding_micro(variant, seq, g, index):
+    """Micro-batches of which one holds only padding (all rows fully masked): it contributes 0 to
+    the loss and to the gradient, and 0 to the global normaliser."""
+    lengths = [3, 2, 0, 0, 4, 1]
+    adv = [float(v) for v in _uniform(g, (6,), -1.5, 1.5)]
+    first = _assemble(
+        "padding_micro_batch",
+        index,
+        lengths,
+        _mixed_rows(variant, g, lengths),
+        adv,
+        g,
+        micro_batches=((0, 1), (2, 3), (4, 5)),
+        note="3 micro-batches; the second is all padding",
+    )
+    lengths2 = [2, 5, 0]
+    adv2 = [float(v) for v in _uniform(g, (3,), -1.5, 1.5)]
+    second = _assemble(
+        "padding_micro_batch",
+        index + 1,
+        lengths2,
+        _mixed_rows(variant, g, lengths2),
+        adv2,
+        g,
+        micro_batches=((0, 1), (2,)),
+        note="2 micro-batches; the last is one empty row",
+    )
+    return [first, second]
+
+
+def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g):
+    """A case from explicit per-row (old_logp, logp) values, exactly representable in ``dtype``."""
+    n, width = len(rows_old), max(len(r) for r in rows_old)
+    old = torch.full((n, width), _JUNK_OLD, dtype=torch.float64)
+    logp = torch.full((n, width), _JUNK_LOGP, dtype=torch.float64)
+    mask = torch.zeros((n, width), dtype=torch.bool)
+    for i, (o_row, l_row) in enumerate(zip(rows_old, rows_logp, strict=True)):
+        old[i, : len(o_row)] = torch.tensor(o_row, dtype=torch.float64)
+        logp[i, : len(l_row)] = torch.tensor(l_row, dtype=torch.float64)
+        mask[i, : len(o_row)] = True
+    for x in (old, logp):
+        if not torch.equal(x.to(dtype).double(), x):
+            raise RuntimeError(f"{case_class}/{index}: inputs are not exact in {dtype}")
+    a = torch.tensor(adv, dtype=torch.float64)
+    return PolicyLossCase(
+        case_class,
+        index,
+        logp.to(dtype),
+        old.to(dtype),
+        a.to(dtype),
+        mask,
+        a,
+        torch.tensor([i // 2 for i in range(n)]),
+        None,
+        None,
+        note,
+    )
+
+
+def _half_overflow(variant, seq, g, index):
+    """Half-precision inputs near the overflow range (values exact in their dtype):
+
+    0: fp16 log-ratios up to 10.875 (ratios up to 52 839, near fp16's largest 65 504) with negative
+       advantages, every term and every partial sum representable in fp16; old_logp = -14, whose
+       ``exp`` is subnormal in fp16 (a ratio formed as ``exp(logp) / exp(old_logp)`` loses it).
+    1: fp16 terms of ~46 630 each: their sum overflows fp16 although the mean does not (a loss that
+       sums in fp16 returns inf; computed in float32 it is finite).
+    2: bf16 log-probs of magnitude 70-120 (bf16 spacing 0.5 there) with log-ratios of +-0.5 to
+       +-1.5: ``exp(logp)`` underflows to 0 in bf16 and float32.
+    """
+    f16, bf16 = torch.float16, torch.bfloat16
+    big = [
+        _exact_case(
+            "half_overflow",
+            index,
+            [[-14.0, -1.0, -0.5], [-14.0, -2.0], [-1.5, -0.75, -2.25, -0.25]],
+            [[-3.125, -0.875, 0.125], [-3.5, -2.375], [-1.4375, -0.125, -2.625, 0.0625]],
+            [-0.5, -0.5, 0.75],
+            f16,
+            "fp16 log-ratios up to 10.875 (ratio 52839)",
+            g,
+        ),
+        _exact_case(
+            "half_overflow",
+            index + 1,
+            [[-14.0, -14.0], [-14.0, -14.0]],
+            [[-3.25, -3.25], [-3.25, -3.25]],
+            [-1.0, -1.0],
+            f16,
+            "fp16 terms of 46630: their sum overflows fp16, their mean does not",
+            g,
+        ),
+        _exact_case(
+            "half_overflow",
+            index + 2,
+            [[-100.0, -75.5, -110.0], [-90.0, -120.0], [-80.0, -70.5, -95.0, -101.5]],
+            [[-99.5, -74.5, -110.5], [-91.0, -120.5], [-78.5, -70.0, -94.0, -102.5]],
+            [0.8, -1.1, 1.4],
+            bf16,
+            "bf16 log-probs of magnitude 70-120",
+            g,
+        ),
+    ]
+    return big
+
+
 def policy_loss_cases(
     variant: PolicyLossVariant, convention, *, seed: int = 0, classes: tuple[str, ...] | None = None
 ) -> list[PolicyLossCase]:
@@ -472,6 +619,9 @@ def policy_loss_cases(
         "fp16": lambda g: _half(variant, seq, g, 0, torch.float16),
         "micro_batch": lambda g: _micro(variant, seq, g, 0),
         "kl_penalty": lambda g: _kl(variant, seq, g, 0),
+        "masked_nonfinite": lambda g: _masked_nonfinite(variant, seq, g, 0),
+        "padding_micro_batch": lambda g: _padding_micro(variant, seq, g, 0),
+        "half_overflow": lambda g: _half_overflow(variant, seq, g, 0),
         "golden_vectors": lambda g: [],  # read from specs/vectors by the checker (refimpl.conformance.golden)
     }
     cases = []

@@ -57,6 +57,8 @@ _KL_VALUE_CLAMP_SCOPES = ("k3", "all")
 _KL_AGGREGATIONS = ("policy", "token_mean")
 # TRL GRPOConfig.scale_rewards -> group_advantages(scale=...) (advantages.md eq. (5), (14))
 _TRL_SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
+_COMPUTE_DTYPES = ("float32_min", "input")
+_MASKED_NONFINITE = ("ignore", "propagate")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,13 @@ class Convention:
             ``torch.where(A > 0, tau_pos, tau_neg)``, a default-dtype tensor).
         kl_importance_weight: the per-token KL term is multiplied by the unit's importance ratio,
             differentiated (TRL ``use_bias_correction_kl=True``, its default).
+        compute_dtype: "float32_min" (the loss is computed in at least float32: the spec) or
+            "input" (computed in the inputs' dtype, bf16 / fp16 included; the half-precision
+            tolerance then follows from that dtype's unit roundoff, see ``checks.half_tolerance``).
+        masked_nonfinite: "ignore" (NaN / inf at masked positions never reach the loss or its
+            gradient: the spec) or "propagate" (they may, e.g. ``(x * mask).sum()``).
+        adv_leave_one_out: RLOO's leave-one-out baseline ``R_i - mean_{j != i} R_j`` instead of the
+            group mean (advantages.md; ``group_advantages(leave_one_out=True)``).
     """
 
     name: str = "reference"
@@ -125,6 +134,9 @@ class Convention:
     kl_aggregation: str = "policy"
     sapo_tau_float32: bool = False
     kl_importance_weight: bool = False
+    compute_dtype: str = "float32_min"
+    masked_nonfinite: str = "ignore"
+    adv_leave_one_out: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -141,6 +153,8 @@ class Convention:
             "kl_k3_form": _KL_K3_FORMS,
             "kl_value_clamp_scope": _KL_VALUE_CLAMP_SCOPES,
             "kl_aggregation": _KL_AGGREGATIONS,
+            "compute_dtype": _COMPUTE_DTYPES,
+            "masked_nonfinite": _MASKED_NONFINITE,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -165,6 +179,8 @@ class Convention:
         for field in ("sapo_tau_float32", "kl_importance_weight"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"convention.{field} must be a bool, got {getattr(self, field)!r}")
+        if not isinstance(self.adv_leave_one_out, bool):
+            raise ValueError(f"convention.adv_leave_one_out must be a bool, got {self.adv_leave_one_out!r}")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -234,6 +250,15 @@ FLAG_REASONS: dict[str, str] = {
     "kl_importance_weight": "TRL's use_bias_correction_kl (default True; DeepSeek-V3.2) multiplies the "
     "per-token k3 term by the importance ratio exp(logp - old_logp) (GSPO: the sequence ratio), "
     "differentiated, so the KL gradient is the unbiased reverse-KL gradient under off-policy samples.",
+    "compute_dtype": "the spec computes the loss in at least float32 ('float32_min'); TRL, verl and "
+    "OpenRLHF compute it in the log-probs' own dtype ('input'), so bf16 / fp16 inputs give a loss with "
+    "bf16 / fp16 rounding (checked against a bound from the dtype's unit roundoff and the reduction "
+    "length instead of float32's).",
+    "masked_nonfinite": "the spec never lets a value at a masked position reach the loss ('ignore': "
+    "torch.where before any arithmetic); '(x * mask).sum()' turns a NaN or inf there into a NaN loss "
+    "('propagate': a hazard, reported as this named departure).",
+    "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
+    "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
 }
 
 PROFILE_NAMES = ("reference", "trl", "verl", "openrlhf")
@@ -279,6 +304,7 @@ _VERL = Convention(
     adv_eps_inside_sqrt=False,
     adv_zero_variance="formula",
     adv_singleton="raw",
+    masked_nonfinite="propagate",  # verl_F.masked_sum: (values * mask).sum()
 )
 
 

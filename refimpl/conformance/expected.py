@@ -24,6 +24,13 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``sapo_tau_float32``: the variant's SAPO temperatures rounded to float32 (``effective_variant``);
 * ``kl_importance_weight``: the per-token KL is multiplied by the differentiated unit ratio and
   passed as ``kl=``.
+* ``compute_dtype``: never changes the expected value (always the exact float64 value on the
+  rounded inputs); it selects the unit roundoff of the half-precision tolerance
+  (``checks.half_tolerance``) and, under "input", allows a non-finite loss where the computation
+  in the input dtype may overflow;
+* ``masked_nonfinite="propagate"``: where ``masked_nonfinite_reaches_loss`` holds, a non-finite
+  loss is the framework's expected (named) behaviour;
+* ``adv_leave_one_out``: ``group_advantages(leave_one_out=True)`` (RLOO).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ __all__ = [
     "expected_policy_loss",
     "expected_group_advantages",
     "expected_kl",
+    "masked_nonfinite_reaches_loss",
     "expected_token_logprobs",
 ]
 
@@ -258,9 +266,10 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     """``group_advantages`` with the convention's flags, float64 (raises where the convention does):
     ``adv_scale`` "group" or "batch_rewards" (advantages.md eq. (5), (14)), ``adv_singleton`` incl.
     verl's "raw" (eq. (15))."""
+    loo = {"leave_one_out": True} if convention.adv_leave_one_out else {}
     if convention.adv_scale == "none":
         return group_advantages(
-            case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton
+            case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton, **loo
         )
     return group_advantages(
         case.rewards.double(),
@@ -271,7 +280,18 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
         eps_inside_sqrt=convention.adv_eps_inside_sqrt,
         zero_variance=convention.adv_zero_variance,
         singleton=convention.adv_singleton,
+        **loo,
     )
+
+
+def masked_nonfinite_reaches_loss(case: PolicyLossCase, variant: PolicyLossVariant) -> bool:
+    """True when a masked position of an input the loss reads (logp, old_logp; ref_logp when the
+    variant has a KL term) holds NaN or inf: under ``masked_nonfinite="propagate"`` the loss may
+    then be non-finite (``0 * nan``); under "ignore" (the spec) it never is."""
+    tensors = [case.logp, case.old_logp]
+    if case.ref_logp is not None and variant.kl_coef > 0:
+        tensors.append(case.ref_logp)
+    return any(bool((~torch.isfinite(x.double()) & ~case.mask).any()) for x in tensors)
 
 
 def expected_kl(case: KLCase, estimator: str, convention: Convention) -> tuple[torch.Tensor, torch.Tensor]:

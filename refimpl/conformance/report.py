@@ -24,10 +24,41 @@ class CaseResult:
     grad_ok: bool | None
     detail: str = field(default="", repr=False)
     error: str | None = None
+    departure: str | None = None  # the named convention flag under which a non-spec result passed
+    dtype: str = "float64"
+    expected: float | None = None
+    got: float | None = None
+    explanation: str | None = None  # which flag / aggregation reproduces a failure exactly
+    case_line: str = field(default="", repr=False)  # the inputs as one pasteable Python line
 
     @property
     def ok(self) -> bool:
         return self.value_ok and self.grad_ok is not False and self.error is None
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (non-finite numbers as strings)."""
+        return {
+            "case_id": self.case_id,
+            "case_class": self.case_class,
+            "ok": self.ok,
+            "value_ok": self.value_ok,
+            "grad_ok": self.grad_ok,
+            "value_error": _json_number(self.value_error),
+            "grad_error": _json_number(self.grad_error),
+            "dtype": self.dtype,
+            "expected": _json_number(self.expected),
+            "got": _json_number(self.got),
+            "error": self.error,
+            "departure": self.departure,
+            "explanation": self.explanation,
+            "case": self.case_line,
+        }
+
+
+def _json_number(x: float | None) -> float | str | None:
+    if x is None or math.isfinite(x):
+        return x
+    return repr(x)
 
 
 @dataclass(frozen=True)
@@ -38,6 +69,7 @@ class ClassResult:
     grad_ok: bool | None
     max_value_error: float
     max_grad_error: float | None
+    departures: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -61,6 +93,8 @@ class CheckReport:
     title: str
     results: tuple[CaseResult, ...]
     notes: tuple[str, ...] = ()
+    header: tuple[str, ...] = ()  # e.g. the framework, its version and source hash
+    list_departures: bool = False  # render every failing class's smallest case with its explanation
 
     @property
     def ok(self) -> bool:
@@ -84,6 +118,7 @@ class CheckReport:
                     (all(grad_oks) and all(r.error is None for r in rs)) if grad_oks else None,
                     max(r.value_error for r in rs),
                     max(grads) if grads else None,
+                    tuple(sorted({r.departure for r in rs if r.departure})),
                 )
             )
         return rows
@@ -92,11 +127,51 @@ class CheckReport:
         return [c.case_class for c in self.by_class() if not c.ok]
 
     def smallest_failure(self) -> CaseResult | None:
+        """The most diagnostic failing case: generated float64 cases with finite inputs before those
+        with NaN / inf padding, half-precision ones and the golden vectors (whose magnitudes reach
+        1e12), then the fewest elements."""
         failures = [r for r in self.results if not r.ok]
-        return min(failures, key=lambda r: (r.size, r.case_id)) if failures else None
+        return min(failures, key=_diagnostic_order) if failures else None
+
+    def departures(self) -> list[CaseResult]:
+        """Cases that passed only through a named departure from the spec (e.g. masked_nonfinite)."""
+        return [r for r in self.results if r.ok and r.departure]
+
+    def to_dict(self) -> dict:
+        """The machine-readable report (``refimpl check --json``)."""
+        worst = self.smallest_failure()
+        return {
+            "title": self.title,
+            "ok": self.ok,
+            "header": list(self.header),
+            "notes": list(self.notes),
+            "classes": [
+                {
+                    "case_class": c.case_class,
+                    "cases": c.cases,
+                    "ok": c.ok,
+                    "value_ok": c.value_ok,
+                    "grad_ok": c.grad_ok,
+                    "max_value_error": _json_number(c.max_value_error),
+                    "max_grad_error": _json_number(c.max_grad_error),
+                    "departures": list(c.departures),
+                }
+                for c in self.by_class()
+            ],
+            "smallest_failure": None if worst is None else worst.case_id,
+            "cases": [r.to_dict() for r in self.results],
+        }
 
     def table(self) -> str:
-        header = ("case class", "cases", "value ok", "gradient ok", "max value err", "max grad err")
+        header = (
+            "case class",
+            "cases",
+            "value ok",
+            "gradient ok",
+            "max value err",
+            "max grad err",
+            "departure",
+        )
         rows = [
             (
                 c.case_class,
@@ -105,6 +180,7 @@ class CheckReport:
                 _fmt_ok(c.grad_ok),
                 _fmt_err(c.max_value_error),
                 _fmt_err(c.max_grad_error),
+                ", ".join(c.departures),
             )
             for c in self.by_class()
         ]
@@ -118,9 +194,23 @@ class CheckReport:
         return "\n".join(out)
 
     def render(self) -> str:
-        parts = [self.title, "", self.table(), ""]
+        parts = [*self.header, self.title, "", self.table(), ""]
         parts.extend(f"note: {n}" for n in self.notes)
+        for departure in sorted({r.departure for r in self.departures()}):
+            cases = [r.case_id for r in self.departures() if r.departure == departure]
+            parts.append(f"departure from the spec, allowed by {departure}: {', '.join(cases)}")
         worst = self.smallest_failure()
+        if worst is not None and self.list_departures:
+            parts.append(f"FAIL: case classes {', '.join(self.failing_classes())}")
+            for name in self.failing_classes():
+                failing = [r for r in self.results if r.case_class == name and not r.ok]
+                case = min(failing, key=_diagnostic_order)
+                why = case.explanation or "unexplained"
+                parts.append(f"departure {name} ({case.case_id}): {why.removeprefix('matches ')}")
+                if case.error:
+                    parts.append(f"  the function raised: {case.error}")
+                parts.append(case.detail)
+            return "\n".join(parts)
         if worst is None:
             parts.append(f"PASS: {len(self.results)} cases in {len(self.by_class())} case classes")
         else:
@@ -128,11 +218,24 @@ class CheckReport:
             parts.append(f"smallest failing case: {worst.case_id}")
             if worst.error:
                 parts.append(f"  the function raised: {worst.error}")
+            if worst.explanation:
+                parts.append(f"  diagnosis: {worst.explanation}")
             parts.append(worst.detail)
         return "\n".join(parts)
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _diagnostic_order(r: CaseResult) -> tuple:
+    """Plain generated float64 cases first; then NaN / inf inputs, half precision, golden vectors."""
+    return (
+        r.case_class == "golden_vectors",
+        r.dtype != "float64",
+        r.case_class == "masked_nonfinite",
+        r.size,
+        r.case_id,
+    )
 
 
 def tensor_text(name: str, x: torch.Tensor | None) -> str:

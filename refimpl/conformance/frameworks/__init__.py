@@ -22,6 +22,16 @@ A driver module exposes (the interface every framework follows):
 
 ``Mode`` records, per framework loss mode, which spec variant it implements and which convention
 flags (data, see ``conventions.Convention``) reproduce the framework's numerics exactly.
+
+How the kit uses a driver (``refimpl check --framework F``, ``refimpl matrix``;
+``refimpl.conformance.cli.check_framework_mode``): ``variant`` passed to ``target`` is the mode's
+preset (``PolicyLossVariant()`` for kinds without one) with the ``PolicyLossVariant`` fields of
+``variant_overrides`` (and the user's ``--variant``) applied; the KL estimator of a ``kl`` mode is
+``variant.kl_estimator``. An adapter of None calls ``fn`` with the kit's inputs directly. The
+policy-loss adapter receives ``call.config["framework_config"] = mode.framework_config`` and the
+micro-batch index / count and global counts of ``PolicyLossCall``. The check runs under
+``Convention(name=f"{NAME}:{mode.name}", **mode.convention)``, or under the reference with the
+mode's flags tried one by one (then together) to explain each departure.
 """
 
 from __future__ import annotations

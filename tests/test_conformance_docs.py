@@ -1,0 +1,95 @@
+"""Every example of docs/conformance.md runs as written: ``# NAME.py`` Python blocks become modules
+of a temporary directory, the other Python blocks are executed in order, and each ``$ refimpl``
+command of a console block runs in-process with the exit code its shown output implies (PASS: 0,
+FAIL: 1). ``--framework`` commands run against the fake driver of tests/fake_framework.py (trl
+installed, verl not: a one-line skip), so the page is checked without the real frameworks."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+import sys
+
+import pytest
+
+from refimpl.conformance.cli import main
+from tests import fake_framework
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
+BLOCKS = re.findall(r"```(\w+)\n(.*?)```", DOC.read_text(), re.S)
+
+
+def commands(block: str) -> list[tuple[list[str], str]]:
+    """(argv, the output shown until the next command) for each ``$ refimpl`` line."""
+    out, current, shown = [], None, []
+    lines = block.replace("\\\n", " ").splitlines()
+    for line in lines + ["$ end"]:
+        if line.startswith("$ "):
+            if current is not None:
+                out.append((current, "\n".join(shown)))
+            argv = shlex.split(line[2:])
+            current, shown = (argv[1:] if argv[0] == "refimpl" else None), []
+        else:
+            shown.append(line)
+    return [(argv, text) for argv, text in out if argv is not None]
+
+
+def test_the_page_has_examples_of_every_kind():
+    text = DOC.read_text()
+    for kind in (
+        "--kind kl",
+        "--kind group_advantages",
+        "--kind token_logprobs",
+        "--adapter",
+        "--framework",
+        "--variant",
+        "--flag",
+        "refimpl matrix",
+    ):
+        assert kind in text, kind
+    assert sum(1 for lang, _ in BLOCKS if lang == "python") >= 6
+
+
+def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "docs").mkdir()
+    fake_framework.install(monkeypatch, "trl")
+    fake_framework.install(monkeypatch, "verl", available=False)
+    fake_framework.install(monkeypatch, "openrlhf", available=False)
+    written, namespace, ran = [], {}, 0
+    try:
+        for lang, block in BLOCKS:
+            first = block.splitlines()[0] if block.strip() else ""
+            if lang == "python" and re.fullmatch(r"# (\w+)\.py", first):
+                name = first[2:-3]
+                (tmp_path / f"{name}.py").write_text(block)
+                sys.modules.pop(name, None)
+                written.append(name)
+            elif lang == "python":
+                exec(compile(block, f"{DOC.name} block", "exec"), namespace)
+                ran += 1
+            elif lang == "console":
+                for argv, shown in commands(block):
+                    code = main(argv)
+                    captured = capsys.readouterr()
+                    if "--framework" in argv and code == 2:
+                        assert "not available, skipped" in captured.err, (argv, captured.err)
+                        continue
+                    expected = 1 if "FAIL" in shown else 0
+                    assert code == expected, (argv, captured.out[-3000:], captured.err)
+                    for line in shown.splitlines():  # the shown diagnosis lines are real
+                        if line.strip().startswith("diagnosis:"):
+                            assert line.strip() in captured.out, (argv, line)
+                    ran += 1
+    finally:
+        for name in written:
+            sys.modules.pop(name, None)
+    assert ran >= 12
+    assert (tmp_path / "docs" / "conformance-matrix.md").read_text().startswith("# Conformance matrix")
+
+
+@pytest.mark.parametrize("flag", ["compute_dtype", "masked_nonfinite", "adv_leave_one_out"])
+def test_the_new_flags_are_documented(flag):
+    assert f"`{flag}`" in DOC.read_text()
