@@ -104,7 +104,10 @@ class PolicyLossCall:
     (0 and 1 without micro-batches); ``global_tokens`` = ``mask.sum()`` over the whole batch,
     ``global_sequences`` its non-empty rows, ``global_rows`` all its rows (empty ones included),
     the counts frameworks use for a global normaliser (e.g. TRL's ``num_items_in_batch``, verl's
-    ``global_batch_info``); for a single batch they are this batch's counts.
+    ``global_batch_info``); for a single batch they are this batch's counts. The kit sums the
+    micro-batch losses; under ``micro_batch="local_mean"`` it then divides by their number, unless
+    the adapter has the attribute ``scaled_for_accumulation = True`` (it returns each micro-batch's
+    loss already divided by ``micro_batch_count``, as TRL's gradient accumulation does).
     """
 
     logp: torch.Tensor
@@ -386,7 +389,7 @@ def _user_policy_loss(
                 f"expected {POLICY_LOSS_SIGNATURE}"
             )
         loss = part.reshape(()) if loss is None else loss + part.reshape(())
-    if split and conv.micro_batch == "local_mean":
+    if split and conv.micro_batch == "local_mean" and not getattr(adapter, "scaled_for_accumulation", False):
         loss = loss / len(parts)
     if not loss.requires_grad:
         grad = torch.zeros_like(logp)

@@ -475,6 +475,7 @@ def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
             raise TypeError("the TRL adapter drives GRPOTrainer._compute_loss only")
         return trl_policy_loss(call, mode=m, variant=variant)
 
+    adapter.scaled_for_accumulation = True  # TRL divides each micro-batch loss itself
     return trainer_class._compute_loss, adapter
 
 
