@@ -39,7 +39,9 @@ __all__ = [
 _EMPTY_ROWS = ("drop", "keep")
 _SEQ_SUM_WIDTH = ("max_length", "padded_width")
 _SEQUENCE_RATIO_GRADIENT = ("sequence", "token")
-_MICRO_BATCH = ("global", "local_mean")
+_MICRO_BATCH = ("global", "local_mean", "local_sum")
+_SEQ_SUM_ROWS = ("nonempty", "all", "none")
+_KL_GRADIENTS = ("estimator", "k2")
 _STDS = ("population", "sample")
 _ZERO_VARIANCE = ("zero", "formula")
 _SINGLETON = ("zero", "error", "raw")
@@ -61,15 +63,23 @@ class Convention:
         kl_value_clamp: clamp the per-token k3 value to ``[-c, c]``.
         empty_rows: fully masked rows "drop"-ped from sequence means or "keep"-t (counted, 0).
         seq_sum_width: Dr. GRPO's length constant: "max_length" (L_max) or "padded_width" (T).
-        seq_sum_rows: Dr. GRPO's row count: "nonempty" rows (spec) or "all" rows of the batch.
+        seq_sum_rows: Dr. GRPO's row count: "nonempty" rows (spec), "all" rows of the batch, or
+            "none" (no row count: with ``max_length=1``, verl's un-normalised "token-sum").
         sequence_ratio_gradient: GSPO's ratio with its exact "sequence" gradient or the
             "token" form ``exp(logp - sg(logp) + sg(log s))`` (GSPO-token).
-        micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed)
-            or "local_mean" (each micro-batch divides by its own normaliser; losses averaged).
+        micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed),
+            "local_mean" (each micro-batch divides by its own normaliser; losses averaged) or
+            "local_sum" (each divides by its own normaliser; losses summed, not averaged).
         adv_std, adv_eps, adv_eps_inside_sqrt, adv_zero_variance, adv_singleton: the arguments of
             ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
         adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
             "batch_rewards" (TRL ``scale_rewards="batch"``: the std of all rewards, eq. (14)).
+        kl_gradient: the KL term's gradient: its own "estimator" (spec) or "k2" (verl's "+" kl
+            types: the estimator's value with the k2 gradient, straight-through).
+        adv_leave_one_out: centre on the mean of the *other* samples of the group (RLOO,
+            advantages.md eq. (2)).
+        adv_singleton_float32: with ``adv_singleton="raw"`` and ``adv_scale="group"``, the singleton's
+            divisor ``1 + eps`` is rounded to float32 (verl holds its std 1 in a float32 tensor).
     """
 
     name: str = "reference"
@@ -89,6 +99,10 @@ class Convention:
     adv_eps_inside_sqrt: bool = True
     adv_zero_variance: str = "zero"
     adv_singleton: str = "zero"
+    # verl flags (appended; defaults are the spec)
+    kl_gradient: str = "estimator"
+    adv_leave_one_out: bool = False
+    adv_singleton_float32: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -100,6 +114,8 @@ class Convention:
             "adv_zero_variance": _ZERO_VARIANCE,
             "adv_singleton": _SINGLETON,
             "adv_scale": _ADV_SCALES,
+            "seq_sum_rows": _SEQ_SUM_ROWS,
+            "kl_gradient": _KL_GRADIENTS,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -120,6 +136,9 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
+        for field in ("adv_leave_one_out", "adv_singleton_float32"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"convention.{field} must be a bool, got {getattr(self, field)!r}")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -149,13 +168,16 @@ FLAG_REASONS: dict[str, str] = {
     "seq_sum_width": "Dr. GRPO divides by a constant L_max; frameworks without one use the padded "
     "width, which changes with the batch (verl's seq-mean-token-sum-norm).",
     "seq_sum_rows": "Dr. GRPO divides by (sequences x L_max): the spec counts non-empty sequences, "
-    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row.",
+    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row; 'none' "
+    "divides by nothing (verl's loss_agg_mode='token-sum', with max_length=1).",
     "sequence_ratio_gradient": "GSPO's sequence ratio s_i can be back-propagated exactly or through the "
     "GSPO-token form exp(logp - sg(logp) + sg(log s)) that allows per-token "
     "advantages (verl); the two agree for per-sequence advantages.",
     "micro_batch": "with gradient accumulation the token mean is over the global batch (spec, TRL's "
     "loss_type='dapo') or each micro-batch is a local mean and the losses are "
-    "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means.",
+    "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means; or summed "
+    "('local_sum': verl's geo_mean ignores the global batch info and its engine sums the "
+    "micro-batch losses, so the loss grows with the number of micro-batches).",
     "adv_scale": "GRPO divides the centred reward by the group std; Dr. GRPO does not (verl's "
     "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none'); TRL's scale_rewards='batch' "
     "divides by the std of all rewards of the batch ('batch_rewards', advantages.md eq. (14)).",
@@ -165,6 +187,13 @@ FLAG_REASONS: dict[str, str] = {
     "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
+    "kl_gradient": "verl's kl_loss_type with a '+' (k1+, k3+) keeps the estimator's value but "
+    "back-propagates the k2 gradient (logp - ref_logp), whose expectation is the KL's gradient.",
+    "adv_leave_one_out": "RLOO centres each reward on the mean of the other samples of its group "
+    "(n / (n - 1) times the group-mean deviation); verl's compute_rloo_outcome_advantage.",
+    "adv_singleton_float32": "verl's GRPO gives a singleton group mean torch.tensor(0.0) and std "
+    "torch.tensor(1.0), float32 tensors: std + eps is float32(1 + 1e-6), so a singleton's "
+    "advantage is R / 1.00000095..., 4.6e-8 away from R / (1 + 1e-6).",
     "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
     "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
     "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",

@@ -16,7 +16,11 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
-  aggregation (the GSPO-token form of the same value).
+  aggregation (the GSPO-token form of the same value);
+* ``micro_batch="local_sum"``: each micro-batch divided by its own normaliser, losses summed;
+* ``kl_gradient="k2"``: the KL term's value, with the k2 gradient (straight-through);
+* ``adv_leave_one_out`` / ``adv_singleton_float32``: ``group_advantages(leave_one_out=...)``, and
+  singletons re-divided by ``float32(1 + eps)``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
         width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
         if width is None:
             raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
+        if convention.seq_sum_rows == "none":  # verl's token-sum (max_length 1): no denominator
+            return float(width)
         return (nonempty if convention.seq_sum_rows == "nonempty" else every) * width
     return nonempty if convention.empty_rows == "drop" else every
 
@@ -100,7 +106,15 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
     if convention.kl_value_clamp is not None and variant.kl_estimator == "k3":
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
+    if convention.kl_gradient == "k2":
+        value = _k2_straight_through(value, logp_m, ref_m)
     return value
+
+
+def _k2_straight_through(value: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``value`` forward, the k2 gradient ``logp - ref`` backward (flag ``kl_gradient="k2"``)."""
+    k2 = kl_k2(logp, ref, check_finite=False)
+    return value.detach() + (k2 - k2.detach())
 
 
 def convention_loss(logp, old, adv, mask, ref, variant, convention, normalizer) -> torch.Tensor:
@@ -161,9 +175,13 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     verl's "raw" (eq. (15))."""
     if convention.adv_scale == "none":
         return group_advantages(
-            case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton
+            case.rewards.double(),
+            case.group_ids,
+            scale="none",
+            singleton=convention.adv_singleton,
+            leave_one_out=convention.adv_leave_one_out,
         )
-    return group_advantages(
+    advantages = group_advantages(
         case.rewards.double(),
         case.group_ids,
         scale=convention.adv_scale,
@@ -172,7 +190,22 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
         eps_inside_sqrt=convention.adv_eps_inside_sqrt,
         zero_variance=convention.adv_zero_variance,
         singleton=convention.adv_singleton,
+        leave_one_out=convention.adv_leave_one_out,
     )
+    if convention.adv_singleton_float32 and convention.adv_singleton == "raw":
+        advantages = _float32_singleton_divisor(case, advantages, convention)
+    return advantages
+
+
+def _float32_singleton_divisor(case: AdvantageCase, advantages: torch.Tensor, convention: Convention):
+    """Singletons as ``R / float32(1 + eps)`` (flag ``adv_singleton_float32``; eq. (15) with the
+    divisor rounded to float32, as verl's float32 std tensor makes it)."""
+    _, inverse, counts = torch.unique(case.group_ids, return_inverse=True, return_counts=True)
+    singleton = counts[inverse] == 1
+    one = torch.ones((), dtype=torch.float32)
+    divisor = (torch.sqrt(one + convention.adv_eps) if convention.adv_eps_inside_sqrt
+               else one + convention.adv_eps).double()
+    return torch.where(singleton, case.rewards.double() / divisor, advantages)
 
 
 def expected_kl(case: KLCase, estimator: str, convention: Convention) -> tuple[torch.Tensor, torch.Tensor]:
