@@ -92,6 +92,7 @@ _AGG_MODES = {
     # plain sum over the tokens, no denominator at all
     "token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "none", "micro_batch": "local_sum"}),
 }
+_SEQ_MEAN = "seq-mean-token-mean"
 _VANILLA_PRESET = {
     "token-mean": "ppo",
     "seq-mean-token-mean": "grpo",
@@ -116,7 +117,7 @@ def _policy_modes() -> dict[str, Mode]:
     out["gspo"] = Mode(
         name="gspo",
         preset="gspo",
-        framework_config={"actor.policy_loss.loss_mode": "gspo", "actor.loss_agg_mode": "seq-mean-token-mean"},
+        framework_config={"actor.policy_loss.loss_mode": "gspo", "actor.loss_agg_mode": _SEQ_MEAN},
         convention={
             "sequence_ratio_gradient": "token",
             "sequence_log_ratio_cap": 10.0,
@@ -129,7 +130,7 @@ def _policy_modes() -> dict[str, Mode]:
     out["sapo"] = Mode(
         name="sapo",
         preset="sapo",
-        framework_config={"actor.policy_loss.loss_mode": "sapo", "actor.loss_agg_mode": "seq-mean-token-mean"},
+        framework_config={"actor.policy_loss.loss_mode": "sapo", "actor.loss_agg_mode": _SEQ_MEAN},
         convention={"log_ratio_clamp": 20.0, "micro_batch": "global", "compute_dtype": "input", **_ROW_MEAN},
         description="compute_policy_loss_sapo (always seq-mean-token-mean)",
     )
@@ -215,7 +216,7 @@ def modes(kind: str = "policy_loss") -> dict[str, Mode]:
                 framework_config={"actor.kl_loss_type": name},
                 convention=flags,
                 description=f"kl_penalty(logp, ref_logp, {name!r}): {estimator}"
-                + (" value, k2 gradient (straight-through)" if name.endswith("+") and estimator != "k2" else ""),
+                + (" value, k2 gradient (straight-through)" if "kl_gradient" in flags else ""),
             )
             for name, (estimator, flags) in _KL_MODES.items()
         }
@@ -441,7 +442,7 @@ def _policy_adapter(core, config):
             rollout_is_weights=None,
         )
         if config.use_kl_loss:
-            kld = core.kl_penalty(logprob=call.logp, ref_logprob=call.ref_logp, kl_penalty=config.kl_loss_type)
+            kld = core.kl_penalty(call.logp, call.ref_logp, config.kl_loss_type)
             kl_loss = core.agg_loss(
                 loss_mat=kld, loss_mask=mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
             )
@@ -489,7 +490,8 @@ def target(kind: str, mode: str, variant=None):
     if kind == "policy_loss":
         if variant is None:
             variant = mode_variant(mode)
-        return core.get_policy_loss_fn(mode.partition("/")[0]), _policy_adapter(core, _actor_config(mode, variant))
+        fn = core.get_policy_loss_fn(mode.partition("/")[0])
+        return fn, _policy_adapter(core, _actor_config(mode, variant))
     if kind == "kl":
         return core.kl_penalty, _kl_adapter(mode)
     function, kwargs, _ = _ADV_MODES[mode]
