@@ -145,7 +145,10 @@ def _policy_modes() -> dict[str, Mode]:
     )
     out["geo_mean"] = Mode(
         name="geo_mean",
-        preset="gmpo",
+        preset="gspo",
+        # GMPO = GSPO's geometric-mean ratio with each token clipped in log space (md eq. (18)), at
+        # verl's default clip_ratio 0.2
+        variant_overrides={"gate": "log_clip", "eps_low": 0.2, "eps_high": 0.2},
         framework_config={"actor.policy_loss.loss_mode": "geo_mean"},
         convention={
             "empty_rows": "keep",
