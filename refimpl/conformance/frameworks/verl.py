@@ -77,6 +77,10 @@ _VANILLA = {
     "micro_batch": "global",
     "compute_dtype": "input",
 }
+# NaN / inf at masked positions (measured, see tests/test_framework_verl.py): agg_loss's token modes
+# mask with torch.where (ignored), but its sequence modes sum loss_mat * loss_mask, and NaN * 0 is
+# NaN (the +-20 log-ratio clamp turns +-inf into finite values first).
+_PROPAGATES = {"masked_nonfinite": "propagate"}
 # agg_loss's "seq-mean-token-mean" divides by the trainer's global_batch_size (every row). Its
 # "/ (tokens + 1e-8)" is exact: the bool mask's int64 count plus 1e-8 is a float32, where the 1e-8
 # vanishes for any count >= 1.
@@ -84,11 +88,11 @@ _ROW_MEAN = {"empty_rows": "keep"}
 _AGG_MODES = {
     # loss_agg_mode: (our aggregation, variant overrides, convention flags)
     "token-mean": ("token_mean", {}, {}),
-    "seq-mean-token-mean": ("seq_mean_token_mean", {}, _ROW_MEAN),
+    "seq-mean-token-mean": ("seq_mean_token_mean", {}, {**_ROW_MEAN, **_PROPAGATES}),
     # sum over the row's tokens, mean over all rows of the batch: Dr. GRPO's form with L_max = 1
-    "seq-mean-token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "all"}),
+    "seq-mean-token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "all", **_PROPAGATES}),
     # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max
-    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"seq_sum_rows": "all"}),
+    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"seq_sum_rows": "all", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
     "token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "none", "micro_batch": "local_sum"}),
 }
@@ -124,6 +128,7 @@ def _policy_modes() -> dict[str, Mode]:
             "micro_batch": "global",
             "compute_dtype": "input",
             **_ROW_MEAN,
+            **_PROPAGATES,  # NaN and +-inf: GSPO's log-ratio is not clamped, inf * 0 is NaN
         },
         description="compute_policy_loss_gspo (GSPO-token ratio, log s capped at 10), seq-mean-token-mean",
     )
@@ -131,7 +136,13 @@ def _policy_modes() -> dict[str, Mode]:
         name="sapo",
         preset="sapo",
         framework_config={"actor.policy_loss.loss_mode": "sapo", "actor.loss_agg_mode": _SEQ_MEAN},
-        convention={"log_ratio_clamp": 20.0, "micro_batch": "global", "compute_dtype": "input", **_ROW_MEAN},
+        convention={
+            "log_ratio_clamp": 20.0,
+            "micro_batch": "global",
+            "compute_dtype": "input",
+            **_ROW_MEAN,
+            **_PROPAGATES,
+        },
         description="compute_policy_loss_sapo (always seq-mean-token-mean)",
     )
     out["cispo"] = Mode(
@@ -140,7 +151,8 @@ def _policy_modes() -> dict[str, Mode]:
         # verl's default config clips the weight below too (clip_ratio_low 0.2); our preset does not
         variant_overrides={"eps_low": 0.2},
         framework_config={"actor.policy_loss.loss_mode": "cispo", "actor.loss_agg_mode": "token-mean"},
-        convention={"micro_batch": "global", "compute_dtype": "input"},
+        # NaN at a masked position: the value is masked, but its gradient -sg(NaN) A is NaN
+        convention={"micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
         description="compute_policy_loss_cispo: sg(clip(r, 1 - low, 1 + high)) A logp, token-mean",
     )
     out["geo_mean"] = Mode(
@@ -154,6 +166,7 @@ def _policy_modes() -> dict[str, Mode]:
             "empty_rows": "keep",
             "micro_batch": "local_sum",
             "compute_dtype": "input",
+            **_PROPAGATES,  # (x * mask).sum(-1) for the ratio and the advantage: NaN and +-inf
         },
         description="compute_policy_loss_geo_mean (GMPO): torch.mean over the micro-batch's rows",
     )
