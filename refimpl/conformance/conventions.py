@@ -213,17 +213,21 @@ _TRL_LOSS_TYPE = {
     "cispo": "cispo",
     "sapo": "sapo",
 }
-# verl (loss_mode, loss_agg_mode) of each preset.
+# verl mode (refimpl.conformance.frameworks.verl.modes()) of each preset; the mode's convention
+# flags are the verl profile (proven against the installed verl 0.9.1 by tests/test_framework_verl.py).
 _VERL_MODES = {
-    "ppo": ("vanilla", "token-mean"),
-    "grpo": ("vanilla", "seq-mean-token-mean"),
-    "bnpo": ("vanilla", "token-mean"),
-    "dapo": ("vanilla", "token-mean"),
-    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),
-    "gspo": ("gspo", "seq-mean-token-mean"),
-    "gspo_token": ("gspo", "seq-mean-token-mean"),
-    "sapo": ("sapo", "seq-mean-token-mean"),
+    "ppo": "vanilla/token-mean",
+    "grpo": "vanilla/seq-mean-token-mean",
+    "bnpo": "vanilla/token-mean",
+    "dapo": "vanilla/token-mean",
+    "dr_grpo": "vanilla/seq-mean-token-sum-norm",
+    "gspo": "gspo",
+    "gspo_token": "gspo",
+    "sapo": "sapo",
+    "cispo": "cispo",
 }
+# the kit's generic flags; until they exist in this Convention a verl mode's value for them is dropped
+_PENDING_GENERIC_FLAGS = ("compute_dtype", "masked_nonfinite")
 
 _TRL = Convention(
     name="trl",
@@ -235,21 +239,6 @@ _TRL = Convention(
     adv_eps_inside_sqrt=False,
     adv_zero_variance="formula",
     adv_singleton="error",
-)
-_VERL = Convention(
-    name="verl",
-    log_ratio_clamp=20.0,
-    dual_clip=3.0,
-    kl_log_ratio_clamp=20.0,
-    kl_value_clamp=10.0,
-    seq_sum_width="padded_width",
-    seq_sum_rows="all",
-    micro_batch="local_mean",
-    adv_std="sample",
-    adv_eps=1e-6,
-    adv_eps_inside_sqrt=False,
-    adv_zero_variance="formula",
-    adv_singleton="raw",
 )
 
 
@@ -297,18 +286,22 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
         raise ValueError(
             f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
         )
-    loss_mode, _ = _VERL_MODES[key]
-    flags = (
-        dict(
-            sequence_ratio_gradient="token", sequence_log_ratio_cap=10.0, log_ratio_clamp=None, dual_clip=None
-        )
-        if loss_mode == "gspo"
-        else {}
-    )
-    if loss_mode == "sapo":
-        flags = dict(dual_clip=None)
-    scale = "none" if key == "dr_grpo" else "group"
-    return dataclasses.replace(_VERL, adv_scale=scale, **flags)
+    return _verl_profile(key)
+
+
+def _verl_profile(key: str) -> Convention:
+    """The verl driver's mode flags for preset ``key`` plus its GRPO advantage flags
+    (``norm_adv_by_std_in_grpo=False`` for dr_grpo)."""
+    from .frameworks import verl as driver
+
+    known = {f.name for f in dataclasses.fields(Convention)}
+    advantages = driver.modes("group_advantages")["grpo/no_std" if key == "dr_grpo" else "grpo"].convention
+    grpo = driver.modes("group_advantages")["grpo"].convention
+    flags = {**grpo, **advantages, **driver.modes("policy_loss")[_VERL_MODES[key]].convention}
+    for name in flags:
+        if name not in known and name not in _PENDING_GENERIC_FLAGS:
+            raise ValueError(f"verl mode flag {name!r} is not a Convention field")
+    return Convention(name="verl", **{k: v for k, v in flags.items() if k in known})
 
 
 def framework_config(
@@ -341,13 +334,16 @@ def framework_config(
             "sapo_temperature_neg": v.tau_neg,
         }
     if name == "verl":
-        loss_mode, agg = _VERL_MODES[key]
+        loss_mode, _, agg = _VERL_MODES[key].partition("/")
+        agg = agg or ("token-mean" if loss_mode == "cispo" else "seq-mean-token-mean")
         return {
             "actor.policy_loss.loss_mode": loss_mode,
-            "actor.clip_ratio_low": v.eps_low,
-            "actor.clip_ratio_high": v.eps_high,
-            "actor.clip_ratio_c": conv.dual_clip if conv.dual_clip is not None else v.dual_clip,
+            # a side without a clip: 1 - 1 = 0 and 1 + inf (what the verl driver passes)
+            "actor.clip_ratio_low": 1.0 if v.eps_low is None else v.eps_low,
+            "actor.clip_ratio_high": float("inf") if v.eps_high is None else v.eps_high,
+            "actor.clip_ratio_c": conv.dual_clip if conv.dual_clip is not None else (v.dual_clip or 3.0),
             "actor.loss_agg_mode": agg,
+            "actor.loss_scale_factor": v.max_length if agg == "seq-mean-token-sum-norm" else None,
             "actor.use_kl_loss": v.kl_coef > 0,
             "actor.kl_loss_coef": v.kl_coef,
             "actor.kl_loss_type": {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[v.kl_estimator],
@@ -368,9 +364,12 @@ def unsupported_flags(name: str) -> dict[str, str]:
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
-            "gradient in half; the kit follows the inclusive gate of seed 001 (116).",
-            "seq-mean-token-sum-norm": "verl divides the summed sequence losses by the padded width "
-            "and leaves the 1/N to gradient accumulation; the profile "
-            "divides by N x width (per-sample mean).",
+            "gradient in half; the kit follows the inclusive gate of seed 001 (116) (no float64 "
+            "log-ratio has exp exactly 3.0, so no case reaches the tie).",
+            "loss_scale_factor=None": "verl's default Dr. GRPO constant is the micro-batch's padded "
+            "width (flag seq_sum_width='padded_width'); the profile sets loss_scale_factor = L_max.",
+            "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
+            "empty rows from the row count; the profile describes the trainer, whose "
+            "global_batch_size counts every row (empty_rows='keep').",
         }
     return {}
