@@ -75,9 +75,9 @@ def test_the_actor_kl_loss_passes_under_the_profile(mode, estimator):
 
 
 # each flag of a profile is needed: without it, the named classes fail (relative errors 1 or more
-# on verl 0.9.1, float64). Not shown in float64 at 1e-8, though verl does it: the +-20 log-ratio
-# clamp (exp(-20) vs exp(-50) moves a clipped loss by ~2e-9) and low_var_kl's +-20 clamp of log r
-# (hidden by its +-10 value clamp).
+# on verl 0.9.1, float64; SAPO's log-ratio clamp 4.2e-8). Not shown in float64 at 1e-8, though verl
+# does it: the +-20 log-ratio clamp of the clipped vanilla loss (exp(-20) vs exp(-50) moves it by
+# 3.6e-10) and low_var_kl's +-20 clamp of log r (hidden by its +-10 value clamp).
 NEEDED = [
     ("vanilla/token-mean", "dual_clip", {"extreme_log_ratio"}),
     ("vanilla/seq-mean-token-mean", "dual_clip", {"extreme_log_ratio"}),
@@ -89,6 +89,7 @@ NEEDED = [
     # the cap is realised on the GSPO-token form (equal to GSPO in value and gradient otherwise)
     ("gspo", "sequence_ratio_gradient", {"extreme_log_ratio"}),
     ("gspo", "empty_rows", {"empty_rows"}),
+    ("sapo", "log_ratio_clamp", {"extreme_log_ratio"}),
     ("sapo", "empty_rows", {"empty_rows"}),
     ("geo_mean", "empty_rows", {"empty_rows"}),
 ]

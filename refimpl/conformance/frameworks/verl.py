@@ -19,13 +19,14 @@ this driver mirrors rather than imports, since they need tensordict and a model)
   no rescaling), as the kit does.
 
 Import-only dependencies that verl's package ``__init__`` files pull in but the loss code never calls
-(``ray``, ``tensordict``, ``orjson``) are replaced by inert ``sys.modules`` stubs, only when they are
-not installed. The loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
+(``ray``, ``tensordict``, ``orjson``) are replaced by inert stubs, only when they are not installed
+and only while verl is being imported (they are removed from ``sys.modules`` afterwards). The loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
 ``verl.utils.profiler``): requirements/frameworks-verl.txt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
@@ -357,20 +358,31 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
-def _install_stubs() -> list[str]:
-    """Stub the import-only dependencies that are not installed; returns their names."""
+@contextlib.contextmanager
+def _stubbed_imports():
+    """Stub the import-only dependencies that are not installed, for the duration of the import
+    only: afterwards the stubs leave ``sys.modules`` and ``sys.meta_path`` again (verl's modules
+    keep the names they bound), so no other code sees a fake ``ray`` or ``tensordict``."""
     stubbed = [
         name for name in _STUBBED if name not in sys.modules and importlib.util.find_spec(name) is None
     ]
+    finder = _StubFinder(stubbed)
     if stubbed:
-        sys.meta_path.append(_StubFinder(stubbed))
-    return stubbed
+        sys.meta_path.append(finder)
+    try:
+        yield stubbed
+    finally:
+        if stubbed:
+            sys.meta_path.remove(finder)
+            for name in [m for m in sys.modules if m.partition(".")[0] in stubbed]:
+                del sys.modules[name]
 
 
 def _core_algos():
     """``verl.trainer.ppo.core_algos``, imported with the stubs in place (warns on another version)."""
-    _install_stubs()
-    module = importlib.import_module("verl.trainer.ppo.core_algos")
+    with _stubbed_imports():
+        module = importlib.import_module("verl.trainer.ppo.core_algos")
+        importlib.import_module("verl.workers.config")
     version = installed_version()
     if version != PINNED_VERSION:
         warnings.warn(
