@@ -20,7 +20,8 @@ this driver mirrors rather than imports, since they need tensordict and a model)
 
 Import-only dependencies that verl's package ``__init__`` files pull in but the loss code never calls
 (``ray``, ``tensordict``, ``orjson``) are replaced by inert stubs, only when they are not installed
-and only while verl is being imported (they are removed from ``sys.modules`` afterwards). The loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
+and only while verl is being imported (they are removed from ``sys.modules`` afterwards). The
+loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
 ``verl.utils.profiler``): requirements/frameworks-verl.txt.
 """
 
@@ -72,9 +73,13 @@ _SOURCES = (
 # - the engine sums micro-batch losses that agg_loss divides by the global counts it is given; the
 #   row count is the trainer's global_batch_size, every row of the mini-batch, empty ones included;
 # - the loss is computed in the input dtype (bf16 / fp16 log-probs are not upcast).
+# the actor's KL loss (use_kl_loss): kl_penalty's low_var_kl clamps log r to +-20 and k3 to +-10
+_KL_LOSS = {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0}
 _VANILLA = {
+    **_KL_LOSS,
     "log_ratio_clamp": 20.0,
     "dual_clip": 3.0,
+    "seq_sum_rows": "all",  # the trainer's global_batch_size: every row of the mini-batch
     "micro_batch": "global",
     "compute_dtype": "input",
 }
@@ -124,6 +129,7 @@ def _policy_modes() -> dict[str, Mode]:
         preset="gspo",
         framework_config={"actor.policy_loss.loss_mode": "gspo", "actor.loss_agg_mode": _SEQ_MEAN},
         convention={
+            **_KL_LOSS,
             "sequence_ratio_gradient": "token",
             "sequence_log_ratio_cap": 10.0,
             "micro_batch": "global",
@@ -138,6 +144,7 @@ def _policy_modes() -> dict[str, Mode]:
         preset="sapo",
         framework_config={"actor.policy_loss.loss_mode": "sapo", "actor.loss_agg_mode": _SEQ_MEAN},
         convention={
+            **_KL_LOSS,
             "log_ratio_clamp": 20.0,
             "micro_batch": "global",
             "compute_dtype": "input",
@@ -153,7 +160,7 @@ def _policy_modes() -> dict[str, Mode]:
         variant_overrides={"eps_low": 0.2},
         framework_config={"actor.policy_loss.loss_mode": "cispo", "actor.loss_agg_mode": "token-mean"},
         # NaN at a masked position: the value is masked, but its gradient -sg(NaN) A is NaN
-        convention={"micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
+        convention={**_KL_LOSS, "micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
         description="compute_policy_loss_cispo: sg(clip(r, 1 - low, 1 + high)) A logp, token-mean",
     )
     out["geo_mean"] = Mode(
@@ -164,6 +171,7 @@ def _policy_modes() -> dict[str, Mode]:
         variant_overrides={"gate": "log_clip", "eps_low": 0.2, "eps_high": 0.2},
         framework_config={"actor.policy_loss.loss_mode": "geo_mean"},
         convention={
+            **_KL_LOSS,
             "empty_rows": "keep",
             "micro_batch": "local_sum",
             "compute_dtype": "input",
