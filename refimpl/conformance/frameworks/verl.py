@@ -448,14 +448,16 @@ def _actor_config(mode: str, variant) -> object:
 
 def _global_batch_info(call, config) -> dict:
     """``ppo_loss``'s global batch info for one micro-batch: global tokens and all global rows (the
-    kit's PolicyLossCall fields; a call without them is a whole batch)."""
+    kit's PolicyLossCall fields; a call without them, or with 0 rows, is a whole batch)."""
     mask = call.mask
     tokens = getattr(call, "global_tokens", None)
     rows = getattr(call, "global_rows", None)
+    if not rows:  # not given: this call is the whole batch
+        tokens, rows = int(mask.sum()), int(mask.shape[0])
     return {
         "dp_size": 1,
-        "batch_num_tokens": int(mask.sum()) if tokens is None else int(tokens),
-        "global_batch_size": int(mask.shape[0]) if rows is None else int(rows),
+        "batch_num_tokens": int(tokens),
+        "global_batch_size": int(rows),
         "loss_scale_factor": config.loss_scale_factor,
     }
 
