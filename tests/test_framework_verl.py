@@ -153,23 +153,35 @@ def test_verls_global_batch_info_makes_micro_batches_sum_to_the_full_batch(mode)
     assert same == (flags["micro_batch"] == "global" or flags.get("seq_sum_rows") == "none")
 
 
+# modes whose loss lets a masked NaN through without the KL term: agg_loss's sequence modes and
+# GSPO / SAPO (loss_mat * loss_mask), GMPO (row sums), CISPO (its gradient -sg(NaN) A); only the
+# token modes mask with torch.where
+_NAN_WITHOUT_KL = set(POLICY_MODES) - {"vanilla/token-mean", "vanilla/token-sum"}
+
+
+@pytest.mark.parametrize("with_kl", [False, True])
 @pytest.mark.parametrize("mode", POLICY_MODES)
-def test_nan_at_masked_positions_propagates_exactly_where_the_profile_says(mode):
-    """verl's token aggregations mask with torch.where; its sequence aggregations (and GSPO's,
-    GMPO's row sums) multiply by the mask, so NaN * 0 reaches the loss; CISPO's detached weight
-    makes the gradient NaN. The profile's masked_nonfinite flag says which."""
-    case = policy_loss_cases(driver.mode_variant(mode), Convention(), classes=("ragged",))[0]
-    fn, adapter = driver.target("policy_loss", mode, driver.mode_variant(mode))
-    logp = case.logp.clone()
-    logp[~case.mask] = math.nan
+def test_nan_at_masked_positions_propagates_as_measured(mode, with_kl):
+    """NaN at the masked positions of logp, old_logp (and ref_logp): verl's loss or gradient is
+    non-finite in every mode with an mse (k2) KL loss on (low_var_kl's clamps zero the NaN's
+    gradient), and without it except for the token modes. The profile of every mode therefore
+    carries masked_nonfinite='propagate'."""
+    variant = driver.mode_variant(mode)
+    if with_kl:
+        variant = dataclasses.replace(variant, kl_coef=0.04, kl_estimator="k2")
+    case = policy_loss_cases(variant, Convention(), classes=("ragged",))[0]
+    fn, adapter = driver.target("policy_loss", mode, variant)
+    logp, old, ref = case.logp.clone(), case.old_logp.clone(), case.old_logp + 0.1
+    for x in (logp, old, ref):
+        x[~case.mask] = math.nan
     x = logp.requires_grad_(True)
-    call = checks.PolicyLossCall(x, case.old_logp, case.advantages, case.mask, None, case.rewards,
+    call = checks.PolicyLossCall(x, old, case.advantages, case.mask, ref, case.rewards,
                                  case.group_ids, None, {})
     loss = adapter(fn, call)
     (grad,) = torch.autograd.grad(loss, x)
     finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all())
-    propagates = driver.modes()[mode].convention.get("masked_nonfinite", "ignore") == "propagate"
-    assert finite != propagates
+    assert finite == (not with_kl and mode not in _NAN_WITHOUT_KL)
+    assert driver.modes()[mode].convention["masked_nonfinite"] == "propagate"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -84,8 +84,10 @@ _VANILLA = {
     "compute_dtype": "input",
 }
 # NaN / inf at masked positions (measured, see tests/test_framework_verl.py): agg_loss's token modes
-# mask with torch.where (ignored), but its sequence modes sum loss_mat * loss_mask, and NaN * 0 is
-# NaN (the +-20 log-ratio clamp turns +-inf into finite values first).
+# mask the value with torch.where, but its sequence modes sum loss_mat * loss_mask, and NaN * 0 is
+# NaN (the +-20 log-ratio clamp turns +-inf into finite values first); with an mse (k2) KL loss on,
+# every mode's gradient is NaN there (where's zero cotangent times mse's NaN derivative; the clamps
+# of low_var_kl zero it).
 _PROPAGATES = {"masked_nonfinite": "propagate"}
 # agg_loss's "seq-mean-token-mean" divides by the trainer's global_batch_size (every row). Its
 # "/ (tokens + 1e-8)" is exact: the bool mask's int64 count plus 1e-8 is a float32, where the 1e-8
@@ -93,14 +95,18 @@ _PROPAGATES = {"masked_nonfinite": "propagate"}
 _ROW_MEAN = {"empty_rows": "keep"}
 _AGG_MODES = {
     # loss_agg_mode: (our aggregation, variant overrides, convention flags)
-    "token-mean": ("token_mean", {}, {}),
+    "token-mean": ("token_mean", {}, _PROPAGATES),  # through an mse KL loss's gradient only
     "seq-mean-token-mean": ("seq_mean_token_mean", {}, {**_ROW_MEAN, **_PROPAGATES}),
     # sum over the row's tokens, mean over all rows of the batch: Dr. GRPO's form with L_max = 1
     "seq-mean-token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "all", **_PROPAGATES}),
     # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max
     "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"seq_sum_rows": "all", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
-    "token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "none", "micro_batch": "local_sum"}),
+    "token-sum": (
+        "seq_sum",
+        {"max_length": 1},
+        {"seq_sum_rows": "none", "micro_batch": "local_sum", **_PROPAGATES},  # through an mse KL only
+    ),
 }
 _SEQ_MEAN = "seq-mean-token-mean"
 _VANILLA_PRESET = {
