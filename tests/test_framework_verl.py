@@ -192,7 +192,8 @@ def test_nan_at_masked_positions_propagates_as_measured(mode, with_kl):
 def test_every_kl_penalty_mode_passes_under_its_profile(mode):
     m = driver.modes("kl")[mode]
     fn, adapter = driver.target("kl", mode)
-    report = checks.check_kl(fn, m.preset, convention=convention_of(m.convention, mode), adapter=adapter)
+    estimator = m.variant_overrides["kl_estimator"]
+    report = checks.check_kl(fn, estimator, convention=convention_of(m.convention, mode), adapter=adapter)
     assert report.ok, report.render()
 
 
@@ -207,7 +208,8 @@ def test_each_kl_flag_is_needed(mode, flag, failing):
     m = driver.modes("kl")[mode]
     flags = {k: v for k, v in m.convention.items() if k != flag}
     fn, adapter = driver.target("kl", mode)
-    report = checks.check_kl(fn, m.preset, convention=convention_of(flags, mode), adapter=adapter)
+    estimator = m.variant_overrides["kl_estimator"]
+    report = checks.check_kl(fn, estimator, convention=convention_of(flags, mode), adapter=adapter)
     assert report.failing_classes() == failing
 
 

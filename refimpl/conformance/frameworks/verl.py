@@ -243,7 +243,7 @@ def modes(kind: str = "policy_loss") -> dict[str, Mode]:
             name: Mode(
                 name=name,
                 kind="kl",
-                preset=estimator,
+                variant_overrides={"kl_estimator": estimator},
                 framework_config={"actor.kl_loss_type": name},
                 convention=flags,
                 description=f"kl_penalty(logp, ref_logp, {name!r}): {estimator}"
@@ -516,8 +516,9 @@ def _advantage_adapter(kwargs: dict):
     return adapter
 
 
-def target(kind: str, mode: str, variant=None):
-    """``(fn, adapter)`` for verl's ``mode`` of ``kind``: ``fn`` is verl's own function.
+def target(kind: str, mode, variant=None):
+    """``(fn, adapter)`` for verl's ``mode`` (its name or its ``Mode``) of ``kind``: ``fn`` is verl's
+    own function.
 
     policy_loss: ``variant`` (a PolicyLossVariant; default the mode's preset with its overrides)
     fills the ActorConfig; ``adapter(fn, call)`` returns the scalar loss of one micro-batch.
@@ -525,6 +526,7 @@ def target(kind: str, mode: str, variant=None):
     group_advantages: ``adapter(fn, rewards, group_ids)`` returns the advantages ``[N]``.
     """
     table = modes(kind)
+    mode = getattr(mode, "name", mode)
     if mode not in table:
         raise ValueError(
             f"verl has no {kind} mode {mode!r} in scope; modes: {', '.join(table)}"
