@@ -279,7 +279,7 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "dro": "DRO: logp * A - beta / 2 (log r)^2, a quadratic penalty the spec does not define",
             "bypass_mode": "rollout-correction bypass (reinforce / ppo_clip over rollout log-probs, "
             "with rejection-sampling masks): needs rollout_log_probs and RolloutCorrectionConfig",
-            "vanilla/+rollout_is_weights": "rollout importance weights (any mode) need "
+            "rollout_is_weights": "rollout importance weights (any loss mode) need "
             "rollout_log_probs; the kit's behaviour correction is a separate variant field",
         }
     if kind == "kl":
