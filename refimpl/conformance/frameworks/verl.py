@@ -126,7 +126,12 @@ def _policy_modes() -> dict[str, Mode]:
             name=f"vanilla/{agg}",
             preset=preset,
             variant_overrides={**overrides, "aggregation": aggregation} if preset == "dr_grpo" else overrides,
-            framework_config={"actor.policy_loss.loss_mode": "vanilla", "actor.loss_agg_mode": agg},
+            framework_config={
+                "actor.policy_loss.loss_mode": "vanilla",
+                "actor.loss_agg_mode": agg,
+                # Dr. GRPO's constant: L_max (verl's default None would be the padded width)
+                **({"actor.loss_scale_factor": 16} if agg == "seq-mean-token-sum-norm" else {}),
+            },
             convention={**_VANILLA, **flags},
             description=f"compute_policy_loss_vanilla + agg_loss({agg!r}), dual clip clip_ratio_c",
         )
@@ -164,7 +169,11 @@ def _policy_modes() -> dict[str, Mode]:
         preset="cispo",
         # verl's default config clips the weight below too (clip_ratio_low 0.2); our preset does not
         variant_overrides={"eps_low": 0.2},
-        framework_config={"actor.policy_loss.loss_mode": "cispo", "actor.loss_agg_mode": "token-mean"},
+        framework_config={
+            "actor.policy_loss.loss_mode": "cispo",
+            "actor.loss_agg_mode": "token-mean",
+            "actor.clip_ratio_low": 0.2,
+        },
         # NaN at a masked position: the value is masked, but its gradient -sg(NaN) A is NaN
         convention={**_KL_LOSS, "micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
         description="compute_policy_loss_cispo: sg(clip(r, 1 - low, 1 + high)) A logp, token-mean",
