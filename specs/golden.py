@@ -319,13 +319,15 @@ CONVENTION_FLAGS: dict[str, dict[str, object]] = {
         seq_sum_rows="all",
         kl_importance_weight=True,
     ),
+    # verl 0.9.1 as its trainer drives it: global_batch_size counts every row (empty ones too),
+    # Dr. GRPO's loss_scale_factor set to L_max (refimpl.conformance.frameworks.verl)
     "verl": dict(
         log_ratio_clamp=20.0,
         dual_clip=3.0,
         kl_log_ratio_clamp=20.0,
         kl_value_clamp=10.0,
-        empty_rows="drop",
-        seq_sum_width="padded_width",
+        empty_rows="keep",
+        seq_sum_width="max_length",
         seq_sum_rows="all",
     ),
 }

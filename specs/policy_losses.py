@@ -129,6 +129,19 @@ def sapo_term(r: sp.Expr, a: sp.Expr, tau_pos, tau_neg) -> sp.Expr:
     return 4 / tau / (1 + sp.exp(-tau * (r - 1))) * a
 
 
+def log_clip_term(log_r: sp.Expr, a: sp.Expr, eps_low, eps_high) -> sp.Expr:
+    """md eq. (18) (GMPO): a token's log-ratio clipped on the pessimistic side, ``min(l, eps_high)``
+    for a > 0 and ``max(l, -eps_low)`` for a <= 0, as ``l`` where the inclusive gate is open and the
+    bound elsewhere (so the derivative on a bound is 1). ``None`` removes a side."""
+    open_pos = sp.And(a > 0, log_r <= eps_high) if eps_high is not None else (a > 0)
+    open_neg = sp.And(a <= 0, log_r >= -eps_low) if eps_low is not None else (a <= 0)
+    pieces = [(log_r, sp.Or(open_pos, open_neg))]
+    if eps_high is not None:
+        pieces.append((eps_high, a > 0))
+    pieces.append((-eps_low, True) if eps_low is not None else (log_r, True))
+    return sp.Piecewise(*pieces)
+
+
 def _clip_value(x: sp.Expr, lower, upper) -> sp.Expr:
     if lower is not None:
         x = sp.Max(x, lower)
@@ -163,6 +176,13 @@ def _policy_unit_terms(spec: LossSpec, lp, lp_sg, old, adv, beh, lengths):
         return sp.Piecewise((w, w <= cap), (0, True))
 
     per_token_adv = len(adv) > 0 and isinstance(adv[0], tuple)
+    log_clip = spec.gate == "log_clip"
+    if log_clip and spec.ratio == "gspo_token":
+        raise ValueError("gate 'log_clip' needs ratio 'token', 'sequence_mean' or 'sequence_product'")
+
+    def clipped(log_r, a):  # md eq. (18): GMPO clips each token's log-ratio before the ratio level
+        return log_clip_term(log_r, a, eps_low, eps_high) if log_clip else log_r
+
     terms = []
     for i, n in enumerate(lengths):
         if spec.ratio in ("token", "gspo_token"):
@@ -171,14 +191,14 @@ def _policy_unit_terms(spec: LossSpec, lp, lp_sg, old, adv, beh, lengths):
             for t in range(n):
                 a = adv[i][t] if per_token_adv else adv[i]
                 if spec.ratio == "token":
-                    log_r, log_r_sg = lp[i][t] - old[i][t], lp_sg[i][t] - old[i][t]
+                    log_r, log_r_sg = clipped(lp[i][t] - old[i][t], a), lp_sg[i][t] - old[i][t]
                 else:  # exp(logp - sg(logp) + sg(log s))
                     log_r, log_r_sg = lp[i][t] - lp_sg[i][t] + log_s_sg, log_s_sg
                 term = gate(sp.exp(log_r), sp.exp(log_r_sg), a, lp[i][t])
                 row.append(term * behavior(old[i][t] - beh[i][t]))
             terms.append(tuple(row))
         else:
-            total = sum((lp[i][t] - old[i][t] for t in range(n)), sp.Integer(0))
+            total = sum((clipped(lp[i][t] - old[i][t], adv[i]) for t in range(n)), sp.Integer(0))
             total_sg = sum((lp_sg[i][t] - old[i][t] for t in range(n)), sp.Integer(0))
             total_lp = sum(lp[i][:n], sp.Integer(0))
             log_w = sum((old[i][t] - beh[i][t] for t in range(n)), sp.Integer(0))

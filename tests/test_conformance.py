@@ -55,7 +55,7 @@ SUPPORTED = [
     (p, c)
     for c in ("reference", "trl", "verl")
     for p in ("ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
-    if not (c == "trl" and p == "gspo_token") and not (c == "verl" and p == "cispo")
+    if not (c == "trl" and p == "gspo_token")
 ]
 
 
@@ -84,7 +84,7 @@ def test_profiles_that_do_not_exist_are_refused():
     with pytest.raises(ValueError, match="no TRL"):
         profile("trl", "gspo_token")
     with pytest.raises(ValueError, match="no verl"):
-        profile("verl", "cispo")
+        profile("verl", "trpo")
     with pytest.raises(ValueError, match="convention must be one of"):
         profile("megatron", "grpo")
     with pytest.raises(ValueError, match="empty_rows"):
@@ -171,144 +171,46 @@ def test_trl_differences_are_the_documented_ones():
     assert "micro_batch" in convention_differences("bnpo", "trl").failing_classes()
 
 
-def low_var_kl(logprob, ref_logprob):
-    """verl kl_penalty(..., "low_var_kl"), transcribed."""
-    kl = ref_logprob - logprob
-    kl = torch.clamp(kl, min=-20, max=20)
-    ratio = torch.exp(kl)
-    kld = ratio - kl - 1
-    return torch.clamp(kld, min=-10, max=10)
-
-
-def verl_masked_mean(values, mask):
-    return (values * mask).sum() / (mask.sum() + 1e-8)
-
-
-def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode):
-    if loss_agg_mode == "token-mean":
-        return verl_masked_mean(loss_mat, loss_mask)
-    if loss_agg_mode == "seq-mean-token-mean":
-        seq_mask = torch.sum(loss_mask, dim=-1)
-        seq_losses = torch.sum(loss_mat * loss_mask, dim=-1) / (seq_mask + 1e-8)
-        return verl_masked_mean(seq_losses, (seq_mask > 0).to(loss_mat.dtype))
-    # seq-mean-token-sum-norm with the per-sample global scaling (sum over sequences / (rows x width))
-    return torch.sum(loss_mat * loss_mask) / (loss_mask.shape[-1] * loss_mask.shape[0])
-
-
-def verl_actor_loss(call_fn, call):
-    """verl compute_policy_loss_vanilla / _gspo / _sapo + the actor's KL loss, transcribed; the
-    framework config comes in ``call.config``."""
-    cfg = call.config["framework_config"]
-    dtype = torch.promote_types(call.logp.dtype, torch.float32)
-    mask = call.mask.to(dtype)
-    log_prob, old_log_prob = call.logp.to(dtype), call.old_logp.to(dtype)
-    advantages = call.advantages.to(dtype).unsqueeze(-1) * mask
-    low, high = cfg["actor.clip_ratio_low"], cfg["actor.clip_ratio_high"]
-    if cfg["actor.policy_loss.loss_mode"] == "vanilla":
-        negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-        ratio = torch.exp(negative_approx_kl)
-        pg_losses1 = -advantages * ratio
-        pg_losses2 = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-        clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
-        pg_losses3 = -advantages * cfg["actor.clip_ratio_c"]
-        clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
-        pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
-        pg_loss = verl_agg_loss(pg_losses, mask, cfg["actor.loss_agg_mode"])
-    elif cfg["actor.policy_loss.loss_mode"] == "sapo":
-        tau_pos = torch.as_tensor(cfg["actor.tau_pos"], dtype=dtype)
-        tau_neg = torch.as_tensor(cfg["actor.tau_neg"], dtype=dtype)
-        ratio = (log_prob - old_log_prob).clamp(min=-20.0, max=20.0).exp()
-        taus = torch.where(advantages > 0, tau_pos, tau_neg)
-        gates = torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus)
-        pg_loss = verl_agg_loss(-gates * advantages, mask, "seq-mean-token-mean")
-    else:  # gspo
-        negative_approx_kl = log_prob - old_log_prob
-        seq_lengths = torch.sum(mask, dim=-1).clamp(min=1)
-        negative_approx_kl_seq = torch.sum(negative_approx_kl * mask, dim=-1) / seq_lengths
-        log_seq_importance_ratio = (
-            log_prob - log_prob.detach() + negative_approx_kl_seq.detach().unsqueeze(-1)
-        )
-        log_seq_importance_ratio = torch.clamp(log_seq_importance_ratio, max=10.0)
-        seq_importance_ratio = torch.exp(log_seq_importance_ratio)
-        pg_losses1 = -advantages * seq_importance_ratio
-        pg_losses2 = -advantages * torch.clamp(seq_importance_ratio, 1 - low, 1 + high)
-        pg_losses = torch.maximum(pg_losses1, pg_losses2)
-        pg_loss = verl_agg_loss(pg_losses, mask, "seq-mean-token-mean")
-    if cfg["actor.use_kl_loss"]:
-        kld = low_var_kl(log_prob, call.ref_logp.to(dtype))
-        pg_loss = pg_loss + verl_agg_loss(kld, mask, cfg["actor.loss_agg_mode"]) * cfg["actor.kl_loss_coef"]
-    return pg_loss
-
-
-VERL_PRESETS = ["ppo", "grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "sapo"]
-
-
-@pytest.mark.parametrize("preset", VERL_PRESETS)
-def test_verl_transcription_passes_under_verl_profile(preset):
-    # rtol 1e-6: verl's masked_mean divides by (count + 1e-8), a relative change of up to 1e-8.
-    report = check_policy_loss(None, preset, convention="verl", adapter=verl_actor_loss, rtol=1e-6)
-    assert report.ok, report.render()
-
-
-def test_verl_transcription_with_low_var_kl_passes_under_verl_profile():
-    report = check_policy_loss(
-        None, "grpo", convention="verl", adapter=verl_actor_loss, rtol=1e-6, kl_coef=0.04
-    )
-    assert report.ok, report.render()
-    plain = check_policy_loss(
-        None,
-        "grpo",
-        convention="reference",
-        adapter=lambda fn, call: verl_actor_loss(
-            fn,
-            dataclasses.replace(
-                call,
-                config={
-                    **call.config,
-                    "framework_config": framework_config(
-                        "verl", "grpo", dataclasses.replace(GRPO, kl_coef=0.04)
-                    ),
-                },
-            ),
-        ),
-        rtol=1e-6,
-        kl_coef=0.04,
-    )
-    assert "kl_penalty" in plain.failing_classes()
+# verl: tests/test_framework_verl.py drives the installed verl 0.9.1 (its own core_algos) under the
+# verl profile; the transcriptions that stood here upcast bf16 / fp16 where verl does not.
 
 
 def test_verl_differences_are_the_documented_ones():
-    assert convention_differences("dapo", "verl").failing_classes() == [
-        "on_boundary",
-        "extreme_log_ratio",
-        "micro_batch",
-        "masked_nonfinite",
-        "padding_micro_batch",
-        "half_overflow",  # the dual clip (3) bounds the fp16 ratios of ~50 000 with A < 0
-    ]
-    dr = convention_differences("dr_grpo", "verl")
-    assert "inside_clip" in dr.failing_classes()
-    # Dr. GRPO: padded width T instead of L_max = 16 scales the loss by 16 / T on a case without empty rows
+    """The verl profile (the driver's mode flags) departs from the spec only where its flags say:
+    the +-20 log-ratio clamp and dual clip 3 (boundary / extreme classes), empty rows counted in the
+    row means (the trainer's global_batch_size), none for CISPO."""
+    # the kit's newer classes where they exist: NaN at masked positions propagates, and the dual
+    # clip / the clamps bound fp16 ratios that overflow in the spec's view
+    def existing(*classes):
+        return [c for c in classes if c in POLICY_CASE_CLASSES]
+
+    assert convention_differences("dapo", "verl").failing_classes() == existing(
+        "on_boundary", "extreme_log_ratio", "masked_nonfinite", "half_overflow"
+    )
+    assert convention_differences("cispo", "verl").failing_classes() == existing("masked_nonfinite")
+    assert convention_differences("gspo", "verl").failing_classes() == existing(
+        "extreme_log_ratio", "empty_rows", "micro_batch", "masked_nonfinite", "padding_micro_batch",
+        "half_overflow",
+    )
+    # Dr. GRPO: every row counts (N = 4 rows, 3 non-empty), L_max stays the constant 16
     name, variant = resolve_preset("dr_grpo")
-    case = policy_loss_cases(variant, Convention(), classes=("inside_clip",))[0]
+    case = policy_loss_cases(variant, Convention(), classes=("empty_rows",))[0]
     from refimpl.conformance import effective_variant, expected_policy_loss
 
     spec_loss, _ = expected_policy_loss(case, variant, Convention())
     verl = profile("verl", "dr_grpo")
     verl_loss, _ = expected_policy_loss(case, effective_variant(variant, verl), verl)
-    assert float(verl_loss / spec_loss) == pytest.approx(16 / case.logp.shape[1], rel=1e-12)
+    rows, nonempty = case.mask.shape[0], int(case.mask.any(-1).sum())
+    assert float(verl_loss / spec_loss) == pytest.approx(nonempty / rows, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------------------------
 # the other checkers
 
 
-def test_kl_estimators_pass_and_verl_clamps_differ_only_at_large_log_ratios():
+def test_kl_estimators_pass():
     for name, fn in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
         assert check_kl(fn, name).ok
-    assert check_kl(low_var_kl, "k3", convention="verl").ok
-    report = check_kl(low_var_kl, "k3")
-    assert report.failing_classes() == ["large_log_ratio", "extreme_log_ratio"]
     assert not check_kl(kl_k1, "k3").ok
 
 
@@ -326,7 +228,8 @@ def test_group_advantages_conventions():
             singleton=conv.adv_singleton,
         )
 
-    for convention in ("reference", "trl", "verl"):
+    # (verl's advantages are checked against the installed verl: tests/test_framework_verl.py)
+    for convention in ("reference", "trl"):
         assert check_group_advantages(ours(convention), convention=convention).ok
 
     def trl_advantages(rewards, group_ids):  # TRL: torch.std (sample), + 1e-4; num_generations >= 2

@@ -58,6 +58,11 @@ BOUNDARY_SAFE = {
                                              max_length=6),
     "seq_product": PolicyLossVariant(ratio="sequence_product", gate="clip", eps_low=0.25, eps_high=0.25,
                                      aggregation="seq_mean"),
+    # GMPO (md eq. (18)): token log-ratios clipped in log space, geometric mean per sequence
+    "gmpo": dataclasses.replace(GSPO, gate="log_clip", eps_low=0.25, eps_high=0.375),
+    "gmpo_seq_mean_token_mean": dataclasses.replace(GSPO, gate="log_clip", eps_low=0.125, eps_high=None,
+                                                    aggregation="seq_mean_token_mean"),
+    "log_clip_token": dataclasses.replace(PPO, gate="log_clip", eps_low=0.25, eps_high=0.125),
 }
 
 
@@ -265,3 +270,47 @@ def test_ppo_on_every_boundary_and_the_dual_clip_constant_equals_the_spec():
         # inclusive gates: every boundary is inside, except c for A > 0 (above 1 + eps_high)
         expected_open = [True, True, True, a <= 0]
         assert [bool(g != 0) for g in on_boundary] == [o and a != 0 for o in expected_open]
+
+
+@pytest.mark.parametrize("ratio", ["sequence_mean", "token"])
+def test_log_clip_on_and_around_its_bounds_equals_the_spec(ratio):
+    """md eq. (18) (GMPO): tokens with log-ratios exactly on -eps_low and eps_high (binary fractions,
+    so l is exact in float64 with old_logp = 0), just inside and just outside, for both advantage
+    signs and A = 0, against the 50-digit spec (value and gradient, 1e-10)."""
+    v = PolicyLossVariant(ratio=ratio, gate="log_clip", eps_low=0.25, eps_high=0.375,
+                          aggregation="seq_mean" if ratio == "sequence_mean" else "token_mean")
+    on_bounds, beyond, inside = [-0.25, 0.375, 0.1], [-0.25 - 2**-20, 0.375 + 2**-20, -0.5], [
+        -0.25 + 2**-20, 0.375 - 2**-20, 0.8]
+    # which tokens keep their gradient (inclusive gate): A > 0 clips above eps_high, A < 0 below -eps_low
+    gate_open = {1.5: [[True] * 3, [True, False, True], [True, True, False]],
+                 -1.5: [[True] * 3, [False, True, False], [True] * 3],
+                 0.0: [[False] * 3] * 3}
+    for a, open_ in gate_open.items():
+        logp = torch.tensor([on_bounds, beyond, inside], dtype=torch.float64)
+        old = torch.zeros_like(logp)
+        adv = torch.full((3,), a, dtype=torch.float64)
+        mask = torch.ones_like(logp, dtype=torch.bool)
+        loss, grad, _ = _run(v, logp, old, adv, mask)
+        spec_loss, spec_grad, scale = spec_loss_and_grad(v, logp, old, adv, mask)
+        assert_close(loss, spec_loss, scale, f"loss, A={a}")
+        assert_close(grad, spec_grad, scale + float(spec_grad.abs().sum()), f"gradient, A={a}")
+        assert [[bool(g != 0) for g in row] for row in grad] == open_
+
+
+def test_gmpo_value_is_the_geometric_mean_of_the_clipped_token_ratios():
+    """md eq. (18) by hand: A > 0 clips l = 0.5 down to eps_high = 0.375, A < 0 clips l = -0.5 up to
+    -eps_low = -0.25; the sequence ratio is exp(mean of the clipped log-ratios)."""
+    v = dataclasses.replace(GSPO, gate="log_clip", eps_low=0.25, eps_high=0.375)
+    log_r = torch.tensor([[0.5, 0.25, -0.5], [-0.5, 0.5, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    loss, grad, _ = _run(v, log_r, torch.zeros_like(log_r), adv, mask)
+    s0, s1 = math.exp((0.375 + 0.25 - 0.5) / 3), math.exp((-0.25 + 0.5) / 2)
+    assert float(loss) == pytest.approx(-(2.0 * s0 - 1.0 * s1) / 2, rel=1e-14)
+    expected = [[0.0, -2.0 * s0 / 3 / 2, -2.0 * s0 / 3 / 2], [0.0, 1.0 * s1 / 2 / 2, 0.0]]
+    assert torch.allclose(grad, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+
+
+def test_log_clip_rejects_the_gspo_token_ratio():
+    with pytest.raises(ValueError, match="gate='log_clip'.*gspo_token"):
+        dataclasses.replace(GSPO_TOKEN, gate="log_clip")

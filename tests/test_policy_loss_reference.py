@@ -26,7 +26,7 @@ def to_spec(variant: PolicyLossVariant) -> LossSpec:
 def _loop_gate(v: PolicyLossVariant, log_r: torch.Tensor, log_r_sg: float, a: float,
                unit_logp: torch.Tensor) -> torch.Tensor:
     r = torch.exp(log_r)
-    if v.gate == "none":
+    if v.gate in ("none", "log_clip"):  # log_clip: the log-ratio is already clipped (_loop_log_clip)
         return r * a
     if v.gate == "sapo":
         tau = v.tau_pos if a > 0 else v.tau_neg
@@ -45,6 +45,19 @@ def _loop_gate(v: PolicyLossVariant, log_r: torch.Tensor, log_r_sg: float, a: fl
     if v.dual_clip is not None and r_value > v.dual_clip:
         return torch.tensor(v.dual_clip * a, dtype=r.dtype)
     return r * a
+
+
+def _loop_log_clip(v: PolicyLossVariant, log_r: torch.Tensor, a: float) -> torch.Tensor:
+    """md eq. (18), GMPO: min(l, eps_high) for a > 0, max(l, -eps_low) for a <= 0; a token on the
+    bound keeps l (and its gradient)."""
+    if v.gate != "log_clip":
+        return log_r
+    value = float(log_r.detach())
+    if a > 0:
+        keep = v.eps_high is None or value <= v.eps_high
+        return log_r if keep else torch.tensor(v.eps_high, dtype=log_r.dtype)
+    keep = v.eps_low is None or value >= -v.eps_low
+    return log_r if keep else torch.tensor(-v.eps_low, dtype=log_r.dtype)
 
 
 def _loop_behavior(v: PolicyLossVariant, log_w: float) -> float:
@@ -84,7 +97,7 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
             for k, t in enumerate(idx):
                 a = float(advantages[i, t]) if advantages.ndim == 2 else float(advantages[i])
                 if v.ratio == "token":
-                    log_r, log_r_sg = lps[k] - olds[k], lps[k].detach().item() - olds[k]
+                    log_r, log_r_sg = _loop_log_clip(v, lps[k] - olds[k], a), lps[k].detach().item() - olds[k]
                 else:
                     log_r, log_r_sg = lps[k] - lps[k].detach().item() + log_s, log_s
                 term = _loop_gate(v, log_r, log_r_sg, a, lps[k])
@@ -93,7 +106,7 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
                 token_values.append(-term)
         else:
             a = float(advantages[i])
-            total = sum(lp - o for lp, o in zip(lps, olds, strict=True))
+            total = sum(_loop_log_clip(v, lp - o, a) for lp, o in zip(lps, olds, strict=True))
             total_sg = sum(lp.detach().item() - o for lp, o in zip(lps, olds, strict=True))
             total_lp = sum(lps)
             log_w = 0.0 if behavior_logp is None else sum(o - float(behavior_logp[i, t])

@@ -45,7 +45,9 @@ __all__ = [
 _EMPTY_ROWS = ("drop", "keep")
 _SEQ_SUM_WIDTH = ("max_length", "padded_width")
 _SEQUENCE_RATIO_GRADIENT = ("sequence", "token")
-_MICRO_BATCH = ("global", "local_mean")
+_MICRO_BATCH = ("global", "local_mean", "local_sum")
+_SEQ_SUM_ROWS = ("nonempty", "all", "none")
+_KL_GRADIENTS = ("estimator", "k2")
 _STDS = ("population", "sample")
 _ZERO_VARIANCE = ("zero", "formula")
 _SINGLETON = ("zero", "error", "raw")
@@ -74,11 +76,13 @@ class Convention:
         kl_value_clamp: clamp the per-token k3 value to ``[-c, c]``.
         empty_rows: fully masked rows "drop"-ped from sequence means or "keep"-t (counted, 0).
         seq_sum_width: Dr. GRPO's length constant: "max_length" (L_max) or "padded_width" (T).
-        seq_sum_rows: Dr. GRPO's row count: "nonempty" rows (spec) or "all" rows of the batch.
+        seq_sum_rows: Dr. GRPO's row count: "nonempty" rows (spec), "all" rows of the batch, or
+            "none" (no row count: with ``max_length=1``, verl's un-normalised "token-sum").
         sequence_ratio_gradient: GSPO's ratio with its exact "sequence" gradient or the
             "token" form ``exp(logp - sg(logp) + sg(log s))`` (GSPO-token).
-        micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed)
-            or "local_mean" (each micro-batch divides by its own normaliser; losses averaged).
+        micro_batch: "global" (each micro-batch divides by the global normaliser; losses summed),
+            "local_mean" (each micro-batch divides by its own normaliser; losses averaged) or
+            "local_sum" (each divides by its own normaliser; losses summed, not averaged).
         adv_std, adv_eps, adv_eps_inside_sqrt, adv_zero_variance, adv_singleton: the arguments of
             ``group_advantages`` (``adv_singleton="raw"``: verl's mean 0 / std 1, eq. (15)).
         adv_scale: "group" (divide by the group std), "none" (Dr. GRPO: mean-centred only) or
@@ -107,6 +111,10 @@ class Convention:
             gradient: the spec) or "propagate" (they may, e.g. ``(x * mask).sum()``).
         adv_leave_one_out: RLOO's leave-one-out baseline ``R_i - mean_{j != i} R_j`` instead of the
             group mean (advantages.md; ``group_advantages(leave_one_out=True)``).
+        kl_gradient: the KL term's gradient: its own "estimator" (spec) or "k2" (verl's "+" kl
+            types: the estimator's value with the k2 gradient, straight-through).
+        adv_singleton_float32: with ``adv_singleton="raw"`` and ``adv_scale="group"``, the singleton's
+            divisor ``1 + eps`` is rounded to float32 (verl holds its std 1 in a float32 tensor).
     """
 
     name: str = "reference"
@@ -137,6 +145,8 @@ class Convention:
     compute_dtype: str = "float32_min"
     masked_nonfinite: str = "ignore"
     adv_leave_one_out: bool = False
+    kl_gradient: str = "estimator"
+    adv_singleton_float32: bool = False
 
     def __post_init__(self) -> None:
         choices = {
@@ -155,6 +165,8 @@ class Convention:
             "kl_aggregation": _KL_AGGREGATIONS,
             "compute_dtype": _COMPUTE_DTYPES,
             "masked_nonfinite": _MASKED_NONFINITE,
+            "seq_sum_rows": _SEQ_SUM_ROWS,
+            "kl_gradient": _KL_GRADIENTS,
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
@@ -176,7 +188,7 @@ class Convention:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
-        for field in ("sapo_tau_float32", "kl_importance_weight"):
+        for field in ("sapo_tau_float32", "kl_importance_weight", "adv_singleton_float32"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"convention.{field} must be a bool, got {getattr(self, field)!r}")
         if not isinstance(self.adv_leave_one_out, bool):
@@ -210,13 +222,16 @@ FLAG_REASONS: dict[str, str] = {
     "seq_sum_width": "Dr. GRPO divides by a constant L_max; frameworks without one use the padded "
     "width, which changes with the batch (verl's seq-mean-token-sum-norm).",
     "seq_sum_rows": "Dr. GRPO divides by (sequences x L_max): the spec counts non-empty sequences, "
-    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row.",
+    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row; 'none' "
+    "divides by nothing (verl's loss_agg_mode='token-sum', with max_length=1).",
     "sequence_ratio_gradient": "GSPO's sequence ratio s_i can be back-propagated exactly or through the "
     "GSPO-token form exp(logp - sg(logp) + sg(log s)) that allows per-token "
     "advantages (verl); the two agree for per-sequence advantages.",
     "micro_batch": "with gradient accumulation the token mean is over the global batch (spec, TRL's "
     "loss_type='dapo') or each micro-batch is a local mean and the losses are "
-    "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means.",
+    "averaged (TRL's grpo/bnpo, older verl): the mean of micro-batch means; or summed "
+    "('local_sum': verl's geo_mean ignores the global batch info and its engine sums the "
+    "micro-batch losses, so the loss grows with the number of micro-batches).",
     "adv_scale": "GRPO divides the centred reward by the group std; Dr. GRPO does not (verl's "
     "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none'); TRL's scale_rewards='batch' "
     "divides by the std of all rewards of the batch ('batch_rewards', advantages.md eq. (14)).",
@@ -226,6 +241,11 @@ FLAG_REASONS: dict[str, str] = {
     "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
+    "kl_gradient": "verl's kl_loss_type with a '+' (k1+, k3+) keeps the estimator's value but "
+    "back-propagates the k2 gradient (logp - ref_logp), whose expectation is the KL's gradient.",
+    "adv_singleton_float32": "verl's GRPO gives a singleton group mean torch.tensor(0.0) and std "
+    "torch.tensor(1.0), float32 tensors: std + eps is float32(1 + 1e-6), so a singleton's "
+    "advantage is R / 1.00000095..., 4.6e-8 away from R / (1 + 1e-6).",
     "adv_singleton": "a group of one sample has no baseline: advantage 0 (spec), an error (TRL "
     "requires num_generations >= 2), or 'raw': mean 0 and std 1, i.e. R / (1 + eps) (verl's "
     "compute_grpo_outcome_advantage; R with norm_adv_by_std_in_grpo=False; eq. (15)).",
@@ -278,34 +298,22 @@ _TRL_MODE_OF_PRESET = {
 # Generic flags that the kit adds to Convention (issue 10); a framework profile may name them before
 # they exist here, and they are left out until then (only these names: any other unknown flag raises).
 _PENDING_KIT_FLAGS = frozenset({"compute_dtype", "masked_nonfinite"})
-# verl (loss_mode, loss_agg_mode) of each preset.
+# verl mode (refimpl.conformance.frameworks.verl.modes()) of each preset; the mode's convention
+# flags are the verl profile (proven against the installed verl 0.9.1 by tests/test_framework_verl.py).
 _VERL_MODES = {
-    "ppo": ("vanilla", "token-mean"),
-    "grpo": ("vanilla", "seq-mean-token-mean"),
-    "bnpo": ("vanilla", "token-mean"),
-    "dapo": ("vanilla", "token-mean"),
-    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),
-    "gspo": ("gspo", "seq-mean-token-mean"),
-    "gspo_token": ("gspo", "seq-mean-token-mean"),
-    "sapo": ("sapo", "seq-mean-token-mean"),
+    "ppo": "vanilla/token-mean",
+    "grpo": "vanilla/seq-mean-token-mean",
+    "bnpo": "vanilla/token-mean",
+    "dapo": "vanilla/token-mean",
+    "dr_grpo": "vanilla/seq-mean-token-sum-norm",
+    "gspo": "gspo",
+    "gspo_token": "gspo",
+    "sapo": "sapo",
+    "cispo": "cispo",
 }
+# the kit's generic flags; until they exist in this Convention a verl mode's value for them is dropped
+_PENDING_GENERIC_FLAGS = ("compute_dtype", "masked_nonfinite")
 
-_VERL = Convention(
-    name="verl",
-    log_ratio_clamp=20.0,
-    dual_clip=3.0,
-    kl_log_ratio_clamp=20.0,
-    kl_value_clamp=10.0,
-    seq_sum_width="padded_width",
-    seq_sum_rows="all",
-    micro_batch="local_mean",
-    adv_std="sample",
-    adv_eps=1e-6,
-    adv_eps_inside_sqrt=False,
-    adv_zero_variance="formula",
-    adv_singleton="raw",
-    masked_nonfinite="propagate",  # verl_F.masked_sum: (values * mask).sum()
-)
 
 
 def _preset_key(preset: str) -> str:
@@ -343,18 +351,22 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
         raise ValueError(
             f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
         )
-    loss_mode, _ = _VERL_MODES[key]
-    flags = (
-        dict(
-            sequence_ratio_gradient="token", sequence_log_ratio_cap=10.0, log_ratio_clamp=None, dual_clip=None
-        )
-        if loss_mode == "gspo"
-        else {}
-    )
-    if loss_mode == "sapo":
-        flags = dict(dual_clip=None)
-    scale = "none" if key == "dr_grpo" else "group"
-    return dataclasses.replace(_VERL, adv_scale=scale, **flags)
+    return _verl_profile(key)
+
+
+def _verl_profile(key: str) -> Convention:
+    """The verl driver's mode flags for preset ``key`` plus its GRPO advantage flags
+    (``norm_adv_by_std_in_grpo=False`` for dr_grpo)."""
+    from .frameworks import verl as driver
+
+    known = {f.name for f in dataclasses.fields(Convention)}
+    advantages = driver.modes("group_advantages")["grpo/no_std" if key == "dr_grpo" else "grpo"].convention
+    grpo = driver.modes("group_advantages")["grpo"].convention
+    flags = {**grpo, **advantages, **driver.modes("policy_loss")[_VERL_MODES[key]].convention}
+    for name in flags:
+        if name not in known and name not in _PENDING_GENERIC_FLAGS:
+            raise ValueError(f"verl mode flag {name!r} is not a Convention field")
+    return Convention(name="verl", **{k: v for k, v in flags.items() if k in known})
 
 
 def _openrlhf_profile(preset: str) -> Convention:
@@ -365,6 +377,8 @@ def _openrlhf_profile(preset: str) -> Convention:
 
     known = {f.name for f in dataclasses.fields(Convention)}
     return Convention(**{k: v for k, v in mode_for_preset(preset).convention.items() if k in known})
+
+
 def convention_from_flags(name: str, flags: dict) -> Convention:
     """A ``Convention`` called ``name`` from a flag dict (a driver's ``Mode.convention``)."""
     known = {f.name for f in dataclasses.fields(Convention)}
@@ -424,13 +438,16 @@ def framework_config(
 
         return config_for_variant(v)
     if name == "verl":
-        loss_mode, agg = _VERL_MODES[key]
+        loss_mode, _, agg = _VERL_MODES[key].partition("/")
+        agg = agg or ("token-mean" if loss_mode == "cispo" else "seq-mean-token-mean")
         return {
             "actor.policy_loss.loss_mode": loss_mode,
-            "actor.clip_ratio_low": v.eps_low,
-            "actor.clip_ratio_high": v.eps_high,
-            "actor.clip_ratio_c": conv.dual_clip if conv.dual_clip is not None else v.dual_clip,
+            # a side without a clip: 1 - 1 = 0 and 1 + inf (what the verl driver passes)
+            "actor.clip_ratio_low": 1.0 if v.eps_low is None else v.eps_low,
+            "actor.clip_ratio_high": float("inf") if v.eps_high is None else v.eps_high,
+            "actor.clip_ratio_c": conv.dual_clip if conv.dual_clip is not None else (v.dual_clip or 3.0),
             "actor.loss_agg_mode": agg,
+            "actor.loss_scale_factor": v.max_length if agg == "seq-mean-token-sum-norm" else None,
             "actor.use_kl_loss": v.kl_coef > 0,
             "actor.kl_loss_coef": v.kl_coef,
             "actor.kl_loss_type": {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[v.kl_estimator],
@@ -450,9 +467,12 @@ def unsupported_flags(name: str) -> dict[str, str]:
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
-            "gradient in half; the kit follows the inclusive gate of seed 001 (116).",
-            "seq-mean-token-sum-norm": "verl divides the summed sequence losses by the padded width "
-            "and leaves the 1/N to gradient accumulation; the profile "
-            "divides by N x width (per-sample mean).",
+            "gradient in half; the kit follows the inclusive gate of seed 001 (116) (no float64 "
+            "log-ratio has exp exactly 3.0, so no case reaches the tie).",
+            "loss_scale_factor=None": "verl's default Dr. GRPO constant is the micro-batch's padded "
+            "width (flag seq_sum_width='padded_width'); the profile sets loss_scale_factor = L_max.",
+            "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
+            "empty rows from the row count; the profile describes the trainer, whose "
+            "global_batch_size counts every row (empty_rows='keep').",
         }
     return {}

@@ -31,6 +31,10 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``masked_nonfinite="propagate"``: where ``masked_nonfinite_reaches_loss`` holds, a non-finite
   loss is the framework's expected (named) behaviour;
 * ``adv_leave_one_out``: ``group_advantages(leave_one_out=True)`` (RLOO).
+* ``micro_batch="local_sum"``: each micro-batch divided by its own normaliser, losses summed;
+* ``kl_gradient="k2"``: the KL term's value, with the k2 gradient (straight-through);
+* ``adv_leave_one_out`` / ``adv_singleton_float32``: ``group_advantages(leave_one_out=...)``, and
+  singletons re-divided by ``float32(1 + eps)``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
         width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
         if width is None:
             raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
+        if convention.seq_sum_rows == "none":  # verl's token-sum (max_length 1): no denominator
+            return float(width)
         return (nonempty if convention.seq_sum_rows == "nonempty" else every) * width
     return nonempty if convention.empty_rows == "drop" else every
 
@@ -176,7 +182,15 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
     if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
+    if convention.kl_gradient == "k2":
+        value = _k2_straight_through(value, logp_m, ref_m)
     return value
+
+
+def _k2_straight_through(value: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``value`` forward, the k2 gradient ``logp - ref`` backward (flag ``kl_gradient="k2"``)."""
+    k2 = kl_k2(logp, ref, check_finite=False)
+    return value.detach() + (k2 - k2.detach())
 
 
 def _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) -> torch.Tensor:
@@ -271,7 +285,7 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
         return group_advantages(
             case.rewards.double(), case.group_ids, scale="none", singleton=convention.adv_singleton, **loo
         )
-    return group_advantages(
+    advantages = group_advantages(
         case.rewards.double(),
         case.group_ids,
         scale=convention.adv_scale,
@@ -282,6 +296,20 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
         singleton=convention.adv_singleton,
         **loo,
     )
+    if convention.adv_singleton_float32 and convention.adv_singleton == "raw":
+        advantages = _float32_singleton_divisor(case, advantages, convention)
+    return advantages
+
+
+def _float32_singleton_divisor(case: AdvantageCase, advantages: torch.Tensor, convention: Convention):
+    """Singletons as ``R / float32(1 + eps)`` (flag ``adv_singleton_float32``; eq. (15) with the
+    divisor rounded to float32, as verl's float32 std tensor makes it)."""
+    _, inverse, counts = torch.unique(case.group_ids, return_inverse=True, return_counts=True)
+    singleton = counts[inverse] == 1
+    one = torch.ones((), dtype=torch.float32)
+    divisor = (torch.sqrt(one + convention.adv_eps) if convention.adv_eps_inside_sqrt
+               else one + convention.adv_eps).double()
+    return torch.where(singleton, case.rewards.double() / divisor, advantages)
 
 
 def masked_nonfinite_reaches_loss(case: PolicyLossCase, variant: PolicyLossVariant) -> bool:

@@ -12,7 +12,9 @@ entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (ARCHITECTURE.md, c
   ``"sequence_product"`` (the exact sequence IS weight (105));
 - gate: ``"clip"`` (hard clip with eps_low / eps_high, optional dual-clip constant, inclusive
   gates of seed 001 (116)), ``"sapo"`` (soft sigmoid gate (117)-(118)), ``"cispo"``
-  (``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp``) or ``"none"`` (``r * A``);
+  (``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp``), ``"none"`` (``r * A``) or ``"log_clip"``
+  (GMPO: each token's log-ratio clipped to ``[-eps_low, eps_high]`` on the pessimistic side before
+  the ratio level forms the unit ratio, then ``r' * A``);
 - aggregation: ``"seq_mean_token_mean"`` (GRPO (97)), ``"token_mean"`` (DAPO (102), BNPO, PPO
   (79)), ``"seq_sum"`` (Dr. GRPO (100): sum over tokens / (sequences x ``max_length``)) and
   ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO (109));
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 RATIO_LEVELS = ("token", "sequence_mean", "gspo_token", "sequence_product")
-GATES = ("clip", "sapo", "cispo", "none")
+GATES = ("clip", "sapo", "cispo", "none", "log_clip")
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
@@ -91,7 +93,7 @@ class PolicyLossVariant:
 
     Fields (all orthogonal; use ``dataclasses.replace(PRESET, field=...)`` to vary one):
         ratio: ratio level, one of RATIO_LEVELS (md eqs. (2)-(5)).
-        gate: one of GATES (md eqs. (6)-(9)).
+        gate: one of GATES (md eqs. (6)-(9), (18)).
         eps_low, eps_high: clip bounds ``[1 - eps_low, 1 + eps_high]`` for the "clip" and "cispo"
             gates; ``None`` removes that side (md eq. (6)). eps_low must be in [0, 1).
         dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
@@ -133,6 +135,9 @@ class PolicyLossVariant:
             raise ValueError(f"variant.eps_low must be < 1 (so 1 - eps_low > 0), got {self.eps_low}")
         _check_real(self.eps_high, "eps_high", low=0.0, low_inclusive=True, optional=True)
         _check_real(self.dual_clip, "dual_clip", low=1.0, low_inclusive=False, optional=True)
+        if self.gate == "log_clip" and self.ratio == "gspo_token":
+            raise ValueError("variant.gate='log_clip' clips token log-ratios before the ratio level; it "
+                             "needs ratio 'token', 'sequence_mean' or 'sequence_product', got 'gspo_token'")
         if self.dual_clip is not None and self.gate != "clip":
             raise ValueError(f"variant.dual_clip needs gate='clip', got gate={self.gate!r}")
         if self.dual_clip is not None and self.eps_high is not None and self.dual_clip < 1 + self.eps_high:
@@ -339,6 +344,18 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
     return torch.where(gate, r_open, bound) * adv, gate
 
 
+def _log_clip(log_ratio: torch.Tensor, positive: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
+    """GMPO's token clip in log space (md eq. (18)): ``min(l, eps_high)`` for A > 0 and
+    ``max(l, -eps_low)`` for A <= 0, written as ``l`` where the inclusive gate is open and the bound
+    (a constant) elsewhere, so a token exactly on a bound keeps its gradient. ``positive`` is
+    ``A > 0`` broadcastable to ``log_ratio``; masked positions (log-ratio 0) stay 0."""
+    full = functools.partial(torch.full, (), dtype=log_ratio.dtype, device=log_ratio.device)
+    upper = math.inf if variant.eps_high is None else variant.eps_high
+    lower = -math.inf if variant.eps_low is None else -variant.eps_low
+    gate = torch.where(positive, log_ratio <= upper, log_ratio >= lower)
+    return torch.where(gate, log_ratio, torch.where(positive, full(upper), full(lower)))
+
+
 def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.Tensor,
                     variant: PolicyLossVariant) -> torch.Tensor:
     """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
@@ -473,7 +490,10 @@ def policy_loss(
     log_ratio = logp_c - old_c
     _check_finite([log_ratio, adv, *given.values()],
                   {"logp": logp_c, "old_logp": old_c, "advantages": adv, **given})
-    unit_log_ratio, unit_logp, ratio = _unit_log_ratio(log_ratio, logp_c, mask, lengths, variant.ratio)
+    gated_log_ratio = log_ratio
+    if variant.gate == "log_clip":  # GMPO clips each token before the ratio level (md eq. (18))
+        gated_log_ratio = _log_clip(log_ratio, (adv > 0).unsqueeze(-1) if adv.ndim == 1 else adv > 0, variant)
+    unit_log_ratio, unit_logp, ratio = _unit_log_ratio(gated_log_ratio, logp_c, mask, lengths, variant.ratio)
     # the sign of A decides the gate and SAPO's temperature: [N, 1] broadcasts for per-sequence A
     positive = (adv > 0).unsqueeze(-1) if not variant.sequence_level and adv.ndim == 1 else adv > 0
     if not variant.sequence_level and adv.ndim == 1:
@@ -485,7 +505,7 @@ def policy_loss(
         surrogate = _sapo_surrogate(unit_log_ratio, adv, positive, variant)
     elif variant.gate == "cispo":
         surrogate = _cispo_surrogate(ratio, unit_logp, adv, variant)
-    else:
+    else:  # "none", and "log_clip" (its clip is already in the log-ratio)
         surrogate = torch.exp(unit_log_ratio) * adv
     if behavior_logp is not None:
         surrogate = surrogate * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
