@@ -24,7 +24,6 @@ from refimpl.conformance import (
     check_token_logprobs,
     clip_bounds,
     convention_differences,
-    framework_config,
     policy_loss_cases,
     profile,
     reference_policy_loss_fn,
