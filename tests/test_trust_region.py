@@ -270,7 +270,8 @@ def test_npg_rate_from_zero_init(seed, gamma, eta):
     # Fisher on its range; Greenbaum 1997, ch. 7), so the tolerance follows kappa, computed from the
     # exact Fisher. The run stops once kappa > 1e8 (pi_min ~1e-6): beyond, the iterates enter the
     # near-deterministic regime where float64 cannot resolve the Fisher (trust_region.md section 6)
-    # and a 1e-12 residual is reached or missed by rounding luck (it was missed at kappa ~8e13).
+    # and a 1e-12 residual is reached or missed by rounding luck (it was missed at kappa ~8e13); it
+    # also stops where eq. (18) refuses the step (min_s,a d(s) pi(a|s) < sqrt(u) max_s d(s)).
     base = full_support_mdp(seed, 6, 3, gamma, zero_fraction=0.3)
     mdp = tabular.MDP(base.P, (base.r + 1.0) / 2.0, base.rho0, gamma)  # rewards in [0, 1]
     S, A = mdp.num_states, mdp.num_actions
@@ -282,7 +283,7 @@ def test_npg_rate_from_zero_init(seed, gamma, eta):
         eigenvalues = np.linalg.eigvalsh(tabular.fisher_matrix(mdp, theta))
         on_range = eigenvalues[eigenvalues > S * A * unit_roundoff * eigenvalues.max()]
         kappa = float(on_range.max() / on_range.min())
-        if kappa > 1e8:
+        if kappa > 1e8 or not tr.fisher_resolution(log_softmax, t64(theta), occupancy(mdp, theta)).resolvable:
             break
         cg_tol = max(1e-12, S * A * unit_roundoff * kappa)
         step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
