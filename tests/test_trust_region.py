@@ -529,3 +529,297 @@ def test_bad_input_is_rejected_with_the_argument_named():
         tr.trpo_step(lambda t: torch.softmax(t, dim=-1), log_softmax, theta, w, 0.01)
     with pytest.raises(ValueError, match="s\\^T F s"):
         tr.trust_region_step_scale(v, torch.zeros_like(v), 0.01)
+
+
+# ------------------------------------------------------------------------ issue 11: gaps found by mutation
+def test_cg_raises_on_a_non_finite_product_instead_of_returning_zero():
+    # The contract: no silent non-finite values. Before, a NaN product broke the loop and returned
+    # x = 0 with converged=False and no error.
+    b = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^matvec returned a non-finite product \(NaN or inf\) at"
+                       r" iteration 1$"):
+        tr.conjugate_gradient(lambda x: x * float("nan"), b, 5)
+    with pytest.raises(ValueError, match="matvec returned a non-finite product"):
+        tr.conjugate_gradient(lambda x: x * float("inf"), b, 5)
+    calls = []
+
+    def nan_on_second_call(x):
+        calls.append(1)
+        scale = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+        return scale * x if len(calls) == 1 else x * float("nan")
+
+    with pytest.raises(ValueError, match="at iteration 2"):
+        tr.conjugate_gradient(nan_on_second_call, b, 5)
+    # An overflowing curvature p^T M p (finite entries, infinite inner product) is non-finite too.
+    with pytest.raises(ValueError, match="non-finite product"):
+        tr.conjugate_gradient(lambda x: 1e300 * x, torch.full((3,), 1e10, dtype=torch.float64), 5)
+
+
+def test_cg_curvature_floor_stops_below_the_floor_and_not_above():
+    # M = diag(1, 1e-6), b = (1, 1). p_0 = b has Rayleigh quotient (1 + 1e-6) / 2; after one step
+    # p_1 is (up to rounding) the eigenvector of 1e-6, Rayleigh quotient ~1e-6: ratio ~2e-6.
+    m = torch.tensor([1.0, 1e-6], dtype=torch.float64)
+    b = torch.ones(2, dtype=torch.float64)
+    # tol 1e-8: two iterations reach u kappa = 1e-10 (a third would chase rounding).
+    exact = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8)
+    assert exact.converged and exact.iterations == 2
+    assert torch.allclose(exact.solution, b / m, rtol=1e-8)
+    stopped = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8, curvature_floor=1e-5)
+    assert stopped.iterations == 1 and not stopped.converged
+    below = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8, curvature_floor=1e-7)
+    assert below.converged and below.iterations == 2
+    # floor 0: only p^T M p <= 0 stops; a zero-curvature direction does.
+    zero = tr.conjugate_gradient(lambda x: torch.zeros_like(x), b, 5, curvature_floor=0.0)
+    assert zero.iterations == 0 and not zero.converged and torch.equal(zero.solution, torch.zeros(2).double())
+    with pytest.raises(ValueError, match=r"curvature_floor must lie in \[0, 1\)"):
+        tr.conjugate_gradient(lambda x: x, b, 3, curvature_floor=1.0)
+    with pytest.raises(ValueError, match="curvature_floor must be finite and >= 0"):
+        tr.conjugate_gradient(lambda x: x, b, 3, curvature_floor=-1e-3)
+
+
+def test_cg_reports_its_residual_and_iterations_exactly():
+    # M = diag(2, 3): CG needs exactly 2 iterations; after 1, x = a b with a = b.b / b.Mb = 2/5 and
+    # residual b - a M b = (1 - 4/5, 1 - 6/5) = (0.2, -0.2).
+    m = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    b = torch.ones(2, dtype=torch.float64)
+    one = tr.conjugate_gradient(lambda x: m * x, b, 1, tol=0.0)
+    assert one.iterations == 1 and not one.converged
+    assert torch.allclose(one.solution, torch.full((2,), 0.4, dtype=torch.float64), rtol=1e-15)
+    assert math.isclose(one.residual_norm, math.sqrt(0.08), rel_tol=1e-14)
+    assert math.isclose(one.relative_residual, math.sqrt(0.08) / math.sqrt(2.0), rel_tol=1e-14)
+    # tol exactly at the residual reached: converged (<=), and the loop stops there.
+    at_tol = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=one.relative_residual)
+    assert at_tol.iterations == 1 and at_tol.converged
+    two = tr.conjugate_gradient(lambda x: m * x, b, 2, tol=0.0)
+    assert two.iterations == 2 and torch.allclose(two.solution, 1.0 / m, rtol=1e-14)
+    assert two.residual_norm <= 1e-15 and two.converged == (two.residual_norm == 0.0)
+    low = tr.conjugate_gradient(lambda x: m.float() * x, b.float(), 2, tol=1e-5)
+    assert low.solution.dtype == torch.float32 and low.converged
+
+
+def test_fisher_resolution_counts_only_visited_states_and_actions_of_the_policy():
+    log_probs = torch.log(torch.tensor([[0.5, 0.5, 0.0], [1e-3, 0.999, 0.0], [1e-9, 0.5, 0.5 - 1e-9]],
+                                       dtype=torch.float64))
+    weights = torch.tensor([0.75, 0.25, 0.0], dtype=torch.float64)
+    params = torch.zeros(3, 3, dtype=torch.float64)
+    res = tr.fisher_resolution(lambda p: log_probs + 0.0 * p, params, weights)
+    # The zero-probability actions (log -inf) and the unvisited state 2 (pi 1e-9) do not count.
+    assert math.isclose(res.min_weighted_prob, 0.25 * 1e-3, rel_tol=1e-12)
+    assert res.threshold == math.sqrt(2.0**-53) * 0.75 and res.resolvable
+    damped = tr.fisher_resolution(lambda p: log_probs + 0.0 * p, params, weights, damping=0.5)
+    assert damped.threshold == math.sqrt(2.0**-53) * (0.75 + 0.5) - 0.5 and damped.resolvable
+    # A finite log-probability whose exponential underflows counts (as 0): not resolvable.
+    tiny = torch.tensor([[0.0, -800.0]], dtype=torch.float64)
+    res = tr.fisher_resolution(lambda p: tiny + 0.0 * p, torch.zeros(1, 2, dtype=torch.float64),
+                               torch.ones(1, dtype=torch.float64))
+    assert res.min_weighted_prob == 0.0 and not res.resolvable
+    # float32 parameters: u = 2^-24, threshold sqrt(2^-24) = 2^-12.
+    res = tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1))
+    assert res.threshold == 2.0**-12 and res.resolvable
+    assert math.isclose(res.min_weighted_prob, 0.5, rel_tol=2.0**-22)  # log(0.5) rounded to float32
+    all_minus_inf = torch.full((1, 2), float("-inf"))
+    with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN and a finite entry in every"):
+        tr.fisher_resolution(lambda p: all_minus_inf + p, torch.zeros(1, 2), torch.ones(1))
+    with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN"):
+        tr.fisher_resolution(lambda p: p * float("nan"), torch.zeros(1, 2), torch.ones(1))
+    with pytest.raises(ValueError, match="damping must be finite and >= 0"):
+        tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1), damping=-1.0)
+
+
+def test_natural_gradient_step_moves_by_step_size_times_direction_in_the_parameters_dtype():
+    mdp = full_support_mdp(3, 3, 3, 0.5)
+    theta = random_theta(4, 3, 3)
+    g = t64(tabular.policy_gradient(mdp, theta))
+    d = occupancy(mdp, theta)
+    step = tr.natural_gradient_step(log_softmax, t64(theta), g, d, 0.7, cg_iters=36, cg_tol=1e-13)
+    assert torch.equal(step.params, t64(theta) + 0.7 * step.direction)
+    assert step.resolution == tr.fisher_resolution(log_softmax, t64(theta), d)
+    low = tr.natural_gradient_step(log_softmax, t64(theta).float(), g.float(), d.float(), 0.7, cg_iters=36,
+                                   cg_tol=1e-5)
+    assert low.params.dtype == torch.float32 and low.direction.dtype == torch.float32
+    # cg_iters and cg_tol reach CG: one iteration is the steepest-descent step (b.b / b.Fb) b.
+    one = tr.natural_gradient_step(log_softmax, t64(theta), g, d, 1.0, cg_iters=1)
+    fg = tabular.fisher_matrix(mdp, theta) @ g.numpy().reshape(-1)
+    expected = float(g.reshape(-1) @ g.reshape(-1)) / float(g.numpy().reshape(-1) @ fg) * g
+    assert one.cg.iterations == 1 and torch.allclose(one.direction, expected, rtol=1e-12)
+    loose = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=0.5)
+    tight = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=1e-13)
+    assert loose.converged and loose.relative_residual <= 0.5
+    assert loose.iterations < tight.iterations and tight.converged
+    # damping reaches the products: (F + lambda I) s = g.
+    damped = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=60, cg_tol=1e-13,
+                                           damping=0.3)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    expected = np.linalg.solve(fisher + 0.3 * np.eye(9), g.numpy().reshape(-1))
+    assert np.allclose(damped.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
+    with pytest.raises(ValueError, match="step_size must be finite and >= 0"):
+        tr.natural_gradient_step(log_softmax, t64(theta), g, d, -1.0)
+    with pytest.raises(ValueError, match=r"gradient must have the parameters' shape \(3, 3\), got \(9,\)"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g.reshape(-1), d)
+    with pytest.raises(ValueError, match="cg_iters must be >= 1"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=0)
+    with pytest.raises(ValueError, match="cg_tol must be finite and >= 0"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_tol=float("nan"))
+
+
+def test_trpo_improvement_is_measured_from_the_old_surrogate_whatever_its_offset():
+    # A surrogate plus a constant has the same gradient, step and improvements: the record reports
+    # L(candidate) - L(old), not L(candidate) + L(old).
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    surrogate = exact_surrogate_fn(mdp, theta)
+    w = occupancy(mdp, theta)
+    _, plain = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.1, backtrack_ratio=0.5)
+    _, offset = tr.trpo_step(lambda th: surrogate(th) + 7.25, log_softmax, t64(theta), w, 0.1,
+                             backtrack_ratio=0.5)
+    _, rows = exact_backtracking_sequence(mdp, theta, 0.1, 0.5, 1)
+    assert offset.status == plain.status == "accepted" and offset.backtracks == plain.backtracks == 1
+    for got, (_, gain, _) in zip(offset.candidates, rows, strict=True):
+        # The offset's rounding: 7.25 has spacing 2^-50 ~ 9e-16, on gains of order 0.1.
+        assert math.isclose(got.improvement, gain, rel_tol=1e-12, abs_tol=4e-15)
+    assert math.isclose(offset.actual_improvement, rows[1][1], rel_tol=1e-12, abs_tol=4e-15)
+
+
+def test_trpo_passes_damping_cg_iters_and_cg_tol_to_cg():
+    mdp = full_support_mdp(8, 5, 3, 0.9)
+    theta = random_theta(8, 5, 3)
+    surrogate, w = exact_surrogate_fn(mdp, theta), occupancy(mdp, theta)
+    g = tabular.policy_gradient(mdp, theta).reshape(-1)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    _, damped = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, damping=0.5, cg_iters=60,
+                             cg_tol=1e-13)
+    expected = np.linalg.solve(fisher + 0.5 * np.eye(15), g)  # kappa <= 2.1: 1e-10 is generous
+    assert np.allclose(damped.cg.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
+    _, one = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=1)
+    assert one.cg.iterations == 1
+    steepest = float(g @ g) / float(g @ fisher @ g) * g
+    assert np.allclose(one.cg.solution.numpy().reshape(-1), steepest, rtol=1e-12)
+    _, loose = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=0.3)
+    _, tight = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=1e-13)
+    assert loose.cg.converged and loose.cg.relative_residual <= 0.3
+    assert loose.cg.iterations < tight.cg.iterations
+    assert loose.resolution.resolvable and damped.resolution.threshold < 0.0  # damping 0.5 >> sqrt(u)
+
+
+def test_trpo_no_curvature_when_the_gradient_moves_a_parameter_the_policy_ignores():
+    # params = (theta[0], theta[1], z): the policy uses theta only, the surrogate also rewards z, so
+    # g has a component along z where F is exactly 0. With damping CG returns s = g / lambda there,
+    # and if g lies only along z, s^T F s = 0: no step.
+    def policy(p):
+        return torch.log_softmax(p[:2], dim=-1)[None, :]
+
+    params = torch.tensor([0.3, -0.2, 1.0], dtype=torch.float64)
+    w = torch.ones(1, dtype=torch.float64)
+    for damping in (0.0, 0.25):
+        new, record = tr.trpo_step(lambda p: 2.0 * p[2], policy, params, w, 0.01, damping=damping)
+        assert record.status == "no_curvature" and not record.accepted and not record.candidates
+        assert record.backtracks == 0 and record.full_step_scale == 0.0 and record.kl == 0.0
+        assert torch.equal(new, params)
+    assert torch.allclose(record.cg.solution, torch.tensor([0.0, 0.0, 8.0], dtype=torch.float64))
+
+
+def test_trpo_record_when_no_candidate_is_acceptable_lists_them_all():
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               0.1, backtrack_ratio=0.5, max_backtracks=0)
+    beta, _ = exact_backtracking_sequence(mdp, theta, 0.1, 0.5, 0)
+    assert record.status == "no_acceptable_step" and torch.equal(new, t64(theta))
+    assert record.backtracks == 0 and len(record.candidates) == 1 and record.step_fraction == 0.0
+    assert math.isclose(record.full_step_scale, beta, rel_tol=1e-10)
+    assert record.quadratic_kl == 0.0 and record.expected_improvement == 0.0 and record.max_kl == 0.1
+    # A surrogate with the same gradient but a steep concave penalty: every candidate (steps of
+    # size >= 0.1) loses about 1e6 |step|^2, so none is acceptable; all 4 are listed.
+    theta0 = t64(theta)
+
+    def penalised(th):
+        return exact_surrogate_fn(mdp, theta)(th) - 1e6 * ((th - theta0) ** 2).sum()
+
+    new, record = tr.trpo_step(penalised, log_softmax, theta0, occupancy(mdp, theta), 0.1,
+                               backtrack_ratio=0.5, max_backtracks=3)
+    assert record.status == "no_acceptable_step" and torch.equal(new, theta0)
+    assert record.backtracks == 3 and [c.fraction for c in record.candidates] == [1.0, 0.5, 0.25, 0.125]
+    assert all(c.improvement < 0.0 for c in record.candidates)
+
+
+def test_trpo_rejects_bad_arguments_by_name():
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+
+    def surrogate(t):
+        return torch.softmax(t, dim=-1)[:, 0].sum()
+
+    cases = [
+        (dict(max_kl=-1.0), ValueError, "max_kl must be finite and >= 0"),
+        (dict(max_kl=float("inf")), ValueError, "max_kl must be finite and >= 0"),
+        (dict(max_kl="0.1"), TypeError, "max_kl must be a real number, got str"),
+        (dict(backtrack_ratio=0.0), ValueError, r"backtrack_ratio must lie in \(0, 1\), got 0.0"),
+        (dict(backtrack_ratio=True), TypeError, "backtrack_ratio must be a real number, got bool"),
+        (dict(max_backtracks=-1), ValueError, "max_backtracks must be >= 0, got -1"),
+        (dict(max_backtracks=2.0), TypeError, "max_backtracks must be an int, got float"),
+        (dict(cg_iters=0), ValueError, "cg_iters must be >= 1, got 0"),
+        (dict(cg_iters=True), TypeError, "cg_iters must be an int, got bool"),
+        (dict(cg_tol=-1e-3), ValueError, "cg_tol must be finite and >= 0"),
+        (dict(damping=-0.1), ValueError, "damping must be finite and >= 0"),
+    ]
+    for overrides, error, message in cases:
+        kwargs = dict(max_kl=0.01) | overrides
+        max_kl = kwargs.pop("max_kl")
+        with pytest.raises(error, match=message):
+            tr.trpo_step(surrogate, log_softmax, theta, w, max_kl, **kwargs)
+    with pytest.raises(ValueError, match="surrogate_fn must return a scalar tensor"):
+        tr.trpo_step(lambda t: 1.0, log_softmax, theta, w, 0.01)
+    with pytest.raises(ValueError, match="state_weights must sum to 1"):
+        tr.trpo_step(surrogate, log_softmax, theta, torch.tensor([0.5, 0.6], dtype=torch.float64), 0.01)
+    with pytest.raises(TypeError, match="params must be a floating-point tensor"):
+        tr.trpo_step(surrogate, log_softmax, torch.zeros(2, 3, dtype=torch.int64), w, 0.01)
+
+
+def test_check_messages_name_the_argument():
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    v = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"state_weights must have shape \[N\] = \(2,\) matching "
+                                         r"log_prob_fn's output, got \(3,\)"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.ones(3, dtype=torch.float64) / 3)
+    with pytest.raises(ValueError, match=r"^state_weights must be non-negative$"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([1.5, -0.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"state_weights must sum to 1 \(a distribution over states\), "
+                                         r"got 1\.1"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.6], dtype=torch.float64))
+    with pytest.raises(TypeError, match="state_weights must be a floating-point tensor"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\] tensor of log-probabilities, "
+                                         r"got list"):
+        tr.fisher_vector_product(lambda t: [t], theta, v, w)
+    with pytest.raises(ValueError, match=r"vector must be a tensor of the parameters' shape \(2, 3\)"):
+        tr.fisher_vector_product_fn(log_softmax, theta, w)([1.0])
+    with pytest.raises(TypeError, match="vector must be a floating-point tensor"):
+        tr.fisher_vector_product(log_softmax, theta, torch.ones(2, 3, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match=r"log_prob_fn\(params\) has shape \(2, 3\) but old_log_probs has "
+                                         r"shape \(2, 2\)"):
+        tr.mean_kl(log_softmax, torch.zeros(2, 2, dtype=torch.float64), theta, w)
+    with pytest.raises(ValueError, match="max_kl must be finite and >= 0"):
+        tr.trust_region_step_scale(v, v, -0.1)
+    with pytest.raises(ValueError, match=r"^direction, fisher_direction: s\^T F s must be > 0"):
+        tr.trust_region_step_scale(v, -v, 0.1)
+    with pytest.raises(TypeError, match="iters must be an int, got bool"):
+        tr.conjugate_gradient(lambda x: x, v, True)
+    with pytest.raises(ValueError, match=r"tol must be finite and >= 0, got inf"):
+        tr.conjugate_gradient(lambda x: x, v, 3, tol=float("inf"))
+    with pytest.raises(TypeError, match="tol must be a real number, got NoneType"):
+        tr.conjugate_gradient(lambda x: x, v, 3, tol=None)
+    with pytest.raises(ValueError, match=r"matvec must return a tensor of shape \(2, 3\)"):
+        tr.conjugate_gradient(lambda x: x.tolist(), v, 3)
+
+
+def test_state_weights_tolerance_follows_the_weights_dtype():
+    # Sums are checked to max(1e-6, N eps(dtype)): float64 weights off by 2e-6 are rejected, by
+    # 5e-7 accepted; 20 float32 weights may be off by 20 eps32 = 2.4e-6 but not by 4e-6.
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    v = torch.ones(2, 3, dtype=torch.float64)
+    tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.5 + 5e-7], dtype=torch.float64))
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.5 + 2e-6], dtype=torch.float64))
+    theta20, v20 = torch.zeros(20, 2), torch.ones(20, 2)
+    tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 2.2e-6) / 20))
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 4e-6) / 20))
