@@ -111,6 +111,7 @@ def test_cg_zero_right_hand_side_returns_zero_without_iterating():
     calls = []
     result = tr.conjugate_gradient(lambda x: calls.append(1) or x, torch.zeros(4, dtype=torch.float64), 5)
     assert result.iterations == 0 and result.converged and not calls
+    assert result.residual_norm == 0.0 and result.relative_residual == 0.0
     assert torch.equal(result.solution, torch.zeros(4, dtype=torch.float64))
 
 
@@ -501,6 +502,13 @@ def test_trpo_step_runs_on_cuda_and_matches_cpu():
     assert cpu_record.backtracks == gpu_record.backtracks
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs two devices (CPU and CUDA)")
+def test_state_weights_on_another_device_are_rejected():
+    with pytest.raises(ValueError, match=r"^state_weights must be on cpu, got cuda"):
+        weights = torch.ones(1, device="cuda")
+        tr.fisher_vector_product(log_softmax, torch.zeros(1, 2), torch.ones(1, 2), weights)
+
+
 def test_bad_input_is_rejected_with_the_argument_named():
     theta = torch.zeros(2, 3, dtype=torch.float64)
     w = torch.tensor([0.5, 0.5], dtype=torch.float64)
@@ -521,11 +529,11 @@ def test_bad_input_is_rejected_with_the_argument_named():
         tr.fisher_vector_product(lambda t: t.reshape(-1), theta, v, w)
     def surrogate(t):
         return torch.softmax(t, dim=-1)[:, 0].sum()
-    with pytest.raises(ValueError, match="max_kl"):
+    with pytest.raises(ValueError, match="^max_kl must be > 0$"):
         tr.trpo_step(surrogate, log_softmax, theta, w, 0.0)
     with pytest.raises(ValueError, match="backtrack_ratio"):
         tr.trpo_step(surrogate, log_softmax, theta, w, 0.01, backtrack_ratio=1.0)
-    with pytest.raises(ValueError, match="surrogate_fn must return a scalar"):
+    with pytest.raises(ValueError, match="^surrogate_fn must return a scalar tensor$"):
         tr.trpo_step(lambda t: torch.softmax(t, dim=-1), log_softmax, theta, w, 0.01)
     with pytest.raises(ValueError, match="s\\^T F s"):
         tr.trust_region_step_scale(v, torch.zeros_like(v), 0.01)
@@ -551,8 +559,8 @@ def test_cg_raises_on_a_non_finite_product_instead_of_returning_zero():
     with pytest.raises(ValueError, match="at iteration 2"):
         tr.conjugate_gradient(nan_on_second_call, b, 5)
     # An overflowing curvature p^T M p (finite entries, infinite inner product) is non-finite too.
-    with pytest.raises(ValueError, match="non-finite product"):
-        tr.conjugate_gradient(lambda x: 1e300 * x, torch.full((3,), 1e10, dtype=torch.float64), 5)
+    with pytest.raises(ValueError, match="non-finite product"):  # M p = 1e300 (finite), p.Mp = 3e310
+        tr.conjugate_gradient(lambda x: 1e290 * x, torch.full((3,), 1e10, dtype=torch.float64), 5)
 
 
 def test_cg_curvature_floor_stops_below_the_floor_and_not_above():
@@ -620,8 +628,14 @@ def test_fisher_resolution_counts_only_visited_states_and_actions_of_the_policy(
     all_minus_inf = torch.full((1, 2), float("-inf"))
     with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN and a finite entry in every"):
         tr.fisher_resolution(lambda p: all_minus_inf + p, torch.zeros(1, 2), torch.ones(1))
-    with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN"):
-        tr.fisher_resolution(lambda p: p * float("nan"), torch.zeros(1, 2), torch.ones(1))
+    message = r"^log_prob_fn\(params\) must have no NaN and a finite entry in every row$"
+    with pytest.raises(ValueError, match=message):  # a NaN next to a finite entry
+        tr.fisher_resolution(lambda p: p + torch.tensor([[math.nan, 0.0]]), torch.zeros(1, 2), torch.ones(1))
+    two_rows = torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]])  # every column has a finite entry
+    with pytest.raises(ValueError, match=message):
+        tr.fisher_resolution(lambda p: p + two_rows, torch.zeros(2, 2), torch.full((2,), 0.5))
+    with pytest.raises(TypeError, match="^params must be a floating-point tensor"):
+        tr.fisher_resolution(log_softmax, torch.zeros(1, 2, dtype=torch.int64), torch.ones(1))
     with pytest.raises(ValueError, match="damping must be finite and >= 0"):
         tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1), damping=-1.0)
 
@@ -790,6 +804,17 @@ def test_check_messages_name_the_argument():
     with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\] tensor of log-probabilities, "
                                          r"got list"):
         tr.fisher_vector_product(lambda t: [t], theta, v, w)
+    with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\] tensor of log-probabilities, "
+                                         r"got \(6,\)$"):
+        tr.fisher_vector_product(lambda t: t.reshape(-1), theta, v, w)
+    with pytest.raises(ValueError, match="^damping must be finite and >= 0"):
+        tr.fisher_vector_product(log_softmax, theta, v, w, damping=-1.0)
+    with pytest.raises(TypeError, match="^params must be a floating-point tensor"):
+        tr.mean_kl(log_softmax, theta, torch.zeros(2, 3, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match="^gradient contains NaN or inf"):
+        tr.natural_gradient_direction(log_softmax, theta, v * float("nan"), w)
+    with pytest.raises(TypeError, match="^gradient must be a floating-point tensor"):
+        tr.natural_gradient_step(log_softmax, theta, torch.ones(2, 3, dtype=torch.int64), w, 1.0)
     with pytest.raises(ValueError, match=r"vector must be a tensor of the parameters' shape \(2, 3\)"):
         tr.fisher_vector_product_fn(log_softmax, theta, w)([1.0])
     with pytest.raises(TypeError, match="vector must be a floating-point tensor"):
@@ -813,7 +838,16 @@ def test_check_messages_name_the_argument():
 
 def test_state_weights_tolerance_follows_the_weights_dtype():
     # Sums are checked to max(1e-6, N eps(dtype)): float64 weights off by 2e-6 are rejected, by
-    # 5e-7 accepted; 20 float32 weights may be off by 20 eps32 = 2.4e-6 but not by 4e-6.
+    # 5e-7 accepted; 20 float32 weights may be off by 20 eps32 = 2.4e-6 but not by 4e-6. The bound
+    # is inclusive: 10 float32 weights summing (exactly, in float64) to 1 + 10 eps32 pass.
+    theta10 = torch.zeros(10, 2)
+    exact_bound = torch.zeros(10)
+    exact_bound[0], exact_bound[1] = 0.5 + 10 * 2.0**-23, 0.5  # representable in float32 (ulp 2^-24)
+    assert float(exact_bound.double().sum()) - 1.0 == 10 * 2.0**-23
+    tr.fisher_vector_product(log_softmax, theta10, torch.ones(10, 2), exact_bound)
+    exact_bound[0] += 2.0**-24
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta10, torch.ones(10, 2), exact_bound)
     theta = torch.zeros(2, 3, dtype=torch.float64)
     v = torch.ones(2, 3, dtype=torch.float64)
     tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.5 + 5e-7], dtype=torch.float64))
@@ -823,3 +857,183 @@ def test_state_weights_tolerance_follows_the_weights_dtype():
     tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 2.2e-6) / 20))
     with pytest.raises(ValueError, match="sum to 1"):
         tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 4e-6) / 20))
+
+
+def test_resolution_exactly_at_the_threshold_is_not_a_refusal():
+    # Eq. (18) is inclusive: m = threshold resolves. The threshold sqrt(u) (W + lambda) - lambda is
+    # tuned by a tiny damping until it equals, in floating point, the m the implementation computed.
+    root_u = math.sqrt(2.0**-53)
+    weights = torch.ones(1, dtype=torch.float64)
+    params = torch.zeros(1, 2, dtype=torch.float64)
+    for k in range(1, 50):
+        log_p = math.log(root_u) - k * float(np.spacing(abs(math.log(root_u))))
+        log_probs = torch.tensor([[log_p, math.log1p(-math.exp(log_p))]], dtype=torch.float64)
+        m = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights).min_weighted_prob
+        if not m < root_u:
+            continue
+        guess = (root_u - m) / (1.0 - root_u)
+        for j in range(-3000, 3000):
+            damping = guess + j * float(np.spacing(guess))
+            if root_u * (1.0 + damping) - damping == m:
+                res = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights,
+                                           damping=damping)
+                assert res.threshold == res.min_weighted_prob == m and res.resolvable
+                undamped = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights)
+                assert undamped.threshold == root_u > m and not undamped.resolvable
+                return
+    pytest.fail("no damping puts the threshold exactly on m")
+
+
+def spread_bandit(num_actions: int = 80):
+    """One state, logits 0..12 (pi from 1 down to 6e-6, above eq. (18)): a Fisher with 79 distinct
+    eigenvalues spread geometrically, so CG needs more than 50 iterations for 1e-10."""
+    theta = torch.linspace(0.0, 12.0, num_actions, dtype=torch.float64)[None]
+    rewards = torch.tensor(np.random.default_rng(0).uniform(size=(1, num_actions)))
+    pi = torch.softmax(theta, dim=-1)
+    adv = rewards - (pi * rewards).sum(-1, keepdim=True)
+    return theta, pi * adv, adv
+
+
+def test_default_cg_budgets_are_the_documented_ones():
+    theta, gradient, adv = spread_bandit()
+    w = torch.ones(1, dtype=torch.float64)
+    direction = tr.natural_gradient_direction(log_softmax, theta, gradient, w)
+    assert direction.iterations == 50 and not direction.converged  # cg_iters = 50, cg_tol = 1e-10
+    step = tr.natural_gradient_step(log_softmax, theta, gradient, w, 1.0)
+    assert step.cg.iterations == 50 and torch.equal(step.direction, direction.solution)
+    # The default tolerance is 1e-10: a well-conditioned case converges to it (not to 1 or 0).
+    mild = torch.tensor([[0.2, -0.1, 0.4]], dtype=torch.float64)
+    pi = torch.softmax(mild, dim=-1)
+    r = torch.tensor([[0.3, 0.9, 0.1]], dtype=torch.float64)
+    g = pi * (r - (pi * r).sum())
+    res = tr.natural_gradient_direction(log_softmax, mild, g, w)
+    assert res.converged and 0.0 < res.relative_residual <= 1e-10 and res.iterations == 2
+    centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()
+    assert torch.allclose(res.solution, centred_adv, rtol=1e-9, atol=1e-12)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta, w, 0.01)
+    assert record.cg.iterations == 10  # cg_iters = 10
+
+
+def test_trpo_default_max_backtracks_is_10():
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    theta0 = t64(theta)
+
+    def penalised(th):  # same gradient, but every candidate loses ~1e6 |step|^2
+        return exact_surrogate_fn(mdp, theta)(th) - 1e6 * ((th - theta0) ** 2).sum()
+
+    _, record = tr.trpo_step(penalised, log_softmax, theta0, occupancy(mdp, theta), 0.1)
+    assert record.status == "no_acceptable_step" and record.backtracks == 10 and len(record.candidates) == 11
+    assert record.candidates[-1].fraction == 0.5**10 and record.cg.iterations >= 1
+
+
+def test_trpo_kl_limit_is_inclusive_and_the_improvement_strict():
+    # A policy whose logits saturate (clamped): every step beyond the clamp gives the same policy,
+    # hence bit-identically the same exact KL. With max_kl equal to that KL, the full step (which
+    # overshoots the clamp: moving mass to the unlikely action, the exact KL outgrows its quadratic
+    # model) has KL == max_kl and is accepted (<=); with the next float below, it backtracks.
+    h = 0.5
+
+    def clamped(th):
+        return torch.stack([th[..., 0].clamp(min=2.0 - h), th[..., 1].clamp(max=h)], dim=-1)
+
+    def policy(th):
+        return torch.log_softmax(clamped(th), dim=-1)
+
+    def surrogate(th):
+        return torch.softmax(clamped(th), dim=-1)[0, 1]
+
+    theta0, w = torch.tensor([[2.0, 0.0]], dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    far = torch.tensor([[-5.0, 5.0]], dtype=torch.float64)
+    kl_saturated = float(tr.mean_kl(policy, policy(theta0), far, w))
+    new, record = tr.trpo_step(surrogate, policy, theta0, w, kl_saturated)
+    assert record.accepted and record.backtracks == 0 and record.kl == kl_saturated == record.max_kl
+    _, below = tr.trpo_step(surrogate, policy, theta0, w, float(np.nextafter(kl_saturated, 0.0)))
+    assert below.accepted and below.backtracks == 1 and below.candidates[0].kl > below.max_kl
+    # A surrogate whose value cannot change in float64 (an offset of 1e20) has a gradient but an
+    # improvement of exactly 0 at every candidate: no step is accepted (001 4.6.4 with strict >).
+    _, flat = tr.trpo_step(lambda th: surrogate(th) + 1e20, policy, theta0, w, kl_saturated, max_backtracks=2)
+    assert flat.status == "no_acceptable_step" and all(c.improvement == 0.0 for c in flat.candidates)
+
+
+def test_trpo_rejects_a_candidate_whose_policy_is_not_finite():
+    # From the uniform policy towards the paying action the full step (0.316, -0.316) is acceptable
+    # (exact KL 0.049 <= 0.05). A log_prob_fn that overflows to NaN beyond |theta| = 0.25 makes that
+    # candidate's exact KL NaN, which fails the limit: the line search backtracks to half the step
+    # instead of raising or accepting it.
+    mdp, theta = bandit([0.0, 0.0], [1.0, 0.0])
+
+    def fragile(th):
+        logp = torch.log_softmax(th, dim=-1)
+        return torch.where(th.abs().max() > 0.25, torch.full_like(logp, float("nan")), logp)
+
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), fragile, t64(theta), occupancy(mdp, theta),
+                               0.05)
+    assert math.isnan(record.candidates[0].kl) and record.accepted and record.backtracks == 1
+    assert torch.allclose(new, torch.tensor([[0.5, -0.5]], dtype=torch.float64) * 0.31622776601683794)
+
+
+def test_trpo_record_of_the_no_step_branches_is_exact():
+    mdp, theta = bandit([0.3, -0.2, 1.0], [0.5, 0.5, 0.5])
+    _, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                             0.01)
+    assert record.status == "zero_gradient" and record.max_kl == 0.01
+    assert record.cg.iterations == 0 and record.cg.converged is True
+    assert record.cg.residual_norm == 0.0 and record.cg.relative_residual == 0.0
+    assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
+    # Unresolvable: no CG was run; the residual is the gradient's norm.
+    theta = torch.tensor([[-13.0, -3.5, 33.3]], dtype=torch.float64)
+    adv = torch.tensor([[0.3, -0.2, 0.1]], dtype=torch.float64)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta,
+                             torch.ones(1, dtype=torch.float64), 0.01)
+    pi = torch.softmax(theta, dim=-1)
+    g = pi * (adv - (pi * adv).sum())
+    assert record.status == "unresolvable_fisher" and record.cg.converged is False
+    assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
+    assert math.isclose(record.cg.residual_norm, float(g.norm()), rel_tol=1e-6)
+
+
+def test_trpo_computes_in_float32_for_bfloat16_parameters():
+    # The working dtype is promote(dtype, float32): bfloat16 parameters give exactly the float32
+    # computation on the same values.
+    mdp = full_support_mdp(9, 4, 3, 0.9)
+    theta = t64(random_theta(4, 4, 3)).to(torch.bfloat16)
+    d = occupancy(mdp, theta.double().numpy()).float()
+
+    def surrogate(th):
+        return torch.softmax(th, dim=-1)[:, 0].sum()
+
+    new_bf16, rec_bf16 = tr.trpo_step(surrogate, log_softmax, theta, d, 0.01)
+    new_f32, rec_f32 = tr.trpo_step(surrogate, log_softmax, theta.float(), d, 0.01)
+    assert torch.equal(rec_bf16.cg.solution, rec_f32.cg.solution) and new_bf16.dtype == torch.bfloat16
+    assert torch.equal(new_bf16, new_f32.to(torch.bfloat16))
+
+
+def test_mixed_dtypes_follow_the_parameters():
+    theta32 = torch.tensor([[0.2, -0.4, 0.1], [0.0, 0.5, -0.5]])
+    w64 = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    v64 = torch.ones(2, 3, dtype=torch.float64)
+    assert tr.mean_kl(log_softmax, log_softmax(theta32), theta32 + 0.1, w64).dtype == torch.float32
+    assert tr.fisher_vector_product(log_softmax, theta32, v64, w64, damping=0.1).dtype == torch.float32
+    g64 = torch.softmax(theta32, dim=-1).double() * torch.tensor([[0.3, -0.2, -0.1], [0.1, 0.1, -0.2]],
+                                                                 dtype=torch.float64)
+    step = tr.natural_gradient_step(log_softmax, theta32, g64, w64, 0.5, cg_tol=1e-6)
+    assert step.params.dtype == torch.float32
+    res = tr.fisher_resolution(log_softmax, theta32.to(torch.bfloat16), w64)
+    assert res.threshold == math.sqrt(2.0**-24) * 0.75  # float32's u, not bfloat16's
+    # CG keeps b's working dtype when matvec returns another one.
+    b = torch.ones(3)
+    assert tr.conjugate_gradient(lambda x: 2.0 * x.double(), b, 3).solution.dtype == torch.float32
+    low = tr.conjugate_gradient(lambda x: 2.0 * x.float(), b.to(torch.bfloat16), 3)
+    assert low.solution.dtype == torch.float32
+
+
+def test_cg_default_curvature_floor_is_64_eps():
+    # M = diag(1, lam), b = (1, 1): the second direction's Rayleigh quotient is lam (to rounding)
+    # and the largest seen (1 + lam) / 2, a ratio of 2 lam / (1 + lam). At 64.5 eps it is above
+    # the default floor 64 eps (CG takes the second step), at 63.5 eps below (CG stops).
+    eps = float(np.finfo(np.float64).eps)
+    b = torch.ones(2, dtype=torch.float64)
+    for ratio, iterations in ((64.5, 2), (63.5, 1)):
+        lam = ratio * eps / (2.0 - ratio * eps)
+        m = torch.tensor([1.0, lam], dtype=torch.float64)
+        assert tr.conjugate_gradient(lambda x, m=m: m * x, b, 2, tol=0.0).iterations == iterations

@@ -266,3 +266,23 @@ def worst_entrywise_ratio(theta, weights, v, got) -> float:
                 bound = max(bound, 1e-300)
             worst = max(worst, float(abs(mpmath.mpf(got[s, a]) - exact)) / bound)
     return worst
+
+
+def test_trpo_uses_the_same_curvature_floor():
+    # The regression case above through trpo_step: a linear surrogate (t * g).sum() has exactly the
+    # rounded gradient g; TRPO's CG must stop where natural_gradient_direction's does.
+    theta = np.array([[2.8508749336158092, -12.523808077090887], [-14.162281747559438, 3.2436483656011132]])
+    rewards = np.array([[0.8346992928069484, 0.32378354211943594], [0.6231937935705739, 0.540022972411323]])
+    weights = t64([0.1744231015068287, 0.8255768984931713])
+    pi = torch.softmax(t64(theta), dim=-1)
+    adv = t64(rewards) - (pi * t64(rewards)).sum(-1, keepdim=True)
+    gradient = weights[:, None] * pi * adv
+    reference = centred(adv.numpy())
+    _, record = tr.trpo_step(lambda t: (t * gradient).sum(), log_softmax, t64(theta), weights, 0.01,
+                             cg_iters=8, cg_tol=1e-13)
+    error = np.linalg.norm(centred(record.cg.solution.numpy()) - reference) / np.linalg.norm(reference)
+    assert error <= DIRECTION_RTOL, error
+    # The refusal message states the damping it was computed with.
+    with pytest.raises(tr.UnresolvableFisherError, match=r"add damping \(now 0\.0\)$"):
+        issue_gradient, _ = bandit_gradient(ISSUE_THETA, ISSUE_REWARDS)
+        tr.natural_gradient_direction(log_softmax, t64(ISSUE_THETA), issue_gradient, t64([1.0]))
