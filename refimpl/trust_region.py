@@ -488,7 +488,11 @@ def trpo_step(
     4. backtracking along ``xi^k beta s``, ``k = 0..max_backtracks``, ``xi = backtrack_ratio``:
        accept the first (largest) candidate whose surrogate improvement is ``> 0`` and whose
        *exact* mean KL ``sum_s w_s KL(pi_old || pi_new) <= max_kl`` (001 4.6.4 step 5, with a
-       strict improvement so that a zero step is never "accepted").
+       strict improvement so that a zero step is never "accepted"; a candidate whose KL is NaN,
+       e.g. where ``log_prob_fn`` overflows, fails the limit and is recorded).
+    No CG runs and no step is taken when the gradient is 0 (``"zero_gradient"``) or the policy is
+    too close to deterministic for the working precision (``"unresolvable_fisher"``,
+    trust_region.md eq. (18); damping lifts it); CG runs with the curvature floor ``sqrt(u)``.
 
     Args:
         surrogate_fn: ``params -> scalar`` objective to maximise, e.g. the importance-weighted
