@@ -418,7 +418,8 @@ def natural_gradient_step(
     step_size = _check_nonnegative_real(step_size, "step_size")
     cg, resolution = _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol,
                                         damping)
-    new_params = (params.detach().to(cg.solution.dtype) + step_size * cg.solution).to(params.dtype)
+    # In promote(params, solution): float64 parameters are not rounded to a float32 solution's dtype.
+    new_params = (params.detach() + step_size * cg.solution).to(params.dtype)
     return NaturalGradientStep(new_params, cg.solution, cg, resolution)
 
 

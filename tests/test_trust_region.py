@@ -1018,11 +1018,16 @@ def test_mixed_dtypes_follow_the_parameters():
                                                                  dtype=torch.float64)
     step = tr.natural_gradient_step(log_softmax, theta32, g64, w64, 0.5, cg_tol=1e-6)
     assert step.params.dtype == torch.float32
+    # float64 parameters with a float32 gradient (CG in float32) are not rounded to float32.
+    theta64 = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.7, -0.1]], dtype=torch.float64)
+    still = tr.natural_gradient_step(log_softmax, theta64, g64.float(), w64, 0.0, cg_tol=1e-6)
+    assert still.direction.dtype == torch.float32 and torch.equal(still.params, theta64)
     res = tr.fisher_resolution(log_softmax, theta32.to(torch.bfloat16), w64)
     assert res.threshold == math.sqrt(2.0**-24) * 0.75  # float32's u, not bfloat16's
     # CG keeps b's working dtype when matvec returns another one.
     b = torch.ones(3)
-    assert tr.conjugate_gradient(lambda x: 2.0 * x.double(), b, 3).solution.dtype == torch.float32
+    diagonal = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)  # 3 iterations, so p is updated
+    assert tr.conjugate_gradient(lambda x: diagonal * x.double(), b, 3).solution.dtype == torch.float32
     low = tr.conjugate_gradient(lambda x: 2.0 * x.float(), b.to(torch.bfloat16), 3)
     assert low.solution.dtype == torch.float32
 
