@@ -4,6 +4,19 @@ Conjugate gradient against numpy.linalg.solve; Fisher-vector products against
 tabular.fisher_matrix; the natural gradient against its closed form (Kakade 2001) and the NPG rate
 of Agarwal, Kakade, Lee and Mahajan; TRPO's line search against an independent re-computation of
 its backtracking sequence with tabular.mean_kl; the natural-step erratum of seeds 000/002.
+
+Tolerances (float64, u = 2^-53 = 1.1e-16; they must hold on any CPU and thread count):
+- a product or sum of a few O(1) terms (F v, the mean KL, a quadratic form): a few u per term,
+  asserted at 1e-13..1e-10 relative with an absolute floor at u times the summed terms' scale;
+- a CG solution: relative error about n u kappa (Greenbaum 1997, ch. 7) plus the stopping
+  tolerance times kappa. The CG tests choose kappa <= 1e4 (1e-8 leaves 1e3 for n <= 50); the
+  tabular cases draw softmax logits in [-2, 2] on MDPs with full-support rho0, so
+  pi >= e^-4 / A and kappa of F on its range is at most (max d / 2) / (min d e^-4 / A) ~ 1e2
+  max d / min d (spec eq. (18)'s spectrum), and CG at tol 1e-13 gives directions to ~1e-8
+  (asserted 1e-8) and TRPO quantities derived from them (beta, the candidates' KL and gains:
+  smooth functions of the direction) to 1e-7;
+- near-deterministic policies: eq. (18) of the spec, in test_trust_region_near_deterministic.py;
+- low precision: the input's rounding (float32 2^-24, bfloat16 2^-8) times the conditioning.
 """
 
 from __future__ import annotations
