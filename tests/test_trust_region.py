@@ -603,7 +603,7 @@ def test_cg_reports_its_residual_and_iterations_exactly():
     # residual b - a M b = (1 - 4/5, 1 - 6/5) = (0.2, -0.2).
     m = torch.tensor([2.0, 3.0], dtype=torch.float64)
     b = torch.ones(2, dtype=torch.float64)
-    one = tr.conjugate_gradient(lambda x: m * x, b, 1, tol=0.0)
+    one = tr.conjugate_gradient(lambda x: m * x, b, 1, tol=0.0)  # a few roundings of O(1) numbers
     assert one.iterations == 1 and not one.converged
     assert torch.allclose(one.solution, torch.full((2,), 0.4, dtype=torch.float64), rtol=1e-15)
     assert math.isclose(one.residual_norm, math.sqrt(0.08), rel_tol=1e-14)
@@ -676,7 +676,7 @@ def test_natural_gradient_step_moves_by_step_size_times_direction_in_the_paramet
     # damping reaches the products: (F + lambda I) s = g.
     damped = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=60, cg_tol=1e-13,
                                            damping=0.3)
-    fisher = tabular.fisher_matrix(mdp, theta)
+    fisher = tabular.fisher_matrix(mdp, theta)  # kappa(F + 0.3 I) <= (0.5 + 0.3) / 0.3: 1e-10 is ample
     expected = np.linalg.solve(fisher + 0.3 * np.eye(9), g.numpy().reshape(-1))
     assert np.allclose(damped.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
     with pytest.raises(ValueError, match="step_size must be finite and >= 0"):
@@ -718,7 +718,7 @@ def test_trpo_passes_damping_cg_iters_and_cg_tol_to_cg():
     assert np.allclose(damped.cg.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
     _, one = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=1)
     assert one.cg.iterations == 1
-    steepest = float(g @ g) / float(g @ fisher @ g) * g
+    steepest = float(g @ g) / float(g @ fisher @ g) * g  # one step: two inner products, a few u each
     assert np.allclose(one.cg.solution.numpy().reshape(-1), steepest, rtol=1e-12)
     _, loose = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=0.3)
     _, tight = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=1e-13)
@@ -921,7 +921,7 @@ def test_default_cg_budgets_are_the_documented_ones():
     g = pi * (r - (pi * r).sum())
     res = tr.natural_gradient_direction(log_softmax, mild, g, w)
     assert res.converged and 0.0 < res.relative_residual <= 1e-10 and res.iterations == 2
-    centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()
+    centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()  # kappa ~ 3: residual 1e-10 -> 1e-9
     assert torch.allclose(res.solution, centred_adv, rtol=1e-9, atol=1e-12)
     _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta, w, 0.01)
     assert record.cg.iterations == 10  # cg_iters = 10
