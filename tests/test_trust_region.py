@@ -920,7 +920,7 @@ def test_default_cg_budgets_are_the_documented_ones():
     r = torch.tensor([[0.3, 0.9, 0.1]], dtype=torch.float64)
     g = pi * (r - (pi * r).sum())
     res = tr.natural_gradient_direction(log_softmax, mild, g, w)
-    assert res.converged and 0.0 < res.relative_residual <= 1e-10 and res.iterations == 2
+    assert res.converged and res.relative_residual <= 1e-10 and res.iterations == 2
     centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()  # kappa ~ 3: residual 1e-10 -> 1e-9
     assert torch.allclose(res.solution, centred_adv, rtol=1e-9, atol=1e-12)
     _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta, w, 0.01)
