@@ -33,6 +33,9 @@ from refimpl.kl import categorical_kl
 __all__ = [
     "CGResult",
     "conjugate_gradient",
+    "FisherResolution",
+    "UnresolvableFisherError",
+    "fisher_resolution",
     "mean_kl",
     "fisher_vector_product_fn",
     "fisher_vector_product",
@@ -99,6 +102,20 @@ def _log_probs(log_prob_fn: LogProbFn, params: torch.Tensor) -> torch.Tensor:
     return logp
 
 
+def _policy_log_probs(log_prob_fn: LogProbFn, params: torch.Tensor) -> torch.Tensor:
+    """``log_prob_fn(params)`` checked to be a policy: no NaN and a finite entry in every row."""
+    logp = _log_probs(log_prob_fn, params)
+    if bool(torch.isnan(logp).any()) or not bool(torch.isfinite(logp).any(dim=-1).all()):
+        raise ValueError("log_prob_fn(params) must have no NaN and a finite entry in every row")
+    return logp
+
+
+def _sqrt_unit_roundoff(dtype: torch.dtype) -> float:
+    """``sqrt(u)``, ``u = eps / 2``: the relative accuracy the natural-gradient routines promise
+    (half the digits of the working dtype; trust_region.md eq. (18))."""
+    return math.sqrt(torch.finfo(dtype).eps / 2.0)
+
+
 # ----------------------------------------------------------------------------- conjugate gradient
 class CGResult(NamedTuple):
     """Result of :func:`conjugate_gradient`.
@@ -117,7 +134,12 @@ class CGResult(NamedTuple):
 
 
 def conjugate_gradient(
-    matvec: Callable[[torch.Tensor], torch.Tensor], b: torch.Tensor, iters: int, tol: float = 1e-10
+    matvec: Callable[[torch.Tensor], torch.Tensor],
+    b: torch.Tensor,
+    iters: int,
+    tol: float = 1e-10,
+    *,
+    curvature_floor: float | None = None,
 ) -> CGResult:
     """Solve ``M x = b`` for symmetric positive (semi-)definite M by conjugate gradient.
 
@@ -125,18 +147,22 @@ def conjugate_gradient(
     ``x = 0`` and stops as soon as the relative residual ``||b - M x|| / ||b|| <= tol`` or after
     ``iters`` products. For a singular PSD M with b in its range (the softmax Fisher), the iterates
     stay in the Krylov space of b, so the limit is the minimum-norm solution. A search direction
-    p whose curvature ``p^T M p`` is ``<= 0`` or below ``64 eps_machine`` times the largest
-    Rayleigh quotient ``p^T M p / p^T p`` met so far stops the iteration (``converged=False``
-    unless within tol): M is not positive definite there, or its curvature along p is at rounding
-    level (e.g. the Fisher of a near-deterministic softmax policy), where the step ``1 / p^T M p``
-    would amplify rounding errors without bound.
-    ``b = 0`` returns ``x = 0`` after 0 iterations.
+    p whose curvature ``p^T M p`` is ``<= 0`` or ``<= curvature_floor`` times the largest Rayleigh
+    quotient ``p^T M p / p^T p`` met so far times ``p^T p`` stops the iteration (``converged=False``
+    unless within tol): M is not positive definite there, or its curvature along p is below what
+    the caller can resolve, where the step ``1 / p^T M p`` would amplify rounding errors (or the
+    part of b outside M's range) without bound (trust_region.md sections 1 and 6). The default
+    floor is ``64 eps`` of the working dtype (rounding level); the natural-gradient routines pass
+    ``sqrt(u)`` (eq. (18)).
+    ``b = 0`` returns ``x = 0`` after 0 iterations. A product with a NaN or inf entry raises
+    ``ValueError`` (never a silent zero or NaN solution).
 
     Args:
         matvec: ``x -> M x``, shape-preserving.
         b: right-hand side of any shape (inner products run over all entries).
         iters: maximum number of iterations (>= 1).
         tol: relative-residual tolerance (>= 0).
+        curvature_floor: relative curvature floor in [0, 1) (default ``64 eps``).
     Returns:
         :class:`CGResult` (solution in ``promote_types(b.dtype, float32)``).
     """
@@ -144,6 +170,11 @@ def conjugate_gradient(
     iters = _check_positive_int(iters, "iters")
     tol = _check_nonnegative_real(tol, "tol")
     b = b.to(_work_dtype(b))
+    if curvature_floor is None:
+        curvature_floor = 64.0 * torch.finfo(b.dtype).eps
+    curvature_floor = _check_nonnegative_real(curvature_floor, "curvature_floor")
+    if curvature_floor >= 1.0:
+        raise ValueError(f"curvature_floor must lie in [0, 1), got {curvature_floor!r}")
     x = torch.zeros_like(b)
     r = b.clone()
     p = r.clone()
@@ -153,21 +184,23 @@ def conjugate_gradient(
         return CGResult(x, 0, 0.0, 0.0, True)
     done = 0
     largest_rayleigh = 0.0
-    precision = 64.0 * torch.finfo(b.dtype).eps
     while done < iters and math.sqrt(rs) > tol * b_norm:
         mp = matvec(p)
         if not isinstance(mp, torch.Tensor) or mp.shape != p.shape:
             raise ValueError(f"matvec must return a tensor of shape {tuple(p.shape)}")
-        p_m_p = float(_dot(p, mp.to(p.dtype)))
+        mp = mp.to(p.dtype)
+        p_m_p = float(_dot(p, mp))
+        if not (math.isfinite(p_m_p) and bool(torch.isfinite(mp).all())):
+            raise ValueError(f"matvec returned a non-finite product (NaN or inf) at iteration {done + 1}")
         p_p = float(_dot(p, p))
-        # Stop on a direction without (resolvable) curvature: p^T M p <= 0, or at rounding level
+        # Stop on a direction without (resolvable) curvature: p^T M p <= 0, or below the floor
         # relative to the largest Rayleigh quotient seen, where 1 / p^T M p would blow x up.
         largest_rayleigh = max(largest_rayleigh, p_m_p / p_p)
-        if not p_m_p > precision * largest_rayleigh * p_p:
+        if not p_m_p > curvature_floor * largest_rayleigh * p_p:
             break
         step = rs / p_m_p
         x = x + step * p
-        r = r - step * mp.to(p.dtype)
+        r = r - step * mp
         rs_new = float(_dot(r, r))
         p = r + (rs_new / rs) * p
         rs = rs_new
@@ -211,9 +244,7 @@ def fisher_vector_product_fn(
     damping = _check_nonnegative_real(damping, "damping")
     theta = params.detach().to(_work_dtype(params)).requires_grad_(True)
     with torch.enable_grad():
-        logp = _log_probs(log_prob_fn, theta)
-        if not bool(torch.isfinite(logp).any(dim=-1).all()) or bool(torch.isnan(logp).any()):
-            raise ValueError("log_prob_fn(params) must have no NaN and a finite entry in every row")
+        logp = _policy_log_probs(log_prob_fn, theta)
         kl = mean_kl(log_prob_fn, logp.detach(), theta, state_weights)
         (grad_kl,) = torch.autograd.grad(kl, theta, create_graph=True)
 
@@ -252,17 +283,95 @@ def trust_region_step_scale(direction: torch.Tensor, fisher_direction: torch.Ten
     max_kl = _check_nonnegative_real(max_kl, "max_kl")
     curvature = float(_dot(direction, fisher_direction))
     if not curvature > 0.0:
-        raise ValueError(f"s^T F s must be > 0 to scale the step, got {curvature!r}")
+        raise ValueError(f"direction, fisher_direction: s^T F s must be > 0 to scale the step, "
+                         f"got {curvature!r}")
     return math.sqrt(2.0 * max_kl / curvature)
 
 
 # ----------------------------------------------------------------------------- natural gradient
+class UnresolvableFisherError(ValueError):
+    """The policy is too close to deterministic for the working precision to resolve the Fisher
+    matrix (trust_region.md eq. (18)): no natural-gradient step is returned."""
+
+
+class FisherResolution(NamedTuple):
+    """Whether the working precision resolves the (damped) Fisher matrix (trust_region.md eq. (18)).
+
+    ``min_weighted_prob`` is ``m = min w_s pi(a|s)`` over states with ``w_s > 0`` and actions with
+    a finite log-probability (0 when it underflows); ``threshold`` is
+    ``sqrt(u) (max_s w_s + damping) - damping`` with ``u`` the unit roundoff of the working dtype;
+    ``resolvable`` is ``m >= threshold``.
+    """
+
+    min_weighted_prob: float
+    threshold: float
+    resolvable: bool
+
+
+def _resolution(log_probs: torch.Tensor, weights: torch.Tensor, damping: float) -> FisherResolution:
+    """:class:`FisherResolution` of ``log_probs [N, A]`` (working dtype) and checked ``weights [N]``."""
+    counted = (weights > 0)[:, None] & torch.isfinite(log_probs)
+    # In log space, so that a probability below the dtype's range still counts (as 0).
+    log_weighted = torch.where(counted, torch.log(weights)[:, None] + log_probs.detach(),
+                               torch.full_like(log_probs, math.inf))
+    min_weighted_prob = math.exp(float(log_weighted.min()))
+    threshold = _sqrt_unit_roundoff(log_probs.dtype) * (float(weights.max()) + damping) - damping
+    return FisherResolution(min_weighted_prob, threshold, min_weighted_prob >= threshold)
+
+
+def fisher_resolution(
+    log_prob_fn: LogProbFn, params: torch.Tensor, state_weights: torch.Tensor, *, damping: float = 0.0
+) -> FisherResolution:
+    """Is ``F + damping I`` at ``params`` resolvable in the working precision? (trust_region.md
+    eq. (18), section 6.)
+
+    With ``m = min_{s: w_s > 0, a: pi(a|s) > 0} w_s pi(a|s)``, ``W = max_s w_s``, ``lambda =
+    damping`` and ``u`` the unit roundoff (float64: ``2^-53``), the natural direction is resolved
+    to about ``sqrt(u)`` relative when ``m + lambda >= sqrt(u) (W + lambda)``; below that, the
+    rounding of any floating-point gradient (about ``u w_s |Q|`` in each state's most likely
+    action) and CG's own rounding are amplified by ``1 / (m + lambda)`` beyond half the digits.
+    :func:`natural_gradient_direction` and :func:`natural_gradient_step` refuse such policies
+    (:class:`UnresolvableFisherError`); :func:`trpo_step` returns status ``"unresolvable_fisher"``.
+    """
+    check_float_tensor(params, "params")
+    damping = _check_nonnegative_real(damping, "damping")
+    with torch.no_grad():
+        logp = _policy_log_probs(log_prob_fn, params.detach().to(_work_dtype(params)))
+    weights = _check_state_weights(state_weights, logp.shape[0], logp)
+    return _resolution(logp, weights, damping)
+
+
+def _require_resolvable(resolution: FisherResolution, damping: float) -> None:
+    if not resolution.resolvable:
+        raise UnresolvableFisherError(
+            f"params: the policy is too close to deterministic for the working precision: "
+            f"min_s,a w_s pi(a|s) = {resolution.min_weighted_prob:.3g} is below the threshold "
+            f"{resolution.threshold:.3g} = sqrt(u) (max_s w_s + damping) - damping (trust_region.md "
+            f"eq. (18)), so the natural gradient is not resolvable; add damping (now {damping!r})")
+
+
 class NaturalGradientStep(NamedTuple):
-    """``params = params_old + step_size * direction`` with ``direction ~ F^-1 gradient``."""
+    """``params = params_old + step_size * direction`` with ``direction ~ F^-1 gradient``;
+    ``resolution`` is the check of trust_region.md eq. (18) that the step passed."""
 
     params: torch.Tensor
     direction: torch.Tensor
     cg: CGResult
+    resolution: FisherResolution
+
+
+def _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol, damping):
+    cg_iters = _check_positive_int(cg_iters, "cg_iters")
+    cg_tol = _check_nonnegative_real(cg_tol, "cg_tol")
+    check_float_tensor(gradient, "gradient")
+    if gradient.shape != params.shape:
+        raise ValueError(f"gradient must have the parameters' shape {tuple(params.shape)}, "
+                         f"got {tuple(gradient.shape)}")
+    resolution = fisher_resolution(log_prob_fn, params, state_weights, damping=damping)
+    _require_resolvable(resolution, damping)
+    fvp = fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)
+    floor = _sqrt_unit_roundoff(_work_dtype(params))
+    return conjugate_gradient(fvp, gradient, cg_iters, cg_tol, curvature_floor=floor), resolution
 
 
 def natural_gradient_direction(
@@ -280,13 +389,12 @@ def natural_gradient_direction(
     spec: trust_region.md eq. (5); seed 001 (73). For a tabular softmax policy with the exact
     gradient of J and F weighted by the normalised occupancy, the CG (minimum-norm) solution is
     ``(A - mean_a A) / (1 - gamma)`` on states with d > 0 (trust_region.md eq. (8)).
+    Raises :class:`UnresolvableFisherError` (a ``ValueError``) below the threshold of
+    trust_region.md eq. (18) (:func:`fisher_resolution`); above it, CG runs with the relative
+    curvature floor ``sqrt(u)`` of that section.
     """
-    check_float_tensor(gradient, "gradient")
-    if gradient.shape != params.shape:
-        raise ValueError(f"gradient must have the parameters' shape {tuple(params.shape)}, "
-                         f"got {tuple(gradient.shape)}")
-    fvp = fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)
-    return conjugate_gradient(fvp, gradient, cg_iters, cg_tol)
+    cg, _ = _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol, damping)
+    return cg
 
 
 def natural_gradient_step(
@@ -304,12 +412,15 @@ def natural_gradient_step(
 
     spec: trust_region.md eq. (7); Kakade (2001). For tabular softmax with exact advantages this is
     ``pi_new(a|s) ∝ pi(a|s) exp(step_size A(s, a) / (1 - gamma))`` (trust_region.md eq. (9)).
+    Refuses policies too close to deterministic for the working precision
+    (:class:`UnresolvableFisherError`, trust_region.md eq. (18)) instead of returning a wrong step.
     """
     step_size = _check_nonnegative_real(step_size, "step_size")
-    cg = natural_gradient_direction(log_prob_fn, params, gradient, state_weights,
-                                    cg_iters=cg_iters, cg_tol=cg_tol, damping=damping)
-    new_params = (params.detach().to(cg.solution.dtype) + step_size * cg.solution).to(params.dtype)
-    return NaturalGradientStep(new_params, cg.solution, cg)
+    cg, resolution = _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol,
+                                        damping)
+    # In promote(params, solution): float64 parameters are not rounded to a float32 solution's dtype.
+    new_params = (params.detach() + step_size * cg.solution).to(params.dtype)
+    return NaturalGradientStep(new_params, cg.solution, cg, resolution)
 
 
 # ----------------------------------------------------------------------------- TRPO
@@ -326,13 +437,16 @@ class TRPOSearchRecord:
     """What :func:`trpo_step` did (spec: trust_region.md section 3).
 
     ``status`` is ``"accepted"``, ``"no_acceptable_step"`` (every candidate broke the KL limit or
-    did not improve: the parameters are returned unchanged), ``"zero_gradient"`` or
+    did not improve: the parameters are returned unchanged), ``"zero_gradient"``,
+    ``"unresolvable_fisher"`` (the policy is too close to deterministic for the working precision,
+    trust_region.md eq. (18): no CG, no step; ``cg`` then reports 0 iterations, not converged) or
     ``"no_curvature"`` (``s^T F s <= 0``; no step). ``backtracks`` is the number of shrinks
     before the accepted candidate (``max_backtracks`` when none was accepted), ``step_fraction``
     the accepted ``xi^backtracks`` (0 when none). ``expected_improvement`` is the linear model
     ``g^T (params_new - params_old)``, ``actual_improvement`` the surrogate's change and ``kl`` the
     exact mean KL at the accepted point (all 0 without a step). ``quadratic_kl`` is
     ``0.5 step^T F step`` (``= step_fraction^2 * max_kl``). ``candidates`` lists every point tried.
+    ``resolution`` is the check of eq. (18) at ``params`` (with the damping).
     """
 
     status: str
@@ -346,6 +460,7 @@ class TRPOSearchRecord:
     max_kl: float
     cg: CGResult
     candidates: tuple[TRPOCandidate, ...]
+    resolution: FisherResolution
 
     @property
     def accepted(self) -> bool:
@@ -374,7 +489,11 @@ def trpo_step(
     4. backtracking along ``xi^k beta s``, ``k = 0..max_backtracks``, ``xi = backtrack_ratio``:
        accept the first (largest) candidate whose surrogate improvement is ``> 0`` and whose
        *exact* mean KL ``sum_s w_s KL(pi_old || pi_new) <= max_kl`` (001 4.6.4 step 5, with a
-       strict improvement so that a zero step is never "accepted").
+       strict improvement so that a zero step is never "accepted"; a candidate whose KL is NaN,
+       e.g. where ``log_prob_fn`` overflows, fails the limit and is recorded).
+    No CG runs and no step is taken when the gradient is 0 (``"zero_gradient"``) or the policy is
+    too close to deterministic for the working precision (``"unresolvable_fisher"``,
+    trust_region.md eq. (18); damping lifts it); CG runs with the curvature floor ``sqrt(u)``.
 
     Args:
         surrogate_fn: ``params -> scalar`` objective to maximise, e.g. the importance-weighted
@@ -395,6 +514,8 @@ def trpo_step(
     if not 0.0 < ratio < 1.0:
         raise ValueError(f"backtrack_ratio must lie in (0, 1), got {ratio!r}")
     max_backtracks = _check_positive_int(max_backtracks, "max_backtracks", minimum=0)
+    cg_iters = _check_positive_int(cg_iters, "cg_iters")
+    cg_tol = _check_nonnegative_real(cg_tol, "cg_tol")
 
     theta = params.detach().to(_work_dtype(params)).requires_grad_(True)
     with torch.enable_grad():
@@ -404,22 +525,26 @@ def trpo_step(
         (g,) = torch.autograd.grad(surrogate_old.reshape(()), theta)
     surrogate_old = float(surrogate_old.detach())
     theta = theta.detach()
+    resolution = fisher_resolution(log_prob_fn, theta, state_weights, damping=damping)
     with torch.no_grad():
         old_log_probs = _log_probs(log_prob_fn, theta)
-    fvp = fisher_vector_product_fn(log_prob_fn, theta, state_weights, damping=damping)
-    cg = conjugate_gradient(fvp, g, cg_iters, cg_tol)
 
-    def no_step(status: str, scale: float, candidates=()) -> tuple[torch.Tensor, TRPOSearchRecord]:
+    def no_step(status: str, cg: CGResult, scale: float = 0.0, candidates=()):
         record = TRPOSearchRecord(status, max_backtracks if candidates else 0, 0.0, scale, 0.0, 0.0, 0.0,
-                                  0.0, max_kl, cg, tuple(candidates))
+                                  0.0, max_kl, cg, tuple(candidates), resolution)
         return params.detach().clone(), record
 
-    if float(_dot(g, g)) == 0.0:
-        return no_step("zero_gradient", 0.0)
+    g_norm = math.sqrt(float(_dot(g, g)))
+    if g_norm == 0.0:
+        return no_step("zero_gradient", CGResult(torch.zeros_like(g), 0, 0.0, 0.0, True))
+    if not resolution.resolvable:
+        return no_step("unresolvable_fisher", CGResult(torch.zeros_like(g), 0, g_norm, 1.0, False))
+    fvp = fisher_vector_product_fn(log_prob_fn, theta, state_weights, damping=damping)
+    cg = conjugate_gradient(fvp, g, cg_iters, cg_tol, curvature_floor=_sqrt_unit_roundoff(theta.dtype))
     direction = cg.solution
     undamped = fisher_vector_product_fn(log_prob_fn, theta, state_weights)(direction)
     if not float(_dot(direction, undamped)) > 0.0:
-        return no_step("no_curvature", 0.0)
+        return no_step("no_curvature", cg)
     scale = trust_region_step_scale(direction, undamped, max_kl)
     full_step = scale * direction
     expected_full = float(_dot(g, full_step))
@@ -434,6 +559,6 @@ def trpo_step(
         candidates.append(TRPOCandidate(fraction, improvement, kl))
         if improvement > 0.0 and kl <= max_kl:
             record = TRPOSearchRecord("accepted", k, fraction, scale, fraction * expected_full, improvement,
-                                      kl, fraction**2 * max_kl, max_kl, cg, tuple(candidates))
+                                      kl, fraction**2 * max_kl, max_kl, cg, tuple(candidates), resolution)
             return candidate.to(params.dtype), record
-    return no_step("no_acceptable_step", scale, candidates)
+    return no_step("no_acceptable_step", cg, scale, candidates)

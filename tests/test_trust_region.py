@@ -4,6 +4,19 @@ Conjugate gradient against numpy.linalg.solve; Fisher-vector products against
 tabular.fisher_matrix; the natural gradient against its closed form (Kakade 2001) and the NPG rate
 of Agarwal, Kakade, Lee and Mahajan; TRPO's line search against an independent re-computation of
 its backtracking sequence with tabular.mean_kl; the natural-step erratum of seeds 000/002.
+
+Tolerances (float64, u = 2^-53 = 1.1e-16; they must hold on any CPU and thread count):
+- a product or sum of a few O(1) terms (F v, the mean KL, a quadratic form): a few u per term,
+  asserted at 1e-13..1e-10 relative with an absolute floor at u times the summed terms' scale;
+- a CG solution: relative error about n u kappa (Greenbaum 1997, ch. 7) plus the stopping
+  tolerance times kappa. The CG tests choose kappa <= 1e4 (1e-8 leaves 1e3 for n <= 50); the
+  tabular cases draw softmax logits in [-2, 2] on MDPs with full-support rho0, so
+  pi >= e^-4 / A and kappa of F on its range is at most (max d / 2) / (min d e^-4 / A) ~ 1e2
+  max d / min d (spec eq. (18)'s spectrum), and CG at tol 1e-13 gives directions to ~1e-8
+  (asserted 1e-8) and TRPO quantities derived from them (beta, the candidates' KL and gains:
+  smooth functions of the direction) to 1e-7;
+- near-deterministic policies: eq. (18) of the spec, in test_trust_region_near_deterministic.py;
+- low precision: the input's rounding (float32 2^-24, bfloat16 2^-8) times the conditioning.
 """
 
 from __future__ import annotations
@@ -111,6 +124,7 @@ def test_cg_zero_right_hand_side_returns_zero_without_iterating():
     calls = []
     result = tr.conjugate_gradient(lambda x: calls.append(1) or x, torch.zeros(4, dtype=torch.float64), 5)
     assert result.iterations == 0 and result.converged and not calls
+    assert result.residual_norm == 0.0 and result.relative_residual == 0.0
     assert torch.equal(result.solution, torch.zeros(4, dtype=torch.float64))
 
 
@@ -270,7 +284,8 @@ def test_npg_rate_from_zero_init(seed, gamma, eta):
     # Fisher on its range; Greenbaum 1997, ch. 7), so the tolerance follows kappa, computed from the
     # exact Fisher. The run stops once kappa > 1e8 (pi_min ~1e-6): beyond, the iterates enter the
     # near-deterministic regime where float64 cannot resolve the Fisher (trust_region.md section 6)
-    # and a 1e-12 residual is reached or missed by rounding luck (it was missed at kappa ~8e13).
+    # and a 1e-12 residual is reached or missed by rounding luck (it was missed at kappa ~8e13); it
+    # also stops where eq. (18) refuses the step (min_s,a d(s) pi(a|s) < sqrt(u) max_s d(s)).
     base = full_support_mdp(seed, 6, 3, gamma, zero_fraction=0.3)
     mdp = tabular.MDP(base.P, (base.r + 1.0) / 2.0, base.rho0, gamma)  # rewards in [0, 1]
     S, A = mdp.num_states, mdp.num_actions
@@ -282,7 +297,7 @@ def test_npg_rate_from_zero_init(seed, gamma, eta):
         eigenvalues = np.linalg.eigvalsh(tabular.fisher_matrix(mdp, theta))
         on_range = eigenvalues[eigenvalues > S * A * unit_roundoff * eigenvalues.max()]
         kappa = float(on_range.max() / on_range.min())
-        if kappa > 1e8:
+        if kappa > 1e8 or not tr.fisher_resolution(log_softmax, t64(theta), occupancy(mdp, theta)).resolvable:
             break
         cg_tol = max(1e-12, S * A * unit_roundoff * kappa)
         step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
@@ -500,6 +515,13 @@ def test_trpo_step_runs_on_cuda_and_matches_cpu():
     assert cpu_record.backtracks == gpu_record.backtracks
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs two devices (CPU and CUDA)")
+def test_state_weights_on_another_device_are_rejected():
+    with pytest.raises(ValueError, match=r"^state_weights must be on cpu, got cuda"):
+        weights = torch.ones(1, device="cuda")
+        tr.fisher_vector_product(log_softmax, torch.zeros(1, 2), torch.ones(1, 2), weights)
+
+
 def test_bad_input_is_rejected_with_the_argument_named():
     theta = torch.zeros(2, 3, dtype=torch.float64)
     w = torch.tensor([0.5, 0.5], dtype=torch.float64)
@@ -520,11 +542,516 @@ def test_bad_input_is_rejected_with_the_argument_named():
         tr.fisher_vector_product(lambda t: t.reshape(-1), theta, v, w)
     def surrogate(t):
         return torch.softmax(t, dim=-1)[:, 0].sum()
-    with pytest.raises(ValueError, match="max_kl"):
+    with pytest.raises(ValueError, match="^max_kl must be > 0$"):
         tr.trpo_step(surrogate, log_softmax, theta, w, 0.0)
     with pytest.raises(ValueError, match="backtrack_ratio"):
         tr.trpo_step(surrogate, log_softmax, theta, w, 0.01, backtrack_ratio=1.0)
-    with pytest.raises(ValueError, match="surrogate_fn must return a scalar"):
+    with pytest.raises(ValueError, match="^surrogate_fn must return a scalar tensor$"):
         tr.trpo_step(lambda t: torch.softmax(t, dim=-1), log_softmax, theta, w, 0.01)
     with pytest.raises(ValueError, match="s\\^T F s"):
         tr.trust_region_step_scale(v, torch.zeros_like(v), 0.01)
+
+
+# ------------------------------------------------------------------------ issue 11: gaps found by mutation
+def test_cg_raises_on_a_non_finite_product_instead_of_returning_zero():
+    # The contract: no silent non-finite values. Before, a NaN product broke the loop and returned
+    # x = 0 with converged=False and no error.
+    b = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^matvec returned a non-finite product \(NaN or inf\) at"
+                       r" iteration 1$"):
+        tr.conjugate_gradient(lambda x: x * float("nan"), b, 5)
+    with pytest.raises(ValueError, match="matvec returned a non-finite product"):
+        tr.conjugate_gradient(lambda x: x * float("inf"), b, 5)
+    calls = []
+
+    def nan_on_second_call(x):
+        calls.append(1)
+        scale = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+        return scale * x if len(calls) == 1 else x * float("nan")
+
+    with pytest.raises(ValueError, match="at iteration 2"):
+        tr.conjugate_gradient(nan_on_second_call, b, 5)
+    # An overflowing curvature p^T M p (finite entries, infinite inner product) is non-finite too.
+    with pytest.raises(ValueError, match="non-finite product"):  # M p = 1e300 (finite), p.Mp = 3e310
+        tr.conjugate_gradient(lambda x: 1e290 * x, torch.full((3,), 1e10, dtype=torch.float64), 5)
+
+
+def test_cg_curvature_floor_stops_below_the_floor_and_not_above():
+    # M = diag(1, 1e-6), b = (1, 1). p_0 = b has Rayleigh quotient (1 + 1e-6) / 2; after one step
+    # p_1 is (up to rounding) the eigenvector of 1e-6, Rayleigh quotient ~1e-6: ratio ~2e-6.
+    m = torch.tensor([1.0, 1e-6], dtype=torch.float64)
+    b = torch.ones(2, dtype=torch.float64)
+    # tol 1e-8: two iterations reach u kappa = 1e-10 (a third would chase rounding).
+    exact = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8)
+    assert exact.converged and exact.iterations == 2
+    assert torch.allclose(exact.solution, b / m, rtol=1e-8)
+    stopped = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8, curvature_floor=1e-5)
+    assert stopped.iterations == 1 and not stopped.converged
+    below = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=1e-8, curvature_floor=1e-7)
+    assert below.converged and below.iterations == 2
+    # floor 0: only p^T M p <= 0 stops; a zero-curvature direction does.
+    zero = tr.conjugate_gradient(lambda x: torch.zeros_like(x), b, 5, curvature_floor=0.0)
+    assert zero.iterations == 0 and not zero.converged and torch.equal(zero.solution, torch.zeros(2).double())
+    with pytest.raises(ValueError, match=r"curvature_floor must lie in \[0, 1\)"):
+        tr.conjugate_gradient(lambda x: x, b, 3, curvature_floor=1.0)
+    with pytest.raises(ValueError, match="curvature_floor must be finite and >= 0"):
+        tr.conjugate_gradient(lambda x: x, b, 3, curvature_floor=-1e-3)
+
+
+def test_cg_reports_its_residual_and_iterations_exactly():
+    # M = diag(2, 3): CG needs exactly 2 iterations; after 1, x = a b with a = b.b / b.Mb = 2/5 and
+    # residual b - a M b = (1 - 4/5, 1 - 6/5) = (0.2, -0.2).
+    m = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    b = torch.ones(2, dtype=torch.float64)
+    one = tr.conjugate_gradient(lambda x: m * x, b, 1, tol=0.0)  # a few roundings of O(1) numbers
+    assert one.iterations == 1 and not one.converged
+    assert torch.allclose(one.solution, torch.full((2,), 0.4, dtype=torch.float64), rtol=1e-15)
+    assert math.isclose(one.residual_norm, math.sqrt(0.08), rel_tol=1e-14)
+    assert math.isclose(one.relative_residual, math.sqrt(0.08) / math.sqrt(2.0), rel_tol=1e-14)
+    # tol exactly at the residual reached: converged (<=), and the loop stops there.
+    at_tol = tr.conjugate_gradient(lambda x: m * x, b, 5, tol=one.relative_residual)
+    assert at_tol.iterations == 1 and at_tol.converged
+    two = tr.conjugate_gradient(lambda x: m * x, b, 2, tol=0.0)
+    assert two.iterations == 2 and torch.allclose(two.solution, 1.0 / m, rtol=1e-14)
+    assert two.residual_norm <= 1e-15 and two.converged == (two.residual_norm == 0.0)
+    low = tr.conjugate_gradient(lambda x: m.float() * x, b.float(), 2, tol=1e-5)
+    assert low.solution.dtype == torch.float32 and low.converged
+
+
+def test_fisher_resolution_counts_only_visited_states_and_actions_of_the_policy():
+    log_probs = torch.log(torch.tensor([[0.5, 0.5, 0.0], [1e-3, 0.999, 0.0], [1e-9, 0.5, 0.5 - 1e-9]],
+                                       dtype=torch.float64))
+    weights = torch.tensor([0.75, 0.25, 0.0], dtype=torch.float64)
+    params = torch.zeros(3, 3, dtype=torch.float64)
+    res = tr.fisher_resolution(lambda p: log_probs + 0.0 * p, params, weights)
+    # The zero-probability actions (log -inf) and the unvisited state 2 (pi 1e-9) do not count.
+    assert math.isclose(res.min_weighted_prob, 0.25 * 1e-3, rel_tol=1e-12)
+    assert res.threshold == math.sqrt(2.0**-53) * 0.75 and res.resolvable
+    damped = tr.fisher_resolution(lambda p: log_probs + 0.0 * p, params, weights, damping=0.5)
+    assert damped.threshold == math.sqrt(2.0**-53) * (0.75 + 0.5) - 0.5 and damped.resolvable
+    # A finite log-probability whose exponential underflows counts (as 0): not resolvable.
+    tiny = torch.tensor([[0.0, -800.0]], dtype=torch.float64)
+    res = tr.fisher_resolution(lambda p: tiny + 0.0 * p, torch.zeros(1, 2, dtype=torch.float64),
+                               torch.ones(1, dtype=torch.float64))
+    assert res.min_weighted_prob == 0.0 and not res.resolvable
+    # float32 parameters: u = 2^-24, threshold sqrt(2^-24) = 2^-12.
+    res = tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1))
+    assert res.threshold == 2.0**-12 and res.resolvable
+    assert math.isclose(res.min_weighted_prob, 0.5, rel_tol=2.0**-22)  # log(0.5) rounded to float32
+    all_minus_inf = torch.full((1, 2), float("-inf"))
+    with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN and a finite entry in every"):
+        tr.fisher_resolution(lambda p: all_minus_inf + p, torch.zeros(1, 2), torch.ones(1))
+    message = r"^log_prob_fn\(params\) must have no NaN and a finite entry in every row$"
+    with pytest.raises(ValueError, match=message):  # a NaN next to a finite entry
+        tr.fisher_resolution(lambda p: p + torch.tensor([[math.nan, 0.0]]), torch.zeros(1, 2), torch.ones(1))
+    two_rows = torch.tensor([[0.0, 0.0], [float("-inf"), float("-inf")]])  # every column has a finite entry
+    with pytest.raises(ValueError, match=message):
+        tr.fisher_resolution(lambda p: p + two_rows, torch.zeros(2, 2), torch.full((2,), 0.5))
+    with pytest.raises(TypeError, match="^params must be a floating-point tensor"):
+        tr.fisher_resolution(log_softmax, torch.zeros(1, 2, dtype=torch.int64), torch.ones(1))
+    with pytest.raises(ValueError, match="damping must be finite and >= 0"):
+        tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1), damping=-1.0)
+
+
+def test_natural_gradient_step_moves_by_step_size_times_direction_in_the_parameters_dtype():
+    mdp = full_support_mdp(3, 3, 3, 0.5)
+    theta = random_theta(4, 3, 3)
+    g = t64(tabular.policy_gradient(mdp, theta))
+    d = occupancy(mdp, theta)
+    step = tr.natural_gradient_step(log_softmax, t64(theta), g, d, 0.7, cg_iters=36, cg_tol=1e-13)
+    assert torch.equal(step.params, t64(theta) + 0.7 * step.direction)
+    assert step.resolution == tr.fisher_resolution(log_softmax, t64(theta), d)
+    low = tr.natural_gradient_step(log_softmax, t64(theta).float(), g.float(), d.float(), 0.7, cg_iters=36,
+                                   cg_tol=1e-5)
+    assert low.params.dtype == torch.float32 and low.direction.dtype == torch.float32
+    # cg_iters and cg_tol reach CG: one iteration is the steepest-descent step (b.b / b.Fb) b.
+    one = tr.natural_gradient_step(log_softmax, t64(theta), g, d, 1.0, cg_iters=1)
+    fg = tabular.fisher_matrix(mdp, theta) @ g.numpy().reshape(-1)
+    expected = float(g.reshape(-1) @ g.reshape(-1)) / float(g.numpy().reshape(-1) @ fg) * g
+    assert one.cg.iterations == 1 and torch.allclose(one.direction, expected, rtol=1e-12)
+    loose = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=0.5)
+    tight = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=1e-13)
+    assert loose.converged and loose.relative_residual <= 0.5
+    assert loose.iterations < tight.iterations and tight.converged
+    # damping reaches the products: (F + lambda I) s = g.
+    damped = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=60, cg_tol=1e-13,
+                                           damping=0.3)
+    fisher = tabular.fisher_matrix(mdp, theta)  # kappa(F + 0.3 I) <= (0.5 + 0.3) / 0.3: 1e-10 is ample
+    expected = np.linalg.solve(fisher + 0.3 * np.eye(9), g.numpy().reshape(-1))
+    assert np.allclose(damped.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
+    with pytest.raises(ValueError, match="step_size must be finite and >= 0"):
+        tr.natural_gradient_step(log_softmax, t64(theta), g, d, -1.0)
+    with pytest.raises(ValueError, match=r"gradient must have the parameters' shape \(3, 3\), got \(9,\)"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g.reshape(-1), d)
+    with pytest.raises(ValueError, match="cg_iters must be >= 1"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=0)
+    with pytest.raises(ValueError, match="cg_tol must be finite and >= 0"):
+        tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_tol=float("nan"))
+
+
+def test_trpo_improvement_is_measured_from_the_old_surrogate_whatever_its_offset():
+    # A surrogate plus a constant has the same gradient, step and improvements: the record reports
+    # L(candidate) - L(old), not L(candidate) + L(old).
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    surrogate = exact_surrogate_fn(mdp, theta)
+    w = occupancy(mdp, theta)
+    _, plain = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.1, backtrack_ratio=0.5)
+    _, offset = tr.trpo_step(lambda th: surrogate(th) + 7.25, log_softmax, t64(theta), w, 0.1,
+                             backtrack_ratio=0.5)
+    _, rows = exact_backtracking_sequence(mdp, theta, 0.1, 0.5, 1)
+    assert offset.status == plain.status == "accepted" and offset.backtracks == plain.backtracks == 1
+    for got, (_, gain, _) in zip(offset.candidates, rows, strict=True):
+        # The offset's rounding: 7.25 has spacing 2^-50 ~ 9e-16, on gains of order 0.1.
+        assert math.isclose(got.improvement, gain, rel_tol=1e-12, abs_tol=4e-15)
+    assert math.isclose(offset.actual_improvement, rows[1][1], rel_tol=1e-12, abs_tol=4e-15)
+
+
+def test_trpo_passes_damping_cg_iters_and_cg_tol_to_cg():
+    mdp = full_support_mdp(8, 5, 3, 0.9)
+    theta = random_theta(8, 5, 3)
+    surrogate, w = exact_surrogate_fn(mdp, theta), occupancy(mdp, theta)
+    g = tabular.policy_gradient(mdp, theta).reshape(-1)
+    fisher = tabular.fisher_matrix(mdp, theta)
+    _, damped = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, damping=0.5, cg_iters=60,
+                             cg_tol=1e-13)
+    expected = np.linalg.solve(fisher + 0.5 * np.eye(15), g)  # kappa <= 2.1: 1e-10 is generous
+    assert np.allclose(damped.cg.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
+    _, one = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=1)
+    assert one.cg.iterations == 1
+    steepest = float(g @ g) / float(g @ fisher @ g) * g  # one step: two inner products, a few u each
+    assert np.allclose(one.cg.solution.numpy().reshape(-1), steepest, rtol=1e-12)
+    _, loose = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=0.3)
+    _, tight = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=1e-13)
+    assert loose.cg.converged and loose.cg.relative_residual <= 0.3
+    assert loose.cg.iterations < tight.cg.iterations
+    assert loose.resolution.resolvable and damped.resolution.threshold < 0.0  # damping 0.5 >> sqrt(u)
+
+
+def test_trpo_no_curvature_when_the_gradient_moves_a_parameter_the_policy_ignores():
+    # params = (theta[0], theta[1], z): the policy uses theta only, the surrogate also rewards z, so
+    # g has a component along z where F is exactly 0. With damping CG returns s = g / lambda there,
+    # and if g lies only along z, s^T F s = 0: no step.
+    def policy(p):
+        return torch.log_softmax(p[:2], dim=-1)[None, :]
+
+    params = torch.tensor([0.3, -0.2, 1.0], dtype=torch.float64)
+    w = torch.ones(1, dtype=torch.float64)
+    for damping in (0.0, 0.25):
+        new, record = tr.trpo_step(lambda p: 2.0 * p[2], policy, params, w, 0.01, damping=damping)
+        assert record.status == "no_curvature" and not record.accepted and not record.candidates
+        assert record.backtracks == 0 and record.full_step_scale == 0.0 and record.kl == 0.0
+        assert torch.equal(new, params)
+    assert torch.allclose(record.cg.solution, torch.tensor([0.0, 0.0, 8.0], dtype=torch.float64))
+
+
+def test_trpo_record_when_no_candidate_is_acceptable_lists_them_all():
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                               0.1, backtrack_ratio=0.5, max_backtracks=0)
+    beta, _ = exact_backtracking_sequence(mdp, theta, 0.1, 0.5, 0)
+    assert record.status == "no_acceptable_step" and torch.equal(new, t64(theta))
+    assert record.backtracks == 0 and len(record.candidates) == 1 and record.step_fraction == 0.0
+    assert math.isclose(record.full_step_scale, beta, rel_tol=1e-10)
+    assert record.quadratic_kl == 0.0 and record.expected_improvement == 0.0 and record.max_kl == 0.1
+    # A surrogate with the same gradient but a steep concave penalty: every candidate (steps of
+    # size >= 0.1) loses about 1e6 |step|^2, so none is acceptable; all 4 are listed.
+    theta0 = t64(theta)
+
+    def penalised(th):
+        return exact_surrogate_fn(mdp, theta)(th) - 1e6 * ((th - theta0) ** 2).sum()
+
+    new, record = tr.trpo_step(penalised, log_softmax, theta0, occupancy(mdp, theta), 0.1,
+                               backtrack_ratio=0.5, max_backtracks=3)
+    assert record.status == "no_acceptable_step" and torch.equal(new, theta0)
+    assert record.backtracks == 3 and [c.fraction for c in record.candidates] == [1.0, 0.5, 0.25, 0.125]
+    assert all(c.improvement < 0.0 for c in record.candidates)
+
+
+def test_trpo_rejects_bad_arguments_by_name():
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+
+    def surrogate(t):
+        return torch.softmax(t, dim=-1)[:, 0].sum()
+
+    cases = [
+        (dict(max_kl=-1.0), ValueError, "max_kl must be finite and >= 0"),
+        (dict(max_kl=float("inf")), ValueError, "max_kl must be finite and >= 0"),
+        (dict(max_kl="0.1"), TypeError, "max_kl must be a real number, got str"),
+        (dict(backtrack_ratio=0.0), ValueError, r"backtrack_ratio must lie in \(0, 1\), got 0.0"),
+        (dict(backtrack_ratio=True), TypeError, "backtrack_ratio must be a real number, got bool"),
+        (dict(max_backtracks=-1), ValueError, "max_backtracks must be >= 0, got -1"),
+        (dict(max_backtracks=2.0), TypeError, "max_backtracks must be an int, got float"),
+        (dict(cg_iters=0), ValueError, "cg_iters must be >= 1, got 0"),
+        (dict(cg_iters=True), TypeError, "cg_iters must be an int, got bool"),
+        (dict(cg_tol=-1e-3), ValueError, "cg_tol must be finite and >= 0"),
+        (dict(damping=-0.1), ValueError, "damping must be finite and >= 0"),
+    ]
+    for overrides, error, message in cases:
+        kwargs = dict(max_kl=0.01) | overrides
+        max_kl = kwargs.pop("max_kl")
+        with pytest.raises(error, match=message):
+            tr.trpo_step(surrogate, log_softmax, theta, w, max_kl, **kwargs)
+    with pytest.raises(ValueError, match="surrogate_fn must return a scalar tensor"):
+        tr.trpo_step(lambda t: 1.0, log_softmax, theta, w, 0.01)
+    with pytest.raises(ValueError, match="state_weights must sum to 1"):
+        tr.trpo_step(surrogate, log_softmax, theta, torch.tensor([0.5, 0.6], dtype=torch.float64), 0.01)
+    with pytest.raises(TypeError, match="params must be a floating-point tensor"):
+        tr.trpo_step(surrogate, log_softmax, torch.zeros(2, 3, dtype=torch.int64), w, 0.01)
+
+
+def test_check_messages_name_the_argument():
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    v = torch.ones(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"state_weights must have shape \[N\] = \(2,\) matching "
+                                         r"log_prob_fn's output, got \(3,\)"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.ones(3, dtype=torch.float64) / 3)
+    with pytest.raises(ValueError, match=r"^state_weights must be non-negative$"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([1.5, -0.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"state_weights must sum to 1 \(a distribution over states\), "
+                                         r"got 1\.1"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.6], dtype=torch.float64))
+    with pytest.raises(TypeError, match="state_weights must be a floating-point tensor"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\] tensor of log-probabilities, "
+                                         r"got list"):
+        tr.fisher_vector_product(lambda t: [t], theta, v, w)
+    with pytest.raises(ValueError, match=r"log_prob_fn must return a \[N, A\] tensor of log-probabilities, "
+                                         r"got \(6,\)$"):
+        tr.fisher_vector_product(lambda t: t.reshape(-1), theta, v, w)
+    with pytest.raises(ValueError, match="^damping must be finite and >= 0"):
+        tr.fisher_vector_product(log_softmax, theta, v, w, damping=-1.0)
+    with pytest.raises(TypeError, match="^params must be a floating-point tensor"):
+        tr.mean_kl(log_softmax, theta, torch.zeros(2, 3, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match="^gradient contains NaN or inf"):
+        tr.natural_gradient_direction(log_softmax, theta, v * float("nan"), w)
+    with pytest.raises(TypeError, match="^gradient must be a floating-point tensor"):
+        tr.natural_gradient_step(log_softmax, theta, torch.ones(2, 3, dtype=torch.int64), w, 1.0)
+    with pytest.raises(ValueError, match=r"vector must be a tensor of the parameters' shape \(2, 3\)"):
+        tr.fisher_vector_product_fn(log_softmax, theta, w)([1.0])
+    with pytest.raises(TypeError, match="vector must be a floating-point tensor"):
+        tr.fisher_vector_product(log_softmax, theta, torch.ones(2, 3, dtype=torch.int64), w)
+    with pytest.raises(ValueError, match=r"log_prob_fn\(params\) has shape \(2, 3\) but old_log_probs has "
+                                         r"shape \(2, 2\)"):
+        tr.mean_kl(log_softmax, torch.zeros(2, 2, dtype=torch.float64), theta, w)
+    with pytest.raises(ValueError, match="max_kl must be finite and >= 0"):
+        tr.trust_region_step_scale(v, v, -0.1)
+    with pytest.raises(ValueError, match=r"^direction, fisher_direction: s\^T F s must be > 0"):
+        tr.trust_region_step_scale(v, -v, 0.1)
+    with pytest.raises(TypeError, match="iters must be an int, got bool"):
+        tr.conjugate_gradient(lambda x: x, v, True)
+    with pytest.raises(ValueError, match=r"tol must be finite and >= 0, got inf"):
+        tr.conjugate_gradient(lambda x: x, v, 3, tol=float("inf"))
+    with pytest.raises(TypeError, match="tol must be a real number, got NoneType"):
+        tr.conjugate_gradient(lambda x: x, v, 3, tol=None)
+    with pytest.raises(ValueError, match=r"matvec must return a tensor of shape \(2, 3\)"):
+        tr.conjugate_gradient(lambda x: x.tolist(), v, 3)
+
+
+def test_state_weights_tolerance_follows_the_weights_dtype():
+    # Sums are checked to max(1e-6, N eps(dtype)): float64 weights off by 2e-6 are rejected, by
+    # 5e-7 accepted; 20 float32 weights may be off by 20 eps32 = 2.4e-6 but not by 4e-6. The bound
+    # is inclusive: 10 float32 weights summing (exactly, in float64) to 1 + 10 eps32 pass.
+    theta10 = torch.zeros(10, 2)
+    exact_bound = torch.zeros(10)
+    exact_bound[0], exact_bound[1] = 0.5 + 10 * 2.0**-23, 0.5  # representable in float32 (ulp 2^-24)
+    assert float(exact_bound.double().sum()) - 1.0 == 10 * 2.0**-23
+    tr.fisher_vector_product(log_softmax, theta10, torch.ones(10, 2), exact_bound)
+    exact_bound[0] += 2.0**-24
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta10, torch.ones(10, 2), exact_bound)
+    theta = torch.zeros(2, 3, dtype=torch.float64)
+    v = torch.ones(2, 3, dtype=torch.float64)
+    tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.5 + 5e-7], dtype=torch.float64))
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta, v, torch.tensor([0.5, 0.5 + 2e-6], dtype=torch.float64))
+    theta20, v20 = torch.zeros(20, 2), torch.ones(20, 2)
+    tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 2.2e-6) / 20))
+    with pytest.raises(ValueError, match="sum to 1"):
+        tr.fisher_vector_product(log_softmax, theta20, v20, torch.full((20,), (1.0 + 4e-6) / 20))
+
+
+def test_resolution_exactly_at_the_threshold_is_not_a_refusal():
+    # Eq. (18) is inclusive: m = threshold resolves. The threshold sqrt(u) (W + lambda) - lambda is
+    # tuned by a tiny damping until it equals, in floating point, the m the implementation computed.
+    root_u = math.sqrt(2.0**-53)
+    weights = torch.ones(1, dtype=torch.float64)
+    params = torch.zeros(1, 2, dtype=torch.float64)
+    for k in range(1, 50):
+        log_p = math.log(root_u) - k * float(np.spacing(abs(math.log(root_u))))
+        log_probs = torch.tensor([[log_p, math.log1p(-math.exp(log_p))]], dtype=torch.float64)
+        m = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights).min_weighted_prob
+        if not m < root_u:
+            continue
+        guess = (root_u - m) / (1.0 - root_u)
+        for j in range(-3000, 3000):
+            damping = guess + j * float(np.spacing(guess))
+            if root_u * (1.0 + damping) - damping == m:
+                res = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights,
+                                           damping=damping)
+                assert res.threshold == res.min_weighted_prob == m and res.resolvable
+                undamped = tr.fisher_resolution(lambda p, lp=log_probs: lp + 0.0 * p, params, weights)
+                assert undamped.threshold == root_u > m and not undamped.resolvable
+                return
+    pytest.fail("no damping puts the threshold exactly on m")
+
+
+def spread_bandit(num_actions: int = 80):
+    """One state, logits 0..12 (pi from 1 down to 6e-6, above eq. (18)): a Fisher with 79 distinct
+    eigenvalues spread geometrically, so CG needs more than 50 iterations for 1e-10."""
+    theta = torch.linspace(0.0, 12.0, num_actions, dtype=torch.float64)[None]
+    rewards = torch.tensor(np.random.default_rng(0).uniform(size=(1, num_actions)))
+    pi = torch.softmax(theta, dim=-1)
+    adv = rewards - (pi * rewards).sum(-1, keepdim=True)
+    return theta, pi * adv, adv
+
+
+def test_default_cg_budgets_are_the_documented_ones():
+    theta, gradient, adv = spread_bandit()
+    w = torch.ones(1, dtype=torch.float64)
+    direction = tr.natural_gradient_direction(log_softmax, theta, gradient, w)
+    assert direction.iterations == 50 and not direction.converged  # cg_iters = 50, cg_tol = 1e-10
+    step = tr.natural_gradient_step(log_softmax, theta, gradient, w, 1.0)
+    assert step.cg.iterations == 50 and torch.equal(step.direction, direction.solution)
+    # The default tolerance is 1e-10: a well-conditioned case converges to it (not to 1 or 0).
+    mild = torch.tensor([[0.2, -0.1, 0.4]], dtype=torch.float64)
+    pi = torch.softmax(mild, dim=-1)
+    r = torch.tensor([[0.3, 0.9, 0.1]], dtype=torch.float64)
+    g = pi * (r - (pi * r).sum())
+    res = tr.natural_gradient_direction(log_softmax, mild, g, w)
+    assert res.converged and res.relative_residual <= 1e-10 and res.iterations == 2
+    centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()  # kappa ~ 3: residual 1e-10 -> 1e-9
+    assert torch.allclose(res.solution, centred_adv, rtol=1e-9, atol=1e-12)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta, w, 0.01)
+    assert record.cg.iterations == 10  # cg_iters = 10
+
+
+def test_trpo_default_max_backtracks_is_10():
+    mdp, theta = bandit([2.0, 0.0], [0.0, 1.0])
+    theta0 = t64(theta)
+
+    def penalised(th):  # same gradient, but every candidate loses ~1e6 |step|^2
+        return exact_surrogate_fn(mdp, theta)(th) - 1e6 * ((th - theta0) ** 2).sum()
+
+    _, record = tr.trpo_step(penalised, log_softmax, theta0, occupancy(mdp, theta), 0.1)
+    assert record.status == "no_acceptable_step" and record.backtracks == 10 and len(record.candidates) == 11
+    assert record.candidates[-1].fraction == 0.5**10 and record.cg.iterations >= 1
+
+
+def test_trpo_kl_limit_is_inclusive_and_the_improvement_strict():
+    # A policy whose logits saturate (clamped): every step beyond the clamp gives the same policy,
+    # hence bit-identically the same exact KL. With max_kl equal to that KL, the full step (which
+    # overshoots the clamp: moving mass to the unlikely action, the exact KL outgrows its quadratic
+    # model) has KL == max_kl and is accepted (<=); with the next float below, it backtracks.
+    h = 0.5
+
+    def clamped(th):
+        return torch.stack([th[..., 0].clamp(min=2.0 - h), th[..., 1].clamp(max=h)], dim=-1)
+
+    def policy(th):
+        return torch.log_softmax(clamped(th), dim=-1)
+
+    def surrogate(th):
+        return torch.softmax(clamped(th), dim=-1)[0, 1]
+
+    theta0, w = torch.tensor([[2.0, 0.0]], dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    far = torch.tensor([[-5.0, 5.0]], dtype=torch.float64)
+    kl_saturated = float(tr.mean_kl(policy, policy(theta0), far, w))
+    new, record = tr.trpo_step(surrogate, policy, theta0, w, kl_saturated)
+    assert record.accepted and record.backtracks == 0 and record.kl == kl_saturated == record.max_kl
+    _, below = tr.trpo_step(surrogate, policy, theta0, w, float(np.nextafter(kl_saturated, 0.0)))
+    assert below.accepted and below.backtracks == 1 and below.candidates[0].kl > below.max_kl
+    # A surrogate whose value cannot change in float64 (an offset of 1e20) has a gradient but an
+    # improvement of exactly 0 at every candidate: no step is accepted (001 4.6.4 with strict >).
+    _, flat = tr.trpo_step(lambda th: surrogate(th) + 1e20, policy, theta0, w, kl_saturated, max_backtracks=2)
+    assert flat.status == "no_acceptable_step" and all(c.improvement == 0.0 for c in flat.candidates)
+
+
+def test_trpo_rejects_a_candidate_whose_policy_is_not_finite():
+    # From the uniform policy towards the paying action the full step (0.316, -0.316) is acceptable
+    # (exact KL 0.049 <= 0.05). A log_prob_fn that overflows to NaN beyond |theta| = 0.25 makes that
+    # candidate's exact KL NaN, which fails the limit: the line search backtracks to half the step
+    # instead of raising or accepting it.
+    mdp, theta = bandit([0.0, 0.0], [1.0, 0.0])
+
+    def fragile(th):
+        logp = torch.log_softmax(th, dim=-1)
+        return torch.where(th.abs().max() > 0.25, torch.full_like(logp, float("nan")), logp)
+
+    new, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), fragile, t64(theta), occupancy(mdp, theta),
+                               0.05)
+    assert math.isnan(record.candidates[0].kl) and record.accepted and record.backtracks == 1
+    assert torch.allclose(new, torch.tensor([[0.5, -0.5]], dtype=torch.float64) * 0.31622776601683794)
+
+
+def test_trpo_record_of_the_no_step_branches_is_exact():
+    mdp, theta = bandit([0.3, -0.2, 1.0], [0.5, 0.5, 0.5])
+    _, record = tr.trpo_step(exact_surrogate_fn(mdp, theta), log_softmax, t64(theta), occupancy(mdp, theta),
+                             0.01)
+    assert record.status == "zero_gradient" and record.max_kl == 0.01
+    assert record.cg.iterations == 0 and record.cg.converged is True
+    assert record.cg.residual_norm == 0.0 and record.cg.relative_residual == 0.0
+    assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
+    # Unresolvable: no CG was run; the residual is the gradient's norm.
+    theta = torch.tensor([[-13.0, -3.5, 33.3]], dtype=torch.float64)
+    adv = torch.tensor([[0.3, -0.2, 0.1]], dtype=torch.float64)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta,
+                             torch.ones(1, dtype=torch.float64), 0.01)
+    pi = torch.softmax(theta, dim=-1)
+    g = pi * (adv - (pi * adv).sum())
+    assert record.status == "unresolvable_fisher" and record.cg.converged is False
+    assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
+    assert math.isclose(record.cg.residual_norm, float(g.norm()), rel_tol=1e-6)
+
+
+def test_trpo_computes_in_float32_for_bfloat16_parameters():
+    # The working dtype is promote(dtype, float32): bfloat16 parameters give exactly the float32
+    # computation on the same values.
+    mdp = full_support_mdp(9, 4, 3, 0.9)
+    theta = t64(random_theta(4, 4, 3)).to(torch.bfloat16)
+    d = occupancy(mdp, theta.double().numpy()).float()
+
+    def surrogate(th):
+        return torch.softmax(th, dim=-1)[:, 0].sum()
+
+    new_bf16, rec_bf16 = tr.trpo_step(surrogate, log_softmax, theta, d, 0.01)
+    new_f32, rec_f32 = tr.trpo_step(surrogate, log_softmax, theta.float(), d, 0.01)
+    assert torch.equal(rec_bf16.cg.solution, rec_f32.cg.solution) and new_bf16.dtype == torch.bfloat16
+    assert torch.equal(new_bf16, new_f32.to(torch.bfloat16))
+
+
+def test_mixed_dtypes_follow_the_parameters():
+    theta32 = torch.tensor([[0.2, -0.4, 0.1], [0.0, 0.5, -0.5]])
+    w64 = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    v64 = torch.ones(2, 3, dtype=torch.float64)
+    assert tr.mean_kl(log_softmax, log_softmax(theta32), theta32 + 0.1, w64).dtype == torch.float32
+    assert tr.fisher_vector_product(log_softmax, theta32, v64, w64, damping=0.1).dtype == torch.float32
+    g64 = torch.softmax(theta32, dim=-1).double() * torch.tensor([[0.3, -0.2, -0.1], [0.1, 0.1, -0.2]],
+                                                                 dtype=torch.float64)
+    step = tr.natural_gradient_step(log_softmax, theta32, g64, w64, 0.5, cg_tol=1e-6)
+    assert step.params.dtype == torch.float32
+    # float64 parameters with a float32 gradient (CG in float32) are not rounded to float32.
+    theta64 = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.7, -0.1]], dtype=torch.float64)
+    still = tr.natural_gradient_step(log_softmax, theta64, g64.float(), w64, 0.0, cg_tol=1e-6)
+    assert still.direction.dtype == torch.float32 and torch.equal(still.params, theta64)
+    res = tr.fisher_resolution(log_softmax, theta32.to(torch.bfloat16), w64)
+    assert res.threshold == math.sqrt(2.0**-24) * 0.75  # float32's u, not bfloat16's
+    # CG keeps b's working dtype when matvec returns another one.
+    b = torch.ones(3)
+    diagonal = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)  # 3 iterations, so p is updated
+    assert tr.conjugate_gradient(lambda x: diagonal * x.double(), b, 3).solution.dtype == torch.float32
+    low = tr.conjugate_gradient(lambda x: 2.0 * x.float(), b.to(torch.bfloat16), 3)
+    assert low.solution.dtype == torch.float32
+
+
+def test_cg_default_curvature_floor_is_64_eps():
+    # M = diag(1, lam), b = (1, 1): the second direction's Rayleigh quotient is lam (to rounding)
+    # and the largest seen (1 + lam) / 2, a ratio of 2 lam / (1 + lam). At 64.5 eps it is above
+    # the default floor 64 eps (CG takes the second step), at 63.5 eps below (CG stops).
+    eps = float(np.finfo(np.float64).eps)
+    b = torch.ones(2, dtype=torch.float64)
+    for ratio, iterations in ((64.5, 2), (63.5, 1)):
+        lam = ratio * eps / (2.0 - ratio * eps)
+        m = torch.tensor([1.0, lam], dtype=torch.float64)
+        assert tr.conjugate_gradient(lambda x, m=m: m * x, b, 2, tol=0.0).iterations == iterations
