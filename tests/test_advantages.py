@@ -361,3 +361,96 @@ def test_conformance_profiles_reproduce_trl_batch_scale_and_verl_singletons():
         profile("verl", "grpo", scale_rewards="batch")
     with pytest.raises(ValueError, match="scale_rewards"):
         profile("trl", "grpo", scale_rewards="global")
+
+
+# ---------------------------------------------------------------------------------------------
+# extreme magnitudes (issue 11: float32 rewards of +-1e20 gave all zeros, their squares overflowing)
+
+
+def test_float32_rewards_of_1e20_give_plus_minus_one():
+    """Issue 11's case: two groups of +-1e20 in float32; the exact answer is +-1 (population std
+    1e20, eps = 0; with TRL's eps = 1e-4 outside the sqrt, 1e20 / (1e20 + 1e-4) rounds to 1)."""
+    r = torch.tensor([1e20, -1e20, 1e20, -1e20], dtype=torch.float32)
+    ids = torch.tensor([0, 0, 1, 1])
+    for eps in (0.0, 1e-4):
+        out = group_advantages(r, ids, scale="group", std="population", eps=eps, eps_inside_sqrt=False,
+                               zero_variance="zero", singleton="error")
+        assert out.tolist() == [1.0, -1.0, 1.0, -1.0]
+
+
+MAGNITUDES = {
+    torch.float32: [1e20, 1e30, 2.0**120, 1e-25, 2.0**-140, 1e-44],  # the last two subnormal
+    torch.float64: [1e20, 1e200, 2.0**1000, 1e-200, 1e-310, 2.0**-1070],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+def test_every_convention_at_extreme_magnitudes_equals_the_exact_spec(dtype, name):
+    """Rewards k * M for small integers k and M from 1e-44 (float32 subnormal) to 2^1000, on an
+    uneven grouping with a singleton and a constant group, against the exact spec at the
+    dtype-rounded inputs. Tolerance: A = c / s with c = R - mean and s from sums of squares over a
+    group of n <= 4: each a few roundings of terms bounded by max|R|, so |error| <= 16 u n
+    max|R| / s (the conditioning of the centring), plus the smallest normal number absolutely
+    (a result in the subnormal range keeps only that absolute accuracy). ``scale='none'``
+    returns R - mean itself: there the bound is 16 u n max|R|, and a value past the dtype's range
+    must raise."""
+    conv = dict(dict(singleton="zero", zero_variance="zero"), **CONVENTIONS[name])
+    if conv["scale"] == "none":
+        conv.pop("zero_variance")
+    u, tiny, big = torch.finfo(dtype).eps / 2, torch.finfo(dtype).tiny, torch.finfo(dtype).max
+    ks = [3.0, -1.0, 0.0, 1.0, 2.0, 2.0, 5.0, -7.0]
+    ids = [0, 0, 0, 1, 2, 2, 3, 3]  # sizes 3, 1 (singleton), 2 (constant), 2
+    for magnitude in MAGNITUDES[dtype]:
+        rewards = torch.tensor([k * magnitude for k in ks], dtype=torch.float64).to(dtype)
+        exact = [float(v) for v in group_advantages_exact([float(x) for x in rewards], ids, **conv)]
+        if any(abs(v) > big for v in exact):
+            with pytest.raises(ValueError, match="rewards: the centred advantages overflow"):
+                group_advantages(rewards, torch.tensor(ids), **conv)
+            continue
+        got = group_advantages(rewards, torch.tensor(ids), **conv)
+        assert bool(torch.isfinite(got).all()), (magnitude, got)
+        largest = float(rewards.abs().max())
+        if conv["scale"] == "none":
+            scale_ratio = largest
+        else:
+            # s >= sqrt(eps) or eps, and s >= the std of the values it is taken over; with
+            # the group std the ratio max|R_group| / s_group <= n (a two-point group: 2)
+            scale_ratio = 8.0 if conv["scale"] == "group" else _largest_over_batch_std(rewards, ids, conv)
+        for g, e, k in zip(got.tolist(), exact, ks, strict=True):
+            # (+ 4 u |e|: a raw singleton R / (1 + eps) is one rounded division of R)
+            assert abs(g - e) <= 16 * u * 8 * scale_ratio + 4 * u * abs(e) + 2 * tiny, (magnitude, k, g, e)
+
+
+def _largest_over_batch_std(rewards: torch.Tensor, ids: list[int], conv: dict) -> float:
+    """max|R| / s for the batch std s of the exact spec (float64 math in units of max|R|, so
+    nothing overflows; 1 % margin for its rounding)."""
+    largest = float(rewards.abs().max())
+    values = [float(x) / largest for x in rewards.double()]
+    if conv["scale"] == "batch":
+        groups = {g: [v for v, h in zip(values, ids, strict=True) if h == g] for g in set(ids)}
+        values = [v - sum(groups[g]) / len(groups[g]) if len(groups[g]) > 1 else 0.0
+                  for v, g in zip(values, ids, strict=True)]
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+    eps_part = (math.sqrt(conv["eps"]) if conv["eps_inside_sqrt"] else conv["eps"]) / largest
+    return 1.01 / max(s, eps_part)
+
+
+def test_advantages_that_overflow_the_dtype_raise():
+    """scale='none' returns R - mean: for float32 rewards 3e38, -3e38, -3e38 the centred value
+    4e38 exceeds float32's range (float64 holds it): ValueError naming rewards, never inf."""
+    ids = torch.tensor([0, 0, 0])
+    r = torch.tensor([3e38, -3e38, -3e38])
+    with pytest.raises(ValueError, match="rewards: the centred advantages overflow torch.float32"):
+        group_advantages(r, ids, scale="none", singleton="error")
+    out = group_advantages(r.double(), ids, scale="none", singleton="error")
+    exact = [float(v) for v in group_advantages_exact([float(x) for x in r], [0, 0, 0], scale="none",
+                                                      singleton="error")]
+    np.testing.assert_allclose(out.numpy(), exact, rtol=4e-16)
+    # the group-scaled advantages of the same float32 rewards are finite (c / s is about 1)
+    scaled = group_advantages(r, ids, scale="group", std="population", eps=1e-6, eps_inside_sqrt=True,
+                              zero_variance="zero", singleton="error")
+    # a handful of float32 roundings (mean, deviations, squares, sqrt, division): 16 u
+    np.testing.assert_allclose(scaled.numpy(), [math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)],
+                               rtol=16 * 2.0**-24)

@@ -68,6 +68,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
 _SEQUENCE_LEVELS = ("sequence_mean", "sequence_product")
 _KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+_MIN_TAU = 1e-30  # smallest SAPO temperature (see _sapo_surrogate)
 
 
 def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
@@ -95,7 +96,7 @@ class PolicyLossVariant:
         eps_low, eps_high: clip bounds ``[1 - eps_low, 1 + eps_high]`` for the "clip" and "cispo"
             gates; ``None`` removes that side (md eq. (6)). eps_low must be in [0, 1).
         dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
-        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)).
+        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)); >= 1e-30.
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
         max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
         kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
@@ -138,8 +139,9 @@ class PolicyLossVariant:
         if self.dual_clip is not None and self.eps_high is not None and self.dual_clip < 1 + self.eps_high:
             raise ValueError(f"variant.dual_clip must be >= 1 + eps_high = {1 + self.eps_high}, "
                              f"got {self.dual_clip}")
-        _check_real(self.tau_pos, "tau_pos", low=0.0, low_inclusive=False, optional=False)
-        _check_real(self.tau_neg, "tau_neg", low=0.0, low_inclusive=False, optional=False)
+        # tau >= 1e-30 (not just > 0): SAPO's gate then saturates before exp(log r) leaves float32's range
+        _check_real(self.tau_pos, "tau_pos", low=_MIN_TAU, low_inclusive=True, optional=False)
+        _check_real(self.tau_neg, "tau_neg", low=_MIN_TAU, low_inclusive=True, optional=False)
         if self.max_length is not None and (
             isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1
         ):
@@ -334,18 +336,27 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
         negative_bound = torch.where(above, variant.dual_clip, negative_bound)
     gate = torch.where(positive, ratio <= upper, negative_open)
     bound = torch.where(positive, full(1.0 if variant.eps_high is None else upper), negative_bound)
-    # exp only where the gate is open: the closed branch must not back-propagate 0 * inf.
-    r_open = torch.exp(torch.where(gate, log_ratio, 0.0))
+    # exp only where the gate is open and A != 0: the closed branch must not back-propagate
+    # 0 * inf, and an open unit with A = 0 (padding, a zero-variance group, a masked behaviour
+    # weight) must not give 0 * inf = NaN where its ratio overflows; its term is exactly 0.
+    r_open = torch.exp(torch.where(gate & (adv != 0), log_ratio, 0.0))
     return torch.where(gate, r_open, bound) * adv, gate
 
 
 def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.Tensor,
                     variant: PolicyLossVariant) -> torch.Tensor:
-    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
+    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119)).
+
+    The log-ratio is capped at ``log(finfo.max) - 1``, where exp still fits the dtype: beyond it
+    the gate is saturated (tau (r - 1) > 1e-30 * 1e38 >> 40, so sigmoid rounds to 1 in float32
+    and float64 alike, with tau >= 1e-30 by the variant's check) and the exact derivative
+    ``4 A sigmoid (1 - sigmoid) r`` is below the dtype's smallest subnormal; without the cap the
+    backward pass multiplies sigmoid' = 0 by exp(log r) = inf (NaN)."""
     full = functools.partial(torch.full, (), dtype=adv.dtype, device=adv.device)  # where(c, float, float)
     tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)  # would be the default dtype
     scale = torch.where(positive, full(4.0 / variant.tau_pos), 4.0 / variant.tau_neg)
-    return torch.sigmoid(tau * torch.expm1(log_ratio)) * (scale * adv)
+    capped = log_ratio.clamp(max=math.log(torch.finfo(adv.dtype).max) - 1.0)
+    return torch.sigmoid(tau * torch.expm1(capped)) * (scale * adv)
 
 
 def _cispo_surrogate(ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Tensor,
@@ -356,6 +367,8 @@ def _cispo_surrogate(ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Te
     if variant.eps_low is not None or variant.eps_high is not None:
         weight = weight.clamp(min=None if variant.eps_low is None else 1.0 - variant.eps_low,
                               max=None if variant.eps_high is None else 1.0 + variant.eps_high)
+    if variant.eps_high is None:  # an unbounded weight may overflow: A = 0 must still give 0, not NaN
+        weight = torch.where(adv != 0, weight, 0.0)
     return weight * adv * unit_logp
 
 
@@ -478,6 +491,12 @@ def policy_loss(
     positive = (adv > 0).unsqueeze(-1) if not variant.sequence_level and adv.ndim == 1 else adv > 0
     if not variant.sequence_level and adv.ndim == 1:
         adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
+    if behavior_logp is not None:
+        # the detached weight w >= 0 multiplies A before the gate: every gate is positively
+        # homogeneous in A (min / max / clip of r A; SAPO's and CISPO's terms are linear in A) and the
+        # sign of A is taken above, so this is md eq. (13)'s w * term; a masked-out w = 0 then
+        # gives A = 0, whose term is exactly 0 even where the ratio overflows.
+        adv = adv * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
     gate_open = None
     if variant.gate == "clip":
         surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, positive, variant)
@@ -485,10 +504,8 @@ def policy_loss(
         surrogate = _sapo_surrogate(unit_log_ratio, adv, positive, variant)
     elif variant.gate == "cispo":
         surrogate = _cispo_surrogate(ratio, unit_logp, adv, variant)
-    else:
-        surrogate = torch.exp(unit_log_ratio) * adv
-    if behavior_logp is not None:
-        surrogate = surrogate * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
+    else:  # exp only where A != 0: a zero advantage times an overflowing ratio is 0, not NaN
+        surrogate = torch.exp(torch.where(adv != 0, unit_log_ratio, 0.0)) * adv
 
     # per-sequence contributions c_i (md eq. (10)); the surrogate is zero at masked positions / rows
     per_sequence_mean = variant.aggregation == "seq_mean_token_mean"
@@ -514,6 +531,11 @@ def policy_loss(
                                          else regulariser_rows)
     denominator = _resolve_normalizer(normalizer, local)
     loss = contributions.sum() / denominator
+    # No silent inf / NaN: a finite loss has a finite gradient (each unit's derivative is bounded
+    # by its term, and saturated gates differentiate to exactly 0), so one scalar check suffices.
+    _check_value(torch.isfinite(loss), f"the loss overflows {dtype} (a ratio exp(logp - old_logp), a "
+                 f"KL term from ref_logp / kl, or their sum exceeds its range at unmasked positions); "
+                 f"pass float64 logp")
 
     metrics = _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tokens,
                        entropy_tokens, denominator, variant)
