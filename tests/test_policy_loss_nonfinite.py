@@ -12,12 +12,31 @@ documented answer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+import mpmath
 import pytest
+import sympy as sp
 import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from refimpl.losses import CISPO, GRPO, GSPO, GSPO_TOKEN, PPO, SAPO, PolicyLossVariant, policy_loss
+from refimpl.losses import (
+    CISPO,
+    DAPO,
+    DR_GRPO,
+    GRPO,
+    GSPO,
+    GSPO_TOKEN,
+    PPO,
+    PRESETS,
+    SAPO,
+    PolicyLossVariant,
+    policy_loss,
+)
+from specs.policy_losses import build_policy_loss
+from tests.test_policy_loss_reference import to_spec
 
 DTYPES = (torch.float32, torch.float64)
 # log-ratios just past the largest finite exp of the dtype (88.72 for float32, 709.78 for float64)
@@ -172,3 +191,251 @@ def test_sapo_temperature_below_1e_30_is_rejected(field):
     with pytest.raises(ValueError, match=f"variant.{field} must be >= 1e-30"):
         dataclasses.replace(SAPO, **{field: 1e-31})
     dataclasses.replace(SAPO, **{field: 1e-30})
+
+
+# ---------------------------------------------------------------------------------------------
+# Property test: every preset at |log-ratio| up to 1e3 in float32 and float64, with NaN / +-inf at
+# masked positions of every per-token input, against the exact spec.
+#
+# Exact answer: specs/policy_losses.py's sympy loss of one row (build_policy_loss with lengths
+# (n,) and the symbol D = 1 gives that row's contribution c_i and its gradient, md eq. (10)),
+# lambdified to mpmath and evaluated at 40, 80, 160, ... digits until two successive precisions
+# agree to 30 digits (inputs are binary floats, exact in mpmath), so cancellation cannot hide;
+# the loss is sum_i c_i / D with D from md eq. (11), computed here from the mask.
+#
+# Contract checked (policy_loss's docstring): the loss, its gradient and its metrics are never
+# NaN; where every ratio that enters the loss times its advantage, and every KL term, is within
+# range with a margin of 64 N T (so no sum of them can overflow), the loss and gradient are
+# finite and equal to the exact answer; otherwise a ValueError saying the loss overflows is also
+# accepted, and a returned loss must still be the exact (finite) one.
+
+EXTREME_FAMILY = {
+    **{name: v for name, v in PRESETS.items() if name != "dr_grpo"},
+    "dr_grpo": dataclasses.replace(DR_GRPO, max_length=4),
+    "ppo_dual_clip": dataclasses.replace(PPO, dual_clip=3.0),
+    "grpo_kl_k1": dataclasses.replace(GRPO, kl_coef=0.04, kl_estimator="k1"),
+    "grpo_kl_k2": dataclasses.replace(GRPO, kl_coef=0.04, kl_estimator="k2"),
+    "grpo_kl_k3": dataclasses.replace(GRPO, kl_coef=0.04, kl_estimator="k3"),
+    "dapo_exact_kl_entropy": dataclasses.replace(DAPO, kl_coef=0.1, entropy_coef=0.01),
+    "ppo_entropy": dataclasses.replace(PPO, entropy_coef=0.01),
+    "dapo_truncated_is": dataclasses.replace(DAPO, behavior_correction="truncate", behavior_cap=2.0),
+    "gspo_masked_is": dataclasses.replace(GSPO, behavior_correction="mask", behavior_cap=2.0),
+    "cispo_sequence_mean": dataclasses.replace(CISPO, ratio="sequence_mean", aggregation="seq_mean"),
+    "sequence_product": PolicyLossVariant(ratio="sequence_product", gate="clip", aggregation="seq_mean"),
+    "no_gate_token": dataclasses.replace(PPO, gate="none"),
+}
+_NON_FINITE = [math.nan, math.inf, -math.inf]
+
+
+@functools.cache
+def _row_function(v: PolicyLossVariant, n: int, per_token_adv: bool, kl_source: str, with_entropy: bool):
+    """mpmath function (logp, logp_sg, old, adv, ref, behavior, entropy, kl, D) -> [c, dc/dlogp_t...]."""
+    built = build_policy_loss(to_spec(v), (n,), per_token_adv, kl_source, with_entropy, True)
+    adv = built.advantages[0] if per_token_adv else (built.advantages[0],)
+    groups = (built.logp[0], built.logp_sg[0], built.old_logp[0], adv, built.ref_logp[0],
+              built.behavior_logp[0], built.entropy[0], built.kl[0], (built.normalizer,))
+    return sp.lambdify([s for g in groups for s in g], [built.loss, *built.gradient[0]], "mpmath")
+
+
+def _certain(fn, args: list[float]) -> list[mpmath.mpf]:
+    """fn(*args) to 30 certain digits: raise the precision until two evaluations agree."""
+    previous = None
+    for dps in (40, 80, 160, 320, 640):
+        with mpmath.workdps(dps):
+            values = fn(*[mpmath.mpf(a) for a in args])
+        tiny = mpmath.mpf(10) ** -300
+        if previous is not None and all(abs(a - b) <= mpmath.mpf(10) ** -30 * (abs(a) + tiny)
+                                        for a, b in zip(values, previous, strict=True)):
+            return values
+        previous = values
+    raise AssertionError(f"the spec did not settle at 640 digits for {args}")
+
+
+@st.composite
+def extreme_batches(draw, v: PolicyLossVariant):
+    """A padded batch with log-ratios of magnitude up to 1e3 and NaN / +-inf / 1e30 at masked
+    positions of logp, old_logp, ref_logp, behavior_logp, entropy, kl (and 2-D advantages)."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    n_rows, width = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    mask = [[draw(st.booleans()) for _ in range(width)] for _ in range(n_rows)]
+    garbage = st.sampled_from([*_NON_FINITE, 1e30, -1e30])
+    magnitude = st.one_of(st.floats(-1.0, 1.0), st.sampled_from([0.0, 88.0, 89.0, 709.0, 710.0, 1e3]),
+                          st.floats(1.0, 3.0).map(lambda e: 10.0**e))
+    signed = st.tuples(magnitude, st.booleans()).map(lambda p: -p[0] if p[1] else p[0])
+    adv_values = st.one_of(st.sampled_from([0.0, 1.0, -1.0]), st.floats(-3.0, 3.0), st.just(1e-30))
+    batch = {key: [[0.0] * width for _ in range(n_rows)] for key in
+             ("logp", "old_logp", "ref_logp", "behavior_logp", "entropy", "kl")}
+    for i in range(n_rows):
+        for t in range(width):
+            if not mask[i][t]:
+                for key in batch:
+                    batch[key][i][t] = draw(garbage)
+                continue
+            base, x = draw(st.floats(-30.0, 0.0)), draw(signed)
+            batch["logp"][i][t], batch["old_logp"][i][t] = (base, base - x) if x >= 0 else (base + x, base)
+            batch["ref_logp"][i][t] = batch["logp"][i][t] + draw(signed)
+            batch["behavior_logp"][i][t] = batch["old_logp"][i][t] + draw(st.floats(-2.0, 2.0))
+            batch["entropy"][i][t] = draw(st.floats(0.0, 12.0))
+            batch["kl"][i][t] = draw(st.floats(0.0, 5.0))
+    out = {key: torch.tensor(value, dtype=torch.float64).to(dtype) for key, value in batch.items()}
+    out["mask"] = torch.tensor(mask)
+    if v.ratio in ("token", "gspo_token") and draw(st.booleans()):
+        adv = [[draw(adv_values) if mask[i][t] else draw(garbage) for t in range(width)]
+               for i in range(n_rows)]
+    else:
+        adv = [draw(adv_values) if any(mask[i]) else draw(garbage) for i in range(n_rows)]
+    out["advantages"] = torch.tensor(adv, dtype=torch.float64).to(dtype)
+    return out
+
+
+def _extras_for(v: PolicyLossVariant, batch: dict, use_exact_kl: bool) -> dict:
+    extras = {}
+    if v.kl_coef > 0:
+        extras["kl" if use_exact_kl else "ref_logp"] = batch["kl" if use_exact_kl else "ref_logp"]
+    if v.entropy_coef > 0:
+        extras["entropy"] = batch["entropy"]
+    if v.behavior_correction != "none":
+        extras["behavior_logp"] = batch["behavior_logp"]
+    return extras
+
+
+def _denominator(v: PolicyLossVariant, lengths: list[int]) -> int:
+    """md eq. (11), local normaliser (at least 1)."""
+    if v.aggregation == "token_mean":
+        return max(sum(lengths), 1)
+    nonempty = sum(1 for n in lengths if n > 0)
+    return max(nonempty * (v.max_length if v.aggregation == "seq_sum" else 1), 1)
+
+
+def _units(v, row: dict) -> list[tuple[mpmath.mpf, mpmath.mpf, mpmath.mpf, float]]:
+    """(log r, A, w, sum |log r_t|) per unit of a row, exact (mpmath): tokens, or the sequence."""
+    xs = [mpmath.mpf(a) - mpmath.mpf(b) for a, b in zip(row["logp"], row["old_logp"], strict=True)]
+    ws = [mpmath.mpf(o) - mpmath.mpf(b) for o, b in zip(row["old_logp"], row["behavior_logp"], strict=True)]
+    n = len(xs)
+    advs = row["adv"] if len(row["adv"]) == n else row["adv"] * n
+    if v.ratio == "token":
+        return [(x, mpmath.mpf(a), lw, abs(x)) for x, a, lw in zip(xs, advs, ws, strict=True)]
+    scale = 1 if v.ratio == "sequence_product" else n
+    log_s, log_w = sum(xs) / scale, (sum(ws) / scale if v.ratio != "gspo_token" else None)
+    conditioning = sum(abs(x) for x in xs)
+    if v.ratio == "gspo_token":
+        return [(log_s, mpmath.mpf(a), lw, conditioning) for a, lw in zip(advs, ws, strict=True)]
+    return [(log_s, mpmath.mpf(row["adv"][0]), log_w, conditioning)]
+
+
+def _unit_weight(v, log_w) -> mpmath.mpf:
+    if v.behavior_correction == "none":
+        return mpmath.mpf(1)
+    w = mpmath.exp(log_w)
+    if v.behavior_correction == "truncate":
+        return min(w, mpmath.mpf(v.behavior_cap))
+    return w if w <= v.behavior_cap else mpmath.mpf(0)
+
+
+@pytest.mark.parametrize("name", sorted(EXTREME_FAMILY))
+@given(data=st.data())
+def test_extreme_log_ratios_and_non_finite_padding_give_the_exact_loss_or_a_clear_error(name, data):
+    v = EXTREME_FAMILY[name]
+    batch = data.draw(extreme_batches(v))
+    use_exact_kl = name == "dapo_exact_kl_entropy"
+    extras = _extras_for(v, batch, use_exact_kl)
+    dtype, mask = batch["logp"].dtype, batch["mask"]
+    u, biggest = torch.finfo(dtype).eps / 2, float(torch.finfo(dtype).max)
+    n_rows, width = mask.shape
+    per_token_adv = batch["advantages"].ndim == 2
+    kl_source = ("exact" if use_exact_kl else "ref") if v.kl_coef > 0 else "none"
+
+    # the exact answer, row by row, plus the magnitudes the tolerance and the range margin need
+    lengths = [int(mask[i].sum()) for i in range(n_rows)]
+    denominator = _denominator(v, lengths)
+    exact_loss, exact_grad = mpmath.mpf(0), [[mpmath.mpf(0)] * width for _ in range(n_rows)]
+    witness, magnitude, conditioning = mpmath.mpf(0), [mpmath.mpf(0)] * n_rows, mpmath.mpf(1)
+    near_a_gate_boundary = False
+    for i in range(n_rows):
+        cols = [t for t in range(width) if bool(mask[i, t])]
+        if not cols:
+            continue
+        row = {key: [float(batch[key][i, t]) for t in cols]
+               for key in ("logp", "old_logp", "ref_logp", "behavior_logp", "entropy", "kl")}
+        row["adv"] = ([float(batch["advantages"][i, t]) for t in cols] if per_token_adv
+                      else [float(batch["advantages"][i])])
+        # token-level ratios: the spec with per-token advantages, a per-sequence A repeated (the
+        # same loss; one sympy build per row length instead of two)
+        token_level = v.ratio in ("token", "gspo_token")
+        spec_adv = row["adv"] * (len(cols) if token_level and not per_token_adv else 1)
+        fn = _row_function(v, len(cols), token_level, kl_source, v.entropy_coef > 0)
+        values = _certain(fn, row["logp"] + row["logp"] + row["old_logp"] + spec_adv + row["ref_logp"]
+                          + row["behavior_logp"] + row["entropy"] + row["kl"] + [1.0])
+        exact_loss += values[0] / denominator
+        for t, g in zip(cols, values[1:], strict=True):
+            exact_grad[i][t] = g / denominator
+        for log_r, a, log_w, cond in _units(v, row):
+            conditioning = max(conditioning, 1 + cond)
+            r, w = mpmath.exp(log_r), _unit_weight(v, log_w if log_w is not None else 0)
+            bounds = [b for b in (None if v.eps_low is None else 1 - v.eps_low,
+                                  None if v.eps_high is None else 1 + v.eps_high, v.dual_clip)
+                      if b is not None]
+            band = 64 * u * (1 + cond)  # how far rounding can move the computed log r
+            if v.gate == "clip" and any(abs(log_r - mpmath.log(b)) <= band for b in bounds):
+                near_a_gate_boundary = True
+            if v.behavior_correction == "mask" and log_w is not None and \
+                    abs(log_w - mpmath.log(v.behavior_cap)) <= 64 * u * (1 + abs(log_w)):
+                near_a_gate_boundary = True
+            enters = (v.gate in ("none",) or (v.gate == "cispo" and v.eps_high is None)
+                      or (v.gate == "clip" and a <= 0))
+            if a * w != 0 and enters:
+                witness = max(witness, r, r * abs(a * w))
+            if v.gate == "sapo":
+                tau = v.tau_pos if a > 0 else v.tau_neg
+                unit_size = 4 * abs(a) * w * max(1 / mpmath.mpf(tau), min(r, 1 + 40 / mpmath.mpf(tau)))
+            elif v.gate == "cispo":
+                weight = max(min(r, 1 + v.eps_high if v.eps_high is not None else r),
+                             1 - v.eps_low if v.eps_low is not None else 0)
+                unit_size = weight * abs(a) * w * (1 + sum(abs(mpmath.mpf(x)) for x in row["logp"]))
+            else:
+                unit_size = abs(a) * w * max(r, 1 + (v.eps_high or 0), v.dual_clip or 0)
+            magnitude[i] += unit_size * len(cols)
+        for t in range(len(cols)):
+            if kl_source == "ref":
+                y = mpmath.mpf(row["ref_logp"][t]) - mpmath.mpf(row["logp"][t])
+                witness = max(witness, mpmath.exp(y), y * y)
+                magnitude[i] += v.kl_coef * (mpmath.exp(y) + 1 + abs(y) + y * y)
+                conditioning = max(conditioning, 1 + abs(y))
+            elif kl_source == "exact":
+                magnitude[i] += v.kl_coef * abs(mpmath.mpf(row["kl"][t]))
+            magnitude[i] += v.entropy_coef * abs(mpmath.mpf(row["entropy"][t]))
+    assume(not near_a_gate_boundary)  # exact boundaries are pinned in tests/test_policy_loss.py
+
+    may_overflow = witness > biggest / (64 * n_rows * width)
+    x = batch["logp"].clone().requires_grad_(True)
+    try:
+        loss, metrics = policy_loss(x, batch["old_logp"], batch["advantages"], mask, v, **extras)
+    except ValueError as error:
+        assert "the loss overflows" in str(error), error
+        assert may_overflow, f"{name}: ValueError although every term is in range: {error}"
+        return
+    (grad,) = torch.autograd.grad(loss, x)
+    assert bool(torch.isfinite(loss)) and bool(torch.isfinite(grad).all()), (loss, grad)
+    assert not any(bool(torch.isnan(m)) for m in metrics.values()), metrics
+    assert abs(exact_loss) <= biggest, "a finite loss where the exact one exceeds the dtype's range"
+    # Tolerance (unit roundoff u of the dtype): each term is a few roundings (the log-ratio's
+    # subtraction, relative error u |log r| in exp, the products) and the sums add N T more;
+    # summed over the terms' magnitudes (no cancellation assumed), so
+    # |error| <= 8 u (conditioning + N T) sum_i magnitude_i / D, and per gradient entry the
+    # same with its row's magnitude.
+    factor = 8 * u * (conditioning + n_rows * width)
+    # plus an absolute floor of N T smallest normal numbers: a product that falls into the
+    # subnormal range (A = 1e-30 times a small weight) keeps only that absolute accuracy
+    floor = n_rows * width * float(torch.finfo(dtype).tiny)
+    total_magnitude = sum(magnitude) / denominator
+    loss = loss.detach()
+    assert abs(mpmath.mpf(float(loss)) - exact_loss) <= factor * total_magnitude + floor, \
+        (name, float(loss), exact_loss, factor * total_magnitude)
+    for i in range(n_rows):
+        for t in range(width):
+            g, e = mpmath.mpf(float(grad[i, t])), exact_grad[i][t]
+            if not bool(mask[i, t]):
+                assert g == 0
+                continue
+            assert abs(g - e) <= factor * (abs(e) + magnitude[i] / denominator) + floor, \
+                (name, (i, t), float(g), e)
