@@ -454,3 +454,109 @@ def test_advantages_that_overflow_the_dtype_raise():
     # a handful of float32 roundings (mean, deviations, squares, sqrt, division): 16 u
     np.testing.assert_allclose(scaled.numpy(), [math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)],
                                rtol=16 * 2.0**-24)
+
+
+def _grpo(**overrides):
+    return dict(dict(scale="group", std="population", eps=1e-6, eps_inside_sqrt=True, zero_variance="zero",
+                     singleton="error"), **overrides)
+
+
+def test_error_messages_name_the_argument_exactly():
+    """Every check rejects its own bad input (each condition alone, so `or` -> `and` fails) with
+    one line naming the argument, matched in full (a changed message fails)."""
+    r, ids, mask = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3, dtype=torch.bool)
+    cases = [
+        (lambda: group_advantages(torch.tensor([1, 0]), ids, **_grpo()), TypeError,
+         r"^rewards must be a floating-point torch.Tensor, got Tensor of dtype torch.int64$"),
+        (lambda: group_advantages([1.0, 0.0], ids, **_grpo()), TypeError,
+         r"^rewards must be a floating-point torch.Tensor, got list$"),
+        (lambda: group_advantages(r, torch.tensor([True, True]), **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got dtype torch.bool$"),
+        (lambda: group_advantages(r, torch.tensor([0j, 0j]), **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got dtype torch.complex64$"),
+        (lambda: group_advantages(r, [0, 0], **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got list$"),
+        (lambda: group_advantages(r.reshape(1, 2), ids.reshape(1, 2), **_grpo()), ValueError,
+         r"^rewards must have shape \[N\], got \(1, 2\)$"),
+        (lambda: group_advantages(torch.tensor([1.0, math.inf]), ids, **_grpo()), ValueError,
+         r"^rewards contains NaN or inf$"),
+        (lambda: group_advantages(r, torch.tensor([0, 1]), **_grpo()), ValueError,
+         r"^a group has a single sample \(singleton='error'\); pass singleton='zero' to give such "
+         r"samples advantage 0$"),
+        (lambda: group_advantages(torch.tensor([1.0, 1.0]), ids, **_grpo(zero_variance="error")), ValueError,
+         r"^zero-variance rewards \(zero_variance='error'\); pass 'zero' or 'formula'$"),
+        (lambda: group_advantages(torch.tensor([1.0, 1.0]), ids, **_grpo(zero_variance="formula", eps=0.0)),
+         ValueError, r"^zero_variance='formula' with eps=0 divides by zero on a zero-variance group$"),
+        (lambda: group_advantages(r, ids, **_grpo(std="biased")), ValueError,
+         r"^std must be one of \('population', 'sample'\), got 'biased'$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps_inside_sqrt=1)), TypeError,
+         r"^eps_inside_sqrt must be a bool, got 1$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps=True)), ValueError,
+         r"^eps must be a finite number >= 0, got True$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps=math.inf)), ValueError,
+         r"^eps must be a finite number >= 0, got inf$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps="0")), ValueError,
+         r"^eps must be a finite number >= 0, got '0'$"),
+        (lambda: group_advantages(r, ids, **_grpo(zero_variance="skip")), ValueError,
+         r"^zero_variance must be one of \('zero', 'formula', 'error'\), got 'skip'$"),
+        (lambda: group_advantages(r, ids, **_grpo(singleton="drop")), ValueError,
+         r"^singleton must be one of \('error', 'zero', 'raw'\), got 'drop'$"),
+        (lambda: group_advantages(r, ids, **_grpo(scale="batch", singleton="raw")), ValueError,
+         r"^singleton='raw' \(verl: mean 0, std 1\) is defined for scale in \('group', 'none'\), "
+         r"got scale='batch'$"),
+        (lambda: group_advantages(r, ids, **_grpo(leave_one_out=1)), TypeError,
+         r"^leave_one_out must be a bool, got 1$"),
+        (lambda: group_advantages(r, ids, scale="group", singleton="zero"), TypeError,
+         r"^scale='group' needs the explicit keyword argument\(s\) std, eps, eps_inside_sqrt, zero_variance "
+         r"\(frameworks differ on each; none is chosen silently\)$"),
+        (lambda: dynamic_sampling_mask(torch.tensor([1, 0]), ids), TypeError, r"^rewards must be a floating"),
+        (lambda: overlong_penalty(torch.tensor([1.0]), max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty(torch.tensor([True]), max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty([1], max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty(torch.tensor([[1]]), max_len=4, cache_len=2), ValueError,
+         r"^lengths must have shape \[N\], got \(1, 1\)$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4.0, cache_len=2), TypeError,
+         r"^max_len must be an int, got 4.0$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4, cache_len=True), TypeError,
+         r"^cache_len must be an int, got True$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=0, cache_len=1), ValueError,
+         r"^max_len must be >= 1, got 0$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4, cache_len=0), ValueError,
+         r"^cache_len must be in \[1, max_len=4\], got 0$"),
+        (lambda: overlong_penalty(torch.tensor([-1, 2]), max_len=4, cache_len=2), ValueError,
+         r"^lengths must be >= 0$"),
+        (lambda: overlong_filter_mask(torch.ones(3, dtype=torch.bool), torch.tensor([False] * 3)), ValueError,
+         r"^mask must be a \[N, T\] torch.Tensor$"),
+        (lambda: overlong_filter_mask([[True]], torch.tensor([False])), ValueError,
+         r"^mask must be a \[N, T\] torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, torch.tensor([0, 1])), TypeError,
+         r"^truncated must be a bool torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, [False, True]), TypeError,
+         r"^truncated must be a bool torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, torch.tensor([False])), ValueError,
+         r"^truncated must have shape \[N\] = \[2\], got \(1,\)$"),
+    ]
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool])
+def test_overlong_filter_mask_keeps_the_mask_dtype(dtype):
+    """eq. (9) for numeric 0/1 masks as well as bool: rows of truncated samples become 0, the
+    others are unchanged, and the dtype is the mask's."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]]).to(dtype)
+    out = overlong_filter_mask(mask, torch.tensor([False, True, False]))
+    assert out.dtype == dtype
+    assert out.tolist() == torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]]).to(dtype).tolist()
+
+
+def test_overlong_penalty_at_the_edges_of_the_soft_zone():
+    """eq. (8) at L = max - cache (0), one past it (-1/cache), L = max (-1) and past max (-1)."""
+    got = overlong_penalty(torch.tensor([5, 6, 8, 9, 30]), max_len=8, cache_len=3)
+    one_third = float(torch.tensor(-1.0 / 3, dtype=torch.float32))  # -1/3 rounded once to float32
+    assert got.tolist() == [0.0, one_third, -1.0, -1.0, -1.0]
+    assert got.dtype == torch.float32
