@@ -202,7 +202,10 @@ def group_advantages(
             ``std``, ``eps``, ``eps_inside_sqrt``, ``zero_variance`` are required when
             ``scale != "none"`` and must be omitted when ``scale == "none"``.
     Returns:
-        ``[N]`` advantages in ``promote_types(rewards.dtype, float32)``.
+        ``[N]`` advantages in ``promote_types(rewards.dtype, float32)``. Any finite rewards work:
+        each group is computed in units of a power of two near its largest |R| (exact scaling),
+        so no sum or square overflows or underflows (float32 rewards of +-1e20 give +-1). Where
+        the result itself exceeds the dtype's range (``scale="none"``: R - mean), ValueError.
     """
     _check_rewards_and_groups(rewards, group_ids)
     _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance)

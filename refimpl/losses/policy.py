@@ -440,6 +440,11 @@ def policy_loss(
         given). With an empty mask the ratio metrics are 1 and the others 0.
     Empty rows: an all-masked row contributes nothing and is not counted as a sequence; a fully
     masked batch gives loss 0 with zero gradient (md section 5).
+    Range: the loss is computed in its dtype; a unit with A = 0 (or a masked-out behaviour weight)
+    contributes exactly 0 whatever its ratio, and saturated gates (clip, SAPO) differentiate to
+    exactly 0, so loss, gradient and metrics are never NaN. Where a ratio that enters the loss
+    (open gate, A != 0), a KL term, or their sum exceeds the dtype's range, no finite answer
+    exists and ValueError("the loss overflows ...") is raised; ratio metrics may then be +inf.
     """
     if not isinstance(variant, PolicyLossVariant):
         raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
