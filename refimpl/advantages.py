@@ -61,23 +61,21 @@ def _check_rewards_and_groups(rewards, group_ids) -> None:
 
 
 def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense group index in [0, K) for each sample, and K."""
+    """Dense group index in [0, K) for each sample, and K (group_ids non-empty: callers return
+    early on an empty batch)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    return inverse, num_groups
+    return inverse, int(inverse.max()) + 1
 
 
 def _group_sum(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+    return values.new_zeros(num_groups).index_add_(0, index, values)
 
 
 def _group_extremes(values: torch.Tensor, index: torch.Tensor, num_groups: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """[K] max and [K] min of each group's values."""
-    big = torch.full((num_groups,), -math.inf, dtype=values.dtype, device=values.device)
-    small = torch.full((num_groups,), math.inf, dtype=values.dtype, device=values.device)
-    big = big.scatter_reduce(0, index, values, reduce="amax", include_self=True)
-    small = small.scatter_reduce(0, index, values, reduce="amin", include_self=True)
+    big = values.new_full((num_groups,), -math.inf).scatter_reduce(0, index, values, reduce="amax")
+    small = values.new_full((num_groups,), math.inf).scatter_reduce(0, index, values, reduce="amin")
     return big, small
 
 
@@ -117,12 +115,9 @@ def _scaled_quotient(numerator: torch.Tensor, denominator: torch.Tensor, unit: t
     denominator (a zero-variance group with eps = 0) gives the numerator (it is replaced by 0 or
     rejected by the caller)."""
     safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
-    quotient = numerator / safe
-    if eps > 0:
-        eps_root = math.sqrt(eps) if eps_inside_sqrt else eps
-        limit = numerator * (unit / torch.full_like(unit, eps_root))
-        quotient = torch.where(torch.isinf(denominator), limit, quotient)
-    return quotient
+    eps_root = math.sqrt(eps) if eps_inside_sqrt else eps  # (with eps = 0 no denominator overflows)
+    limit = numerator * (unit / torch.full_like(unit, eps_root))
+    return torch.where(torch.isinf(denominator), limit, numerator / safe)
 
 
 def _check_no_overflow(advantages: torch.Tensor) -> torch.Tensor:
@@ -260,7 +255,7 @@ def group_advantages(
         # one unit for the batch, the largest group unit: the values of other groups scale by exact
         # powers of two <= 1 (whatever underflows is below the batch std's rounding)
         batch_unit = group_unit.max().reshape(1)
-        n = torch.tensor([r.numel()], device=r.device)
+        n = count.new_full((1,), r.numel())
         numerator = centred * (unit / batch_unit)
         if scale == "batch_rewards":  # eq. (14): std of all N raw rewards (TRL scale_rewards="batch")
             values = r / batch_unit
@@ -300,7 +295,7 @@ def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> tor
     """
     _check_rewards_and_groups(rewards, group_ids)
     if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
+        return rewards.new_zeros(0, dtype=torch.bool)
     index, num_groups = _group_index(group_ids)
     return ~_group_is_constant(rewards, index, num_groups)[index]
 
@@ -351,4 +346,4 @@ def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.T
     if truncated.shape != mask.shape[:1]:
         raise ValueError(f"truncated must have shape [N] = [{mask.shape[0]}], got {tuple(truncated.shape)}")
     keep = ~truncated.to(mask.device)
-    return mask * keep.unsqueeze(1).to(mask.dtype) if mask.dtype != torch.bool else mask & keep.unsqueeze(1)
+    return mask * keep.unsqueeze(1).to(mask.dtype)  # for bool masks, * is logical and

@@ -560,3 +560,36 @@ def test_overlong_penalty_at_the_edges_of_the_soft_zone():
     one_third = float(torch.tensor(-1.0 / 3, dtype=torch.float32))  # -1/3 rounded once to float32
     assert got.tolist() == [0.0, one_third, -1.0, -1.0, -1.0]
     assert got.dtype == torch.float32
+
+
+def test_overlong_penalty_with_a_one_token_limit():
+    """max_len = cache_len = 1 is the smallest legal setting: L = 0 is free, L >= 1 costs 1."""
+    assert overlong_penalty(torch.tensor([0, 1, 2]), max_len=1, cache_len=1).tolist() == [0.0, -1.0, -1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_units_are_exact_powers_of_two(dtype):
+    """The working unit of a group is a power of two u with max|R| / u in [1, 2) (so dividing by
+    it is exact), for magnitudes from the smallest subnormal to the largest float; 1 for 0."""
+    from refimpl.advantages import _power_of_two_unit
+
+    info = torch.finfo(dtype)
+    magnitudes = torch.tensor([info.smallest_normal * 2.0**-20, info.tiny, 1e-30, 0.3, 1.0, 1.5, 3.0, 1e20,
+                               info.max, 0.0], dtype=dtype)
+    unit = _power_of_two_unit(magnitudes)
+    mantissa, _ = torch.frexp(unit)
+    assert bool((mantissa == 0.5).all())
+    ratio = (magnitudes / unit)[:-1]
+    assert bool(((ratio >= 1) & (ratio < 2)).all()) and float(unit[-1]) == 1.0
+
+
+@pytest.mark.parametrize("eps_inside_sqrt", [False, True])
+def test_subnormal_rewards_with_a_large_eps_keep_their_exact_advantage(eps_inside_sqrt):
+    """float32 rewards +-2^-140 (subnormal) with eps = 4 (outside) or 16 (inside): s = 2^-140 + 4
+    or sqrt(2^-280 + 16), both 4 to float32 precision, so A = +-2^-142 (exactly representable).
+    Here eps / u overflows float32 in the working units, and the eps-dominated limit applies."""
+    r = torch.tensor([2.0**-140, -(2.0**-140)], dtype=torch.float32)
+    eps = 16.0 if eps_inside_sqrt else 4.0
+    out = group_advantages(r, torch.tensor([0, 0]), scale="group", std="population", eps=eps,
+                           eps_inside_sqrt=eps_inside_sqrt, zero_variance="zero", singleton="error")
+    assert out.tolist() == [2.0**-142, -(2.0**-142)]

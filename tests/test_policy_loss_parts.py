@@ -224,3 +224,30 @@ def test_non_finite_inputs_name_the_argument():
         v = dataclasses.replace(GRPO, kl_coef=0.1, entropy_coef=0.1, behavior_correction="truncate")
         with pytest.raises(ValueError, match=rf"^{name} contains NaN or inf at unmasked positions$"):
             policy_loss(args["logp"], args["old_logp"], args["advantages"], mask, v, **extras)
+
+
+def test_inputs_on_another_device_are_rejected_by_name():
+    """No silent device mixing: every tensor must be on logp's device. Tensors on torch's 'meta'
+    device stand in for another device on a CPU-only machine (the check compares devices)."""
+    logp, old, adv, mask = _batch()
+    meta = {"old_logp": old.to("meta"), "advantages": adv.to("meta"), "mask": mask.to("meta")}
+    for name, other in meta.items():
+        args = {"old_logp": old, "advantages": adv, "mask": mask, name: other}
+        with pytest.raises(ValueError, match=rf"^{name} must be on device cpu, got meta$"):
+            policy_loss(logp, args["old_logp"], args["advantages"], args["mask"], PPO)
+    for name in ("ref_logp", "behavior_logp", "entropy", "kl"):
+        v = dataclasses.replace(PPO, behavior_correction="truncate" if name == "behavior_logp" else "none")
+        with pytest.raises(ValueError, match=rf"^{name} must be on device cpu, got meta$"):
+            policy_loss(logp, old, adv, mask, v, **{name: logp.to("meta")})
+    with pytest.raises(ValueError, match=r"^mask must be on device cpu, got meta$"):
+        policy_loss(logp, old, adv, mask.float().to("meta"), PPO)
+
+
+def test_loss_normalizer_is_a_float32_count():
+    """md eq. (11): tokens, non-empty sequences, or sequences x L_max, as a float32 scalar."""
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]], dtype=torch.int64)
+    expected = {"token_mean": 4.0, "seq_mean_token_mean": 2.0, "seq_mean": 2.0, "seq_sum": 14.0}
+    for aggregation, value in expected.items():
+        v = dataclasses.replace(PPO, aggregation=aggregation, max_length=7)
+        d = loss_normalizer(mask, v)
+        assert d.dtype == torch.float32 and d.shape == () and float(d) == value

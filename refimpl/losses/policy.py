@@ -258,9 +258,9 @@ def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             raise ValueError(f"normalizer must be a scalar, got shape {tuple(normalizer.shape)}")
-        value = normalizer.detach().reshape(()).to(device=local.device, dtype=local.dtype)
+        value = normalizer.detach().reshape(()).to(local)  # local's dtype and device
     elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
-        value = torch.tensor(float(normalizer), dtype=local.dtype, device=local.device)
+        value = local.new_tensor(float(normalizer))
     else:
         raise TypeError(f"normalizer must be None, a positive number or a scalar tensor, "
                         f"got {type(normalizer).__name__}")
@@ -325,7 +325,7 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
     elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
     ``ratio`` is the detached ``exp(log_ratio)``; ``positive`` is ``A > 0`` (broadcastable).
     Returns (term, gate open)."""
-    full = functools.partial(torch.full, (), dtype=ratio.dtype, device=ratio.device)
+    full = functools.partial(ratio.new_full, ())
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
     negative_open = ratio >= lower
@@ -352,8 +352,8 @@ def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.
     and float64 alike, with tau >= 1e-30 by the variant's check) and the exact derivative
     ``4 A sigmoid (1 - sigmoid) r`` is below the dtype's smallest subnormal; without the cap the
     backward pass multiplies sigmoid' = 0 by exp(log r) = inf (NaN)."""
-    full = functools.partial(torch.full, (), dtype=adv.dtype, device=adv.device)  # where(c, float, float)
-    tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)  # would be the default dtype
+    full = functools.partial(adv.new_full, ())  # where(c, float, float) would be the default dtype
+    tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)
     scale = torch.where(positive, full(4.0 / variant.tau_pos), 4.0 / variant.tau_neg)
     capped = log_ratio.clamp(max=math.log(torch.finfo(adv.dtype).max) - 1.0)
     return torch.sigmoid(tau * torch.expm1(capped)) * (scale * adv)
@@ -573,7 +573,7 @@ def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tok
         closed = (0 if gate_open is None else gate_open.numel() - gate_open.sum(dtype=lengths.dtype))
         metrics = {
             "policy_objective": surrogate_units.detach().sum() / units,
-            "clip_fraction": torch.as_tensor(closed, dtype=lengths.dtype, device=lengths.device) / units,
+            "clip_fraction": torch.as_tensor(closed).to(lengths) / units,
             "ratio_mean": ratio_mean,
             "ratio_min": ratio_min,
             "ratio_max": ratio_max,
