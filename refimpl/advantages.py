@@ -61,31 +61,69 @@ def _check_rewards_and_groups(rewards, group_ids) -> None:
 
 
 def _group_index(group_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense group index in [0, K) for each sample, and K."""
+    """Dense group index in [0, K) for each sample, and K (group_ids non-empty: callers return
+    early on an empty batch)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    return inverse, num_groups
+    return inverse, int(inverse.max()) + 1
 
 
 def _group_sum(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
-    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+    return values.new_zeros(num_groups).index_add_(0, index, values)
+
+
+def _group_extremes(values: torch.Tensor, index: torch.Tensor, num_groups: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K] max and [K] min of each group's values."""
+    big = values.new_full((num_groups,), -math.inf).scatter_reduce(0, index, values, reduce="amax")
+    small = values.new_full((num_groups,), math.inf).scatter_reduce(0, index, values, reduce="amin")
+    return big, small
 
 
 def _group_is_constant(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
     """[K] bool: all values of the group are equal (exactly; no floating-point variance test)."""
-    big = torch.full((num_groups,), -math.inf, dtype=values.dtype, device=values.device)
-    small = torch.full((num_groups,), math.inf, dtype=values.dtype, device=values.device)
-    big = big.scatter_reduce(0, index, values, reduce="amax", include_self=True)
-    small = small.scatter_reduce(0, index, values, reduce="amin", include_self=True)
+    big, small = _group_extremes(values, index, num_groups)
     return big == small
 
 
+def _power_of_two_unit(magnitude: torch.Tensor) -> torch.Tensor:
+    """``2^(e - 1)`` with ``magnitude = m 2^e``, m in [0.5, 1): the power of two u with
+    ``magnitude / u`` in [1, 2) (1 where magnitude is 0). Dividing by u is exact (no rounding, no
+    overflow: 2^(e - 1) <= finfo.max), so sums and squares of values scaled by it neither
+    overflow (float32 rewards of 1e20 square to inf) nor underflow (1e-25 squares to 0)."""
+    mantissa, _ = torch.frexp(magnitude)
+    return torch.where(magnitude > 0, magnitude / (2 * mantissa), torch.ones_like(magnitude))
+
+
 def _scale_denominator(sum_sq: torch.Tensor, count: torch.Tensor, std: str, eps: float,
-                       eps_inside_sqrt: bool) -> torch.Tensor:
-    """sqrt(var + eps) or sqrt(var) + eps, var = sum_sq / count (population) or / (count - 1)."""
+                       eps_inside_sqrt: bool, unit: torch.Tensor) -> torch.Tensor:
+    """s / unit for deviations given in units of ``unit`` (spec: advantages.md eq. (3)-(4)):
+    sqrt(var + eps) / u = sqrt(var_u + eps / u^2) or (sqrt(var) + eps) / u = sqrt(var_u) + eps / u,
+    var = sum_sq / count (population) or / (count - 1). +inf where eps / u^2 (eps / u) overflows:
+    then var is negligible beside eps and the caller uses c u / sqrt(eps) (c u / eps) instead."""
     dof = count if std == "population" else count - 1
     var = sum_sq / dof.clamp(min=1).to(sum_sq.dtype)
-    return torch.sqrt(var + eps) if eps_inside_sqrt else torch.sqrt(var) + eps
+    # a true tensor division: ``eps / unit`` with a Python eps multiplies by 1 / unit, which
+    # overflows for a subnormal unit (and 0 * inf is NaN)
+    eps_per_unit = torch.full_like(unit, eps) / unit
+    return torch.sqrt(var + eps_per_unit / unit) if eps_inside_sqrt else torch.sqrt(var) + eps_per_unit
+
+
+def _scaled_quotient(numerator: torch.Tensor, denominator: torch.Tensor, unit: torch.Tensor, eps: float,
+                     eps_inside_sqrt: bool) -> torch.Tensor:
+    """numerator / denominator, both in units of ``unit`` (see _scale_denominator), with the
+    eps-dominated limit c u / sqrt(eps) (c u / eps) where the denominator overflowed. A zero
+    denominator (a zero-variance group with eps = 0) gives the numerator (it is replaced by 0 or
+    rejected by the caller)."""
+    safe = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+    eps_root = math.sqrt(eps) if eps_inside_sqrt else eps  # (with eps = 0 no denominator overflows)
+    limit = numerator * (unit / torch.full_like(unit, eps_root))
+    return torch.where(torch.isinf(denominator), limit, numerator / safe)
+
+
+def _check_no_overflow(advantages: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError(f"rewards: the centred advantages overflow {advantages.dtype}; pass float64 rewards")
+    return advantages
 
 
 def _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance) -> None:
@@ -159,7 +197,10 @@ def group_advantages(
             ``std``, ``eps``, ``eps_inside_sqrt``, ``zero_variance`` are required when
             ``scale != "none"`` and must be omitted when ``scale == "none"``.
     Returns:
-        ``[N]`` advantages in ``promote_types(rewards.dtype, float32)``.
+        ``[N]`` advantages in ``promote_types(rewards.dtype, float32)``. Any finite rewards work:
+        each group is computed in units of a power of two near its largest |R| (exact scaling),
+        so no sum or square overflows or underflows (float32 rewards of +-1e20 give +-1). Where
+        the result itself exceeds the dtype's range (``scale="none"``: R - mean), ValueError.
     """
     _check_rewards_and_groups(rewards, group_ids)
     _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance)
@@ -181,57 +222,67 @@ def group_advantages(
     if singleton == "error" and bool(is_singleton.any()):
         raise ValueError("a group has a single sample (singleton='error'); pass singleton='zero' "
                          "to give such samples advantage 0")
-    mean = _group_sum(r, index, num_groups) / count.to(dtype)
-    deviation = r - mean[index]
+    # Work in units of a power of two per group (u_g ~ max |R| of the group; exact scaling): no
+    # sum, mean or square overflows or underflows, and ordinary rewards give the same bits as
+    # unscaled arithmetic (scaling by 2^k commutes with rounding).
+    big, small = _group_extremes(r, index, num_groups)
+    constant_groups = big == small
+    group_unit = _power_of_two_unit(torch.maximum(big.abs(), small.abs()))
+    unit = group_unit[index]
+    scaled = r / unit
+    mean = _group_sum(scaled, index, num_groups) / count.to(dtype)
+    deviation = scaled - mean[index]
     if leave_one_out:
         # R_i - (n mean - R_i) / (n - 1) = n / (n - 1) (R_i - mean); singletons are zeroed below.
         factor = count.to(dtype) / (count - 1).clamp(min=1).to(dtype)
         centred = deviation * factor[index]
     else:
         centred = deviation
-    # eq. (6)/(15): a singleton has no baseline: advantage 0, or (raw) its reward against mean 0.
-    centred = torch.where(is_singleton, r if singleton == "raw" else torch.zeros_like(centred), centred)
+    # eq. (6): a singleton has no baseline: advantage 0 ("raw", eq. (15), is handled below).
+    centred = torch.where(is_singleton, torch.zeros_like(centred), centred)
     if scale == "none":
-        return centred
+        out = centred * unit
+        if singleton == "raw":  # eq. (15): mean 0, so c_i = R_i
+            out = torch.where(is_singleton, r, out)
+        return _check_no_overflow(out)
 
     if scale == "group":
         sum_sq = _group_sum(deviation * deviation, index, num_groups)
-        denominator = _scale_denominator(sum_sq, count, std, eps, eps_inside_sqrt)[index]
-        if singleton == "raw":  # eq. (15): std 1, i.e. var = 1 in eq. (4)
-            unit = torch.ones(1, dtype=dtype, device=r.device)
-            raw_denominator = torch.sqrt(unit + eps) if eps_inside_sqrt else unit + eps
-            denominator = torch.where(is_singleton, raw_denominator.expand_as(r), denominator)
-        constant = _group_is_constant(r, index, num_groups)[index] & ~is_singleton
-    elif scale == "batch_rewards":  # eq. (14): std of all N raw rewards (TRL scale_rewards="batch")
-        n = torch.tensor([r.numel()], device=r.device)
-        reward_dev = r - r.mean()
-        denominator = _scale_denominator((reward_dev * reward_dev).sum().reshape(1), n, std, eps,
-                                         eps_inside_sqrt).expand_as(r)
-        # s_R = 0 (before eps) iff every reward of the batch is equal, tested exactly (max == min).
-        all_equal = bool(r.max() == r.min())
-        constant = torch.full_like(is_singleton, all_equal) & ~is_singleton
-    else:  # "batch": std of all N centred values (Magistral)
-        n = torch.tensor([r.numel()], device=r.device)
-        # (N = 1 is a single singleton group: its advantage is 0 by the singleton rule below.)
-        batch_dev = centred - centred.mean()
+        denominator = _scale_denominator(sum_sq, count, std, eps, eps_inside_sqrt, group_unit)[index]
+        advantages = _scaled_quotient(centred, denominator, unit, eps, eps_inside_sqrt)
+        constant = constant_groups[index] & ~is_singleton
+    else:
+        # one unit for the batch, the largest group unit: the values of other groups scale by exact
+        # powers of two <= 1 (whatever underflows is below the batch std's rounding)
+        batch_unit = group_unit.max().reshape(1)
+        n = count.new_full((1,), r.numel())
+        numerator = centred * (unit / batch_unit)
+        if scale == "batch_rewards":  # eq. (14): std of all N raw rewards (TRL scale_rewards="batch")
+            values = r / batch_unit
+            # s_R = 0 (before eps) iff every reward of the batch is equal, tested exactly (max == min).
+            all_equal = bool(big.max() == small.min())
+        else:  # "batch": std of all N centred values (Magistral)
+            # (N = 1 is a single singleton group: its advantage is 0 by the singleton rule below.)
+            values = numerator
+            # The centred values are all equal iff each group is constant (their group sums are 0),
+            # tested exactly on the rewards rather than on rounded differences.
+            all_equal = bool(constant_groups.all())
+        batch_dev = values - values.mean()
         denominator = _scale_denominator((batch_dev * batch_dev).sum().reshape(1), n, std, eps,
-                                         eps_inside_sqrt).expand_as(r)
-        # The centred values are all equal iff each group is constant (their group sums are 0),
-        # tested exactly on the rewards rather than on rounded differences.
-        all_constant = bool(_group_is_constant(r, index, num_groups).all())
-        constant = torch.full_like(is_singleton, all_constant) & ~is_singleton
+                                         eps_inside_sqrt, batch_unit)
+        advantages = _scaled_quotient(numerator, denominator.expand_as(r), batch_unit.expand_as(r), eps,
+                                      eps_inside_sqrt)
+        constant = torch.full_like(is_singleton, all_equal) & ~is_singleton
 
     if zero_variance == "error" and bool(constant.any()):
         raise ValueError("zero-variance rewards (zero_variance='error'); pass 'zero' or 'formula'")
     if zero_variance == "formula" and eps == 0 and bool(constant.any()):
         raise ValueError("zero_variance='formula' with eps=0 divides by zero on a zero-variance group")
-    # Guard the unused branch so that no 0/0 appears (no silent NaN even in masked-out entries).
-    safe_denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
-    advantages = centred / safe_denominator
     if zero_variance == "zero":
         advantages = torch.where(constant, torch.zeros_like(advantages), advantages)
-    if singleton == "raw":
-        return advantages
+    if singleton == "raw":  # eq. (15): mean 0 and std 1, i.e. var = 1 in eq. (4)
+        raw_denominator = math.sqrt(1.0 + eps) if eps_inside_sqrt else 1.0 + eps
+        return torch.where(is_singleton, r / raw_denominator, advantages)
     return torch.where(is_singleton, torch.zeros_like(advantages), advantages)
 
 
@@ -244,7 +295,7 @@ def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> tor
     """
     _check_rewards_and_groups(rewards, group_ids)
     if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.bool, device=rewards.device)
+        return rewards.new_zeros(0, dtype=torch.bool)
     index, num_groups = _group_index(group_ids)
     return ~_group_is_constant(rewards, index, num_groups)[index]
 
@@ -295,4 +346,4 @@ def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.T
     if truncated.shape != mask.shape[:1]:
         raise ValueError(f"truncated must have shape [N] = [{mask.shape[0]}], got {tuple(truncated.shape)}")
     keep = ~truncated.to(mask.device)
-    return mask * keep.unsqueeze(1).to(mask.dtype) if mask.dtype != torch.bool else mask & keep.unsqueeze(1)
+    return mask * keep.unsqueeze(1).to(mask.dtype)  # for bool masks, * is logical and

@@ -70,6 +70,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
 _SEQUENCE_LEVELS = ("sequence_mean", "sequence_product")
 _KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+_MIN_TAU = 1e-30  # smallest SAPO temperature (see _sapo_surrogate)
 
 
 def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
@@ -97,7 +98,7 @@ class PolicyLossVariant:
         eps_low, eps_high: clip bounds ``[1 - eps_low, 1 + eps_high]`` for the "clip" and "cispo"
             gates; ``None`` removes that side (md eq. (6)). eps_low must be in [0, 1).
         dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
-        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)).
+        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)); >= 1e-30.
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
         max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
         kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
@@ -143,8 +144,9 @@ class PolicyLossVariant:
         if self.dual_clip is not None and self.eps_high is not None and self.dual_clip < 1 + self.eps_high:
             raise ValueError(f"variant.dual_clip must be >= 1 + eps_high = {1 + self.eps_high}, "
                              f"got {self.dual_clip}")
-        _check_real(self.tau_pos, "tau_pos", low=0.0, low_inclusive=False, optional=False)
-        _check_real(self.tau_neg, "tau_neg", low=0.0, low_inclusive=False, optional=False)
+        # tau >= 1e-30 (not just > 0): SAPO's gate then saturates before exp(log r) leaves float32's range
+        _check_real(self.tau_pos, "tau_pos", low=_MIN_TAU, low_inclusive=True, optional=False)
+        _check_real(self.tau_neg, "tau_neg", low=_MIN_TAU, low_inclusive=True, optional=False)
         if self.max_length is not None and (
             isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1
         ):
@@ -261,9 +263,9 @@ def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             raise ValueError(f"normalizer must be a scalar, got shape {tuple(normalizer.shape)}")
-        value = normalizer.detach().reshape(()).to(device=local.device, dtype=local.dtype)
+        value = normalizer.detach().reshape(()).to(local)  # local's dtype and device
     elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
-        value = torch.tensor(float(normalizer), dtype=local.dtype, device=local.device)
+        value = local.new_tensor(float(normalizer))
     else:
         raise TypeError(f"normalizer must be None, a positive number or a scalar tensor, "
                         f"got {type(normalizer).__name__}")
@@ -328,7 +330,7 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
     elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
     ``ratio`` is the detached ``exp(log_ratio)``; ``positive`` is ``A > 0`` (broadcastable).
     Returns (term, gate open)."""
-    full = functools.partial(torch.full, (), dtype=ratio.dtype, device=ratio.device)
+    full = functools.partial(ratio.new_full, ())
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
     negative_open = ratio >= lower
@@ -339,8 +341,10 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
         negative_bound = torch.where(above, variant.dual_clip, negative_bound)
     gate = torch.where(positive, ratio <= upper, negative_open)
     bound = torch.where(positive, full(1.0 if variant.eps_high is None else upper), negative_bound)
-    # exp only where the gate is open: the closed branch must not back-propagate 0 * inf.
-    r_open = torch.exp(torch.where(gate, log_ratio, 0.0))
+    # exp only where the gate is open and A != 0: the closed branch must not back-propagate
+    # 0 * inf, and an open unit with A = 0 (padding, a zero-variance group, a masked behaviour
+    # weight) must not give 0 * inf = NaN where its ratio overflows; its term is exactly 0.
+    r_open = torch.exp(torch.where(gate & (adv != 0), log_ratio, 0.0))
     return torch.where(gate, r_open, bound) * adv, gate
 
 
@@ -358,11 +362,18 @@ def _log_clip(log_ratio: torch.Tensor, positive: torch.Tensor, variant: PolicyLo
 
 def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.Tensor,
                     variant: PolicyLossVariant) -> torch.Tensor:
-    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119))."""
-    full = functools.partial(torch.full, (), dtype=adv.dtype, device=adv.device)  # where(c, float, float)
-    tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)  # would be the default dtype
+    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119)).
+
+    The log-ratio is capped at ``log(finfo.max) - 1``, where exp still fits the dtype: beyond it
+    the gate is saturated (tau (r - 1) > 1e-30 * 1e38 >> 40, so sigmoid rounds to 1 in float32
+    and float64 alike, with tau >= 1e-30 by the variant's check) and the exact derivative
+    ``4 A sigmoid (1 - sigmoid) r`` is below the dtype's smallest subnormal; without the cap the
+    backward pass multiplies sigmoid' = 0 by exp(log r) = inf (NaN)."""
+    full = functools.partial(adv.new_full, ())  # where(c, float, float) would be the default dtype
+    tau = torch.where(positive, full(variant.tau_pos), variant.tau_neg)
     scale = torch.where(positive, full(4.0 / variant.tau_pos), 4.0 / variant.tau_neg)
-    return torch.sigmoid(tau * torch.expm1(log_ratio)) * (scale * adv)
+    capped = log_ratio.clamp(max=math.log(torch.finfo(adv.dtype).max) - 1.0)
+    return torch.sigmoid(tau * torch.expm1(capped)) * (scale * adv)
 
 
 def _cispo_surrogate(ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Tensor,
@@ -373,6 +384,8 @@ def _cispo_surrogate(ratio: torch.Tensor, unit_logp: torch.Tensor, adv: torch.Te
     if variant.eps_low is not None or variant.eps_high is not None:
         weight = weight.clamp(min=None if variant.eps_low is None else 1.0 - variant.eps_low,
                               max=None if variant.eps_high is None else 1.0 + variant.eps_high)
+    if variant.eps_high is None:  # an unbounded weight may overflow: A = 0 must still give 0, not NaN
+        weight = torch.where(adv != 0, weight, 0.0)
     return weight * adv * unit_logp
 
 
@@ -444,6 +457,11 @@ def policy_loss(
         given). With an empty mask the ratio metrics are 1 and the others 0.
     Empty rows: an all-masked row contributes nothing and is not counted as a sequence; a fully
     masked batch gives loss 0 with zero gradient (md section 5).
+    Range: the loss is computed in its dtype; a unit with A = 0 (or a masked-out behaviour weight)
+    contributes exactly 0 whatever its ratio, and saturated gates (clip, SAPO) differentiate to
+    exactly 0, so loss, gradient and metrics are never NaN. Where a ratio that enters the loss
+    (open gate, A != 0), a KL term, or their sum exceeds the dtype's range, no finite answer
+    exists and ValueError("the loss overflows ...") is raised; ratio metrics may then be +inf.
     """
     if not isinstance(variant, PolicyLossVariant):
         raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
@@ -498,6 +516,12 @@ def policy_loss(
     positive = (adv > 0).unsqueeze(-1) if not variant.sequence_level and adv.ndim == 1 else adv > 0
     if not variant.sequence_level and adv.ndim == 1:
         adv = torch.where(mask, adv.unsqueeze(-1), 0.0)
+    if behavior_logp is not None:
+        # the detached weight w >= 0 multiplies A before the gate: every gate is positively
+        # homogeneous in A (min / max / clip of r A; SAPO's and CISPO's terms are linear in A) and the
+        # sign of A is taken above, so this is md eq. (13)'s w * term; a masked-out w = 0 then
+        # gives A = 0, whose term is exactly 0 even where the ratio overflows.
+        adv = adv * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
     gate_open = None
     if variant.gate == "clip":
         surrogate, gate_open = _hard_clip_surrogate(unit_log_ratio, ratio, adv, positive, variant)
@@ -505,10 +529,9 @@ def policy_loss(
         surrogate = _sapo_surrogate(unit_log_ratio, adv, positive, variant)
     elif variant.gate == "cispo":
         surrogate = _cispo_surrogate(ratio, unit_logp, adv, variant)
-    else:  # "none", and "log_clip" (its clip is already in the log-ratio)
-        surrogate = torch.exp(unit_log_ratio) * adv
-    if behavior_logp is not None:
-        surrogate = surrogate * _behavior_weight(old_c - given["behavior_logp"].detach(), lengths, variant)
+    else:  # "none", and "log_clip" (its clip is already in the log-ratio); exp only where A != 0:
+        # a zero advantage times an overflowing ratio is 0, not NaN
+        surrogate = torch.exp(torch.where(adv != 0, unit_log_ratio, 0.0)) * adv
 
     # per-sequence contributions c_i (md eq. (10)); the surrogate is zero at masked positions / rows
     per_sequence_mean = variant.aggregation == "seq_mean_token_mean"
@@ -534,6 +557,11 @@ def policy_loss(
                                          else regulariser_rows)
     denominator = _resolve_normalizer(normalizer, local)
     loss = contributions.sum() / denominator
+    # No silent inf / NaN: a finite loss has a finite gradient (each unit's derivative is bounded
+    # by its term, and saturated gates differentiate to exactly 0), so one scalar check suffices.
+    _check_value(torch.isfinite(loss), f"the loss overflows {dtype} (a ratio exp(logp - old_logp), a "
+                 f"KL term from ref_logp / kl, or their sum exceeds its range at unmasked positions); "
+                 f"pass float64 logp")
 
     metrics = _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tokens,
                        entropy_tokens, denominator, variant)
@@ -566,7 +594,7 @@ def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tok
         closed = (0 if gate_open is None else gate_open.numel() - gate_open.sum(dtype=lengths.dtype))
         metrics = {
             "policy_objective": surrogate_units.detach().sum() / units,
-            "clip_fraction": torch.as_tensor(closed, dtype=lengths.dtype, device=lengths.device) / units,
+            "clip_fraction": torch.as_tensor(closed).to(lengths) / units,
             "ratio_mean": ratio_mean,
             "ratio_min": ratio_min,
             "ratio_max": ratio_max,
