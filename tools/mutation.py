@@ -39,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import json
 import os
@@ -58,15 +59,10 @@ PACKAGES = ("refimpl", "tabular", "specs")
 # Tests written to kill mutants (any topic) run for every module: mutmut only runs, for a mutant,
 # the tests that called the mutated function, so extra files cost only the stats collection.
 KILL_TESTS = "tests/test_mutation_kills_*.py"
-TABULAR_TESTS = [
-    "tests/test_tabular_control.py",
-    "tests/test_tabular_evaluation.py",
-    "tests/test_tabular_examples.py",
-    "tests/test_tabular_gradients.py",
-    "tests/test_tabular_improvement.py",
-    "tests/test_tabular_validation.py",
-]
-# module path -> globs of the test files that check it.
+# module path -> globs of the test files that check it. mutmut runs, for each mutant, every selected
+# test that called the mutated function (until the first failure), so a widely used function (e.g.
+# tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
+# that test the module itself.
 MODULES: dict[str, list[str]] = {
     "refimpl/losses/dpo.py": ["tests/test_dpo.py"],
     "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py"],
@@ -77,8 +73,13 @@ MODULES: dict[str, list[str]] = {
     "refimpl/kl.py": ["tests/test_kl.py"],
     "refimpl/estimators.py": ["tests/test_estimators*.py"],
     "refimpl/trust_region.py": ["tests/test_trust_region*.py"],
-    **{f"tabular/{name}.py": TABULAR_TESTS for name in
-       ("mdp", "evaluation", "control", "improvement", "gradients", "exact")},
+    "tabular/mdp.py": ["tests/test_tabular_validation.py", "tests/test_tabular_evaluation.py"],
+    "tabular/evaluation.py": ["tests/test_tabular_evaluation.py", "tests/test_tabular_validation.py"],
+    "tabular/control.py": ["tests/test_tabular_control.py"],
+    "tabular/improvement.py": ["tests/test_tabular_improvement.py"],
+    "tabular/gradients.py": ["tests/test_tabular_gradients.py"],
+    "tabular/exact.py": ["tests/test_tabular_evaluation.py", "tests/test_tabular_examples.py",
+                         "tests/test_tabular_validation.py"],
 }
 # mutmut's exit codes that mean the mutant was detected; everything else is a survivor.
 KILLED_STATUSES = {"killed", "timeout", "segfault", "suspicious"}
@@ -179,6 +180,7 @@ def mutmut_config(rel_path: str, tests: list[str], packages: tuple[str, ...]) ->
         pytest_add_cli_args_test_selection = {toml_list(tests)}
         pytest_add_cli_args = ["-p", "no:cacheprovider"]
         use_git_change_detection = false
+        timeout_multiplier = 5.0
         """)
 
 
@@ -235,8 +237,9 @@ def mutant_diff(workdir: Path, rel_path: str, name: str) -> str:
 
 
 def run_module(root: Path, rel_path: str, test_globs: list[str], *, sample: int, jobs: int,
-               scratch: Path, equivalent_dir: Path, packages: tuple[str, ...] = PACKAGES) -> ModuleResult:
-    """Mutate one module and classify every mutant it ran."""
+               scratch: Path, equivalent_dir: Path, packages: tuple[str, ...] = PACKAGES,
+               only: list[str] | None = None) -> ModuleResult:
+    """Mutate one module and classify every mutant it ran (``only``: mutant-name globs)."""
     module = module_name(rel_path)
     tests = sorted({p for g in test_globs for p in glob.glob(g, root_dir=root)})
     workdir = scratch / module
@@ -244,7 +247,9 @@ def run_module(root: Path, rel_path: str, test_globs: list[str], *, sample: int,
     old = os.getcwd()
     os.chdir(workdir)
     try:
-        names = sampled_mutant_names(rel_path, sample) if sample > 1 else None
+        names = sampled_mutant_names(rel_path, max(sample, 1)) if sample > 1 or only else None
+        if only:
+            names = [n for n in names if any(fnmatch.fnmatch(n, g) for g in only)]
     finally:
         os.chdir(old)
     equivalent = read_equivalent(equivalent_dir / f"{module}.txt", module)
@@ -283,14 +288,15 @@ def report(result: ModuleResult, min_score: float) -> list[str]:
 
 def run_all(root: Path, modules: list[str], *, sample: int, jobs: int, min_score: float,
             module_tests: dict[str, list[str]] | None = None, packages: tuple[str, ...] = PACKAGES,
-            quiet_problems: bool = False) -> tuple[int, list[ModuleResult]]:
+            quiet_problems: bool = False, only: list[str] | None = None) -> tuple[int, list[ModuleResult]]:
     module_tests = module_tests or MODULES
     scratch = root / ".mutation"
     results, problems = [], []
     for rel_path in modules:
         globs = [*module_tests[rel_path], KILL_TESTS]
         result = run_module(root, rel_path, globs, sample=sample, jobs=jobs, scratch=scratch,
-                            equivalent_dir=root / "mutation" / "equivalent", packages=packages)
+                            equivalent_dir=root / "mutation" / "equivalent", packages=packages,
+                            only=only)
         results.append(result)
         problems += report(result, min_score)
     if problems and not quiet_problems:
@@ -367,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")))
     parser.add_argument("--min-score", type=float,
                         default=float(os.environ.get("MUTATION_MIN_SCORE", "0.95")))
+    parser.add_argument("--only", action="append", metavar="GLOB",
+                        help="run only the mutants whose names match (repeatable; a partial run)")
     parser.add_argument("--selftest", action="store_true")
     args = parser.parse_args(argv)
     if args.selftest:
@@ -380,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["OMP_NUM_THREADS"] = "1"
     if args.sample > 1:
         print(f"sampling: every {args.sample}th mutant of each function (MUTATION_SAMPLE={args.sample})")
-    rc, _ = run_all(ROOT, modules, sample=args.sample, jobs=args.jobs, min_score=args.min_score)
+    if args.only:
+        print(f"partial run: only the mutants matching {args.only}")
+    rc, _ = run_all(ROOT, modules, sample=args.sample, jobs=args.jobs, min_score=args.min_score,
+                    only=args.only)
     return rc
 
 
