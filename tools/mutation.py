@@ -184,6 +184,21 @@ def mutmut_config(rel_path: str, tests: list[str], packages: tuple[str, ...]) ->
         """)
 
 
+# Appended to the scratch copy's tests/conftest.py: the ``ci`` profile (same examples, derandomised)
+# without the shrink phase and the example database. A failing example already kills the mutant;
+# shrinking it costs up to minutes per mutant, and a database would replay one mutant's failures on
+# the next.
+MUTATION_PROFILE = """
+
+# --- appended by tools/mutation.py (scratch copy only) ---
+from hypothesis import Phase as _Phase  # noqa: E402
+
+settings.register_profile("mutation", parent=settings.get_profile("ci"), database=None,
+                          phases=[_Phase.explicit, _Phase.reuse, _Phase.generate])
+settings.load_profile("mutation")
+"""
+
+
 def prepare_workdir(root: Path, workdir: Path, rel_path: str, tests: list[str],
                     packages: tuple[str, ...]) -> None:
     """A fresh copy of the packages, tests/ and pyproject.toml with the module's mutmut config."""
@@ -193,6 +208,9 @@ def prepare_workdir(root: Path, workdir: Path, rel_path: str, tests: list[str],
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
     for name in (*packages, "tests"):
         shutil.copytree(root / name, workdir / name, ignore=ignore)
+    conftest = workdir / "tests" / "conftest.py"
+    if conftest.exists():
+        conftest.write_text(conftest.read_text() + MUTATION_PROFILE)
     pyproject = (root / "pyproject.toml").read_text() if (root / "pyproject.toml").exists() else ""
     (workdir / "pyproject.toml").write_text(pyproject + mutmut_config(rel_path, tests, packages))
     # Trap: a PYTHONPATH entry that does not exist yet is cached as empty by the interpreter.
