@@ -266,3 +266,59 @@ def test_trajectory_weights_use_the_behaviour_policy_and_mask_by_hand():
     w = trajectory_importance_weights(a["target_logp"], a["behavior_logp"], a["mask"])
     d = (a["target_logp"] - a["behavior_logp"]) * a["mask"]
     np.testing.assert_allclose(w.numpy(), np.exp(d.sum(1).numpy()), rtol=4 * np.finfo(float).eps)
+
+
+@pytest.mark.parametrize("fname", list(FUNCTIONS))
+@pytest.mark.parametrize(("first", "others"), [(torch.float32, torch.float64), (torch.float64, torch.float16),
+                                               (torch.float16, torch.float64)])
+def test_the_first_argument_decides_the_compute_dtype(fname, first, others):
+    # the module computes in the dtype rule of its first per-step argument (rewards, or target_logp)
+    # and casts every other input to it first
+    lead = FUNCTIONS[fname][1][0]
+    want = torch.float64 if first == torch.float64 else torch.float32
+    args = {k: (v.to(first if k == lead else others) if k in FLOATS else v) for k, v in valid_args().items()}
+    out = call(fname, **args)
+    assert out.dtype == want
+    cast = {k: (v.to(want) if k in FLOATS else v) for k, v in args.items()}
+    assert torch.equal(out, call(fname, **cast))
+
+
+def test_is_estimators_compute_in_the_dtype_of_f():
+    f = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float16)
+    w = torch.tensor([0.1, 1.0 / 3.0, 2.0], dtype=F64)  # not representable in float32
+    for est in (is_estimate, snis_estimate):
+        out = est(f, w)
+        assert out.dtype == torch.float32
+        assert torch.equal(out, est(f.float(), w.float()))
+
+
+@pytest.mark.parametrize("fname", list(FUNCTIONS))
+def test_float32_stays_float32_under_a_float64_default_dtype(fname):
+    # code that sets torch's default dtype (e.g. for LM experiments) must not change the result dtype
+    args = {k: (v.float() if k in FLOATS else v) for k, v in valid_args().items()}
+    expected = call(fname, **args)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = call(fname, **args)
+        if fname == "discounted_returns":  # also the path without next_values (no bootstrap)
+            term = torch.tensor([[False, True, False, True], [False, False, False, True]])
+            no_boot = call(fname, **{**args, "terminated": term,
+                                     "truncated": torch.zeros(N, T, dtype=torch.bool), "next_values": None})
+            assert no_boot.dtype == torch.float32
+    finally:
+        torch.set_default_dtype(old)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
+def test_full_messages():
+    both = valid_args()["terminated"].clone()
+    both[0, 3] = True
+    flags = (r"^a step cannot be both terminated and truncated \(terminated takes precedence in the "
+             r"environment; fix the flags\)$")
+    with pytest.raises(ValueError, match=flags):
+        call("gae_advantages", terminated=both)
+    zero_prob = (r"^behavior_logp contains NaN or inf \(a zero-probability action under the behaviour "
+                 r"policy breaks importance sampling, seed 001 Remark 1.2\)$")
+    with pytest.raises(ValueError, match=zero_prob):
+        importance_weights(torch.zeros(1, dtype=F64), torch.tensor([-math.inf], dtype=F64))
