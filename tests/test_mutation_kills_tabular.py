@@ -49,3 +49,111 @@ def test_normalised_occupancy_error_message():
     message = r"^the normalised occupancy is undefined: every start state is terminal$"
     with pytest.raises(ValueError, match=message):
         T.state_occupancy(mdp, np.ones((2, 1)))
+
+
+# ------------------------------------------------------------------------------------------ mdp
+
+
+def three_state_arrays():
+    P = np.zeros((3, 2, 3))
+    P[0, 0] = [0.5, 0.5, 0.0]
+    P[0, 1] = [0.0, 0.0, 1.0]
+    P[1, :] = [0.25, 0.25, 0.5]
+    P[2, :, 2] = 1.0
+    r = np.array([[1.0, 0.0], [0.5, -1.0], [0.0, 0.0]])
+    return P, r, np.array([1.0, 0.0, 0.0])
+
+
+def test_negative_probability_message_names_the_first_negative_entry():
+    P, r, rho0 = three_state_arrays()
+    P[1, 1] = [0.75, 0.5, -0.25]  # entries < 1 come earlier; the first negative is (1, 1, 2)
+    # (the value is printed with repr: "np.float64(-0.25)" under numpy 2)
+    with pytest.raises(ValueError, match=r"^P has a negative probability \S*-0.25\S* at index \(1, 1, 2\)$"):
+        T.MDP(P, r, rho0, 0.9)
+
+
+def test_terminal_self_loop_must_be_one_to_the_atol_not_a_relative_tolerance():
+    P, r, rho0 = three_state_arrays()
+    P[2, :, 2] = 1.0 - 1e-6  # within rtol = 1e-5 of 1, far outside STOCHASTIC_ATOL
+    P[2, :, 0] = 1e-6
+    absorbing = r"^terminal state 2 must be absorbing: P\[2, a, 2\] = 1 for every a$"
+    with pytest.raises(ValueError, match=absorbing):
+        T.MDP(P, r, rho0, 0.9, terminal=np.array([False, False, True]))
+
+
+@pytest.mark.parametrize("gamma", [1, np.float32(0.75), np.int64(0), np.float64(0.5)])
+def test_gamma_is_stored_as_a_python_float(gamma):
+    P, r, rho0 = three_state_arrays()
+    mdp = T.MDP(P, r, rho0, gamma, terminal=np.array([False, False, True]))
+    assert type(mdp.gamma) is float and mdp.gamma == float(gamma)
+
+
+def test_validate_policy_default_name_is_pi():
+    with pytest.raises(ValueError, match=r"^pi must have shape \[S, A\] = \(3, 2\), got \(2, 2\)$"):
+        T.validate_policy(np.full((2, 2), 0.5), 3, 2)
+    with pytest.raises(ValueError, match=r"^pi rows must sum to 1; row \(0,\) sums to \S*0.5\S*$"):
+        T.validate_policy(np.full((3, 2), 0.25), 3, 2)
+
+
+# ------------------------------------------------------------------------------------------ control
+
+
+def test_backup_and_greedy_messages():
+    mdp = T.MDP(*three_state_arrays(), 0.9)
+    with pytest.raises(ValueError, match=r"^V contains NaN or inf$"):
+        T.bellman_optimality_backup(mdp, [0.0, np.nan, 0.0])
+    with pytest.raises(ValueError, match=r"^V must have shape \[S\] = \(3,\), got \(2,\)$"):
+        T.bellman_optimality_backup(mdp, [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"^Q contains NaN or inf$"):
+        T.greedy_policy([[0.0, np.inf]])
+    with pytest.raises(ValueError, match=r"^Q must have shape \[S, A\], got \(2,\)$"):
+        T.greedy_policy([0.0, 1.0])
+
+
+def test_backup_and_greedy_take_exact_numbers_as_float64():
+    from fractions import Fraction
+
+    mdp = T.MDP(*three_state_arrays(), 0.9)
+    V = [Fraction(1, 2), Fraction(-3, 4), 0]
+    got = T.bellman_optimality_backup(mdp, V)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, T.bellman_optimality_backup(mdp, np.array([0.5, -0.75, 0.0])))
+    Q = [[Fraction(1, 3), Fraction(2, 3)], [Fraction(1), Fraction(0)]]
+    np.testing.assert_array_equal(T.greedy_policy(Q), [[0.0, 1.0], [1.0, 0.0]])
+
+
+def test_tie_tolerance_grows_with_the_size_of_q():
+    # tolerance TIE_RTOL (1 + max |Q|) = 1.01e-10 at |Q| = 100: a gap of 5e-11 is a tie (lowest index)
+    big = T.greedy_policy([[100.0 - 5e-11, 100.0]])
+    np.testing.assert_array_equal(big, [[1.0, 0.0]])
+    # at |Q| ~ 0 the tolerance is 1e-12: the same gap is not a tie
+    small = T.greedy_policy([[-5e-11, 0.0]])
+    np.testing.assert_array_equal(small, [[0.0, 1.0]])
+
+
+def test_value_iteration_default_tol_and_iteration_cap():
+    gamma = 0.9
+    # one state paying 1 forever: V_k = (1 - gamma^k) / (1 - gamma)
+    mdp = T.MDP(np.ones((1, 1, 1)), np.ones((1, 1)), np.ones(1), gamma)
+    res = T.value_iteration(mdp)  # default tol = 1e-8: V within tol / 2 of V* = 10
+    assert 10.0 - res.V[0] <= 0.5e-8
+    k = res.iterations
+    assert T.value_iteration(mdp, max_iterations=k).iterations == k
+    cap = rf"^value_iteration did not reach tol=1e-08 within {k - 1} backups$"
+    with pytest.raises(RuntimeError, match=cap):
+        T.value_iteration(mdp, max_iterations=k - 1)
+    with pytest.raises(TypeError, match=r"^mdp must be a tabular.MDP, got str$"):
+        T.value_iteration("mdp")
+
+
+def test_policy_iteration_messages():
+    mdp = T.MDP(*three_state_arrays(), 0.9)
+    with pytest.raises(TypeError, match=r"^mdp must be a tabular.MDP, got dict$"):
+        T.policy_iteration({})
+    shape = r"^initial_policy must have shape \[S, A\] = \(3, 2\), got \(3, 3\)$"
+    with pytest.raises(ValueError, match=shape):
+        T.policy_iteration(mdp, initial_policy=np.full((3, 3), 1 / 3))
+    # from the uniform (stochastic) policy one evaluation cannot end the loop
+    cap = r"^policy_iteration did not converge within 1 evaluations \(S=3\)$"
+    with pytest.raises(RuntimeError, match=cap):
+        T.policy_iteration(mdp, initial_policy=np.full((3, 2), 0.5), max_iterations=1)
