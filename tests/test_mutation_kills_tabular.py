@@ -157,3 +157,79 @@ def test_policy_iteration_messages():
     cap = r"^policy_iteration did not converge within 1 evaluations \(S=3\)$"
     with pytest.raises(RuntimeError, match=cap):
         T.policy_iteration(mdp, initial_policy=np.full((3, 2), 0.5), max_iterations=1)
+
+
+# ------------------------------------------------------------------------------------------ improvement
+
+
+def two_state_bandit_mdp(gamma: float) -> T.MDP:
+    """Two states, each action moves to either state with probability 1/2; r = identity, so
+    under the uniform policy A = [[1/2, -1/2], [-1/2, 1/2]] and rho = [1, 1] / (2 (1 - gamma))."""
+    P = np.full((2, 2, 2), 0.5)
+    return T.MDP(P, np.eye(2), np.array([0.5, 0.5]), gamma)
+
+
+def test_policy_arguments_are_named_in_errors():
+    ok = np.full((2, 2), 0.5)
+    for bad in ([["a", "b"], ["c", "d"]], [[0.5, 0.5], [1.0]]):
+        with pytest.raises(TypeError, match=r"^pi must be a numeric array, got list$"):
+            T.policy_total_variation(bad, ok)
+    with pytest.raises(ValueError, match=r"^pi must have shape \[S, A\], got \(2,\)$"):
+        T.policy_kl(np.array([0.5, 0.5]), ok)
+    with pytest.raises(ValueError, match=r"^pi rows must sum to 1; row \(1,\) sums to \S*0.75\S*$"):
+        T.policy_kl(np.array([[0.5, 0.5], [0.5, 0.25]]), ok)
+    with pytest.raises(ValueError, match=r"^pi_new rows must sum to 1; row \(0,\) sums to \S*1.5\S*$"):
+        T.policy_kl(ok, np.array([[1.0, 0.5], [0.5, 0.5]]))
+    with pytest.raises(TypeError, match=r"^alpha must be a real number, got str$"):
+        T.mixture(ok, ok, "0.5")
+    episodic = r"^cpi_step_size needs gamma < 1: it has \(1 - gamma\) in a denominator"
+    with pytest.raises(ValueError, match=episodic):
+        T.cpi_step_size(T.MDP(np.ones((1, 1, 1)), np.zeros((1, 1)), np.ones(1), 1.0,
+                              terminal=np.array([True])), np.ones((1, 1)), np.ones((1, 1)))
+
+
+def test_policy_kl_with_zeros_in_the_new_policy_is_inf_without_a_warning():
+    import warnings
+
+    pi = np.array([[0.5, 0.5], [1.0, 0.0]])
+    pi_new = np.array([[1.0, 0.0], [1.0, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kl = T.policy_kl(pi, pi_new)
+    assert kl[0] == np.inf and kl[1] == 0.0
+
+
+def test_cpi_step_size_counts_a_gain_at_rounding_level_as_zero():
+    # pi_new improves state 0 and worsens state 1 by almost the same occupancy-weighted amount, so
+    # g ~ 3e-12 max|Q| sits between the guard's 1e-12 max|Q| (1 - gamma) and 1e-12 max|Q| / (1 - gamma)
+    # while eps = 1/4 is far from rounding level: the step size is 0 (documented guard).
+    gamma = 0.9
+    mdp = two_state_bandit_mdp(gamma)
+    pi = np.full((2, 2), 0.5)
+    max_q = float(np.abs(T.q_values(mdp, pi)).max())
+    rho = T.state_occupancy(mdp, pi, normalized=False)
+    t1 = 0.25
+    t2 = (3e-12 * max_q - rho[0] * t1) / (-rho[1])  # g = rho0 t1 (+1) + rho1 t2 (-1)
+    pi_new = np.array([[0.5 + t1, 0.5 - t1], [0.5 + t2, 0.5 - t2]])
+    g = T.cpi_gain(mdp, pi, pi_new)
+    noise = 1e-12 * max_q
+    assert noise * (1 - gamma) < g <= noise / (1 - gamma)  # the case is inside the guard's window
+    assert T.cpi_epsilon(mdp, pi, pi_new) == pytest.approx(0.25, rel=1e-9)
+    assert T.cpi_step_size(mdp, pi, pi_new) == 0.0
+
+
+def test_trpo_lower_bound_default_divergence_is_tv():
+    mdp = two_state_bandit_mdp(0.8)
+    pi = np.full((2, 2), 0.5)
+    pi_new = np.array([[0.7, 0.3], [0.4, 0.6]])
+    assert T.trpo_lower_bound(mdp, pi, pi_new) == T.trpo_lower_bound(mdp, pi, pi_new, divergence="tv")
+    assert T.trpo_lower_bound(mdp, pi, pi_new) != T.trpo_lower_bound(mdp, pi, pi_new, divergence="kl")
+
+
+def test_trpo_lower_bound_with_a_zero_coefficient_ignores_an_infinite_kl():
+    # gamma = 0: coefficient 4 eps gamma / (1 - gamma)^2 = 0 and KL = inf; the penalty is 0, not NaN
+    mdp = two_state_bandit_mdp(0.0)
+    pi = np.full((2, 2), 0.5)
+    pi_new = np.array([[1.0, 0.0], [0.5, 0.5]])
+    bound = T.trpo_lower_bound(mdp, pi, pi_new, divergence="kl")
+    assert bound == T.surrogate(mdp, pi, pi_new)
