@@ -383,6 +383,32 @@ def selftest() -> int:
     return 0
 
 
+def show_mutants(rel_path: str, only: list[str] | None) -> None:
+    """Print every mutant of ``rel_path`` (matching ``only``) with its changed lines, without running
+    anything: for writing and re-checking listings after a module changed."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pyproject.toml").write_text(mutmut_config(rel_path, [], PACKAGES))
+        old = os.getcwd()
+        os.chdir(tmp)
+        try:
+            reset_config()
+            mutated = mutate_file_contents(rel_path, (ROOT / rel_path).read_text())
+            for name in mutated.mutant_names:
+                full = get_mutant_name(Path(rel_path), name)
+                if only and not any(fnmatch.fnmatch(full, g) for g in only):
+                    continue
+                diff = get_diff_for_mutant(full, source=mutated.code, path=rel_path)
+                changed = [ln for ln in diff.splitlines()[2:] if ln[:1] in "+-"]
+                print(full + "\n    " + "\n    ".join(changed))
+        finally:
+            os.chdir(old)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="module paths (default: every module)")
@@ -393,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=float(os.environ.get("MUTATION_MIN_SCORE", "0.95")))
     parser.add_argument("--only", action="append", metavar="GLOB",
                         help="run only the mutants whose names match (repeatable; a partial run)")
+    parser.add_argument("--show", action="store_true",
+                        help="print the mutants (names and changed lines) instead of running them")
     parser.add_argument("--selftest", action="store_true")
     args = parser.parse_args(argv)
     if args.selftest:
@@ -403,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modules if m not in MODULES]
     if unknown:
         parser.error(f"modules not configured in MODULES: {unknown}")
+    if args.show:
+        for rel_path in modules:
+            show_mutants(rel_path, args.only)
+        return 0
     os.environ["OMP_NUM_THREADS"] = "1"
     if args.sample > 1:
         print(f"sampling: every {args.sample}th mutant of each function (MUTATION_SAMPLE={args.sample})")
