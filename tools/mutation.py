@@ -386,8 +386,11 @@ def selftest() -> int:
 def show_mutants(rel_path: str, only: list[str] | None) -> None:
     """Print every mutant of ``rel_path`` (matching ``only``) with its changed lines, without running
     anything: for writing and re-checking listings after a module changed."""
+    import difflib
+
+    import libcst as cst
     from mutmut.configuration import reset_config
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
     from mutmut.mutation.file_mutation import mutate_file_contents
     from mutmut.utils.format_utils import get_mutant_name
 
@@ -398,15 +401,18 @@ def show_mutants(rel_path: str, only: list[str] | None) -> None:
         try:
             reset_config()
             mutated = mutate_file_contents(rel_path, (ROOT / rel_path).read_text())
-            for name in mutated.mutant_names:
-                full = get_mutant_name(Path(rel_path), name)
-                if only and not any(fnmatch.fnmatch(full, g) for g in only):
-                    continue
-                diff = get_diff_for_mutant(full, source=mutated.code, path=rel_path)
-                changed = [ln for ln in diff.splitlines()[2:] if ln[:1] in "+-"]
-                print(full + "\n    " + "\n    ".join(changed))
         finally:
             os.chdir(old)
+    module = cst.parse_module(mutated.code)  # once: re-parsing per mutant is quadratic
+    for name in mutated.mutant_names:
+        full = get_mutant_name(Path(rel_path), name)
+        if only and not any(fnmatch.fnmatch(full, g) for g in only):
+            continue
+        orig, mutant = (cst.Module([f(module, name)]).code.splitlines()
+                        for f in (read_original_function, read_mutant_function))
+        changed = [ln for ln in difflib.unified_diff(orig, mutant, lineterm="", n=0)
+                   if ln[:1] in "+-" and not ln.startswith(("---", "+++"))]
+        print(full + "\n    " + "\n    ".join(changed))
 
 
 def main(argv: list[str] | None = None) -> int:
