@@ -233,3 +233,36 @@ def test_trpo_lower_bound_with_a_zero_coefficient_ignores_an_infinite_kl():
     pi_new = np.array([[1.0, 0.0], [0.5, 0.5]])
     bound = T.trpo_lower_bound(mdp, pi, pi_new, divergence="kl")
     assert bound == T.surrogate(mdp, pi, pi_new)
+
+
+# ------------------------------------------------------------------------------------------ gradients
+
+
+def test_softmax_is_shifted_per_state():
+    # rows of very different scale: a shift by the global max would underflow the second row to 0/0
+    theta = np.array([[1000.0, 999.0], [0.0, -1.0]])
+    expected_row = np.array([1.0, np.exp(-1.0)]) / (1.0 + np.exp(-1.0))
+    pi = T.softmax_policy(theta)
+    np.testing.assert_allclose(pi, [expected_row, expected_row], rtol=4 * np.finfo(float).eps)
+    mdp = two_state_bandit_mdp(0.5)
+    # KL(pi_theta || pi_theta) = 0 exactly per state; the shift must not turn a row into -inf - -inf
+    assert T.mean_kl(mdp, theta, theta) == 0.0
+    theta_new = np.array([[1000.0, 1000.0], [0.0, 0.0]])
+    p = expected_row
+    kl_state = float(p @ (np.log(p) - np.log([0.5, 0.5])))
+    # d is uniform here (symmetric MDP), so the mean KL is the per-state KL; a few ulps of log terms
+    assert T.mean_kl(mdp, theta, theta_new) == pytest.approx(kl_state, rel=1e-13)
+
+
+def test_theta_errors_name_the_argument():
+    mdp = two_state_bandit_mdp(0.5)
+    with pytest.raises(TypeError, match=r"^theta must be a numeric array, got str$"):
+        T.softmax_policy("abc")
+    with pytest.raises(ValueError, match=r"^theta must have shape \[S, A\], got \(2,\)$"):
+        T.softmax_policy(np.zeros(2))
+    with pytest.raises(ValueError, match=r"^theta contains NaN or inf$"):
+        T.softmax_policy(np.array([[0.0, np.nan]]))
+    with pytest.raises(ValueError, match=r"^theta_new must have shape \[S, A\] = \(2, 2\), got \(2, 3\)$"):
+        T.mean_kl(mdp, np.zeros((2, 2)), np.zeros((2, 3)))
+    with pytest.raises(TypeError, match=r"^theta_new must be a numeric array, got str$"):
+        T.mean_kl(mdp, np.zeros((2, 2)), "x")
