@@ -322,3 +322,23 @@ def test_full_messages():
                  r"policy breaks importance sampling, seed 001 Remark 1.2\)$")
     with pytest.raises(ValueError, match=zero_prob):
         importance_weights(torch.zeros(1, dtype=F64), torch.tensor([-math.inf], dtype=F64))
+
+
+def test_next_values_required_full_message():
+    message = (r"^next_values is required: some steps are truncated or the rollout ends mid-episode, and "
+               r"their returns must be bootstrapped$")
+    with pytest.raises(ValueError, match=message):
+        call("discounted_returns", next_values=None)
+
+
+MIXED = [(torch.float32, torch.float64), (torch.float16, torch.float64), (torch.float64, torch.float32)]
+
+
+@pytest.mark.parametrize(("target", "behavior"), MIXED)
+def test_importance_weights_compute_in_the_dtype_of_target_logp(target, behavior):
+    a = torch.tensor([-0.5, 0.1, -2.0], dtype=F64)
+    b = torch.tensor([-1.0, 1.0 / 3.0, -0.2], dtype=F64)  # not representable in float32
+    want = torch.float64 if target == torch.float64 else torch.float32
+    w = importance_weights(a.to(target), b.to(behavior))
+    assert w.dtype == want
+    assert torch.equal(w, torch.exp(a.to(target).to(want) - b.to(behavior).to(want)))
