@@ -266,3 +266,68 @@ def test_theta_errors_name_the_argument():
         T.mean_kl(mdp, np.zeros((2, 2)), np.zeros((2, 3)))
     with pytest.raises(TypeError, match=r"^theta_new must be a numeric array, got str$"):
         T.mean_kl(mdp, np.zeros((2, 2)), "x")
+
+
+# ------------------------------------------------------------------------------------------ exact
+
+
+def test_to_rational_of_integers_and_bad_input():
+    from fractions import Fraction
+
+    import sympy
+
+    from tabular.exact import to_rational
+
+    assert to_rational(3) == sympy.Integer(3) and isinstance(to_rational(3), sympy.Integer)
+    assert to_rational(np.int64(-2)) == sympy.Integer(-2)
+    assert to_rational(2**70 + 1) == sympy.Integer(2**70 + 1)
+    assert to_rational(Fraction(-3, 4)) == sympy.Rational(-3, 4)
+    assert to_rational(0.1) == sympy.Rational(3602879701896397, 36028797018963968)  # the binary value
+    with pytest.raises(TypeError, match=r"^expected a number, got a bool$"):
+        to_rational(True)
+    with pytest.raises(TypeError, match=r"^expected a number, got a bool$"):
+        to_rational(np.bool_(False))
+    with pytest.raises(ValueError, match=r"^expected a finite number, got nan$"):
+        to_rational(float("nan"))
+    with pytest.raises(TypeError, match=r"^expected an int, float, Fraction or sympy Rational, got str$"):
+        to_rational("1")
+
+
+def test_rational_array_keeps_every_entry_exact():
+    import sympy
+
+    from tabular.exact import rational_array
+
+    # a float64 array would round 2^60 + 1 to 2^60
+    got = rational_array([[2**60 + 1, 0.5], [-3, 0.25]])
+    assert got.dtype == object and got.shape == (2, 2)
+    assert list(got.ravel()) == [sympy.Integer(2**60 + 1), sympy.Rational(1, 2), sympy.Integer(-3),
+                                 sympy.Rational(1, 4)]
+
+
+def test_exact_mdp_validation_messages_come_from_tabular_mdp():
+    with pytest.raises(ValueError, match=r"^P must have shape \[S, A, S\] with S, A >= 1, got \(0, 0, 0\)$"):
+        ExactMDP.from_arrays(np.zeros((0, 0, 0)), np.zeros((0, 0)), np.zeros(0), 0.5)
+
+
+def test_exact_normalised_occupancy_error_message():
+    P = np.zeros((2, 1, 2))
+    P[:, 0, 1] = 1.0
+    emdp = ExactMDP.from_arrays(P, np.zeros((2, 1)), [0, 1], 1, terminal=np.array([False, True]))
+    message = r"^the normalised occupancy is undefined: every start state is terminal$"
+    with pytest.raises(ValueError, match=message):
+        exact_state_occupancy(emdp, np.ones((2, 1)))
+
+
+def test_exact_evaluation_when_every_state_is_terminal():
+    # gamma = 1 with every state terminal: no linear system is left (n = 0); V = 0 and rho = 0
+    import sympy
+
+    from tabular.exact import exact_policy_evaluation
+
+    P = np.zeros((2, 1, 2))
+    P[0, 0, 0] = P[1, 0, 1] = 1.0
+    emdp = ExactMDP.from_arrays(P, np.zeros((2, 1)), [1, 0], 1, terminal=np.array([True, True]))
+    pi = np.ones((2, 1))
+    assert list(exact_policy_evaluation(emdp, pi)) == [sympy.Integer(0)] * 2
+    assert list(exact_state_occupancy(emdp, pi, normalized=False)) == [sympy.Integer(0)] * 2
