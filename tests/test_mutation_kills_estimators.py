@@ -274,13 +274,21 @@ def test_trajectory_weights_use_the_behaviour_policy_and_mask_by_hand():
 def test_the_first_argument_decides_the_compute_dtype(fname, first, others):
     # the module computes in the dtype rule of its first per-step argument (rewards, or target_logp)
     # and casts every other input to it first
+    # (values with full float64 mantissas: computing before rounding to `want` would differ in the last bit)
     lead = FUNCTIONS[fname][1][0]
     want = torch.float64 if first == torch.float64 else torch.float32
-    args = {k: (v.to(first if k == lead else others) if k in FLOATS else v) for k, v in valid_args().items()}
+    gen = torch.Generator().manual_seed(7)
+    args = {k: ((v + torch.rand(N, T, generator=gen, dtype=F64) / 3).to(first if k == lead else others)
+                if k in FLOATS else v) for k, v in valid_args().items()}
     out = call(fname, **args)
     assert out.dtype == want
     cast = {k: (v.to(want) if k in FLOATS else v) for k, v in args.items()}
     assert torch.equal(out, call(fname, **cast))
+    if fname == "gae_advantages":
+        params = FUNCTIONS[fname][1]
+        returns = gae_advantages(**{p: args[p] for p in params}).returns
+        assert returns.dtype == want
+        assert torch.equal(returns, gae_advantages(**{p: cast[p] for p in params}).returns)
 
 
 def test_is_estimators_compute_in_the_dtype_of_f():
