@@ -378,8 +378,19 @@ def selftest() -> int:
         (root / "mutation" / "equivalent" / "toy.arith.txt").write_text(listing + f"{killed}: wrong\n")
         rc, _ = run_all(root, ["toy/arith.py"], **kwargs)
         assert rc == 1, "a killed mutant listed as equivalent must fail the run"
-    print("mutation selftest passed: planted mutants killed, an unlisted survivor fails the run,"
-          " listing it passes, a wrong listing fails")
+    # The project's own set-up (scratch copy, PYTHONPATH, conftest profile): mutants of kl_k1 (its sign
+    # flipped, its argument dropped, ...) must all be killed; were the tests importing the unmutated
+    # package, none would be.
+    rel = "refimpl/kl.py"
+    result = run_module(ROOT, rel, [*MODULES[rel], KILL_TESTS], sample=1, jobs=1,
+                        scratch=ROOT / ".mutation" / "selftest",
+                        equivalent_dir=ROOT / "mutation" / "equivalent",
+                        only=["refimpl.kl.x_kl_k1__mutmut_*"])
+    report(result, 0.95)
+    assert result.statuses and not result.unlisted_survivors, result.statuses
+    assert result.killed == len(result.counted) > 0, result.statuses
+    print("mutation selftest passed: planted mutants killed (toy project and refimpl.kl.kl_k1), an unlisted"
+          " survivor fails the run, listing it passes, a wrong listing fails")
     return 0
 
 
