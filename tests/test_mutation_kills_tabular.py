@@ -331,3 +331,13 @@ def test_exact_evaluation_when_every_state_is_terminal():
     pi = np.ones((2, 1))
     assert list(exact_policy_evaluation(emdp, pi)) == [sympy.Integer(0)] * 2
     assert list(exact_state_occupancy(emdp, pi, normalized=False)) == [sympy.Integer(0)] * 2
+
+
+def test_improper_policy_at_gamma_one_full_message():
+    P = np.zeros((2, 1, 2))
+    P[0, 0, 1] = P[1, 0, 0] = 1.0  # a two-state cycle, no terminal state
+    mdp = T.MDP(P, np.zeros((2, 1)), np.array([1.0, 0.0]), 1.0)
+    message = (r"^gamma = 1 requires a policy that reaches a terminal state with probability 1 from every "
+               r"state; from states \[0, 1\] it does not \(use gamma < 1 or mark terminal states\)$")
+    with pytest.raises(ValueError, match=message):
+        T.policy_evaluation(mdp, np.ones((2, 1)))
