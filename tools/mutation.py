@@ -39,7 +39,9 @@ Usage:
     python tools/mutation.py                       # every module
     python tools/mutation.py refimpl/kl.py          # some modules
     python tools/mutation.py --sample 3 tabular/exact.py
-    python tools/mutation.py --selftest             # plants mutants in a toy project
+    python tools/mutation.py --only 'refimpl.kl.x_kl_k3__*' refimpl/kl.py   # a partial run
+    python tools/mutation.py --show refimpl/kl.py   # list the mutants and their changed lines
+    python tools/mutation.py --selftest             # planted mutants: a toy project and kl_k1
 """
 
 from __future__ import annotations
