@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks run report test test-thorough test-portable lint bench clean
+.PHONY: install frameworks run report test test-thorough test-portable lint bench clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,20 @@ test-portable: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# Mutation testing (tools/mutation.py, docs/mutation.md): not part of CI. MUTATION_SAMPLE=K runs every
+# K-th mutant of each function; MUTATION_JOBS=N parallel workers.
+MUTATION_STAMP := $(VENV)/.installed-mutation
+
+$(MUTATION_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install -q -e ".[dev,mutation]"
+	touch $(MUTATION_STAMP)
+
+mutation: $(MUTATION_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python tools/mutation.py
+
+mutation-selftest: $(MUTATION_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python tools/mutation.py --selftest
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done

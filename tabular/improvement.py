@@ -38,7 +38,10 @@ __all__ = [
 
 
 def _two_policies(pi, pi_new) -> tuple[np.ndarray, np.ndarray]:
-    pi_arr = np.asarray(pi, dtype=np.float64)
+    try:  # (numpy's own error would not name the argument)
+        pi_arr = np.asarray(pi, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"pi must be a numeric array, got {type(pi).__name__}") from exc
     if pi_arr.ndim != 2:
         raise ValueError(f"pi must have shape [S, A], got {pi_arr.shape}")
     S, A = pi_arr.shape
