@@ -3,6 +3,7 @@ environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reprod
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -30,3 +31,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Tests build float64 tensors explicitly (ARCHITECTURE.md); the global default dtype is left
 # alone so LM code is tested as it runs. Few threads keep CI on 2 cores predictable.
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With RL_ORACLE_REQUIRE_FRAMEWORKS=1 (set by .ci/run after ``make frameworks``), a test marked
+    ``framework`` that skips (its framework not importable) fails instead: in CI a skip would hide
+    that the real TRL / verl / OpenRLHF code never ran."""
+    outcome = yield
+    report = outcome.get_result()
+    required = os.environ.get("RL_ORACLE_REQUIRE_FRAMEWORKS") == "1"
+    if required and report.skipped and item.get_closest_marker("framework") is not None:
+        report.outcome = "failed"
+        report.longrepr = f"framework test skipped although RL_ORACLE_REQUIRE_FRAMEWORKS=1: {report.longrepr}"
