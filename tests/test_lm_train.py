@@ -13,7 +13,7 @@ import torch
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
 from refimpl.lm.rollout import policy_logprobs, response_logits
-from refimpl.lm.train import LOSS_NAMES, TrainConfig, Trainer, run_training
+from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer, run_training
 
 
 def tiny(**kw) -> TrainConfig:
@@ -267,6 +267,81 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
     state = load_checkpoint(tmp_path / "checkpoint.pt")
     assert state["step"] == 2
     assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_nan_gradient_stops_before_the_step_and_keeps_the_checkpoint_bit_identical(tmp_path, monkeypatch):
+    """A finite loss with a NaN in one gradient entry, on the last optimizer step of RL step 3:
+    the run stops (exit 1) before that optimizer step, and checkpoint.pt keeps the bytes written
+    after step 2."""
+    real = Trainer.accumulate_gradients
+    seen = {"calls": 0, "checkpoint": None}
+
+    def poisoned(self, batch, idx):
+        out = real(self, batch, idx)
+        if self.step == 2:  # RL step 3 is running; minibatches=2: its 2nd call is the last step
+            seen["calls"] += 1
+            if seen["checkpoint"] is None:
+                seen["checkpoint"] = (tmp_path / "checkpoint.pt").read_bytes()
+            if seen["calls"] == 2:
+                next(iter(self.model.parameters())).grad.view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", poisoned)
+    stepped = []
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: stepped.append(1) or real_step(self))
+    assert run_training(tiny(steps=5, minibatches=2), tmp_path, progress=False, plot=False) == 1
+    assert seen["calls"] == 2 and seen["checkpoint"] is not None
+    assert (tmp_path / "checkpoint.pt").read_bytes() == seen["checkpoint"]
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["model"].values())
+    # the warm-up's steps + 2 RL steps x 2 optimizer steps + the first optimizer step of RL step 3
+    assert len(stepped) == state["sft_step"] + 2 * 2 + 1
+    assert [r.get("step") for r in _records(tmp_path / "metrics.jsonl") if r["phase"] == "rl"] == [1, 2]
+
+
+def test_non_finite_gradient_in_the_warm_up_is_caught(monkeypatch):
+    trainer = Trainer(tiny())
+    real = torch.Tensor.backward
+
+    def nan_backward(self, *a, **k):
+        real(self, *a, **k)
+        next(iter(trainer.model.parameters())).grad.view(-1)[-1] = float("inf")
+
+    monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(NonFiniteLossError, match="non-finite gradient"):
+        trainer.sft_step_once()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_gradient_clipping_matches_clip_grad_norm():
+    """The checked clip is clip_grad_norm_'s arithmetic (bit-identical gradients and norm)."""
+    trainer = rl_trainer(grad_clip=1e-3)
+    batch = trainer.collect()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    copy_model = [p.grad.clone() for p in trainer.model.parameters()]
+    norm = trainer.clip_finite_gradients()
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in copy_model]
+    for p, g in zip(params, copy_model, strict=True):
+        p.grad = g
+    expected = torch.nn.utils.clip_grad_norm_(params, 1e-3)
+    assert norm > 1e-3 and torch.equal(norm, expected)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, trainer.model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("where", [0.05, 0.25, 0.60])
+def test_checkpoint_with_a_flipped_byte_is_refused(tmp_path, where):
+    assert run_training(tiny(steps=1), tmp_path, progress=False, plot=False) == 0
+    path = tmp_path / "checkpoint.pt"
+    load_checkpoint(path)  # intact: loads
+    data = bytearray(path.read_bytes())
+    data[int(where * len(data))] ^= 0x01
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"^checkpoint: .*bad\.pt (is damaged|is not a readable)[^\n]*$"):
+        load_checkpoint(bad)
 
 
 def test_checkpoint_of_another_model_shape_is_rejected(tmp_path):

@@ -60,7 +60,8 @@ LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo")
 
 
 class NonFiniteLossError(RuntimeError):
-    """A NaN or infinite loss: training stops and the last good checkpoint is kept."""
+    """A NaN or infinite loss or gradient: training stops before the optimizer step and the last
+    good checkpoint is kept."""
 
 
 @dataclass
@@ -345,7 +346,7 @@ class Trainer:
         self._check_finite(loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.clip_finite_gradients()
         self.optimizer.step()
         self.sft_step += 1
         return {"phase": "sft", "sft_step": self.sft_step, "sft_loss": loss.item() / self.world_size}
@@ -560,6 +561,22 @@ class Trainer:
                 f"warm-up step {self.sft_step}: training stopped; the last good checkpoint is kept"
             )
 
+    def clip_finite_gradients(self) -> torch.Tensor:
+        """The gradient's total norm, checked finite on every rank before it is clipped to
+        ``grad_clip`` (the same arithmetic as ``clip_grad_norm_``). A NaN or infinite gradient
+        raises ``NonFiniteLossError`` before any optimizer step, so the weights, the optimizer
+        moments and the last checkpoint stay good."""
+        params = list(self.model.parameters())
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        bad = dist_lib.all_reduce_max((~torch.isfinite(norm)).to(torch.float32))
+        if bad.item() > 0:
+            raise NonFiniteLossError(
+                f"non-finite gradient (norm {norm.item()}) at phase {self.phase}, RL step {self.step + 1}, "
+                f"warm-up step {self.sft_step}: training stopped; the last good checkpoint is kept"
+            )
+        torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)  # takes parameters
+        return norm
+
     def _dummy_backward(self) -> None:
         """A rank without micro-batches still joins the gradient all-reduce (zero gradient)."""
         with self._autocast():
@@ -616,7 +633,7 @@ class Trainer:
                 sums, counted = self.accumulate_gradients(batch, order[lo:hi])
                 if not counted:
                     continue
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                grad_norm = self.clip_finite_gradients()
                 self.optimizer.step()
                 sums["grad_norm"] = grad_norm.detach() * sums["_sequences"]
                 sums["_optimizer_steps"] = torch.ones(())
