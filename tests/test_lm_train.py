@@ -360,11 +360,39 @@ def test_checkpoint_of_another_model_shape_is_rejected(tmp_path):
         (dict(micro_batch_size=0), "micro_batch_size"),
         (dict(sft_target_accuracy=1.5), "sft_target_accuracy"),
         (dict(temperature=0.0), "temperature"),
+        (dict(grad_clip=-1.0), "^grad_clip: expected > 0"),
+        (dict(grad_clip=float("nan")), "^grad_clip: expected a finite"),
+        (dict(temperature=float("inf")), "^temperature: expected a finite"),
+        (dict(eval_every=0), "^eval_every: expected >= 1"),
+        (dict(checkpoint_every=0), "^checkpoint_every: expected >= 1"),
+        (dict(sft_eval_every=0), "^sft_eval_every: expected >= 1"),
+        (dict(sft_batch_size=0), "^sft_batch_size: expected >= 1"),
+        (dict(group_size="8"), "^group_size: expected int, got str '8'"),
+        (dict(group_size=True), "^group_size: expected int, got bool"),
+        (dict(loss="dapo", max_sampling_rounds=0), "^max_sampling_rounds: expected >= 1"),
+        (dict(advantage_scale="foo"), r"^advantage_scale: expected one of \['none', 'group', 'batch'\]"),
+        (dict(kl_estimator="k4"), "^kl_estimator: expected one of"),
+        (dict(kl_coef=-0.1), "^kl_coef: expected >= 0"),
+        (dict(gamma=1.5), "^gamma: expected <= 1"),
+        (dict(lr="0.1"), "^lr: expected float, got str"),
+        (dict(seed=1.5), "^seed: expected int"),
+        (dict(dynamic_sampling="yes"), "^dynamic_sampling: expected bool"),
+        (dict(overlong_cache_len=9, max_new_tokens=8), "^overlong_cache_len: expected at most"),
+        (dict(device="gpu"), "^device: expected 'auto', 'cpu', 'cuda'"),
+        (dict(positions="alibi"), "^positions: expected one of"),
     ],
 )
-def test_bad_config_is_rejected(kw, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_config_is_rejected_at_construction(kw, match, monkeypatch):
+    """Refused when the config is built: no model, no data, no warm-up has started."""
+    monkeypatch.setattr(Trainer, "__init__", lambda *a: pytest.fail("a Trainer was built"))
+    with pytest.raises((ValueError, TypeError), match=match):
         tiny(**kw)
+
+
+def test_every_config_field_has_a_validation_rule():
+    from refimpl.lm.train import _FIELD_RULES
+
+    assert list(_FIELD_RULES) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def test_dynamic_sampling_keeps_only_groups_with_signal():

@@ -123,28 +123,27 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)  # free-form notes stored with the run
 
     def __post_init__(self):
+        """Every field checked here, before any work: one ``ValueError`` / ``TypeError`` naming the
+        field (a bad value would otherwise fail late, or silently train something else)."""
+        for f in dataclasses.fields(self):
+            _check_field(f.name, getattr(self, f.name))
         if self.loss not in LOSS_NAMES:
             raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {list(LOSS_NAMES)}")
         if self.task not in TASKS:
             raise ValueError(f"task: unknown task {self.task!r}; expected one of {sorted(TASKS)}")
         if self.group_size < 2:
             raise ValueError(f"group_size: expected >= 2 (a group needs two samples), got {self.group_size}")
-        for name in ("prompts_per_step", "inner_epochs", "minibatches", "micro_batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if not 0.0 <= self.lr_min_fraction <= 1.0:
-            raise ValueError(f"lr_min_fraction: expected a fraction in [0, 1], got {self.lr_min_fraction}")
-        for name in ("steps", "sft_max_steps", "ref_reset_every", "top_k", "lr_decay_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
-        if not 0.0 <= self.sft_target_accuracy <= 1.0:
+        cache_len = self.overlong_cache_len
+        if cache_len is not None and cache_len > self.max_new_tokens:
             raise ValueError(
-                f"sft_target_accuracy: expected a fraction in [0, 1], got {self.sft_target_accuracy}"
+                f"overlong_cache_len: expected at most max_new_tokens={self.max_new_tokens}, got {cache_len}"
             )
-        if self.reward not in ("exact", "partial"):
-            raise ValueError(f"reward: expected 'exact' or 'partial', got {self.reward!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature: expected > 0, got {self.temperature}")
+        try:
+            torch.device(self.device if self.device != "auto" else "cpu")
+        except RuntimeError:
+            raise ValueError(
+                f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            ) from None
 
     @property
     def is_rlhf(self) -> bool:
@@ -162,6 +161,91 @@ class TrainConfig:
         if self.advantage_scale is None:
             return "none" if self.loss == "dr_grpo" else "group"
         return self.advantage_scale
+
+
+# Each field's kind and allowed values: (type, minimum, maximum, choices); None = no bound. A float
+# field accepts an int; an int field refuses a bool; "?" marks fields where None means "the preset's".
+_FIELD_RULES: dict[str, tuple] = {
+    "task": (str, None, None, None),
+    "loss": (str, None, None, None),
+    "seed": (int, 0, None, None),
+    "device": (str, None, None, None),
+    "compile": (bool, None, None, None),
+    "amp": (bool, None, None, None),
+    "n_layer": (int, 1, None, None),
+    "n_head": (int, 1, None, None),
+    "n_embd": (int, 1, None, None),
+    "positions": (str, None, None, ("learned", "rope")),
+    "sft_lr": (float, 0.0, None, None),
+    "sft_batch_size": (int, 1, None, None),
+    "sft_max_steps": (int, 0, None, None),
+    "sft_eval_every": (int, 1, None, None),
+    "sft_target_accuracy": (float, 0.0, 1.0, None),
+    "steps": (int, 0, None, None),
+    "prompts_per_step": (int, 1, None, None),
+    "group_size": (int, 2, None, None),
+    "inner_epochs": (int, 1, None, None),
+    "minibatches": (int, 1, None, None),
+    "micro_batch_size": (int, 1, None, None),
+    "lr": (float, 0.0, None, None),
+    "lr_decay_steps": (int, 0, None, None),
+    "lr_min_fraction": (float, 0.0, 1.0, None),
+    "weight_decay": (float, 0.0, None, None),
+    "grad_clip": (float, 0.0, None, None),
+    "temperature": (float, 0.0, None, None),
+    "top_k": (int, 0, None, None),
+    "max_new_tokens": (int, 1, None, None),
+    "reward": (str, None, None, ("exact", "partial")),
+    "kl_coef": ("?", float, 0.0, None, None),
+    "kl_estimator": ("?", str, None, None, losses.KL_ESTIMATORS),
+    "entropy_coef": ("?", float, None, None, None),
+    "advantage_scale": ("?", str, None, None, ("none", "group", "batch")),
+    "dynamic_sampling": ("?", bool, None, None, None),
+    "max_sampling_rounds": (int, 1, None, None),
+    "overlong_cache_len": ("?", int, 0, None, None),
+    "overlong_filter": (bool, None, None, None),
+    "ref_reset_every": (int, 0, None, None),
+    "value_coef": (float, 0.0, None, None),
+    "gamma": (float, 0.0, 1.0, None),
+    "gae_lambda": (float, 0.0, 1.0, None),
+    "rlhf_kl_coef": (float, 0.0, None, None),
+    "eval_every": (int, 1, None, None),
+    "eval_size": (int, 1, None, None),
+    "eval_seed": (int, 0, None, None),
+    "checkpoint_every": (int, 1, None, None),
+    "extra": (dict, None, None, None),
+}
+# strictly positive, not merely >= 0
+_POSITIVE = {"sft_lr", "lr", "grad_clip", "temperature"}
+
+
+def _check_field(name: str, value) -> None:
+    """Type, finiteness, range and choices of one ``TrainConfig`` field (``_FIELD_RULES``)."""
+    rule = _FIELD_RULES[name]
+    if rule[0] == "?":
+        if value is None:
+            return
+        rule = rule[1:]
+    kind, low, high, choices = rule
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise TypeError(f"{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+    if kind in (int, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: expected a finite number, got {value}")
+        if name in _POSITIVE and not value > 0:
+            raise ValueError(f"{name}: expected > 0, got {value}")
+        if low is not None and value < low:
+            raise ValueError(f"{name}: expected >= {low}, got {value}")
+        if high is not None and value > high:
+            raise ValueError(f"{name}: expected <= {high}, got {value}")
 
 
 def resolve_device(name: str) -> torch.device:
