@@ -13,7 +13,8 @@ import torch
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
 from refimpl.lm.rollout import policy_logprobs, response_logits
-from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer, run_training
+from refimpl.lm.run import run_training
+from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer
 
 
 def tiny(**kw) -> TrainConfig:
@@ -188,7 +189,8 @@ def _records(path):
     out = []
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        out.append({k: v for k, v in rec.items() if k not in ("wall_time", "cpu_time") and "per_s" not in k})
+        skip = ("wall_time", "cpu_time", "run")
+        out.append({k: v for k, v in rec.items() if k not in skip and "per_s" not in k})
     return out
 
 

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import torch
@@ -353,6 +354,7 @@ class Trainer:
         self.optimizer = self._new_optimizer(config.sft_lr)
         self.last_eval: dict = {}
         self.warmup_eval: dict = {}  # held-out accuracy when the warm-up ended
+        self.run_id = uuid.uuid4().hex[:12]  # names the run in its metrics and checkpoints (rank 0's counts)
 
     # ------------------------------------------------------------------ set-up helpers
 
@@ -782,6 +784,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "last_eval": dict(self.last_eval),
             "warmup_eval": dict(self.warmup_eval),
+            "run_id": self.run_id,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -808,7 +811,8 @@ class Trainer:
         self.sample_gen.set_state(rng[split:].clone())
         torch.set_rng_state(state["torch_rng"])
         self.last_eval = dict(state["last_eval"])
-        self.warmup_eval = dict(state.get("warmup_eval", {}))  # absent in early checkpoints
+        self.warmup_eval = dict(state["warmup_eval"])
+        self.run_id = str(state["run_id"])
 
 
 def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
@@ -859,286 +863,3 @@ def _finalise_metrics(totals: dict[str, float]) -> dict:
         else:
             out[key] = value / sequences
     return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
-
-
-# ---------------------------------------------------------------------------------------------
-# the run: warm-up, RL, metrics JSONL, progress bar, checkpoints, plot
-
-
-_TIMING_KEYS = ("wall_time", "cpu_time", "rollout_tokens_per_s", "update_tokens_per_s")
-
-
-class _StopRequested(Exception):
-    """Raised between steps after Ctrl-C (a second Ctrl-C raises KeyboardInterrupt at once and
-    saves nothing: the last periodic checkpoint stays)."""
-
-
-class _InterruptFlag:
-    """Ctrl-C sets a flag; the run saves a checkpoint between steps and stops (a second Ctrl-C
-    interrupts at once)."""
-
-    def __init__(self):
-        self.set = False
-        self._previous = None
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-
-    def __exit__(self, *exc):
-        import signal
-
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-        return False
-
-    def any_rank(self, device) -> bool:
-        return bool(dist_lib.all_reduce_max(torch.tensor(float(self.set), device=device)).item())
-
-
-def _rewrite_metrics_until(path, phase: str, step: int, sft_step: int) -> None:
-    """On resume, drop records logged after the checkpoint (they will be logged again)."""
-    import json
-
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("phase") == "sft" and rec.get("sft_step", 0) <= sft_step:
-            kept.append(line)
-        elif rec.get("phase") == "rl" and phase == "rl" and rec.get("step", 0) <= step:
-            kept.append(line)
-    path.write_text("".join(f"{line}\n" for line in kept))
-
-
-def run_training(
-    config: TrainConfig,
-    out_dir,
-    *,
-    resume=None,
-    progress: bool = True,
-    steps_override: int | None = None,
-    plot: bool = True,
-) -> int:
-    """The whole job: warm-up until the held-out sampled accuracy target, then ``steps`` RL
-    steps. Writes ``metrics.jsonl``, ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the
-    end of the warm-up, at the end and on Ctrl-C), ``summary.json`` and (``plot``) ``curves.png``
-    to ``out_dir``. Returns an exit code: 0 done, 1 non-finite loss (last good checkpoint kept),
-    130 interrupted (checkpoint saved)."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
-
-    state = None
-    if resume is not None:
-        state = load_checkpoint(resume)
-        config = TrainConfig(**state["config"])
-    if steps_override is not None:
-        config = dataclasses.replace(config, steps=steps_override)
-    started_here = dist_lib.init_from_env(resolve_device(config.device))
-    try:
-        trainer = Trainer(config)
-        if state is not None:
-            trainer.load_state_dict(state)
-        main = trainer.rank == 0
-        out = Path(out_dir)
-        metrics_path, ckpt_path = out / "metrics.jsonl", out / "checkpoint.pt"
-        if main:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
-            if state is None:
-                metrics_path.write_text("")
-            else:
-                _rewrite_metrics_until(metrics_path, trainer.phase, trainer.step, trainer.sft_step)
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        summary: dict = {"device": str(trainer.device), "parameters": trainer.model.num_parameters()}
-
-        def log(record: dict) -> None:
-            record = {
-                **record,
-                "wall_time": time.perf_counter() - wall0,
-                "cpu_time": time.process_time() - cpu0,
-            }
-            if main:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-
-        def save() -> None:
-            ckpt_state = trainer.state_dict()  # collective (gathers every rank's RNG)
-            if main:
-                save_checkpoint(ckpt_path, ckpt_state)
-
-        with _InterruptFlag() as interrupt:
-            try:
-                if trainer.phase == "sft":
-                    bar = tqdm(
-                        total=config.sft_max_steps,
-                        initial=trainer.sft_step,
-                        desc="warm-up",
-                        disable=not (progress and main),
-                        dynamic_ncols=True,
-                    )
-                    while trainer.phase == "sft":
-                        if trainer.sft_step >= config.sft_max_steps:
-                            msg = (
-                                f"warm-up: sampled accuracy target {config.sft_target_accuracy} not reached "
-                                f"in "
-                                f"{config.sft_max_steps} steps; starting RL anyway"
-                            )
-                            if main:
-                                print(msg, file=sys.stderr)
-                            trainer.evaluate()
-                            trainer.finish_warmup()
-                            break
-                        record = trainer.sft_step_once()
-                        bar.update(1)
-                        if trainer.sft_step % config.sft_eval_every == 0:
-                            record.update(trainer.evaluate())
-                            bar.set_postfix(
-                                loss=f"{record['sft_loss']:.3f}",
-                                sampled_acc=f"{record['eval_sampled_accuracy']:.3f}",
-                            )
-                            if record["eval_sampled_accuracy"] >= config.sft_target_accuracy:
-                                trainer.finish_warmup()
-                        log(record)
-                        if interrupt.any_rank(trainer.device):
-                            raise _StopRequested
-                    bar.close()
-                    save()
-                summary["warmup_steps"] = trainer.sft_step
-                summary.update({f"warmup_{k}": v for k, v in trainer.warmup_eval.items()})
-                bar = tqdm(
-                    total=config.steps,
-                    initial=trainer.step,
-                    desc=f"RL ({config.loss})",
-                    disable=not (progress and main),
-                    dynamic_ncols=True,
-                )
-                while trainer.step < config.steps:
-                    record = trainer.rl_step()
-                    bar.update(1)
-                    if trainer.step % config.eval_every == 0 or trainer.step == config.steps:
-                        record.update(trainer.evaluate())
-                    bar.set_postfix(_postfix(record, trainer.last_eval))
-                    log(record)
-                    if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-                        save()
-                    if interrupt.any_rank(trainer.device):
-                        raise _StopRequested
-                bar.close()
-            except NonFiniteLossError as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 1
-            except _StopRequested:  # between steps: the state is consistent, save it
-                save()
-                if main:
-                    print(
-                        f"interrupted: checkpoint saved to {ckpt_path} (resume with --resume {ckpt_path})",
-                        file=sys.stderr,
-                    )
-                return 130
-        summary.update({f"final_{k}": v for k, v in trainer.evaluate().items()})
-        summary.update(
-            steps=trainer.step, wall_time=time.perf_counter() - wall0, cpu_time=time.process_time() - cpu0
-        )
-        if main:
-            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            if plot:
-                plot_metrics(metrics_path, out / "curves.png")
-            print(json.dumps(summary))
-        return 0
-    finally:
-        if started_here:
-            torch.distributed.destroy_process_group()
-
-
-def _postfix(record: dict, last_eval: dict) -> dict:
-    def fmt(key, src=record, digits=3):
-        value = src.get(key)
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    return {
-        "reward": fmt("reward"),
-        "acc": fmt("accuracy"),
-        "greedy": fmt("eval_greedy_accuracy", last_eval),
-        "kl": fmt("kl", digits=4),
-        "ent": fmt("entropy"),
-        "clip": fmt("clip_fraction"),
-        "tok/s": f"{record.get('rollout_tokens_per_s', 0.0):.0f}",
-    }
-
-
-def plot_metrics(metrics_path, png_path) -> None:
-    """Curves of a run (matplotlib, Agg backend): warm-up loss and accuracy, RL reward and
-    accuracy, held-out greedy / sampled accuracy, KL, entropy and clip fraction."""
-    import json
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in open(metrics_path) if line.strip()]
-    sft = [r for r in records if r.get("phase") == "sft"]
-    rl = [r for r in records if r.get("phase") == "rl"]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
-
-    def curve(ax, rows, x, key, label, **style):
-        pts = [(r[x], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), label=label, **style)
-
-    curve(axes[0, 0], sft, "sft_step", "sft_loss", "next-token loss (left)", color="gray")
-    ax = axes[0, 0].twinx()
-    curve(ax, sft, "sft_step", "eval_sampled_accuracy", "held-out sampled acc", color="tab:orange")
-    curve(ax, sft, "sft_step", "eval_greedy_accuracy", "held-out greedy acc", color="tab:blue")
-    axes[0, 0].set_title("warm-up")
-    ax.legend(loc="center right", fontsize=8)
-    curve(axes[0, 1], rl, "step", "reward", "reward")
-    curve(axes[0, 1], rl, "step", "accuracy", "train accuracy (samples)")
-    axes[0, 1].set_title("RL reward")
-    curve(axes[0, 2], rl, "step", "eval_greedy_accuracy", "greedy")
-    curve(axes[0, 2], rl, "step", "eval_sampled_accuracy", "sampled")
-    axes[0, 2].set_title("held-out accuracy")
-    curve(axes[1, 0], rl, "step", "kl", "KL to reference (k3)")
-    axes[1, 0].set_title("KL")
-    if not axes[1, 0].lines:
-        axes[1, 0].text(0.5, 0.5, "no reference model (KL coefficient 0)", ha="center", va="center")
-    curve(axes[1, 1], rl, "step", "entropy", "entropy per token")
-    axes[1, 1].set_title("entropy")
-    curve(axes[1, 2], rl, "step", "clip_fraction", "clip fraction")
-    axes[1, 2].set_title("clip fraction")
-    for a in axes.flat:
-        a.set_xlabel("step")
-        if a.lines:
-            a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=90)
-    plt.close(fig)
-
-
-def evaluate_checkpoint(path, device: str = "auto") -> dict:
-    """Held-out greedy and sampled accuracy of the policy in a checkpoint."""
-    from refimpl.lm.checkpoint import load_checkpoint
-
-    state = load_checkpoint(path)
-    config = dataclasses.replace(TrainConfig(**state["config"]), device=device)
-    trainer = Trainer(config)
-    trainer.load_state_dict(state)
-    result = trainer.evaluate()
-    result.update(phase=trainer.phase, step=trainer.step, warmup_steps=trainer.sft_step, task=config.task)
-    return result
