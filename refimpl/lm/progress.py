@@ -31,10 +31,12 @@ def rl_line(record: dict, last_eval: dict) -> str:
     reward, accuracy = record.get("reward"), record.get("accuracy")
     if reward is not None and reward != accuracy:
         parts[-1] += f" reward {reward:.3f}"
-    for key, label, digits in (("kl", "kl", 4), ("entropy", "ent", 3), ("clip_fraction", "clip", 3)):
-        if isinstance(record.get(key), float):
-            parts.append(f"{label} {record[key]:.{digits}f}")
-    return " | ".join(parts)
+    extra = [
+        f"{label} {record[key]:.{digits}f}"
+        for key, label, digits in (("kl", "kl", 4), ("entropy", "ent", 2), ("clip_fraction", "clip", 3))
+        if isinstance(record.get(key), float)
+    ]
+    return " | ".join(parts + ([" ".join(extra)] if extra else []))
 
 
 class Progress:
@@ -71,17 +73,18 @@ class Progress:
             self.bar = tqdm(
                 total=max(c.sft_target_accuracy, 1e-12),
                 initial=min(last_eval.get("eval_sampled_accuracy", 0.0), c.sft_target_accuracy),
-                bar_format="warm-up {bar} {postfix}",
+                bar_format="warm-up |{bar:20}| {desc} [{elapsed}]",
                 dynamic_ncols=True,
             )
             self._warmup_postfix(sft_step, last_eval)
+            self.bar.refresh()
 
     def _warmup_postfix(self, sft_step: int, record: dict, loss: float | None = None) -> None:
         acc = record.get("eval_sampled_accuracy")
         text = f"sampled {_pct(acc)} of target {_pct(self.config.sft_target_accuracy)}, step {sft_step}"
         if loss is not None:
             text += f", loss {loss:.3f}"
-        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.set_description_str(text, refresh=False)
 
     def warmup_step(self, record: dict) -> None:
         if "eval_sampled_accuracy" not in record:
@@ -117,14 +120,19 @@ class Progress:
         if self.mode == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=c.steps, initial=step, desc=f"RL {c.loss}", dynamic_ncols=True)
+            # held-out accuracy right after a short bar: a narrow terminal cuts the line's end only
+            self.bar = tqdm(
+                total=c.steps,
+                initial=step,
+                bar_format="RL {n_fmt}/{total_fmt} |{bar:12}| {desc} [{elapsed}<{remaining}]",
+                dynamic_ncols=True,
+            )
 
     def rl_step(self, record: dict, last_eval: dict) -> None:
         line = rl_line(record, last_eval)
         if self.mode == "bar":
             self.bar.update(1)
-            # held-out accuracy leads: a narrow terminal cuts the line's end, never the accuracy
-            self.bar.set_description_str(f"RL {self.config.loss} | {line}", refresh=False)
+            self.bar.set_description_str(line, refresh=False)
             self.bar.refresh()
         elif self.mode == "lines" and "eval_greedy_accuracy" in record:
             self._print(f"RL step {record['step']}/{self.config.steps}: {line}")
