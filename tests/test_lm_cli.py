@@ -206,7 +206,7 @@ def test_help_lists_the_choices_of_every_flag(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for flag, choices in [
         ("--task", "{addition,sort}"),
-        ("--loss", "{grpo,dr_grpo,dapo,bnpo,gspo,gspo_token,sapo,cispo,ppo}"),
+        ("--loss", "{grpo,dr_grpo,dapo,bnpo,gspo,gspo_token,sapo,cispo,ppo_rlhf,ppo}"),
         ("--reward", "{exact,partial}"),
         ("--kl-estimator", "{k1,k2,k3}"),
         ("--advantage-scale", "{none,group,batch}"),
@@ -286,7 +286,7 @@ def test_init_from_sample_and_compare(tmp_path, trained, capsys):
         out,
         *TINY,
         "--loss",
-        "ppo",
+        "ppo_rlhf",
         "--init-from",
         trained / "checkpoint.pt",
     ]
@@ -310,3 +310,15 @@ def test_init_from_sample_and_compare(tmp_path, trained, capsys):
     assert png.stat().st_size > 0
     assert run(["compare", tmp_path / "nothing"]) == 2
     _one_line_error(capsys, "RUN_DIR", "nothing")
+
+
+@pytest.mark.parametrize("env", [None, "2"])
+def test_default_thread_count_unless_omp_num_threads_is_set(env, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    assert run(["train", "--quiet", "--out", tmp_path, *TINY, "--steps", "0"]) == 0
+    assert calls == ([cli.DEFAULT_THREADS] if env is None else [])

@@ -91,21 +91,21 @@ def test_every_preset_trains_a_few_steps(loss, monkeypatch):
         metrics = trainer.rl_step()
         assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["entropy"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-    preset = losses.get_preset(loss)
+    preset = losses.get_preset("ppo" if loss == "ppo_rlhf" else loss)  # PPO-RLHF's clipped loss
     variant = spy.calls[0]["variant"]
     assert (variant.ratio, variant.gate, variant.aggregation) == (
         preset.ratio,
         preset.gate,
         preset.aggregation,
     )
-    if loss == "ppo":  # PPO-RLHF: KL folded into the reward, token-level advantages from GAE
+    if loss == "ppo_rlhf":  # PPO-RLHF: KL folded into the reward, token-level advantages from GAE
         assert variant.kl_coef == 0.0 and spy.calls[0]["ref_logp"] is None
     if loss in ("grpo", "bnpo"):
         assert variant.kl_coef == 0.05 and spy.calls[0]["ref_logp"] is not None
         assert metrics["kl"] > 0
 
 
-@pytest.mark.parametrize("loss", ["dapo", "gspo", "ppo"])
+@pytest.mark.parametrize("loss", ["dapo", "gspo", "ppo_rlhf"])
 def test_on_policy_first_micro_batch_ratios_are_one(loss, monkeypatch):
     """Old log-probs recomputed by the trainer with the sampling transform (temperature 0.7,
     top-k 6): the first micro-batch of the first epoch has ratios 1 to 1e-6."""
@@ -130,7 +130,7 @@ def _accumulated_grad(trainer, batch, micro_batch_size):
 
 @pytest.mark.parametrize(
     "loss,kl_coef",
-    [("grpo", 0.1), ("dapo", None), ("dr_grpo", None), ("gspo", None), ("bnpo", 0.2), ("ppo", None)],
+    [("grpo", 0.1), ("dapo", None), ("dr_grpo", None), ("gspo", None), ("bnpo", 0.2), ("ppo_rlhf", None)],
 )
 def test_micro_batching_gives_the_full_batch_gradient(loss, kl_coef):
     """Micro-batches with the global normaliser sum to the full-batch loss and gradient (1e-6
@@ -412,7 +412,7 @@ def test_ppo_rlhf_returns_fold_the_kl_into_the_per_token_reward():
     """PPO-RLHF (seed 001 (87)): token reward -beta (log pi_old - log pi_ref), plus the sequence
     reward at the last sampled token; with gamma = lambda = 1 the GAE return at t is the sum of
     the rewards from t on (plus V of the final state for a truncated response)."""
-    trainer = rl_trainer(loss="ppo", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)
+    trainer = rl_trainer(loss="ppo_rlhf", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)
     perturb(trainer.model, scale=0.1)
     batch = trainer.collect()
     with torch.no_grad():
@@ -488,3 +488,22 @@ def test_reported_reward_and_accuracy_cover_every_drawn_sample():
     trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=3)
     batch = trainer.collect()  # nothing kept, but 3 rounds of 4 x 4 samples were drawn and scored
     assert len(batch) == 0 and batch.drawn_reward == 0.0 and batch.drawn_accuracy == 0.0
+
+
+def test_ppo_is_a_deprecated_alias_of_ppo_rlhf(tmp_path):
+    """The trainer's PPO-RLHF is "ppo_rlhf"; "ppo" still works (a checkpoint storing it loads)
+    with a DeprecationWarning, and trains exactly as "ppo_rlhf"."""
+    from refimpl.lm.run import load_run_state
+
+    with pytest.warns(DeprecationWarning, match="'ppo' is a deprecated alias of 'ppo_rlhf'"):
+        old = tiny(loss="ppo")
+    assert old.loss == "ppo_rlhf" and old.is_rlhf
+    assert run_training(tiny(loss="ppo_rlhf", steps=1), tmp_path, progress=False, plot=False) == 0
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    state["config"]["loss"] = "ppo"  # as written before the rename
+    from refimpl.lm.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "old.pt", state)
+    with pytest.warns(DeprecationWarning):
+        _, config = load_run_state(tmp_path / "old.pt")
+    assert config.loss == "ppo_rlhf"

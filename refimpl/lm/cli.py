@@ -15,9 +15,24 @@ import json
 import sys
 import typing
 
-__all__ = ["register"]
+__all__ = ["register", "DEFAULT_THREADS"]
 
 _SKIP = {"extra"}
+
+# CPU threads of a run unless OMP_NUM_THREADS says otherwise. ``benchmarks/trainer.py --threads``
+# on a 2-core machine: 1 thread took half the wall time of 2 and half the CPU, both with no other
+# job and beside a CPU-bound one (the tiny model's kernels are too small to share out).
+DEFAULT_THREADS = 1
+
+
+def _default_threads() -> None:
+    """``torch.set_num_threads(DEFAULT_THREADS)`` unless the user set ``OMP_NUM_THREADS``."""
+    import os
+
+    import torch
+
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(DEFAULT_THREADS)
 
 
 def _option(name: str) -> str:
@@ -63,9 +78,9 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 def _field_choices() -> dict[str, tuple[str, ...]]:
     from refimpl.lm.tasks import TASKS
-    from refimpl.lm.train import _FIELD_RULES, LOSS_NAMES
+    from refimpl.lm.train import _FIELD_RULES, LOSS_ALIASES, LOSS_NAMES
 
-    choices = {"task": tuple(sorted(TASKS)), "loss": LOSS_NAMES}
+    choices = {"task": tuple(sorted(TASKS)), "loss": (*LOSS_NAMES, *LOSS_ALIASES)}
     for name, rule in _FIELD_RULES.items():
         if rule[-1] is not None:
             choices[name] = tuple(rule[-1])
@@ -81,6 +96,7 @@ _HELP_NOTES = {
     "dynamic_sampling": "none = on for dapo",
     "overlong_cache_len": "none = 2 for dapo, 0 (off) otherwise",
     "top_k": "0 = off",
+    "loss": "ppo_rlhf = PPO-RLHF (value head, GAE, KL in the reward); ppo: its deprecated alias",
     "ref_reset_every": "0 = never",
     "sft_target_accuracy": "held-out sampled accuracy that ends the warm-up",
 }
@@ -132,6 +148,7 @@ def _train(args: argparse.Namespace) -> int:
     from refimpl.lm.run import RunError, run_training
     from refimpl.lm.train import TrainConfig
 
+    _default_threads()
     given = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(TrainConfig)
@@ -170,6 +187,8 @@ def _eval(args: argparse.Namespace) -> int:
     from refimpl.lm.run import evaluate_checkpoint
     from refimpl.lm.train import resolve_device
 
+    _default_threads()
+
     try:
         resolve_device(args.device)
         result = evaluate_checkpoint(args.checkpoint, device=args.device)
@@ -181,6 +200,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _sample(args: argparse.Namespace) -> int:
     from refimpl.lm.run import sample_checkpoint
+
+    _default_threads()
 
     try:
         lines = sample_checkpoint(args.checkpoint, n=args.n, seed=args.seed, device=args.device)
@@ -215,7 +236,7 @@ def register(subparsers) -> None:
         "train",
         help="train a tiny LM: supervised warm-up, then RL with a verified loss preset",
         description="Warm-up until held-out sampled accuracy reaches --sft-target-accuracy, then RL "
-        f"(--loss: {', '.join(LOSS_NAMES)}; ppo = PPO-RLHF). Writes metrics.jsonl, checkpoint.pt, "
+        f"(--loss: {', '.join(LOSS_NAMES)}). Writes metrics.jsonl, checkpoint.pt, "
         "summary.json and curves.png to --out.",
     )
     _add_config_options(train)

@@ -449,6 +449,8 @@ def run_training(
             try:
                 if trainer.phase == "sft":
                     warmup_phase(run)
+                elif init_state is not None:
+                    run.save()  # RL's start: a checkpoint even before the first step
                 rl_phase(run)
             except NonFiniteLossError as err:
                 run.progress.close()

@@ -15,8 +15,9 @@ Reads top to bottom like the recipe of seed 001 section 5.3.2:
    ``refimpl.losses.policy_loss``, with the aggregation's normaliser counted over the whole
    minibatch on every rank (all-reduce), so micro-batching and data parallelism give the gradient
    of the full batch.
-3. **PPO-RLHF** (``loss="ppo"``): a value head, the KL to the reference folded into the per-token
-   reward (seed 001 (87)), token-level GAE (``refimpl.estimators.gae_advantages``, seed 001 (80)).
+3. **PPO-RLHF** (``loss="ppo_rlhf"``; ``"ppo"`` is a deprecated alias): a value head, the KL to
+   the reference folded into the per-token reward (seed 001 (87)), token-level GAE
+   (``refimpl.estimators.gae_advantages``, seed 001 (80)).
 
 The KL regulariser is minimised (``loss = -objective + beta * KL``) and counted inside the same
 global normaliser as the policy term (``policy_loss`` adds it before normalising).
@@ -30,6 +31,7 @@ import dataclasses
 import math
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -55,9 +57,12 @@ __all__ = [
     "LOSS_NAMES",
 ]
 
-# Presets trained with group advantages; "ppo" is PPO-RLHF (value head, GAE, KL in the reward).
+# Presets trained with group advantages; "ppo_rlhf" is PPO-RLHF (value head, GAE, KL in the reward),
+# named so that it is not mistaken for the clipped loss preset ``refimpl.losses.get_preset("ppo")``
+# that it uses. "ppo" is its deprecated alias (checkpoints storing loss="ppo" still load).
 GROUP_PRESETS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
-LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo")
+LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo_rlhf")
+LOSS_ALIASES: dict[str, str] = {"ppo": "ppo_rlhf"}  # deprecated name -> name
 
 
 class NonFiniteLossError(RuntimeError):
@@ -128,6 +133,13 @@ class TrainConfig:
         field (a bad value would otherwise fail late, or silently train something else)."""
         for f in dataclasses.fields(self):
             _check_field(f.name, getattr(self, f.name))
+        if self.loss in LOSS_ALIASES:
+            warnings.warn(
+                f"loss: {self.loss!r} is a deprecated alias of {LOSS_ALIASES[self.loss]!r}",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.loss = LOSS_ALIASES[self.loss]
         if self.loss not in LOSS_NAMES:
             raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {list(LOSS_NAMES)}")
         if self.task not in TASKS:
@@ -148,7 +160,7 @@ class TrainConfig:
 
     @property
     def is_rlhf(self) -> bool:
-        return self.loss == "ppo"
+        return self.loss == "ppo_rlhf"
 
     def resolved_dynamic_sampling(self) -> bool:
         return self.loss == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
@@ -360,7 +372,7 @@ class Trainer:
 
     def _loss_variant(self):
         c = self.config
-        variant = losses.get_preset(c.loss)
+        variant = losses.get_preset("ppo" if c.is_rlhf else c.loss)  # PPO-RLHF's clipped loss
         changes = {}
         if c.kl_coef is not None:
             changes["kl_coef"] = c.kl_coef
@@ -368,7 +380,7 @@ class Trainer:
             changes["kl_estimator"] = c.kl_estimator
         if c.entropy_coef is not None:
             changes["entropy_coef"] = c.entropy_coef
-        if c.loss == "ppo":  # PPO-RLHF puts the KL in the reward (001 (87)) with rlhf_kl_coef
+        if c.is_rlhf:  # PPO-RLHF puts the KL in the reward (001 (87)) with rlhf_kl_coef
             changes["kl_coef"] = 0.0
         if variant.aggregation == "seq_sum" and variant.max_length is None:
             changes["max_length"] = c.max_new_tokens  # Dr. GRPO's L_max: the generation limit
