@@ -20,8 +20,10 @@ __all__ = ["register", "DEFAULT_THREADS"]
 _SKIP = {"extra"}
 
 # CPU threads of a run unless OMP_NUM_THREADS says otherwise. ``benchmarks/trainer.py --threads``
-# on a 2-core machine: 1 thread took half the wall time of 2 and half the CPU, both with no other
-# job and beside a CPU-bound one (the tiny model's kernels are too small to share out).
+# (20 warm-up + 2 RL steps, default model) on a 2-core machine already loaded by other jobs (load
+# average ~12): 1 thread 24.5 s wall / 5.2 s CPU vs 2 threads 32.7 / 12.7 with no extra job, and
+# 37.5 / 5.2 vs 134.7 / 23.4 beside one CPU-bound job. The tiny model's kernels are too small to
+# share out; a second thread only spins and waits for a core.
 DEFAULT_THREADS = 1
 
 

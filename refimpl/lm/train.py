@@ -44,6 +44,7 @@ from refimpl.estimators import gae_advantages
 from refimpl.kl import kl_k3
 from refimpl.lm import distributed as dist_lib
 from refimpl.lm.model import GPT, GPTConfig
+from refimpl.lm.rlhf import kl_shaped_token_rewards, masked_whiten
 from refimpl.lm.rollout import Rollout, generate, policy_logprobs, response_logits
 from refimpl.lm.tasks import EOS, PAD, TASKS, VOCAB, Problems, get_task
 
@@ -594,22 +595,15 @@ class Trainer:
         at the last sampled token (seed 001 (87)), then token-level GAE (001 (80)); advantages are
         whitened over the tokens of all ranks."""
         c = self.config
-        n, width = ro.responses.shape
-        positions = torch.arange(width, device=self.device)[None, :]
-        last = positions == (ro.lengths[:, None] - 1)
-        token_rewards = -c.rlhf_kl_coef * (old_logp - ref_logp) * mask + rewards[:, None] * last
+        token_rewards, last = kl_shaped_token_rewards(
+            rewards, ro.lengths, old_logp, ref_logp, mask, c.rlhf_kl_coef
+        )
         terminated = last & ~ro.truncated[:, None]
         truncated = last & ro.truncated[:, None]
         out = gae_advantages(
             token_rewards, values[:, :-1], values[:, 1:], terminated, truncated, c.gamma, c.gae_lambda
         )
-        stats = dist_lib.all_reduce_sum(
-            torch.stack([mask.sum(), (out.advantages * mask).sum(), (out.advantages.square() * mask).sum()])
-        )
-        mean = stats[1] / stats[0].clamp_min(1.0)
-        var = (stats[2] / stats[0].clamp_min(1.0) - mean.square()).clamp_min(0.0)
-        advantages = (out.advantages - mean) / (var.sqrt() + 1e-8)
-        return advantages * mask, out.returns
+        return masked_whiten(out.advantages, mask, dist_lib.all_reduce_sum), out.returns
 
     # ------------------------------------------------------------------ update
 
@@ -641,9 +635,9 @@ class Trainer:
             entropy=entropy,
             normalizer=normalizer,
         )
-        if c.is_rlhf:
-            value_err = (values.float() - batch.returns[idx]).square()
-            loss = loss + c.value_coef * 0.5 * (value_err * mask).sum() / normalizer
+        if c.is_rlhf:  # 1/2 (V - V_targ)^2, seed 001 (82)
+            value, _ = losses.value_loss(values.float(), batch.returns[idx], mask, normalizer=normalizer)
+            loss = loss + (c.value_coef * 0.5) * value
         metrics = {k: v for k, v in metrics.items()}
         metrics["entropy_sum"] = (entropy.detach() * mask).sum()
         if batch.ref_logp is not None:
