@@ -322,3 +322,22 @@ def test_default_thread_count_unless_omp_num_threads_is_set(env, tmp_path, monke
         monkeypatch.setenv("OMP_NUM_THREADS", env)
     assert run(["train", "--quiet", "--out", tmp_path, *TINY, "--steps", "0"]) == 0
     assert calls == ([cli.DEFAULT_THREADS] if env is None else [])
+
+
+def test_plot_has_a_title_axis_labels_and_accuracy_over_reward(trained, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from refimpl.lm.plots import plot_metrics
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    plot_metrics(trained / "metrics.jsonl", tmp_path / "p.png", title="addition, loss dapo, seed 3")
+    (fig,) = figures
+    assert fig._suptitle.get_text() == "addition, loss dapo, seed 3"
+    for ax in fig.axes:
+        assert ax.get_ylabel() and (ax.get_xlabel() or ax.get_ylabel() == "held-out accuracy"), ax.get_title()
+    samples = next(ax for ax in fig.axes if ax.get_title() == "RL: training samples")
+    reward, accuracy = samples.lines
+    assert (reward.get_label(), accuracy.get_label()) == ("reward", "accuracy")
+    # drawn later, thinner and dashed: the accuracy stays visible where it equals the reward
+    assert accuracy.get_linestyle() == "--" and accuracy.get_linewidth() < reward.get_linewidth()
