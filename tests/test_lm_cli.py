@@ -341,3 +341,12 @@ def test_plot_has_a_title_axis_labels_and_accuracy_over_reward(trained, tmp_path
     assert (reward.get_label(), accuracy.get_label()) == ("reward", "accuracy")
     # drawn later, thinner and dashed: the accuracy stays visible where it equals the reward
     assert accuracy.get_linestyle() == "--" and accuracy.get_linewidth() < reward.get_linewidth()
+
+
+def test_advantage_scale_none_is_a_value_not_the_preset_default(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(
+        "refimpl.lm.run.run_training", lambda config, *a, **k: seen.setdefault("c", config) and 0
+    )
+    assert run(["train", "--loss", "grpo", "--advantage-scale", "none"]) == 0
+    assert seen["c"].advantage_scale == "none" and seen["c"].resolved_advantage_scale() == "none"

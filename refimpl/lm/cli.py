@@ -94,7 +94,7 @@ _HELP_NOTES = {
     "kl_coef": "none = the preset's own",
     "kl_estimator": "none = the preset's own",
     "entropy_coef": "none = the preset's own",
-    "advantage_scale": "none = 'none' for dr_grpo, 'group' otherwise",
+    "advantage_scale": "left out: none for dr_grpo, group otherwise",
     "dynamic_sampling": "none = on for dapo",
     "overlong_cache_len": "none = 2 for dapo, 0 (off) otherwise",
     "top_k": "0 = off",
@@ -126,7 +126,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             kind, what = float, "a number"
         else:
             kind, what = str, ""
-        if "None" in hint:
+        if "None" in hint and not (allowed and "none" in allowed):  # "none" is then a value
             kind, what = _optional(kind), f"{what} or none"
         note = _HELP_NOTES.get(f.name)
         help_text = "; ".join(part for part in (what, note, f"default: {default}") if part)

@@ -407,7 +407,7 @@ def _start(config, out_dir, resume, init_from, steps_override):
     try:
         resolve_device(config.device)
     except (RuntimeError, ValueError) as err:
-        raise RunError(f"--device: {_first_line(err)}") from None
+        raise RunError(_first_line(err)) from None  # "device: 'cuda' requested but CUDA is not available"
     folder, metrics_lines = _prepare_folder(out_dir, resume, state)
     return config, state, init_state, folder, metrics_lines
 
