@@ -392,7 +392,7 @@ def test_bad_config_is_rejected_at_construction(kw, match, monkeypatch):
 
 
 def test_every_config_field_has_a_validation_rule():
-    from refimpl.lm.train import _FIELD_RULES
+    from refimpl.lm.config import _FIELD_RULES
 
     assert list(_FIELD_RULES) == [f.name for f in dataclasses.fields(TrainConfig)]
 

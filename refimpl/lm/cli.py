@@ -79,8 +79,8 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def _field_choices() -> dict[str, tuple[str, ...]]:
+    from refimpl.lm.config import _FIELD_RULES, LOSS_ALIASES, LOSS_NAMES
     from refimpl.lm.tasks import TASKS
-    from refimpl.lm.train import _FIELD_RULES, LOSS_ALIASES, LOSS_NAMES
 
     choices = {"task": tuple(sorted(TASKS)), "loss": (*LOSS_NAMES, *LOSS_ALIASES)}
     for name, rule in _FIELD_RULES.items():
