@@ -507,3 +507,40 @@ def test_ppo_is_a_deprecated_alias_of_ppo_rlhf(tmp_path):
     with pytest.warns(DeprecationWarning):
         _, config = load_run_state(tmp_path / "old.pt")
     assert config.loss == "ppo_rlhf"
+
+
+def test_magistral_minibatch_normalisation_equals_batch_scale_on_the_whole_batch():
+    """On one rank with the minibatch = the whole batch, minibatch_std_normalise of the centred
+    advantages is group_advantages(scale="batch") with the trainer's conventions (a different
+    summation order: float32, 64 values, 1e-5 relative is ~100 unit roundoffs)."""
+    from refimpl.lm.train import group_advantages_for, minibatch_std_normalise
+
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.randint(0, 3, (64,), generator=g).float() / 2
+    group_ids = torch.arange(16).repeat_interleave(4)
+    centred = group_advantages_for(rewards, group_ids, "none")
+    expected = group_advantages_for(rewards, group_ids, "batch")
+    torch.testing.assert_close(minibatch_std_normalise(centred), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(minibatch_std_normalise(torch.full((5,), 0.25)), torch.zeros(5))
+    assert minibatch_std_normalise(torch.zeros(0)).shape == (0,)
+
+
+def test_magistral_normalises_each_optimizer_minibatch(monkeypatch):
+    seen = []
+    real = Trainer.accumulate_gradients
+
+    def spy(self, batch, idx):
+        seen.append((idx.clone(), batch.advantages[idx].double()))
+        return real(self, batch, idx)
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", spy)
+    trainer = rl_trainer(loss="grpo", advantage_scale="batch", prompts_per_step=8, minibatches=2)
+    batch = trainer.collect()
+    centred = batch.advantages.clone()
+    trainer.update(batch)
+    assert torch.equal(batch.advantages, centred)  # the stored batch keeps the centred values
+    assert len(seen) == 2
+    for idx, adv in seen:  # each minibatch's own population variance var_B -> var_B / (var_B + 1e-6)
+        var = float(centred[idx].double().var(unbiased=False))
+        assert var > 1e-4 and float(adv.var(unbiased=False)) == pytest.approx(var / (var + 1e-6), rel=1e-5)
+    assert not torch.equal(seen[0][0].sort().values, seen[1][0].sort().values)

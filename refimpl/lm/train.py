@@ -337,7 +337,9 @@ class Trainer:
         if c.is_rlhf:
             advantages, returns = self._rlhf_advantages(ro, rewards, old_logp, ref_logp, values, mask)
         elif len(rewards):
-            advantages = group_advantages_for(rewards, group_ids, c.resolved_advantage_scale())
+            # Magistral ("batch"): centred here, divided by the std of each optimizer minibatch in update()
+            scale = c.resolved_advantage_scale()
+            advantages = group_advantages_for(rewards, group_ids, "none" if scale == "batch" else scale)
         else:
             advantages = rewards.clone()
         return RolloutBatch(
@@ -523,7 +525,8 @@ class Trainer:
             bounds = [round(i * len(batch) / c.minibatches) for i in range(c.minibatches + 1)]
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 self.optimizer.zero_grad(set_to_none=True)
-                sums, counted = self.accumulate_gradients(batch, order[lo:hi])
+                minibatch = self._minibatch_normalised(batch, order[lo:hi])
+                sums, counted = self.accumulate_gradients(minibatch, order[lo:hi])
                 if not counted:
                     continue
                 grad_norm = self.clip_finite_gradients()
@@ -533,6 +536,18 @@ class Trainer:
                 for key, value in sums.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
         return _finalise_metrics(totals)
+
+    def _minibatch_normalised(self, batch: RolloutBatch, idx: torch.Tensor) -> RolloutBatch:
+        """Magistral (``advantage_scale="batch"``, seed 002): the centred advantages of the
+        minibatch ``idx`` (all ranks' together) divided by their std; ``batch`` itself for
+        every other scale. Collective: every rank calls it for every minibatch."""
+        if self.config.is_rlhf or self.config.resolved_advantage_scale() != "batch":
+            return batch
+        advantages = batch.advantages.clone()
+        advantages[idx] = minibatch_std_normalise(
+            batch.advantages[idx], dist_lib.all_reduce_sum, dist_lib.all_reduce_max
+        )
+        return dataclasses.replace(batch, advantages=advantages)
 
     def rl_learning_rate(self) -> float:
         """Linear decay from ``lr`` to ``lr * lr_min_fraction`` over ``lr_decay_steps`` steps, a
@@ -639,6 +654,32 @@ def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: 
         eps_inside_sqrt=True,
         zero_variance="zero",
     )
+
+
+def minibatch_std_normalise(
+    centred: torch.Tensor,
+    all_reduce_sum=lambda t: t,
+    all_reduce_max=lambda t: t,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Magistral's advantage normalisation (seed 002): ``A_i / sqrt(var_B + eps)`` with var_B the
+    population variance of the centred advantages of the minibatch B, whose sequences may lie
+    on several ranks (the sums are all-reduced, so every rank divides by the same number). All
+    values of B equal: advantage 0 (the trainer's zero-variance rule). On one rank with B the
+    whole batch this is ``group_advantages(scale="batch")`` with the trainer's conventions.
+    Shapes: ``centred [n]`` (n may be 0 on a rank); returns ``[n]``."""
+    dtype, device = centred.dtype, centred.device
+    n = torch.tensor(float(centred.numel()), dtype=dtype, device=device)
+    count, total = all_reduce_sum(torch.stack([n, centred.sum()]))
+    mean = total / count.clamp_min(1.0)
+    var = all_reduce_sum((centred - mean).square().sum()) / count.clamp_min(1.0)  # two passes
+    low = torch.tensor(float("-inf"), dtype=dtype, device=device)
+    top, neg_bottom = all_reduce_max(
+        torch.stack([centred.max(), -centred.min()]) if centred.numel() else torch.stack([low, low])
+    )
+    if bool(top == -neg_bottom):  # max == min exactly: no spread in B
+        return torch.zeros_like(centred)
+    return centred / torch.sqrt(var + eps)
 
 
 def _index_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
