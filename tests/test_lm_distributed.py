@@ -86,7 +86,7 @@ def _worker(rank, world_size, init_file, out_dir):
             results.append({"grad": _gradient(trainer, batch, idx), "calls": calls})
         # Magistral's minibatch std, the minibatch split unevenly over the ranks (even 20 / 0)
         from refimpl.lm import distributed as dist_lib
-        from refimpl.lm.train import minibatch_std_normalise
+        from refimpl.lm.batch import minibatch_std_normalise
 
         values = _magistral_values()
         normalised = []
@@ -112,7 +112,7 @@ def test_two_rank_ddp_gradients_equal_the_full_batch_gradient(tmp_path):
     ranks = [r["cases"] for r in saved]
     # Magistral: every rank divides by the std of the whole minibatch (all-reduced), so the two
     # halves are the single-process result (float32, 20 values: 1e-6 is ~10 unit roundoffs)
-    from refimpl.lm.train import minibatch_std_normalise
+    from refimpl.lm.batch import minibatch_std_normalise
 
     whole = minibatch_std_normalise(_magistral_values())
     for case in range(2):

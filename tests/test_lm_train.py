@@ -513,7 +513,7 @@ def test_magistral_minibatch_normalisation_equals_batch_scale_on_the_whole_batch
     """On one rank with the minibatch = the whole batch, minibatch_std_normalise of the centred
     advantages is group_advantages(scale="batch") with the trainer's conventions (a different
     summation order: float32, 64 values, 1e-5 relative is ~100 unit roundoffs)."""
-    from refimpl.lm.train import group_advantages_for, minibatch_std_normalise
+    from refimpl.lm.batch import group_advantages_for, minibatch_std_normalise
 
     g = torch.Generator().manual_seed(3)
     rewards = torch.randint(0, 3, (64,), generator=g).float() / 2

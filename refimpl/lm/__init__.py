@@ -4,7 +4,7 @@
 sets), ``rollout`` (group sampling and the trainer's log-probs under the same sampling policy),
 ``config`` (``TrainConfig``, validated), ``train`` (the ``Trainer``: warm-up step, RL step with any
 ``refimpl.losses`` preset, PPO-RLHF with ``rlhf``), ``run`` (the run as named phases: metrics,
-checkpoints, resume, Ctrl-C), ``progress`` (what a run prints), ``plots``, ``checkpoint``
+checkpoints, resume, Ctrl-C), ``progress`` (what a run prints), ``plots``, ``batch`` (a step's data, advantage conventions), ``checkpoint``
 (checksummed, atomic), ``distributed`` (DDP helpers) and ``cli`` (``refimpl train`` / ``eval`` /
 ``sample`` / ``compare``).
 """
