@@ -1,10 +1,10 @@
 """The tiny-LM trainer: a supervised warm-up, then RL with any verified policy-loss preset.
 
-Reads top to bottom like the recipe of seed 001 section 5.3.2:
+Follows the recipe of seed 001 section 5.3.2 (``refimpl.lm.run`` drives the phases):
 
-1. **Warm-up** (``Trainer.warmup``): next-token training on generated solutions until held-out
-   *sampled* accuracy reaches ``sft_target_accuracy``, so RL starts from an imperfect policy whose
-   groups carry signal.
+1. **Warm-up** (``Trainer.sft_step_once``, repeated by ``run.warmup_phase``): next-token training
+   on generated solutions until held-out *sampled* accuracy reaches ``sft_target_accuracy``, so
+   RL starts from an imperfect policy whose groups carry signal.
 2. **RL step** (``Trainer.rl_step``), repeated ``steps`` times:
    freeze the behaviour policy; draw prompts; sample ``group_size`` responses per prompt
    (``rollout.generate``); score them (``Task.rewards``, DAPO's soft overlong penalty); compute
