@@ -1,10 +1,20 @@
 """Tokens per second of the tiny-LM trainer, as ratios measured in one run:
 rollout with the KV cache vs without it, and the RL update (forward + backward + AdamW on the
-policy loss) vs cached rollout. Run: ``python benchmarks/trainer.py [--device cuda] [--n 512]``."""
+policy loss) vs cached rollout. Run: ``python benchmarks/trainer.py [--device cuda] [--n 512]``.
+
+``python benchmarks/trainer.py --threads`` measures the trainer's CPU thread count instead: a fixed
+slice of the main job (warm-up steps, then RL steps, default model) with 1 and 2 threads, on an
+otherwise idle machine and with a second CPU-bound process running, each in a fresh process;
+it prints wall and CPU seconds (best of ``--repeats``) and the load average it ran under. The
+trainer's default thread count (``refimpl.lm.cli.DEFAULT_THREADS``) comes from this table."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
+import subprocess
+import sys
 import time
 
 import torch
@@ -28,7 +38,58 @@ def _best_time(fn, repeats: int, device: torch.device) -> float:
     return best
 
 
+def _threads_workload(sft_steps: int, rl_steps: int) -> None:
+    """The measured slice: ``sft_steps`` warm-up steps, then ``rl_steps`` RL steps (default
+    config: the main job's model, batch and group sizes)."""
+    trainer = Trainer(TrainConfig(device="cpu", dynamic_sampling=False))
+    for _ in range(sft_steps):
+        trainer.sft_step_once()
+    trainer.finish_warmup()
+    for _ in range(rl_steps):
+        trainer.rl_step()
+
+
+def _time_child(threads: int, sft_steps: int, rl_steps: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of the workload in a fresh process with ``threads`` threads."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, __file__, "--worker", str(sft_steps), str(rl_steps)], env=env, check=True
+    )
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def threads_table(sft_steps: int, rl_steps: int, repeats: int) -> None:
+    """1 vs 2 threads, idle and beside one CPU-bound process (a Python busy loop)."""
+    print(
+        f"workload: {sft_steps} warm-up steps + {rl_steps} RL steps (default model and batch), "
+        f"{os.cpu_count()} CPUs, load average before: {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'condition':28s} {'threads':>7s} {'wall s':>8s} {'CPU s':>8s} {'CPU/wall':>8s}")
+    for condition in ("no other job", "1 CPU-bound job beside"):
+        hog = None
+        if condition != "no other job":
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            for threads in (1, 2):
+                runs = [_time_child(threads, sft_steps, rl_steps) for _ in range(repeats)]
+                wall, cpu = min(runs)
+                print(f"{condition:28s} {threads:7d} {wall:8.2f} {cpu:8.2f} {cpu / wall:8.2f}")
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        _threads_workload(int(sys.argv[2]), int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--n", type=int, default=512, help="sequences per rollout / update")
@@ -36,7 +97,13 @@ def main() -> None:
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", action="store_true", help="the 1-vs-2-threads table instead")
+    parser.add_argument("--sft-steps", type=int, default=30, help="--threads: warm-up steps measured")
+    parser.add_argument("--rl-steps", type=int, default=2, help="--threads: RL steps measured")
     args = parser.parse_args()
+    if args.threads:
+        threads_table(args.sft_steps, args.rl_steps, args.repeats)
+        return
 
     # "sort" prompts are 7 tokens; a longer generation shows the cache's effect.
     config = TrainConfig(

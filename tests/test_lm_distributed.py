@@ -1,6 +1,7 @@
 """Two-process data parallelism (gloo, torch.multiprocessing spawn): the trainer's DDP gradient
 equals the single-process full-batch gradient to 1e-6 relative, with ranks holding different
-numbers of micro-batches (even none) and no deadlock; training calls the DDP wrapper."""
+numbers of micro-batches (even none) and no deadlock; training calls the DDP wrapper; Magistral's
+minibatch std is all-reduced (the same on every rank)."""
 
 import time
 from datetime import timedelta
@@ -58,6 +59,10 @@ def _gradient(trainer, batch, idx) -> torch.Tensor:
     )
 
 
+def _magistral_values() -> torch.Tensor:
+    return torch.randn(20, generator=torch.Generator().manual_seed(7))
+
+
 def _worker(rank, world_size, init_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -79,7 +84,16 @@ def _worker(rank, world_size, init_file, out_dir):
             assert len(batch) == 20
             idx = torch.arange(split) if rank == 0 else torch.arange(split, len(batch))
             results.append({"grad": _gradient(trainer, batch, idx), "calls": calls})
-        torch.save(results, f"{out_dir}/rank{rank}.pt")
+        # Magistral's minibatch std, the minibatch split unevenly over the ranks (even 20 / 0)
+        from refimpl.lm import distributed as dist_lib
+        from refimpl.lm.batch import minibatch_std_normalise
+
+        values = _magistral_values()
+        normalised = []
+        for split in (13, 20):
+            part = values[:split] if rank == 0 else values[split:]
+            normalised.append(minibatch_std_normalise(part, dist_lib.all_reduce_sum, dist_lib.all_reduce_max))
+        torch.save({"cases": results, "magistral": normalised}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -94,7 +108,17 @@ def test_two_rank_ddp_gradients_equal_the_full_batch_gradient(tmp_path):
             for p in context.processes:
                 p.kill()
             pytest.fail("distributed workers did not finish: deadlock")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = [r["cases"] for r in saved]
+    # Magistral: every rank divides by the std of the whole minibatch (all-reduced), so the two
+    # halves are the single-process result (float32, 20 values: 1e-6 is ~10 unit roundoffs)
+    from refimpl.lm.batch import minibatch_std_normalise
+
+    whole = minibatch_std_normalise(_magistral_values())
+    for case in range(2):
+        torch.testing.assert_close(
+            torch.cat([saved[0]["magistral"][case], saved[1]["magistral"][case]]), whole, rtol=1e-6, atol=1e-6
+        )
     for case, (loss, kl_coef, split) in enumerate(CASES):
         trainer = _trainer(loss, kl_coef)
         batch = trainer.collect()

@@ -13,7 +13,8 @@ import torch
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
 from refimpl.lm.rollout import policy_logprobs, response_logits
-from refimpl.lm.train import LOSS_NAMES, TrainConfig, Trainer, run_training
+from refimpl.lm.run import run_training
+from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer
 
 
 def tiny(**kw) -> TrainConfig:
@@ -90,21 +91,21 @@ def test_every_preset_trains_a_few_steps(loss, monkeypatch):
         metrics = trainer.rl_step()
         assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["entropy"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-    preset = losses.get_preset(loss)
+    preset = losses.get_preset("ppo" if loss == "ppo_rlhf" else loss)  # PPO-RLHF's clipped loss
     variant = spy.calls[0]["variant"]
     assert (variant.ratio, variant.gate, variant.aggregation) == (
         preset.ratio,
         preset.gate,
         preset.aggregation,
     )
-    if loss == "ppo":  # PPO-RLHF: KL folded into the reward, token-level advantages from GAE
+    if loss == "ppo_rlhf":  # PPO-RLHF: KL folded into the reward, token-level advantages from GAE
         assert variant.kl_coef == 0.0 and spy.calls[0]["ref_logp"] is None
     if loss in ("grpo", "bnpo"):
         assert variant.kl_coef == 0.05 and spy.calls[0]["ref_logp"] is not None
         assert metrics["kl"] > 0
 
 
-@pytest.mark.parametrize("loss", ["dapo", "gspo", "ppo"])
+@pytest.mark.parametrize("loss", ["dapo", "gspo", "ppo_rlhf"])
 def test_on_policy_first_micro_batch_ratios_are_one(loss, monkeypatch):
     """Old log-probs recomputed by the trainer with the sampling transform (temperature 0.7,
     top-k 6): the first micro-batch of the first epoch has ratios 1 to 1e-6."""
@@ -129,7 +130,7 @@ def _accumulated_grad(trainer, batch, micro_batch_size):
 
 @pytest.mark.parametrize(
     "loss,kl_coef",
-    [("grpo", 0.1), ("dapo", None), ("dr_grpo", None), ("gspo", None), ("bnpo", 0.2), ("ppo", None)],
+    [("grpo", 0.1), ("dapo", None), ("dr_grpo", None), ("gspo", None), ("bnpo", 0.2), ("ppo_rlhf", None)],
 )
 def test_micro_batching_gives_the_full_batch_gradient(loss, kl_coef):
     """Micro-batches with the global normaliser sum to the full-batch loss and gradient (1e-6
@@ -188,7 +189,8 @@ def _records(path):
     out = []
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        out.append({k: v for k, v in rec.items() if k not in ("wall_time", "cpu_time") and "per_s" not in k})
+        skip = ("wall_time", "cpu_time", "run")
+        out.append({k: v for k, v in rec.items() if k not in skip and "per_s" not in k})
     return out
 
 
@@ -269,6 +271,81 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+def test_nan_gradient_stops_before_the_step_and_keeps_the_checkpoint_bit_identical(tmp_path, monkeypatch):
+    """A finite loss with a NaN in one gradient entry, on the last optimizer step of RL step 3:
+    the run stops (exit 1) before that optimizer step, and checkpoint.pt keeps the bytes written
+    after step 2."""
+    real = Trainer.accumulate_gradients
+    seen = {"calls": 0, "checkpoint": None}
+
+    def poisoned(self, batch, idx):
+        out = real(self, batch, idx)
+        if self.step == 2:  # RL step 3 is running; minibatches=2: its 2nd call is the last step
+            seen["calls"] += 1
+            if seen["checkpoint"] is None:
+                seen["checkpoint"] = (tmp_path / "checkpoint.pt").read_bytes()
+            if seen["calls"] == 2:
+                next(iter(self.model.parameters())).grad.view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", poisoned)
+    stepped = []
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: stepped.append(1) or real_step(self))
+    assert run_training(tiny(steps=5, minibatches=2), tmp_path, progress=False, plot=False) == 1
+    assert seen["calls"] == 2 and seen["checkpoint"] is not None
+    assert (tmp_path / "checkpoint.pt").read_bytes() == seen["checkpoint"]
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["step"] == 2 and all(torch.isfinite(v).all() for v in state["model"].values())
+    # the warm-up's steps + 2 RL steps x 2 optimizer steps + the first optimizer step of RL step 3
+    assert len(stepped) == state["sft_step"] + 2 * 2 + 1
+    assert [r.get("step") for r in _records(tmp_path / "metrics.jsonl") if r["phase"] == "rl"] == [1, 2]
+
+
+def test_non_finite_gradient_in_the_warm_up_is_caught(monkeypatch):
+    trainer = Trainer(tiny())
+    real = torch.Tensor.backward
+
+    def nan_backward(self, *a, **k):
+        real(self, *a, **k)
+        next(iter(trainer.model.parameters())).grad.view(-1)[-1] = float("inf")
+
+    monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(NonFiniteLossError, match="non-finite gradient"):
+        trainer.sft_step_once()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_gradient_clipping_matches_clip_grad_norm():
+    """The checked clip is clip_grad_norm_'s arithmetic (bit-identical gradients and norm)."""
+    trainer = rl_trainer(grad_clip=1e-3)
+    batch = trainer.collect()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    copy_model = [p.grad.clone() for p in trainer.model.parameters()]
+    norm = trainer.clip_finite_gradients()
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in copy_model]
+    for p, g in zip(params, copy_model, strict=True):
+        p.grad = g
+    expected = torch.nn.utils.clip_grad_norm_(params, 1e-3)
+    assert norm > 1e-3 and torch.equal(norm, expected)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(params, trainer.model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("where", [0.05, 0.25, 0.60])
+def test_checkpoint_with_a_flipped_byte_is_refused(tmp_path, where):
+    assert run_training(tiny(steps=1), tmp_path, progress=False, plot=False) == 0
+    path = tmp_path / "checkpoint.pt"
+    load_checkpoint(path)  # intact: loads
+    data = bytearray(path.read_bytes())
+    data[int(where * len(data))] ^= 0x01
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"^checkpoint: .*bad\.pt (is damaged|is not a readable)[^\n]*$"):
+        load_checkpoint(bad)
+
+
 def test_checkpoint_of_another_model_shape_is_rejected(tmp_path):
     assert run_training(tiny(steps=1), tmp_path, progress=False, plot=False) == 0
     other = Trainer(tiny(n_embd=32))
@@ -285,11 +362,39 @@ def test_checkpoint_of_another_model_shape_is_rejected(tmp_path):
         (dict(micro_batch_size=0), "micro_batch_size"),
         (dict(sft_target_accuracy=1.5), "sft_target_accuracy"),
         (dict(temperature=0.0), "temperature"),
+        (dict(grad_clip=-1.0), "^grad_clip: expected > 0"),
+        (dict(grad_clip=float("nan")), "^grad_clip: expected a finite"),
+        (dict(temperature=float("inf")), "^temperature: expected a finite"),
+        (dict(eval_every=0), "^eval_every: expected >= 1"),
+        (dict(checkpoint_every=0), "^checkpoint_every: expected >= 1"),
+        (dict(sft_eval_every=0), "^sft_eval_every: expected >= 1"),
+        (dict(sft_batch_size=0), "^sft_batch_size: expected >= 1"),
+        (dict(group_size="8"), "^group_size: expected int, got str '8'"),
+        (dict(group_size=True), "^group_size: expected int, got bool"),
+        (dict(loss="dapo", max_sampling_rounds=0), "^max_sampling_rounds: expected >= 1"),
+        (dict(advantage_scale="foo"), r"^advantage_scale: expected one of \['none', 'group', 'batch'\]"),
+        (dict(kl_estimator="k4"), "^kl_estimator: expected one of"),
+        (dict(kl_coef=-0.1), "^kl_coef: expected >= 0"),
+        (dict(gamma=1.5), "^gamma: expected <= 1"),
+        (dict(lr="0.1"), "^lr: expected float, got str"),
+        (dict(seed=1.5), "^seed: expected int"),
+        (dict(dynamic_sampling="yes"), "^dynamic_sampling: expected bool"),
+        (dict(overlong_cache_len=9, max_new_tokens=8), "^overlong_cache_len: expected at most"),
+        (dict(device="gpu"), "^device: expected 'auto', 'cpu', 'cuda'"),
+        (dict(positions="alibi"), "^positions: expected one of"),
     ],
 )
-def test_bad_config_is_rejected(kw, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_config_is_rejected_at_construction(kw, match, monkeypatch):
+    """Refused when the config is built: no model, no data, no warm-up has started."""
+    monkeypatch.setattr(Trainer, "__init__", lambda *a: pytest.fail("a Trainer was built"))
+    with pytest.raises((ValueError, TypeError), match=match):
         tiny(**kw)
+
+
+def test_every_config_field_has_a_validation_rule():
+    from refimpl.lm.config import _FIELD_RULES
+
+    assert list(_FIELD_RULES) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
 def test_dynamic_sampling_keeps_only_groups_with_signal():
@@ -307,7 +412,7 @@ def test_ppo_rlhf_returns_fold_the_kl_into_the_per_token_reward():
     """PPO-RLHF (seed 001 (87)): token reward -beta (log pi_old - log pi_ref), plus the sequence
     reward at the last sampled token; with gamma = lambda = 1 the GAE return at t is the sum of
     the rewards from t on (plus V of the final state for a truncated response)."""
-    trainer = rl_trainer(loss="ppo", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)
+    trainer = rl_trainer(loss="ppo_rlhf", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)
     perturb(trainer.model, scale=0.1)
     batch = trainer.collect()
     with torch.no_grad():
@@ -383,3 +488,59 @@ def test_reported_reward_and_accuracy_cover_every_drawn_sample():
     trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=3)
     batch = trainer.collect()  # nothing kept, but 3 rounds of 4 x 4 samples were drawn and scored
     assert len(batch) == 0 and batch.drawn_reward == 0.0 and batch.drawn_accuracy == 0.0
+
+
+def test_ppo_is_a_deprecated_alias_of_ppo_rlhf(tmp_path):
+    """The trainer's PPO-RLHF is "ppo_rlhf"; "ppo" still works (a checkpoint storing it loads)
+    with a DeprecationWarning, and trains exactly as "ppo_rlhf"."""
+    from refimpl.lm.run import load_run_state
+
+    with pytest.warns(DeprecationWarning, match="'ppo' is a deprecated alias of 'ppo_rlhf'"):
+        old = tiny(loss="ppo")
+    assert old.loss == "ppo_rlhf" and old.is_rlhf
+    assert run_training(tiny(loss="ppo_rlhf", steps=1), tmp_path, progress=False, plot=False) == 0
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    state["config"]["loss"] = "ppo"  # as written before the rename
+    from refimpl.lm.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "old.pt", state)
+    with pytest.warns(DeprecationWarning):
+        _, config = load_run_state(tmp_path / "old.pt")
+    assert config.loss == "ppo_rlhf"
+
+
+def test_magistral_minibatch_normalisation_equals_batch_scale_on_the_whole_batch():
+    """On one rank with the minibatch = the whole batch, minibatch_std_normalise of the centred
+    advantages is group_advantages(scale="batch") with the trainer's conventions (a different
+    summation order: float32, 64 values, 1e-5 relative is ~100 unit roundoffs)."""
+    from refimpl.lm.batch import group_advantages_for, minibatch_std_normalise
+
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.randint(0, 3, (64,), generator=g).float() / 2
+    group_ids = torch.arange(16).repeat_interleave(4)
+    centred = group_advantages_for(rewards, group_ids, "none")
+    expected = group_advantages_for(rewards, group_ids, "batch")
+    torch.testing.assert_close(minibatch_std_normalise(centred), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(minibatch_std_normalise(torch.full((5,), 0.25)), torch.zeros(5))
+    assert minibatch_std_normalise(torch.zeros(0)).shape == (0,)
+
+
+def test_magistral_normalises_each_optimizer_minibatch(monkeypatch):
+    seen = []
+    real = Trainer.accumulate_gradients
+
+    def spy(self, batch, idx):
+        seen.append((idx.clone(), batch.advantages[idx].double()))
+        return real(self, batch, idx)
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", spy)
+    trainer = rl_trainer(loss="grpo", advantage_scale="batch", prompts_per_step=8, minibatches=2)
+    batch = trainer.collect()
+    centred = batch.advantages.clone()
+    trainer.update(batch)
+    assert torch.equal(batch.advantages, centred)  # the stored batch keeps the centred values
+    assert len(seen) == 2
+    for idx, adv in seen:  # each minibatch's own population variance var_B -> var_B / (var_B + 1e-6)
+        var = float(centred[idx].double().var(unbiased=False))
+        assert var > 1e-4 and float(adv.var(unbiased=False)) == pytest.approx(var / (var + 1e-6), rel=1e-5)
+    assert not torch.equal(seen[0][0].sort().values, seen[1][0].sort().values)

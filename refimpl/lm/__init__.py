@@ -2,6 +2,10 @@
 
 ``model`` (nanoGPT-like decoder with a KV cache), ``tasks`` (addition, sort; rewards; held-out
 sets), ``rollout`` (group sampling and the trainer's log-probs under the same sampling policy),
-``train`` (warm-up, RL with any ``refimpl.losses`` preset, PPO-RLHF, the run loop),
-``checkpoint``, ``distributed`` (DDP helpers) and ``cli`` (``refimpl train`` / ``refimpl eval``).
+``config`` (``TrainConfig``, validated), ``train`` (the ``Trainer``: warm-up step, RL step with any
+``refimpl.losses`` preset, PPO-RLHF with ``rlhf``), ``batch`` (a step's data, the advantage
+conventions), ``run`` (the run as named phases: metrics, checkpoints, resume, Ctrl-C),
+``progress`` (what a run prints), ``plots``, ``checkpoint`` (checksummed, atomic),
+``distributed`` (DDP helpers) and ``cli`` (``refimpl train`` / ``eval`` / ``sample`` /
+``compare``).
 """

@@ -1,10 +1,10 @@
 """The tiny-LM trainer: a supervised warm-up, then RL with any verified policy-loss preset.
 
-Reads top to bottom like the recipe of seed 001 section 5.3.2:
+Follows the recipe of seed 001 section 5.3.2 (``refimpl.lm.run`` drives the phases):
 
-1. **Warm-up** (``Trainer.warmup``): next-token training on generated solutions until held-out
-   *sampled* accuracy reaches ``sft_target_accuracy``, so RL starts from an imperfect policy whose
-   groups carry signal.
+1. **Warm-up** (``Trainer.sft_step_once``, repeated by ``run.warmup_phase``): next-token training
+   on generated solutions until held-out *sampled* accuracy reaches ``sft_target_accuracy``, so
+   RL starts from an imperfect policy whose groups carry signal.
 2. **RL step** (``Trainer.rl_step``), repeated ``steps`` times:
    freeze the behaviour policy; draw prompts; sample ``group_size`` responses per prompt
    (``rollout.generate``); score them (``Task.rewards``, DAPO's soft overlong penalty); compute
@@ -15,8 +15,9 @@ Reads top to bottom like the recipe of seed 001 section 5.3.2:
    ``refimpl.losses.policy_loss``, with the aggregation's normaliser counted over the whole
    minibatch on every rank (all-reduce), so micro-batching and data parallelism give the gradient
    of the full batch.
-3. **PPO-RLHF** (``loss="ppo"``): a value head, the KL to the reference folded into the per-token
-   reward (seed 001 (87)), token-level GAE (``refimpl.estimators.gae_advantages``, seed 001 (80)).
+3. **PPO-RLHF** (``loss="ppo_rlhf"``; ``"ppo"`` is a deprecated alias): a value head, the KL to
+   the reference folded into the per-token reward (seed 001 (87)), token-level GAE
+   (``refimpl.estimators.gae_advantages``, seed 001 (80)).
 
 The KL regulariser is minimised (``loss = -objective + beta * KL``) and counted inside the same
 global normaliser as the policy term (``policy_loss`` adds it before normalising).
@@ -27,9 +28,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 import time
-from dataclasses import dataclass, field
+import uuid
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +40,19 @@ from refimpl import losses
 from refimpl.estimators import gae_advantages
 from refimpl.kl import kl_k3
 from refimpl.lm import distributed as dist_lib
+from refimpl.lm.batch import (  # re-exported
+    RolloutBatch,
+    _cat_rollouts,
+    _finalise_metrics,
+    _index_rollout,
+    group_advantages_for,
+    minibatch_std_normalise,
+)
+from refimpl.lm.config import GROUP_PRESETS, LOSS_NAMES, TrainConfig  # re-exported
 from refimpl.lm.model import GPT, GPTConfig
+from refimpl.lm.rlhf import kl_shaped_token_rewards, masked_whiten
 from refimpl.lm.rollout import Rollout, generate, policy_logprobs, response_logits
-from refimpl.lm.tasks import EOS, PAD, TASKS, VOCAB, Problems, get_task
+from refimpl.lm.tasks import EOS, PAD, VOCAB, Problems, get_task
 
 __all__ = [
     "TrainConfig",
@@ -54,113 +64,9 @@ __all__ = [
     "LOSS_NAMES",
 ]
 
-# Presets trained with group advantages; "ppo" is PPO-RLHF (value head, GAE, KL in the reward).
-GROUP_PRESETS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
-LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo")
-
-
 class NonFiniteLossError(RuntimeError):
-    """A NaN or infinite loss: training stops and the last good checkpoint is kept."""
-
-
-@dataclass
-class TrainConfig:
-    """Everything a run depends on (a checkpoint stores it). Defaults are the README main job."""
-
-    task: str = "addition"
-    loss: str = "dapo"
-    seed: int = 0
-    device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
-    compile: bool = False  # torch.compile the training forward pass
-    amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
-    # model (nanoGPT-like)
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-    positions: str = "learned"
-    # supervised warm-up
-    sft_lr: float = 1e-3
-    sft_batch_size: int = 64
-    sft_max_steps: int = 3000
-    sft_eval_every: int = 10
-    sft_target_accuracy: float = 0.15  # held-out sampled accuracy that ends the warm-up
-    # RL
-    steps: int = 200
-    prompts_per_step: int = 64
-    group_size: int = 8
-    inner_epochs: int = 2
-    minibatches: int = 2  # optimizer steps per inner epoch
-    micro_batch_size: int = 256  # sequences per forward/backward (gradient accumulation)
-    lr: float = 5e-4
-    lr_decay_steps: int = 200  # RL learning rate decays linearly over this many steps ...
-    lr_min_fraction: float = 0.1  # ... to this fraction of lr (1.0 = constant)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_new_tokens: int = 8  # > the longest answer (5) + DAPO's overlong cache (2)
-    reward: str = "exact"  # "exact" or "partial"
-    kl_coef: float | None = None  # None: the preset's own
-    kl_estimator: str | None = None  # None: the preset's own ("k1", "k2", "k3")
-    entropy_coef: float | None = None  # None: the preset's own
-    advantage_scale: str | None = None  # None: "none" for dr_grpo, "group" otherwise
-    dynamic_sampling: bool | None = None  # None: on for dapo
-    max_sampling_rounds: int = 4
-    overlong_cache_len: int | None = None  # None: 2 for dapo, 0 (off) otherwise
-    overlong_filter: bool = False
-    ref_reset_every: int = 0  # ProRL reference reset (0 = never)
-    # PPO-RLHF
-    value_coef: float = 0.5
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    rlhf_kl_coef: float = 0.02
-    # evaluation and output
-    eval_every: int = 10
-    eval_size: int = 512
-    eval_seed: int = 1234
-    checkpoint_every: int = 20
-    extra: dict = field(default_factory=dict)  # free-form notes stored with the run
-
-    def __post_init__(self):
-        if self.loss not in LOSS_NAMES:
-            raise ValueError(f"loss: unknown loss {self.loss!r}; expected one of {list(LOSS_NAMES)}")
-        if self.task not in TASKS:
-            raise ValueError(f"task: unknown task {self.task!r}; expected one of {sorted(TASKS)}")
-        if self.group_size < 2:
-            raise ValueError(f"group_size: expected >= 2 (a group needs two samples), got {self.group_size}")
-        for name in ("prompts_per_step", "inner_epochs", "minibatches", "micro_batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if not 0.0 <= self.lr_min_fraction <= 1.0:
-            raise ValueError(f"lr_min_fraction: expected a fraction in [0, 1], got {self.lr_min_fraction}")
-        for name in ("steps", "sft_max_steps", "ref_reset_every", "top_k", "lr_decay_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected a non-negative integer, got {getattr(self, name)}")
-        if not 0.0 <= self.sft_target_accuracy <= 1.0:
-            raise ValueError(
-                f"sft_target_accuracy: expected a fraction in [0, 1], got {self.sft_target_accuracy}"
-            )
-        if self.reward not in ("exact", "partial"):
-            raise ValueError(f"reward: expected 'exact' or 'partial', got {self.reward!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature: expected > 0, got {self.temperature}")
-
-    @property
-    def is_rlhf(self) -> bool:
-        return self.loss == "ppo"
-
-    def resolved_dynamic_sampling(self) -> bool:
-        return self.loss == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
-
-    def resolved_overlong_cache_len(self) -> int:
-        if self.overlong_cache_len is None:
-            return 2 if self.loss == "dapo" else 0
-        return self.overlong_cache_len
-
-    def resolved_advantage_scale(self) -> str:
-        if self.advantage_scale is None:
-            return "none" if self.loss == "dr_grpo" else "group"
-        return self.advantage_scale
+    """A NaN or infinite loss or gradient: training stops before the optimizer step and the last
+    good checkpoint is kept."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -173,55 +79,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:  # torchrun: the rank's LOCAL_RANK device
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-@dataclass
-class RolloutBatch:
-    """One RL step's data on this rank. Per-token tensors are ``[N, L]``; ``mask`` is the float
-    mask of tokens that count (sampled lengths, minus DAPO's overlong filter). ``advantages`` is
-    ``[N]`` for group presets and ``[N, L]`` for PPO-RLHF (then ``returns`` is set)."""
-
-    prompts: torch.Tensor
-    responses: torch.Tensor
-    mask: torch.Tensor
-    lengths: torch.Tensor
-    truncated: torch.Tensor
-    rewards: torch.Tensor
-    correct: torch.Tensor
-    group_ids: torch.Tensor
-    advantages: torch.Tensor
-    old_logp: torch.Tensor
-    sampler_logp: torch.Tensor
-    ref_logp: torch.Tensor | None = None
-    topk_indices: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-    kept_fraction: float = 1.0
-    drawn_reward: float = float("nan")  # mean reward / accuracy over every sample drawn,
-    drawn_accuracy: float = float("nan")  # before dynamic sampling drops groups
-
-    def __len__(self) -> int:
-        return self.prompts.shape[0]
-
-    def select(self, idx: torch.Tensor) -> RolloutBatch:
-        """The sequences ``idx`` (e.g. one rank's share of a batch)."""
-        fields = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            fields[f.name] = value[idx] if isinstance(value, torch.Tensor) else value
-        return RolloutBatch(**fields)
-
-
-def _cat_rollouts(parts: list[Rollout]) -> Rollout:
-    topk = None if parts[0].topk_indices is None else torch.cat([p.topk_indices for p in parts])
-    return Rollout(
-        *(
-            torch.cat([getattr(p, f) for p in parts])
-            for f in ("prompts", "responses", "lengths", "truncated")
-        ),
-        torch.cat([p.mask for p in parts]),
-        torch.cat([p.logprobs for p in parts]),
-        topk,
-    )
 
 
 class Trainer:
@@ -268,12 +125,13 @@ class Trainer:
         self.optimizer = self._new_optimizer(config.sft_lr)
         self.last_eval: dict = {}
         self.warmup_eval: dict = {}  # held-out accuracy when the warm-up ended
+        self.run_id = uuid.uuid4().hex[:12]  # names the run in its metrics and checkpoints (rank 0's counts)
 
     # ------------------------------------------------------------------ set-up helpers
 
     def _loss_variant(self):
         c = self.config
-        variant = losses.get_preset(c.loss)
+        variant = losses.get_preset("ppo" if c.is_rlhf else c.loss)  # PPO-RLHF's clipped loss
         changes = {}
         if c.kl_coef is not None:
             changes["kl_coef"] = c.kl_coef
@@ -281,7 +139,7 @@ class Trainer:
             changes["kl_estimator"] = c.kl_estimator
         if c.entropy_coef is not None:
             changes["entropy_coef"] = c.entropy_coef
-        if c.loss == "ppo":  # PPO-RLHF puts the KL in the reward (001 (87)) with rlhf_kl_coef
+        if c.is_rlhf:  # PPO-RLHF puts the KL in the reward (001 (87)) with rlhf_kl_coef
             changes["kl_coef"] = 0.0
         if variant.aggregation == "seq_sum" and variant.max_length is None:
             changes["max_length"] = c.max_new_tokens  # Dr. GRPO's L_max: the generation limit
@@ -345,7 +203,7 @@ class Trainer:
         self._check_finite(loss)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.clip_finite_gradients()
         self.optimizer.step()
         self.sft_step += 1
         return {"phase": "sft", "sft_step": self.sft_step, "sft_loss": loss.item() / self.world_size}
@@ -436,7 +294,9 @@ class Trainer:
         if c.is_rlhf:
             advantages, returns = self._rlhf_advantages(ro, rewards, old_logp, ref_logp, values, mask)
         elif len(rewards):
-            advantages = group_advantages_for(rewards, group_ids, c.resolved_advantage_scale())
+            # Magistral ("batch"): centred here, divided by the std of each optimizer minibatch in update()
+            scale = c.resolved_advantage_scale()
+            advantages = group_advantages_for(rewards, group_ids, "none" if scale == "batch" else scale)
         else:
             advantages = rewards.clone()
         return RolloutBatch(
@@ -495,22 +355,15 @@ class Trainer:
         at the last sampled token (seed 001 (87)), then token-level GAE (001 (80)); advantages are
         whitened over the tokens of all ranks."""
         c = self.config
-        n, width = ro.responses.shape
-        positions = torch.arange(width, device=self.device)[None, :]
-        last = positions == (ro.lengths[:, None] - 1)
-        token_rewards = -c.rlhf_kl_coef * (old_logp - ref_logp) * mask + rewards[:, None] * last
+        token_rewards, last = kl_shaped_token_rewards(
+            rewards, ro.lengths, old_logp, ref_logp, mask, c.rlhf_kl_coef
+        )
         terminated = last & ~ro.truncated[:, None]
         truncated = last & ro.truncated[:, None]
         out = gae_advantages(
             token_rewards, values[:, :-1], values[:, 1:], terminated, truncated, c.gamma, c.gae_lambda
         )
-        stats = dist_lib.all_reduce_sum(
-            torch.stack([mask.sum(), (out.advantages * mask).sum(), (out.advantages.square() * mask).sum()])
-        )
-        mean = stats[1] / stats[0].clamp_min(1.0)
-        var = (stats[2] / stats[0].clamp_min(1.0) - mean.square()).clamp_min(0.0)
-        advantages = (out.advantages - mean) / (var.sqrt() + 1e-8)
-        return advantages * mask, out.returns
+        return masked_whiten(out.advantages, mask, dist_lib.all_reduce_sum), out.returns
 
     # ------------------------------------------------------------------ update
 
@@ -542,9 +395,9 @@ class Trainer:
             entropy=entropy,
             normalizer=normalizer,
         )
-        if c.is_rlhf:
-            value_err = (values.float() - batch.returns[idx]).square()
-            loss = loss + c.value_coef * 0.5 * (value_err * mask).sum() / normalizer
+        if c.is_rlhf:  # 1/2 (V - V_targ)^2, seed 001 (82)
+            value, _ = losses.value_loss(values.float(), batch.returns[idx], mask, normalizer=normalizer)
+            loss = loss + (c.value_coef * 0.5) * value
         metrics = {k: v for k, v in metrics.items()}
         metrics["entropy_sum"] = (entropy.detach() * mask).sum()
         if batch.ref_logp is not None:
@@ -559,6 +412,22 @@ class Trainer:
                 f"non-finite loss ({loss.item()}) at phase {self.phase}, RL step {self.step + 1}, "
                 f"warm-up step {self.sft_step}: training stopped; the last good checkpoint is kept"
             )
+
+    def clip_finite_gradients(self) -> torch.Tensor:
+        """The gradient's total norm, checked finite on every rank before it is clipped to
+        ``grad_clip`` (the same arithmetic as ``clip_grad_norm_``). A NaN or infinite gradient
+        raises ``NonFiniteLossError`` before any optimizer step, so the weights, the optimizer
+        moments and the last checkpoint stay good."""
+        params = list(self.model.parameters())
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        bad = dist_lib.all_reduce_max((~torch.isfinite(norm)).to(torch.float32))
+        if bad.item() > 0:
+            raise NonFiniteLossError(
+                f"non-finite gradient (norm {norm.item()}) at phase {self.phase}, RL step {self.step + 1}, "
+                f"warm-up step {self.sft_step}: training stopped; the last good checkpoint is kept"
+            )
+        torch.nn.utils.clip_grads_with_norm_(params, self.config.grad_clip, norm)  # takes parameters
+        return norm
 
     def _dummy_backward(self) -> None:
         """A rank without micro-batches still joins the gradient all-reduce (zero gradient)."""
@@ -613,16 +482,29 @@ class Trainer:
             bounds = [round(i * len(batch) / c.minibatches) for i in range(c.minibatches + 1)]
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 self.optimizer.zero_grad(set_to_none=True)
-                sums, counted = self.accumulate_gradients(batch, order[lo:hi])
+                minibatch = self._minibatch_normalised(batch, order[lo:hi])
+                sums, counted = self.accumulate_gradients(minibatch, order[lo:hi])
                 if not counted:
                     continue
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+                grad_norm = self.clip_finite_gradients()
                 self.optimizer.step()
                 sums["grad_norm"] = grad_norm.detach() * sums["_sequences"]
                 sums["_optimizer_steps"] = torch.ones(())
                 for key, value in sums.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
         return _finalise_metrics(totals)
+
+    def _minibatch_normalised(self, batch: RolloutBatch, idx: torch.Tensor) -> RolloutBatch:
+        """Magistral (``advantage_scale="batch"``, seed 002): the centred advantages of the
+        minibatch ``idx`` (all ranks' together) divided by their std; ``batch`` itself for
+        every other scale. Collective: every rank calls it for every minibatch."""
+        if self.config.is_rlhf or self.config.resolved_advantage_scale() != "batch":
+            return batch
+        advantages = batch.advantages.clone()
+        advantages[idx] = minibatch_std_normalise(
+            batch.advantages[idx], dist_lib.all_reduce_sum, dist_lib.all_reduce_max
+        )
+        return dataclasses.replace(batch, advantages=advantages)
 
     def rl_learning_rate(self) -> float:
         """Linear decay from ``lr`` to ``lr * lr_min_fraction`` over ``lr_decay_steps`` steps, a
@@ -681,6 +563,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "last_eval": dict(self.last_eval),
             "warmup_eval": dict(self.warmup_eval),
+            "run_id": self.run_id,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -707,337 +590,5 @@ class Trainer:
         self.sample_gen.set_state(rng[split:].clone())
         torch.set_rng_state(state["torch_rng"])
         self.last_eval = dict(state["last_eval"])
-        self.warmup_eval = dict(state.get("warmup_eval", {}))  # absent in early checkpoints
-
-
-def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
-    """The trainer's advantage convention: group-centred rewards (seed 001 (90)-(91)), divided by
-    the population std with eps inside the square root (``scale="group"``, GRPO), by the batch std
-    (``"batch"``, Magistral) or not at all (``"none"``, Dr. GRPO (98)). Zero-variance groups get
-    advantage 0 (they carry no signal); groups of one sample (never formed here) too."""
-    if scale == "none":
-        return adv_lib.group_advantages(rewards, group_ids, scale="none", singleton="zero")
-    return adv_lib.group_advantages(
-        rewards,
-        group_ids,
-        scale=scale,
-        singleton="zero",
-        std="population",
-        eps=1e-6,
-        eps_inside_sqrt=True,
-        zero_variance="zero",
-    )
-
-
-def _index_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
-    return Rollout(
-        ro.prompts[idx],
-        ro.responses[idx],
-        ro.lengths[idx],
-        ro.truncated[idx],
-        ro.mask[idx],
-        ro.logprobs[idx],
-        None if ro.topk_indices is None else ro.topk_indices[idx],
-    )
-
-
-def _finalise_metrics(totals: dict[str, float]) -> dict:
-    """Per-update averages from summed micro-batch metrics: ``*_sum`` divided by the token count,
-    other diagnostics weighted by sequences."""
-    if not totals:
-        return {"optimizer_steps_skipped": True}
-    tokens = max(totals.pop("token_count", 0.0), 1.0)
-    sequences = max(totals.pop("_sequences", 0.0), 1.0)
-    optimizer_steps = max(totals.pop("_optimizer_steps", 0.0), 1.0)
-    out = {}
-    for key, value in totals.items():
-        if key.endswith("_sum"):
-            out[key[: -len("_sum")]] = value / tokens
-        elif key == "loss":  # each optimizer step's loss is the sum of its micro-batch losses
-            out[key] = value / optimizer_steps
-        else:
-            out[key] = value / sequences
-    return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}
-
-
-# ---------------------------------------------------------------------------------------------
-# the run: warm-up, RL, metrics JSONL, progress bar, checkpoints, plot
-
-
-_TIMING_KEYS = ("wall_time", "cpu_time", "rollout_tokens_per_s", "update_tokens_per_s")
-
-
-class _StopRequested(Exception):
-    """Raised between steps after Ctrl-C (a second Ctrl-C raises KeyboardInterrupt at once and
-    saves nothing: the last periodic checkpoint stays)."""
-
-
-class _InterruptFlag:
-    """Ctrl-C sets a flag; the run saves a checkpoint between steps and stops (a second Ctrl-C
-    interrupts at once)."""
-
-    def __init__(self):
-        self.set = False
-        self._previous = None
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-
-    def __exit__(self, *exc):
-        import signal
-
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-        return False
-
-    def any_rank(self, device) -> bool:
-        return bool(dist_lib.all_reduce_max(torch.tensor(float(self.set), device=device)).item())
-
-
-def _rewrite_metrics_until(path, phase: str, step: int, sft_step: int) -> None:
-    """On resume, drop records logged after the checkpoint (they will be logged again)."""
-    import json
-
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("phase") == "sft" and rec.get("sft_step", 0) <= sft_step:
-            kept.append(line)
-        elif rec.get("phase") == "rl" and phase == "rl" and rec.get("step", 0) <= step:
-            kept.append(line)
-    path.write_text("".join(f"{line}\n" for line in kept))
-
-
-def run_training(
-    config: TrainConfig,
-    out_dir,
-    *,
-    resume=None,
-    progress: bool = True,
-    steps_override: int | None = None,
-    plot: bool = True,
-) -> int:
-    """The whole job: warm-up until the held-out sampled accuracy target, then ``steps`` RL
-    steps. Writes ``metrics.jsonl``, ``checkpoint.pt`` (every ``checkpoint_every`` steps, at the
-    end of the warm-up, at the end and on Ctrl-C), ``summary.json`` and (``plot``) ``curves.png``
-    to ``out_dir``. Returns an exit code: 0 done, 1 non-finite loss (last good checkpoint kept),
-    130 interrupted (checkpoint saved)."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
-
-    state = None
-    if resume is not None:
-        state = load_checkpoint(resume)
-        config = TrainConfig(**state["config"])
-    if steps_override is not None:
-        config = dataclasses.replace(config, steps=steps_override)
-    started_here = dist_lib.init_from_env(resolve_device(config.device))
-    try:
-        trainer = Trainer(config)
-        if state is not None:
-            trainer.load_state_dict(state)
-        main = trainer.rank == 0
-        out = Path(out_dir)
-        metrics_path, ckpt_path = out / "metrics.jsonl", out / "checkpoint.pt"
-        if main:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
-            if state is None:
-                metrics_path.write_text("")
-            else:
-                _rewrite_metrics_until(metrics_path, trainer.phase, trainer.step, trainer.sft_step)
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        summary: dict = {"device": str(trainer.device), "parameters": trainer.model.num_parameters()}
-
-        def log(record: dict) -> None:
-            record = {
-                **record,
-                "wall_time": time.perf_counter() - wall0,
-                "cpu_time": time.process_time() - cpu0,
-            }
-            if main:
-                with metrics_path.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-
-        def save() -> None:
-            ckpt_state = trainer.state_dict()  # collective (gathers every rank's RNG)
-            if main:
-                save_checkpoint(ckpt_path, ckpt_state)
-
-        with _InterruptFlag() as interrupt:
-            try:
-                if trainer.phase == "sft":
-                    bar = tqdm(
-                        total=config.sft_max_steps,
-                        initial=trainer.sft_step,
-                        desc="warm-up",
-                        disable=not (progress and main),
-                        dynamic_ncols=True,
-                    )
-                    while trainer.phase == "sft":
-                        if trainer.sft_step >= config.sft_max_steps:
-                            msg = (
-                                f"warm-up: sampled accuracy target {config.sft_target_accuracy} not reached "
-                                f"in "
-                                f"{config.sft_max_steps} steps; starting RL anyway"
-                            )
-                            if main:
-                                print(msg, file=sys.stderr)
-                            trainer.evaluate()
-                            trainer.finish_warmup()
-                            break
-                        record = trainer.sft_step_once()
-                        bar.update(1)
-                        if trainer.sft_step % config.sft_eval_every == 0:
-                            record.update(trainer.evaluate())
-                            bar.set_postfix(
-                                loss=f"{record['sft_loss']:.3f}",
-                                sampled_acc=f"{record['eval_sampled_accuracy']:.3f}",
-                            )
-                            if record["eval_sampled_accuracy"] >= config.sft_target_accuracy:
-                                trainer.finish_warmup()
-                        log(record)
-                        if interrupt.any_rank(trainer.device):
-                            raise _StopRequested
-                    bar.close()
-                    save()
-                summary["warmup_steps"] = trainer.sft_step
-                summary.update({f"warmup_{k}": v for k, v in trainer.warmup_eval.items()})
-                bar = tqdm(
-                    total=config.steps,
-                    initial=trainer.step,
-                    desc=f"RL ({config.loss})",
-                    disable=not (progress and main),
-                    dynamic_ncols=True,
-                )
-                while trainer.step < config.steps:
-                    record = trainer.rl_step()
-                    bar.update(1)
-                    if trainer.step % config.eval_every == 0 or trainer.step == config.steps:
-                        record.update(trainer.evaluate())
-                    bar.set_postfix(_postfix(record, trainer.last_eval))
-                    log(record)
-                    if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-                        save()
-                    if interrupt.any_rank(trainer.device):
-                        raise _StopRequested
-                bar.close()
-            except NonFiniteLossError as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 1
-            except _StopRequested:  # between steps: the state is consistent, save it
-                save()
-                if main:
-                    print(
-                        f"interrupted: checkpoint saved to {ckpt_path} (resume with --resume {ckpt_path})",
-                        file=sys.stderr,
-                    )
-                return 130
-        summary.update({f"final_{k}": v for k, v in trainer.evaluate().items()})
-        summary.update(
-            steps=trainer.step, wall_time=time.perf_counter() - wall0, cpu_time=time.process_time() - cpu0
-        )
-        if main:
-            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            if plot:
-                plot_metrics(metrics_path, out / "curves.png")
-            print(json.dumps(summary))
-        return 0
-    finally:
-        if started_here:
-            torch.distributed.destroy_process_group()
-
-
-def _postfix(record: dict, last_eval: dict) -> dict:
-    def fmt(key, src=record, digits=3):
-        value = src.get(key)
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    return {
-        "reward": fmt("reward"),
-        "acc": fmt("accuracy"),
-        "greedy": fmt("eval_greedy_accuracy", last_eval),
-        "kl": fmt("kl", digits=4),
-        "ent": fmt("entropy"),
-        "clip": fmt("clip_fraction"),
-        "tok/s": f"{record.get('rollout_tokens_per_s', 0.0):.0f}",
-    }
-
-
-def plot_metrics(metrics_path, png_path) -> None:
-    """Curves of a run (matplotlib, Agg backend): warm-up loss and accuracy, RL reward and
-    accuracy, held-out greedy / sampled accuracy, KL, entropy and clip fraction."""
-    import json
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in open(metrics_path) if line.strip()]
-    sft = [r for r in records if r.get("phase") == "sft"]
-    rl = [r for r in records if r.get("phase") == "rl"]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
-
-    def curve(ax, rows, x, key, label, **style):
-        pts = [(r[x], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), label=label, **style)
-
-    curve(axes[0, 0], sft, "sft_step", "sft_loss", "next-token loss (left)", color="gray")
-    ax = axes[0, 0].twinx()
-    curve(ax, sft, "sft_step", "eval_sampled_accuracy", "held-out sampled acc", color="tab:orange")
-    curve(ax, sft, "sft_step", "eval_greedy_accuracy", "held-out greedy acc", color="tab:blue")
-    axes[0, 0].set_title("warm-up")
-    ax.legend(loc="center right", fontsize=8)
-    curve(axes[0, 1], rl, "step", "reward", "reward")
-    curve(axes[0, 1], rl, "step", "accuracy", "train accuracy (samples)")
-    axes[0, 1].set_title("RL reward")
-    curve(axes[0, 2], rl, "step", "eval_greedy_accuracy", "greedy")
-    curve(axes[0, 2], rl, "step", "eval_sampled_accuracy", "sampled")
-    axes[0, 2].set_title("held-out accuracy")
-    curve(axes[1, 0], rl, "step", "kl", "KL to reference (k3)")
-    axes[1, 0].set_title("KL")
-    if not axes[1, 0].lines:
-        axes[1, 0].text(0.5, 0.5, "no reference model (KL coefficient 0)", ha="center", va="center")
-    curve(axes[1, 1], rl, "step", "entropy", "entropy per token")
-    axes[1, 1].set_title("entropy")
-    curve(axes[1, 2], rl, "step", "clip_fraction", "clip fraction")
-    axes[1, 2].set_title("clip fraction")
-    for a in axes.flat:
-        a.set_xlabel("step")
-        if a.lines:
-            a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=90)
-    plt.close(fig)
-
-
-def evaluate_checkpoint(path, device: str = "auto") -> dict:
-    """Held-out greedy and sampled accuracy of the policy in a checkpoint."""
-    from refimpl.lm.checkpoint import load_checkpoint
-
-    state = load_checkpoint(path)
-    config = dataclasses.replace(TrainConfig(**state["config"]), device=device)
-    trainer = Trainer(config)
-    trainer.load_state_dict(state)
-    result = trainer.evaluate()
-    result.update(phase=trainer.phase, step=trainer.step, warmup_steps=trainer.sft_step, task=config.task)
-    return result
+        self.warmup_eval = dict(state["warmup_eval"])
+        self.run_id = str(state["run_id"])
