@@ -1,8 +1,10 @@
 """Hypothesis profiles (ARCHITECTURE.md): ``ci`` (default) and ``thorough``, chosen by the
 environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log."""
 
+import functools
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -30,3 +32,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Tests build float64 tensors explicitly (ARCHITECTURE.md); the global default dtype is left
 # alone so LM code is tested as it runs. Few threads keep CI on 2 cores predictable.
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def real_matrix():
+    """``refimpl.conformance.matrix.build_matrix`` of the installed frameworks, built at most once per
+    session for each framework selection (about 15 s of CPU with TRL, verl and OpenRLHF installed)."""
+    from refimpl.conformance import matrix
+
+    return functools.cache(matrix.build_matrix)

@@ -222,8 +222,9 @@ def select_mode(driver: types.ModuleType, kind: str, mode_name: str | None, pres
         return next(iter(modes.values()))
     key = preset.strip().lower().replace("-", "_")
     profiled = dict(PROFILE_MODES.get(driver.NAME, {}).get(key, ())).get(kind)
-    if profiled in modes:  # the mode whose flags are profile(framework, preset)
-        return modes[profiled]
+    if profiled in modes:  # the mode whose flags are profile(framework, preset), run on that preset
+        mode = modes[profiled]
+        return mode if mode.preset == key else dataclasses.replace(mode, preset=key)
     matching = [m for m in modes.values() if (m.preset or "").replace("-", "_") == key]
     if not matching:
         raise UserError(

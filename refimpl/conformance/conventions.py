@@ -3,29 +3,27 @@
 A ``Convention`` is a frozen dataclass of flags. The kit computes every expected value from the
 spec's composable loss (``refimpl.losses.policy_loss``, ``refimpl.advantages.group_advantages``,
 ``refimpl.kl``) with the flags applied by one interpreter (``refimpl.conformance.expected``), so a
-convention is a value, never a code fork. Four profiles ship:
+convention is a value, never a code fork, and expected values never come from a framework.
 
-* ``reference`` -- the spec (specs/policy_losses.md, advantages.md, kl.md): no clamps, empty rows
-  dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
-  exact gradient, the global normaliser over micro-batches, population std with eps inside the
-  square root (seed 001 (90)-(91)).
-* ``trl`` -- the flags of the TRL driver's modes (``refimpl.conformance.frameworks.trl``), proven
-  against the installed TRL 1.16.0's own ``GRPOTrainer._compute_loss`` (tests/test_framework_trl.py);
-  ``framework_config`` gives the ``GRPOConfig`` keys (``loss_type``, ``epsilon``, ``epsilon_high``,
-  ``delta``, ``beta``, ``importance_sampling_level``, ``max_completion_length``, SAPO temperatures,
-  ``use_bias_correction_kl``, ``scale_rewards``).
-* ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
-  ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
-  ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
-* ``openrlhf`` -- the flags of the OpenRLHF driver's mode for the preset
-  (``refimpl.conformance.frameworks.openrlhf``, proven against the installed OpenRLHF 0.11.2
-  ``PolicyLoss`` / ``compute_approx_kl``; ``--actor.policy_loss_type``, ``--actor.loss_agg_mode``,
-  ``--actor.eps_clip_low_high``, ``--actor.dual_clip``, ``--algo.kl.estimator``).
+The ``reference`` convention (``Convention()``) is the spec (specs/policy_losses.md, advantages.md,
+kl.md): no clamps, empty rows dropped from sequence means, Dr. GRPO over ``sequences x L_max``,
+GSPO's sequence ratio with its exact gradient, the global normaliser over micro-batches, the loss
+computed in at least float32, masked positions never reaching the loss, population std with eps
+inside the square root (seed 001 (90)-(91)).
 
-``profile(name, preset)`` returns the profile's flags for one preset (TRL's micro-batch
-normaliser depends on its ``loss_type``; ``profile("trl", preset, scale_rewards="batch")`` selects
-TRL's batch std, advantages.md eq. (14)) and ``framework_config(name, preset)`` the framework's own
-configuration keys that reproduce the preset there.
+A framework's profile is data kept with its driver: each ``Mode`` of
+``refimpl.conformance.frameworks.<name>`` (trl, verl, openrlhf) carries ``Mode.convention``, the
+flags that make the reference reproduce that mode of the installed framework exactly; they are
+proven against the installed TRL 1.16.0, verl 0.9.1 and OpenRLHF 0.11.2 by
+tests/test_framework_<name>.py and ``refimpl check --framework NAME --mode MODE`` (``refimpl
+matrix``: docs/conformance-matrix.md). ``convention_from_flags(name, flags)`` turns such a dict into
+a ``Convention``; it is the only way a profile is built.
+
+``profile(name, preset)`` is that profile for a spec preset: the flags of the driver modes listed in
+``PROFILE_MODES[name][preset]`` (verl adds its GRPO advantage flags;
+``profile("trl", preset, scale_rewards="batch")`` selects TRL's batch std, advantages.md eq. (14)).
+``framework_config(name, preset)`` gives the framework's own configuration keys for the preset
+(TRL ``GRPOConfig``, verl's actor / algorithm config, OpenRLHF's ``--actor.*`` / ``--algo.*``).
 """
 
 from __future__ import annotations
