@@ -334,7 +334,8 @@ def verl_transcription(norm_adv_by_std_in_grpo):
         out = torch.empty_like(rewards)
         for i in range(len(rewards)):
             r = rewards[group_ids == group_ids[i]]
-            mean, std = (r.mean(), r.std()) if len(r) > 1 else (0.0, 1.0)
+            # verl holds a singleton's mean 0 / std 1 in float32 tensors: std + eps is float32(1 + 1e-6)
+            mean, std = (r.mean(), r.std()) if len(r) > 1 else (torch.tensor(0.0), torch.tensor(1.0))
             out[i] = (rewards[i] - mean) / (std + 1e-6) if norm_adv_by_std_in_grpo else rewards[i] - mean
         return out
     return advantages

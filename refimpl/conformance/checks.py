@@ -536,7 +536,7 @@ def _diagnosis_candidates(v: PolicyLossVariant, conv: Convention, name: str, exp
         for flag, value in generic.items():
             if getattr(conv, flag) != value:
                 out.append((f"flag {flag}={value!r}", v, dataclasses.replace(conv, **{flag: value})))
-        for profile_name in ("trl", "verl"):
+        for profile_name in ("trl", "verl", "openrlhf"):
             try:
                 out.append((f"the {profile_name!r} profile", v, profile(profile_name, name)))
             except ValueError:

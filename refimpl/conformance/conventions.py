@@ -446,10 +446,10 @@ def framework_config(
 
 def unsupported_flags(name: str) -> dict[str, str]:
     """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
-    if name == "trl":
+    if name in ("trl", "openrlhf"):
         from .frameworks import load_driver
 
-        return load_driver("trl").unsupported_modes()
+        return load_driver(name).unsupported_modes()
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
