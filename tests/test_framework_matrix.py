@@ -72,3 +72,20 @@ def test_the_committed_matrix_is_the_installed_frameworks_matrix(real_matrix):
         "docs/conformance-matrix.md is out of date: python -m refimpl matrix "
         "--out docs/conformance-matrix.md --json docs/conformance-matrix.json"
     )
+
+
+def test_preset_selects_the_profiles_mode_and_runs_that_preset():
+    """`--framework F --preset P` runs the mode profile(F, P) is built from, on preset P (verl's dapo
+    is vanilla/token-mean with DAPO's clip-higher 0.28, not the mode's own ppo)."""
+    from refimpl.conformance.cli import mode_variant, select_mode
+    from refimpl.conformance.conventions import convention_from_flags, profile
+
+    mode = select_mode(load_driver("verl"), "policy_loss", None, "dapo")
+    assert (mode.name, mode.preset, mode_variant(mode).eps_high) == ("vanilla/token-mean", "dapo", 0.28)
+    for name in FRAMEWORKS:
+        driver = load_driver(name)
+        for preset in ("grpo", "dapo", "gspo"):
+            mode = select_mode(driver, "policy_loss", None, preset)
+            assert mode.preset == preset
+            own, prof = convention_from_flags(name, mode.convention), profile(name, preset)
+            assert all(getattr(prof, k) == getattr(own, k) for k in mode.convention if k != "name")
