@@ -4,6 +4,7 @@ micro-batch and half-precision values near the overflow range."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -184,3 +185,18 @@ def test_the_half_bound_holds_on_many_draws(preset, fn):
     for seed in range(40):
         report = check_policy_loss(fn, preset, convention=INPUT_DTYPE, classes=("bf16", "fp16"), seed=seed)
         assert report.ok, (seed, report.render())
+
+
+def test_importance_weighted_kl_terms_count_towards_fp16_overflow():
+    """TRL's k3 term times the importance ratio (``kl_importance_weight``): on half_overflow/0 the
+    ratios reach 52 839 and k3 ~ |log r| ~ 11, so those products pass fp16's 65 504 although neither
+    factor does; the policy terms alone (and the unweighted KL) stay finite."""
+    variant = dataclasses.replace(get_preset("dapo"), kl_coef=0.1)
+    weighted = dataclasses.replace(INPUT_DTYPE, kl_importance_weight=True)
+    case = policy_loss_cases(variant, weighted, classes=("half_overflow",))[0]
+    assert case.ref_logp is not None and case.logp.dtype == torch.float16
+    flags = []
+    for conv in (INPUT_DTYPE, weighted):
+        loss = float(expected_policy_loss(case, effective_variant(variant, conv), conv)[0])
+        flags.append(half_tolerance(case, variant, conv, loss)[2])
+    assert flags == [False, True]

@@ -61,8 +61,10 @@ USER_MODULE = textwrap.dedent('''
     def per_token_loss(logp, old_logp, advantages, mask, *, normalizer=None):
         return torch.exp(logp - old_logp) * mask
 
-    def loss_with_other_signature(old_log_prob, log_prob, advantages, response_mask, eps_low, eps_high):
-        """verl-like argument order, config passed explicitly (needs an adapter)."""
+    def loss_with_other_signature(old_log_prob, log_prob, advantages, response_mask, eps_low, eps_high,
+                                  global_tokens):
+        """verl-like argument order, config and the global token count (verl's global batch info)
+        passed explicitly (needs an adapter)."""
         m = response_mask.to(torch.promote_types(log_prob.dtype, torch.float32))
         log_prob = torch.where(response_mask.bool(), log_prob, 0.0)
         old_log_prob = torch.where(response_mask.bool(), old_log_prob, 0.0)
@@ -70,7 +72,7 @@ USER_MODULE = textwrap.dedent('''
         a = advantages.to(m.dtype).unsqueeze(-1) * m
         losses = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - eps_low, 1 + eps_high))
         losses = torch.where(a < 0, torch.minimum(-a * 3.0, losses), losses)
-        return (losses * m).sum() / (m.sum() + 1e-8), {"clipfrac": 0.0}
+        return (losses * m).sum() / global_tokens, {"clipfrac": 0.0}
 
     def trl_batch_advantages(rewards, group_ids):
         """TRL scale_rewards="batch": group-centred, over the sample std of all rewards + 1e-4."""
@@ -97,7 +99,8 @@ USER_MODULE = textwrap.dedent('''
 
     def adapter(fn, call):
         cfg = call.config
-        return fn(call.old_logp, call.logp, call.advantages, call.mask, cfg["eps_low"], cfg["eps_high"])[0]
+        return fn(call.old_logp, call.logp, call.advantages, call.mask, cfg["eps_low"], cfg["eps_high"],
+                  max(call.global_tokens, 1))[0]
 ''')
 
 BROKEN_ADAPTER = "raise RuntimeError('adapter module exploded')\n"

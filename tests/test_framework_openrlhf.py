@@ -14,7 +14,6 @@ import dataclasses
 import re
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from refimpl.conformance import (
     profile,
 )
 from refimpl.conformance.cases import KLCase
-from refimpl.conformance.checks import PolicyLossCall
+from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import effective_variant, expected_kl, expected_policy_loss
 from refimpl.conformance.frameworks import load_driver, source_hash
 from refimpl.losses import get_preset, policy_loss
@@ -42,17 +41,12 @@ if _WHY is not None:
     pytest.skip(f"OpenRLHF driver unavailable: {_WHY}", allow_module_level=True)
 
 _KNOWN = {f.name for f in dataclasses.fields(Convention)}
-_CALL_FIELDS = {f.name for f in dataclasses.fields(PolicyLossCall)}
-# Until the kit's generic flags / PolicyLossCall fields land, the classes that need them are run
-# by this file's own micro-batch driver (below) or left to the kit (bf16 / fp16 need compute_dtype).
-_KIT_HAS_DTYPE = "compute_dtype" in _KNOWN
-_KIT_HAS_MICRO = "micro_batch_count" in _CALL_FIELDS
 _POLICY_MODES = sorted(driver.modes("policy_loss"))
 _KL_MODES = sorted(driver.modes("kl"))
 
 
 def _conv(flags: dict) -> Convention:
-    return Convention(**{k: v for k, v in flags.items() if k in _KNOWN})
+    return convention_from_flags("openrlhf", flags)
 
 
 def _variant(mode):
@@ -60,12 +54,7 @@ def _variant(mode):
 
 
 def _classes() -> tuple[str, ...]:
-    skip = {"golden_vectors"}
-    if not _KIT_HAS_DTYPE:
-        skip |= {"bf16", "fp16"}
-    if not _KIT_HAS_MICRO:
-        skip |= {"micro_batch"}
-    return tuple(c for c in POLICY_CASE_CLASSES if c not in skip)
+    return tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors")
 
 
 def _micro_batch_errors(mode_name: str, conv: Convention) -> list[float]:
@@ -204,8 +193,7 @@ def test_reference_convention_departures_are_the_flagged_classes():
     report = check_policy_loss(fn, "grpo", adapter=adapter)
     failing = report.failing_classes()
     assert "extreme_log_ratio" in failing and set(failing) <= {*explained, "golden_vectors"}, failing
-    if _KIT_HAS_MICRO:  # 5 sequences in 3 micro-batches: float32(5 / 3)
-        assert "micro_batch" in failing
+    assert "micro_batch" in failing  # 5 sequences in 3 micro-batches: float32(5 / 3)
     # the golden vectors that fail are the extreme-ratio and bf16 ones (the detail names its origin)
     golden = [r.detail.splitlines()[0] for r in report.results
               if r.case_class == "golden_vectors" and not r.ok]
@@ -341,10 +329,8 @@ def test_profile_refuses_presets_openrlhf_lacks():
     assert driver.modes("group_advantages") == {} and driver.unsupported_modes("group_advantages")
 
 
-def test_every_mode_profile_is_complete_once_the_kit_flags_exist():
+def test_every_mode_profile_is_made_of_convention_flags():
     for mode in [*driver.modes("policy_loss").values(), *driver.modes("kl").values()]:
         unknown = set(mode.convention) - _KNOWN
-        assert unknown <= {"compute_dtype", "masked_nonfinite"}, (mode.name, unknown)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            _conv(mode.convention)
+        assert not unknown, (mode.name, unknown)
+        _conv(mode.convention)  # the flags' values are valid

@@ -17,7 +17,7 @@ import torch
 
 from refimpl.conformance import checks
 from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
-from refimpl.conformance.conventions import Convention, framework_config, profile
+from refimpl.conformance.conventions import Convention, convention_from_flags, framework_config, profile
 from refimpl.conformance.frameworks import load_driver, source_hash
 
 pytestmark = pytest.mark.framework
@@ -27,20 +27,11 @@ _REASON = driver.availability()
 if _REASON is not None:
     pytest.skip(f"verl driver unavailable: {_REASON}", allow_module_level=True)
 
-_FIELDS = {f.name for f in dataclasses.fields(Convention)}
-# Until the kit's generic flags and PolicyLossCall's global counts exist, the classes that need
-# them are left out here (the micro-batch mechanism is tested directly below).
-_CALL_HAS_GLOBALS = "global_rows" in {f.name for f in dataclasses.fields(checks.PolicyLossCall)}
-_PENDING = {"bf16", "fp16"} if "compute_dtype" not in _FIELDS else set()
-if not _CALL_HAS_GLOBALS:
-    _PENDING.add("micro_batch")
-_CLASSES = tuple(c for c in POLICY_CASE_CLASSES if c not in _PENDING)
-# flags that only the kit's (not yet merged) case classes can show
-_GENERIC = ("compute_dtype", "masked_nonfinite")
+_CLASSES = POLICY_CASE_CLASSES
 
 
 def convention_of(flags: dict, name: str) -> Convention:
-    return Convention(name=f"verl:{name}", **{k: v for k, v in flags.items() if k in _FIELDS})
+    return convention_from_flags(f"verl:{name}", flags)
 
 
 def check_mode(mode: str, flags: dict | None = None, *, classes=_CLASSES, variant=None):
@@ -290,8 +281,7 @@ def test_the_verl_profile_is_the_drivers_mode_data():
                          ("sapo", "sapo"), ("cispo", "cispo")):
         conv = profile("verl", preset)
         for flag, value in driver.modes()[mode].convention.items():
-            if flag in _FIELDS:
-                assert getattr(conv, flag) == value, (preset, flag)
+            assert getattr(conv, flag) == value, (preset, flag)
         config = framework_config("verl", preset)
         assert config["actor.policy_loss.loss_mode"] == mode.partition("/")[0]
         assert config["actor.loss_agg_mode"] == (mode.partition("/")[2] or config["actor.loss_agg_mode"])

@@ -257,6 +257,9 @@ def _term_magnitudes(case, variant: PolicyLossVariant, conv: Convention) -> dict
         log_r = torch.where(mask, case.ref_logp.double() - logp, zero)
         kl = {"k1": log_r.abs(), "k2": log_r**2 / 2, "k3": torch.exp(log_r) + log_r.abs() + 1.0}
         kl_terms = torch.where(mask, variant.kl_coef * kl[variant.kl_estimator], zero)
+        if conv.kl_importance_weight:  # TRL: each KL term times the unit's ratio (may overflow fp16)
+            unit_ratio = ratio.unsqueeze(-1) if ratio.ndim == 1 else ratio
+            kl_terms = kl_terms * torch.where(mask, unit_ratio.expand_as(kl_terms), zero)
         per_row = variant.aggregation == "seq_mean_token_mean"
         kl_weight = (1.0 / (lengths.clamp(min=1.0).unsqueeze(-1) if per_row else 1.0)) / denominator
         s_abs += float((kl_weight * kl_terms).sum())
@@ -533,7 +536,7 @@ def _diagnosis_candidates(v: PolicyLossVariant, conv: Convention, name: str, exp
         for flag, value in generic.items():
             if getattr(conv, flag) != value:
                 out.append((f"flag {flag}={value!r}", v, dataclasses.replace(conv, **{flag: value})))
-        for profile_name in ("trl", "verl"):
+        for profile_name in ("trl", "verl", "openrlhf"):
             try:
                 out.append((f"the {profile_name!r} profile", v, profile(profile_name, name)))
             except ValueError:

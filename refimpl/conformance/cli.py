@@ -204,7 +204,10 @@ class FrameworkMissing(Exception):
 
 
 def select_mode(driver: types.ModuleType, kind: str, mode_name: str | None, preset: str | None):
-    """The driver's mode named ``mode_name``, or the first mode implementing ``preset``."""
+    """The driver's mode named ``mode_name``, or the mode of ``preset``: the one ``profile(framework,
+    preset)`` is built from (``conventions.PROFILE_MODES``), else the first implementing ``preset``."""
+    from refimpl.conformance.conventions import PROFILE_MODES
+
     modes = driver.modes(kind)
     unsupported = driver.unsupported_modes(kind)
     if mode_name is not None:
@@ -218,6 +221,10 @@ def select_mode(driver: types.ModuleType, kind: str, mode_name: str | None, pres
             raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
         return next(iter(modes.values()))
     key = preset.strip().lower().replace("-", "_")
+    profiled = dict(PROFILE_MODES.get(driver.NAME, {}).get(key, ())).get(kind)
+    if profiled in modes:  # the mode whose flags are profile(framework, preset), run on that preset
+        mode = modes[profiled]
+        return mode if mode.preset == key else dataclasses.replace(mode, preset=key)
     matching = [m for m in modes.values() if (m.preset or "").replace("-", "_") == key]
     if not matching:
         raise UserError(
@@ -243,10 +250,10 @@ def mode_variant(mode, overrides: dict[str, object] | None = None):
 
 
 def mode_convention(mode, framework: str):
-    """The profile of a mode: ``Convention(**mode.convention)`` named ``framework:mode``."""
-    from refimpl.conformance.conventions import Convention
+    """The profile of a mode: ``convention_from_flags`` of ``mode.convention``, named ``framework:mode``."""
+    from refimpl.conformance.conventions import convention_from_flags
 
-    return Convention(name=f"{framework}:{mode.name}", **mode.convention)
+    return convention_from_flags(f"{framework}:{mode.name}", mode.convention)
 
 
 def check_framework_mode(

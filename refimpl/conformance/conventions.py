@@ -3,29 +3,27 @@
 A ``Convention`` is a frozen dataclass of flags. The kit computes every expected value from the
 spec's composable loss (``refimpl.losses.policy_loss``, ``refimpl.advantages.group_advantages``,
 ``refimpl.kl``) with the flags applied by one interpreter (``refimpl.conformance.expected``), so a
-convention is a value, never a code fork. Four profiles ship:
+convention is a value, never a code fork, and expected values never come from a framework.
 
-* ``reference`` -- the spec (specs/policy_losses.md, advantages.md, kl.md): no clamps, empty rows
-  dropped from sequence means, Dr. GRPO over ``sequences x L_max``, GSPO's sequence ratio with its
-  exact gradient, the global normaliser over micro-batches, population std with eps inside the
-  square root (seed 001 (90)-(91)).
-* ``trl`` -- the flags of the TRL driver's modes (``refimpl.conformance.frameworks.trl``), proven
-  against the installed TRL 1.16.0's own ``GRPOTrainer._compute_loss`` (tests/test_framework_trl.py);
-  ``framework_config`` gives the ``GRPOConfig`` keys (``loss_type``, ``epsilon``, ``epsilon_high``,
-  ``delta``, ``beta``, ``importance_sampling_level``, ``max_completion_length``, SAPO temperatures,
-  ``use_bias_correction_kl``, ``scale_rewards``).
-* ``verl`` -- mirrors verl's actor / algorithm config (``loss_mode``, ``clip_ratio_low``,
-  ``clip_ratio_high``, ``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
-  ``norm_adv_by_std_in_grpo``, ``tau_pos``, ``tau_neg``) and ``core_algos.py``'s numerics.
-* ``openrlhf`` -- the flags of the OpenRLHF driver's mode for the preset
-  (``refimpl.conformance.frameworks.openrlhf``, proven against the installed OpenRLHF 0.11.2
-  ``PolicyLoss`` / ``compute_approx_kl``; ``--actor.policy_loss_type``, ``--actor.loss_agg_mode``,
-  ``--actor.eps_clip_low_high``, ``--actor.dual_clip``, ``--algo.kl.estimator``).
+The ``reference`` convention (``Convention()``) is the spec (specs/policy_losses.md, advantages.md,
+kl.md): no clamps, empty rows dropped from sequence means, Dr. GRPO over ``sequences x L_max``,
+GSPO's sequence ratio with its exact gradient, the global normaliser over micro-batches, the loss
+computed in at least float32, masked positions never reaching the loss, population std with eps
+inside the square root (seed 001 (90)-(91)).
 
-``profile(name, preset)`` returns the profile's flags for one preset (TRL's micro-batch
-normaliser depends on its ``loss_type``; ``profile("trl", preset, scale_rewards="batch")`` selects
-TRL's batch std, advantages.md eq. (14)) and ``framework_config(name, preset)`` the framework's own
-configuration keys that reproduce the preset there.
+A framework's profile is data kept with its driver: each ``Mode`` of
+``refimpl.conformance.frameworks.<name>`` (trl, verl, openrlhf) carries ``Mode.convention``, the
+flags that make the reference reproduce that mode of the installed framework exactly; they are
+proven against the installed TRL 1.16.0, verl 0.9.1 and OpenRLHF 0.11.2 by
+tests/test_framework_<name>.py and ``refimpl check --framework NAME --mode MODE`` (``refimpl
+matrix``: docs/conformance-matrix.md). ``convention_from_flags(name, flags)`` turns such a dict into
+a ``Convention``; it is the only way a profile is built.
+
+``profile(name, preset)`` is that profile for a spec preset: the flags of the driver modes listed in
+``PROFILE_MODES[name][preset]`` (verl adds its GRPO advantage flags;
+``profile("trl", preset, scale_rewards="batch")`` selects TRL's batch std, advantages.md eq. (14)).
+``framework_config(name, preset)`` gives the framework's own configuration keys for the preset
+(TRL ``GRPOConfig``, verl's actor / algorithm config, OpenRLHF's ``--actor.*`` / ``--algo.*``).
 """
 
 from __future__ import annotations
@@ -36,8 +34,12 @@ from dataclasses import dataclass
 __all__ = [
     "Convention",
     "FLAG_REASONS",
+    "PROFILE_MODES",
     "PROFILE_NAMES",
+    "convention_from_flags",
     "profile",
+    "profile_flags",
+    "profile_modes",
     "framework_config",
     "unsupported_flags",
 ]
@@ -283,24 +285,12 @@ FLAG_REASONS: dict[str, str] = {
 
 PROFILE_NAMES = ("reference", "trl", "verl", "openrlhf")
 
-# The TRL mode (refimpl.conformance.frameworks.trl, whose Mode.convention is the TRL profile) of each
-# preset; ppo's variant equals bnpo's.
-_TRL_MODE_OF_PRESET = {
-    "grpo": "grpo",
-    "bnpo": "bnpo",
-    "ppo": "bnpo",
-    "dr_grpo": "dr_grpo",
-    "dapo": "dapo",
-    "gspo": "gspo",
-    "cispo": "cispo",
-    "sapo": "sapo",
-}
-# Generic flags that the kit adds to Convention (issue 10); a framework profile may name them before
-# they exist here, and they are left out until then (only these names: any other unknown flag raises).
-_PENDING_KIT_FLAGS = frozenset({"compute_dtype", "masked_nonfinite"})
-# verl mode (refimpl.conformance.frameworks.verl.modes()) of each preset; the mode's convention
-# flags are the verl profile (proven against the installed verl 0.9.1 by tests/test_framework_verl.py).
-_VERL_MODES = {
+# The driver modes (kind, mode name) whose Mode.convention flags, merged left to right, are each
+# framework's profile for a preset (refimpl.conformance.frameworks.<name>.modes(kind)[mode]).
+# TRL: ppo's variant equals bnpo's. verl: its GRPO advantages (norm_adv_by_std_in_grpo=False for
+# dr_grpo) plus the policy-loss mode. OpenRLHF: bnpo's loss is PPO's token mean.
+_TRL_PRESETS = {p: p for p in ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")} | {"ppo": "bnpo"}
+_VERL_PRESETS = {
     "ppo": "vanilla/token-mean",
     "grpo": "vanilla/seq-mean-token-mean",
     "bnpo": "vanilla/token-mean",
@@ -311,23 +301,53 @@ _VERL_MODES = {
     "sapo": "sapo",
     "cispo": "cispo",
 }
-# the kit's generic flags; until they exist in this Convention a verl mode's value for them is dropped
-_PENDING_GENERIC_FLAGS = ("compute_dtype", "masked_nonfinite")
-
+_OPENRLHF_PRESETS = {
+    "ppo": "ppo/token-mean",
+    "bnpo": "ppo/token-mean",
+    "dapo": "ppo/token-mean/clip-higher",
+    "grpo": "ppo/seq-mean-token-mean",
+    "gspo": "gspo",
+}
+PROFILE_MODES: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "trl": {p: (("policy_loss", m),) for p, m in _TRL_PRESETS.items()},
+    "verl": {
+        p: (("group_advantages", "grpo"),)
+        + ((("group_advantages", "grpo/no_std"),) if p == "dr_grpo" else ())
+        + (("policy_loss", m),)
+        for p, m in _VERL_PRESETS.items()
+    },
+    "openrlhf": {p: (("policy_loss", m),) for p, m in _OPENRLHF_PRESETS.items()},
+}
+_FRAMEWORK_TITLES = {"trl": "TRL GRPOConfig", "verl": "verl loss_mode", "openrlhf": "OpenRLHF PolicyLoss"}
 
 
 def _preset_key(preset: str) -> str:
     return preset.strip().lower().replace("-", "_")
 
 
+def profile_modes(name: str, preset: str) -> tuple[tuple[str, str], ...]:
+    """The (kind, mode) pairs of framework ``name``'s driver whose flags make its profile for
+    ``preset`` (ValueError naming the preset when the framework has no equivalent)."""
+    table = PROFILE_MODES[name]
+    key = _preset_key(preset)
+    if key not in table:
+        raise ValueError(
+            f"preset {preset!r} has no {_FRAMEWORK_TITLES[name]} equivalent; {name} profile supports "
+            f"{sorted(table)}"
+        )
+    return table[key]
+
+
 def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str | None = None) -> Convention:
     """The flags of profile ``name`` ("reference", "trl", "verl", "openrlhf") for ``preset``.
 
-    ``scale_rewards`` (TRL profile only) is TRL's ``GRPOConfig.scale_rewards``: "group", "batch"
-    (advantages.md eq. (14)) or "none"; None takes TRL's value for the preset ("none" for dr_grpo,
-    else "group"). A ``Convention`` passed as ``name`` is returned unchanged (custom conventions are
-    plain values). Raises ValueError for an unknown profile, a preset the framework has no
-    equivalent of, or ``scale_rewards`` outside the TRL profile.
+    A framework's profile is ``convention_from_flags(name, flags)`` of its driver's modes for the
+    preset (``PROFILE_MODES``). ``scale_rewards`` (TRL profile only) is TRL's
+    ``GRPOConfig.scale_rewards``: "group", "batch" (advantages.md eq. (14)) or "none"; None takes
+    TRL's value for the preset ("none" for dr_grpo, else "group"). A ``Convention`` passed as
+    ``name`` is returned unchanged (custom conventions are plain values). Raises ValueError for an
+    unknown profile, a preset the framework has no equivalent of, or ``scale_rewards`` outside the
+    TRL profile.
     """
     if isinstance(name, Convention):
         if scale_rewards is not None:
@@ -335,7 +355,6 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
         return name
     if not isinstance(name, str) or name.lower() not in PROFILE_NAMES:
         raise ValueError(f"convention must be one of {PROFILE_NAMES} or a Convention, got {name!r}")
-    key = _preset_key(preset)
     name = name.lower()
     if scale_rewards is not None and name != "trl":
         raise ValueError(f"scale_rewards is TRL's GRPOConfig option; profile {name!r} does not take it")
@@ -343,70 +362,35 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
         raise ValueError(f"scale_rewards must be one of {tuple(_TRL_SCALE_REWARDS)}, got {scale_rewards!r}")
     if name == "reference":
         return Convention()
-    if name == "trl":
-        return _trl_profile(preset, scale_rewards)
-    if name == "openrlhf":
-        return _openrlhf_profile(preset)
-    if key not in _VERL_MODES:
-        raise ValueError(
-            f"preset {preset!r} has no verl loss_mode equivalent; verl profile supports {sorted(_VERL_MODES)}"
-        )
-    return _verl_profile(key)
-
-
-def _verl_profile(key: str) -> Convention:
-    """The verl driver's mode flags for preset ``key`` plus its GRPO advantage flags
-    (``norm_adv_by_std_in_grpo=False`` for dr_grpo)."""
-    from .frameworks import verl as driver
-
-    known = {f.name for f in dataclasses.fields(Convention)}
-    advantages = driver.modes("group_advantages")["grpo/no_std" if key == "dr_grpo" else "grpo"].convention
-    grpo = driver.modes("group_advantages")["grpo"].convention
-    flags = {**grpo, **advantages, **driver.modes("policy_loss")[_VERL_MODES[key]].convention}
-    for name in flags:
-        if name not in known and name not in _PENDING_GENERIC_FLAGS:
-            raise ValueError(f"verl mode flag {name!r} is not a Convention field")
-    return Convention(name="verl", **{k: v for k, v in flags.items() if k in known})
-
-
-def _openrlhf_profile(preset: str) -> Convention:
-    """The flags of the OpenRLHF driver's mode for ``preset`` (``Mode.convention``, data kept with
-    the driver). Flags this ``Convention`` does not define yet (generic flags of the kit) are
-    skipped so that the profile can be built before they land."""
-    from .frameworks.openrlhf import mode_for_preset
-
-    known = {f.name for f in dataclasses.fields(Convention)}
-    return Convention(**{k: v for k, v in mode_for_preset(preset).convention.items() if k in known})
-
-
-def convention_from_flags(name: str, flags: dict) -> Convention:
-    """A ``Convention`` called ``name`` from a flag dict (a driver's ``Mode.convention``)."""
-    known = {f.name for f in dataclasses.fields(Convention)}
-    unknown = set(flags) - known - _PENDING_KIT_FLAGS - {"name"}
-    if unknown:
-        raise ValueError(f"unknown convention flags {sorted(unknown)}; known: {sorted(known - {'name'})}")
-    return Convention(name=name, **{k: v for k, v in flags.items() if k in known and k != "name"})
-
-
-def _trl_mode(preset: str):
-    from .frameworks import load_driver
-
-    key = _preset_key(preset)
-    if key not in _TRL_MODE_OF_PRESET:
-        raise ValueError(
-            f"preset {preset!r} has no TRL GRPOConfig equivalent; TRL profile supports "
-            f"{sorted(_TRL_MODE_OF_PRESET)}"
-        )
-    return load_driver("trl").modes()[_TRL_MODE_OF_PRESET[key]]
-
-
-def _trl_profile(preset: str, scale_rewards: str | None) -> Convention:
-    """The flags of the TRL mode of ``preset`` (proven against the installed TRL by
-    tests/test_framework_trl.py), with ``adv_scale`` from ``scale_rewards`` when given."""
-    conv = convention_from_flags("trl", _trl_mode(preset).convention)
+    conv = convention_from_flags(name, profile_flags(name, preset))
     if scale_rewards is not None:
         conv = dataclasses.replace(conv, adv_scale=_TRL_SCALE_REWARDS[scale_rewards])
     return conv
+
+
+def profile_flags(name: str, preset: str) -> dict[str, object]:
+    """The merged ``Mode.convention`` flags of ``profile_modes(name, preset)`` (ValueError when the
+    installed driver lacks one of those modes)."""
+    from .frameworks import load_driver
+
+    driver = load_driver(name)
+    flags: dict[str, object] = {}
+    for kind, mode in profile_modes(name, preset):
+        table = driver.modes(kind)
+        if mode not in table:
+            raise ValueError(f"the {name} driver has no {kind} mode {mode!r} for preset {preset!r}")
+        flags.update(table[mode].convention)
+    return flags
+
+
+def convention_from_flags(name: str, flags: dict) -> Convention:
+    """A ``Convention`` called ``name`` from a flag dict (a driver's ``Mode.convention``; a "name"
+    key there is ignored). Raises ValueError naming unknown flags."""
+    known = {f.name for f in dataclasses.fields(Convention)} - {"name"}
+    unknown = set(flags) - known - {"name"}
+    if unknown:
+        raise ValueError(f"unknown convention flags {sorted(unknown)}; known: {sorted(known)}")
+    return Convention(name=name, **{k: v for k, v in flags.items() if k != "name"})
 
 
 def framework_config(
@@ -423,22 +407,24 @@ def framework_config(
 
     key = _preset_key(preset)
     v = get_preset(key) if variant is None else variant
-    conv = profile(name, key if name != "trl" or key in _TRL_MODE_OF_PRESET else "grpo",
-                   scale_rewards=scale_rewards)
+    conv = profile(name, key if name != "trl" or key in _TRL_PRESETS else "grpo", scale_rewards=scale_rewards)
     trl_scale_rewards = {ours: theirs for theirs, ours in _TRL_SCALE_REWARDS.items()}
     if name == "trl":
         from .checks import resolve_preset
         from .frameworks import trl
 
         v = resolve_preset(v)[1]  # a seq_sum variant without L_max gets the kit's L_max
-        mode = _trl_mode(key) if key in _TRL_MODE_OF_PRESET or variant is None else trl.mode_of_variant(v)
+        if key in _TRL_PRESETS or variant is None:
+            mode = trl.modes()[profile_modes("trl", key)[0][1]]
+        else:
+            mode = trl.mode_of_variant(v)
         return {**trl.grpo_config_kwargs(mode, v), "scale_rewards": trl_scale_rewards[conv.adv_scale]}
     if name == "openrlhf":
         from .frameworks.openrlhf import config_for_variant
 
         return config_for_variant(v)
     if name == "verl":
-        loss_mode, _, agg = _VERL_MODES[key].partition("/")
+        loss_mode, _, agg = _VERL_PRESETS[key].partition("/")
         agg = agg or ("token-mean" if loss_mode == "cispo" else "seq-mean-token-mean")
         return {
             "actor.policy_loss.loss_mode": loss_mode,
@@ -460,10 +446,10 @@ def framework_config(
 
 def unsupported_flags(name: str) -> dict[str, str]:
     """Framework behaviours the profile does not reproduce (stated, not silently approximated)."""
-    if name == "trl":
+    if name in ("trl", "openrlhf"):
         from .frameworks import load_driver
 
-        return load_driver("trl").unsupported_modes()
+        return load_driver(name).unsupported_modes()
     if name == "verl":
         return {
             "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "

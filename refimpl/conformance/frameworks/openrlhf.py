@@ -212,15 +212,6 @@ _KL_MODES = tuple(
     for k in ("k1", "k2", "k3")
 )
 
-# preset -> mode of that preset without overrides (conventions.profile / framework_config use it)
-_PRESET_MODES = {
-    "ppo": "ppo/token-mean",
-    "bnpo": "ppo/token-mean",  # BNPO's loss is PPO's token mean (they differ in the KL default)
-    "dapo": "ppo/token-mean/clip-higher",
-    "grpo": "ppo/seq-mean-token-mean",
-    "gspo": "gspo",
-}
-
 _UNSUPPORTED = {
     "policy_loss": {
         "is_correction token clip / mask (TIS / ICEPOP)": "equal to the spec's behavior_correction "
@@ -372,14 +363,12 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
 
 
 def mode_for_preset(preset: str) -> Mode:
-    """The mode that reproduces refimpl preset ``preset`` (without variant overrides)."""
-    key = preset.strip().lower().replace("-", "_")
-    if key not in _PRESET_MODES:
-        raise ValueError(
-            f"preset {preset!r} has no OpenRLHF PolicyLoss equivalent; "
-            f"OpenRLHF supports {sorted(_PRESET_MODES)}"
-        )
-    return modes("policy_loss")[_PRESET_MODES[key]]
+    """The mode that reproduces refimpl preset ``preset`` without variant overrides (the table is
+    ``conventions.PROFILE_MODES["openrlhf"]``, from which ``profile("openrlhf", preset)`` is built)."""
+    from refimpl.conformance.conventions import profile_modes
+
+    ((kind, name),) = profile_modes(NAME, preset)
+    return modes(kind)[name]
 
 
 def _check_kind(kind: str) -> None:
