@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks run report test test-thorough test-portable lint bench clean mutation mutation-selftest
+.PHONY: install frameworks check-frameworks run report test test-thorough test-portable lint bench clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,15 @@ $(FRAMEWORKS_STAMP): $(STAMP) requirements/frameworks.txt $(wildcard requirement
 	touch $(FRAMEWORKS_STAMP)
 
 frameworks: $(FRAMEWORKS_STAMP)
+
+# One refimpl check per framework through the command line (every mode of every framework runs in the
+# test suite, tests/test_framework_matrix.py) and the committed matrix compared with the installed
+# frameworks' behaviour.
+check-frameworks: $(FRAMEWORKS_STAMP)
+	$(BIN)/refimpl check --framework trl --preset dapo
+	$(BIN)/refimpl check --framework verl --preset grpo
+	$(BIN)/refimpl check --framework openrlhf --preset dapo
+	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --check
 
 run: $(STAMP)
 	$(BIN)/refimpl train --out runs/main
