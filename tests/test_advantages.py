@@ -593,3 +593,13 @@ def test_subnormal_rewards_with_a_large_eps_keep_their_exact_advantage(eps_insid
     out = group_advantages(r, torch.tensor([0, 0]), scale="group", std="population", eps=eps,
                            eps_inside_sqrt=eps_inside_sqrt, zero_variance="zero", singleton="error")
     assert out.tolist() == [2.0**-142, -(2.0**-142)]
+
+
+def test_empty_batches_give_empty_results():
+    """N = 0: an empty [0] result of the documented dtype (no groups to compute)."""
+    empty, ids = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+    keep = dynamic_sampling_mask(empty, ids)
+    assert keep.shape == (0,) and keep.dtype == torch.bool
+    out = group_advantages(empty.float(), ids, scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False,
+                           zero_variance="zero", singleton="error")
+    assert out.shape == (0,) and out.dtype == torch.float32
