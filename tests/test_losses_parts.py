@@ -18,6 +18,7 @@ from refimpl.losses import (
     policy_loss,
     ppo_combined_loss,
     token_entropy,
+    token_logprobs,
     value_loss,
 )
 
@@ -112,3 +113,31 @@ def test_token_entropy_over_many_chunks_equals_the_direct_formula(chunk_elements
     direct = -(p * torch.log_softmax(logits, dim=-1)).nan_to_num().sum(dim=-1)
     got = token_entropy(logits, chunk_elements=chunk_elements)
     assert torch.allclose(got, direct, rtol=1e-14, atol=0)
+
+
+def test_value_loss_checks_clip_eps_and_names_old_values():
+    mask, values = _value_batch()
+    with pytest.raises(ValueError, match=r"^clip_eps must be a positive number, got 0.0$"):
+        value_loss(values, values, mask, old_values=values, clip_eps=0.0)
+    bad = values.clone()
+    bad[1, 0] = math.inf
+    with pytest.raises(ValueError, match=r"^old_values contains NaN or inf at unmasked positions$"):
+        value_loss(values, values, mask, old_values=bad, clip_eps=0.2)
+    pattern = r"^old_values must have shape \(2, 3\) \(no broadcasting\), got \(2,\)$"
+    with pytest.raises(ValueError, match=pattern):
+        value_loss(values, values, mask, old_values=values[:, 0], clip_eps=0.2)
+
+
+def test_logits_checks_and_their_smallest_legal_inputs():
+    """A single distribution ([V], ndim 1) and chunks of one element are legal; integer logits,
+    empty vocabularies and mis-shaped tokens are rejected by name."""
+    logits = torch.tensor([0.0, math.log(3.0)], dtype=F64)  # p = (1/4, 3/4)
+    exact = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert float(token_entropy(logits)) == pytest.approx(exact, rel=1e-15)
+    assert float(token_entropy(logits.reshape(1, 2), chunk_elements=1)[0]) == pytest.approx(exact, rel=1e-15)
+    with pytest.raises(TypeError, match=r"^logits must be a floating-point torch.Tensor$"):
+        token_entropy(torch.zeros(2, 3, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"^tokens must be an integer torch.Tensor$"):
+        token_logprobs(torch.zeros(2, 3), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"^tokens must have shape \(2,\) \(logits without V\), got \(3,\)$"):
+        token_logprobs(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
