@@ -141,3 +141,37 @@ def test_logits_checks_and_their_smallest_legal_inputs():
         token_logprobs(torch.zeros(2, 3), torch.zeros(2))
     with pytest.raises(ValueError, match=r"^tokens must have shape \(2,\) \(logits without V\), got \(3,\)$"):
         token_logprobs(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
+
+
+def test_value_loss_metrics_and_normalizer():
+    """values (0.5, -1) and 2 against returns +1 each: squared errors 0.25, 4, 1 (md eq. (22))."""
+    mask, values = _value_batch()
+    returns = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=F64)
+    loss, metrics = value_loss(values, returns, mask)
+    assert float(loss) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15)
+    assert float(metrics["value_error"]) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15)
+    assert float(metrics["value_mean"]) == pytest.approx((0.5 - 1.0 + 2.0) / 3, rel=1e-15)
+    assert float(value_loss(values, returns, mask, normalizer=7.0)[0]) == pytest.approx(5.25 / 7, rel=1e-15)
+    pattern = r"^normalizer must be a positive number or a scalar tensor, got 0.0$"
+    with pytest.raises(ValueError, match=pattern):
+        value_loss(values, returns, mask, normalizer=0.0)
+
+
+def test_preference_weights_errors_and_dpo_inputs_by_name():
+    from refimpl.losses import dpo_loss
+
+    z = torch.zeros(2, dtype=F64)
+    with pytest.raises(TypeError, match=r"^weights must be a floating-point torch.Tensor$"):
+        bradley_terry_loss(z, z, weights=torch.ones(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"^weights must be finite and >= 0$"):
+        bradley_terry_loss(z, z, weights=torch.tensor([1.0, -0.5], dtype=F64))
+    with pytest.raises(ValueError, match=r"^weights must have a positive sum$"):
+        bradley_terry_loss(z, z, weights=torch.zeros(2, dtype=F64))
+    bad = torch.tensor([0.0, math.nan], dtype=F64)
+    with pytest.raises(ValueError, match=r"^ref_rejected_logps contains NaN or inf$"):
+        dpo_loss(z, z, z, bad, beta=0.1)
+    # implicit rewards beta log(pi / pi_ref): chosen (0.1 * 1, 0.1 * 3), rejected (0.1 * -2, 0.1 * 0)
+    _, metrics = dpo_loss(torch.tensor([1.0, 3.0], dtype=F64), torch.tensor([-2.0, 0.0], dtype=F64), z, z,
+                          beta=0.1)
+    assert float(metrics["chosen_reward"]) == pytest.approx(0.2, rel=1e-15)
+    assert float(metrics["rejected_reward"]) == pytest.approx(-0.1, rel=1e-15)
