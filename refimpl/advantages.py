@@ -346,4 +346,4 @@ def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.T
     if truncated.shape != mask.shape[:1]:
         raise ValueError(f"truncated must have shape [N] = [{mask.shape[0]}], got {tuple(truncated.shape)}")
     keep = ~truncated.to(mask.device)
-    return mask * keep.unsqueeze(1).to(mask.dtype)  # for bool masks, * is logical and
+    return mask * keep.unsqueeze(1)  # keeps mask's dtype (bool * bool is logical and)

@@ -362,3 +362,245 @@ def test_conformance_profiles_reproduce_trl_batch_scale_and_verl_singletons():
         profile("verl", "grpo", scale_rewards="batch")
     with pytest.raises(ValueError, match="scale_rewards"):
         profile("trl", "grpo", scale_rewards="global")
+
+
+# ---------------------------------------------------------------------------------------------
+# extreme magnitudes (issue 11: float32 rewards of +-1e20 gave all zeros, their squares overflowing)
+
+
+def test_float32_rewards_of_1e20_give_plus_minus_one():
+    """Issue 11's case: two groups of +-1e20 in float32; the exact answer is +-1 (population std
+    1e20, eps = 0; with TRL's eps = 1e-4 outside the sqrt, 1e20 / (1e20 + 1e-4) rounds to 1)."""
+    r = torch.tensor([1e20, -1e20, 1e20, -1e20], dtype=torch.float32)
+    ids = torch.tensor([0, 0, 1, 1])
+    for eps in (0.0, 1e-4):
+        out = group_advantages(r, ids, scale="group", std="population", eps=eps, eps_inside_sqrt=False,
+                               zero_variance="zero", singleton="error")
+        assert out.tolist() == [1.0, -1.0, 1.0, -1.0]
+
+
+MAGNITUDES = {
+    torch.float32: [1e20, 1e30, 2.0**120, 1e-25, 2.0**-140, 1e-44],  # the last two subnormal
+    torch.float64: [1e20, 1e200, 2.0**1000, 1e-200, 1e-310, 2.0**-1070],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+def test_every_convention_at_extreme_magnitudes_equals_the_exact_spec(dtype, name):
+    """Rewards k * M for small integers k and M from 1e-44 (float32 subnormal) to 2^1000, on an
+    uneven grouping with a singleton and a constant group, against the exact spec at the
+    dtype-rounded inputs. Tolerance: A = c / s with c = R - mean and s from sums of squares over a
+    group of n <= 4: each a few roundings of terms bounded by max|R|, so |error| <= 16 u n
+    max|R| / s (the conditioning of the centring), plus the smallest normal number absolutely
+    (a result in the subnormal range keeps only that absolute accuracy). ``scale='none'``
+    returns R - mean itself: there the bound is 16 u n max|R|, and a value past the dtype's range
+    must raise."""
+    conv = dict(dict(singleton="zero", zero_variance="zero"), **CONVENTIONS[name])
+    if conv["scale"] == "none":
+        conv.pop("zero_variance")
+    u, tiny, big = torch.finfo(dtype).eps / 2, torch.finfo(dtype).tiny, torch.finfo(dtype).max
+    ks = [3.0, -1.0, 0.0, 1.0, 2.0, 2.0, 5.0, -7.0]
+    ids = [0, 0, 0, 1, 2, 2, 3, 3]  # sizes 3, 1 (singleton), 2 (constant), 2
+    for magnitude in MAGNITUDES[dtype]:
+        rewards = torch.tensor([k * magnitude for k in ks], dtype=torch.float64).to(dtype)
+        exact = [float(v) for v in group_advantages_exact([float(x) for x in rewards], ids, **conv)]
+        if any(abs(v) > big for v in exact):
+            with pytest.raises(ValueError, match="rewards: the centred advantages overflow"):
+                group_advantages(rewards, torch.tensor(ids), **conv)
+            continue
+        got = group_advantages(rewards, torch.tensor(ids), **conv)
+        assert bool(torch.isfinite(got).all()), (magnitude, got)
+        largest = float(rewards.abs().max())
+        if conv["scale"] == "none":
+            scale_ratio = largest
+        else:
+            # s >= sqrt(eps) or eps, and s >= the std of the values it is taken over; with
+            # the group std the ratio max|R_group| / s_group <= n (a two-point group: 2)
+            scale_ratio = 8.0 if conv["scale"] == "group" else _largest_over_batch_std(rewards, ids, conv)
+        for g, e, k in zip(got.tolist(), exact, ks, strict=True):
+            # (+ 4 u |e|: a raw singleton R / (1 + eps) is one rounded division of R)
+            assert abs(g - e) <= 16 * u * 8 * scale_ratio + 4 * u * abs(e) + 2 * tiny, (magnitude, k, g, e)
+
+
+def _largest_over_batch_std(rewards: torch.Tensor, ids: list[int], conv: dict) -> float:
+    """max|R| / s for the batch std s of the exact spec (float64 math in units of max|R|, so
+    nothing overflows; 1 % margin for its rounding)."""
+    largest = float(rewards.abs().max())
+    values = [float(x) / largest for x in rewards.double()]
+    if conv["scale"] == "batch":
+        groups = {g: [v for v, h in zip(values, ids, strict=True) if h == g] for g in set(ids)}
+        values = [v - sum(groups[g]) / len(groups[g]) if len(groups[g]) > 1 else 0.0
+                  for v, g in zip(values, ids, strict=True)]
+    m = sum(values) / len(values)
+    s = math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+    eps_part = (math.sqrt(conv["eps"]) if conv["eps_inside_sqrt"] else conv["eps"]) / largest
+    return 1.01 / max(s, eps_part)
+
+
+def test_advantages_that_overflow_the_dtype_raise():
+    """scale='none' returns R - mean: for float32 rewards 3e38, -3e38, -3e38 the centred value
+    4e38 exceeds float32's range (float64 holds it): ValueError naming rewards, never inf."""
+    ids = torch.tensor([0, 0, 0])
+    r = torch.tensor([3e38, -3e38, -3e38])
+    with pytest.raises(ValueError, match="rewards: the centred advantages overflow torch.float32"):
+        group_advantages(r, ids, scale="none", singleton="error")
+    out = group_advantages(r.double(), ids, scale="none", singleton="error")
+    exact = [float(v) for v in group_advantages_exact([float(x) for x in r], [0, 0, 0], scale="none",
+                                                      singleton="error")]
+    np.testing.assert_allclose(out.numpy(), exact, rtol=4e-16)
+    # the group-scaled advantages of the same float32 rewards are finite (c / s is about 1)
+    scaled = group_advantages(r, ids, scale="group", std="population", eps=1e-6, eps_inside_sqrt=True,
+                              zero_variance="zero", singleton="error")
+    # a handful of float32 roundings (mean, deviations, squares, sqrt, division): 16 u
+    np.testing.assert_allclose(scaled.numpy(), [math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)],
+                               rtol=16 * 2.0**-24)
+
+
+def _grpo(**overrides):
+    return dict(dict(scale="group", std="population", eps=1e-6, eps_inside_sqrt=True, zero_variance="zero",
+                     singleton="error"), **overrides)
+
+
+def test_error_messages_name_the_argument_exactly():
+    """Every check rejects its own bad input (each condition alone, so `or` -> `and` fails) with
+    one line naming the argument, matched in full (a changed message fails)."""
+    r, ids, mask = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3, dtype=torch.bool)
+    cases = [
+        (lambda: group_advantages(torch.tensor([1, 0]), ids, **_grpo()), TypeError,
+         r"^rewards must be a floating-point torch.Tensor, got Tensor of dtype torch.int64$"),
+        (lambda: group_advantages([1.0, 0.0], ids, **_grpo()), TypeError,
+         r"^rewards must be a floating-point torch.Tensor, got list$"),
+        (lambda: group_advantages(r, torch.tensor([True, True]), **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got dtype torch.bool$"),
+        (lambda: group_advantages(r, torch.tensor([0j, 0j]), **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got dtype torch.complex64$"),
+        (lambda: group_advantages(r, [0, 0], **_grpo()), TypeError,
+         r"^group_ids must be an integer torch.Tensor, got list$"),
+        (lambda: group_advantages(r.reshape(1, 2), ids.reshape(1, 2), **_grpo()), ValueError,
+         r"^rewards must have shape \[N\], got \(1, 2\)$"),
+        (lambda: group_advantages(torch.tensor([1.0, math.inf]), ids, **_grpo()), ValueError,
+         r"^rewards contains NaN or inf$"),
+        (lambda: group_advantages(r, torch.tensor([0, 1]), **_grpo()), ValueError,
+         r"^a group has a single sample \(singleton='error'\); pass singleton='zero' to give such "
+         r"samples advantage 0$"),
+        (lambda: group_advantages(torch.tensor([1.0, 1.0]), ids, **_grpo(zero_variance="error")), ValueError,
+         r"^zero-variance rewards \(zero_variance='error'\); pass 'zero' or 'formula'$"),
+        (lambda: group_advantages(torch.tensor([1.0, 1.0]), ids, **_grpo(zero_variance="formula", eps=0.0)),
+         ValueError, r"^zero_variance='formula' with eps=0 divides by zero on a zero-variance group$"),
+        (lambda: group_advantages(r, ids, **_grpo(std="biased")), ValueError,
+         r"^std must be one of \('population', 'sample'\), got 'biased'$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps_inside_sqrt=1)), TypeError,
+         r"^eps_inside_sqrt must be a bool, got 1$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps=True)), ValueError,
+         r"^eps must be a finite number >= 0, got True$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps=math.inf)), ValueError,
+         r"^eps must be a finite number >= 0, got inf$"),
+        (lambda: group_advantages(r, ids, **_grpo(eps="0")), ValueError,
+         r"^eps must be a finite number >= 0, got '0'$"),
+        (lambda: group_advantages(r, ids, **_grpo(zero_variance="skip")), ValueError,
+         r"^zero_variance must be one of \('zero', 'formula', 'error'\), got 'skip'$"),
+        (lambda: group_advantages(r, ids, **_grpo(singleton="drop")), ValueError,
+         r"^singleton must be one of \('error', 'zero', 'raw'\), got 'drop'$"),
+        (lambda: group_advantages(r, ids, **_grpo(scale="batch", singleton="raw")), ValueError,
+         r"^singleton='raw' \(verl: mean 0, std 1\) is defined for scale in \('group', 'none'\), "
+         r"got scale='batch'$"),
+        (lambda: group_advantages(r, ids, **_grpo(leave_one_out=1)), TypeError,
+         r"^leave_one_out must be a bool, got 1$"),
+        (lambda: group_advantages(r, ids, scale="group", singleton="zero"), TypeError,
+         r"^scale='group' needs the explicit keyword argument\(s\) std, eps, eps_inside_sqrt, zero_variance "
+         r"\(frameworks differ on each; none is chosen silently\)$"),
+        (lambda: dynamic_sampling_mask(torch.tensor([1, 0]), ids), TypeError, r"^rewards must be a floating"),
+        (lambda: overlong_penalty(torch.tensor([1.0]), max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty(torch.tensor([True]), max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty([1], max_len=4, cache_len=2), TypeError,
+         r"^lengths must be an integer torch.Tensor$"),
+        (lambda: overlong_penalty(torch.tensor([[1]]), max_len=4, cache_len=2), ValueError,
+         r"^lengths must have shape \[N\], got \(1, 1\)$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4.0, cache_len=2), TypeError,
+         r"^max_len must be an int, got 4.0$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4, cache_len=True), TypeError,
+         r"^cache_len must be an int, got True$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=0, cache_len=1), ValueError,
+         r"^max_len must be >= 1, got 0$"),
+        (lambda: overlong_penalty(torch.tensor([1]), max_len=4, cache_len=0), ValueError,
+         r"^cache_len must be in \[1, max_len=4\], got 0$"),
+        (lambda: overlong_penalty(torch.tensor([-1, 2]), max_len=4, cache_len=2), ValueError,
+         r"^lengths must be >= 0$"),
+        (lambda: overlong_filter_mask(torch.ones(3, dtype=torch.bool), torch.tensor([False] * 3)), ValueError,
+         r"^mask must be a \[N, T\] torch.Tensor$"),
+        (lambda: overlong_filter_mask([[True]], torch.tensor([False])), ValueError,
+         r"^mask must be a \[N, T\] torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, torch.tensor([0, 1])), TypeError,
+         r"^truncated must be a bool torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, [False, True]), TypeError,
+         r"^truncated must be a bool torch.Tensor$"),
+        (lambda: overlong_filter_mask(mask, torch.tensor([False])), ValueError,
+         r"^truncated must have shape \[N\] = \[2\], got \(1,\)$"),
+    ]
+    for call, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool])
+def test_overlong_filter_mask_keeps_the_mask_dtype(dtype):
+    """eq. (9) for numeric 0/1 masks as well as bool: rows of truncated samples become 0, the
+    others are unchanged, and the dtype is the mask's."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]]).to(dtype)
+    out = overlong_filter_mask(mask, torch.tensor([False, True, False]))
+    assert out.dtype == dtype
+    assert out.tolist() == torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]]).to(dtype).tolist()
+
+
+def test_overlong_penalty_at_the_edges_of_the_soft_zone():
+    """eq. (8) at L = max - cache (0), one past it (-1/cache), L = max (-1) and past max (-1)."""
+    got = overlong_penalty(torch.tensor([5, 6, 8, 9, 30]), max_len=8, cache_len=3)
+    one_third = float(torch.tensor(-1.0 / 3, dtype=torch.float32))  # -1/3 rounded once to float32
+    assert got.tolist() == [0.0, one_third, -1.0, -1.0, -1.0]
+    assert got.dtype == torch.float32
+
+
+def test_overlong_penalty_with_a_one_token_limit():
+    """max_len = cache_len = 1 is the smallest legal setting: L = 0 is free, L >= 1 costs 1."""
+    assert overlong_penalty(torch.tensor([0, 1, 2]), max_len=1, cache_len=1).tolist() == [0.0, -1.0, -1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_units_are_exact_powers_of_two(dtype):
+    """The working unit of a group is a power of two u with max|R| / u in [1, 2) (so dividing by
+    it is exact), for magnitudes from the smallest subnormal to the largest float; 1 for 0."""
+    from refimpl.advantages import _power_of_two_unit
+
+    info = torch.finfo(dtype)
+    magnitudes = torch.tensor([info.smallest_normal * 2.0**-20, info.tiny, 1e-30, 0.3, 1.0, 1.5, 3.0, 1e20,
+                               info.max, 0.0], dtype=dtype)
+    unit = _power_of_two_unit(magnitudes)
+    mantissa, _ = torch.frexp(unit)
+    assert bool((mantissa == 0.5).all())
+    ratio = (magnitudes / unit)[:-1]
+    assert bool(((ratio >= 1) & (ratio < 2)).all()) and float(unit[-1]) == 1.0
+
+
+@pytest.mark.parametrize("eps_inside_sqrt", [False, True])
+def test_subnormal_rewards_with_a_large_eps_keep_their_exact_advantage(eps_inside_sqrt):
+    """float32 rewards +-2^-140 (subnormal) with eps = 4 (outside) or 16 (inside): s = 2^-140 + 4
+    or sqrt(2^-280 + 16), both 4 to float32 precision, so A = +-2^-142 (exactly representable).
+    Here eps / u overflows float32 in the working units, and the eps-dominated limit applies."""
+    r = torch.tensor([2.0**-140, -(2.0**-140)], dtype=torch.float32)
+    eps = 16.0 if eps_inside_sqrt else 4.0
+    out = group_advantages(r, torch.tensor([0, 0]), scale="group", std="population", eps=eps,
+                           eps_inside_sqrt=eps_inside_sqrt, zero_variance="zero", singleton="error")
+    assert out.tolist() == [2.0**-142, -(2.0**-142)]
+
+
+def test_empty_batches_give_empty_results():
+    """N = 0: an empty [0] result of the documented dtype (no groups to compute)."""
+    empty, ids = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
+    keep = dynamic_sampling_mask(empty, ids)
+    assert keep.shape == (0,) and keep.dtype == torch.bool
+    out = group_advantages(empty.float(), ids, scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False,
+                           zero_variance="zero", singleton="error")
+    assert out.shape == (0,) and out.dtype == torch.float32

@@ -251,3 +251,52 @@ def test_loss_normalizer_is_a_float32_count():
         v = dataclasses.replace(PPO, aggregation=aggregation, max_length=7)
         d = loss_normalizer(mask, v)
         assert d.dtype == torch.float32 and d.shape == () and float(d) == value
+
+
+# ---------------------------------------------------------------------------------------------
+# variant validation: the legal edge values pass, the illegal ones fail with the full message
+
+
+def test_variant_accepts_its_edge_values():
+    """Inclusive lower bounds are inclusive (eps 0, dual clip exactly 1 + eps_high, tau 1e-30,
+    coefficients 0, max_length 1); exclusive ones are not tested here (see below)."""
+    v = dataclasses.replace(PPO, eps_low=0.0, eps_high=0.0, dual_clip=1.0 + 0.0 + 1e-12, kl_coef=0.0,
+                            entropy_coef=0.0, max_length=1, behavior_cap=1e-300)
+    assert v.eps_low == 0.0 and v.max_length == 1
+    assert dataclasses.replace(PPO, dual_clip=1.25, eps_high=0.25).dual_clip == 1.25  # c = 1 + eps_high
+    assert dataclasses.replace(PPO, gate="sapo", tau_pos=1e-30, tau_neg=1e-30).tau_neg == 1e-30
+    assert dataclasses.replace(PPO, eps_low=0.5, eps_high=None, dual_clip=1.5).dual_clip == 1.5
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "pattern"),
+    [({"ratio": "tokens"}, ValueError,
+      r"^variant.ratio must be one of \('token', 'sequence_mean', 'gspo_token', 'sequence_product'\), "
+      r"got 'tokens'$"),
+     ({"eps_low": True}, ValueError, r"^variant.eps_low must be a finite real number, got True$"),
+     ({"eps_high": "0.2"}, ValueError, r"^variant.eps_high must be a finite real number, got '0.2'$"),
+     ({"eps_low": 1.0}, ValueError, r"^variant.eps_low must be < 1 \(so 1 - eps_low > 0\), got 1.0$"),
+     ({"eps_high": -0.5}, ValueError, r"^variant.eps_high must be >= 0.0, got -0.5$"),
+     ({"dual_clip": 1.0, "eps_high": None}, ValueError, r"^variant.dual_clip must be > 1.0, got 1.0$"),
+     ({"dual_clip": 1.1}, ValueError, r"^variant.dual_clip must be >= 1 \+ eps_high = 1.2, got 1.1$"),
+     ({"gate": "cispo", "dual_clip": 3.0}, ValueError,
+      r"^variant.dual_clip needs gate='clip', got gate='cispo'$"),
+     ({"max_length": True}, ValueError, r"^variant.max_length must be a positive int or None, got True$"),
+     ({"max_length": 2.0}, ValueError, r"^variant.max_length must be a positive int or None, got 2.0$"),
+     ({"max_length": 0}, ValueError, r"^variant.max_length must be a positive int or None, got 0$"),
+     ({"behavior_cap": 0.0}, ValueError, r"^variant.behavior_cap must be > 0.0, got 0.0$"),
+     ({"kl_coef": -0.1}, ValueError, r"^variant.kl_coef must be >= 0.0, got -0.1$"),
+     ({"entropy_coef": math.inf}, ValueError,
+      r"^variant.entropy_coef must be a finite real number, got inf$")],
+)
+def test_variant_rejects_bad_fields_with_the_full_message(fields, error, pattern):
+    with pytest.raises(error, match=pattern):
+        dataclasses.replace(PPO, **fields)
+
+
+def test_get_preset_rejects_a_non_string_name():
+    from refimpl.losses import get_preset
+
+    with pytest.raises(TypeError, match=r"^name must be a str, got int$"):
+        get_preset(3)
+    assert get_preset("  GSPO-Token ") is get_preset("gspo_token")
