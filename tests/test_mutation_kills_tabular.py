@@ -341,3 +341,43 @@ def test_improper_policy_at_gamma_one_full_message():
                r"state; from states \[0, 1\] it does not \(use gamma < 1 or mark terminal states\)$")
     with pytest.raises(ValueError, match=message):
         T.policy_evaluation(mdp, np.ones((2, 1)))
+
+
+def test_tie_tolerance_boundaries():
+    # at max |Q| = 0 the tolerance is exactly TIE_RTOL = 1e-12, and "within" includes the boundary
+    np.testing.assert_array_equal(T.greedy_policy([[-1e-12, 0.0]]), [[1.0, 0.0]])
+    np.testing.assert_array_equal(T.greedy_policy([[-1.5e-12, 0.0]]), [[0.0, 1.0]])
+
+
+def test_greedy_current_must_match_the_states():
+    prefix = r"^current must be an int array of shape \[S\] = \(2,\), got "
+    with pytest.raises(ValueError, match=prefix + r"\(3,\)$"):
+        T.greedy_policy(np.zeros((2, 2)), current=np.array([0, 1, 0]))
+    with pytest.raises(ValueError, match=prefix + r"\(2,\)$"):
+        T.greedy_policy(np.zeros((2, 2)), current=np.array([0.0, 1.0]))
+
+
+def test_value_iteration_stops_when_delta_equals_the_threshold():
+    # one state paying 1, gamma = 1/2: delta after backup k is 2^-(k-1); tol = 2^-2 makes the threshold
+    # tol (1 - gamma) / (2 gamma) = 2^-3 exactly, met with equality at backup 4
+    mdp = T.MDP(np.ones((1, 1, 1)), np.ones((1, 1)), np.ones(1), 0.5)
+    res = T.value_iteration(mdp, tol=0.25)
+    assert res.iterations == 4 and res.V[0] == 1.875
+    np.testing.assert_array_equal(res.Q, [[1.875]])  # r + gamma V_3 = 1 + 0.875
+    message = (r"^value_iteration needs gamma < 1: its stopping bound gamma delta / \(1 - gamma\) is "
+               r"infinite at gamma = 1 \(use policy_iteration for episodic MDPs\)$")
+    episodic = T.MDP(np.ones((1, 1, 1)), np.zeros((1, 1)), np.ones(1), 1.0, terminal=np.array([True]))
+    with pytest.raises(ValueError, match=message):
+        T.value_iteration(episodic)
+
+
+def test_policy_iteration_iteration_cap_and_stochastic_start():
+    mdp = T.MDP(*three_state_arrays(), 0.9)
+    uniform = np.full((3, 2), 0.5)
+    k = T.policy_iteration(mdp, initial_policy=uniform).iterations
+    assert k >= 2
+    assert T.policy_iteration(mdp, initial_policy=uniform, max_iterations=k).iterations == k
+    # all actions tied (zero rewards): a stochastic start is improved greedily, ties to the lowest index
+    flat = T.MDP(np.full((2, 2, 2), 0.5), np.zeros((2, 2)), np.array([0.5, 0.5]), 0.9)
+    res = T.policy_iteration(flat, initial_policy=np.array([[0.2, 0.8], [0.3, 0.7]]))
+    np.testing.assert_array_equal(res.policy, [[1.0, 0.0], [1.0, 0.0]])
