@@ -344,8 +344,9 @@ def test_improper_policy_at_gamma_one_full_message():
 
 
 def test_tie_tolerance_boundaries():
-    # at max |Q| = 0 the tolerance is exactly TIE_RTOL = 1e-12, and "within" includes the boundary
-    np.testing.assert_array_equal(T.greedy_policy([[-1e-12, 0.0]]), [[1.0, 0.0]])
+    # at max |Q| = 1 the tolerance is exactly TIE_RTOL (1 + 1) = 2e-12, and "within" includes the
+    # boundary: 1 - 2e-12 is the same double greedy_policy computes as max - tolerance
+    np.testing.assert_array_equal(T.greedy_policy([[1.0 - 2e-12, 1.0]]), [[1.0, 0.0]])
     np.testing.assert_array_equal(T.greedy_policy([[-1.5e-12, 0.0]]), [[0.0, 1.0]])
 
 
