@@ -341,3 +341,83 @@ def test_improper_policy_at_gamma_one_full_message():
                r"state; from states \[0, 1\] it does not \(use gamma < 1 or mark terminal states\)$")
     with pytest.raises(ValueError, match=message):
         T.policy_evaluation(mdp, np.ones((2, 1)))
+
+
+def test_tie_tolerance_boundaries():
+    # at max |Q| = 1 the tolerance is exactly TIE_RTOL (1 + 1) = 2e-12, and "within" includes the
+    # boundary: 1 - 2e-12 is the same double greedy_policy computes as max - tolerance
+    np.testing.assert_array_equal(T.greedy_policy([[1.0 - 2e-12, 1.0]]), [[1.0, 0.0]])
+    np.testing.assert_array_equal(T.greedy_policy([[-1.5e-12, 0.0]]), [[0.0, 1.0]])
+
+
+def test_greedy_current_must_match_the_states():
+    prefix = r"^current must be an int array of shape \[S\] = \(2,\), got "
+    with pytest.raises(ValueError, match=prefix + r"\(3,\)$"):
+        T.greedy_policy(np.zeros((2, 2)), current=np.array([0, 1, 0]))
+    with pytest.raises(ValueError, match=prefix + r"\(2,\)$"):
+        T.greedy_policy(np.zeros((2, 2)), current=np.array([0.0, 1.0]))
+
+
+def test_value_iteration_stops_when_delta_equals_the_threshold():
+    # one state paying 1, gamma = 1/2: delta after backup k is 2^-(k-1); tol = 2^-2 makes the threshold
+    # tol (1 - gamma) / (2 gamma) = 2^-3 exactly, met with equality at backup 4
+    mdp = T.MDP(np.ones((1, 1, 1)), np.ones((1, 1)), np.ones(1), 0.5)
+    res = T.value_iteration(mdp, tol=0.25)
+    assert res.iterations == 4 and res.V[0] == 1.875
+    np.testing.assert_array_equal(res.Q, [[1.875]])  # r + gamma V_3 = 1 + 0.875
+    message = (r"^value_iteration needs gamma < 1: its stopping bound gamma delta / \(1 - gamma\) is "
+               r"infinite at gamma = 1 \(use policy_iteration for episodic MDPs\)$")
+    episodic = T.MDP(np.ones((1, 1, 1)), np.zeros((1, 1)), np.ones(1), 1.0, terminal=np.array([True]))
+    with pytest.raises(ValueError, match=message):
+        T.value_iteration(episodic)
+
+
+def test_policy_iteration_iteration_cap_and_stochastic_start():
+    mdp = T.MDP(*three_state_arrays(), 0.9)
+    uniform = np.full((3, 2), 0.5)
+    k = T.policy_iteration(mdp, initial_policy=uniform).iterations
+    assert k >= 2
+    assert T.policy_iteration(mdp, initial_policy=uniform, max_iterations=k).iterations == k
+    # all actions tied (zero rewards): a stochastic start is improved greedily, ties to the lowest index
+    flat = T.MDP(np.full((2, 2, 2), 0.5), np.zeros((2, 2)), np.array([0.5, 0.5]), 0.9)
+    res = T.policy_iteration(flat, initial_policy=np.array([[0.2, 0.8], [0.3, 0.7]]))
+    np.testing.assert_array_equal(res.policy, [[1.0, 0.0], [1.0, 0.0]])
+
+
+def test_mdp_type_errors_name_the_argument_and_its_type():
+    P, r, rho0 = three_state_arrays()
+    with pytest.raises(TypeError, match=r"^P must be a numeric array, got str$"):
+        T.MDP("abc", r, rho0, 0.9)
+    with pytest.raises(TypeError, match=r"^gamma must be a real number, got str$"):
+        T.MDP(P, r, rho0, "0.9")
+
+
+def test_mdp_arrays_are_frozen_float64_copies():
+    P, r, rho0 = three_state_arrays()
+    mdp = T.MDP(P.tolist(), r.tolist(), [1, 0, 0], 0.9, terminal=np.array([False, False, True]))
+    for name in ("P", "r", "rho0", "terminal"):
+        arr = getattr(mdp, name)
+        assert isinstance(arr, np.ndarray) and not arr.flags.writeable, name
+    assert mdp.rho0.dtype == np.float64 and mdp.P.dtype == np.float64 and mdp.r.dtype == np.float64
+
+
+def test_terminal_self_loop_atol_is_stochastic_atol():
+    P, r, rho0 = three_state_arrays()
+    # rows still sum to 1; 5e-9 > STOCHASTIC_ATOL = 1e-9 (numpy's default atol would be 1e-8)
+    P[2, :, 2] = 1.0 - 5e-9
+    P[2, :, 0] = 5e-9
+    with pytest.raises(ValueError, match=r"^terminal state 2 must be absorbing"):
+        T.MDP(P, r, rho0, 0.9, terminal=np.array([False, False, True]))
+
+
+def test_reaches_terminal_surely_looks_beyond_one_step():
+    # s0 -> s1; s1 -> terminal s3 or trap s2 (1/2 each): every state one step from s0 can reach the
+    # terminal, but s0 reaches the trap in two steps
+    P = np.zeros((4, 1, 4))
+    P[0, 0, 1] = 1.0
+    P[1, 0, [2, 3]] = 0.5
+    P[2, 0, 2] = 1.0
+    P[3, 0, 3] = 1.0
+    terminal = np.array([False, False, False, True])
+    mdp = T.MDP(P, np.zeros((4, 1)), np.array([1.0, 0, 0, 0]), 1.0, terminal=terminal)
+    np.testing.assert_array_equal(T.reaches_terminal_surely(mdp, np.ones((4, 1))), terminal)

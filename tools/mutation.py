@@ -28,12 +28,12 @@ created there before it is put on PYTHONPATH (a path that does not exist when th
 starts is cached as having no modules). MUTATION_JOBS=N (default 1) worker processes.
 
 Runtime, measured (MUTATION_JOBS=1, niced, on the 2-core development machine shared with other jobs,
-load average 10-15; an idle machine is faster): refimpl/kl.py in full (228 mutants) 5.6 min,
-refimpl/estimators.py in full (759) 33 min, tabular/evaluation.py in full (160) 11 min; with
-MUTATION_SAMPLE=4 tabular/{evaluation,mdp,control,improvement,gradients}.py (356 mutants) 28 min and
-tabular/exact.py (80) 5.5 min; --selftest 4 min. Extrapolated from these rates (1.5-4 s per mutant),
-the whole list (5,744 mutants) takes about 4-5 hours in full and about 1.5 hours with
-MUTATION_SAMPLE=4 on that machine.
+load average 10-15; an idle machine is faster), every mutant: refimpl/kl.py (228 mutants) 5.6 min,
+refimpl/estimators.py (759) 22-33 min, tabular/evaluation.py (160) 11 min, tabular/control.py (222)
+8 min, tabular/mdp.py (285) 5 min; with MUTATION_SAMPLE=4: tabular/{evaluation,mdp,control,
+improvement,gradients}.py (356 mutants) 28 min, tabular/exact.py (80) 5.5 min; --selftest 4 min.
+At these rates (1-4 s per mutant) the whole list (5,744 mutants) takes about 3-5 hours in full and
+about 1-1.5 hours with MUTATION_SAMPLE=4 on that machine (the other helpers' modules not measured).
 
 Usage:
     python tools/mutation.py                       # every module
