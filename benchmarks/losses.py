@@ -8,7 +8,11 @@ single-threaded CPU time, on CUDA synchronised wall time):
    ``(exp(logp - old) * A * mask).sum() / mask.sum()`` (forward and backward) and to a
    per-sequence loop reference (``policy_loss`` called row by row with the global normaliser,
    summed: the same loss, one sequence at a time). Target: each preset at most 5x the floor.
-2. ``token_logprobs`` against ``log_softmax().gather()``: forward + backward time and memory for
+2. when TRL, verl or OpenRLHF are installed (``make frameworks``): every mode of each framework's
+   profile (``refimpl.conformance.conventions.PROFILE_MODES``) run through its conformance driver
+   (the installed framework's own loss code) on the same tensors, forward + backward, against
+   ``policy_loss`` with the same variant: the ratio ours / theirs (below 1: ours is faster).
+3. ``token_logprobs`` against ``log_softmax().gather()``: forward + backward time and memory for
    a number of tokens and vocabularies (CUDA: peak allocated bytes; everywhere: bytes autograd
    saves for backward, counted with saved-tensor hooks).
 
@@ -125,6 +129,60 @@ def policy_loss_table(n: int, t: int, device: torch.device, repeats: int) -> Non
         print(f"{name:<12} {seconds * 1e3:9.2f} {vs_floor:9.2f} {vs_loop:9.4f}")
 
 
+def _mode_variant(mode, t: int):
+    """The refimpl variant a framework mode implements (its preset with the mode's overrides; a
+    Dr. GRPO L_max of the padded width ``t``)."""
+    from refimpl.losses import get_preset
+
+    variant = dataclasses.replace(get_preset(mode.preset), **mode.variant_overrides)
+    if variant.aggregation == "seq_sum" and variant.max_length is None:
+        variant = dataclasses.replace(variant, max_length=t)
+    return variant
+
+
+def framework_step(batch, fn, adapter) -> None:
+    """One forward + backward of a framework's own loss through its conformance driver."""
+    from refimpl.conformance.checks import PolicyLossCall
+
+    logp = batch["logp"].detach().requires_grad_(True)
+    mask = batch["mask"]
+    call = PolicyLossCall(
+        logp, batch["old_logp"], batch["advantages"], mask, None, batch["advantages"],
+        torch.arange(mask.shape[0], device=mask.device), None, {},
+        global_tokens=int(mask.sum()), global_sequences=int(mask.any(-1).sum()), global_rows=mask.shape[0],
+    )
+    adapter(fn, call).backward()
+
+
+def frameworks_table(n: int, t: int, device: torch.device, repeats: int) -> None:
+    """Ours / theirs for every policy-loss mode of each installed framework's profile."""
+    from refimpl.conformance.conventions import PROFILE_MODES
+    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+
+    batch = make_batch(n, t, device)
+    print(f"\npolicy_loss vs the installed frameworks' own loss code (conformance drivers), "
+          f"[N={n}, T={t}] float32, device {device}; best of {repeats}, timed alternately")
+    print(f"{'framework':<16} {'preset':<11} {'mode':<32} {'ours ms':>9} {'theirs ms':>10} "
+          f"{'ours/theirs':>12}")
+    for name in FRAMEWORKS:
+        driver = load_driver(name)
+        reason = driver.availability()
+        if reason is not None:
+            print(f"{name:<16} skipped: {reason}")
+            continue
+        label = f"{name} {driver.installed_version()}"
+        for preset, pairs in PROFILE_MODES[name].items():
+            mode = driver.modes("policy_loss")[next(m for kind, m in pairs if kind == "policy_loss")]
+            variant = _mode_variant(mode, t)
+            fn, adapter = driver.target("policy_loss", mode.name, variant)
+            theirs = min(_times(lambda f=fn, a=adapter: framework_step(batch, f, a), device, repeats))
+            ours, ratio = _interleaved_ratio(lambda v=variant: preset_step(batch, v),
+                                             lambda f=fn, a=adapter: framework_step(batch, f, a),
+                                             device, repeats)
+            print(f"{label:<16} {preset:<11} {mode.name:<32} {ours * 1e3:9.2f} {theirs * 1e3:10.2f} "
+                  f"{ratio:12.2f}")
+
+
 def _saved_bytes_beyond(fn, leaf: torch.Tensor) -> int:
     """Bytes of the tensors autograd saves for backward while fn() builds its graph, each storage
     counted once, not counting the storage of ``leaf`` (the logits themselves)."""
@@ -188,6 +246,7 @@ def main() -> None:
     torch.manual_seed(0)
     n, t, tokens, vocabs = (64, 512, 1024, [32_000]) if args.quick else (256, 2048, 4096, [32_000, 128_000])
     policy_loss_table(n, t, device, args.repeats)
+    frameworks_table(n, t, device, args.repeats)
     vocabs = vocabs if args.vocabs is None else args.vocabs
     logprobs_table(args.tokens or tokens, vocabs, device, args.repeats)
 
