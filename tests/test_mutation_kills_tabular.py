@@ -460,7 +460,8 @@ def test_bounds_name_themselves_and_the_mdp_argument():
     episodic = T.MDP(np.ones((1, 1, 1)), np.zeros((1, 1)), np.ones(1), 1.0, terminal=np.array([True]))
     for name, call_bound in (("cpi_lower_bound", lambda m: T.cpi_lower_bound(m, pi, pi, 0.5)),
                              ("trpo_lower_bound", lambda m: T.trpo_lower_bound(m, pi, pi))):
-        with pytest.raises(ValueError, match=rf"^{name} needs gamma < 1: it has \(1 - gamma\) in a denominator"):
+        message = rf"^{name} needs gamma < 1: it has \(1 - gamma\) in a denominator"
+        with pytest.raises(ValueError, match=message):
             call_bound(episodic)
         with pytest.raises(TypeError, match=r"^mdp must be a tabular.MDP, got str$"):
             call_bound("mdp")
