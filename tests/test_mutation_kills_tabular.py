@@ -421,3 +421,47 @@ def test_reaches_terminal_surely_looks_beyond_one_step():
     terminal = np.array([False, False, False, True])
     mdp = T.MDP(P, np.zeros((4, 1)), np.array([1.0, 0, 0, 0]), 1.0, terminal=terminal)
     np.testing.assert_array_equal(T.reaches_terminal_surely(mdp, np.ones((4, 1))), terminal)
+
+
+def test_exact_path_with_a_terminal_state_that_is_not_last():
+    # gamma = 1 solves on the non-terminal states only; with the terminal state first, idx = [1, 2]
+    # (rows AND columns of P_pi must be restricted to it)
+    P = np.zeros((3, 2, 3))
+    P[0, :, 0] = 1.0  # terminal
+    P[1, 0] = [0.5, 0.0, 0.5]
+    P[1, 1] = [0.25, 0.75, 0.0]
+    P[2, 0] = [0.5, 0.5, 0.0]
+    P[2, 1] = [1.0, 0.0, 0.0]
+    r = np.array([[0.0, 0.0], [1.0, -0.5], [2.0, 0.25]])
+    terminal = np.array([True, False, False])
+    emdp = ExactMDP.from_arrays(P, r, [0, 0.5, 0.5], 1, terminal=terminal)
+    np.testing.assert_array_equal(emdp.terminal, terminal)
+    pi = np.array([[0.5, 0.5], [0.25, 0.75], [0.5, 0.5]])
+    from tabular.exact import exact_policy_evaluation, exact_state_action_occupancy
+
+    V = np.array([float(x) for x in exact_policy_evaluation(emdp, pi)])
+    rho = np.array([float(x) for x in exact_state_occupancy(emdp, pi, normalized=False)])
+    # the float path solves the same systems; a few ulps of values of size ~10
+    np.testing.assert_allclose(V, T.policy_evaluation(emdp.mdp, pi), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(rho, T.state_occupancy(emdp.mdp, pi, normalized=False), rtol=0, atol=1e-13)
+    assert V[0] == 0.0 and rho[0] == 0.0
+    sa = exact_state_action_occupancy(emdp, pi, normalized=False)
+    assert (sa == exact_state_occupancy(emdp, pi, normalized=False)[:, None] * rational_pi(pi)).all()
+
+
+def rational_pi(pi):
+    from tabular.exact import rational_array
+
+    return rational_array(pi)
+
+
+def test_bounds_name_themselves_and_the_mdp_argument():
+    pi = np.full((1, 1), 1.0)
+    episodic = T.MDP(np.ones((1, 1, 1)), np.zeros((1, 1)), np.ones(1), 1.0, terminal=np.array([True]))
+    for name, call_bound in (("cpi_lower_bound", lambda m: T.cpi_lower_bound(m, pi, pi, 0.5)),
+                             ("trpo_lower_bound", lambda m: T.trpo_lower_bound(m, pi, pi))):
+        message = rf"^{name} needs gamma < 1: it has \(1 - gamma\) in a denominator"
+        with pytest.raises(ValueError, match=message):
+            call_bound(episodic)
+        with pytest.raises(TypeError, match=r"^mdp must be a tabular.MDP, got str$"):
+            call_bound("mdp")
