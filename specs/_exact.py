@@ -14,9 +14,11 @@ needs about 1200 bits) and at any magnitude:
   gradual underflow (a subnormal, or a signed 0 below half the smallest subnormal) and +-inf
   where the exact value overflows (|x| >= 2^1024 (1 - 2^-54)).
 - ``to_digits(expr, digits)``: the value correctly rounded to ``dps_to_prec(digits)`` bits (169
-  bits for 50 digits, the precision sympy's ``N(expr, 50)`` returns) as a sympy Float; exact 0
-  for an exact zero.
+  bits for 50 digits, the precision sympy's ``N(expr, 50)`` returns) as a sympy Float; the
+  Integer 0 for an exact zero.
 - ``sign(expr)``: -1, 0 or 1, proven.
+- ``decisions(atoms, subs)``: proven values of ``Min``, ``Max``, ``Abs`` and relationals (the
+  conditions of a ``Piecewise`` gate) at a point, to substitute before sympy compares numbers.
 
 Rational expressions take an exact path (``fractions``); an expression that is exactly zero or
 exactly on a rounding tie without being rational is settled by sympy's zero test after the
@@ -63,6 +65,7 @@ __all__ = [
     "to_float64",
     "to_digits",
     "sign",
+    "decisions",
     "Evaluator",
 ]
 
@@ -318,3 +321,47 @@ def sign(expr, evaluators: dict[int, Evaluator] | None = None) -> int:
         return (q > 0) - (q < 0)
 
     return _settle(expr, round_interval, round_rational, evaluators, 53)
+
+
+_RELATIONS = {
+    sp.StrictGreaterThan: lambda s: s > 0,
+    sp.GreaterThan: lambda s: s >= 0,
+    sp.StrictLessThan: lambda s: s < 0,
+    sp.LessThan: lambda s: s <= 0,
+    sp.Equality: lambda s: s == 0,
+    sp.Unequality: lambda s: s != 0,
+}
+
+
+def _node_count(expr: sp.Basic) -> int:
+    return sum(1 for _ in sp.preorder_traversal(expr))
+
+
+def decisions(atoms, subs: dict, evaluators: dict[int, Evaluator] | None = None) -> dict:
+    """Proven replacements, at the point ``subs``, for the non-smooth atoms of an expression
+    (``Min``, ``Max``, ``Abs`` and relationals such as the conditions of a ``Piecewise``): each
+    maps to its chosen argument / signed argument / ``true`` or ``false``, decided by ``sign``.
+
+    Merge the result into ``subs`` before ``xreplace``: sympy would otherwise compare the
+    numbers itself, with a fixed low precision first and slowly at large magnitudes (exp(1e300)).
+    ``atoms``: e.g. ``expr.atoms(sp.Min, sp.Max, sp.Abs, sp.core.relational.Relational)``;
+    inner atoms are decided first, so an outer one sees their decisions."""
+    evaluators = {} if evaluators is None else evaluators
+    out: dict = {}
+    for atom in sorted(atoms, key=_node_count):
+        point = {**subs, **out}
+        if isinstance(atom, (sp.Min, sp.Max)):
+            direction = -1 if isinstance(atom, sp.Min) else 1
+            args = [a.xreplace(point) for a in atom.args]
+            best = args[0]
+            for a in args[1:]:
+                if sign(a - best, evaluators) == direction:
+                    best = a
+            out[atom] = best
+        elif isinstance(atom, sp.Abs):
+            arg = atom.args[0].xreplace(point)
+            out[atom] = -arg if sign(arg, evaluators) < 0 else arg
+        elif type(atom) in _RELATIONS:
+            s = sign((atom.lhs - atom.rhs).xreplace(point), evaluators)
+            out[atom] = sp.true if _RELATIONS[type(atom)](s) else sp.false
+    return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from specs._exact import exact, to_digits, to_float64
+from specs._exact import decisions, exact, to_digits, to_float64
 
 __all__ = [
     "LossSpec",
@@ -291,9 +291,22 @@ def _substitution(built: PolicyLossExpression, values: dict[str, object]) -> dic
     return subs
 
 
+@functools.lru_cache(maxsize=512)
+def _nonsmooth_atoms(built: PolicyLossExpression) -> frozenset:
+    """The Min / Max / Abs / relational atoms of the loss, its gradient and abs_scale."""
+    kinds = (sp.Min, sp.Max, sp.Abs, sp.core.relational.Relational)
+    atoms = set(built.loss.atoms(*kinds)) | set(built.abs_scale.atoms(*kinds))
+    for row in built.gradient:
+        for g in row:
+            atoms |= g.atoms(*kinds)
+    return frozenset(atoms)
+
+
 def _evaluate_with(built: PolicyLossExpression, values: dict[str, object], rounding):
     subs = _substitution(built, values)
     evaluators: dict = {}  # shared by the loss and every gradient entry (common sub-expressions)
+    # gates and clips decided by proven signs (exact ties included) before substitution
+    subs.update(decisions(_nonsmooth_atoms(built), subs, evaluators))
 
     def num(expr):
         value = expr.xreplace(subs)

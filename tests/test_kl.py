@@ -64,6 +64,8 @@ log_ratios = st.one_of(
 # value is 4.9e-353, below float64's range, so 0.0 is right
 @example(logp=0.0, log_ratio=9.867920525191241e-177)
 @example(logp=0.0, log_ratio=2.7472836393042783e-180)  # thorough, --hypothesis-seed=1 (the same)
+@example(logp=0.0, log_ratio=1.2731430436264315e-275)  # thorough, --hypothesis-seed=2 (the same)
+@example(logp=0.0, log_ratio=6.848809340911959e-197)  # thorough, --hypothesis-seed=3 (the same)
 @example(logp=-1.0, log_ratio=2.0**-1074)  # the smallest subnormal log-ratio
 def test_estimators_match_50_digit_spec(name, logp, log_ratio):
     ref = logp + log_ratio
