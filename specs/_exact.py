@@ -49,6 +49,7 @@ from mpmath.libmp import (
     mpf_cmp,
     mpf_exp,
     mpf_log,
+    mpf_pi,
     mpf_pos,
     mpf_shift,
     mpf_sign,
@@ -115,10 +116,16 @@ class Evaluator:
             return iv.mpf(int(e.p)) / iv.mpf(int(e.q))
         if e.is_Float:
             return iv.make_mpf((e._mpf_, e._mpf_))
-        if e is sp.pi:
-            return iv.pi
+        if e is sp.pi:  # (iv.pi / iv.e do not follow iv.prec)
+            pi = mpf_pi(self.prec, "n")
+            return iv.make_mpf((_widen(pi, self.prec, "f"), _widen(pi, self.prec, "c")))
         if e is sp.E:
-            return iv.e
+            return self._exp(iv.mpf(1))
+        if isinstance(e, sp.Piecewise):  # conditions decided beforehand (``decisions``)
+            for value, condition in e.args:
+                if _truth(condition):
+                    return self._eval(value)
+            raise PrecisionExhausted(f"no piece of {e} applies")
         if e.is_Add:
             args = [self._eval(a) for a in e.args]
             total = args[0]
@@ -183,6 +190,21 @@ class Evaluator:
             return _widen(mpf_exp(v, self.prec, "n"), self.prec, side)
 
         return iv.make_mpf((bound(a, "f"), bound(b, "c")))
+
+
+def _truth(condition) -> bool:
+    """A Piecewise condition built from true / false (``decisions``) with And / Or / Not."""
+    if condition is sp.true or condition is True:
+        return True
+    if condition is sp.false or condition is False:
+        return False
+    if isinstance(condition, sp.And):
+        return all(_truth(c) for c in condition.args)
+    if isinstance(condition, sp.Or):
+        return any(_truth(c) for c in condition.args)
+    if isinstance(condition, sp.Not):
+        return not _truth(condition.args[0])
+    raise PrecisionExhausted(f"undecided condition {condition} (decide it with specs._exact.decisions)")
 
 
 def _widen(y: tuple, prec: int, side: str) -> tuple:

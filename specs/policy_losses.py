@@ -309,7 +309,10 @@ def _evaluate_with(built: PolicyLossExpression, values: dict[str, object], round
     subs.update(decisions(_nonsmooth_atoms(built), subs, evaluators))
 
     def num(expr):
-        value = expr.xreplace(subs)
+        # unevaluated: sympy's automatic evaluation would query assumptions of exp(exp(1e300))
+        # (OverflowError deep inside sympy); the gates are decided, _exact evaluates the rest
+        with sp.evaluate(False):
+            value = expr.xreplace(subs)
         if value.free_symbols:
             raise ValueError(f"missing input values for {sorted(map(str, value.free_symbols))}")
         return rounding(value, evaluators)
