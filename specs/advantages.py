@@ -12,15 +12,24 @@ from __future__ import annotations
 
 import sympy as sp
 
+from specs._exact import exact, to_float64
+
 __all__ = [
     "group_advantages_exact",
+    "group_advantages_float64",
     "binary_reward_gradient_factor",
     "conditional_binary_advantage",
 ]
 
 
-def _exact(value) -> sp.Expr:
-    return sp.Rational(value) if isinstance(value, float) else sp.sympify(value)
+_exact = exact  # floats become their exact binary value
+
+
+def group_advantages_float64(rewards, group_ids, **conventions) -> list[float]:
+    """``group_advantages_exact`` correctly rounded to float64 (``specs._exact.to_float64``: 0 or
+    a subnormal on underflow; advantages.md "Range")."""
+    evaluators: dict = {}
+    return [to_float64(v, evaluators) for v in group_advantages_exact(rewards, group_ids, **conventions)]
 
 
 def _std(values: list[sp.Expr], std: str, eps, eps_inside_sqrt: bool) -> sp.Expr:

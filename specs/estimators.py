@@ -4,7 +4,8 @@
 Each ``*_exprs`` function builds, for ONE row of a rollout, the list of sympy expressions of an
 estimator at every step t directly from its definition (explicit finite sums over the episode
 segment, never the recursions used by fast code), from sympy (or plain number) rewards, values,
-flags and discounts. ``evaluate`` turns them into 50-digit numbers. The ``prove_*`` / ``verify_*``
+flags and discounts. ``evaluate`` turns them into certain 50-digit numbers, ``evaluate_float64``
+into correctly rounded float64 (``specs._exact``). The ``prove_*`` / ``verify_*``
 functions are the symbolic facts of estimators.md (and the errata about seed 004's GAE
 derivation and seed 001 4.1.2); each returns True or raises AssertionError.
 Imports neither ``refimpl`` nor ``tabular``.
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 
 import sympy as sp
 
+from specs._exact import exact, to_digits, to_float64
+
 __all__ = [
     "segment_end",
     "discounted_return_exprs",
@@ -26,6 +29,7 @@ __all__ = [
     "lambda_return_exprs",
     "nstep_mixture_exprs",
     "evaluate",
+    "evaluate_float64",
     "trajectory_weight_variance",
     "snis_expectation",
     "prove_gae_is_normalised_nstep_mixture",
@@ -37,9 +41,7 @@ __all__ = [
 ]
 
 
-def _exact(value) -> sp.Expr:
-    """Floats become their exact binary value; sympy objects and ints are kept."""
-    return sp.Rational(value) if isinstance(value, float) else sp.sympify(value)
+_exact = exact  # floats become their exact binary value; sympy objects and ints are kept
 
 
 def _row(xs, name: str) -> list[sp.Expr]:
@@ -130,8 +132,16 @@ def lambda_return_exprs(rewards, next_values, terminated, truncated, gamma, lam)
 
 
 def evaluate(exprs, digits: int = 50) -> list[sp.Float]:
-    """Each expression to ``digits`` significant digits."""
-    return [sp.N(e, digits) for e in exprs]
+    """Each expression correctly rounded to ``digits`` significant digits (certain:
+    ``specs._exact.to_digits``)."""
+    evaluators: dict = {}
+    return [to_digits(e, digits, evaluators) for e in exprs]
+
+
+def evaluate_float64(exprs) -> list[float]:
+    """Each expression correctly rounded to float64 (``specs._exact.to_float64``)."""
+    evaluators: dict = {}
+    return [to_float64(e, evaluators) for e in exprs]
 
 
 def trajectory_weight_variance(p, q, H: int) -> sp.Expr:

@@ -1,8 +1,9 @@
 """Golden test vectors from the sympy specs: ``python -m specs.golden`` writes ``specs/vectors/*.json``.
 
 Every expected value is the exact spec (``specs.policy_losses.build_policy_loss``,
-``specs.kl.k_estimator``, ``specs.advantages.group_advantages_exact``) evaluated at 50 significant
-digits; inputs are dyadic rationals (multiples of 1/1024, or integers such as +-50), so their
+``specs.kl.k_estimator``, ``specs.advantages.group_advantages_exact``) correctly rounded to 50
+significant digits (169 bits, ``specs._exact.to_digits``: the working precision is raised until
+they are certain); inputs are dyadic rationals (multiples of 1/1024, or integers such as +-50), so their
 decimal strings are exactly the binary float64 values an implementation receives, and most of
 them are exact in bfloat16/float16 too. The schema is documented and versioned in
 ``specs/vectors/SCHEMA.md``; case ids are stable. Regeneration is bit-identical: the inputs come
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import sympy as sp
 
+from specs._exact import sign, to_digits
 from specs.advantages import group_advantages_exact
 from specs.kl import k_estimator
 from specs.policy_losses import LossSpec, build_policy_loss, evaluate, hard_clip_term, sapo_term
@@ -161,7 +163,9 @@ def _policy_case(
             "loss": _num(loss),
             "grad_logp": [[_num(g) for g in row] for row in grad],
             "abs_scale": _num(abs_scale),
-            "metrics": {k: _num(sp.N(v, DIGITS)) for k, v in sorted(_metrics(spec, logp, old, adv).items())},
+            "metrics": {
+                k: _num(to_digits(v, DIGITS)) for k, v in sorted(_metrics(spec, logp, old, adv).items())
+            },
         },
         "convention": "reference",
     }
@@ -193,7 +197,6 @@ def _metrics(spec: LossSpec, logp, old, adv) -> dict[str, sp.Expr]:
     KL(old || new) from samples of old)."""
     units = _unit_ratios(spec, logp, old, adv)
     ratios = [r for r, _, _ in units]
-    numeric = [sp.N(r, DIGITS + 10) for r in ratios]
     lower = None if spec.eps_low is None else 1 - sp.Rational(spec.eps_low)
     upper = None if spec.eps_high is None else 1 + sp.Rational(spec.eps_high)
     c = None if spec.dual_clip is None else sp.Rational(spec.dual_clip)
@@ -202,8 +205,8 @@ def _metrics(spec: LossSpec, logp, old, adv) -> dict[str, sp.Expr]:
         if spec.gate != "clip":
             return False
         if a > 0:
-            return bool(upper is not None and r > upper)
-        return bool((lower is not None and r < lower) or (c is not None and r > c))
+            return bool(upper is not None and sign(r - upper) > 0)
+        return bool((lower is not None and sign(r - lower) < 0) or (c is not None and sign(r - c) > 0))
 
     def surrogate(r, a, unit_logp):
         if spec.gate == "clip":
@@ -223,14 +226,22 @@ def _metrics(spec: LossSpec, logp, old, adv) -> dict[str, sp.Expr]:
     n = max(len(units), 1)
     return {
         "ratio_mean": sum(ratios) / n if units else sp.Integer(1),
-        "ratio_min": ratios[numeric.index(min(numeric))] if units else sp.Integer(1),
-        "ratio_max": ratios[numeric.index(max(numeric))] if units else sp.Integer(1),
-        "clip_fraction": sp.Rational(
-            sum(closed(v, a) for v, (_, a, _) in zip(numeric, units, strict=True)), n
-        ),
+        "ratio_min": _extreme(ratios, -1) if units else sp.Integer(1),
+        "ratio_max": _extreme(ratios, 1) if units else sp.Integer(1),
+        "clip_fraction": sp.Rational(sum(closed(r, a) for r, a, _ in units), n),
         "policy_objective": sum((surrogate(r, a, lp) for r, a, lp in units), sp.Integer(0)) / n,
         "approx_kl": sum((sp.exp(x) - 1 - x for x in tokens), sp.Integer(0)) / max(len(tokens), 1),
     }
+
+
+def _extreme(values: list[sp.Expr], direction: int) -> sp.Expr:
+    """The largest (direction 1) or smallest (-1) of exact numbers, by proven signs (the first on
+    a tie)."""
+    best = values[0]
+    for v in values[1:]:
+        if sign(v - best) == direction:
+            best = v
+    return best
 
 
 def _band(spec: LossSpec) -> tuple[float, float]:
@@ -390,7 +401,12 @@ def _convention_case(
                 point.update({s_: sp.Rational(n_) for s_, n_ in zip(sym, num, strict=True)})
             else:
                 point[sym] = sp.Rational(num)
-    grad = [[_num(sp.N(sp.diff(loss, lsym).xreplace(point), DIGITS)) for lsym in row] for row in built.logp]
+    evaluators: dict = {}  # the gradient entries share sub-expressions
+
+    def num(expr: sp.Expr) -> str:
+        return _num(to_digits(expr.xreplace(point), DIGITS, evaluators))
+
+    grad = [[num(sp.diff(loss, lsym)) for lsym in row] for row in built.logp]
     return {
         "id": f"policy_loss/{convention}/{name}/{case_class}/0",
         "preset": name,
@@ -408,9 +424,9 @@ def _convention_case(
             "normalizer": None,
         },
         "expected": {
-            "loss": _num(sp.N(loss.xreplace(point), DIGITS)),
+            "loss": num(loss),
             "grad_logp": grad,
-            "abs_scale": _num(sp.N(abs_scale.xreplace(point), DIGITS)),
+            "abs_scale": num(abs_scale),
         },
     }
 
@@ -476,8 +492,8 @@ def kl_vectors(*, seed: int = 20251121) -> list[dict]:
                     "estimator": name,
                     "inputs": {"logp": _num(logp), "ref_logp": _num(ref)},
                     "expected": {
-                        "value": _num(sp.N(expr.xreplace(subs), DIGITS)),
-                        "d_value_d_logp": _num(sp.N(deriv.xreplace(subs), DIGITS)),
+                        "value": _num(to_digits(expr.xreplace(subs), DIGITS)),
+                        "d_value_d_logp": _num(to_digits(deriv.xreplace(subs), DIGITS)),
                     },
                 }
             )
@@ -503,7 +519,7 @@ def advantage_vectors(*, seed: int = 20251121) -> list[dict]:
             try:
                 values = group_advantages_exact([sp.Rational(r) for r in rewards], ids, **kwargs)
                 expected = {
-                    "advantages": [_num(sp.N(v, DIGITS)) if v != 0 else "0" for v in values],
+                    "advantages": [_num(to_digits(v, DIGITS)) if v != 0 else "0" for v in values],
                     "error": None,
                 }
             except ValueError as exc:

@@ -1,8 +1,10 @@
 """Exact sympy forms of the KL estimators k1, k2, k3 and of the categorical KL (spec: specs/kl.md).
 
 ``k_estimator(name, logp, ref_logp)`` is the per-token estimator as a sympy expression (eq. (1)-(4));
-``evaluate_estimator`` evaluates it at exact values to ``digits`` significant digits (50 by default),
-with its derivative in ``logp``. ``categorical_kl_expr`` is eq. (5). The ``prove_*`` functions are
+``evaluate_estimator`` evaluates it at exact values to ``digits`` certain significant digits (50
+by default), with its derivative in ``logp``; ``estimator_float64`` gives both correctly rounded to
+float64 (``specs._exact``: working precision raised until certain, at any magnitude).
+``categorical_kl_expr`` is eq. (5). The ``prove_*`` functions are
 the symbolic facts of kl.md sections 2-3 on a categorical distribution with symbolic logits
 (``prove_*`` symbolically; ``verify_*`` by exact evaluation of the symbolic identity at several
 rational points to 60 digits); each returns True or raises AssertionError.
@@ -11,15 +13,22 @@ Imports neither ``refimpl`` nor ``tabular``.
 
 from __future__ import annotations
 
+import functools
+
 import mpmath
 import sympy as sp
+
+from specs._exact import exact as _exact
+from specs._exact import to_digits, to_float64
 
 __all__ = [
     "ESTIMATORS",
     "k_estimator",
     "evaluate_estimator",
+    "estimator_float64",
     "categorical_kl_expr",
     "evaluate_categorical_kl",
+    "categorical_kl_float64",
     "softmax_exprs",
     "expected_estimator",
     "expected_loss_gradient",
@@ -45,18 +54,30 @@ def k_estimator(name: str, logp: sp.Expr, ref_logp: sp.Expr) -> sp.Expr:
     raise ValueError(f"name must be one of {ESTIMATORS}, got {name!r}")
 
 
-def evaluate_estimator(name: str, logp, ref_logp, digits: int = 50) -> tuple[sp.Float, sp.Float]:
-    """(value, d value / d logp) of estimator ``name`` at exact ``logp``, ``ref_logp`` (numbers or
-    sympy expressions; floats are taken as their exact binary values), to ``digits`` digits."""
+@functools.cache
+def _estimator_and_derivative(name: str) -> tuple[sp.Symbol, sp.Symbol, sp.Expr, sp.Expr]:
     x, y = sp.symbols("logp ref_logp", real=True)
     expr = k_estimator(name, x, y)
+    return x, y, expr, sp.diff(expr, x)
+
+
+def _estimator_at(name: str, logp, ref_logp) -> tuple[sp.Expr, sp.Expr]:
+    x, y, expr, deriv = _estimator_and_derivative(name)
     subs = {x: _exact(logp), y: _exact(ref_logp)}
-    return sp.N(expr.subs(subs), digits), sp.N(sp.diff(expr, x).subs(subs), digits)
+    return expr.xreplace(subs), deriv.xreplace(subs)
 
 
-def _exact(value) -> sp.Expr:
-    """Floats become their exact binary value (``sp.Rational(0.1) != 1/10``); others are sympified."""
-    return sp.Rational(value) if isinstance(value, float) else sp.sympify(value)
+def evaluate_estimator(name: str, logp, ref_logp, digits: int = 50) -> tuple[sp.Float, sp.Float]:
+    """(value, d value / d logp) of estimator ``name`` at exact ``logp``, ``ref_logp`` (numbers or
+    sympy expressions; floats are taken as their exact binary values), correctly rounded to
+    ``digits`` digits (``specs._exact.to_digits``: certain, whatever the cancellation)."""
+    return tuple(to_digits(v, digits) for v in _estimator_at(name, logp, ref_logp))
+
+
+def estimator_float64(name: str, logp, ref_logp) -> tuple[float, float]:
+    """(value, d value / d logp) correctly rounded to float64 (0 or a subnormal where the exact
+    value underflows, +-inf where it overflows; kl.md section 1, "Range")."""
+    return tuple(to_float64(v) for v in _estimator_at(name, logp, ref_logp))
 
 
 def softmax_exprs(logits: list[sp.Expr]) -> list[sp.Expr]:
@@ -76,9 +97,16 @@ def categorical_kl_expr(logits_p: list[sp.Expr], logits_q: list[sp.Expr]) -> sp.
 
 
 def evaluate_categorical_kl(logits_p, logits_q, digits: int = 50) -> sp.Float:
-    """eq. (5) at exact values (floats taken as their exact binary values), to ``digits`` digits."""
+    """eq. (5) at exact values (floats taken as their exact binary values), to ``digits`` certain
+    digits."""
     exact = [[_exact(float(v)) for v in row] for row in (logits_p, logits_q)]
-    return sp.N(categorical_kl_expr(*exact), digits)
+    return to_digits(categorical_kl_expr(*exact), digits)
+
+
+def categorical_kl_float64(logits_p, logits_q) -> float:
+    """eq. (5) at exact values, correctly rounded to float64."""
+    exact = [[_exact(float(v)) for v in row] for row in (logits_p, logits_q)]
+    return to_float64(categorical_kl_expr(*exact))
 
 
 def expected_estimator(name: str, logits: list[sp.Expr], ref_logits: list[sp.Expr]) -> sp.Expr:

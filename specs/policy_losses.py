@@ -12,7 +12,8 @@ differentiated. Hard gates are ``Piecewise`` expressions with the inclusive cond
 (116), so the symbolic derivative exactly on a clip boundary is the convention of md eq. (6).
 
 ``evaluate`` substitutes exact values (sympy numbers, e.g. ``old + log(5/4)`` to sit exactly on
-a boundary) and evaluates to ``digits`` significant digits. Builds are cached per shape.
+a boundary) and evaluates to ``digits`` certain significant digits; ``evaluate_float64`` rounds
+each number correctly to float64 (``specs._exact``). Builds are cached per shape.
 
 The ``prove_*`` functions are the sympy proofs of md section 6; each returns True or raises.
 """
@@ -24,11 +25,14 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from specs._exact import decisions, exact, to_digits, to_float64
+
 __all__ = [
     "LossSpec",
     "PolicyLossExpression",
     "build_policy_loss",
     "evaluate",
+    "evaluate_float64",
     "min_clip_identity_cases",
     "prove_min_clip_identity",
     "prove_piecewise_gate_equals_min_clip",
@@ -83,6 +87,10 @@ def _exact(x: float | int | None) -> sp.Expr | None:
     """The exact rational value of a float (no decimal rounding): the implementation computes
     with the same binary number."""
     return None if x is None else sp.Rational(x)
+
+
+def _exact_number(v) -> sp.Expr:
+    return v if isinstance(v, sp.Basic) else exact(v)
 
 
 def _ragged(prefix: str, lengths: tuple[int, ...]) -> tuple[tuple[sp.Symbol, ...], ...]:
@@ -280,14 +288,7 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
                                 normalizer)
 
 
-def evaluate(built: PolicyLossExpression, values: dict[str, object], digits: int = 50):
-    """Loss, gradient (ragged) and abs_scale at the given inputs, to ``digits`` digits.
-
-    values: ``logp``, ``old_logp`` (ragged [N][T_i] of exact sympy numbers, or floats which are
-    taken exactly), ``advantages`` ([N] or ragged), optionally ``ref_logp``, ``behavior_logp``,
-    ``entropy``, ``kl`` (ragged) and ``normalizer``. ``logp_sg`` takes the values of ``logp``.
-    Returns (loss, gradient, abs_scale) as sympy Floats.
-    """
+def _substitution(built: PolicyLossExpression, values: dict[str, object]) -> dict[sp.Symbol, sp.Expr]:
     subs: dict[sp.Symbol, sp.Expr] = {}
 
     def put(symbols, vals):
@@ -295,7 +296,7 @@ def evaluate(built: PolicyLossExpression, values: dict[str, object], digits: int
             if isinstance(s, tuple):
                 put(s, v)
             else:
-                subs[s] = v if isinstance(v, sp.Basic) else sp.Rational(v)
+                subs[s] = _exact_number(v)
 
     put(built.logp, values["logp"])
     put(built.logp_sg, values["logp"])
@@ -306,16 +307,56 @@ def evaluate(built: PolicyLossExpression, values: dict[str, object], digits: int
         if key in values and values[key] is not None:
             put(symbols, values[key])
     if values.get("normalizer") is not None:
-        subs[built.normalizer] = sp.Rational(values["normalizer"])
+        subs[built.normalizer] = _exact_number(values["normalizer"])
+    return subs
+
+
+@functools.lru_cache(maxsize=512)
+def _nonsmooth_atoms(built: PolicyLossExpression) -> frozenset:
+    """The Min / Max / Abs / relational atoms of the loss, its gradient and abs_scale."""
+    kinds = (sp.Min, sp.Max, sp.Abs, sp.core.relational.Relational)
+    atoms = set(built.loss.atoms(*kinds)) | set(built.abs_scale.atoms(*kinds))
+    for row in built.gradient:
+        for g in row:
+            atoms |= g.atoms(*kinds)
+    return frozenset(atoms)
+
+
+def _evaluate_with(built: PolicyLossExpression, values: dict[str, object], rounding):
+    subs = _substitution(built, values)
+    evaluators: dict = {}  # shared by the loss and every gradient entry (common sub-expressions)
+    # gates and clips decided by proven signs (exact ties included) before substitution
+    subs.update(decisions(_nonsmooth_atoms(built), subs, evaluators))
 
     def num(expr):
-        value = sp.N(expr.xreplace(subs), digits)
+        # unevaluated: sympy's automatic evaluation would query assumptions of exp(exp(1e300))
+        # (OverflowError deep inside sympy); the gates are decided, _exact evaluates the rest
+        with sp.evaluate(False):
+            value = expr.xreplace(subs)
         if value.free_symbols:
             raise ValueError(f"missing input values for {sorted(map(str, value.free_symbols))}")
-        return value
+        return rounding(value, evaluators)
 
     gradient = tuple(tuple(num(g) for g in row) for row in built.gradient)
     return num(built.loss), gradient, num(built.abs_scale)
+
+
+def evaluate(built: PolicyLossExpression, values: dict[str, object], digits: int = 50):
+    """Loss, gradient (ragged) and abs_scale at the given inputs, correctly rounded to ``digits``
+    digits (``specs._exact.to_digits``: the working precision is raised until they are certain).
+
+    values: ``logp``, ``old_logp`` (ragged [N][T_i] of exact sympy numbers, or floats which are
+    taken exactly), ``advantages`` ([N] or ragged), optionally ``ref_logp``, ``behavior_logp``,
+    ``entropy``, ``kl`` (ragged) and ``normalizer``. ``logp_sg`` takes the values of ``logp``.
+    Returns (loss, gradient, abs_scale) as sympy Floats.
+    """
+    return _evaluate_with(built, values, lambda v, ev: to_digits(v, digits, ev))
+
+
+def evaluate_float64(built: PolicyLossExpression, values: dict[str, object]):
+    """As ``evaluate``, each number correctly rounded to float64 (0 or a subnormal on underflow,
+    +-inf on overflow; policy_losses.md "Range"). Returns (loss, gradient, abs_scale) as floats."""
+    return _evaluate_with(built, values, to_float64)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refimpl.advantages import dynamic_sampling_mask, group_advantages, overlong_filter_mask, overlong_penalty
-from specs.advantages import binary_reward_gradient_factor, group_advantages_exact
+from specs import to_float64
+from specs.advantages import binary_reward_gradient_factor, group_advantages_exact, group_advantages_float64
 from tests.strategies import grouped_rewards
 
 F64 = torch.float64
@@ -102,7 +103,7 @@ def test_every_convention_matches_spec_and_loop(name, case, zero_variance):
     if conv["scale"] != "none":
         conv["zero_variance"] = zero_variance
     got = run(rewards, group_ids, **conv).numpy()
-    exact = np.array([float(v) for v in group_advantages_exact(rewards, group_ids, **conv)])
+    exact = np.array(group_advantages_float64(rewards, group_ids, **conv))  # correctly rounded
     loop = np.array(slow_loop_advantages(list(rewards), list(group_ids), **conv))
     smallest_scale = min(conv.get("eps", 1.0), 1.0)
     smallest_scale = math.sqrt(smallest_scale) if conv.get("eps_inside_sqrt") else smallest_scale
@@ -313,7 +314,7 @@ def test_binary_factor_against_brute_force_reward_vectors(group_size):
         total += prob * adv * (1 / p if bits[0] else -1 / (1 - p))
     exact = binary_reward_gradient_factor(group_size, sp.Rational(3, 10), scale="group", std="population",
                                           eps=sp.Rational(1, 1000), eps_inside_sqrt=True)
-    assert total == pytest.approx(float(exact), rel=1e-12)
+    assert total == pytest.approx(to_float64(exact), rel=1e-12)
 
 
 # ------------------------------------------------ the conformance kit's TRL / verl advantage profiles

@@ -38,7 +38,7 @@ def floor(batch) -> float:
 
 
 def assert_matches_spec(got: torch.Tensor, exprs_per_row, batch):
-    expected = np.array([[float(x) for x in spec.evaluate(row)] for row in exprs_per_row])
+    expected = np.array([spec.evaluate_float64(row) for row in exprs_per_row])  # correctly rounded
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-10, atol=floor(batch))
 
 

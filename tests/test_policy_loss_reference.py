@@ -12,7 +12,7 @@ import sympy as sp
 import torch
 
 from refimpl.losses import PolicyLossVariant
-from specs.policy_losses import LossSpec, build_policy_loss, evaluate
+from specs.policy_losses import LossSpec, build_policy_loss, evaluate_float64
 
 
 def to_spec(variant: PolicyLossVariant) -> LossSpec:
@@ -176,13 +176,13 @@ def spec_loss_and_grad(variant, logp, old_logp, advantages, mask, *, exact_logp=
             values[key] = ragged(x, mask)
     if normalizer is not None:
         values["normalizer"] = normalizer
-    loss, grad_rows, scale = evaluate(built, values)
+    loss, grad_rows, scale = evaluate_float64(built, values)  # each correctly rounded (specs._exact)
     grad = torch.zeros(mask.shape, dtype=torch.float64)
     for i in range(mask.shape[0]):
         cols = [t for t in range(mask.shape[1]) if bool(mask[i, t])]
         for t, g in zip(cols, grad_rows[i], strict=True):
-            grad[i, t] = float(g)
-    return float(loss), grad, float(scale)
+            grad[i, t] = g
+    return loss, grad, scale
 
 
 def assert_close(actual, expected, scale: float, what: str, rel: float = 1e-10, floor: float = 1e-12):
