@@ -286,6 +286,10 @@ def test_variant_accepts_its_edge_values():
      ({"max_length": 0}, ValueError, r"^variant.max_length must be a positive int or None, got 0$"),
      ({"behavior_cap": 0.0}, ValueError, r"^variant.behavior_cap must be > 0.0, got 0.0$"),
      ({"kl_coef": -0.1}, ValueError, r"^variant.kl_coef must be >= 0.0, got -0.1$"),
+     ({"kl_coef": None}, ValueError, r"^variant.kl_coef must be a finite real number, got None$"),
+     ({"entropy_coef": None}, ValueError, r"^variant.entropy_coef must be a finite real number, got None$"),
+     ({"tau_pos": None}, ValueError, r"^variant.tau_pos must be a finite real number, got None$"),
+     ({"behavior_cap": None}, ValueError, r"^variant.behavior_cap must be a finite real number, got None$"),
      ({"entropy_coef": math.inf}, ValueError,
       r"^variant.entropy_coef must be a finite real number, got inf$")],
 )
