@@ -304,3 +304,17 @@ def test_get_preset_rejects_a_non_string_name():
     with pytest.raises(TypeError, match=r"^name must be a str, got int$"):
         get_preset(3)
     assert get_preset("  GSPO-Token ") is get_preset("gspo_token")
+
+
+@pytest.mark.parametrize("ratio", ["sequence_mean", "gspo_token", "sequence_product"])
+def test_approx_kl_metric_of_sequence_ratios_is_the_per_token_k3_mean(ratio):
+    """approx_kl = mean over unmasked tokens of r - 1 - log r with the token's own log-ratio,
+    whatever the ratio level (log r = log 2 and -log 2 here, 3 tokens: (1 - log 2 + log 2 - 1/2
+    + 0) / 3)."""
+    v = dataclasses.replace(GRPO, ratio=ratio, aggregation="seq_mean")
+    old = torch.zeros(2, 2, dtype=F64)
+    logp = torch.tensor([[math.log(2.0), -math.log(2.0)], [0.0, 5.0]], dtype=F64)
+    mask = torch.tensor([[True, True], [True, False]])
+    _, _, metrics = _run(v, logp, old, torch.tensor([1.0, -1.0], dtype=F64), mask)
+    expected = ((2.0 - 1.0 - math.log(2.0)) + (0.5 - 1.0 + math.log(2.0)) + 0.0) / 3
+    assert float(metrics["approx_kl"]) == pytest.approx(expected, rel=REL)
