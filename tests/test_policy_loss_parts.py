@@ -318,3 +318,15 @@ def test_approx_kl_metric_of_sequence_ratios_is_the_per_token_k3_mean(ratio):
     _, _, metrics = _run(v, logp, old, torch.tensor([1.0, -1.0], dtype=F64), mask)
     expected = ((2.0 - 1.0 - math.log(2.0)) + (0.5 - 1.0 + math.log(2.0)) + 0.0) / 3
     assert float(metrics["approx_kl"]) == pytest.approx(expected, rel=REL)
+
+
+def test_a_global_normalizer_below_one_and_its_dtype():
+    """normalizer = 0.5 is legal (> 0): loss = sum / 0.5; a float64 normalizer tensor does not
+    change the loss's dtype (float32 inputs give a float32 loss)."""
+    logp = torch.tensor([[math.log(1.125), 0.0]], dtype=torch.float32)
+    old, adv, mask = torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
+    loss, metrics = policy_loss(logp, old, adv, mask, PPO, normalizer=0.5)
+    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 0.5, rel=4 * 2.0**-24)
+    loss64, metrics64 = policy_loss(logp, old, adv, mask, PPO, normalizer=torch.tensor(0.5, dtype=F64))
+    assert loss64.dtype == torch.float32 and metrics64["normalizer"].dtype == torch.float32
+    assert float(loss64) == float(loss)
