@@ -208,6 +208,14 @@ def test_error_messages_name_the_argument_exactly():
          r"^old_logp must be a torch.Tensor, got list$"),
         (lambda: policy_loss(logp, old, adv.long(), mask, PPO), TypeError,
          r"^advantages must be a floating-point tensor, got dtype torch.int64$"),
+        (lambda: policy_loss(logp, old, torch.zeros(3, dtype=F64), mask, PPO), ValueError,
+         r"^advantages must have shape \(2,\) or \(2, 3\), got \(3,\)$"),
+        (lambda: policy_loss(logp, old, adv, mask, PPO, behavior_logp=logp), ValueError,
+         r"^behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+         r"\(got behavior_correction='none', behavior_logp given\)$"),
+        (lambda: policy_loss(logp, old, adv, mask, dataclasses.replace(PPO, behavior_correction="mask")),
+         ValueError, r"^behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+                     r"\(got behavior_correction='mask', behavior_logp missing\)$"),
     ]
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
