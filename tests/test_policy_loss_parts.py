@@ -208,6 +208,14 @@ def test_error_messages_name_the_argument_exactly():
          r"^old_logp must be a torch.Tensor, got list$"),
         (lambda: policy_loss(logp, old, adv.long(), mask, PPO), TypeError,
          r"^advantages must be a floating-point tensor, got dtype torch.int64$"),
+        (lambda: policy_loss(logp, old, torch.zeros(3, dtype=F64), mask, PPO), ValueError,
+         r"^advantages must have shape \(2,\) or \(2, 3\), got \(3,\)$"),
+        (lambda: policy_loss(logp, old, adv, mask, PPO, behavior_logp=logp), ValueError,
+         r"^behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+         r"\(got behavior_correction='none', behavior_logp given\)$"),
+        (lambda: policy_loss(logp, old, adv, mask, dataclasses.replace(PPO, behavior_correction="mask")),
+         ValueError, r"^behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+                     r"\(got behavior_correction='mask', behavior_logp missing\)$"),
     ]
     for call, error, pattern in cases:
         with pytest.raises(error, match=pattern):
@@ -286,6 +294,10 @@ def test_variant_accepts_its_edge_values():
      ({"max_length": 0}, ValueError, r"^variant.max_length must be a positive int or None, got 0$"),
      ({"behavior_cap": 0.0}, ValueError, r"^variant.behavior_cap must be > 0.0, got 0.0$"),
      ({"kl_coef": -0.1}, ValueError, r"^variant.kl_coef must be >= 0.0, got -0.1$"),
+     ({"kl_coef": None}, ValueError, r"^variant.kl_coef must be a finite real number, got None$"),
+     ({"entropy_coef": None}, ValueError, r"^variant.entropy_coef must be a finite real number, got None$"),
+     ({"tau_pos": None}, ValueError, r"^variant.tau_pos must be a finite real number, got None$"),
+     ({"behavior_cap": None}, ValueError, r"^variant.behavior_cap must be a finite real number, got None$"),
      ({"entropy_coef": math.inf}, ValueError,
       r"^variant.entropy_coef must be a finite real number, got inf$")],
 )
@@ -300,3 +312,29 @@ def test_get_preset_rejects_a_non_string_name():
     with pytest.raises(TypeError, match=r"^name must be a str, got int$"):
         get_preset(3)
     assert get_preset("  GSPO-Token ") is get_preset("gspo_token")
+
+
+@pytest.mark.parametrize("ratio", ["sequence_mean", "gspo_token", "sequence_product"])
+def test_approx_kl_metric_of_sequence_ratios_is_the_per_token_k3_mean(ratio):
+    """approx_kl = mean over unmasked tokens of r - 1 - log r with the token's own log-ratio,
+    whatever the ratio level (log r = log 2 and -log 2 here, 3 tokens: (1 - log 2 + log 2 - 1/2
+    + 0) / 3)."""
+    v = dataclasses.replace(GRPO, ratio=ratio, aggregation="seq_mean")
+    old = torch.zeros(2, 2, dtype=F64)
+    logp = torch.tensor([[math.log(2.0), -math.log(2.0)], [0.0, 5.0]], dtype=F64)
+    mask = torch.tensor([[True, True], [True, False]])
+    _, _, metrics = _run(v, logp, old, torch.tensor([1.0, -1.0], dtype=F64), mask)
+    expected = ((2.0 - 1.0 - math.log(2.0)) + (0.5 - 1.0 + math.log(2.0)) + 0.0) / 3
+    assert float(metrics["approx_kl"]) == pytest.approx(expected, rel=REL)
+
+
+def test_a_global_normalizer_below_one_and_its_dtype():
+    """normalizer = 0.5 is legal (> 0): loss = sum / 0.5; a float64 normalizer tensor does not
+    change the loss's dtype (float32 inputs give a float32 loss)."""
+    logp = torch.tensor([[math.log(1.125), 0.0]], dtype=torch.float32)
+    old, adv, mask = torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
+    loss, metrics = policy_loss(logp, old, adv, mask, PPO, normalizer=0.5)
+    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 0.5, rel=4 * 2.0**-24)
+    loss64, metrics64 = policy_loss(logp, old, adv, mask, PPO, normalizer=torch.tensor(0.5, dtype=F64))
+    assert loss64.dtype == torch.float32 and metrics64["normalizer"].dtype == torch.float32
+    assert float(loss64) == float(loss)
