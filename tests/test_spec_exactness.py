@@ -366,11 +366,20 @@ def test_refimpl_k3_when_the_log_ratio_overflows():
     assert refimpl_k("k3", -MAX, MAX) == (INF, -INF)
 
 
-def refimpl_one_token(spec: LossSpec, old_logp: float, a: float) -> tuple[float, float]:
+OVERFLOW_ERROR = "overflow error"
+
+
+def refimpl_one_token(spec: LossSpec, old_logp: float, a: float) -> tuple[float, float] | str:
+    """(loss, d loss / d logp) of one token, or OVERFLOW_ERROR where policy_loss raises its
+    documented ValueError (a ratio in the loss exceeds float64: policy_losses.md, Range)."""
     variant = PolicyLossVariant(**{f: getattr(spec, f) for f in spec.__dataclass_fields__})
     logp = torch.zeros(1, 1, dtype=F64, requires_grad=True)
-    loss, _ = policy_loss(logp, torch.tensor([[old_logp]], dtype=F64), torch.tensor([a], dtype=F64),
-                          torch.ones(1, 1, dtype=torch.bool), variant)
+    try:
+        loss, _ = policy_loss(logp, torch.tensor([[old_logp]], dtype=F64), torch.tensor([a], dtype=F64),
+                              torch.ones(1, 1, dtype=torch.bool), variant)
+    except ValueError as exc:
+        assert str(exc).startswith("the loss overflows torch.float64"), exc
+        return OVERFLOW_ERROR
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.item(), grad.item()
 
@@ -381,12 +390,7 @@ EXP_OVERFLOW = 709.78  # log(MAX) = 709.7827...: exp(log r) overflows float64 ab
 def _policy_params():
     for gate in sorted(GATES):
         yield pytest.param(gate, False, id=f"{gate}-finite-ratio")
-        marks = ()
-        if gate == "sapo":
-            marks = pytest.mark.xfail(strict=True, reason=(
-                "refimpl SAPO: where exp(log r) overflows, the gate's gradient 4 sigma (1 - sigma) r A "
-                "is 0 * inf = NaN; the exact gradient is ~0 (issue 11)"))
-        yield pytest.param(gate, True, id=f"{gate}-overflowing-ratio", marks=marks)
+        yield pytest.param(gate, True, id=f"{gate}-overflowing-ratio")
 
 
 @pytest.mark.parametrize("gate,overflowing", list(_policy_params()))
@@ -400,22 +404,30 @@ def test_refimpl_policy_gates_follow_the_documented_range(gate, overflowing):
             if gate == "sapo" and log_r < -10:
                 continue  # r known to absolute accuracy only: test_refimpl_sapo_gradient_at_small_ratios
             got, want = refimpl_one_token(spec, -log_r, a), spec_one_token(spec, -log_r, a)
+            if got == OVERFLOW_ERROR:  # documented: raised exactly where the exact loss overflows
+                assert math.isinf(want[0]), (gate, log_r, a, want)
+                continue
             # r = exp(log r) may underflow (absolute error <= TINY / 2) before it is multiplied by a
             floor = SUBNORMAL_FLOOR * max(1.0, abs(a))
             assert close(got[0], want[0], floor=floor) and close(got[1], want[1], floor=floor), (
                 gate, log_r, a, got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="refimpl policy_loss: an open gate computes r = exp(log r) first; "
-                   "beyond float64 (log r > 709.78) r a is inf * 0 = NaN for a = 0 and -inf for a = -1e-300, "
-                   "where the exact r a is 0 and -1.8e8")
 @pytest.mark.parametrize("gate", ["clip", "none"])
-@pytest.mark.parametrize("log_r,a", [(800.0, 0.0), (709.79, -1e-300)])
-def test_refimpl_open_gate_with_an_overflowing_ratio_and_a_small_advantage(gate, log_r, a):
-    want = spec_one_token(GATES[gate], -log_r, a)
+def test_refimpl_open_gate_with_an_overflowing_ratio_and_a_zero_advantage(gate):
+    want = spec_one_token(GATES[gate], -800.0, 0.0)
+    got = refimpl_one_token(GATES[gate], -800.0, 0.0)
+    assert want == (0.0, 0.0) and got == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("gate", ["clip", "none"])
+def test_refimpl_open_gate_with_an_overflowing_ratio_and_a_tiny_advantage_raises(gate):
+    """A documented limit (policy_losses.md, Range): the ratio is formed before it is multiplied by
+    the advantage, so r = exp(709.79) overflows although the exact r a = -1.8e8 at a = -1e-300 is
+    finite; policy_loss raises its clear overflow error there instead of returning -inf."""
+    want = spec_one_token(GATES[gate], -709.79, -1e-300)
     assert math.isfinite(want[0]) and math.isfinite(want[1])
-    got = refimpl_one_token(GATES[gate], -log_r, a)
-    assert close(got[0], want[0]) and close(got[1], want[1]), (got, want)
+    assert refimpl_one_token(GATES[gate], -709.79, -1e-300) == OVERFLOW_ERROR
 
 
 @pytest.mark.xfail(strict=True, reason="refimpl SAPO: the gradient 4 sigma (1 - sigma) r A carries r with an "
@@ -431,16 +443,7 @@ def test_refimpl_sapo_gradient_at_small_ratios(log_r):
 def _advantage_params():
     for name in sorted(CONVENTIONS):
         for m in REWARD_MAGNITUDES:
-            marks = ()
-            if CONVENTIONS[name]["scale"] != "none" and m > 1e150:
-                marks = pytest.mark.xfail(strict=True, reason=(
-                    "refimpl.advantages: the squared deviations overflow (|c| > 2^512 ~ 1e154), so "
-                    "the std is inf and A = 0; the exact A is O(1) (issue 11, float32 +-1e20 likewise)"))
-            elif CONVENTIONS[name].get("eps") == 0 and TINY < m < 1e-150:  # (at 2^-1074 it is right)
-                marks = pytest.mark.xfail(strict=True, reason=(
-                    "refimpl.advantages: without eps the squared deviations underflow (|c| < ~1.5e-154)"
-                    ", the std is 0 and the centred values come back unscaled; the exact A is O(1)"))
-            yield pytest.param(name, m, id=f"{name}-{m:.0e}", marks=marks)
+            yield pytest.param(name, m, id=f"{name}-{m:.0e}")
 
 
 @pytest.mark.parametrize("name,m", list(_advantage_params()))
@@ -458,8 +461,6 @@ def test_refimpl_group_advantages_follow_the_documented_range(name, m):
         assert close(got[i], want, floor=floor), (name, m, i, got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="refimpl.advantages: the group's reward sum overflows (1.5e308 + "
-                   "1e308) although the mean and the centred values (+-2.5e307) do not")
 def test_refimpl_group_mean_when_the_reward_sum_overflows():
     rewards = [1.5e308, 1.0e308]
     for conv in (dict(scale="none"), dict(scale="group", std="population", eps=1e-6, eps_inside_sqrt=True,

@@ -559,9 +559,9 @@ def policy_loss(
     loss = contributions.sum() / denominator
     # No silent inf / NaN: a finite loss has a finite gradient (each unit's derivative is bounded
     # by its term, and saturated gates differentiate to exactly 0), so one scalar check suffices.
+    hint = "" if dtype == torch.float64 else "; pass float64 logp"
     _check_value(torch.isfinite(loss), f"the loss overflows {dtype} (a ratio exp(logp - old_logp), a "
-                 f"KL term from ref_logp / kl, or their sum exceeds its range at unmasked positions); "
-                 f"pass float64 logp")
+                 f"KL term from ref_logp / kl, or their sum exceeds its range at unmasked positions){hint}")
 
     metrics = _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tokens,
                        entropy_tokens, denominator, variant)
