@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import pathlib
 from dataclasses import dataclass, field
 from types import ModuleType
 
-__all__ = ["FRAMEWORKS", "KINDS", "Mode", "load_driver", "source_hash"]
+__all__ = ["FRAMEWORKS", "KINDS", "Mode", "distribution_version", "load_driver", "source_hash"]
 
 FRAMEWORKS = ("trl", "verl", "openrlhf")
 KINDS = ("policy_loss", "kl", "group_advantages")
@@ -86,3 +87,11 @@ def source_hash(files: list[pathlib.Path]) -> str:
         digest.update(pathlib.Path(path).name.encode())
         digest.update(pathlib.Path(path).read_bytes())
     return digest.hexdigest()[:12]
+
+
+def distribution_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (pip's name), None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

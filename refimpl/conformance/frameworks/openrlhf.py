@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import importlib.metadata
 import importlib.util
 import pathlib
 import sys
@@ -45,7 +44,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 
-from . import Mode
+from . import Mode, distribution_version
 
 __all__ = [
     "NAME",
@@ -260,10 +259,7 @@ def _package_dir() -> pathlib.Path | None:
 
 def installed_version() -> str | None:
     """The installed OpenRLHF version, or None."""
-    try:
-        return importlib.metadata.version("openrlhf")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return distribution_version("openrlhf")
 
 
 def source_files() -> list[pathlib.Path]:

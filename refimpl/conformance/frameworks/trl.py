@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.metadata
 import importlib.util
 import pathlib
 import time
@@ -38,7 +37,7 @@ from types import SimpleNamespace
 
 import torch
 
-from . import Mode
+from . import Mode, distribution_version
 
 __all__ = [
     "NAME",
@@ -189,10 +188,7 @@ def _trl_path() -> pathlib.Path | None:
 
 def installed_version() -> str | None:
     """The installed TRL version, None when TRL is not installed."""
-    try:
-        return importlib.metadata.version("trl")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return distribution_version("trl")
 
 
 def source_files() -> list[pathlib.Path]:

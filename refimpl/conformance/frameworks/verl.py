@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import pathlib
 import sys
@@ -40,7 +39,7 @@ import warnings
 
 import torch
 
-from . import Mode
+from . import Mode, distribution_version
 
 __all__ = [
     "NAME",
@@ -321,10 +320,7 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
 
 def installed_version() -> str | None:
     """The installed verl version, or None."""
-    try:
-        return importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return distribution_version("verl")
 
 
 def _package_dir() -> pathlib.Path | None:
