@@ -1,0 +1,66 @@
+"""tools/results.py (``make results``): the table it prints from the runs' summaries."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def results():
+    spec = importlib.util.spec_from_file_location("results_tool", ROOT / "tools" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _summary(greedy: float, sampled: float, warmup: int, wall: float, cpu: float) -> dict:
+    return {"final_eval_greedy_accuracy": greedy, "final_eval_sampled_accuracy": sampled,
+            "warmup_steps": warmup, "wall_time": wall, "cpu_time": cpu}
+
+
+def test_row_values_are_percent_and_seconds(results):
+    assert results.row_values(_summary(0.5, 0.25, 40, 12.5, 10.0)) == (50.0, 25.0, 40.0, 12.5, 10.0)
+
+
+def test_table_gives_mean_and_range_per_preset(results):
+    rows = {
+        "grpo": [results.row_values(_summary(g, s, w, t, c))
+                 for g, s, w, t, c in ((0.90, 0.5, 30, 100, 90), (1.0, 0.7, 50, 140, 130))],
+        "dapo": [results.row_values(_summary(0.96, 0.75, 42, 120, 110))],
+    }
+    table = results.format_table(rows).splitlines()
+    assert table[0] == "| preset | seeds | greedy % | sampled % | warm-up steps | wall s | CPU s |"
+    assert table[2] == (
+        "| grpo | 2 | 95.0 (90.0-100.0) | 60.0 (50.0-70.0) | 40 (30-50) | 120 (100-140) | 110 (90-130) |"
+    )
+    assert table[3] == "| dapo | 1 | 96.0 | 75.0 | 42 | 120 | 110 |"
+
+
+def test_every_trainer_preset_is_run_by_default(results):
+    from refimpl.lm.config import LOSS_NAMES
+
+    assert results.default_presets() == list(LOSS_NAMES)
+    assert "ppo" not in results.default_presets()  # the deprecated alias would repeat ppo_rlhf
+
+
+def test_unknown_preset_is_one_line_error(results, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        results.main(["--presets", "nope", "--table-only", "--out", "/nonexistent"])
+    assert exit_info.value.code == 2
+    assert "--presets: unknown loss names ['nope']" in capsys.readouterr().err
+
+
+def test_table_only_reads_existing_summaries(results, tmp_path, capsys):
+    import json
+
+    folder = results.run_folder(tmp_path, "grpo", 1)
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(_summary(0.98, 0.8, 35, 150, 140)))
+    argv = ["--presets", "grpo", "dapo", "--seeds", "0", "1", "--table-only", "--out", str(tmp_path)]
+    assert results.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| grpo | 1 | 98.0 | 80.0 | 35 | 150 | 140 |" in out
+    assert "| dapo |" not in out  # no run, no row
