@@ -231,7 +231,9 @@ def random_rational_mdp(seed: str, S: int, A: int, *, dyadic: bool = True, grid:
         R = [[_reward(rng) for _ in range(A)] for _ in range(S)]
     rho0 = _distribution(rng, S, dyadic, grid)
     pi = [_distribution(rng, A, dyadic, 4 if A <= 4 else 8) for _ in range(S)]
-    pi_new = [_distribution(rng, A, dyadic, 4 if A <= 4 else 8) for _ in range(S)]
+    pi_new = pi
+    while pi_new == pi and A > 1:  # a different new policy (redrawn from the same stream)
+        pi_new = [_distribution(rng, A, dyadic, 4 if A <= 4 else 8) for _ in range(S)]
     return P, R, rho0, pi, pi_new
 
 

@@ -40,6 +40,7 @@ Imports neither ``refimpl`` nor ``tabular`` (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -83,6 +84,8 @@ def _rational(x, name: str) -> sp.Rational:
     if isinstance(x, bool):
         raise TypeError(f"{name} must hold numbers, got a bool")
     if isinstance(x, str):
+        if x.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            raise ValueError(f"{name} contains NaN or inf")
         try:
             q = Fraction(x)
         except ValueError as exc:
@@ -100,13 +103,20 @@ def _rational(x, name: str) -> sp.Rational:
 
 
 def _array(x, name: str, shape: tuple[int, ...]) -> tuple:
-    """Nested tuples of Rationals with exactly the given shape (no broadcasting)."""
-    if not shape:
-        return _rational(x, name)
-    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__") or len(x) != shape[0]:
-        got = len(x) if hasattr(x, "__len__") and not isinstance(x, str) else "a scalar"
-        raise ValueError(f"{name} must have shape {list(shape)}, got length {got} on that axis")
-    return tuple(_array(item, f"{name}[{i}]", shape[1:]) for i, item in enumerate(x))
+    """Nested tuples of Rationals with exactly the given shape (no broadcasting); errors name the
+    argument, its expected shape and the offending entry."""
+
+    def build(item, index: tuple[int, ...]):
+        axis = len(index)
+        label = name + "".join(f"[{i}]" for i in index)
+        if axis == len(shape):
+            return _rational(item, label)
+        if isinstance(item, (str, bytes)) or not hasattr(item, "__len__") or len(item) != shape[axis]:
+            got = len(item) if hasattr(item, "__len__") and not isinstance(item, (str, bytes)) else "a scalar"
+            raise ValueError(f"{name} must have shape {list(shape)}, got {got} entries at {label}")
+        return tuple(build(sub, (*index, i)) for i, sub in enumerate(item))
+
+    return build(x, ())
 
 
 def _check_distribution(row: Vector, name: str) -> None:
@@ -255,6 +265,11 @@ def _scatter(idx: list[int], x: sp.Matrix, size: int) -> Vector:
 def values(mdp: FiniteMDP, pi) -> Vector:
     """``V_pi [S]``: the exact solution of ``(I - gamma P_pi) V = r_pi`` (mdp.md eq. (7); seed 001
     (26)); at gamma = 1 on the non-terminal states, with ``V = 0`` on terminal ones."""
+    return _values(mdp, check_policy(mdp, pi))
+
+
+@functools.lru_cache(maxsize=512)  # pure function of hashable exact inputs; shared by Q, A, J, PDL
+def _values(mdp: FiniteMDP, pi: tuple) -> Vector:
     idx = _solved_states(mdp, pi)
     P_pi, r_pi = policy_transition_matrix(mdp, pi), policy_reward_vector(mdp, pi)
     M = sp.eye(len(idx)) - mdp.gamma * P_pi.extract(idx, idx)
@@ -296,16 +311,21 @@ def state_occupancy(mdp: FiniteMDP, pi, normalized: bool = False) -> Vector:
     gamma < 1 is ``d_pi = (1 - gamma) rho_pi``; ``ValueError`` when the total is 0 (gamma = 1 and
     every start state terminal).
     """
-    idx = _solved_states(mdp, pi)
-    M = sp.eye(len(idx)) - mdp.gamma * policy_transition_matrix(mdp, pi).extract(idx, idx).T
-    rho0 = sp.Matrix(len(idx), 1, [mdp.rho0[s] for s in idx])
-    rho = _scatter(idx, _solve(M, rho0), mdp.num_states)
+    rho = _occupancy(mdp, check_policy(mdp, pi))
     if not normalized:
         return rho
     total = sum(rho, _ZERO)
     if total == 0:
         raise ValueError("rho0 puts all its mass on terminal states: the normalised occupancy is undefined")
     return tuple(x / total for x in rho)
+
+
+@functools.lru_cache(maxsize=512)
+def _occupancy(mdp: FiniteMDP, pi: tuple) -> Vector:
+    idx = _solved_states(mdp, pi)
+    M = sp.eye(len(idx)) - mdp.gamma * policy_transition_matrix(mdp, pi).extract(idx, idx).T
+    rho0 = sp.Matrix(len(idx), 1, [mdp.rho0[s] for s in idx])
+    return _scatter(idx, _solve(M, rho0), mdp.num_states)
 
 
 def state_action_occupancy(mdp: FiniteMDP, pi, normalized: bool = False) -> Matrix2:
