@@ -190,9 +190,10 @@ def finite_mdp(P, r, rho0, gamma, terminal=None) -> FiniteMDP:
     if terminal is None:
         terminal_t = (False,) * S
     else:
-        if len(terminal) != S or not all(isinstance(t, bool) for t in terminal):
+        is_bool = [isinstance(t, bool) or type(t).__name__ == "bool_" for t in terminal]  # numpy bools too
+        if len(terminal) != S or not all(is_bool):
             raise ValueError(f"terminal must be {S} bools, got {terminal!r}")
-        terminal_t = tuple(terminal)
+        terminal_t = tuple(bool(t) for t in terminal)
     for s in range(S):
         if terminal_t[s]:
             if any(P_q[s][a][s] != 1 for a in range(A)):
