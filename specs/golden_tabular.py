@@ -72,7 +72,8 @@ absolute (u = 2^-53, n = S + A); ``tests/test_mdp_spec.py`` states the exact con
 - ``transition_reward``: R is given per transition, ``[S][A][S]``.
 - ``non_dyadic_input``: some input is a ``"p/q"`` rational not exact in float64.
 - ``deterministic_policy``: pi (or pi') is one-hot in every state.
-- ``unreachable_state``: an occupancy is exactly 0 at some state.
+- ``unreachable_state``: an occupancy is exactly 0 at a state never reached from rho0 (not
+  counting terminal states at gamma = 1, whose occupancy is 0 by convention).
 - ``tie_in_optimal_policy``: a non-terminal state has more than one optimal action.
 - ``identical_policies``: pi' = pi (expected advantage and difference exactly 0).
 - ``seed_example``: seed 001's example 4.1.1 (mdp.md eq. (38): J(pi) = 8091/10^8, J(pi') = -90).
@@ -154,7 +155,7 @@ REASONS = (
 )
 GAMMA_NEAR_ONE = Fraction(99, 100)
 
-Q = Fraction  # exact inputs are written as Fractions
+F = Fraction  # exact inputs are written as Fractions (F(1, 3))
 
 
 @dataclass(frozen=True)
@@ -208,14 +209,14 @@ def _distribution(rng: random.Random, size: int, dyadic: bool, grid: int, zeros:
     such as 3, 5, 7, 11)."""
     if dyadic:
         if zeros:
-            return [Q(k, grid) for k in _composition(rng, grid, size)]
-        return [Q(k + 1, grid) for k in _composition(rng, grid - size, size)]
+            return [F(k, grid) for k in _composition(rng, grid, size)]
+        return [F(k + 1, grid) for k in _composition(rng, grid - size, size)]
     weights = [rng.randint(1, 6) for _ in range(size)]
-    return [Q(w, sum(weights)) for w in weights]
+    return [F(w, sum(weights)) for w in weights]
 
 
 def _reward(rng: random.Random) -> Fraction:
-    return Q(rng.randint(-8, 8), 8)  # multiples of 1/8 in [-1, 1]
+    return F(rng.randint(-8, 8), 8)  # multiples of 1/8 in [-1, 1]
 
 
 def random_rational_mdp(seed: str, S: int, A: int, *, dyadic: bool = True, grid: int = 16,
@@ -243,7 +244,7 @@ def _random_case(name: str, purpose: str, S: int, A: int, gamma: Fraction, **kwa
 
 
 def _one_hot(actions: list[int], A: int) -> list[list[Fraction]]:
-    return [[Q(int(a == b)) for b in range(A)] for a in actions]
+    return [[F(int(a == b)) for b in range(A)] for a in actions]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,66 +253,66 @@ def _one_hot(actions: list[int], A: int) -> list[list[Fraction]]:
 
 def tabular_cases() -> list[TabularCase]:
     """Every valid case (hand-picked edges plus random rational MDPs with fixed seeds)."""
-    half, quarter = Q(1, 2), Q(1, 4)
+    half, quarter = F(1, 2), F(1, 4)
     cases = [
-        _random_case("random_s3_a2", "generic dyadic MDP, mid discount", 3, 2, Q(1, 2)),
-        _random_case("random_s4_a3", "generic dyadic MDP, larger, gamma 7/8", 4, 3, Q(7, 8)),
+        _random_case("random_s3_a2", "generic dyadic MDP, mid discount", 3, 2, F(1, 2)),
+        _random_case("random_s4_a3", "generic dyadic MDP, larger, gamma 7/8", 4, 3, F(7, 8)),
         _random_case("random_s4_a2_sparse", "rows with exact zeros (1/4 grid over 4 states)", 4, 2,
-                     Q(3, 4), grid=4, zeros=True),
-        _random_case("random_s3_a3_rational", "non-dyadic rational P, pi, gamma 2/3", 3, 3, Q(2, 3),
+                     F(3, 4), grid=4, zeros=True),
+        _random_case("random_s3_a3_rational", "non-dyadic rational P, pi, gamma 2/3", 3, 3, F(2, 3),
                      dyadic=False),
         _random_case("random_s3_a2_transition_reward", "reward per transition r(s, a, s')", 3, 2,
-                     Q(3, 4), transition_reward=True),
-        _random_case("gamma_zero", "gamma = 0: V = r_pi, rho = rho0, one step", 3, 2, Q(0)),
-        _random_case("gamma_near_one", "gamma = 99/100 (not dyadic): kappa = 100", 3, 2, Q(99, 100)),
+                     F(3, 4), transition_reward=True),
+        _random_case("gamma_zero", "gamma = 0: V = r_pi, rho = rho0, one step", 3, 2, F(0)),
+        _random_case("gamma_near_one", "gamma = 99/100 (not dyadic): kappa = 100", 3, 2, F(99, 100)),
         _random_case("gamma_near_one_dyadic", "gamma = 1023/1024: kappa = 1024, exact float input",
-                     3, 2, Q(1023, 1024)),
+                     3, 2, F(1023, 1024)),
     ]
     # An absorbing terminal state (zero reward) next to two transient states.
     cases.append(TabularCase(
         "absorbing_terminal", "terminal absorbing state: discounted occupancy accumulates there",
-        P=[[[quarter, half, quarter], [0, quarter, Q(3, 4)]],
-           [[half, 0, half], [Q(1, 8), Q(3, 8), half]],
+        P=[[[quarter, half, quarter], [0, quarter, F(3, 4)]],
+           [[half, 0, half], [F(1, 8), F(3, 8), half]],
            [[0, 0, 1], [0, 0, 1]]],
-        R=[[1, Q(-1, 2)], [Q(1, 4), Q(3, 4)], [0, 0]],
-        rho0=[half, half, 0], gamma=Q(9, 10),
-        pi=[[quarter, Q(3, 4)], [half, half], [1, 0]], pi_new=[[1, 0], [0, 1], [half, half]],
+        R=[[1, F(-1, 2)], [F(1, 4), F(3, 4)], [0, 0]],
+        rho0=[half, half, 0], gamma=F(9, 10),
+        pi=[[quarter, F(3, 4)], [half, half], [1, 0]], pi_new=[[1, 0], [0, 1], [half, half]],
         terminal=[False, False, True],
     ))
     # An absorbing, NON-terminal state that pays a reward for ever: V there is r / (1 - gamma).
     cases.append(TabularCase(
         "absorbing_rewarding", "absorbing non-terminal state paying 1/2 per step for ever",
         P=[[[half, half], [0, 1]], [[0, 1], [0, 1]]],
-        R=[[Q(-1, 4), -1], [half, half]],
-        rho0=[1, 0], gamma=Q(3, 4),
-        pi=[[Q(3, 4), quarter], [half, half]], pi_new=[[0, 1], [1, 0]],
+        R=[[F(-1, 4), -1], [half, half]],
+        rho0=[1, 0], gamma=F(3, 4),
+        pi=[[F(3, 4), quarter], [half, half]], pi_new=[[0, 1], [1, 0]],
     ))
     # gamma = 1 on a DAG (every policy proper): occupancy counts visits.
     cases.append(TabularCase(
         "gamma_one_episodic", "undiscounted episodic DAG: values are expected totals, rho visits",
-        P=[[[0, half, half, 0], [0, 0, quarter, Q(3, 4)]],
+        P=[[[0, half, half, 0], [0, 0, quarter, F(3, 4)]],
            [[0, 0, half, half], [0, 0, 0, 1]],
            [[0, 0, 0, 1], [0, 0, 0, 1]],
            [[0, 0, 0, 1], [0, 0, 0, 1]]],
-        R=[[0, Q(1, 8)], [1, Q(-1, 2)], [Q(3, 4), Q(-1, 4)], [0, 0]],
-        rho0=[Q(3, 4), quarter, 0, 0], gamma=Q(1),
-        pi=[[half, half], [quarter, Q(3, 4)], [Q(1, 8), Q(7, 8)], [half, half]],
+        R=[[0, F(1, 8)], [1, F(-1, 2)], [F(3, 4), F(-1, 4)], [0, 0]],
+        rho0=[F(3, 4), quarter, 0, 0], gamma=F(1),
+        pi=[[half, half], [quarter, F(3, 4)], [F(1, 8), F(7, 8)], [half, half]],
         pi_new=[[1, 0], [half, half], [1, 0], [0, 1]],
         terminal=[False, False, False, True],
     ))
     P_det, R_det, rho0_det, _, _ = random_rational_mdp("deterministic_policy", 3, 3)
     cases.append(TabularCase(
         "deterministic_policy", "one-hot pi and pi': V solves a permutation-free system, A(s, pi(s)) = 0",
-        P=P_det, R=R_det, rho0=rho0_det, gamma=Q(5, 8),
+        P=P_det, R=R_det, rho0=rho0_det, gamma=F(5, 8),
         pi=_one_hot([2, 0, 1], 3), pi_new=_one_hot([0, 0, 2], 3),
     ))
     # Actions 1 and 2 identical everywhere and better than action 0 at state 0: an exact tie.
-    row_a, row_b = [quarter, Q(3, 4), 0], [half, 0, half]
+    row_a, row_b = [quarter, F(3, 4), 0], [half, 0, half]
     cases.append(TabularCase(
         "tie_in_optimal_policy", "duplicated optimal action: pi* needs a tie rule (lowest index)",
         P=[[[1, 0, 0], row_a, row_a], [row_b, [0, 0, 1], [0, 0, 1]], [[0, 1, 0], row_b, row_b]],
         R=[[-1, half, half], [quarter, quarter, quarter], [half, 0, 0]],
-        rho0=[half, quarter, quarter], gamma=Q(3, 4),
+        rho0=[half, quarter, quarter], gamma=F(3, 4),
         pi=[[0, half, half], [quarter, half, quarter], [1, 0, 0]],
         pi_new=[[0, 0, 1], [0, 1, 0], [0, half, half]],
     ))
@@ -319,23 +320,23 @@ def tabular_cases() -> list[TabularCase]:
     cases.append(TabularCase(
         "unreachable_state", "a state outside the reachable set: occupancy exactly 0, V still defined",
         P=[[[half, half, 0, 0], [0, half, half, 0]],
-           [[quarter, 0, Q(3, 4), 0], [0, 0, 1, 0]],
+           [[quarter, 0, F(3, 4), 0], [0, 0, 1, 0]],
            [[1, 0, 0, 0], [0, half, half, 0]],
            [[0, 0, 0, 1], [quarter, quarter, quarter, quarter]]],
-        R=[[half, 0], [-1, 1], [quarter, Q(-3, 4)], [1, 1]],
-        rho0=[1, 0, 0, 0], gamma=Q(7, 8),
-        pi=[[half, half], [quarter, Q(3, 4)], [Q(3, 4), quarter], [half, half]],
+        R=[[half, 0], [-1, 1], [quarter, F(-3, 4)], [1, 1]],
+        rho0=[1, 0, 0, 0], gamma=F(7, 8),
+        pi=[[half, half], [quarter, F(3, 4)], [F(3, 4), quarter], [half, half]],
         pi_new=[[0, 1], [half, half], [1, 0], [0, 1]],
     ))
     cases.append(TabularCase(
         "single_state", "one state, two actions: V = r_pi / (1 - gamma), rho = 1 / (1 - gamma)",
-        P=[[[1], [1]]], R=[[1, Q(-1, 2)]], rho0=[1], gamma=Q(15, 16),
-        pi=[[quarter, Q(3, 4)]], pi_new=[[1, 0]],
+        P=[[[1], [1]]], R=[[1, F(-1, 2)]], rho0=[1], gamma=F(15, 16),
+        pi=[[quarter, F(3, 4)]], pi_new=[[1, 0]],
     ))
     P_id, R_id, rho0_id, pi_id, _ = random_rational_mdp("identical_policies", 3, 2)
     cases.append(TabularCase(
         "identical_policies", "pi' = pi: expected advantage and difference exactly 0 (001 (28))",
-        P=P_id, R=R_id, rho0=rho0_id, gamma=Q(7, 8), pi=pi_id, pi_new=pi_id,
+        P=P_id, R=R_id, rho0=rho0_id, gamma=F(7, 8), pi=pi_id, pi_new=pi_id,
         quantities=("performance_difference",),
     ))
     cases.append(_seed_001_distribution_shift())
@@ -344,7 +345,7 @@ def tabular_cases() -> list[TabularCase]:
 
 def _seed_001_distribution_shift() -> TabularCase:
     """Seed 001 example 4.1.1 as in mdp.md section 7.1 (eq. (38)): s0 -a1-> s1 -b-> loses M."""
-    gamma, M, eta, eta2 = Q(9, 10), 100, Q(1, 10**4), Q(1, 10**3)
+    gamma, M, eta, eta2 = F(9, 10), 100, F(1, 10**4), F(1, 10**3)
     to_end = [0, 0, 1]
     return TabularCase(
         "seed_001_distribution_shift",
@@ -352,7 +353,7 @@ def _seed_001_distribution_shift() -> TabularCase:
         P=[[to_end, [0, 1, 0]], [to_end, to_end], [to_end, to_end]],
         R=[[0, 0], [1, -M], [0, 0]],
         rho0=[1, 0, 0], gamma=gamma,
-        pi=[[1 - eta, eta], [1 - eta2, eta2], [Q(1, 2), Q(1, 2)]],
+        pi=[[1 - eta, eta], [1 - eta2, eta2], [F(1, 2), F(1, 2)]],
         pi_new=[[0, 1], [0, 1], [1, 0]],
         terminal=[False, False, True],
         extra_flags=("seed_example",),
@@ -481,6 +482,13 @@ def _case_flags(case: TabularCase, mdp: spec.FiniteMDP, quantity: str) -> set[st
     return flags
 
 
+def _unvisited(mdp: spec.FiniteMDP, rho) -> set[str]:
+    """``unreachable_state`` when the occupancy is exactly 0 at a state never reached from rho0 (a
+    terminal state at gamma = 1 has occupancy 0 by convention, mdp.md section 1: not counted)."""
+    never = [x == 0 and not (mdp.gamma == 1 and mdp.terminal[s]) for s, x in enumerate(rho)]
+    return {"unreachable_state"} if any(never) else set()
+
+
 def _expected(case: TabularCase, mdp: spec.FiniteMDP, quantity: str) -> tuple[dict, set[str]]:
     """The exact expected values of one quantity, and the flags they reveal."""
     pi = case.pi
@@ -492,11 +500,11 @@ def _expected(case: TabularCase, mdp: spec.FiniteMDP, quantity: str) -> tuple[di
         return {"A": spec.advantages(mdp, pi)}, set()
     if quantity == "state_occupancy":
         rho = spec.state_occupancy(mdp, pi)
-        flags = {"unreachable_state"} if any(x == 0 for x in rho) else set()
+        flags = _unvisited(mdp, rho)
         return {"rho": rho, "d": spec.state_occupancy(mdp, pi, normalized=True)}, flags
     if quantity == "state_action_occupancy":
         rho = spec.state_occupancy(mdp, pi)
-        flags = {"unreachable_state"} if any(x == 0 for x in rho) else set()
+        flags = _unvisited(mdp, rho)
         return {
             "rho": spec.state_action_occupancy(mdp, pi),
             "d": spec.state_action_occupancy(mdp, pi, normalized=True),
@@ -517,7 +525,7 @@ def _expected(case: TabularCase, mdp: spec.FiniteMDP, quantity: str) -> tuple[di
         values = {name: getattr(pd, name) for name in (
             "J_pi", "J_pi_new", "difference", "expected_advantage", "rho_pi", "rho_pi_new", "pdl_sum",
             "surrogate", "distribution_shift_penalty")}
-        flags = {"unreachable_state"} if any(x == 0 for x in pd.rho_pi + pd.rho_pi_new) else set()
+        flags = _unvisited(mdp, pd.rho_pi) | _unvisited(mdp, pd.rho_pi_new)
         return values, flags
     raise ValueError(f"quantity must be one of {QUANTITIES}, got {quantity!r}")
 
