@@ -107,6 +107,7 @@ __all__ = [
     "TabularCase",
     "InvalidTabularCase",
     "random_rational_mdp",
+    "input_string",
     "tabular_cases",
     "invalid_tabular_cases",
     "tabular_vectors",
@@ -197,7 +198,7 @@ class InvalidTabularCase:
 
 
 def _composition(rng: random.Random, total: int, parts: int) -> list[int]:
-    """``parts`` non-negative integers summing to ``total`` (uniform stars and bars)."""
+    """``parts`` non-negative integers summing to ``total`` (gaps between sorted random cut points)."""
     cuts = sorted(rng.randint(0, total) for _ in range(parts - 1))
     bounds = [0, *cuts, total]
     return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
