@@ -91,6 +91,8 @@ def _rational(x, name: str) -> sp.Rational:
         except ValueError as exc:
             raise ValueError(f"{name} holds {x!r}, which is not a decimal or 'p/q' string") from exc
         return sp.Rational(q.numerator, q.denominator)
+    if hasattr(x, "__len__"):
+        raise ValueError(f"{name} must be a number, got a sequence (too many dimensions)")
     if isinstance(x, float) and not math.isfinite(x):
         raise ValueError(f"{name} contains NaN or inf")
     try:

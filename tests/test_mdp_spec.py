@@ -501,6 +501,8 @@ def test_spec_rejects_non_rational_and_misshapen_input():
         spec.finite_mdp([[[True], [1]]], good.R, good.rho0, good.gamma)
     with pytest.raises(ValueError, match="not a decimal or 'p/q' string"):
         spec.finite_mdp(good.P, [["one", 0]], good.rho0, good.gamma)
+    with pytest.raises(ValueError, match=r"rho0\[0\] must be a number, got a sequence"):
+        spec.finite_mdp(good.P, good.R, [[1]], good.gamma)
     with pytest.raises(ValueError, match=r"terminal must be 1 bools"):
         spec.finite_mdp(good.P, good.R, good.rho0, good.gamma, [1])
     with pytest.raises(ValueError, match=r"pi must have shape \[1, 2\]"):
