@@ -44,7 +44,7 @@ def _policy_loss(logp, old_logp, advantages, mask, variant, *, ref_logp=None, no
         **kwargs,
     )
     (grad,) = torch.autograd.grad(loss, lp)
-    return float(loss), grad.numpy()
+    return float(loss.detach()), grad.numpy()
 
 
 def _policy_loss_conventions(logp, old_logp, advantages, mask, variant, convention, flags, *, ref_logp=None):
