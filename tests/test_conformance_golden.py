@@ -331,3 +331,27 @@ def test_kit_expected_values_match_convention_vector(vector):
     for i, row in enumerate(vector["expected"]["grad_logp"]):
         for t, g in enumerate(row):
             assert close(float(grad[i, t]), float(g), scale), (i, t, float(grad[i, t]), g)
+
+
+def test_spec_forms_added_for_the_vectors():
+    """kl.md eqs. (14)-(15) and estimators.md eqs. (8)-(13) as used by the generator: the softmax of
+    the log-probs sums to 1 and the gradient rows to 0 (exactly, at 50 digits), per-decision IS equals
+    trajectory IS on a one-step episode, and bad arguments are one-line errors."""
+    import sympy as sp
+
+    from specs._exact import to_digits
+    from specs.estimators import per_decision_is_expr, snis_estimate_expr, trajectory_is_expr
+    from specs.kl import token_logprob_exprs
+
+    logits = [sp.Rational(3, 4), None, sp.Integer(-2), sp.Integer(5)]
+    pairs = [token_logprob_exprs(logits, y) for y in (0, 2, 3)]
+    assert to_digits(sum(sp.exp(v) for v, _ in pairs) - 1) == 0
+    assert all(to_digits(sum(g)) == 0 and g[1] == 0 for _, g in pairs)
+    args = ([sp.Rational(3, 2)], [sp.Rational(-1, 2)], [sp.Integer(-1)], [1], sp.Rational(1, 2))
+    assert sp.simplify(per_decision_is_expr(*args) - trajectory_is_expr(*args)) == 0
+    with pytest.raises(ValueError, match=r"token must lie in \[0, V=4\)"):
+        token_logprob_exprs(logits, 4)
+    with pytest.raises(ValueError, match="the chosen token has logit -inf"):
+        token_logprob_exprs(logits, 1)
+    with pytest.raises(ValueError, match="weights must be >= 0 with a positive sum"):
+        snis_estimate_expr([1, 2], [0, 0])
