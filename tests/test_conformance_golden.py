@@ -256,6 +256,8 @@ def test_the_files_are_the_generators_files():
         assert f"`{flag}`" in schema, flag
     for name in builders:
         assert f"`{name}`" in schema, name
+    for case_class in {v["case_class"] for v in vectors if "case_class" in v}:
+        assert f"`{case_class}`" in schema, case_class
 
 
 def test_vector_rejects_unknown_flags_and_inconsistent_results():
