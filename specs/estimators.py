@@ -30,6 +30,12 @@ __all__ = [
     "nstep_mixture_exprs",
     "evaluate",
     "evaluate_float64",
+    "importance_weight_exprs",
+    "is_estimate_expr",
+    "snis_estimate_expr",
+    "trajectory_weight_expr",
+    "trajectory_is_expr",
+    "per_decision_is_expr",
     "trajectory_weight_variance",
     "snis_expectation",
     "prove_gae_is_normalised_nstep_mixture",
@@ -142,6 +148,57 @@ def evaluate_float64(exprs) -> list[float]:
     """Each expression correctly rounded to float64 (``specs._exact.to_float64``)."""
     evaluators: dict = {}
     return [to_float64(e, evaluators) for e in exprs]
+
+
+def importance_weight_exprs(target_logp, behavior_logp) -> list[sp.Expr]:
+    """eq. (8): ``w = exp(target_logp - behavior_logp)`` elementwise (one row)."""
+    t, b = _row(target_logp, "target_logp"), _row(behavior_logp, "behavior_logp")
+    if len(t) != len(b):
+        raise ValueError("target_logp and behavior_logp must have the same length")
+    return [sp.exp(x - y) for x, y in zip(t, b, strict=True)]
+
+
+def is_estimate_expr(f, weights) -> sp.Expr:
+    """eq. (9): ``(1/N) sum_i w_i f_i`` over N samples."""
+    f, w = _row(f, "f"), _row(weights, "weights")
+    if len(f) != len(w) or not f:
+        raise ValueError("f and weights must be non-empty and of equal length")
+    return sum((wi * fi for wi, fi in zip(w, f, strict=True)), sp.Integer(0)) / len(f)
+
+
+def snis_estimate_expr(f, weights) -> sp.Expr:
+    """eq. (10): ``sum_i w_i f_i / sum_i w_i`` (ValueError when the weights sum to 0 or one is < 0)."""
+    f, w = _row(f, "f"), _row(weights, "weights")
+    if len(f) != len(w) or not f:
+        raise ValueError("f and weights must be non-empty and of equal length")
+    if any(wi < 0 for wi in w) or sum(w) == 0:
+        raise ValueError("weights must be >= 0 with a positive sum")
+    return sum((wi * fi for wi, fi in zip(w, f, strict=True)), sp.Integer(0)) / sum(w)
+
+
+def trajectory_weight_expr(target_logp, behavior_logp, mask) -> sp.Expr:
+    """eq. (11): ``w(tau) = exp(sum_t mask_t (target_logp_t - behavior_logp_t))`` for one episode."""
+    t, b = _row(target_logp, "target_logp"), _row(behavior_logp, "behavior_logp")
+    return sp.exp(sum((x - y for x, y, m in zip(t, b, mask, strict=True) if m), sp.Integer(0)))
+
+
+def trajectory_is_expr(rewards, target_logp, behavior_logp, mask, gamma) -> sp.Expr:
+    """eq. (12): ``w(tau) sum_t mask_t gamma^t r_t`` (t the column index; the episode starts at 0)."""
+    r, g = _row(rewards, "rewards"), _exact(gamma)
+    ret = sum((g**t * r[t] for t in range(len(r)) if mask[t]), sp.Integer(0))
+    return trajectory_weight_expr(target_logp, behavior_logp, mask) * ret
+
+
+def per_decision_is_expr(rewards, target_logp, behavior_logp, mask, gamma) -> sp.Expr:
+    """eq. (13): ``sum_t mask_t gamma^t (prod_{i <= t, mask_i} pi'(a_i|s_i) / pi(a_i|s_i)) r_t``."""
+    r, g = _row(rewards, "rewards"), _exact(gamma)
+    t_, b = _row(target_logp, "target_logp"), _row(behavior_logp, "behavior_logp")
+    total, log_w = sp.Integer(0), sp.Integer(0)
+    for t in range(len(r)):
+        if mask[t]:
+            log_w += t_[t] - b[t]
+            total += g**t * sp.exp(log_w) * r[t]
+    return total
 
 
 def trajectory_weight_variance(p, q, H: int) -> sp.Expr:

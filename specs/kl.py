@@ -30,6 +30,7 @@ __all__ = [
     "evaluate_categorical_kl",
     "categorical_kl_float64",
     "softmax_exprs",
+    "token_logprob_exprs",
     "expected_estimator",
     "expected_loss_gradient",
     "prove_k3_nonnegative",
@@ -84,6 +85,22 @@ def softmax_exprs(logits: list[sp.Expr]) -> list[sp.Expr]:
     """``softmax(logits)`` as sympy expressions."""
     denom = sum(sp.exp(z) for z in logits)
     return [sp.exp(z) / denom for z in logits]
+
+
+def token_logprob_exprs(logits: list, token: int) -> tuple[sp.Expr, list[sp.Expr]]:
+    """kl.md eqs. (14)-(15): ``(log p_y, [d log p_y / d z_v for v])`` for one row of logits and the
+    chosen token ``y``. ``None`` entries are ``-inf`` logits (zero-probability tokens: they leave the
+    sum and get derivative 0); the chosen token must have a finite logit."""
+    if not 0 <= token < len(logits):
+        raise ValueError(f"token must lie in [0, V={len(logits)}), got {token}")
+    if logits[token] is None:
+        raise ValueError("the chosen token has logit -inf (log p = -inf)")
+    z = [None if v is None else _exact(v) for v in logits]
+    lse = sp.log(sum(sp.exp(v) for v in z if v is not None))
+    grad = [
+        sp.Integer(0) if v is None else (1 if i == token else 0) - sp.exp(v - lse) for i, v in enumerate(z)
+    ]
+    return z[token] - lse, grad
 
 
 def categorical_kl_expr(logits_p: list[sp.Expr], logits_q: list[sp.Expr]) -> sp.Expr:

@@ -45,6 +45,10 @@ def pytest_runtest_makereport(item, call):
     if required and report.skipped and item.get_closest_marker("framework") is not None:
         report.outcome = "failed"
         report.longrepr = f"framework test skipped although RL_ORACLE_REQUIRE_FRAMEWORKS=1: {report.longrepr}"
+    # likewise RL_ORACLE_REQUIRE_NODE=1 (CI): the JavaScript consumer of the golden vectors must run
+    if os.environ.get("RL_ORACLE_REQUIRE_NODE") == "1" and report.skipped and item.get_closest_marker("node"):
+        report.outcome = "failed"
+        report.longrepr = f"node test skipped although RL_ORACLE_REQUIRE_NODE=1: {report.longrepr}"
 
 
 @pytest.fixture(scope="session")

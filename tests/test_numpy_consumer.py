@@ -1,0 +1,313 @@
+"""The numpy reference consumer (tools/consumers/numpy_consumer.py): refimpl, wrapped as plain numpy
+functions, passes every golden vector of every family (valid ones match, invalid ones are rejected,
+acceptable ones match either side), and a planted bug in each family fails the vectors that name
+its edge. The consumer itself imports only numpy and the standard library."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from refimpl import estimators
+from refimpl.advantages import group_advantages
+from refimpl.conformance import expected_policy_loss, profile
+from refimpl.conformance.cases import PolicyLossCase
+from refimpl.kl import kl_k1, kl_k2, kl_k3
+from refimpl.losses import PolicyLossVariant, policy_loss, token_logprobs
+from tools.consumers import numpy_consumer as consumer
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "specs" / "vectors"
+FILES = sorted(p.name for p in VECTORS.glob("*.json") if p.name != "tabular.json")
+
+
+def _t(x, dtype=torch.float64):
+    return None if x is None else torch.as_tensor(np.asarray(x), dtype=dtype)
+
+
+def _policy_loss(logp, old_logp, advantages, mask, variant, *, ref_logp=None, normalizer=None):
+    lp = _t(logp).requires_grad_(True)
+    kwargs = {} if ref_logp is None else {"ref_logp": _t(ref_logp)}
+    loss, _ = policy_loss(
+        lp,
+        _t(old_logp),
+        _t(advantages),
+        torch.as_tensor(mask),
+        PolicyLossVariant(**variant),
+        normalizer=normalizer,
+        **kwargs,
+    )
+    (grad,) = torch.autograd.grad(loss, lp)
+    return float(loss.detach()), grad.numpy()
+
+
+def _policy_loss_conventions(logp, old_logp, advantages, mask, variant, convention, flags, *, ref_logp=None):
+    """The kit's flag interpreter under the framework's profile (its flags equal the vector's:
+    tests/test_conformance_golden.py)."""
+    conv = profile(convention, "grpo")  # replaced field by field below
+    conv = dataclasses.replace(conv, **flags)
+    adv = _t(advantages)
+    case = PolicyLossCase(
+        "vector",
+        0,
+        _t(logp),
+        _t(old_logp),
+        adv,
+        torch.as_tensor(mask),
+        adv,
+        torch.zeros(len(adv), dtype=torch.long),
+        _t(ref_logp),
+    )
+    loss, grad = expected_policy_loss(case, PolicyLossVariant(**variant), conv)
+    return float(loss), grad.numpy()
+
+
+def _kl(estimator, logp, ref_logp):
+    lp = _t(logp).requires_grad_(True)
+    value = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](lp, _t(ref_logp))
+    (grad,) = torch.autograd.grad(value.sum(), lp)
+    return value.detach().numpy(), grad.numpy()
+
+
+def _token_logprobs(logits, tokens):
+    z = _t(logits).requires_grad_(True)
+    logp = token_logprobs(z, torch.as_tensor(tokens))
+    (grad,) = torch.autograd.grad(logp.sum(), z)
+    return logp.detach().numpy(), grad.numpy()
+
+
+def _numpy(fn):
+    """A refimpl function on numpy arrays: floats and bools become tensors, the result numpy."""
+
+    def wrapped(*args, **kwargs):
+        def convert(x):
+            if isinstance(x, np.ndarray):
+                return torch.as_tensor(x)
+            return x
+
+        out = fn(*map(convert, args), **{k: convert(v) for k, v in kwargs.items()})
+        if isinstance(out, tuple):
+            return tuple(o.numpy() for o in out)
+        return out.numpy()
+
+    return wrapped
+
+
+REFIMPL = {
+    "policy_loss": _policy_loss,
+    "policy_loss_conventions": _policy_loss_conventions,
+    "kl": _kl,
+    "group_advantages": _numpy(group_advantages),
+    "token_logprobs": _token_logprobs,
+    **{
+        name: _numpy(getattr(estimators, name))
+        for name in (
+            "discounted_returns",
+            "n_step_returns",
+            "td_errors",
+            "lambda_returns",
+            "gae_advantages",
+            "importance_weights",
+            "is_estimate",
+            "snis_estimate",
+            "trajectory_importance_weights",
+            "trajectory_is",
+            "per_decision_is",
+        )
+    },
+}
+assert set(REFIMPL) == set(consumer.FUNCTIONS)
+
+
+#: Vectors refimpl fails, each a refimpl bug outside this branch's scope (refimpl/losses), reported
+#: to the lead: token_logprobs checks its output for NaN / +inf, so a +inf logit of a token other
+#: than the chosen one gives log p = -inf and is accepted (its docstring promises a ValueError).
+KNOWN_REFIMPL_FAILURES = {"logprobs/pos_inf_logit"}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_refimpl_passes_every_vector(name):
+    report = consumer.check_file(VECTORS / name, REFIMPL)
+    document = json.loads((VECTORS / name).read_text())
+    failing = {f.id for f in report.failures}
+    assert failing == {i for i in KNOWN_REFIMPL_FAILURES if i.startswith(document["kind"] + "/")}, (
+        report.summary()
+    )
+    assert report.checked == len(document["vectors"]) and report.skipped == 0
+
+
+def check(name: str, **bugs) -> consumer.Report:
+    return consumer.check_file(VECTORS / name, {**REFIMPL, **bugs})
+
+
+# --------------------------------------------------------------------------------- one planted bug each
+
+
+def test_planted_bug_policy_loss_upper_clip_uses_eps_low():
+    """The classic DAPO slip: clip-higher forgotten (1 + eps_low as the upper bound)."""
+
+    def buggy(logp, old, adv, mask, variant, **kwargs):
+        return _policy_loss(logp, old, adv, mask, {**variant, "eps_high": variant["eps_low"]}, **kwargs)
+
+    report = check("policy_loss.json", policy_loss=buggy)
+    failing = {f.id.split("/")[1] for f in report.failures}
+    # the presets with eps_high != eps_low (CISPO has no eps_low: its weight loses its upper clip)
+    assert failing == {"dapo", "cispo", "gspo", "gspo_token"}
+    assert "ratio_above_upper_clip" in report.failing_flags()
+
+
+def test_planted_bug_convention_drops_empty_rows():
+    """verl / TRL count an empty row in GRPO's sequence mean; dropping it changes the loss."""
+
+    def buggy(logp, old, adv, mask, variant, convention, flags, **kwargs):
+        return _policy_loss_conventions(
+            logp, old, adv, mask, variant, convention, {**flags, "empty_rows": "drop"}, **kwargs
+        )
+
+    report = check("policy_loss_conventions.json", policy_loss_conventions=buggy)
+    assert report.failures and {"empty_row"} <= report.failing_flags()
+    assert all("empty_row" in f.flags for f in report.failures)
+
+
+def test_planted_bug_kl_k3_without_expm1():
+    """k3 as exp(x) - 1 - x cancels for tiny log-ratios: the log_ratio_tiny vectors catch it."""
+
+    def buggy(estimator, logp, ref_logp):
+        if estimator != "k3":
+            return _kl(estimator, logp, ref_logp)
+        x = ref_logp - logp
+        return np.exp(x) - 1 - x, 1 - np.exp(x)
+
+    report = check("kl.json", kl=buggy)
+    assert report.failures and all(f.id.startswith("kl/k3/") for f in report.failures)
+    assert "log_ratio_tiny" in report.failing_flags()
+
+
+def test_planted_bug_advantages_population_std_for_sample():
+    def buggy(rewards, group_ids, **arguments):
+        if arguments.get("std") == "sample":
+            arguments = {**arguments, "std": "population"}
+        return _numpy(group_advantages)(rewards, group_ids, **arguments)
+
+    report = check("advantages.json", group_advantages=buggy)
+    assert {f.id.split("/")[1] for f in report.failures} == {"trl", "trl_batch", "verl"}
+
+
+def test_planted_bug_logprobs_without_max_shift():
+    """log softmax as z - log(sum(exp(z))) overflows for large logits."""
+
+    def buggy(logits, tokens):
+        logits = np.asarray(logits, dtype=np.float64)
+        if not np.isfinite(logits[logits != -np.inf]).all() or logits.shape[0] != len(tokens):
+            raise ValueError("bad logits")
+        lse = np.log(np.exp(logits).sum(-1))
+        logp = logits[np.arange(len(tokens)), tokens] - lse
+        p = np.exp(logits - lse[:, None])
+        grad = -p
+        grad[np.arange(len(tokens)), tokens] += 1
+        return logp, grad
+
+    report = check("logprobs.json", token_logprobs=buggy)
+    assert "large_logits" in report.failing_flags()
+
+
+def test_planted_bug_returns_truncation_as_termination():
+    """CleanRL's classic: a truncated step treated as terminal (no bootstrap)."""
+
+    def treat_truncation_as_termination(fn, term_index, trunc_index):
+        def buggy(*args):
+            args = list(args)
+            args[term_index] = args[term_index] | args[trunc_index]
+            args[trunc_index] = np.zeros_like(args[trunc_index])
+            return REFIMPL[fn](*args)
+
+        return buggy
+
+    report = check(
+        "returns.json",
+        gae_advantages=treat_truncation_as_termination("gae_advantages", 3, 4),
+        discounted_returns=treat_truncation_as_termination("discounted_returns", 1, 2),
+    )
+    assert report.failures and "truncated_step" in report.failing_flags()
+    assert {f.id.split("/")[1] for f in report.failures} == {"gae_advantages", "discounted_returns"}
+    assert all({"truncated_step", "conflicting_flags"} & set(f.flags) for f in report.failures)
+
+
+def test_planted_bug_per_decision_is_uses_the_trajectory_weight():
+    def buggy(rewards, target_logp, behavior_logp, mask, gamma):
+        return REFIMPL["trajectory_is"](rewards, target_logp, behavior_logp, mask, gamma)
+
+    report = check("importance.json", per_decision_is=buggy)
+    failing = {f.id for f in report.failures}
+    assert failing and all(i.startswith("importance/per_decision_is/") for i in failing)
+    assert "importance/per_decision_is/equal_policies/1" not in failing  # all weights 1: no difference
+
+
+def test_planted_bug_accepting_nan_is_caught_by_invalid_vectors():
+    """An implementation that never validates its input fails the invalid vectors."""
+
+    def buggy(estimator, logp, ref_logp):
+        return (
+            _kl(estimator, logp, ref_logp)
+            if np.isfinite(logp).all() and np.isfinite(ref_logp).all()
+            else (np.full(1, np.nan), np.full(1, np.nan))
+        )
+
+    report = check("kl.json", kl=buggy)
+    assert report.failures and {f.id for f in report.failures} == {
+        v["id"] for v in json.loads((VECTORS / "kl.json").read_text())["vectors"] if v["result"] == "invalid"
+    }
+    assert all("accepted invalid input" in f.message for f in report.failures)
+
+
+# --------------------------------------------------------------------------------- the consumer itself
+
+
+def test_a_version_1_file_is_refused_with_a_clear_error(tmp_path):
+    path = tmp_path / "kl.json"
+    path.write_text(json.dumps({"schema": "rl-oracle-golden-vectors", "schema_version": 1, "vectors": []}))
+    with pytest.raises(
+        consumer.SchemaError, match=r"unsupported schema_version 1 \(this consumer reads version 2"
+    ):
+        consumer.load(path)
+    assert consumer.main([str(path), "json"]) == 2
+
+
+def test_float32_tolerance_and_unknown_dtype():
+    float32 = {name: fn for name, fn in REFIMPL.items() if name in ("kl",)}
+    report = consumer.check_file(VECTORS / "kl.json", float32, dtype="float32")
+    assert report.ok and report.skipped > 0  # the subnormal vectors are out of float32's range
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        consumer.check_file(VECTORS / "kl.json", float32, dtype="float16")
+
+
+def test_the_consumer_imports_only_numpy_and_the_standard_library():
+    tree = ast.parse(Path(consumer.__file__).read_text())
+    modules = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    modules |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert modules <= {
+        "__future__",
+        "argparse",
+        "dataclasses",
+        "importlib",
+        "json",
+        "sys",
+        "collections",
+        "pathlib",
+        "numpy",
+    }
