@@ -76,14 +76,25 @@ def near_optimal(mdp, policy: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a2c_reaches_near_optimal_policy(seed):
+def test_a2c_critic_is_the_exact_value_of_its_final_policy(seed):
+    """A2C's critic is a fixed point of the batch-mean TD(lambda) update for the current policy, so
+    at the end it must equal ``V_pi`` of the final policy, computed exactly by tabular (measured
+    sup errors 0.014-0.035 on these seeds; a wrong discount, bootstrap or truncation shifts V by
+    more than 0.5, test_td0_bootstraps_through_truncation). The policy is also near-optimal. The
+    first updates are pinned exactly by test_a2c_first_two_updates_equal_an_independent_replay."""
     mdp, env, gen = case(seed)
-    near_optimal(mdp, vl.a2c(env, gen).policy.numpy())
+    res = vl.a2c(env, gen)
+    policy = res.policy.numpy()
+    assert np.abs(res.values.numpy() - tabular.policy_evaluation(mdp, policy)).max() < 0.06
+    near_optimal(mdp, policy)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_dqn_reaches_near_optimal_policy(seed):
-    mdp, env, gen = case(seed)
+def test_dqn_end_to_end_reaches_near_optimal_policy():
+    """One seed end to end (the greedy policy of DQN's Q is judged exactly); the updates
+    themselves are pinned by test_dqn_first_updates_equal_an_independent_replay. DQN's values are
+    not compared with Q*: with this budget they are still far from it (sup error ~1), only the
+    greedy policy is right."""
+    mdp, env, gen = case(0)
     near_optimal(mdp, vl.dqn(env, gen).greedy_policy.numpy())
 
 
