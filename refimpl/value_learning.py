@@ -39,6 +39,7 @@ __all__ = [
     "a2c",
     "DQNResult",
     "dqn",
+    "polyak_update",
 ]
 
 
@@ -277,13 +278,38 @@ def a2c(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 256, rol
 # --------------------------------------------------------------------------------------- DQN
 
 
+def _check_tau(tau) -> float:
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must be a number in (0, 1] (1 = hard copy), got {tau!r}")
+    return float(tau)
+
+
+@torch.no_grad()
+def polyak_update(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
+    """In place ``theta^- <- tau theta + (1 - tau) theta^-`` for every parameter and buffer of
+    ``target`` (same architecture as ``source``): the soft target update of DQN (seed 003's text,
+    "an exponential moving average copy"); ``tau = 1`` is exactly the hard copy of seed 003's code
+    (``(1 - 1) theta^- + 1 theta = theta`` in floating point)."""
+    tau = _check_tau(tau)
+    target_state, source_state = target.state_dict(), source.state_dict()
+    if target_state.keys() != source_state.keys():
+        raise ValueError("target and source must have the same parameters (the same architecture)")
+    for name, t in target_state.items():
+        s = source_state[name]
+        if t.is_floating_point():
+            t.mul_(1.0 - tau).add_(s, alpha=tau)
+        else:
+            t.copy_(s)
+
+
 @dataclass(frozen=True)
 class DQNResult:
-    """The trained ``q_network`` (one-hot state in, ``A`` action values out) and its table
-    ``q_values [S, A]``."""
+    """The trained ``q_network`` (one-hot state in, ``A`` action values out), its table
+    ``q_values [S, A]`` and the final ``target_network``."""
 
     q_network: torch.nn.Module
     q_values: torch.Tensor
+    target_network: torch.nn.Module | None = None
 
     @property
     def greedy_policy(self) -> torch.Tensor:
@@ -294,17 +320,24 @@ class DQNResult:
 def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_steps: int = 600,
         max_episode_steps: int | None = 20, hidden: int = 64, buffer_capacity: int = 20_000,
         batch_size: int = 128, lr: float = 3e-3, target_period: int = 50, learning_starts: int = 20,
-        epsilon: Schedule | None = None, lr_decay: bool = True) -> DQNResult:
+        epsilon: Schedule | None = None, lr_decay: bool = True, tau: float = 1.0) -> DQNResult:
     """DQN on one-hot state features (spec: estimators.md eq. (37); seed 003 "DQN"): an MLP
     ``Q_theta``, a replay buffer of ``(s, a, r, s', terminated)`` sampled uniformly, a target network
-    copied every ``target_period`` gradient steps, the loss ``mean (Q_theta(s, a) - r - gamma
+    updated every ``target_period`` gradient steps, the loss ``mean (Q_theta(s, a) - r - gamma
     (1 - terminated) max_a' Q_target(s', a'))^2`` minimised with Adam, and GLIE epsilon-greedy
     behaviour. With ``lr_decay`` the learning rate decays linearly to 0 over the gradient steps (a
     Robbins-Monro-like end to the SGD noise, which matters when action gaps are small). The
-    network is initialised from ``generator`` (no global RNG)."""
+    network is initialised from ``generator`` (no global RNG).
+
+    The target update is ``theta^- <- tau theta + (1 - tau) theta^-`` (:func:`polyak_update`):
+    ``tau = 1`` (default) is the hard copy of seed 003's code (there every 5000 steps), ``tau < 1``
+    the exponential moving average ("Polyak averaging") that seed 003's text describes (usually
+    with ``target_period = 1`` and a small tau such as 0.005; specs/errata.md entry 25).
+    """
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps,
                         hidden=hidden, buffer_capacity=buffer_capacity, batch_size=batch_size,
                         target_period=target_period)
+    tau = _check_tau(tau)
     epsilon = epsilon or glie_epsilon(1.0, 50.0)
     S, A, dt, dev = env.num_states, env.num_actions, env.P.dtype, env.device
     net = torch.nn.Sequential(torch.nn.Linear(S, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, A))
@@ -353,6 +386,6 @@ def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_
                 group["lr"] = lr * (1.0 - (k - learning_starts) / num_updates)
         optimizer.step()
         if (k - learning_starts + 1) % target_period == 0:
-            target.load_state_dict(net.state_dict())
+            polyak_update(target, net, tau)
     with torch.no_grad():
-        return DQNResult(net, net(eye))
+        return DQNResult(net, net(eye), target)
