@@ -243,7 +243,7 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
     The KL (entropy) term enters only when kl_coef (entropy_coef) > 0. With ``spec.kl_scale ==
     "sequence"`` the KL is md eq. (19): ``beta (1/S) sum_i sum_t KL_{i,t}``, S the number of
     non-empty sequences, given globally as D (sequence means), D / L_max (seq_sum) or
-    D sqrt(G) (seq_sqrt_token_mean); with token_mean it needs the local S.
+    D (seq_sqrt_token_mean counts sequences); with token_mean it needs the local S.
     """
     lp, lp_sg, old = _ragged("lp", lengths), _ragged("lpsg", lengths), _ragged("old", lengths)
     ref, beh = _ragged("ref", lengths), _ragged("beh", lengths)
@@ -278,6 +278,10 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
         c_i = token_sum / n if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else token_sum
         if level == "sequence":  # a sequence term counts once per token under token_mean / seq_sum
             c_i += -terms[i] * (n if agg in ("token_mean", "seq_sum") else 1)
+        if agg == "seq_sqrt_token_mean":  # seed 000: each group's sum over sqrt(G), not G (md eq. (10))
+            if spec.group_size is None:
+                raise ValueError("spec.group_size is required by aggregation 'seq_sqrt_token_mean'")
+            c_i *= sp.sqrt(spec.group_size)
         contributions.append(c_i)
     nonempty = sum(1 for n in lengths if n > 0)
     normalizer = sp.Symbol("D", positive=True)
@@ -289,10 +293,6 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
         if spec.max_length is None:
             raise ValueError("spec.max_length is required by aggregation 'seq_sum'")
         denominator = sp.Integer(max(nonempty * spec.max_length, 1))
-    elif agg == "seq_sqrt_token_mean":  # seed 000: divide each group's sum by sqrt(G), not G
-        if spec.group_size is None:
-            raise ValueError("spec.group_size is required by aggregation 'seq_sqrt_token_mean'")
-        denominator = sp.Integer(max(nonempty, 1)) / sp.sqrt(spec.group_size)
     else:
         denominator = sp.Integer(max(nonempty, 1))
     loss = sum(contributions, sp.Integer(0)) / denominator
@@ -301,8 +301,6 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
             sequences = sp.Integer(max(nonempty, 1))
         elif agg == "seq_sum":
             sequences = normalizer / spec.max_length
-        elif agg == "seq_sqrt_token_mean":
-            sequences = normalizer * sp.sqrt(spec.group_size)
         elif agg == "token_mean":
             raise ValueError("kl_scale 'sequence' with token_mean needs the local number of sequences")
         else:
@@ -499,8 +497,7 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
             for lsym, ssym, o in zip(row_l, row_s, row_o, strict=True) for s in (lsym, ssym)}
     nonempty = sum(1 for n in lengths if n)
     agg = spec.aggregation
-    d = {"token_mean": sum(lengths), "seq_sum": nonempty * (spec.max_length or 1),
-         "seq_sqrt_token_mean": nonempty / sp.sqrt(spec.group_size or 1)}.get(agg, nonempty)
+    d = {"token_mean": sum(lengths), "seq_sum": nonempty * (spec.max_length or 1)}.get(agg, nonempty)
     for i, n in enumerate(lengths):
         for t in range(n):
             a = built.advantages[i]
@@ -511,6 +508,8 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
                 weight = sp.Integer(copies)
             else:
                 weight = sp.Rational(1, n) if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else 1
+            if agg == "seq_sqrt_token_mean":  # seed 000: sqrt(G) times GRPO's weight
+                weight = weight * sp.sqrt(spec.group_size or 1)
             expected = -a * weight / d
             got = built.gradient[i][t].xreplace(subs)
             for sign in (1, -1):

@@ -132,6 +132,8 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
             c = c / n
         if seq_term is not None:
             c = c - seq_term * (n if v.aggregation in ("token_mean", "seq_sum") else 1)
+        if v.aggregation == "seq_sqrt_token_mean":
+            c = c * math.sqrt(v.group_size)
         contributions.append(c)
     if normalizer is not None:
         d = float(normalizer)
@@ -139,15 +141,13 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
         d = max(total_tokens, 1)
     elif v.aggregation == "seq_sum":
         d = max(nonempty * v.max_length, 1)
-    elif v.aggregation == "seq_sqrt_token_mean":
-        d = max(nonempty, 1) / math.sqrt(v.group_size)
     else:
         d = max(nonempty, 1)
     if not contributions:
         return (logp * 0.0).nan_to_num().sum()
     if sequence_kls:  # the sequence count: local, or carried by a sequence-counting normaliser
-        count = {"seq_sum": d / (v.max_length or 1), "seq_sqrt_token_mean": d * math.sqrt(v.group_size or 1),
-                 "token_mean": nonempty}.get(v.aggregation, d) if normalizer is not None else nonempty
+        count = {"seq_sum": d / (v.max_length or 1), "token_mean": nonempty}.get(v.aggregation, d) \
+            if normalizer is not None else nonempty
         return sum(contributions) / d + sum(sequence_kls) / count
     return sum(contributions) / d
 

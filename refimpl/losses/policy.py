@@ -280,9 +280,7 @@ def _check_finite(summed: list[torch.Tensor], named: dict[str, torch.Tensor]) ->
 
 def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor:
     if normalizer is None:
-        # an empty batch (local == 0) gives loss 0 (md section 5); seq_sqrt_token_mean's local
-        # denominator n / sqrt(G) may be below 1
-        return torch.where(local > 0, local, 1.0)
+        return local.clamp(min=1.0)  # an empty batch (local == 0) gives loss 0 (md section 5)
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             raise ValueError(f"normalizer must be a scalar, got shape {tuple(normalizer.shape)}")
@@ -304,8 +302,8 @@ def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Ten
     """The local denominator of ``variant.aggregation`` (spec: policy_losses.md eq. (11)).
 
     tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``),
-    non-empty sequences x ``max_length`` (``seq_sum``), or non-empty sequences / sqrt(``group_size``)
-    (``seq_sqrt_token_mean``). Summed over micro-batches / ranks (e.g.
+    or non-empty sequences x ``max_length`` (``seq_sum``); ``seq_sqrt_token_mean`` counts
+    sequences too (its sqrt(G) is a factor of each contribution). Summed over micro-batches / ranks (e.g.
     ``all_reduce``) and passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
     Returns a float32 scalar tensor on mask's device (0 for an empty mask).
     """
@@ -355,8 +353,6 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
         raise ValueError("variant.group_size (G) is required by aggregation 'seq_sqrt_token_mean'; "
                          "use dataclasses.replace(variant, group_size=...)")
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
-    if variant.aggregation == "seq_sqrt_token_mean":  # (number of groups) x sqrt(G) for equal groups
-        return sequences / math.sqrt(variant.group_size)
     return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
 
 
@@ -366,12 +362,10 @@ def _sequence_kl_weight(variant: PolicyLossVariant, local: torch.Tensor, lengths
     sequences (``kl_scale="sequence"``, md eq. (19)): D / S is a constant of the aggregation for the
     sequence-counting ones, and the local token count / S under token_mean (which then needs the
     local denominator: a token normaliser does not carry the batch's sequence count)."""
-    if variant.aggregation in ("seq_mean_token_mean", "seq_mean"):
+    if variant.aggregation in ("seq_mean_token_mean", "seq_mean", "seq_sqrt_token_mean"):
         return 1.0
     if variant.aggregation == "seq_sum":
         return float(variant.max_length)
-    if variant.aggregation == "seq_sqrt_token_mean":
-        return 1.0 / math.sqrt(variant.group_size)
     if global_normalizer:
         raise ValueError("normalizer: variant.kl_scale='sequence' averages the KL over sequences, and a "
                          "token_mean normalizer (a token count) does not give the batch's number of "
@@ -621,6 +615,10 @@ def policy_loss(
     else:
         surrogate_units = surrogate.sum(dim=-1)
         policy_rows = surrogate_units / lengths.clamp(min=1.0) if per_sequence_mean else surrogate_units
+    # seq_sqrt_token_mean: sqrt(G) c_i over the sequence count, i.e. each group's sum over sqrt(G)
+    row_scale = math.sqrt(variant.group_size) if variant.aggregation == "seq_sqrt_token_mean" else None
+    if row_scale is not None:
+        policy_rows = policy_rows * row_scale
     contributions = -policy_rows
     kl_tokens = _kl_per_token(logp_c, given.get("ref_logp"), given.get("kl"), variant)
     entropy_tokens = given.get("entropy")
@@ -636,8 +634,11 @@ def policy_loss(
         regulariser = -bonus if regulariser is None else regulariser - bonus
     if regulariser is not None:
         regulariser_rows = regulariser.sum(dim=-1)
-        contributions = contributions + (regulariser_rows / lengths.clamp(min=1.0) if per_sequence_mean
-                                         else regulariser_rows)
+        if per_sequence_mean:
+            regulariser_rows = regulariser_rows / lengths.clamp(min=1.0)
+        if row_scale is not None:
+            regulariser_rows = regulariser_rows * row_scale
+        contributions = contributions + regulariser_rows
     denominator = _resolve_normalizer(normalizer, local)
     loss = contributions.sum() / denominator
     # No silent inf / NaN: a finite loss has a finite gradient (each unit's derivative is bounded
