@@ -214,7 +214,7 @@ def test_every_preset_at_ratio_one_follows_its_aggregation(preset, form):
 
 
 # ---------------------------------------------------------------------------------------------
-# seed 000's "divide by sqrt(G)" (policy_losses.md eq. (25))
+# seed 000's "divide by sqrt(G)" (policy_losses.md eq. (27))
 
 
 @pytest.mark.parametrize("seed,group_size", [(11, 2), (12, 3), (13, 4)])
