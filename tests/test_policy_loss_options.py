@@ -1,9 +1,15 @@
-"""The KL term's scale (spec: specs/policy_losses.md eq. (19), (25)-(26); seed 001 (87), (97), (100),
-(102)): ``kl_scale="sequence"`` penalises beta times the sequence KL (a sum over tokens, averaged over
-sequences) under every aggregation; ``"token"`` averages it per token inside the aggregation.
+"""Options of the policy loss from the source documents (spec: specs/policy_losses.md eq. (19),
+(25)-(27); specs/advantages.md eq. (16)):
 
-Exact expectations on a token tree (every group of G i.i.d. responses enumerated, tabular's exact
-KLs), the sympy spec with a global normaliser, micro-batch additivity, and the errors.
+* the KL term's scale (seed 001 (87), (97), (100), (102)): ``kl_scale="sequence"`` penalises beta
+  times the sequence KL (a sum over tokens, averaged over sequences) under every aggregation;
+  ``"token"`` averages it per token inside the aggregation. Exact expectations on a token tree
+  (every group of G i.i.d. responses enumerated, tabular's exact KLs), the sympy spec with a global
+  normaliser, micro-batch additivity, and the errors;
+* seed 000's "divide by sqrt(G)" aggregation (its normaliser and value by hand; its expected
+  gradient is pinned in tests/test_group_expectations.py);
+* ``upweighted_normalizer``, dynamic sampling's 1 / (1 - f) (exact values; its expected gradient
+  is pinned in tests/test_group_expectations.py).
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ import numpy as np
 import pytest
 import torch
 
-from refimpl.losses import AGGREGATIONS, PolicyLossVariant, get_preset, loss_normalizer, policy_loss
+from refimpl.losses import (
+    AGGREGATIONS,
+    PolicyLossVariant,
+    get_preset,
+    loss_normalizer,
+    policy_loss,
+    upweighted_normalizer,
+)
 from tabular.sequences import (
     chain_token_gradients,
     group_expectation,
@@ -229,3 +242,34 @@ def test_sqrt_g_aggregation_needs_group_size_counts_sequences_and_multiplies_by_
     zeros = torch.zeros(6, 1, dtype=F64)
     loss, _ = policy_loss(zeros, zeros, torch.ones(6, dtype=F64), mask, v)
     assert float(loss) == pytest.approx(-(2**0.5), rel=1e-15)
+
+
+@pytest.mark.parametrize("preset,total", [("grpo", 5.0), ("dr_grpo", 5.0 * L_MAX), ("dapo", 13.0),
+                                          ("gspo", 5.0)])
+def test_upweighted_normalizer_is_1_minus_f_times_the_whole_batch_s(preset, total):
+    """advantages.md eq. (16): (1 - f) D over the non-empty rows of the mask (an empty row is no
+    sequence, whatever keep says); D itself when every row is dropped."""
+    v = dataclasses.replace(get_preset(preset), max_length=L_MAX if preset == "dr_grpo" else None)
+    mask = torch.zeros(6, 4, dtype=torch.bool)
+    for i, n in enumerate([4, 1, 0, 3, 2, 3]):  # 13 tokens in 5 non-empty rows
+        mask[i, :n] = True
+    keep = torch.tensor([True, False, True, True, False, True])  # drops 2 of the 5 sequences
+    d = upweighted_normalizer(mask, v, keep)
+    assert d.dtype == torch.float64 and d.shape == ()
+    assert float(d) == pytest.approx(total * 3 / 5, rel=1e-15)
+    assert float(upweighted_normalizer(mask, v, torch.zeros(6, dtype=torch.bool))) == total
+    assert float(upweighted_normalizer(mask, v, torch.ones(6, dtype=torch.bool))) == total
+    if preset != "dapo":  # sequence counts: the kept rows' own denominator
+        assert float(d) == float(loss_normalizer(mask & keep[:, None], v))
+
+
+def test_upweighted_normalizer_rejects_bad_input():
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(TypeError, match="keep must be a bool torch.Tensor, got dtype torch.float32"):
+        upweighted_normalizer(mask, get_preset("grpo"), torch.ones(2))
+    with pytest.raises(TypeError, match="keep must be a bool torch.Tensor, got list"):
+        upweighted_normalizer(mask, get_preset("grpo"), [True, True])
+    with pytest.raises(ValueError, match=r"keep must have shape \(2,\) on cpu, got \(3,\) on cpu"):
+        upweighted_normalizer(mask, get_preset("grpo"), torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="variant must be a PolicyLossVariant"):
+        upweighted_normalizer(mask, "grpo", torch.ones(2, dtype=torch.bool))
