@@ -109,7 +109,8 @@ class PolicyLossVariant:
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
         max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
         group_size: G of the "seq_sqrt_token_mean" aggregation (a config constant: the number of
-            responses per prompt; its denominator is the number of sequences / sqrt(G), md eq. (11)).
+            responses per prompt; each contribution is multiplied by sqrt(G) over the sequence
+            count, so each group's sum is divided by sqrt(G) instead of G, md eqs. (10)-(11)).
         kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
         kl_estimator: "k1", "k2" or "k3" (refimpl.kl) used on ``ref_logp``; ignored when ``kl``
             (an exact per-token KL) is given.
@@ -301,10 +302,10 @@ def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor
 def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     """The local denominator of ``variant.aggregation`` (spec: policy_losses.md eq. (11)).
 
-    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``),
-    or non-empty sequences x ``max_length`` (``seq_sum``); ``seq_sqrt_token_mean`` counts
-    sequences too (its sqrt(G) is a factor of each contribution). Summed over micro-batches / ranks (e.g.
-    ``all_reduce``) and passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
+    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``,
+    ``seq_sqrt_token_mean``: its sqrt(G) is a factor of each contribution), or non-empty sequences
+    x ``max_length`` (``seq_sum``). Summed over micro-batches / ranks (e.g. ``all_reduce``) and
+    passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
     Returns a float32 scalar tensor on mask's device (0 for an empty mask).
     """
     if not isinstance(variant, PolicyLossVariant):
