@@ -273,3 +273,28 @@ def test_upweighted_normalizer_rejects_bad_input():
         upweighted_normalizer(mask, get_preset("grpo"), torch.ones(3, dtype=torch.bool))
     with pytest.raises(TypeError, match="variant must be a PolicyLossVariant"):
         upweighted_normalizer(mask, "grpo", torch.ones(2, dtype=torch.bool))
+
+
+def test_the_two_kl_scales_coincide_under_seq_mean_and_differ_elsewhere():
+    """md eq. (12) vs (19): GSPO's seq_mean already sums the KL over each sequence and averages over
+    sequences; the other aggregations divide it by T_i, L_max or the mean length."""
+    b = _batch(4)
+    x = b["logp"].clone().requires_grad_(True)
+    for aggregation in AGGREGATIONS:
+        token, sequence = (dataclasses.replace(_sequence_kl_variant(aggregation), kl_scale=scale)
+                           for scale in ("token", "sequence"))
+        losses = [policy_loss(x, b["old_logp"], b["advantages"], b["mask"], v, ref_logp=b["ref_logp"])[0]
+                  for v in (token, sequence)]
+        grads = [torch.autograd.grad(loss, x)[0] for loss in losses]
+        same = aggregation == "seq_mean"
+        assert (abs(float(losses[0].detach()) - float(losses[1].detach())) <= 1e-15) == same, aggregation
+        assert torch.allclose(grads[0], grads[1], rtol=1e-14, atol=1e-16) == same, aggregation
+
+
+@pytest.mark.parametrize("ratio", ["token", "sequence_mean", "gspo_token"])
+def test_sqrt_g_gradient_at_ratio_one_is_sqrt_g_times_grpo_s(ratio):
+    """md eq. (17) for seq_sqrt_token_mean (sympy): -A_i sqrt(G) / (T_i N) per token at ratio 1."""
+    import specs.policy_losses as spec
+
+    assert spec.prove_gradient_at_ratio_one(spec.LossSpec(ratio=ratio, aggregation="seq_sqrt_token_mean",
+                                                          group_size=3), (2, 1, 0, 3))
