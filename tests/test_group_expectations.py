@@ -27,6 +27,7 @@ from refimpl.losses import get_preset, loss_normalizer, policy_loss, upweighted_
 from specs.advantages import (
     binary_reward_gradient_factor,
     conditional_binary_advantage,
+    group_advantages_float64,
     signal_probability,
     upweighted_gradient_scale,
     upweighted_group_weight,
@@ -496,3 +497,19 @@ def test_a_reward_dependent_subset_is_biased():
     grad_j = expected_reward_gradient(tree, logits, rewards).ravel()
     cosine = -got.ravel() @ grad_j / (np.linalg.norm(got) * np.linalg.norm(grad_j))
     assert cosine < 1 - 1e-4
+
+
+def test_oversampled_advantages_are_the_spec_s_over_all_g_prime_samples():
+    """eq. (18): the selected samples' advantages equal specs.advantages.group_advantages_exact over
+    all samples of each group (correctly rounded), in the order of the selection."""
+    rewards = [0.5, 1.0, 0.0, 1.0, 0.25, 0.75, 0.0, 1.0]
+    ids = [0, 0, 0, 0, 1, 1, 1, 1]
+    selected = torch.tensor([True, False, True, False, False, True, True, False])
+    for conv in (dict(scale="none", singleton="error"),
+                 dict(scale="none", singleton="error", leave_one_out=True),
+                 dict(scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False, zero_variance="zero",
+                      singleton="error")):
+        got = oversampled_advantages(torch.tensor(rewards, dtype=F64), torch.tensor(ids), selected, **conv)
+        exact = group_advantages_float64(rewards, ids, **conv)
+        want = torch.tensor([e for e, s in zip(exact, selected.tolist(), strict=True) if s], dtype=F64)
+        assert torch.allclose(got, want, rtol=1e-14, atol=0), conv  # a few roundings of O(1) values

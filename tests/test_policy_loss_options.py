@@ -298,3 +298,21 @@ def test_sqrt_g_gradient_at_ratio_one_is_sqrt_g_times_grpo_s(ratio):
 
     assert spec.prove_gradient_at_ratio_one(spec.LossSpec(ratio=ratio, aggregation="seq_sqrt_token_mean",
                                                           group_size=3), (2, 1, 0, 3))
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "dr_grpo"])
+def test_upweighted_dynamic_sampling_loss_matches_the_spec(preset):
+    """advantages.md eq. (16) through md eq. (12): the kept rows with D = (1 - f) D_all, against the
+    sympy spec with that global denominator (float64, correctly rounded)."""
+    v = dataclasses.replace(get_preset(preset), max_length=L_MAX if preset == "dr_grpo" else None)
+    b = _batch(5, n=6)
+    keep = torch.tensor([True, False, True, True, False, True])
+    d = upweighted_normalizer(b["mask"], v, keep)
+    kept = b["mask"] & keep[:, None]
+    x = b["logp"].clone().requires_grad_(True)
+    loss, _ = policy_loss(x, b["old_logp"], b["advantages"], kept, v, normalizer=d)
+    (grad,) = torch.autograd.grad(loss, x)
+    spec_loss, spec_grad, scale = spec_loss_and_grad(v, b["logp"], b["old_logp"], b["advantages"], kept,
+                                                     normalizer=float(d))
+    assert_close(loss.detach(), spec_loss, scale, "loss")
+    assert_close(grad, spec_grad, scale + float(spec_grad.abs().sum()), "gradient")
