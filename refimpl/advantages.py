@@ -27,7 +27,9 @@ import torch
 
 __all__ = [
     "group_advantages",
+    "oversampled_advantages",
     "dynamic_sampling_mask",
+    "dynamic_sampling_weights",
     "overlong_penalty",
     "overlong_filter_mask",
 ]
@@ -298,6 +300,52 @@ def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> tor
         return rewards.new_zeros(0, dtype=torch.bool)
     index, num_groups = _group_index(group_ids)
     return ~_group_is_constant(rewards, index, num_groups)[index]
+
+
+def dynamic_sampling_weights(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Dynamic sampling without oversampling: filter zero-signal groups, upweight the rest by 1/(1 - f).
+
+    spec: advantages.md eq. (16)-(17); seed 000 "DAPO" 2 ("if a proportion 1/4 are filtered out,
+    the remainder are upweighted by 4/3"), seed 002. ``f`` is the fraction of the N samples whose
+    group's rewards are all equal (``dynamic_sampling_mask``; the fraction of prompts when groups
+    have equal sizes). Weight ``keep_i / (1 - f)``; every sample 0 when all are filtered (f = 1).
+    Multiplying each sequence's loss contribution by it is dividing the loss by ``(1 - f) D``
+    (``refimpl.losses.upweighted_normalizer``). With a random f it is a ratio estimator: its
+    expected gradient is not the unfiltered one divided by E[1 - f] (advantages.md eq. (17)).
+    Shapes: rewards ``[N]`` float, group_ids ``[N]`` int. Returns ``[N]`` weights in
+    ``promote_types(rewards.dtype, float32)``.
+    """
+    keep = dynamic_sampling_mask(rewards, group_ids)
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    kept = keep.sum(dtype=dtype)
+    # keep_i / (1 - f) = keep_i N / (number kept); 0 / max(kept, 1) = 0 when nothing is kept
+    return keep.to(dtype) * (keep.numel() / kept.clamp(min=1.0))
+
+
+def oversampled_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, selected: torch.Tensor,
+                           **convention) -> torch.Tensor:
+    """Seed 002's "sample more to estimate the baseline, update on a subset": advantages of the
+    ``selected`` samples, with the baseline (mean, std, leave-one-out mean) of each group taken from
+    all its G' samples (spec: advantages.md eq. (18)).
+
+    ``convention`` is passed to ``group_advantages`` unchanged (``scale``, ``singleton``, ...).
+    With a selection that does not depend on the rewards (e.g. the first G of G' i.i.d. samples),
+    the expected gradient is that of G' samples: mean-centred ``(1 - 1/G') grad J``, leave-one-out
+    ``grad J`` (unbiased), std-scaled ``c_{G'}(p) grad J`` (eq. (13) with G'), whatever G.
+    Shapes: rewards, group_ids ``[N]``; selected ``[N]`` bool. Returns ``[number selected]``
+    advantages in the order of the selected samples.
+    """
+    if not isinstance(selected, torch.Tensor) or selected.dtype != torch.bool:
+        raise TypeError("selected must be a bool torch.Tensor"
+                        + (f", got dtype {selected.dtype}" if isinstance(selected, torch.Tensor) else
+                           f", got {type(selected).__name__}"))
+    if not isinstance(rewards, torch.Tensor) or selected.shape != rewards.shape:
+        shape = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else "?"
+        raise ValueError(f"selected must have the shape of rewards {shape}, got {tuple(selected.shape)}")
+    if selected.device != rewards.device:
+        raise ValueError(f"selected must be on the device of rewards ({rewards.device}), "
+                         f"got {selected.device}")
+    return group_advantages(rewards, group_ids, **convention)[selected]
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:

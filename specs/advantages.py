@@ -19,6 +19,9 @@ __all__ = [
     "group_advantages_float64",
     "binary_reward_gradient_factor",
     "conditional_binary_advantage",
+    "signal_probability",
+    "upweighted_group_weight",
+    "upweighted_gradient_scale",
 ]
 
 
@@ -146,3 +149,28 @@ def binary_reward_gradient_factor(group_size: int, p: sp.Expr, **conventions) ->
     with ``J = p`` the success probability (``conventions`` as in ``conditional_binary_advantage``)."""
     return sp.simplify(conditional_binary_advantage(1, group_size, p, **conventions)
                        - conditional_binary_advantage(0, group_size, p, **conventions))
+
+
+def signal_probability(group_size: int, p: sp.Expr) -> sp.Expr:
+    """eq. (17): ``q = 1 - p^G - (1 - p)^G``, the probability that a group of G 0/1 rewards with
+    success probability p is not constant (is kept by dynamic sampling)."""
+    return 1 - p**group_size - (1 - p) ** group_size
+
+
+def upweighted_group_weight(other_signal_probabilities) -> sp.Expr:
+    """eq. (17): ``w_b = E[1 / (1 + K_{-b})] = int_0^1 prod_{c != b} (1 - q_c + q_c x) dx`` with
+    ``K_{-b}`` the number of kept groups among the others (independent Bernoulli(q_c)); since
+    ``E[x^K] = prod_c (1 - q_c + q_c x)`` and ``1 / (1 + k) = int_0^1 x^k dx``."""
+    x = sp.Symbol("x")
+    generating = sp.Integer(1)
+    for q in other_signal_probabilities:
+        generating *= 1 - q + q * x
+    return sp.integrate(sp.expand(generating), (x, 0, 1))
+
+
+def upweighted_gradient_scale(q: sp.Expr, num_groups: int) -> sp.Expr:
+    """eq. (17), B groups of one prompt (all with signal probability q): the dynamic-sampling
+    estimator upweighted by 1 / (1 - f) has expected gradient ``(1 - (1 - q)^B) / q`` times the
+    unfiltered one (``B w`` with ``w = upweighted_group_weight([q] * (B - 1))``, summed in closed
+    form: ``B int_0^1 (1 - q + q x)^(B - 1) dx``)."""
+    return (1 - (1 - q) ** num_groups) / q

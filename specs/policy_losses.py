@@ -55,8 +55,10 @@ class LossSpec:
     tau_neg: float = 1.05
     aggregation: str = "token_mean"
     max_length: int | None = None
+    group_size: int | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_scale: str = "token"
     entropy_coef: float = 0.0
     behavior_correction: str = "none"
     behavior_cap: float = 2.0
@@ -238,7 +240,10 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
 
     kl_source: "none", "ref" (estimator ``spec.kl_estimator`` on ``ref_logp``) or "exact" (``kl``).
     global_normalizer: use the symbol ``normalizer`` as D instead of md eq. (11)'s local value.
-    The KL (entropy) term enters only when kl_coef (entropy_coef) > 0.
+    The KL (entropy) term enters only when kl_coef (entropy_coef) > 0. With ``spec.kl_scale ==
+    "sequence"`` the KL is md eq. (19): ``beta (1/S) sum_i sum_t KL_{i,t}``, S the number of
+    non-empty sequences, given globally as D (sequence means), D / L_max (seq_sum) or
+    D (seq_sqrt_token_mean counts sequences); with token_mean it needs the local S.
     """
     lp, lp_sg, old = _ragged("lp", lengths), _ragged("lpsg", lengths), _ragged("old", lengths)
     ref, beh = _ragged("ref", lengths), _ragged("beh", lengths)
@@ -250,6 +255,8 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
     level, terms = _policy_unit_terms(spec, lp, lp_sg, old, adv, beh, lengths)
     beta, alpha = _exact(spec.kl_coef), _exact(spec.entropy_coef)
     agg = spec.aggregation
+    sequence_kl = kl_source != "none" and beta != 0 and spec.kl_scale == "sequence"
+    sequence_kls = []  # sum_t KL_{i,t} of each non-empty sequence, for md eq. (19)
     contributions = []
     for i, n in enumerate(lengths):
         if n == 0:
@@ -260,14 +267,21 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
             token_values = [-terms[i][t] for t in range(n)]
         if kl_source != "none" and beta != 0:
             exact_kl = kl_source == "exact"
-            token_values = [v + beta * _kl_term(spec, lp[i][t], ref[i][t], kls[i][t], exact_kl)
-                            for t, v in enumerate(token_values)]
+            kl_values = [_kl_term(spec, lp[i][t], ref[i][t], kls[i][t], exact_kl) for t in range(n)]
+            if sequence_kl:
+                sequence_kls.append(sum(kl_values, sp.Integer(0)))
+            else:
+                token_values = [v + beta * k for v, k in zip(token_values, kl_values, strict=True)]
         if with_entropy and alpha != 0:
             token_values = [v - alpha * ent[i][t] for t, v in enumerate(token_values)]
         token_sum = sum(token_values, sp.Integer(0))
-        c_i = token_sum / n if agg == "seq_mean_token_mean" else token_sum
+        c_i = token_sum / n if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else token_sum
         if level == "sequence":  # a sequence term counts once per token under token_mean / seq_sum
             c_i += -terms[i] * (n if agg in ("token_mean", "seq_sum") else 1)
+        if agg == "seq_sqrt_token_mean":  # seed 000: each group's sum over sqrt(G), not G (md eq. (10))
+            if spec.group_size is None:
+                raise ValueError("spec.group_size is required by aggregation 'seq_sqrt_token_mean'")
+            c_i *= sp.sqrt(spec.group_size)
         contributions.append(c_i)
     nonempty = sum(1 for n in lengths if n > 0)
     normalizer = sp.Symbol("D", positive=True)
@@ -282,6 +296,18 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
     else:
         denominator = sp.Integer(max(nonempty, 1))
     loss = sum(contributions, sp.Integer(0)) / denominator
+    if sequence_kl:  # md eq. (19): the number of sequences S, from D where D carries it
+        if not global_normalizer:
+            sequences = sp.Integer(max(nonempty, 1))
+        elif agg == "seq_sum":
+            sequences = normalizer / spec.max_length
+        elif agg == "token_mean":
+            raise ValueError("kl_scale 'sequence' with token_mean needs the local number of sequences")
+        else:
+            sequences = normalizer
+        loss = loss + beta * sum(sequence_kls, sp.Integer(0)) / sequences
+        # each sequence's KL term enters abs_scale as a contribution of its own
+        contributions += [beta * k / sequences * denominator for k in sequence_kls]
     gradient = tuple(tuple(sp.diff(loss, s) for s in row) for row in lp)
     abs_scale = sum((sp.Abs(c) for c in contributions), sp.Integer(0)) / denominator
     return PolicyLossExpression(loss, gradient, abs_scale, lp, lp_sg, old, adv, ref, beh, ent, kls,
@@ -481,7 +507,9 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
             elif spec.ratio == "sequence_product":
                 weight = sp.Integer(copies)
             else:
-                weight = sp.Rational(1, n) if agg == "seq_mean_token_mean" else sp.Integer(1)
+                weight = sp.Rational(1, n) if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else 1
+            if agg == "seq_sqrt_token_mean":  # seed 000: sqrt(G) times GRPO's weight
+                weight = weight * sp.sqrt(spec.group_size or 1)
             expected = -a * weight / d
             got = built.gradient[i][t].xreplace(subs)
             for sign in (1, -1):

@@ -353,3 +353,17 @@ def test_the_installed_entry_point_in_a_subprocess(user):
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "has no attribute 'nope'" in result.stderr
+
+
+def test_variant_parses_the_integer_fields_that_default_to_none():
+    """--variant max_length=... and group_size=... (seq_sqrt_token_mean's G) are ints, kl_scale a
+    string; a non-integer G is refused with its field named."""
+    from refimpl.conformance.cli import UserError, parse_assignments
+    from refimpl.losses import PolicyLossVariant
+
+    items = ["group_size=4", "max_length=16", "kl_scale=sequence"]
+    got = parse_assignments(items, PolicyLossVariant(), "--variant")
+    assert got == {"group_size": 4, "max_length": 16, "kl_scale": "sequence"}
+    assert isinstance(got["group_size"], int)
+    with pytest.raises(UserError, match=r"--variant group_size='2.5': expected an integer"):
+        parse_assignments(["group_size=2.5"], PolicyLossVariant(), "--variant")

@@ -63,6 +63,21 @@ BOUNDARY_SAFE = {
     "gmpo_seq_mean_token_mean": dataclasses.replace(GSPO, gate="log_clip", eps_low=0.125, eps_high=None,
                                                     aggregation="seq_mean_token_mean"),
     "log_clip_token": dataclasses.replace(PPO, gate="log_clip", eps_low=0.25, eps_high=0.125),
+    # the KL as beta times the sequence KL (md eq. (19); seed 001 (97), (100), (102))
+    "grpo_sequence_kl": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, kl_coef=0.0625,
+                                            kl_scale="sequence"),
+    "dr_grpo_sequence_kl": dataclasses.replace(DR_GRPO, eps_low=0.25, eps_high=0.25, max_length=5,
+                                               kl_coef=0.25, kl_estimator="k1", kl_scale="sequence"),
+    "dapo_sequence_kl": dataclasses.replace(DAPO, eps_low=0.1875, eps_high=0.28125, kl_coef=0.125,
+                                            kl_estimator="k2", kl_scale="sequence"),
+    "gspo_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11, kl_coef=0.125,
+                                            kl_scale="sequence", aggregation="token_mean"),
+    # seed 000's "larger G, divide by sqrt(G)" (md eq. (11))
+    "grpo_sqrt_g": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, aggregation="seq_sqrt_token_mean",
+                                       group_size=3, kl_coef=0.0625),
+    "gspo_sqrt_g_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
+                                                   aggregation="seq_sqrt_token_mean", group_size=5,
+                                                   kl_coef=0.25, kl_scale="sequence"),
 }
 
 

@@ -44,7 +44,8 @@ FAMILY = {
 
 
 def _with_aggregation(v: PolicyLossVariant, aggregation: str) -> PolicyLossVariant:
-    return dataclasses.replace(v, aggregation=aggregation, max_length=7 if aggregation == "seq_sum" else None)
+    return dataclasses.replace(v, aggregation=aggregation, max_length=7 if aggregation == "seq_sum" else None,
+                               group_size=4 if aggregation == "seq_sqrt_token_mean" else None)
 
 
 def _random_batch(seed: int, n: int = 6, t: int = 5, dtype=torch.float64, spread: float = 0.4):

@@ -81,6 +81,7 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
     """The loss, one sequence and one token at a time. ``logp`` must be a leaf requiring grad."""
     n_rows, width = logp.shape
     contributions, total_tokens, nonempty = [], 0, 0
+    sequence_kls = []  # kl_scale "sequence" (md eq. (19)): beta sum_t KL_{i,t} of each sequence
     for i in range(n_rows):
         idx = [t for t in range(width) if bool(mask[i, t])]
         n = len(idx)
@@ -119,14 +120,20 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
             if v.kl_coef > 0:
                 ref = None if ref_logp is None else float(ref_logp[i, t])
                 exact = None if kl is None else float(kl[i, t])
-                token_values[k] = token_values[k] + v.kl_coef * _loop_kl(v, lps[k], ref, exact)
+                term = v.kl_coef * _loop_kl(v, lps[k], ref, exact)
+                if v.kl_scale == "sequence":
+                    sequence_kls.append(term)
+                else:
+                    token_values[k] = token_values[k] + term
             if v.entropy_coef > 0:
                 token_values[k] = token_values[k] - v.entropy_coef * float(entropy[i, t])
         c = sum(token_values)
-        if v.aggregation == "seq_mean_token_mean":
+        if v.aggregation in ("seq_mean_token_mean", "seq_sqrt_token_mean"):
             c = c / n
         if seq_term is not None:
             c = c - seq_term * (n if v.aggregation in ("token_mean", "seq_sum") else 1)
+        if v.aggregation == "seq_sqrt_token_mean":
+            c = c * math.sqrt(v.group_size)
         contributions.append(c)
     if normalizer is not None:
         d = float(normalizer)
@@ -138,6 +145,10 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
         d = max(nonempty, 1)
     if not contributions:
         return (logp * 0.0).nan_to_num().sum()
+    if sequence_kls:  # the sequence count: local, or carried by a sequence-counting normaliser
+        count = {"seq_sum": d / (v.max_length or 1), "token_mean": nonempty}.get(v.aggregation, d) \
+            if normalizer is not None else nonempty
+        return sum(contributions) / d + sum(sequence_kls) / count
     return sum(contributions) / d
 
 

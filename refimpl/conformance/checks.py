@@ -96,9 +96,10 @@ class PolicyLossCall:
     ``logp`` is a leaf tensor with ``requires_grad=True`` (the kit differentiates the returned loss
     w.r.t. it); ``mask`` is bool; ``normalizer`` is the global denominator (a float) when the batch
     is a micro-batch under the global-normaliser convention, else None; ``config`` holds the
-    variant's fields (eps_low, eps_high, dual_clip, tau_pos, tau_neg, aggregation, max_length,
-    kl_coef, kl_estimator, ratio, gate) plus ``preset``, ``convention`` (the flag dict) and
-    ``framework_config`` (TRL / verl keys under those profiles, else an empty dict).
+    variant's fields (every ``PolicyLossVariant`` field: eps_low, eps_high, dual_clip, tau_pos,
+    tau_neg, aggregation, max_length, group_size, kl_coef, kl_estimator, kl_scale, ratio, gate,
+    ...) plus ``preset``, ``convention`` (the flag dict) and ``framework_config`` (TRL / verl keys
+    under those profiles, else an empty dict).
 
     Micro-batches (gradient accumulation): ``micro_batch_index`` in ``range(micro_batch_count)``
     (0 and 1 without micro-batches); ``global_tokens`` = ``mask.sum()`` over the whole batch,

@@ -94,7 +94,7 @@ def _parse_value(text: str, current: object, field: str, owner: str) -> object:
     if (
         isinstance(current, int)
         and not isinstance(current, bool)
-        or (current is None and field == "max_length")
+        or (current is None and field in ("max_length", "group_size"))
     ):
         try:
             return int(text)

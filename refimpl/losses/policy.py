@@ -16,10 +16,14 @@ entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (ARCHITECTURE.md, c
   (GMPO: each token's log-ratio clipped to ``[-eps_low, eps_high]`` on the pessimistic side before
   the ratio level forms the unit ratio, then ``r' * A``);
 - aggregation: ``"seq_mean_token_mean"`` (GRPO (97)), ``"token_mean"`` (DAPO (102), BNPO, PPO
-  (79)), ``"seq_sum"`` (Dr. GRPO (100): sum over tokens / (sequences x ``max_length``)) and
-  ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO (109));
+  (79)), ``"seq_sum"`` (Dr. GRPO (100): sum over tokens / (sequences x ``max_length``)),
+  ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO (109)) and
+  ``"seq_sqrt_token_mean"`` (GRPO's per-sequence token means summed over each group of
+  ``group_size`` G and divided by sqrt(G) instead of G; seed 000 "Potential Extension");
 - regularisers: KL to a reference (``kl_estimator`` k1/k2/k3 of ``refimpl.kl`` from ``ref_logp``,
-  or the exact per-token ``kl``), entropy bonus from ``entropy``;
+  or the exact per-token ``kl``), scaled per token like the policy term (``kl_scale="token"``) or
+  as the sequence KL, a sum over tokens averaged over sequences (``"sequence"``, seed 001 (97),
+  (100), (102)); entropy bonus from ``entropy``;
 - behaviour correction: a detached truncated (``"truncate"``) or masked (``"mask"``) importance
   weight ``exp(old_logp - behavior_logp)`` capped at ``behavior_cap``;
 - normaliser: the aggregation's denominator, local by default, or ``normalizer=`` given globally
@@ -45,6 +49,7 @@ __all__ = [
     "PolicyLossVariant",
     "policy_loss",
     "loss_normalizer",
+    "upweighted_normalizer",
     "get_preset",
     "PRESETS",
     "PPO",
@@ -60,13 +65,15 @@ __all__ = [
     "GATES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "KL_SCALES",
     "BEHAVIOR_CORRECTIONS",
 ]
 
 RATIO_LEVELS = ("token", "sequence_mean", "gspo_token", "sequence_product")
 GATES = ("clip", "sapo", "cispo", "none", "log_clip")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean", "seq_sqrt_token_mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_SCALES = ("token", "sequence")
 BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
 _SEQUENCE_LEVELS = ("sequence_mean", "sequence_product")
 _KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
@@ -101,9 +108,17 @@ class PolicyLossVariant:
         tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)); >= 1e-30.
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
         max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
+        group_size: G of the "seq_sqrt_token_mean" aggregation (a config constant: the number of
+            responses per prompt; each contribution is multiplied by sqrt(G) over the sequence
+            count, so each group's sum is divided by sqrt(G) instead of G, md eqs. (10)-(11)).
         kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
         kl_estimator: "k1", "k2" or "k3" (refimpl.kl) used on ``ref_logp``; ignored when ``kl``
             (an exact per-token KL) is given.
+        kl_scale: "token" (the per-token KL aggregated like the policy term, md eq. (12); 003,
+            004, TRL, verl) or "sequence" (beta times the sequence KL, the sum of the per-token KL
+            over each response, averaged over the non-empty sequences whatever the aggregation:
+            seed 001 (97), (100), (102); md eq. (19)). Not to be confused with the conformance
+            kit's ``Convention.kl_aggregation``, a framework's deviation from the variant.
         entropy_coef: weight >= 0 of the entropy bonus (needs ``entropy`` when > 0).
         behavior_correction: "none", "truncate" (``min(w, cap)``) or "mask" (``w`` if ``w <= cap``
             else 0) for ``w = exp(old_logp - behavior_logp)``, detached (md eq. (13)).
@@ -119,8 +134,10 @@ class PolicyLossVariant:
     tau_neg: float = 1.05
     aggregation: str = "token_mean"
     max_length: int | None = None
+    group_size: int | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
+    kl_scale: str = "token"
     entropy_coef: float = 0.0
     behavior_correction: str = "none"
     behavior_cap: float = 2.0
@@ -130,6 +147,7 @@ class PolicyLossVariant:
         _check_choice(self.gate, "gate", GATES)
         _check_choice(self.aggregation, "aggregation", AGGREGATIONS)
         _check_choice(self.kl_estimator, "kl_estimator", KL_ESTIMATORS)
+        _check_choice(self.kl_scale, "kl_scale", KL_SCALES)
         _check_choice(self.behavior_correction, "behavior_correction", BEHAVIOR_CORRECTIONS)
         _check_real(self.eps_low, "eps_low", low=0.0, low_inclusive=True, optional=True)
         if self.eps_low is not None and self.eps_low >= 1:
@@ -151,6 +169,10 @@ class PolicyLossVariant:
             isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1
         ):
             raise ValueError(f"variant.max_length must be a positive int or None, got {self.max_length!r}")
+        if self.group_size is not None and (
+            isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1
+        ):
+            raise ValueError(f"variant.group_size must be a positive int or None, got {self.group_size!r}")
         _check_real(self.kl_coef, "kl_coef", low=0.0, low_inclusive=True, optional=False)
         _check_real(self.entropy_coef, "entropy_coef", low=0.0, low_inclusive=True, optional=False)
         _check_real(self.behavior_cap, "behavior_cap", low=0.0, low_inclusive=False, optional=False)
@@ -280,9 +302,10 @@ def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor
 def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     """The local denominator of ``variant.aggregation`` (spec: policy_losses.md eq. (11)).
 
-    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``), or
-    non-empty sequences x ``max_length`` (``seq_sum``). Summed over micro-batches / ranks (e.g.
-    ``all_reduce``) and passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
+    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``,
+    ``seq_sqrt_token_mean``: its sqrt(G) is a factor of each contribution), or non-empty sequences
+    x ``max_length`` (``seq_sum``). Summed over micro-batches / ranks (e.g. ``all_reduce``) and
+    passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
     Returns a float32 scalar tensor on mask's device (0 for an empty mask).
     """
     if not isinstance(variant, PolicyLossVariant):
@@ -293,14 +316,62 @@ def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Ten
     return _normalizer_from_lengths(mask.sum(dim=-1, dtype=torch.float32), variant)
 
 
+def upweighted_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, keep: torch.Tensor) -> torch.Tensor:
+    """Dynamic sampling without oversampling (seeds 000, 002; advantages.md eq. (16)): the
+    denominator ``(1 - f) * loss_normalizer(mask, variant)`` with f the fraction of the non-empty
+    rows of ``mask`` that ``keep`` drops. ``policy_loss(..., mask & keep[:, None],
+    normalizer=upweighted_normalizer(mask, variant, keep))`` filters the rows ``~keep`` and
+    upweights every kept sequence's contribution by ``1 / (1 - f)``. Under the sequence-counting
+    aggregations it is the kept rows' own denominator (filtering with a local mean already
+    upweights); under token_mean it is ``(1 - f)`` times *all* tokens, not the kept tokens.
+    When every row is dropped (f = 1) it is ``loss_normalizer(mask, variant)`` (the loss is 0).
+    Shapes: mask ``[N, T]``, keep ``[N]`` bool (``dynamic_sampling_mask``). Returns a float64 scalar
+    tensor (the quotient is not an integer under token_mean); compute it on the full batch and pass
+    it to every micro-batch.
+    """
+    total = loss_normalizer(mask, variant)
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+        raise TypeError("keep must be a bool torch.Tensor"
+                        + (f", got dtype {keep.dtype}" if isinstance(keep, torch.Tensor) else
+                           f", got {type(keep).__name__}"))
+    if tuple(keep.shape) != tuple(mask.shape[:1]) or keep.device != mask.device:
+        raise ValueError(f"keep must have shape {tuple(mask.shape[:1])} on {mask.device}, got "
+                         f"{tuple(keep.shape)} on {keep.device}")
+    rows = mask.bool().any(dim=-1)
+    sequences = rows.sum(dtype=torch.float64)
+    kept = (rows & keep).sum(dtype=torch.float64)
+    total = total.to(torch.float64)
+    return torch.where(kept > 0, total * kept / sequences.clamp(min=1.0), total)
+
+
 def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     if variant.aggregation == "token_mean":
         return lengths.sum()
     if variant.aggregation == "seq_sum" and variant.max_length is None:
         raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum' (Dr. GRPO); "
                          "use dataclasses.replace(variant, max_length=...)")
+    if variant.aggregation == "seq_sqrt_token_mean" and variant.group_size is None:
+        raise ValueError("variant.group_size (G) is required by aggregation 'seq_sqrt_token_mean'; "
+                         "use dataclasses.replace(variant, group_size=...)")
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
     return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
+
+
+def _sequence_kl_weight(variant: PolicyLossVariant, local: torch.Tensor, lengths: torch.Tensor,
+                        global_normalizer: bool) -> float | torch.Tensor:
+    """The factor u with ``(1/D) sum_i u KL_i = (1/S) sum_i KL_i``, S the number of non-empty
+    sequences (``kl_scale="sequence"``, md eq. (19)): D / S is a constant of the aggregation for the
+    sequence-counting ones, and the local token count / S under token_mean (which then needs the
+    local denominator: a token normaliser does not carry the batch's sequence count)."""
+    if variant.aggregation in ("seq_mean_token_mean", "seq_mean", "seq_sqrt_token_mean"):
+        return 1.0
+    if variant.aggregation == "seq_sum":
+        return float(variant.max_length)
+    if global_normalizer:
+        raise ValueError("normalizer: variant.kl_scale='sequence' averages the KL over sequences, and a "
+                         "token_mean normalizer (a token count) does not give the batch's number of "
+                         "sequences; call without normalizer= or use kl_scale='token'")
+    return local.clamp(min=1.0) / (lengths > 0).sum(dtype=lengths.dtype).clamp(min=1.0)
 
 
 def _unit_log_ratio(log_ratio: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor,
@@ -435,7 +506,10 @@ def policy_loss(
 
     ``loss = (1 / D) * sum_i c_i`` with per-sequence contributions ``c_i`` of the per-unit term
     ``-w * surrogate + kl_coef * KL - entropy_coef * H`` (md eqs. (10)-(12)) and the denominator
-    ``D = normalizer`` if given, else ``loss_normalizer(mask, variant)`` (at least 1).
+    ``D = normalizer`` if given, else ``loss_normalizer(mask, variant)`` (at least 1). With
+    ``variant.kl_scale="sequence"`` the KL enters as ``beta * (1/S) sum_i sum_t KL_{i,t}`` instead,
+    S the number of non-empty sequences (md eq. (19)); under token_mean only with the local
+    denominator (``normalizer=`` raises ValueError there).
 
     Args:
         logp: [N, T] log-probs of the sampled tokens under the policy being optimised (grad flows).
@@ -534,7 +608,7 @@ def policy_loss(
         surrogate = torch.exp(torch.where(adv != 0, unit_log_ratio, 0.0)) * adv
 
     # per-sequence contributions c_i (md eq. (10)); the surrogate is zero at masked positions / rows
-    per_sequence_mean = variant.aggregation == "seq_mean_token_mean"
+    per_sequence_mean = variant.aggregation in ("seq_mean_token_mean", "seq_sqrt_token_mean")
     if variant.sequence_level:
         surrogate_units = surrogate
         per_token_copies = variant.aggregation in ("token_mean", "seq_sum")
@@ -542,19 +616,30 @@ def policy_loss(
     else:
         surrogate_units = surrogate.sum(dim=-1)
         policy_rows = surrogate_units / lengths.clamp(min=1.0) if per_sequence_mean else surrogate_units
+    # seq_sqrt_token_mean: sqrt(G) c_i over the sequence count, i.e. each group's sum over sqrt(G)
+    row_scale = math.sqrt(variant.group_size) if variant.aggregation == "seq_sqrt_token_mean" else None
+    if row_scale is not None:
+        policy_rows = policy_rows * row_scale
     contributions = -policy_rows
     kl_tokens = _kl_per_token(logp_c, given.get("ref_logp"), given.get("kl"), variant)
     entropy_tokens = given.get("entropy")
     regulariser = None
     if kl_tokens is not None and variant.kl_coef > 0:
-        regulariser = variant.kl_coef * kl_tokens
+        if variant.kl_scale == "sequence":  # beta KL_i summed over tokens, averaged over sequences (19)
+            weight = _sequence_kl_weight(variant, local, lengths, normalizer is not None)
+            contributions = contributions + variant.kl_coef * kl_tokens.sum(dim=-1) * weight
+        else:
+            regulariser = variant.kl_coef * kl_tokens
     if entropy_tokens is not None and variant.entropy_coef > 0:
         bonus = variant.entropy_coef * entropy_tokens
         regulariser = -bonus if regulariser is None else regulariser - bonus
     if regulariser is not None:
         regulariser_rows = regulariser.sum(dim=-1)
-        contributions = contributions + (regulariser_rows / lengths.clamp(min=1.0) if per_sequence_mean
-                                         else regulariser_rows)
+        if per_sequence_mean:
+            regulariser_rows = regulariser_rows / lengths.clamp(min=1.0)
+        if row_scale is not None:
+            regulariser_rows = regulariser_rows * row_scale
+        contributions = contributions + regulariser_rows
     denominator = _resolve_normalizer(normalizer, local)
     loss = contributions.sum() / denominator
     # No silent inf / NaN: a finite loss has a finite gradient (each unit's derivative is bounded
