@@ -349,4 +349,6 @@ def test_advantage_scale_none_is_a_value_not_the_preset_default(monkeypatch):
         "refimpl.lm.run.run_training", lambda config, *a, **k: seen.setdefault("c", config) and 0
     )
     assert run(["train", "--loss", "grpo", "--advantage-scale", "none"]) == 0
-    assert seen["c"].advantage_scale == "none" and seen["c"].resolved_advantage_scale() == "none"
+    from refimpl.lm.recipes import resolve_recipe
+
+    assert seen["c"].advantage_scale == "none" and resolve_recipe(seen["c"]).advantage_scale == "none"

@@ -123,9 +123,9 @@ def test_on_policy_first_micro_batch_ratios_are_one(loss, monkeypatch):
 def _accumulated_grad(trainer, batch, micro_batch_size):
     trainer.config.micro_batch_size = micro_batch_size
     trainer.model.zero_grad(set_to_none=True)
-    sums, counted = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
-    assert counted
-    return flat_grad(trainer.model), float(sums["loss"])
+    sums = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    assert sums is not None
+    return flat_grad(trainer.model), float(sums.loss)
 
 
 @pytest.mark.parametrize(
