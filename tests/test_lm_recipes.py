@@ -91,3 +91,84 @@ def test_update_metrics_by_hand():
 @pytest.mark.parametrize("field", OVERRIDABLE)
 def test_overridable_fields_default_to_none(field):
     assert getattr(TrainConfig(), field) is None
+
+
+def test_prorl_and_magistral_are_replacements_of_the_dapo_preset():
+    """Their loss parts are ``replace(...)`` of an existing preset, not new presets (seed 002)."""
+    dapo = losses.PRESETS["dapo"]
+    prorl, magistral = RECIPES["prorl"], RECIPES["magistral"]
+    assert prorl.variant == dataclasses.replace(dapo, eps_high=0.4, kl_coef=prorl.variant.kl_coef)
+    assert prorl.variant.aggregation == "token_mean" and prorl.variant.kl_coef > 0  # KL kept
+    assert prorl.ref_reset_every > 0 and not prorl.dynamic_sampling
+    assert magistral.variant == dataclasses.replace(dapo, eps_high=0.25) and magistral.variant.kl_coef == 0
+    assert (magistral.advantage_scale, magistral.dynamic_sampling) == ("batch", True)
+    assert magistral.overlong_cache_len == RECIPES["dapo"].overlong_cache_len
+    assert "prorl" not in losses.PRESETS and "magistral" not in losses.PRESETS
+
+
+def _tiny_rl_trainer(**kw):
+    from refimpl.lm.train import Trainer
+
+    config = dict(
+        n_layer=1, n_head=2, n_embd=16, prompts_per_step=4, group_size=4, micro_batch_size=5,
+        minibatches=2, inner_epochs=1, eval_size=16, lr=1e-2, reward="partial",
+    )
+    trainer = Trainer(TrainConfig(**{**config, **kw}))
+    trainer.finish_warmup()
+    return trainer
+
+
+def test_prorl_reset_makes_the_reference_the_policy_and_the_optimizer_fresh(monkeypatch):
+    """At the start of RL step 3 (ref_reset_every=2) the reference is a copy of the current
+    policy and the optimizer has no state (a fresh AdamW); after that step its moments count that
+    step's own 2 optimizer steps, not 6."""
+    from refimpl.lm.train import Trainer
+
+    seen = []
+    real_collect = Trainer.collect
+
+    def spy(self):  # collect runs right after the reset, before any gradient of the step
+        params = [p.detach().clone() for p in self.model.parameters()]
+        ref = [p.detach().clone() for p in self.ref_model.parameters()]
+        seen.append((params, ref, self.optimizer, len(self.optimizer.state)))
+        return real_collect(self)
+
+    monkeypatch.setattr(Trainer, "collect", spy)
+    trainer = _tiny_rl_trainer(loss="prorl", ref_reset_every=2)
+    for _ in range(3):
+        trainer.rl_step()
+    same = [all(torch.equal(a, b) for a, b in zip(params, ref, strict=True)) for params, ref, _, _ in seen]
+    assert same == [True, False, True]  # step 1: the warm-up's reference; step 2: moved; step 3: reset
+    assert [n for *_, n in seen] == [0, len(list(trainer.model.parameters())), 0]
+    assert seen[2][2] is not seen[1][2] and seen[2][2] is trainer.optimizer
+    assert all(float(state["step"]) == 2 for state in trainer.optimizer.state.values())
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+    lr = trainer.config.lr * (1 - 0.9 * 2 / 200)  # the schedule continues through the reset
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr, rel=1e-15)
+
+
+def test_magistral_trains_with_minibatch_normalised_advantages(monkeypatch):
+    """The recipe's advantage scale reaches the update: the batch keeps group-centred advantages
+    and each optimizer minibatch B sees them divided by its own std, so their population variance
+    is var_B / (var_B + 1e-6) (seed 002; float32 values, 1e-5 relative)."""
+    from refimpl.lm.train import Trainer
+
+    seen = []
+    real = Trainer.accumulate_gradients
+
+    def spy(self, batch, idx):
+        seen.append((idx.clone(), batch.advantages[idx].double()))
+        return real(self, batch, idx)
+
+    monkeypatch.setattr(Trainer, "accumulate_gradients", spy)
+    trainer = _tiny_rl_trainer(loss="magistral", prompts_per_step=8)
+    batch = trainer.collect()
+    centred = batch.advantages.double()
+    groups = int(batch.group_ids.max()) + 1
+    sums = torch.zeros(groups, dtype=torch.float64).index_add(0, batch.group_ids, centred)
+    assert len(batch) > 0 and torch.allclose(sums, torch.zeros_like(sums), atol=1e-5)  # centred per group
+    trainer.update(batch)
+    assert len(seen) == 2
+    for idx, adv in seen:
+        var = float(centred[idx].var(unbiased=False))
+        assert var > 1e-3 and float(adv.var(unbiased=False)) == pytest.approx(var / (var + 1e-6), rel=1e-5)

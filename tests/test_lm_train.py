@@ -12,6 +12,7 @@ import torch
 
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
+from refimpl.lm.recipes import RECIPES
 from refimpl.lm.rollout import policy_logprobs, response_logits
 from refimpl.lm.run import run_training
 from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer
@@ -91,7 +92,7 @@ def test_every_preset_trains_a_few_steps(loss, monkeypatch):
         metrics = trainer.rl_step()
         assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["entropy"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-    preset = losses.get_preset("ppo" if loss == "ppo_rlhf" else loss)  # PPO-RLHF's clipped loss
+    preset = RECIPES[loss].variant  # a policy-loss preset, or a replace() of one
     variant = spy.calls[0]["variant"]
     assert (variant.ratio, variant.gate, variant.aggregation) == (
         preset.ratio,

@@ -51,6 +51,28 @@ RECIPES: dict[str, Recipe] = {
     "cispo": Recipe(losses.get_preset("cispo")),
     # PPO-RLHF's clipped loss is the "ppo" preset; the trainer's name says it is more than that loss
     "ppo_rlhf": Recipe(dataclasses.replace(losses.get_preset("ppo"), kl_coef=0.0), rlhf=True),
+    # ProRL (seed 002 "ProRL"; 000 on clip-higher and the KL term): DAPO's clip-higher with
+    # eps_high = 0.4 and its token-level loss (token_mean), GRPO's group-std advantages, and a KL
+    # term that is kept, with the reference hard-reset to the current policy and the optimizer state
+    # re-initialised periodically. The seeds give neither the KL weight nor the period. kl_coef =
+    # 0.01 (k3, GRPO's estimator): on this task the per-token k3 KL grows to ~0.5 within a few RL
+    # steps, so GRPO's usual 0.04 would make the penalty as large as the policy term (~0.02 against
+    # objectives of ~0.03-0.1), which is what the resets are meant to prevent; 0.01 keeps it a
+    # regulariser. ref_reset_every = 50: four segments in the default 200-step run (ProRL resets a
+    # few times in runs of 2000+ steps; a period far below the run length keeps the reset exercised).
+    "prorl": Recipe(
+        dataclasses.replace(losses.get_preset("dapo"), eps_high=0.4, kl_coef=0.01, kl_estimator="k3"),
+        ref_reset_every=50,
+    ),
+    # Magistral (seed 002 "Magistral"; 000 on clip-higher): all of DAPO's extensions (token-level
+    # loss, dynamic sampling, soft overlong penalty, no KL) with eps_high = 0.25, and advantages
+    # centred per group, then divided by the std of each optimizer minibatch (all ranks' together).
+    "magistral": Recipe(
+        dataclasses.replace(losses.get_preset("dapo"), eps_high=0.25),
+        advantage_scale="batch",
+        dynamic_sampling=True,
+        overlong_cache_len=2,
+    ),
 }
 
 # TrainConfig fields that default to their recipe's value when None (the variant's for the first three)
