@@ -205,8 +205,13 @@ def _assert_same_run(a, b):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    config = tiny(loss="grpo", kl_coef=0.05, steps=4, sft_target_accuracy=1.0, sft_max_steps=3, minibatches=2)
+@pytest.mark.parametrize(
+    "kw",
+    [dict(loss="grpo", kl_coef=0.05), dict(loss="prorl", ref_reset_every=3)],  # ProRL resets after the resume
+    ids=["grpo", "prorl"],
+)
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, kw):
+    config = tiny(**kw, steps=4, sft_target_accuracy=1.0, sft_max_steps=3, minibatches=2)
     assert run_training(config, tmp_path / "a", progress=False, plot=False) == 0
     first = dataclasses.replace(config, steps=2)
     assert run_training(first, tmp_path / "b", progress=False, plot=False) == 0
