@@ -19,11 +19,12 @@ __all__ = ["register", "DEFAULT_THREADS"]
 
 _SKIP = {"extra"}
 
-# CPU threads of a run unless OMP_NUM_THREADS says otherwise. ``benchmarks/trainer.py --threads``
-# (20 warm-up + 2 RL steps, default model) on a 2-core machine already loaded by other jobs (load
-# average ~12): 1 thread 24.5 s wall / 5.2 s CPU vs 2 threads 32.7 / 12.7 with no extra job, and
-# 37.5 / 5.2 vs 134.7 / 23.4 beside one CPU-bound job. The tiny model's kernels are too small to
-# share out; a second thread only spins and waits for a core.
+# CPU threads of a run unless OMP_NUM_THREADS says otherwise, picked by ``benchmarks/trainer.py
+# --threads`` (30 warm-up + 2 RL steps, default model, timed inside each process, best of 3) on this
+# project's 2-core machine already loaded by other jobs (load average 6-7): 1 thread 6.6 s wall /
+# 3.2 s CPU vs 2 threads 33.8 / 16.9 with no extra job, and 11.8 / 2.9 vs 28.4 / 11.6 beside one
+# CPU-bound job. The tiny model's kernels are too small to share out; a second thread only spins
+# and waits for a core.
 DEFAULT_THREADS = 1
 
 
