@@ -5,14 +5,14 @@ policy loss) vs cached rollout. Run: ``python benchmarks/trainer.py [--device cu
 ``python benchmarks/trainer.py --threads`` measures the trainer's CPU thread count instead: a fixed
 slice of the main job (warm-up steps, then RL steps, default model) with 1 and 2 threads, on an
 otherwise idle machine and with a second CPU-bound process running, each in a fresh process;
-it prints wall and CPU seconds (best of ``--repeats``) and the load average it ran under. The
-trainer's default thread count (``refimpl.lm.cli.DEFAULT_THREADS``) comes from this table."""
+it prints the workload's wall and CPU seconds (best of ``--repeats``, start-up excluded), the load
+average it ran under and the thread count it picks. The trainer's default thread count
+(``refimpl.lm.cli.DEFAULT_THREADS``) comes from this table."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -50,26 +50,34 @@ def _threads_workload(sft_steps: int, rl_steps: int) -> None:
 
 
 def _time_child(threads: int, sft_steps: int, rl_steps: int) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of the workload in a fresh process with ``threads`` threads."""
+    """(wall seconds, CPU seconds) of the workload in a fresh process with ``threads`` threads,
+    timed inside that process (Python and torch start-up, tens of seconds on a loaded machine, left
+    out)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run(
-        [sys.executable, __file__, "--worker", str(sft_steps), str(rl_steps)], env=env, check=True
-    )
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", str(sft_steps), str(rl_steps)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    wall, cpu = (float(x) for x in out.split()[-2:])
     return wall, cpu
 
 
 def threads_table(sft_steps: int, rl_steps: int, repeats: int) -> None:
-    """1 vs 2 threads, idle and beside one CPU-bound process (a Python busy loop)."""
+    """1 vs 2 threads, idle and beside one CPU-bound process (a Python busy loop), then the thread
+    count this table picks next to the trainer's default ``refimpl.lm.cli.DEFAULT_THREADS``: 2
+    only if 2 threads take at least 10 % less wall time in both conditions (a smaller gain is
+    within this measurement's noise on a shared machine), else 1, which never uses more CPU."""
+    from refimpl.lm.cli import DEFAULT_THREADS
+
     print(
         f"workload: {sft_steps} warm-up steps + {rl_steps} RL steps (default model and batch), "
         f"{os.cpu_count()} CPUs, load average before: {os.getloadavg()[0]:.1f}"
     )
     print(f"{'condition':28s} {'threads':>7s} {'wall s':>8s} {'CPU s':>8s} {'CPU/wall':>8s}")
+    walls: dict[int, list[float]] = {1: [], 2: []}
     for condition in ("no other job", "1 CPU-bound job beside"):
         hog = None
         if condition != "no other job":
@@ -78,17 +86,28 @@ def threads_table(sft_steps: int, rl_steps: int, repeats: int) -> None:
             for threads in (1, 2):
                 runs = [_time_child(threads, sft_steps, rl_steps) for _ in range(repeats)]
                 wall, cpu = min(runs)
+                walls[threads].append(wall)
                 print(f"{condition:28s} {threads:7d} {wall:8.2f} {cpu:8.2f} {cpu / wall:8.2f}")
         finally:
             if hog is not None:
                 hog.kill()
                 hog.wait()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
+    ratios = [two / one for one, two in zip(walls[1], walls[2], strict=True)]
+    picked = 2 if all(r <= 0.9 for r in ratios) else 1
+    agrees = "the same" if picked == DEFAULT_THREADS else "DIFFERENT: update it"
+    print(
+        f"wall time of 2 threads / 1 thread: {', '.join(f'{r:.2f}' for r in ratios)} (no other job, "
+        f"beside one); picked: {picked} thread(s); refimpl.lm.cli.DEFAULT_THREADS = {DEFAULT_THREADS}: "
+        f"{agrees}"
+    )
 
 
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        wall0, cpu0 = time.perf_counter(), time.process_time()  # all of this process's threads
         _threads_workload(int(sys.argv[2]), int(sys.argv[3]))
+        print(time.perf_counter() - wall0, time.process_time() - cpu0)
         return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="auto")

@@ -206,7 +206,7 @@ def test_help_lists_the_choices_of_every_flag(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for flag, choices in [
         ("--task", "{addition,sort}"),
-        ("--loss", "{grpo,dr_grpo,dapo,bnpo,gspo,gspo_token,sapo,cispo,ppo_rlhf,ppo}"),
+        ("--loss", "{grpo,dr_grpo,dapo,bnpo,gspo,gspo_token,sapo,cispo,ppo_rlhf,prorl,magistral,ppo}"),
         ("--reward", "{exact,partial}"),
         ("--kl-estimator", "{k1,k2,k3}"),
         ("--advantage-scale", "{none,group,batch}"),
@@ -215,6 +215,9 @@ def test_help_lists_the_choices_of_every_flag(capsys):
         assert f"{flag} {choices}" in text, flag
     assert "--device DEVICE auto (CUDA when present), cpu, cuda or cuda:N" in text
     assert "--dynamic-sampling DYNAMIC_SAMPLING true or false or none" in text
+    # what a left-out option means comes from the recipes (refimpl.lm.recipes)
+    assert "left out: the loss's own (on for dapo, on for magistral, off otherwise)" in text
+    assert "left out: the loss's own (none for dr_grpo, batch for magistral, group otherwise)" in text
 
 
 def test_resume_after_ctrl_c_with_the_printed_command(tmp_path, capsys, monkeypatch):
@@ -349,4 +352,6 @@ def test_advantage_scale_none_is_a_value_not_the_preset_default(monkeypatch):
         "refimpl.lm.run.run_training", lambda config, *a, **k: seen.setdefault("c", config) and 0
     )
     assert run(["train", "--loss", "grpo", "--advantage-scale", "none"]) == 0
-    assert seen["c"].advantage_scale == "none" and seen["c"].resolved_advantage_scale() == "none"
+    from refimpl.lm.recipes import resolve_recipe
+
+    assert seen["c"].advantage_scale == "none" and resolve_recipe(seen["c"]).advantage_scale == "none"

@@ -77,7 +77,7 @@ def _worker(rank, world_size, init_file, out_dir):
         for loss, kl_coef, split in CASES:
             trainer = _trainer(loss, kl_coef)
             calls = []
-            trainer.train_model.register_forward_pre_hook(
+            trainer.ddp_model.register_forward_pre_hook(
                 lambda module, args, calls=calls: calls.append(type(module).__name__)
             )
             batch = trainer.collect()

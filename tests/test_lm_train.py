@@ -12,6 +12,7 @@ import torch
 
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
+from refimpl.lm.recipes import RECIPES
 from refimpl.lm.rollout import policy_logprobs, response_logits
 from refimpl.lm.run import run_training
 from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Trainer
@@ -91,7 +92,7 @@ def test_every_preset_trains_a_few_steps(loss, monkeypatch):
         metrics = trainer.rl_step()
         assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["entropy"] > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-    preset = losses.get_preset("ppo" if loss == "ppo_rlhf" else loss)  # PPO-RLHF's clipped loss
+    preset = RECIPES[loss].variant  # a policy-loss preset, or a replace() of one
     variant = spy.calls[0]["variant"]
     assert (variant.ratio, variant.gate, variant.aggregation) == (
         preset.ratio,
@@ -123,9 +124,9 @@ def test_on_policy_first_micro_batch_ratios_are_one(loss, monkeypatch):
 def _accumulated_grad(trainer, batch, micro_batch_size):
     trainer.config.micro_batch_size = micro_batch_size
     trainer.model.zero_grad(set_to_none=True)
-    sums, counted = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
-    assert counted
-    return flat_grad(trainer.model), float(sums["loss"])
+    sums = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    assert sums is not None
+    return flat_grad(trainer.model), float(sums.loss)
 
 
 @pytest.mark.parametrize(
@@ -204,8 +205,13 @@ def _assert_same_run(a, b):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_resume_reproduces_the_uninterrupted_run(tmp_path):
-    config = tiny(loss="grpo", kl_coef=0.05, steps=4, sft_target_accuracy=1.0, sft_max_steps=3, minibatches=2)
+@pytest.mark.parametrize(
+    "kw",
+    [dict(loss="grpo", kl_coef=0.05), dict(loss="prorl", ref_reset_every=3)],  # ProRL resets after the resume
+    ids=["grpo", "prorl"],
+)
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, kw):
+    config = tiny(**kw, steps=4, sft_target_accuracy=1.0, sft_max_steps=3, minibatches=2)
     assert run_training(config, tmp_path / "a", progress=False, plot=False) == 0
     first = dataclasses.replace(config, steps=2)
     assert run_training(first, tmp_path / "b", progress=False, plot=False) == 0

@@ -2,10 +2,12 @@
 
 ``model`` (nanoGPT-like decoder with a KV cache), ``tasks`` (addition, sort; rewards; held-out
 sets), ``rollout`` (group sampling and the trainer's log-probs under the same sampling policy),
-``config`` (``TrainConfig``, validated), ``train`` (the ``Trainer``: warm-up step, RL step with any
-``refimpl.losses`` preset, PPO-RLHF with ``rlhf``), ``batch`` (a step's data, the advantage
-conventions), ``run`` (the run as named phases: metrics, checkpoints, resume, Ctrl-C),
-``progress`` (what a run prints), ``plots``, ``checkpoint`` (checksummed, atomic),
-``distributed`` (DDP helpers) and ``cli`` (``refimpl train`` / ``eval`` / ``sample`` /
-``compare``).
+``config`` (``TrainConfig``, validated), ``recipes`` (what each ``--loss`` name means: the one
+home of loss-dependent defaults), ``train`` (the ``Trainer``: warm-up step, RL step), its parts
+``experience`` (groups, rewards, dynamic sampling, old/reference log-probs, PPO-RLHF advantages
+with ``rlhf``), ``batch`` (a step's data, the advantage conventions) and ``metrics`` (the update's
+metrics), ``run`` (the run as named phases: metrics, checkpoints, resume, Ctrl-C) with ``folder``
+(the output folder) and ``saved`` (a saved run: restore, --init-from, eval, sample), ``progress``
+(what a run prints), ``plots``, ``checkpoint`` (checksummed, atomic), ``distributed`` (DDP
+helpers) and ``cli`` (``refimpl train`` / ``eval`` / ``sample`` / ``compare``).
 """

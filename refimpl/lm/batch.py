@@ -1,17 +1,14 @@
 """The data of one RL step and the arithmetic on it that needs no model: ``RolloutBatch``, the
-trainer's group-advantage convention, Magistral's minibatch normalisation, and the reduction of
-summed micro-batch metrics."""
+trainer's group-advantage convention and Magistral's minibatch normalisation."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 
 from refimpl import advantages as adv_lib
-from refimpl.lm.rollout import Rollout
 
 __all__ = ["RolloutBatch", "group_advantages_for", "minibatch_std_normalise"]
 
@@ -50,19 +47,6 @@ class RolloutBatch:
             value = getattr(self, f.name)
             fields[f.name] = value[idx] if isinstance(value, torch.Tensor) else value
         return RolloutBatch(**fields)
-
-
-def _cat_rollouts(parts: list[Rollout]) -> Rollout:
-    topk = None if parts[0].topk_indices is None else torch.cat([p.topk_indices for p in parts])
-    return Rollout(
-        *(
-            torch.cat([getattr(p, f) for p in parts])
-            for f in ("prompts", "responses", "lengths", "truncated")
-        ),
-        torch.cat([p.mask for p in parts]),
-        torch.cat([p.logprobs for p in parts]),
-        topk,
-    )
 
 
 def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
@@ -108,34 +92,3 @@ def minibatch_std_normalise(
     if bool(top == -neg_bottom):  # max == min exactly: no spread in B
         return torch.zeros_like(centred)
     return centred / torch.sqrt(var + eps)
-
-
-def _index_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
-    return Rollout(
-        ro.prompts[idx],
-        ro.responses[idx],
-        ro.lengths[idx],
-        ro.truncated[idx],
-        ro.mask[idx],
-        ro.logprobs[idx],
-        None if ro.topk_indices is None else ro.topk_indices[idx],
-    )
-
-
-def _finalise_metrics(totals: dict[str, float]) -> dict:
-    """Per-update averages from summed micro-batch metrics: ``*_sum`` divided by the token count,
-    other diagnostics weighted by sequences."""
-    if not totals:
-        return {"optimizer_steps_skipped": True}
-    tokens = max(totals.pop("token_count", 0.0), 1.0)
-    sequences = max(totals.pop("_sequences", 0.0), 1.0)
-    optimizer_steps = max(totals.pop("_optimizer_steps", 0.0), 1.0)
-    out = {}
-    for key, value in totals.items():
-        if key.endswith("_sum"):
-            out[key[: -len("_sum")]] = value / tokens
-        elif key == "loss":  # each optimizer step's loss is the sum of its micro-batch losses
-            out[key] = value / optimizer_steps
-        else:
-            out[key] = value / sequences
-    return {k: (v if math.isfinite(v) else float("nan")) for k, v in out.items()}

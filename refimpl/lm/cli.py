@@ -19,11 +19,12 @@ __all__ = ["register", "DEFAULT_THREADS"]
 
 _SKIP = {"extra"}
 
-# CPU threads of a run unless OMP_NUM_THREADS says otherwise. ``benchmarks/trainer.py --threads``
-# (20 warm-up + 2 RL steps, default model) on a 2-core machine already loaded by other jobs (load
-# average ~12): 1 thread 24.5 s wall / 5.2 s CPU vs 2 threads 32.7 / 12.7 with no extra job, and
-# 37.5 / 5.2 vs 134.7 / 23.4 beside one CPU-bound job. The tiny model's kernels are too small to
-# share out; a second thread only spins and waits for a core.
+# CPU threads of a run unless OMP_NUM_THREADS says otherwise, picked by ``benchmarks/trainer.py
+# --threads`` (30 warm-up + 2 RL steps, default model, timed inside each process, best of 3) on this
+# project's 2-core machine already loaded by other jobs (load average 6-7): 1 thread 6.6 s wall /
+# 3.2 s CPU vs 2 threads 33.8 / 16.9 with no extra job, and 11.8 / 2.9 vs 28.4 / 11.6 beside one
+# CPU-bound job. The tiny model's kernels are too small to share out; a second thread only spins
+# and waits for a core.
 DEFAULT_THREADS = 1
 
 
@@ -91,17 +92,19 @@ def _field_choices() -> dict[str, tuple[str, ...]]:
 
 _HELP_NOTES = {
     "device": "auto (CUDA when present), cpu, cuda or cuda:N",
-    "kl_coef": "none = the preset's own",
-    "kl_estimator": "none = the preset's own",
-    "entropy_coef": "none = the preset's own",
-    "advantage_scale": "left out: none for dr_grpo, group otherwise",
-    "dynamic_sampling": "none = on for dapo",
-    "overlong_cache_len": "none = 2 for dapo, 0 (off) otherwise",
     "top_k": "0 = off",
     "loss": "ppo_rlhf = PPO-RLHF (value head, GAE, KL in the reward); ppo: its deprecated alias",
-    "ref_reset_every": "0 = never",
     "sft_target_accuracy": "held-out sampled accuracy that ends the warm-up",
+    "ref_reset_every": "0 = never",
 }
+
+
+def _help_note(name: str) -> str | None:
+    """The option's note: what None means comes from the recipes (refimpl.lm.recipes)."""
+    from refimpl.lm.recipes import OVERRIDABLE, recipe_default_note
+
+    notes = [_HELP_NOTES.get(name), recipe_default_note(name) if name in OVERRIDABLE else None]
+    return "; ".join(note for note in notes if note) or None
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +131,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             kind, what = str, ""
         if "None" in hint and not (allowed and "none" in allowed):  # "none" is then a value
             kind, what = _optional(kind), f"{what} or none"
-        note = _HELP_NOTES.get(f.name)
+        note = _help_note(f.name)
         help_text = "; ".join(part for part in (what, note, f"default: {default}") if part)
         # default=None: only options given explicitly override the config (or a resumed one)
         parser.add_argument(

@@ -1,6 +1,6 @@
 """The trainer's configuration: ``TrainConfig`` (every field a run depends on; a checkpoint stores
 it), each field validated at construction by one rule table (``_FIELD_RULES``), and the names of
-the trainable presets."""
+the trainable losses (the keys of ``refimpl.lm.recipes.RECIPES``)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 import torch
 
 from refimpl import losses
+from refimpl.lm.recipes import RECIPES
 from refimpl.lm.tasks import TASKS
 
 __all__ = ["TrainConfig", "GROUP_PRESETS", "LOSS_NAMES", "LOSS_ALIASES"]
 
-# Presets trained with group advantages; "ppo_rlhf" is PPO-RLHF (value head, GAE, KL in the reward),
-# named so that it is not mistaken for the clipped loss preset ``refimpl.losses.get_preset("ppo")``
-# that it uses. "ppo" is its deprecated alias (checkpoints storing loss="ppo" still load).
-GROUP_PRESETS: tuple[str, ...] = ("grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo")
-LOSS_NAMES: tuple[str, ...] = (*GROUP_PRESETS, "ppo_rlhf")
+# Losses trained with group advantages, and all of them; "ppo_rlhf" is PPO-RLHF (value head, GAE, KL
+# in the reward), named so that it is not mistaken for the clipped loss preset
+# ``refimpl.losses.get_preset("ppo")`` that it uses. "ppo" is its deprecated alias (checkpoints
+# storing loss="ppo" still load).
+GROUP_PRESETS: tuple[str, ...] = tuple(name for name, recipe in RECIPES.items() if not recipe.rlhf)
+LOSS_NAMES: tuple[str, ...] = tuple(RECIPES)
 LOSS_ALIASES: dict[str, str] = {"ppo": "ppo_rlhf"}  # deprecated name -> name
 
 
@@ -61,15 +63,16 @@ class TrainConfig:
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 8  # > the longest answer (5) + DAPO's overlong cache (2)
     reward: str = "exact"  # "exact" or "partial"
-    kl_coef: float | None = None  # None: the preset's own
-    kl_estimator: str | None = None  # None: the preset's own ("k1", "k2", "k3")
-    entropy_coef: float | None = None  # None: the preset's own
-    advantage_scale: str | None = None  # None: "none" for dr_grpo, "group" otherwise
-    dynamic_sampling: bool | None = None  # None: on for dapo
+    # None: the recipe's own (refimpl.lm.recipes.RECIPES, the one home of loss-dependent defaults)
+    kl_coef: float | None = None
+    kl_estimator: str | None = None  # "k1", "k2", "k3"
+    entropy_coef: float | None = None
+    advantage_scale: str | None = None  # "group", "batch" (Magistral) or "none" (Dr. GRPO)
+    dynamic_sampling: bool | None = None
     max_sampling_rounds: int = 4
-    overlong_cache_len: int | None = None  # None: 2 for dapo, 0 (off) otherwise
+    overlong_cache_len: int | None = None  # DAPO's soft overlong penalty (0 = off)
     overlong_filter: bool = False
-    ref_reset_every: int = 0  # ProRL reference reset (0 = never)
+    ref_reset_every: int | None = None  # ProRL's reset of the reference and optimizer (0 = never)
     # PPO-RLHF
     value_coef: float = 0.5
     gamma: float = 1.0
@@ -114,20 +117,8 @@ class TrainConfig:
 
     @property
     def is_rlhf(self) -> bool:
-        return self.loss == "ppo_rlhf"
-
-    def resolved_dynamic_sampling(self) -> bool:
-        return self.loss == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
-
-    def resolved_overlong_cache_len(self) -> int:
-        if self.overlong_cache_len is None:
-            return 2 if self.loss == "dapo" else 0
-        return self.overlong_cache_len
-
-    def resolved_advantage_scale(self) -> str:
-        if self.advantage_scale is None:
-            return "none" if self.loss == "dr_grpo" else "group"
-        return self.advantage_scale
+        """PPO-RLHF (value head, KL in the reward, GAE)."""
+        return RECIPES[self.loss].rlhf
 
 
 # Each field's kind and allowed values: (type, minimum, maximum, choices); None = no bound. A float
@@ -171,7 +162,7 @@ _FIELD_RULES: dict[str, tuple] = {
     "max_sampling_rounds": (int, 1, None, None),
     "overlong_cache_len": ("?", int, 0, None, None),
     "overlong_filter": (bool, None, None, None),
-    "ref_reset_every": (int, 0, None, None),
+    "ref_reset_every": ("?", int, 0, None, None),
     "value_coef": (float, 0.0, None, None),
     "gamma": (float, 0.0, 1.0, None),
     "gae_lambda": (float, 0.0, 1.0, None),

@@ -8,6 +8,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
     "is_distributed",
@@ -18,6 +19,7 @@ __all__ = [
     "all_reduce_sum",
     "all_reduce_max",
     "all_gather_tensors",
+    "training_handle",
 ]
 
 
@@ -74,3 +76,13 @@ def all_gather_tensors(x: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(out, x.contiguous())
     return out
+
+
+def training_handle(model: torch.nn.Module, device: torch.device, compile: bool) -> torch.nn.Module:
+    """``model`` as it trains: in ``DistributedDataParallel`` under an initialised process group
+    (gradients synchronised), compiled with ``compile`` (a compiled module passes ``no_sync`` on
+    to the wrapper). Without either, ``model`` itself."""
+    handle = model
+    if is_distributed():
+        handle = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.compile(handle) if compile else handle

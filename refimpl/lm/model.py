@@ -8,6 +8,7 @@ equal the sampler's.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GPTConfig", "GPT", "KVCache"]
+__all__ = ["GPTConfig", "GPT", "KVCache", "frozen_copy"]
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,11 @@ class GPT(nn.Module):
         if self.value is None:
             raise ValueError("return_values: this model was built without a value head (value_head=False)")
         return logits, self.value(h).squeeze(-1)
+
+
+def frozen_copy(model: GPT) -> GPT:
+    """A copy of ``model`` in eval mode with no gradients (a reference policy)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
