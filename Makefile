@@ -45,8 +45,9 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework openrlhf --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --check
 
+# SEED=n picks the run's seed (default 0): make run SEED=1
 run: $(STAMP)
-	$(BIN)/refimpl train --out runs/main
+	$(BIN)/refimpl train --seed $(or $(SEED),0) --out runs/main
 	$(BIN)/refimpl eval runs/main/checkpoint.pt
 
 # Every preset x seeds 0-2 with the trainer's defaults (tools/results.py); prints the README's table.

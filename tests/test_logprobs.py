@@ -149,3 +149,28 @@ def test_bad_inputs_raise():
         token_entropy(bad)
     with pytest.raises(ValueError, match="chunk_elements"):
         token_entropy(logits, chunk_elements=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rows_without_a_distribution_raise_whichever_token_is_chosen(dtype):
+    """A +inf logit on a token other than the chosen one gives the chosen token log p = -inf, which
+    looks like a zero-probability token; the row has no distribution, so it must raise (the check
+    reads the row's logsumexp: NaN, +inf or -inf). The -inf of a finite row's -inf logit stays."""
+    tokens = torch.tensor([[0, 2]])
+    for position, value in ((1, math.inf), (0, math.inf), (1, math.nan)):
+        logits = torch.zeros(1, 2, 3, dtype=dtype)
+        logits[0, 0, position] = value
+        with pytest.raises(ValueError, match=r"^logits contains NaN or \+inf"):
+            token_logprobs(logits, tokens)
+    all_neg_inf = torch.zeros(1, 2, 3, dtype=dtype)
+    all_neg_inf[0, 1] = -math.inf
+    with pytest.raises(ValueError, match=r"all -inf"):
+        token_logprobs(all_neg_inf, tokens)
+    zero_probability = torch.zeros(1, 2, 3, dtype=dtype)
+    zero_probability[0, 0, 0] = -math.inf
+    out = token_logprobs(zero_probability, tokens)
+    assert out[0, 0].item() == -math.inf and out[0, 1].item() == pytest.approx(-math.log(3), rel=1e-2)
+    # check_finite=False leaves the caller the raw values (no host synchronisation)
+    logits = torch.zeros(1, 2, 3, dtype=dtype)
+    logits[0, 0, 1] = math.inf
+    assert token_logprobs(logits, tokens, check_finite=False)[0, 0].item() == -math.inf

@@ -125,10 +125,9 @@ REFIMPL = {
 assert set(REFIMPL) == set(consumer.FUNCTIONS)
 
 
-#: Vectors refimpl fails, each a refimpl bug outside this branch's scope (refimpl/losses), reported
-#: to the lead: token_logprobs checks its output for NaN / +inf, so a +inf logit of a token other
-#: than the chosen one gives log p = -inf and is accepted (its docstring promises a ValueError).
-KNOWN_REFIMPL_FAILURES = {"logprobs/pos_inf_logit"}
+#: Vectors refimpl fails (none: the one this suite found, a +inf logit on a token other than the
+#: chosen one accepted by token_logprobs, is fixed and pinned in tests/test_logprobs.py).
+KNOWN_REFIMPL_FAILURES: set[str] = set()
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -39,7 +39,7 @@ def _check_logits(logits) -> None:
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, rows_per_chunk: int):
+    def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, rows_per_chunk: int, check_finite: bool):
         vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
         flat_tokens = tokens.reshape(-1)
@@ -51,6 +51,10 @@ class _TokenLogprobs(torch.autograd.Function):
             lse[start:start + rows_per_chunk] = torch.logsumexp(chunk, dim=-1)
             picked[start:start + rows_per_chunk] = chunk.gather(
                 1, flat_tokens[start:start + rows_per_chunk].unsqueeze(1)).squeeze(1)
+        # the logsumexp of a row is NaN (a NaN logit), +inf (a +inf logit, on any token) or -inf
+        # (every logit -inf) exactly when the row has no probability distribution
+        if check_finite and lse.numel() and not bool(torch.isfinite(lse).all()):
+            raise ValueError("logits contains NaN or +inf (or a row that is all -inf)")
         ctx.save_for_backward(logits, tokens, lse)
         ctx.rows_per_chunk = rows_per_chunk
         return (picked - lse).reshape(tokens.shape)
@@ -72,7 +76,7 @@ class _TokenLogprobs(torch.autograd.Function):
             part = -torch.exp(chunk - lse[start:start + step].unsqueeze(1)) * g
             part.scatter_add_(1, flat_tokens[start:start + step].unsqueeze(1), g)
             grad_logits[start:start + step] = part.to(logits.dtype)
-        return grad_logits.reshape(logits.shape), None, None
+        return grad_logits.reshape(logits.shape), None, None, None
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements: int | None = None,
@@ -105,10 +109,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
     vocab = logits.shape[-1]
     if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
         raise ValueError(f"tokens must lie in [0, V={vocab})")
-    out = _TokenLogprobs.apply(logits, tokens.long(), _rows_per_chunk(vocab, chunk_elements))
-    if check_finite and out.numel() and bool((torch.isnan(out) | (out == float("inf"))).any()):
-        raise ValueError("logits contains NaN or +inf (or a row that is all -inf)")
-    return out
+    return _TokenLogprobs.apply(logits, tokens.long(), _rows_per_chunk(vocab, chunk_elements), check_finite)
 
 
 class _TokenEntropy(torch.autograd.Function):
