@@ -1,19 +1,22 @@
 """The numpy reference consumer (tools/consumers/numpy_consumer.py): refimpl, wrapped as plain numpy
 functions, passes every golden vector of every family (valid ones match, invalid ones are rejected,
 acceptable ones match either side), and a planted bug in each family fails the vectors that name
-its edge. The consumer itself imports only numpy and the standard library."""
+its edge. The tabular family is the project's ``tabular/`` package (numpy, float64) wrapped the
+same way. The consumer itself imports only numpy and the standard library."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import tabular as T
 from refimpl import estimators
 from refimpl.advantages import group_advantages
 from refimpl.conformance import expected_policy_loss, profile
@@ -24,7 +27,7 @@ from tools.consumers import numpy_consumer as consumer
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "specs" / "vectors"
-FILES = sorted(p.name for p in VECTORS.glob("*.json") if p.name != "tabular.json")
+FILES = sorted(p.name for p in VECTORS.glob("*.json"))
 
 
 def _t(x, dtype=torch.float64):
@@ -99,7 +102,61 @@ def _numpy(fn):
     return wrapped
 
 
+def _mdp(P, R, gamma, rho0, terminal) -> T.MDP:
+    return T.MDP(P, R, rho0, gamma, terminal=terminal)
+
+
+def _tabular_values(P, R, gamma, rho0, terminal, pi):
+    mdp = _mdp(P, R, gamma, rho0, terminal)
+    return T.policy_evaluation(mdp, pi), T.expected_return(mdp, pi)
+
+
+def _tabular_occupancy(fn):
+    def wrapped(P, R, gamma, rho0, terminal, pi):
+        mdp = _mdp(P, R, gamma, rho0, terminal)
+        return fn(mdp, pi, normalized=False), fn(mdp, pi, normalized=True)
+
+    return wrapped
+
+
+def _tabular_optimal(P, R, gamma, rho0, terminal):
+    result = T.policy_iteration(_mdp(P, R, gamma, rho0, terminal))
+    return result.V, result.Q, np.argmax(result.policy, axis=1)
+
+
+def _tabular_performance_difference(P, R, gamma, rho0, terminal, pi, pi_new):
+    mdp = _mdp(P, R, gamma, rho0, terminal)
+    J_pi, J_pi_new = T.expected_return(mdp, pi), T.expected_return(mdp, pi_new)
+    return {
+        "J_pi": J_pi,
+        "J_pi_new": J_pi_new,
+        "difference": J_pi_new - J_pi,
+        "expected_advantage": T.expected_advantage(mdp, pi, pi_new),
+        "rho_pi": T.state_occupancy(mdp, pi, normalized=False),
+        "rho_pi_new": T.state_occupancy(mdp, pi_new, normalized=False),
+        "pdl_sum": T.performance_difference(mdp, pi, pi_new),
+        "surrogate": T.surrogate(mdp, pi, pi_new),
+        "distribution_shift_penalty": T.distribution_shift_penalty(mdp, pi, pi_new),
+    }
+
+
+TABULAR = {
+    "tabular_values": _tabular_values,
+    "tabular_q_values": lambda P, R, gamma, rho0, terminal, pi: T.q_values(
+        _mdp(P, R, gamma, rho0, terminal), pi
+    ),
+    "tabular_advantages": lambda P, R, gamma, rho0, terminal, pi: T.advantages(
+        _mdp(P, R, gamma, rho0, terminal), pi
+    ),
+    "tabular_state_occupancy": _tabular_occupancy(T.state_occupancy),
+    "tabular_state_action_occupancy": _tabular_occupancy(T.state_action_occupancy),
+    "tabular_optimal": _tabular_optimal,
+    "tabular_performance_difference": _tabular_performance_difference,
+}
+
+
 REFIMPL = {
+    **TABULAR,
     "policy_loss": _policy_loss,
     "policy_loss_conventions": _policy_loss_conventions,
     "kl": _kl,
@@ -139,6 +196,14 @@ def test_refimpl_passes_every_vector(name):
         report.summary()
     )
     assert report.checked == len(document["vectors"]) and report.skipped == 0
+
+
+def _leaves(x):
+    if isinstance(x, list):
+        for item in x:
+            yield from _leaves(item)
+    else:
+        yield x
 
 
 def check(name: str, **bugs) -> consumer.Report:
@@ -248,6 +313,87 @@ def test_planted_bug_per_decision_is_uses_the_trajectory_weight():
     assert "importance/per_decision_is/equal_policies/1" not in failing  # all weights 1: no difference
 
 
+def _tabular_vectors(quantity: str) -> list[dict]:
+    vectors = json.loads((VECTORS / "tabular.json").read_text())["vectors"]
+    return [v for v in vectors if v["quantity"] == quantity and v["result"] == "valid"]
+
+
+def test_planted_bug_tabular_advantages_against_the_best_action():
+    """A = Q - max_a Q instead of Q - V: wrong wherever V(s) < max_a Q(s, a) for some state, i.e.
+    wherever the vector's exact A has a row whose maximum is not exactly 0."""
+
+    def buggy(P, R, gamma, rho0, terminal, pi):
+        Q = T.q_values(_mdp(P, R, gamma, rho0, terminal), pi)
+        return Q - Q.max(axis=1, keepdims=True)
+
+    report = check("tabular.json", tabular_advantages=buggy)
+    should_fail = {
+        v["id"]
+        for v in _tabular_vectors("advantages")
+        if any(max(Fraction(a) for a in row) != 0 for row in v["expected"]["A"])
+    }
+    assert should_fail and {f.id for f in report.failures} == should_fail
+    assert len(should_fail) < len(_tabular_vectors("advantages"))  # a one-action MDP has A = 0
+
+
+def test_planted_bug_tabular_occupancy_normalised():
+    """The normalised d_pi returned as the unnormalised rho_pi (the 1/(1 - gamma) of seed 001 (48)
+    dropped): wrong wherever sum_s rho(s) != 1, i.e. every occupancy vector but gamma = 0."""
+
+    def normalised(fn):
+        def buggy(P, R, gamma, rho0, terminal, pi):
+            _, d = TABULAR[fn](P, R, gamma, rho0, terminal, pi)
+            return d, d
+
+        return buggy
+
+    report = check(
+        "tabular.json",
+        tabular_state_occupancy=normalised("tabular_state_occupancy"),
+        tabular_state_action_occupancy=normalised("tabular_state_action_occupancy"),
+    )
+    occupancy = _tabular_vectors("state_occupancy") + _tabular_vectors("state_action_occupancy")
+    should_fail = {v["id"] for v in occupancy if sum(map(Fraction, _leaves(v["expected"]["rho"]))) != 1}
+    assert should_fail and {f.id for f in report.failures} == should_fail
+    assert {v["id"] for v in occupancy} - should_fail == {
+        f"tabular/gamma_zero/{q}" for q in ("state_occupancy", "state_action_occupancy")
+    }
+    assert all(f.message.startswith("rho[") for f in report.failures)
+
+
+def test_planted_bug_tabular_unchecked_solve():
+    """Policy evaluation by a least-squares solve with no input checks fails every invalid tabular
+    vector, and the valid gamma = 1 one: there I - P_pi is singular (a terminal state's row is 0)
+    and lstsq's minimum-norm solution does not pin V(terminal) = 0."""
+
+    def unchecked(P, R, gamma, rho0, terminal, pi):
+        R = np.einsum("sat,sat->sa", P, R) if R.ndim == 3 else R
+        P_pi, r_pi = np.einsum("sa,sat->st", pi, P), np.einsum("sa,sa->s", pi, R)
+        V = np.linalg.lstsq(np.eye(len(r_pi)) - gamma * P_pi, r_pi, rcond=None)[0]
+        return V, float(rho0[: len(V)] @ V)
+
+    report = check("tabular.json", tabular_values=unchecked)
+    vectors = json.loads((VECTORS / "tabular.json").read_text())["vectors"]
+    invalid = {v["id"] for v in vectors if v["result"] == "invalid"}
+    failing = {f.id for f in report.failures}
+    assert failing == invalid | {"tabular/gamma_one_episodic/values"}, report.summary()
+    assert all("accepted invalid input" in f.message for f in report.failures if f.id in invalid)
+
+
+def test_tabular_tolerance_is_not_vacuous():
+    """V off by 2^-36 max|R| (a wrong 11th digit, far above the roundoff): caught at every gamma
+    with kappa <= 16 (eV = 16 (S + A) u kappa (kappa + 1) max|R| < 2^-36 max|R| there)."""
+
+    def off(P, R, gamma, rho0, terminal, pi):
+        V, J = _tabular_values(P, R, gamma, rho0, terminal, pi)
+        return V + 2.0**-36 * np.max(np.abs(R)), J
+
+    report = check("tabular.json", tabular_values=off)
+    failing = {f.id for f in report.failures}
+    caught = {f"tabular/{case}/values" for case in ("random_s3_a2", "gamma_zero", "single_state")}
+    assert caught <= failing
+
+
 def test_planted_bug_accepting_nan_is_caught_by_invalid_vectors():
     """An implementation that never validates its input fails the invalid vectors."""
 
@@ -307,6 +453,7 @@ def test_the_consumer_imports_only_numpy_and_the_standard_library():
         "json",
         "sys",
         "collections",
+        "fractions",
         "pathlib",
         "numpy",
     }

@@ -32,6 +32,26 @@ ones ``[N, T]`` padded with ``mask``):
   ``snis_estimate(f, weights)``, ``trajectory_importance_weights(target_logp, behavior_logp, mask)``,
   ``trajectory_is(rewards, target_logp, behavior_logp, mask, gamma)``,
   ``per_decision_is(rewards, target_logp, behavior_logp, mask, gamma)``.
+- Tabular MDPs (``tabular.json``; float64 only, skipped under ``--dtype float32``), with ``P``
+  ``[S, A, S]``, ``R`` ``[S, A]`` or ``[S, A, S]`` (reward on the transition), ``gamma`` a float,
+  ``rho0`` ``[S]``, ``terminal`` a bool ``[S]``, policies ``[S, A]``:
+  ``tabular_values(P, R, gamma, rho0, terminal, pi) -> (V, J)``;
+  ``tabular_q_values(...same) -> Q``; ``tabular_advantages(...same) -> A``;
+  ``tabular_state_occupancy(...same) -> (rho, d)`` (rho unnormalised, d = rho / sum rho);
+  ``tabular_state_action_occupancy(...same) -> (rho, d)`` (``[S, A]``);
+  ``tabular_optimal(P, R, gamma, rho0, terminal) -> (V_star, Q_star, pi_star)`` (``pi_star``: one
+  action index per state, any action of the vector's ``optimal_actions`` passes);
+  ``tabular_performance_difference(P, R, gamma, rho0, terminal, pi, pi_new) -> dict`` with the keys
+  ``J_pi, J_pi_new, difference, expected_advantage, rho_pi, rho_pi_new, pdl_sum, surrogate,
+  distribution_shift_penalty``. Inputs written ``"p/q"`` arrive correctly rounded
+  (``float(Fraction("1/3"))``). Tolerance (the conditioning, not the generic rtol): policy
+  evaluation solves ``(I - gamma P_pi) V = r_pi``, whose inverse has infinity norm
+  ``kappa = 1/(1 - gamma)`` (at gamma = 1 the longest expected episode length under the policy,
+  computed here from the inputs), so with ``b = 16 (S + A) 2^-53 kappa`` and the value scale
+  ``s_V = expected.abs_scale`` if present, else ``(kappa + 1) max|R|`` (``|V| <= kappa max|r|``),
+  ``eV = b s_V``: V, V*, J within ``2 eV``, Q, Q* ``2 eV``, A ``3 eV``; occupancies
+  ``eRho = b (kappa + 1)`` for rho, ``2 eRho / sum(rho)`` for d; the performance-difference terms
+  propagate these through the sums ``rho . abar`` (``_tabular_tolerances``).
 """
 
 from __future__ import annotations
@@ -42,6 +62,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +94,13 @@ FUNCTIONS = (
     "trajectory_importance_weights",
     "trajectory_is",
     "per_decision_is",
+    "tabular_values",
+    "tabular_q_values",
+    "tabular_advantages",
+    "tabular_state_occupancy",
+    "tabular_state_action_occupancy",
+    "tabular_optimal",
+    "tabular_performance_difference",
 )
 
 _PADDING = -5.5  # finite junk at padded positions unless the vector names a padding value
@@ -352,10 +380,122 @@ def _check_importance(fn, vector, dtype):
     return _compare(key, got, e[key], float(e["abs_scale"]), dtype)
 
 
+def _rational(text) -> float:
+    """A tabular input string as float64: ``"p/q"`` correctly rounded (``Fraction``), else ``float``
+    (decimals, ``"nan"``, ``"inf"``)."""
+    return float(Fraction(text)) if isinstance(text, str) and "/" in text else float(text)
+
+
+def _nested(x) -> np.ndarray:
+    def rec(v):
+        return [rec(item) for item in v] if isinstance(v, list) else _rational(v)
+
+    return np.array(rec(x), dtype=np.float64)
+
+
+_TABULAR_KEYS = {
+    "values": ("V", "J"),
+    "q_values": ("Q",),
+    "advantages": ("A",),
+    "state_occupancy": ("rho", "d"),
+    "state_action_occupancy": ("rho", "d"),
+    "optimal": ("V_star", "Q_star", "pi_star"),
+}
+_PDL_KEYS = ("J_pi", "J_pi_new", "difference", "expected_advantage", "rho_pi", "rho_pi_new", "pdl_sum",
+             "surrogate", "distribution_shift_penalty")
+
+
+def _tabular_args(vector, dtype):
+    inputs = vector["inputs"]
+    args = [_nested(inputs["P"]), _nested(inputs["R"]), _rational(inputs["gamma"]), _nested(inputs["rho0"]),
+            np.array(inputs["terminal"], dtype=bool)]
+    args += [_nested(inputs[k]) for k in ("pi", "pi_new") if k in inputs]
+    return tuple(args)
+
+
+def _kappa(P, gamma, terminal, pi) -> float:
+    """``||(I - gamma P_pi)^-1||_inf``: 1/(1 - gamma), at gamma = 1 the longest expected episode
+    length (solving for the expected number of steps from each non-terminal state)."""
+    if gamma < 1:
+        return 1.0 / (1.0 - gamma)
+    live = ~terminal
+    P_pi = np.einsum("sa,sat->st", pi, P)[np.ix_(live, live)]
+    steps = np.linalg.solve(np.eye(int(live.sum())) - P_pi, np.ones(int(live.sum())))
+    return float(np.max(steps, initial=1.0))
+
+
+def _tabular_tolerances(vector) -> dict[str, float]:
+    """The absolute tolerance of each expected key (module docstring; SCHEMA.md)."""
+    P, R, gamma, _, terminal, *policies = _tabular_args(vector, np.float64)
+    e, quantity = vector["expected"], vector["quantity"]
+    S, A = P.shape[0], P.shape[1]
+    r_max = float(np.max(np.abs(R), initial=0.0))
+    if quantity == "optimal":
+        policies = [np.eye(A)[np.array(e["pi_star"], dtype=np.int64)]]
+
+    def bounds(pi):
+        kappa = _kappa(P, gamma, terminal, pi)
+        b = 16 * (S + A) * 2.0**-53 * kappa
+        scale = float(e["abs_scale"]) if "abs_scale" in e else (kappa + 1) * r_max
+        return b * scale, b * (kappa + 1)  # eV, eRho
+
+    eV, eRho = bounds(policies[0])
+    if quantity in ("state_occupancy", "state_action_occupancy"):
+        total = float(np.sum(_nested(e["rho"])))
+        return {"rho": eRho, "d": 2 * eRho / total if total else 0.0}
+    if quantity != "performance_difference":
+        return {"V": 2 * eV, "J": 2 * eV, "Q": 2 * eV, "A": 3 * eV, "V_star": 2 * eV, "Q_star": 2 * eV}
+    eV_new, eRho_new = bounds(policies[1])
+    abar_tol = 4 * eV  # sum_a pi'(a|s) A_pi(s, a), A to 3 eV
+    a_max = float(np.max(np.abs(_nested(e["expected_advantage"]))))
+    pdl = float(np.sum(_nested(e["rho_pi_new"]))) * abar_tol + eRho_new * a_max
+    surrogate = 2 * eV + float(np.sum(_nested(e["rho_pi"]))) * abar_tol + eRho * a_max
+    return {"J_pi": 2 * eV, "J_pi_new": 2 * eV_new, "difference": 2 * eV + 2 * eV_new,
+            "expected_advantage": abar_tol, "rho_pi": eRho, "rho_pi_new": eRho_new, "pdl_sum": pdl,
+            "surrogate": surrogate, "distribution_shift_penalty": pdl + surrogate}
+
+
+def _check_tabular(fn, vector, dtype):
+    out = fn(*_tabular_args(vector, dtype))
+    quantity, e = vector["quantity"], vector["expected"]
+    if quantity == "performance_difference":
+        if not isinstance(out, dict):
+            return f"expected a dict with keys {_PDL_KEYS}, got {type(out).__name__}"
+        got = {key: out.get(key) for key in _PDL_KEYS}
+    else:
+        keys = _TABULAR_KEYS[quantity]
+        out = (out,) if len(keys) == 1 else tuple(out)
+        if len(out) != len(keys):
+            return f"expected {len(keys)} results {keys}, got {len(out)}"
+        got = dict(zip(keys, out, strict=True))
+    if quantity == "optimal":
+        chosen = np.asarray(got.pop("pi_star")).reshape(-1)
+        if chosen.shape != (len(e["optimal_actions"]),):
+            return f"pi_star: shape {chosen.shape}, expected ({len(e['optimal_actions'])},)"
+        for s, (a, allowed) in enumerate(zip(chosen.tolist(), e["optimal_actions"], strict=True)):
+            if a not in allowed:
+                return f"pi_star[{s}]: got action {a}, optimal actions {allowed}"
+    tol = _tabular_tolerances(vector)
+    for key, value in got.items():
+        if value is None:
+            return f"{key}: missing"
+        want = np.array(_flatten(e[key]), dtype=np.float64)
+        value = np.asarray(value, dtype=np.float64).reshape(-1)
+        if value.shape != want.shape:
+            return f"{key}: shape {value.shape}, expected {want.shape}"
+        bad = ~(np.abs(value - want) <= tol[key])
+        if bad.any():
+            k = int(np.argmax(bad))
+            return f"{key}[{k}]: got {value[k]!r}, expected {want[k]!r} (tolerance {tol[key]:.3g})"
+    return None
+
+
 def _family(kind: str, vector: dict) -> str:
     """The implementation function a vector of ``kind`` calls."""
     if kind in ("returns", "importance"):
         return vector["estimator"]
+    if kind == "tabular":
+        return "tabular_" + vector["quantity"]
     return {"advantages": "group_advantages", "logprobs": "token_logprobs"}.get(kind, kind)
 
 
@@ -375,6 +515,8 @@ def _runner(kind: str) -> tuple[Callable, Callable]:
         return _check_returns, lambda fn, v, d: fn(*_returns_args(v, d))
     if kind == "importance":
         return _check_importance, lambda fn, v, d: fn(*_importance_args(v, d))
+    if kind == "tabular":
+        return _check_tabular, lambda fn, v, d: fn(*_tabular_args(v, d))
     raise KeyError(kind)
 
 
@@ -387,13 +529,15 @@ def check_document(document: dict, implementation: dict[str, Callable], dtype: s
     try:
         check, call = _runner(kind)
     except KeyError:
-        report.skipped += len(document["vectors"])  # e.g. tabular: no numpy signature here
+        report.skipped += len(document["vectors"])  # a kind this consumer does not know
         return report
     np_dtype = np.dtype(dtype)
     for vector in document["vectors"]:
         fn = implementation.get(_family(kind, vector))
         flags = tuple(vector["flags"])
-        inexact = dtype != "float64" and (FLOAT32_SKIP & set(flags) or not _exact_in(vector["inputs"], dtype))
+        inexact = dtype != "float64" and (
+            kind == "tabular" or FLOAT32_SKIP & set(flags) or not _exact_in(vector["inputs"], dtype)
+        )
         if fn is None or inexact:
             report.skipped += 1
             continue
