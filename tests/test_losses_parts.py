@@ -5,6 +5,7 @@ normaliser passed through ppo_combined_loss, entropy over many chunks)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -47,7 +48,16 @@ F64 = torch.float64
      (lambda: DualAscentKLController(0.0, 0.0, 0.1), ValueError,
       r"^target_kl and lr must be > 0, got target_kl=0.0, lr=0.1$"),
      (lambda: AdaptiveKLController(0.1, 0.01).update("x"), TypeError,
-      r"^kl must be a real number or a scalar tensor, got str$")],
+      r"^kl must be a real number or a scalar tensor, got str$"),
+     # the boundaries of each range check (0 and 1 are excluded) and each operand of the `or`
+     (lambda: AdaptiveKLController(0.1, 0.0), ValueError, r"^target_kl must be > 0, got 0.0$"),
+     (lambda: AdaptiveKLController(0.1, 0.01, factor=1.0), ValueError,
+      r"^factor and band must be > 1, got factor=1.0, band=1.5$"),
+     (lambda: AdaptiveKLController(0.1, 0.01, band=1), ValueError,
+      r"^factor and band must be > 1, got factor=2.0, band=1.0$"),
+     (lambda: AdaptiveKLController(0.1, 0.01).update(-0.5), ValueError, r"^kl must be >= 0, got -0.5$"),
+     (lambda: DualAscentKLController(0.0, 0.01, 0.1).update(None), TypeError,
+      r"^kl must be a real number or a scalar tensor, got NoneType$")],
 )
 def test_kl_controller_errors_name_the_argument(make, error, pattern):
     with pytest.raises(error, match=pattern):
@@ -175,3 +185,113 @@ def test_preference_weights_errors_and_dpo_inputs_by_name():
                           beta=0.1)
     assert float(metrics["chosen_reward"]) == pytest.approx(0.2, rel=1e-15)
     assert float(metrics["rejected_reward"]) == pytest.approx(-0.1, rel=1e-15)
+
+
+@pytest.mark.parametrize("position", range(4))
+def test_dpo_errors_name_each_input(position):
+    from refimpl.losses import dpo_loss
+
+    names = ["policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps"]
+    z = torch.zeros(2, dtype=F64)
+    args = [z] * 4
+    args[position] = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(TypeError, match=rf"^{names[position]} must be a floating-point torch.Tensor$"):
+        dpo_loss(*args, beta=0.1)
+    if position:  # the first tensor sets the device: the meta device exists on every build
+        args[position] = torch.zeros(2, dtype=F64, device="meta")
+        with pytest.raises(ValueError, match=rf"^{names[position]} must be on cpu, got meta$"):
+            dpo_loss(*args, beta=0.1)
+
+
+@pytest.mark.parametrize("beta", [True, "0.1", math.inf, math.nan, 0, -1.0])
+def test_dpo_beta_must_be_a_finite_positive_number(beta):
+    z = torch.zeros(2, dtype=F64)
+    from refimpl.losses import dpo_loss
+
+    with pytest.raises(ValueError, match=rf"^beta must be a finite number > 0, got {re.escape(repr(beta))}$"):
+        dpo_loss(z, z, z, z, beta=beta)
+
+
+def test_preference_weights_shape_and_device_are_checked():
+    from refimpl.losses import dpo_loss
+
+    z = torch.zeros(2, dtype=F64)
+    with pytest.raises(ValueError, match=r"^weights must have shape \(2,\) on cpu, got \(3,\) on cpu$"):
+        bradley_terry_loss(z, z, weights=torch.ones(3, dtype=F64))
+    with pytest.raises(ValueError, match=r"^weights must have shape \(2,\) on cpu, got \(2,\) on meta$"):
+        bradley_terry_loss(z, z, weights=torch.ones(2, dtype=F64, device="meta"))
+    with pytest.raises(ValueError, match=r"^weights must be finite and >= 0$"):
+        dpo_loss(z, z, z, z, beta=0.1, weights=torch.tensor([1.0, -0.5], dtype=F64))
+
+
+def test_preference_weights_apply_to_the_loss_and_every_metric():
+    """Weights (1, 3) on two pairs: every reported mean is sum(w x) / 4 (dyadic values: exact)."""
+    from refimpl.losses import dpo_loss
+
+    w = torch.tensor([1.0, 3.0], dtype=F64)
+    rc, rr = torch.tensor([2.0, -1.0], dtype=F64), torch.tensor([1.0, 1.0], dtype=F64)
+    _, metrics = bradley_terry_loss(rc, rr, weights=w)
+    assert float(metrics["reward_margin"]) == (1.0 * 1 + 3 * -2.0) / 4
+    assert float(metrics["reward_accuracy"]) == 0.25
+    # beta 0.5: chosen rewards 0.5 * (1, 3), rejected 0.5 * (-2, 2), margins (1.5, 0.5)
+    z = torch.zeros(2, dtype=F64)
+    loss, metrics = dpo_loss(torch.tensor([1.0, 3.0], dtype=F64), torch.tensor([-2.0, 2.0], dtype=F64), z, z,
+                             beta=0.5, weights=w)
+    assert float(metrics["chosen_reward"]) == (0.5 + 3 * 1.5) / 4
+    assert float(metrics["rejected_reward"]) == (-1.0 + 3 * 1.0) / 4
+    assert float(metrics["reward_margin"]) == (1.5 + 3 * 0.5) / 4
+    assert float(metrics["reward_accuracy"]) == 1.0
+    expected = (math.log1p(math.exp(-1.5)) + 3 * math.log1p(math.exp(-0.5))) / 4
+    assert float(loss) == pytest.approx(expected, rel=1e-15)  # a few float64 roundings (eps = 2.2e-16)
+
+
+def test_preference_loss_dtype_ignores_the_weights_dtype():
+    """The loss is in promote_types(input dtype, float32); float64 weights do not widen it."""
+    r = torch.tensor([0.5, -0.25], dtype=torch.float32)
+    loss, metrics = bradley_terry_loss(r, -r, weights=torch.tensor([1.0, 2.0], dtype=F64))
+    assert loss.dtype == torch.float32 and metrics["reward_margin"].dtype == torch.float32
+
+
+def test_logits_and_tokens_errors_in_full():
+    with pytest.raises(ValueError, match=r"^logits must be \[\.\.\., V\] with V >= 1, got shape \(\)$"):
+        token_entropy(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"^logits must be \[\.\.\., V\] with V >= 1, got shape \(2, 0\)$"):
+        token_logprobs(torch.zeros(2, 0), torch.zeros(2, dtype=torch.long))
+    pattern = r"^tokens must have shape \(2, 3\) \(logits without V\), got \(2, 4\)$"
+    with pytest.raises(ValueError, match=pattern):
+        token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^tokens must be on the device of logits \(cpu\), got meta$"):
+        token_logprobs(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long, device="meta"))
+    bad = torch.zeros(2, 3)
+    bad[1, 2] = math.nan
+    message = r"^logits contains NaN or \+inf \(or a row that is all -inf\)$"
+    with pytest.raises(ValueError, match=message):
+        token_logprobs(bad, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=message):
+        token_entropy(bad)
+    for elements in (True, 0, 2.0):
+        with pytest.raises(ValueError, match=rf"^chunk_elements must be a positive int, got {elements!r}$"):
+            token_logprobs(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), chunk_elements=elements)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 3, 7])
+@pytest.mark.parametrize("chunk_elements", [1, 2, 5, 6, 7, 1 << 22, None])
+def test_rows_per_chunk_bounds_the_working_chunk(vocab, chunk_elements):
+    """The chunk holds at most chunk_elements elements (one row when a row alone exceeds it), and one
+    more row would exceed it."""
+    from refimpl.losses.logprobs import DEFAULT_CHUNK_ELEMENTS, _rows_per_chunk
+
+    elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    rows = _rows_per_chunk(vocab, chunk_elements)
+    assert rows >= 1 and (rows == 1 or rows * vocab <= elements)
+    assert (rows + 1) * vocab > elements
+
+
+def test_forward_allocates_on_the_device_of_logits():
+    """The meta device exists on every build: results (and the saved logsumexp) follow the logits."""
+    meta = torch.zeros(2, 3, device="meta")
+    out = token_entropy(meta, check_finite=False)
+    assert out.device.type == "meta" and out.shape == (2,)
+    empty = torch.zeros(0, 3, device="meta")
+    out = token_logprobs(empty, torch.zeros(0, dtype=torch.long, device="meta"))
+    assert out.device.type == "meta" and out.shape == (0,)

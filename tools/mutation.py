@@ -70,11 +70,11 @@ KILL_TESTS = "tests/test_mutation_kills_*.py"
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
 # that test the module itself.
 MODULES: dict[str, list[str]] = {
-    "refimpl/losses/dpo.py": ["tests/test_dpo.py"],
-    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py"],
-    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py"],
-    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py"],
-    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py"],
+    "refimpl/losses/dpo.py": ["tests/test_dpo.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
     "refimpl/advantages.py": ["tests/test_advantages.py", "tests/test_group_expectations.py"],
     "refimpl/kl.py": ["tests/test_kl.py"],
     "refimpl/estimators.py": ["tests/test_estimators*.py"],
