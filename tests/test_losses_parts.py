@@ -4,6 +4,7 @@ normaliser passed through ppo_combined_loss, entropy over many chunks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -295,3 +296,95 @@ def test_forward_allocates_on_the_device_of_logits():
     empty = torch.zeros(0, 3, device="meta")
     out = token_logprobs(empty, torch.zeros(0, dtype=torch.long, device="meta"))
     assert out.device.type == "meta" and out.shape == (0,)
+
+
+def test_value_and_entropy_type_and_name_errors_in_full():
+    mask, values = _value_batch()
+    with pytest.raises(TypeError, match=r"^values must be a torch.Tensor, got list$"):
+        value_loss([[0.0] * 3] * 2, values, mask)
+    with pytest.raises(TypeError, match=r"^values must be a floating-point tensor, got dtype torch.int64$"):
+        value_loss(values.long(), values, mask)
+    bad = values.clone()
+    bad[1, 0] = math.inf
+    with pytest.raises(ValueError, match=r"^values contains NaN or inf at unmasked positions$"):
+        value_loss(bad, values, mask)
+    with pytest.raises(ValueError, match=r"^returns must be on device cpu, got meta$"):
+        value_loss(values, values.to("meta"), mask)
+    with pytest.raises(ValueError, match=r"^clip_eps must be a positive number, got True$"):
+        value_loss(values, values, mask, old_values=values, clip_eps=True)
+    with pytest.raises(TypeError, match=r"^entropy must be a torch.Tensor, got list$"):
+        entropy_bonus_loss([[0.0] * 3] * 2, mask)
+    with pytest.raises(TypeError, match=r"^entropy must be a floating-point tensor, got dtype torch.int64$"):
+        entropy_bonus_loss(values.long(), mask)
+    for normalizer in (True, 0.0, -1.0, "2"):
+        with pytest.raises(ValueError, match=rf"^normalizer must be a positive number or a scalar tensor, "
+                                             rf"got {re.escape(repr(normalizer))}$"):
+            entropy_bonus_loss(values, mask, normalizer=normalizer)
+
+
+def test_value_loss_of_a_single_sample_and_normalizers_below_one_or_tensors():
+    """One unmasked sample: the mean is that sample's squared error (the count is 1, not clamped
+    higher); a normaliser may be any positive number, also below 1, or a scalar tensor."""
+    mask = torch.tensor([[False, True, False]])
+    values = torch.tensor([[9.0, 0.5, 9.0]], dtype=F64)
+    returns = torch.tensor([[0.0, 2.0, 0.0]], dtype=F64)
+    loss, metrics = value_loss(values, returns, mask)
+    assert float(loss) == 2.25 and float(metrics["value_error"]) == 2.25
+    assert float(metrics["value_mean"]) == 0.5
+    old = torch.tensor([[0.0, 0.0, 0.0]], dtype=F64)
+    # clipped: old + clip(0.5, -0.25, 0.25) = 0.25 -> (0.25 - 2)^2 = 3.0625 > 2.25: the clipped branch
+    loss, metrics = value_loss(values, returns, mask, old_values=old, clip_eps=0.25)
+    assert float(loss) == 3.0625 and float(metrics["value_clip_fraction"]) == 1.0
+    assert float(value_loss(values, returns, mask, normalizer=0.5)[0]) == 4.5
+    assert float(entropy_bonus_loss(values, mask, normalizer=0.25)[0]) == -2.0
+    loss = value_loss(values, returns, mask, normalizer=torch.tensor(4.0, dtype=F64))[0]
+    assert float(loss) == 2.25 / 4
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_value_and_entropy_losses_are_computed_in_at_least_float32(low):
+    """The loss dtype is promote_types(values.dtype, float32) whatever the dtypes of returns,
+    old_values and a tensor normaliser (md section 10; docstrings)."""
+    mask = torch.tensor([[True, True, False]])
+    values = torch.tensor([[0.5, -1.0, 3.0]], dtype=low)
+    wide = torch.tensor([[1.0, 1.0 + 2.0**-40, 0.0]], dtype=F64)  # 2^-40 is lost in float32
+    loss, metrics = value_loss(values, wide, mask, old_values=wide, clip_eps=0.5,
+                               normalizer=torch.tensor(2.0, dtype=F64))
+    assert loss.dtype == torch.float32 and all(m.dtype == torch.float32 for m in metrics.values())
+    # values 0.5, -1 against float32(returns) 1, 1: errors 0.25 and 4; the clipped values old + clip(v - old,
+    # -0.5, 0.5) = 0.5, 0.5 give 0.25 and 0.25; the larger of each pair, over the normaliser 2
+    assert float(loss) == (0.25 + 4.0) / 2
+    ent_loss, ent = entropy_bonus_loss(values, mask)
+    assert ent_loss.dtype == torch.float32 and float(ent_loss) == 0.25
+
+
+def _combined_batch():
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    logp = torch.tensor([[-1.0, -0.5, 0.0], [-2.0, 0.0, 0.0]], dtype=F64)
+    adv = torch.tensor([1.0, -1.0], dtype=F64)
+    values = torch.tensor([[0.5, -1.0, 0.0], [2.0, 0.0, 0.0]], dtype=F64)
+    entropy = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]], dtype=F64)
+    return mask, logp, adv, values, entropy
+
+
+def test_ppo_combined_loss_passes_the_value_clip_and_checks_its_arguments():
+    mask, logp, adv, values, entropy = _combined_batch()
+    returns, old = values + 1.0, values - 1.0
+    _, metrics = ppo_combined_loss(logp, logp, adv, values, returns, entropy, mask, value_coef=0.5,
+                                   entropy_coef=0.0, old_values=old, value_clip_eps=0.5)
+    clipped, _ = value_loss(values, returns, mask, old_values=old, clip_eps=0.5)
+    # old + clip(1, -0.5, 0.5) = values - 0.5: squared error 2.25 > 1 on every sample
+    assert float(metrics["value_loss"]) == float(clipped) == 2.25
+    args = (logp, logp, adv, values, returns, entropy, mask)
+    with pytest.raises(TypeError, match=r"^variant must be a PolicyLossVariant, got str$"):
+        ppo_combined_loss(*args, value_coef=0.5, entropy_coef=0.0, variant="ppo")
+    pattern = (r"^variant must have aggregation='token_mean', entropy_coef=0 and kl_coef=0 "
+               r"\(seed 001 \(85\)\), got PolicyLossVariant\(")
+    for change in ({"kl_coef": 0.1}, {"entropy_coef": 0.1}, {"aggregation": "seq_mean"}):
+        with pytest.raises(ValueError, match=pattern):
+            ppo_combined_loss(*args, value_coef=0.5, entropy_coef=0.0,
+                              variant=dataclasses.replace(PPO, **change))
+    for name in ("value_coef", "entropy_coef"):
+        coefs = {"value_coef": 0.5, "entropy_coef": 0.0, name: True}
+        with pytest.raises(ValueError, match=rf"^{name} must be a number >= 0, got True$"):
+            ppo_combined_loss(*args, **coefs)
