@@ -29,13 +29,21 @@ def test_overflow_message_in_full_with_the_float64_hint_only_below_float64(dtype
 
 
 def test_log_clip_without_a_lower_bound_leaves_negative_advantages_unclipped():
-    """md eq. (18) with eps_low = None: max(l, -inf) = l for A <= 0, so the term is exp(l) A."""
+    """md eq. (18) with eps_low = None: max(l, -inf) = l for A <= 0, so the term is exp(l) A; for
+    A > 0, min(l, eps_high) with the bound 0.2 in float64 (not rounded through float32)."""
     variant = dataclasses.replace(PPO, gate="log_clip", eps_low=None, eps_high=0.2)
-    logp = torch.tensor([[-3.0, 0.5]], dtype=F64)
-    loss, _ = policy_loss(logp, torch.zeros(1, 2, dtype=F64), torch.tensor([-1.0], dtype=F64),
-                          torch.ones(1, 2, dtype=torch.bool), variant)
-    # token mean of -(exp(l) * A) = (e^-3 + e^0.5) / 2: a few roundings (float64 eps 2.2e-16)
-    assert float(loss) == pytest.approx((math.exp(-3.0) + math.exp(0.5)) / 2, rel=1e-15)
+    logp = torch.tensor([[-3.0, 0.5], [1.0, 0.0]], dtype=F64)
+    mask = torch.tensor([[True, True], [True, False]])
+    loss, _ = policy_loss(logp, torch.zeros(2, 2, dtype=F64), torch.tensor([-1.0, 1.0], dtype=F64), mask,
+                          variant)
+    # token mean of -(exp(l) A) = (e^-3 + e^0.5 - e^0.2) / 3: a few roundings (float64 eps 2.2e-16,
+    # no cancellation: e^-3 + e^0.5 - e^0.2 = 0.48); float32(0.2) would change e^0.2 by 3e-9
+    assert float(loss) == pytest.approx((math.exp(-3.0) + math.exp(0.5) - math.exp(0.2)) / 3, rel=1e-15)
+
+
+def test_tau_neg_is_required():
+    with pytest.raises(ValueError, match=r"^variant.tau_neg must be a finite real number, got None$"):
+        dataclasses.replace(PPO, tau_neg=None)
 
 
 @pytest.mark.parametrize("advantages", [torch.tensor([0.0], dtype=F64), torch.tensor([[0.0]], dtype=F64)])
