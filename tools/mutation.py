@@ -30,8 +30,8 @@ starts is cached as having no modules). MUTATION_JOBS=N (default 1) worker proce
 Runtime and scores: docs/mutation.md ("Runtime and scores") has the table of the last full pass
 (per module: sample, mutants, killed, equivalent, timeouts, score, wall time, load average). With one
 worker on the shared 2-core development machine a mutant costs about 0.3-2 s, so a module takes 1-9
-minutes with MUTATION_SAMPLE=4 and up to an estimated 35 minutes in full (refimpl/losses/policy.py,
-1,150 mutants, 4 times its MUTATION_SAMPLE=4 time).
+minutes with MUTATION_SAMPLE=4 and up to an estimated half hour in full (refimpl/losses/policy.py,
+1,150 mutants, 4 times its MUTATION_SAMPLE=4 time); the whole list in full about an hour.
 
 Usage:
     python tools/mutation.py                       # every module
