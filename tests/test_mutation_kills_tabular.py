@@ -267,6 +267,44 @@ def test_theta_errors_name_the_argument():
     with pytest.raises(TypeError, match=r"^theta_new must be a numeric array, got str$"):
         T.mean_kl(mdp, np.zeros((2, 2)), "x")
 
+    with pytest.raises(ValueError, match=r"^theta must have shape \[S, A\] = \(2, 2\), got \(3, 2\)$"):
+        T.mean_kl(mdp, np.zeros((3, 2)), np.zeros((2, 2)))
+    message = r"^natural_gradient_closed_form needs gamma < 1: it divides by \(1 - gamma\)$"
+    with pytest.raises(ValueError, match=message):
+        T.natural_gradient_closed_form(two_state_bandit_mdp(1.0), np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_natural_gradients_are_zero_on_unreachable_states(seed):
+    """mdp.md eq. (36)-(37): states with d = 0 get 0 (F has a zero block there; both forms)."""
+    mdp, _ = mdp_with_unreachable_states(seed, 0.9)
+    theta = np.random.default_rng(seed).standard_normal((mdp.num_states, mdp.num_actions))
+    unreachable = T.state_occupancy(mdp, T.softmax_policy(theta)) == 0.0
+    assert unreachable.sum() == 3
+    for f in (T.natural_gradient, T.natural_gradient_closed_form):
+        result = f(mdp, theta)
+        assert np.all(result[unreachable] == 0.0) and np.all(np.any(result[~unreachable] != 0.0, axis=1))
+
+
+def test_natural_gradient_counts_eigenvalues_below_1e_12_of_the_largest_as_zero():
+    """The documented cutoff of natural_gradient's pseudo-inverse: in a state with
+    pi = (~1/2, ~1/2, 4.7e-14) the block M = diag pi - pi pi^T has an eigenvalue ~4.7e-14, below
+    1e-12 times its largest (~1/2), so the result has no component along its eigenvector (numpy's
+    default cutoff, a few eps, would keep it: about 1.3 here). Near-deterministic states therefore
+    differ from natural_gradient_closed_form by design."""
+    theta = np.array([[0.0, 0.0, -30.0], [0.0, 1.0, 2.0]])
+    rewards = np.array([[1.0, -1.0, 2.0], [0.5, 0.0, -0.5]])
+    P = np.zeros((2, 3, 2))
+    P[:, :, 1] = 1.0
+    mdp = T.MDP(P, rewards, np.array([0.5, 0.5]), 0.9)
+    pi = T.softmax_policy(theta)
+    eigenvalues, vectors = np.linalg.eigh(np.diag(pi[0]) - np.outer(pi[0], pi[0]))
+    assert eigenvalues[1] < 1e-12 * eigenvalues[2] and eigenvalues[1] > 1e-15
+    row = T.natural_gradient(mdp, theta)[0]
+    # rounding: the kept part has norm ~1; its projection on an orthogonal unit vector is ~eps
+    assert abs(vectors[:, 1] @ row) <= 1e-12 * np.linalg.norm(row)
+    assert abs(vectors[:, 1] @ T.natural_gradient_closed_form(mdp, theta)[0]) > 0.1
+
 
 # ------------------------------------------------------------------------------------------ exact
 

@@ -27,13 +27,11 @@ Each module runs in its own scratch copy ``.mutation/<module>/`` (git-ignored); 
 created there before it is put on PYTHONPATH (a path that does not exist when the interpreter
 starts is cached as having no modules). MUTATION_JOBS=N (default 1) worker processes.
 
-Runtime, measured (MUTATION_JOBS=1, niced, on the 2-core development machine shared with other jobs,
-load average 10-15; an idle machine is faster), every mutant: refimpl/kl.py (228 mutants) 5.6 min,
-refimpl/estimators.py (759) 22-33 min, tabular/evaluation.py (160) 11 min, tabular/control.py (222)
-8 min, tabular/mdp.py (285) 5 min; with MUTATION_SAMPLE=4: tabular/{evaluation,mdp,control,
-improvement,gradients}.py (356 mutants) 28 min, tabular/exact.py (80) 5.5 min; --selftest 4 min.
-At these rates (1-4 s per mutant) the whole list (5,744 mutants) takes about 3-5 hours in full and
-about 1-1.5 hours with MUTATION_SAMPLE=4 on that machine (the other helpers' modules not measured).
+Runtime and scores: docs/mutation.md ("Runtime and scores") has the table of the last full pass
+(per module: sample, mutants, killed, equivalent, timeouts, score, wall time, load average). With one
+worker on the shared 2-core development machine a mutant costs about 0.3-2 s, so a module takes 1-9
+minutes with MUTATION_SAMPLE=4 and up to an estimated half hour in full (refimpl/losses/policy.py,
+1,150 mutants, 4 times its MUTATION_SAMPLE=4 time); the whole list in full about an hour.
 
 Usage:
     python tools/mutation.py                       # every module
@@ -70,11 +68,11 @@ KILL_TESTS = "tests/test_mutation_kills_*.py"
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
 # that test the module itself.
 MODULES: dict[str, list[str]] = {
-    "refimpl/losses/dpo.py": ["tests/test_dpo.py"],
-    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py"],
-    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py"],
-    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py"],
-    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py"],
+    "refimpl/losses/dpo.py": ["tests/test_dpo.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py", "tests/test_losses_parts.py"],
+    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
     "refimpl/advantages.py": ["tests/test_advantages.py", "tests/test_group_expectations.py"],
     "refimpl/kl.py": ["tests/test_kl.py"],
     "refimpl/estimators.py": ["tests/test_estimators*.py"],

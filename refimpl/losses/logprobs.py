@@ -20,6 +20,8 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 22
 
 
 def _rows_per_chunk(vocab: int, chunk_elements: int | None) -> int:
+    """Rows of a ``[rows, vocab]`` working chunk: the most rows whose chunk holds at most
+    ``chunk_elements`` elements (default DEFAULT_CHUNK_ELEMENTS), and at least one row."""
     elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     if isinstance(elements, bool) or not isinstance(elements, int) or elements < 1:
         raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
