@@ -36,6 +36,7 @@ class RolloutBatch:
     kept_fraction: float = 1.0
     drawn_reward: float = float("nan")  # mean reward / accuracy over every sample drawn,
     drawn_accuracy: float = float("nan")  # before dynamic sampling drops groups
+    drawn_truncation: float = float("nan")  # fraction drawn with no EOS within max_new_tokens
 
     def __len__(self) -> int:
         return self.prompts.shape[0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from refimpl import losses
 from refimpl.losses import PolicyLossVariant
 
-__all__ = ["Recipe", "RECIPES", "resolve_recipe", "recipe_default_note", "OVERRIDABLE"]
+__all__ = ["Recipe", "RECIPES", "resolve_recipe", "recipe_default_note", "OVERRIDABLE", "VARIANT_FIELDS"]
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,11 @@ RECIPES: dict[str, Recipe] = {
     ),
 }
 
-# TrainConfig fields that default to their recipe's value when None (the variant's for the first three)
+# TrainConfig fields of the policy-loss variant, None = the recipe's variant's value
+VARIANT_FIELDS: tuple[str, ...] = ("kl_coef", "kl_estimator", "entropy_coef", "eps_high", "aggregation")
+# TrainConfig fields that default to their recipe's value when None (the variant's for VARIANT_FIELDS)
 OVERRIDABLE: tuple[str, ...] = (
-    "kl_coef",
-    "kl_estimator",
-    "entropy_coef",
+    *VARIANT_FIELDS,
     "advantage_scale",
     "dynamic_sampling",
     "overlong_cache_len",
@@ -91,18 +91,24 @@ OVERRIDABLE: tuple[str, ...] = (
 def resolve_recipe(config) -> Recipe:
     """The recipe ``config.loss`` with the config's explicit settings applied: the fields of
     ``OVERRIDABLE`` that are not None replace the recipe's (PPO-RLHF keeps ``kl_coef = 0``: its KL
-    is ``rlhf_kl_coef`` in the reward), and a sequence-sum aggregation without its own ``L_max``
-    (Dr. GRPO) uses the generation limit ``max_new_tokens``."""
+    is ``rlhf_kl_coef`` in the reward), a sequence-sum aggregation without its own ``L_max``
+    (Dr. GRPO) uses the generation limit ``max_new_tokens``, and the sqrt(G) aggregation without its
+    own ``G`` the config's ``group_size``."""
     recipe = RECIPES[config.loss]
     variant_changes = {
         name: getattr(config, name)
-        for name in ("kl_coef", "kl_estimator", "entropy_coef")
+        for name in VARIANT_FIELDS
         if getattr(config, name) is not None and not (recipe.rlhf and name == "kl_coef")
     }
-    if recipe.variant.aggregation == "seq_sum" and recipe.variant.max_length is None:
+    aggregation = variant_changes.get("aggregation", recipe.variant.aggregation)
+    if aggregation == "seq_sum" and recipe.variant.max_length is None:
         variant_changes["max_length"] = config.max_new_tokens
+    if aggregation == "seq_sqrt_token_mean" and recipe.variant.group_size is None:
+        variant_changes["group_size"] = config.group_size
     changes = {
-        name: getattr(config, name) for name in OVERRIDABLE[3:] if getattr(config, name) is not None
+        name: getattr(config, name)
+        for name in OVERRIDABLE[len(VARIANT_FIELDS) :]
+        if getattr(config, name) is not None
     }
     variant = dataclasses.replace(recipe.variant, **variant_changes) if variant_changes else recipe.variant
     return dataclasses.replace(recipe, variant=variant, **changes)
@@ -110,7 +116,7 @@ def resolve_recipe(config) -> Recipe:
 
 def recipe_default_note(name: str) -> str:
     """What leaving the ``TrainConfig`` field ``name`` out (None) means, from ``RECIPES`` (--help)."""
-    if name in ("kl_coef", "kl_estimator", "entropy_coef"):
+    if name in VARIANT_FIELDS:
         return "left out: the loss preset's own"
     values = {loss: getattr(recipe, name) for loss, recipe in RECIPES.items()}
     common = Counter(values.values()).most_common(1)[0][0]

@@ -225,6 +225,8 @@ class Trainer:
             reward=batch.drawn_reward,
             accuracy=batch.drawn_accuracy,
             response_length=float(batch.lengths.float().mean()) if len(batch) else float("nan"),
+            # sampled responses (every one drawn) that hit max_new_tokens without EOS
+            truncation_rate=batch.drawn_truncation,
             kept_groups=batch.kept_fraction,
             lr=self.optimizer.param_groups[0]["lr"],
             rollout_tokens_per_s=sampled_tokens / max(rollout_s, 1e-9),
@@ -275,6 +277,7 @@ class Trainer:
             kept_fraction=drawn.kept_fraction,
             drawn_reward=drawn.reward,
             drawn_accuracy=drawn.accuracy,
+            drawn_truncation=drawn.truncation,
         )
 
     def update(self, batch: RolloutBatch) -> dict:
