@@ -139,6 +139,8 @@ def _malformed_checkpoint(path, trained, drop=None, replace=None):
         "cuda_without_cuda",
         "device_gpu",
         "kl_estimator_k4",
+        "aggregation_sum",
+        "eps_high_text",
         "task_division",
         "group_size_1",
         "group_size_text",
@@ -167,6 +169,11 @@ def test_each_user_mistake_is_one_line_and_exit_2(mistake, tmp_path, trained, ca
         ),
         "device_gpu": lambda: (["train", "--out", tmp_path, *TINY, "--device", "gpu"], ["device", "'gpu'"]),
         "kl_estimator_k4": lambda: (["train", "--kl-estimator", "k4"], ["--kl-estimator", "k1, k2, k3"]),
+        "aggregation_sum": lambda: (
+            ["train", "--aggregation", "sum"],
+            ["--aggregation", "token_mean, seq_sum"],
+        ),
+        "eps_high_text": lambda: (["train", "--eps-high", "high"], ["--eps-high", "'high'"]),
         "task_division": lambda: (["train", "--task", "division"], ["--task", "addition, sort"]),
         "group_size_1": lambda: (["train", "--group-size", "1"], ["group_size"]),
         "group_size_text": lambda: (["train", "--group-size", "eight"], ["--group-size", "'eight'"]),
@@ -209,6 +216,7 @@ def test_help_lists_the_choices_of_every_flag(capsys):
         ("--loss", "{grpo,dr_grpo,dapo,bnpo,gspo,gspo_token,sapo,cispo,ppo_rlhf,prorl,magistral,ppo}"),
         ("--reward", "{exact,partial}"),
         ("--kl-estimator", "{k1,k2,k3}"),
+        ("--aggregation", "{seq_mean_token_mean,token_mean,seq_sum,seq_mean,seq_sqrt_token_mean}"),
         ("--advantage-scale", "{none,group,batch}"),
         ("--positions", "{learned,rope}"),
     ]:

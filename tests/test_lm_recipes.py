@@ -40,6 +40,34 @@ def test_resolve_recipe_defaults_and_explicit_settings():
     assert resolve_recipe(TrainConfig(loss="grpo", ref_reset_every=3)).ref_reset_every == 3
 
 
+def test_eps_high_and_aggregation_override_the_variant():
+    """Left out: the preset's own; given: that field of the variant changes and no other."""
+    grpo = losses.get_preset("grpo")
+    assert resolve_recipe(TrainConfig(loss="grpo")).variant == grpo
+    higher = resolve_recipe(TrainConfig(loss="grpo", eps_high=0.28)).variant
+    assert higher == dataclasses.replace(grpo, eps_high=0.28)
+    token = resolve_recipe(TrainConfig(loss="grpo", aggregation="token_mean")).variant
+    assert token == dataclasses.replace(grpo, aggregation="token_mean")
+    # GRPO plus clip-higher and the token-level loss is DAPO's policy loss
+    both = resolve_recipe(TrainConfig(loss="grpo", eps_high=0.28, aggregation="token_mean")).variant
+    assert both == losses.get_preset("dapo")
+    # the aggregations' own constants come from the config: L_max = max_new_tokens, G = group_size
+    seq_sum = resolve_recipe(TrainConfig(loss="grpo", aggregation="seq_sum", max_new_tokens=7)).variant
+    assert (seq_sum.aggregation, seq_sum.max_length) == ("seq_sum", 7)
+    config = TrainConfig(loss="grpo", aggregation="seq_sqrt_token_mean", group_size=6)
+    sqrt_g = resolve_recipe(config).variant
+    assert (sqrt_g.aggregation, sqrt_g.group_size) == ("seq_sqrt_token_mean", 6)
+
+
+def test_an_override_that_makes_the_variant_invalid_is_refused(monkeypatch):
+    variant = dataclasses.replace(losses.get_preset("grpo"), dual_clip=3.0)
+    monkeypatch.setitem(RECIPES, "grpo", dataclasses.replace(RECIPES["grpo"], variant=variant))
+    TrainConfig(loss="grpo", eps_high=1.5)  # 1 + eps_high <= dual_clip: fine
+    match = r"^eps_high: not valid for loss 'grpo' \(variant.dual_clip must be >= "
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(loss="grpo", eps_high=2.5)
+
+
 def test_help_notes_come_from_the_recipes():
     assert recipe_default_note("kl_coef") == "left out: the loss preset's own"
     note = recipe_default_note("dynamic_sampling")
