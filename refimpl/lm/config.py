@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from refimpl import losses
-from refimpl.lm.recipes import RECIPES, resolve_recipe
+from refimpl.lm.recipes import RECIPES, ZERO_SIGNAL_MODES, resolve_recipe
 from refimpl.lm.tasks import TASKS
 
 __all__ = ["TrainConfig", "GROUP_PRESETS", "LOSS_NAMES", "LOSS_ALIASES"]
@@ -71,6 +71,8 @@ class TrainConfig:
     aggregation: str | None = None  # the loss's aggregation (refimpl.losses.AGGREGATIONS)
     advantage_scale: str | None = None  # "group", "batch" (Magistral) or "none" (Dr. GRPO)
     dynamic_sampling: bool | None = None
+    # groups with equal rewards: "resample" (= dynamic_sampling), "upweight" (filter, 1/(1 - f)), "keep"
+    zero_signal: str | None = None
     max_sampling_rounds: int = 4
     overlong_cache_len: int | None = None  # DAPO's soft overlong penalty (0 = off)
     overlong_filter: bool = False
@@ -110,6 +112,13 @@ class TrainConfig:
             raise ValueError(
                 f"overlong_cache_len: expected at most max_new_tokens={self.max_new_tokens}, got {cache_len}"
             )
+        zero_signal, sampling = self.zero_signal, self.dynamic_sampling
+        if zero_signal is not None and sampling is not None and sampling != (zero_signal == "resample"):
+            raise ValueError(
+                f"zero_signal: {zero_signal!r} contradicts dynamic_sampling={sampling} (give one of the two)"
+            )
+        if zero_signal == "upweight" and RECIPES[self.loss].rlhf:
+            raise ValueError(f"zero_signal: 'upweight' needs group advantages; {self.loss} has none")
         if self.eps_high is not None or self.aggregation is not None:
             try:  # the loss variant with the overrides must itself be valid (e.g. dual_clip >= 1 + eps_high)
                 resolve_recipe(self)
@@ -169,6 +178,7 @@ _FIELD_RULES: dict[str, tuple] = {
     "aggregation": ("?", str, None, None, losses.AGGREGATIONS),
     "advantage_scale": ("?", str, None, None, ("none", "group", "batch")),
     "dynamic_sampling": ("?", bool, None, None, None),
+    "zero_signal": ("?", str, None, None, ZERO_SIGNAL_MODES),
     "max_sampling_rounds": (int, 1, None, None),
     "overlong_cache_len": ("?", int, 0, None, None),
     "overlong_filter": (bool, None, None, None),
