@@ -8,7 +8,7 @@ greedy accuracy (evaluated every ``--eval-every`` steps; runs that never get the
 the truncation rate (the fraction of sampled responses that hit ``max_new_tokens`` without EOS,
 averaged over the run's RL steps).
 
-Run: ``python benchmarks/dapo_ablation.py [--steps 200] [--jobs 2] [--seeds 3] [--out runs/dapo_ablation]``;
+Run: ``python benchmarks/dapo_ablation.py [--steps 100] [--jobs 2] [--seeds 3] [--out runs/dapo_ablation]``;
 ``--quick`` (a few tiny steps, 1 seed, 2 configurations, well under a minute) is what the test runs.
 
 Task and length limit. 3-digit addition (answers of 3 or 4 reversed digits, then EOS: 4 or 5
@@ -162,7 +162,7 @@ def _worker_threads() -> None:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/dapo_ablation", help="folder for the warm-up and the runs")
-    parser.add_argument("--steps", type=int, default=200, help="RL steps per run (default: 200)")
+    parser.add_argument("--steps", type=int, default=100, help="RL steps per run (default: 100)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=6, help="generation limit (default: 6)")
     parser.add_argument("--eval-every", type=int, default=5, help="held-out evaluation period (default: 5)")
