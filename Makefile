@@ -92,7 +92,7 @@ mutation: $(MUTATION_STAMP)
 mutation-selftest: $(MUTATION_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python tools/mutation.py --selftest
 
-# the DAPO ablation (18 training runs of 100 RL steps, about 30 minutes on 2 loaded cores) is its own target
+# the DAPO ablation (18 training runs of 100 RL steps, about 20 minutes with 2 jobs on 2 loaded cores) is its own target
 bench: $(STAMP)
 	for b in benchmarks/*.py; do [ $$b = benchmarks/dapo_ablation.py ] || $(BIN)/python $$b || exit 1; done
 
