@@ -217,6 +217,7 @@ def test_help_lists_the_choices_of_every_flag(capsys):
         ("--reward", "{exact,partial}"),
         ("--kl-estimator", "{k1,k2,k3}"),
         ("--aggregation", "{seq_mean_token_mean,token_mean,seq_sum,seq_mean,seq_sqrt_token_mean}"),
+        ("--zero-signal", "{resample,upweight,keep}"),
         ("--advantage-scale", "{none,group,batch}"),
         ("--positions", "{learned,rope}"),
     ]:
