@@ -40,6 +40,34 @@ def test_resolve_recipe_defaults_and_explicit_settings():
     assert resolve_recipe(TrainConfig(loss="grpo", ref_reset_every=3)).ref_reset_every == 3
 
 
+def test_eps_high_and_aggregation_override_the_variant():
+    """Left out: the preset's own; given: that field of the variant changes and no other."""
+    grpo = losses.get_preset("grpo")
+    assert resolve_recipe(TrainConfig(loss="grpo")).variant == grpo
+    higher = resolve_recipe(TrainConfig(loss="grpo", eps_high=0.28)).variant
+    assert higher == dataclasses.replace(grpo, eps_high=0.28)
+    token = resolve_recipe(TrainConfig(loss="grpo", aggregation="token_mean")).variant
+    assert token == dataclasses.replace(grpo, aggregation="token_mean")
+    # GRPO plus clip-higher and the token-level loss is DAPO's policy loss
+    both = resolve_recipe(TrainConfig(loss="grpo", eps_high=0.28, aggregation="token_mean")).variant
+    assert both == losses.get_preset("dapo")
+    # the aggregations' own constants come from the config: L_max = max_new_tokens, G = group_size
+    seq_sum = resolve_recipe(TrainConfig(loss="grpo", aggregation="seq_sum", max_new_tokens=7)).variant
+    assert (seq_sum.aggregation, seq_sum.max_length) == ("seq_sum", 7)
+    config = TrainConfig(loss="grpo", aggregation="seq_sqrt_token_mean", group_size=6)
+    sqrt_g = resolve_recipe(config).variant
+    assert (sqrt_g.aggregation, sqrt_g.group_size) == ("seq_sqrt_token_mean", 6)
+
+
+def test_an_override_that_makes_the_variant_invalid_is_refused(monkeypatch):
+    variant = dataclasses.replace(losses.get_preset("grpo"), dual_clip=3.0)
+    monkeypatch.setitem(RECIPES, "grpo", dataclasses.replace(RECIPES["grpo"], variant=variant))
+    TrainConfig(loss="grpo", eps_high=1.5)  # 1 + eps_high <= dual_clip: fine
+    match = r"^eps_high: not valid for loss 'grpo' \(variant.dual_clip must be >= "
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(loss="grpo", eps_high=2.5)
+
+
 def test_help_notes_come_from_the_recipes():
     assert recipe_default_note("kl_coef") == "left out: the loss preset's own"
     note = recipe_default_note("dynamic_sampling")
@@ -172,3 +200,75 @@ def test_magistral_trains_with_minibatch_normalised_advantages(monkeypatch):
     for idx, adv in seen:
         var = float(centred[idx].var(unbiased=False))
         assert var > 1e-3 and float(adv.var(unbiased=False)) == pytest.approx(var / (var + 1e-6), rel=1e-5)
+
+
+def test_zero_signal_modes_resolve_and_refuse_contradictions():
+    assert [resolve_recipe(TrainConfig(loss=n)).zero_signal for n in ("dapo", "grpo")] == ["resample", "keep"]
+    up = resolve_recipe(TrainConfig(loss="dapo", zero_signal="upweight"))
+    assert (up.zero_signal, up.dynamic_sampling, up.upweight_zero_signal) == ("upweight", False, True)
+    assert resolve_recipe(TrainConfig(loss="grpo", zero_signal="resample")).dynamic_sampling
+    assert resolve_recipe(TrainConfig(loss="dapo", dynamic_sampling=False)).zero_signal == "keep"
+    with pytest.raises(ValueError, match=r"^zero_signal: 'upweight' contradicts dynamic_sampling=True"):
+        TrainConfig(zero_signal="upweight", dynamic_sampling=True)
+    with pytest.raises(ValueError, match=r"^zero_signal: expected one of \['resample', 'upweight', 'keep'\]"):
+        TrainConfig(zero_signal="drop")
+    with pytest.raises(ValueError, match=r"^zero_signal: 'upweight' needs group advantages"):
+        TrainConfig(loss="ppo_rlhf", zero_signal="upweight")
+    assert recipe_default_note("zero_signal").startswith("left out: the loss's own (resample for dapo")
+
+
+@pytest.mark.parametrize("loss,entropy_coef", [("dapo", 0.0), ("grpo", 0.0), ("dapo", 0.01)])
+def test_upweight_step_loss_is_the_hand_computed_upweighted_loss(loss, entropy_coef):
+    """zero_signal="upweight", one optimizer step's gradient accumulation on one rank: its loss
+    and gradient are those of ``policy_loss(mask & keep, normalizer=upweighted_normalizer(mask,
+    variant, keep))`` computed here in one piece from the policy's log-probs, and (without an
+    entropy term; the zero-signal rows carry advantage 0) the gradient is the unfiltered loss's
+    times 1/(1 - f); with one, the filtered rows' entropy must not count. Under DAPO's token_mean
+    the denominator is not the kept tokens' count. (GRPO's on-policy loss value is 0:
+    per-sequence means of group-centred advantages; its gradient is not.) Tolerances:
+    float32 sums over 5-row micro-batches vs one sum, about 1e-6 relative; 1e-4 on gradients
+    whose entries are sums of many float32 terms."""
+    from refimpl.lm.rollout import policy_logprobs, response_logits
+
+    trainer = _tiny_rl_trainer(
+        loss=loss,
+        zero_signal="upweight",
+        minibatches=1,
+        prompts_per_step=8,
+        group_size=2,
+        entropy_coef=entropy_coef,
+    )
+    batch = trainer.collect()
+    keep, variant = batch.keep, trainer.variant
+    rows = batch.mask.bool().any(dim=-1)
+    f = 1 - float((rows & keep).sum()) / float(rows.sum())
+    assert 0 < f < 1, "the test needs filtered and kept groups"  # reward="partial", seed 0, G = 2
+    assert (batch.kept_rows, batch.rows) == (int((rows & keep).sum()), int(rows.sum()))
+    params = list(trainer.model.parameters())
+
+    trainer.optimizer.zero_grad(set_to_none=True)
+    sums = trainer.accumulate_gradients(batch, torch.arange(len(batch)))
+    got = [p.grad.clone() for p in params]
+
+    def hand(mask, normalizer=None):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        logits = response_logits(trainer.model, batch.prompts, batch.responses)
+        logp, entropy = policy_logprobs(logits, batch.responses, trainer.config.temperature)
+        loss, _ = losses.policy_loss(
+            logp, batch.old_logp, batch.advantages, mask, variant, entropy=entropy, normalizer=normalizer
+        )
+        loss.backward()
+        return float(loss.detach()), [p.grad.clone() for p in params]
+
+    upweighted = losses.upweighted_normalizer(batch.mask, variant, keep)
+    up_loss, up_grad = hand(batch.mask * keep[:, None], upweighted)
+    _, unfiltered_grad = hand(batch.mask)
+    assert float(sums.loss) == pytest.approx(up_loss, rel=1e-5, abs=1e-7)
+    if loss == "dapo":
+        assert up_loss != 0.0
+    norm = torch.cat([g.flatten() for g in up_grad]).norm()
+    assert norm > 0
+    for a, b, c in zip(got, up_grad, unfiltered_grad, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(norm))
+        if entropy_coef == 0.0:
+            assert torch.allclose(c / (1 - f), b, rtol=1e-4, atol=1e-6 * float(norm))

@@ -36,6 +36,12 @@ class RolloutBatch:
     kept_fraction: float = 1.0
     drawn_reward: float = float("nan")  # mean reward / accuracy over every sample drawn,
     drawn_accuracy: float = float("nan")  # before dynamic sampling drops groups
+    drawn_truncation: float = float("nan")  # fraction drawn with no EOS within max_new_tokens
+    # zero_signal="upweight": the rows that count ([N] bool, False in zero-signal groups) and, over
+    # the step's non-empty rows of all ranks, how many are kept and how many there are (1 - f)
+    keep: torch.Tensor | None = None
+    kept_rows: int = 0
+    rows: int = 0
 
     def __len__(self) -> int:
         return self.prompts.shape[0]

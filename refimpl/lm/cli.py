@@ -101,9 +101,9 @@ _HELP_NOTES = {
 
 def _help_note(name: str) -> str | None:
     """The option's note: what None means comes from the recipes (refimpl.lm.recipes)."""
-    from refimpl.lm.recipes import OVERRIDABLE, recipe_default_note
+    from refimpl.lm.recipes import RECIPE_DEFAULTED, recipe_default_note
 
-    notes = [_HELP_NOTES.get(name), recipe_default_note(name) if name in OVERRIDABLE else None]
+    notes = [_HELP_NOTES.get(name), recipe_default_note(name) if name in RECIPE_DEFAULTED else None]
     return "; ".join(note for note in notes if note) or None
 
 

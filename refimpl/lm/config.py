@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from refimpl import losses
-from refimpl.lm.recipes import RECIPES
+from refimpl.lm.recipes import RECIPES, ZERO_SIGNAL_MODES, resolve_recipe
 from refimpl.lm.tasks import TASKS
 
 __all__ = ["TrainConfig", "GROUP_PRESETS", "LOSS_NAMES", "LOSS_ALIASES"]
@@ -67,8 +67,12 @@ class TrainConfig:
     kl_coef: float | None = None
     kl_estimator: str | None = None  # "k1", "k2", "k3"
     entropy_coef: float | None = None
+    eps_high: float | None = None  # the clip's upper bound 1 + eps_high (clip-higher, DAPO)
+    aggregation: str | None = None  # the loss's aggregation (refimpl.losses.AGGREGATIONS)
     advantage_scale: str | None = None  # "group", "batch" (Magistral) or "none" (Dr. GRPO)
     dynamic_sampling: bool | None = None
+    # groups with equal rewards: "resample" (= dynamic_sampling), "upweight" (filter, 1/(1 - f)), "keep"
+    zero_signal: str | None = None
     max_sampling_rounds: int = 4
     overlong_cache_len: int | None = None  # DAPO's soft overlong penalty (0 = off)
     overlong_filter: bool = False
@@ -108,6 +112,19 @@ class TrainConfig:
             raise ValueError(
                 f"overlong_cache_len: expected at most max_new_tokens={self.max_new_tokens}, got {cache_len}"
             )
+        zero_signal, sampling = self.zero_signal, self.dynamic_sampling
+        if zero_signal is not None and sampling is not None and sampling != (zero_signal == "resample"):
+            raise ValueError(
+                f"zero_signal: {zero_signal!r} contradicts dynamic_sampling={sampling} (give one of the two)"
+            )
+        if zero_signal == "upweight" and RECIPES[self.loss].rlhf:
+            raise ValueError(f"zero_signal: 'upweight' needs group advantages; {self.loss} has none")
+        if self.eps_high is not None or self.aggregation is not None:
+            try:  # the loss variant with the overrides must itself be valid (e.g. dual_clip >= 1 + eps_high)
+                resolve_recipe(self)
+            except ValueError as err:
+                names = [n for n in ("eps_high", "aggregation") if getattr(self, n) is not None]
+                raise ValueError(f"{'/'.join(names)}: not valid for loss {self.loss!r} ({err})") from None
         try:
             torch.device(self.device if self.device != "auto" else "cpu")
         except RuntimeError:
@@ -157,8 +174,11 @@ _FIELD_RULES: dict[str, tuple] = {
     "kl_coef": ("?", float, 0.0, None, None),
     "kl_estimator": ("?", str, None, None, losses.KL_ESTIMATORS),
     "entropy_coef": ("?", float, None, None, None),
+    "eps_high": ("?", float, 0.0, None, None),
+    "aggregation": ("?", str, None, None, losses.AGGREGATIONS),
     "advantage_scale": ("?", str, None, None, ("none", "group", "batch")),
     "dynamic_sampling": ("?", bool, None, None, None),
+    "zero_signal": ("?", str, None, None, ZERO_SIGNAL_MODES),
     "max_sampling_rounds": (int, 1, None, None),
     "overlong_cache_len": ("?", int, 0, None, None),
     "overlong_filter": (bool, None, None, None),

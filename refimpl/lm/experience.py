@@ -40,6 +40,7 @@ class Drawn(NamedTuple):
     kept_fraction: float  # kept groups / drawn groups
     reward: float  # mean reward over every sample drawn (before dynamic sampling drops groups)
     accuracy: float  # mean exact correctness over every sample drawn
+    truncation: float = float("nan")  # fraction of every sample drawn with no EOS by max_new_tokens
 
 
 class Scores(NamedTuple):
@@ -97,12 +98,13 @@ def draw_groups(draw: Callable[[], Groups], config, recipe: Recipe) -> Drawn:
     ``max_sampling_rounds``; the groups of later rounds get new ids)."""
     c = config
     rounds = c.max_sampling_rounds if recipe.dynamic_sampling else 1
-    parts, kept_groups, drawn_groups, drawn_reward, drawn_correct = [], 0, 0, 0.0, 0.0
+    parts, kept_groups, drawn_groups, drawn_reward, drawn_correct, drawn_truncated = [], 0, 0, 0.0, 0.0, 0.0
     for _ in range(rounds):
         ro, rewards, correct, group_ids = draw()
         drawn_groups += c.prompts_per_step
         drawn_reward += float(rewards.sum())
         drawn_correct += float(correct.sum())
+        drawn_truncated += float(ro.truncated.sum())
         if recipe.dynamic_sampling:
             keep = adv_lib.dynamic_sampling_mask(rewards, group_ids)
             idx = keep.nonzero().squeeze(1)[: (c.prompts_per_step - kept_groups) * c.group_size]
@@ -120,6 +122,7 @@ def draw_groups(draw: Callable[[], Groups], config, recipe: Recipe) -> Drawn:
         kept_fraction=kept_groups / max(drawn_groups, 1),
         reward=drawn_reward / samples,
         accuracy=drawn_correct / samples,
+        truncation=drawn_truncated / samples,
     )
 
 

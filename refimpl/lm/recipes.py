@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from refimpl import losses
 from refimpl.losses import PolicyLossVariant
 
-__all__ = ["Recipe", "RECIPES", "resolve_recipe", "recipe_default_note", "OVERRIDABLE"]
+__all__ = [
+    "Recipe",
+    "RECIPES",
+    "resolve_recipe",
+    "recipe_default_note",
+    "OVERRIDABLE",
+    "VARIANT_FIELDS",
+    "RECIPE_DEFAULTED",
+    "ZERO_SIGNAL_MODES",
+]
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,10 @@ class Recipe:
     zero-variance group filter and soft overlong penalty (001 (101)-(102)). ``ref_reset_every``:
     ProRL's hard reset of the reference policy and the optimizer state every this many RL steps
     (0 = never). ``rlhf``: PPO-RLHF (value head, KL folded into the per-token reward 001 (87),
-    token-level GAE 001 (80)); its variant's ``kl_coef`` is 0 (the KL is in the reward)."""
+    token-level GAE 001 (80)); its variant's ``kl_coef`` is 0 (the KL is in the reward).
+    ``upweight_zero_signal``: dynamic sampling's alternative (seeds 000, 002; advantages.md eq.
+    (16)): no resampling; the zero-signal groups are filtered out and the rest upweighted by
+    1/(1 - f) (never together with ``dynamic_sampling``; ``zero_signal`` names the three ways)."""
 
     variant: PolicyLossVariant
     advantage_scale: str = "group"
@@ -38,6 +50,15 @@ class Recipe:
     overlong_cache_len: int = 0
     ref_reset_every: int = 0
     rlhf: bool = False
+    upweight_zero_signal: bool = False
+
+    @property
+    def zero_signal(self) -> str:
+        """What the trainer does with groups whose rewards are all equal: "resample" (DAPO's
+        dynamic sampling), "upweight" (filter them, upweight the rest by 1/(1 - f)) or "keep"."""
+        if self.dynamic_sampling:
+            return "resample"
+        return "upweight" if self.upweight_zero_signal else "keep"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -76,41 +97,55 @@ RECIPES: dict[str, Recipe] = {
     ),
 }
 
-# TrainConfig fields that default to their recipe's value when None (the variant's for the first three)
+# TrainConfig fields of the policy-loss variant, None = the recipe's variant's value
+VARIANT_FIELDS: tuple[str, ...] = ("kl_coef", "kl_estimator", "entropy_coef", "eps_high", "aggregation")
+# TrainConfig fields that default to their recipe's value when None (the variant's for VARIANT_FIELDS)
 OVERRIDABLE: tuple[str, ...] = (
-    "kl_coef",
-    "kl_estimator",
-    "entropy_coef",
+    *VARIANT_FIELDS,
     "advantage_scale",
     "dynamic_sampling",
     "overlong_cache_len",
     "ref_reset_every",
 )
+# TrainConfig fields with a recipe default that are not a single Recipe field: zero_signal is
+# dynamic_sampling and upweight_zero_signal together (Recipe.zero_signal)
+RECIPE_DEFAULTED: tuple[str, ...] = (*OVERRIDABLE, "zero_signal")
+ZERO_SIGNAL_MODES: tuple[str, ...] = ("resample", "upweight", "keep")
 
 
 def resolve_recipe(config) -> Recipe:
     """The recipe ``config.loss`` with the config's explicit settings applied: the fields of
     ``OVERRIDABLE`` that are not None replace the recipe's (PPO-RLHF keeps ``kl_coef = 0``: its KL
-    is ``rlhf_kl_coef`` in the reward), and a sequence-sum aggregation without its own ``L_max``
-    (Dr. GRPO) uses the generation limit ``max_new_tokens``."""
+    is ``rlhf_kl_coef`` in the reward), a sequence-sum aggregation without its own ``L_max``
+    (Dr. GRPO) uses the generation limit ``max_new_tokens``, and the sqrt(G) aggregation without its
+    own ``G`` the config's ``group_size``. ``zero_signal`` sets ``dynamic_sampling`` ("resample")
+    and ``upweight_zero_signal`` ("upweight"); "keep" turns both off."""
     recipe = RECIPES[config.loss]
     variant_changes = {
         name: getattr(config, name)
-        for name in ("kl_coef", "kl_estimator", "entropy_coef")
+        for name in VARIANT_FIELDS
         if getattr(config, name) is not None and not (recipe.rlhf and name == "kl_coef")
     }
-    if recipe.variant.aggregation == "seq_sum" and recipe.variant.max_length is None:
+    aggregation = variant_changes.get("aggregation", recipe.variant.aggregation)
+    if aggregation == "seq_sum" and recipe.variant.max_length is None:
         variant_changes["max_length"] = config.max_new_tokens
+    if aggregation == "seq_sqrt_token_mean" and recipe.variant.group_size is None:
+        variant_changes["group_size"] = config.group_size
     changes = {
-        name: getattr(config, name) for name in OVERRIDABLE[3:] if getattr(config, name) is not None
+        name: getattr(config, name)
+        for name in OVERRIDABLE[len(VARIANT_FIELDS) :]
+        if getattr(config, name) is not None
     }
+    if getattr(config, "zero_signal", None) is not None:
+        changes["dynamic_sampling"] = config.zero_signal == "resample"
+        changes["upweight_zero_signal"] = config.zero_signal == "upweight"
     variant = dataclasses.replace(recipe.variant, **variant_changes) if variant_changes else recipe.variant
     return dataclasses.replace(recipe, variant=variant, **changes)
 
 
 def recipe_default_note(name: str) -> str:
     """What leaving the ``TrainConfig`` field ``name`` out (None) means, from ``RECIPES`` (--help)."""
-    if name in ("kl_coef", "kl_estimator", "entropy_coef"):
+    if name in VARIANT_FIELDS:
         return "left out: the loss preset's own"
     values = {loss: getattr(recipe, name) for loss, recipe in RECIPES.items()}
     common = Counter(values.values()).most_common(1)[0][0]

@@ -225,6 +225,8 @@ class Trainer:
             reward=batch.drawn_reward,
             accuracy=batch.drawn_accuracy,
             response_length=float(batch.lengths.float().mean()) if len(batch) else float("nan"),
+            # sampled responses (every one drawn) that hit max_new_tokens without EOS
+            truncation_rate=batch.drawn_truncation,
             kept_groups=batch.kept_fraction,
             lr=self.optimizer.param_groups[0]["lr"],
             rollout_tokens_per_s=sampled_tokens / max(rollout_s, 1e-9),
@@ -247,6 +249,10 @@ class Trainer:
         mask = ro.mask.to(torch.float32)
         if c.overlong_filter:
             mask = adv_lib.overlong_filter_mask(mask, ro.truncated)
+        keep, kept_rows, rows, kept_fraction = None, 0, 0, drawn.kept_fraction
+        if self.recipe.upweight_zero_signal:
+            keep, kept_rows, rows = self._zero_signal_filter(rewards, group_ids, mask)
+            kept_fraction = float(keep.float().mean()) if len(keep) else 1.0
         scores = score(self.model, self.ref_model, ro, c, self.recipe.rlhf)
         returns = None
         if self.recipe.rlhf:
@@ -272,10 +278,26 @@ class Trainer:
             scores.ref_logp,
             ro.topk_indices,
             returns,
-            kept_fraction=drawn.kept_fraction,
+            kept_fraction=kept_fraction,
             drawn_reward=drawn.reward,
             drawn_accuracy=drawn.accuracy,
+            drawn_truncation=drawn.truncation,
+            keep=keep,
+            kept_rows=kept_rows,
+            rows=rows,
         )
+
+    @staticmethod
+    def _zero_signal_filter(rewards, group_ids, mask) -> tuple[torch.Tensor, int, int]:
+        """Dynamic sampling's alternative (``zero_signal="upweight"``; seeds 000, 002;
+        advantages.md eq. (16)): the samples of groups with signal (``dynamic_sampling_mask``), and
+        the step's counts over all ranks of the non-empty rows of ``mask`` kept and in all, so that
+        ``1 - f = kept / rows`` (``refimpl.losses.upweighted_normalizer``'s f). Collective."""
+        keep = adv_lib.dynamic_sampling_mask(rewards, group_ids)
+        nonempty = mask.bool().any(dim=-1)
+        counts = torch.stack([(nonempty & keep).sum(), nonempty.sum()]).to(torch.float64)
+        kept_rows, rows = (int(v) for v in dist_lib.all_reduce_sum(counts).tolist())
+        return keep, kept_rows, rows
 
     def update(self, batch: RolloutBatch) -> dict:
         """``inner_epochs`` x ``minibatches`` optimizer steps on ``batch``; the update's metrics."""
@@ -317,6 +339,10 @@ class Trainer:
         rank: nothing to learn from)."""
         # the preset's aggregation denominator summed over all ranks: micro-batching stays exact
         normalizer = dist_lib.all_reduce_sum(losses.loss_normalizer(batch.mask[idx], self.variant))
+        if batch.keep is not None and batch.kept_rows > 0:
+            # zero_signal="upweight": (1 - f) x the unfiltered denominator, f the step's filtered share
+            # (as refimpl.losses.upweighted_normalizer; with f = 1 the loss is 0 and D stays)
+            normalizer = normalizer.to(torch.float64) * batch.kept_rows / batch.rows
         if normalizer.item() == 0:  # the same on every rank
             return None
         micro = [mb for mb in idx.split(self.config.micro_batch_size) if mb.numel()]
@@ -339,6 +365,8 @@ class Trainer:
         losses gives the minibatch loss), through ``self.ddp_model``; and its ``StepSums``."""
         c, rlhf = self.config, self.recipe.rlhf
         prompts, responses, mask = batch.prompts[idx], batch.responses[idx], batch.mask[idx]
+        if batch.keep is not None:  # zero_signal="upweight": the zero-signal groups' rows do not count
+            mask = mask * batch.keep[idx, None].to(mask.dtype)
         topk = None if batch.topk_indices is None else batch.topk_indices[idx]
         with self._autocast():
             out = response_logits(self.ddp_model, prompts, responses, return_values=rlhf)
