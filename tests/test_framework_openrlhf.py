@@ -194,10 +194,14 @@ def test_reference_convention_departures_are_the_flagged_classes():
     failing = report.failing_classes()
     assert "extreme_log_ratio" in failing and set(failing) <= {*explained, "golden_vectors"}, failing
     assert "micro_batch" in failing  # 5 sequences in 3 micro-batches: float32(5 / 3)
-    # the golden vectors that fail are the extreme-ratio and bf16 ones (the detail names its origin)
+    # the golden vectors that fail are the extreme-ratio and bf16 ones (the detail names its origin),
+    # and the step without any token: OpenRLHF's 0/0 = NaN where the spec's loss is 0 (a candidate bug
+    # of docs/conformance.md, not a profile flag)
     golden = [r.detail.splitlines()[0] for r in report.results
               if r.case_class == "golden_vectors" and not r.ok]
-    assert golden and all(("extreme_log_ratio" in g) or ("bf16" in g) for g in golden), golden
+    assert any("/all_rows_empty/" in g for g in golden), golden
+    assert golden and all(("extreme_log_ratio" in g) or ("bf16" in g) or ("/all_rows_empty/" in g)
+                          for g in golden), golden
 
 
 def test_policy_loss_kwargs_follow_the_variant_and_refuse_what_openrlhf_lacks():
