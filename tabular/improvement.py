@@ -183,7 +183,9 @@ def cpi_step_size(mdp: MDP, pi, pi_new) -> float:
         return 0.0
     if mdp.gamma == 0.0:
         return 1.0
-    return float(min(1.0, (1.0 - mdp.gamma) ** 2 * g / (4.0 * mdp.gamma * eps)))
+    # compared before dividing: 4 gamma eps underflows to 0 for a subnormal gamma (the step is then 1)
+    numerator, denominator = (1.0 - mdp.gamma) ** 2 * g, 4.0 * mdp.gamma * eps
+    return 1.0 if numerator >= denominator else float(numerator / denominator)
 
 
 def trpo_epsilon(mdp: MDP, pi) -> float:
