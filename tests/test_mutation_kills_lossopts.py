@@ -80,3 +80,18 @@ def test_oversampled_advantages_errors_in_full():
         oversampled_advantages(rewards, group_ids, torch.tensor([True, False]))
     with pytest.raises(ValueError, match=r"^selected must have the shape of rewards \?, got \(3,\)$"):
         oversampled_advantages([1.0, 0.0, 1.0], group_ids, torch.tensor([True, False, True]))
+
+
+def test_dynamic_sampling_weights_are_exact_in_float64():
+    # a group of three with differing rewards kept, a singleton dropped: N / kept = 4/3, not dyadic,
+    # so a float32 intermediate would show
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0], dtype=torch.float64)
+    weights = dynamic_sampling_weights(rewards, torch.tensor([0, 0, 0, 1]))
+    assert weights.tolist() == [4 / 3, 4 / 3, 4 / 3, 0.0]
+
+
+def test_oversampled_advantages_device_error_in_full():
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    selected = torch.ones(3, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=r"^selected must be on the device of rewards \(cpu\), got meta$"):
+        oversampled_advantages(rewards, torch.tensor([0, 0, 0]), selected)

@@ -20,6 +20,7 @@ import tabular
 from refimpl.envs import TabularEnv
 from refimpl.tabular_agents import PPOConfig, TRPOConfig, train_ppo, train_trpo
 from tabular.examples import random_mdp
+from tests.test_value_learning import gae_by_loop, softmax_rows  # the same definitions replay A2C
 
 SEEDS = [0]
 
@@ -106,25 +107,6 @@ def test_learners_reject_bad_input():
 # in numpy float64 from the definitions: a GAE loop, the softmax score and entropy gradients, the
 # inclusive clip gate of seed 001 (116), Adam, and TRPO's damped natural step solved per state
 # (the Fisher matrix of a tabular softmax is block diagonal, w_s (diag pi_s - pi_s pi_s^T)).
-
-
-def softmax_rows(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
-def gae_by_loop(r, v, v_next, term, trunc, gamma, lam):
-    """GAE from its definition, one row and step at a time; returns (advantages, returns)."""
-    N, T = r.shape
-    adv = np.zeros((N, T))
-    for i in range(N):
-        running = 0.0
-        for t in reversed(range(T)):
-            delta = r[i, t] + gamma * (0.0 if term[i, t] else v_next[i, t]) - v[i, t]
-            cut = term[i, t] or trunc[i, t] or t == T - 1
-            running = delta + (0.0 if cut else gamma * lam * running)
-            adv[i, t] = running
-    return adv, adv + v
 
 
 def replayed_batch(env, theta, config, gen, values, gamma):
