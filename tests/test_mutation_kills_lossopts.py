@@ -95,3 +95,15 @@ def test_oversampled_advantages_device_error_in_full():
     selected = torch.ones(3, dtype=torch.bool, device="meta")
     with pytest.raises(ValueError, match=r"^selected must be on the device of rewards \(cpu\), got meta$"):
         oversampled_advantages(rewards, torch.tensor([0, 0, 0]), selected)
+
+
+def test_group_size_one_is_allowed_and_zero_refused():
+    # G = 1 is a positive int (sqrt(1) = 1: the sqrt(G) aggregation is then GRPO's seq_mean_token_mean)
+    grpo = get_preset("grpo")
+    one = dataclasses.replace(grpo, aggregation="seq_sqrt_token_mean", group_size=1)
+    logp = torch.tensor([[-1.0, -0.5, 0.0], [-2.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() + torch.tensor([[0.1, -0.2, 0.0], [0.3, 0.0, 0.0]], dtype=torch.float64)
+    args = (old, torch.tensor([1.0, -0.5], dtype=torch.float64), _mask([3, 1], 3))
+    assert float(policy_loss(logp, *args, one)[0]) == float(policy_loss(logp, *args, grpo)[0])
+    with pytest.raises(ValueError, match=r"^variant\.group_size must be a positive int or None, got 0$"):
+        dataclasses.replace(grpo, aggregation="seq_sqrt_token_mean", group_size=0)
