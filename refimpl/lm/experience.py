@@ -6,6 +6,7 @@ token-level advantages (``rlhf_advantages``). ``Trainer.collect`` puts them toge
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -178,25 +179,16 @@ def rlhf_advantages(
 
 
 def _cat_rollouts(parts: list[Rollout]) -> Rollout:
-    topk = None if parts[0].topk_indices is None else torch.cat([p.topk_indices for p in parts])
-    return Rollout(
-        *(
-            torch.cat([getattr(p, f) for p in parts])
-            for f in ("prompts", "responses", "lengths", "truncated")
-        ),
-        torch.cat([p.mask for p in parts]),
-        torch.cat([p.logprobs for p in parts]),
-        topk,
-    )
+    """The rollouts one after another, field by field (``topk_indices`` None stays None)."""
+    return Rollout(**{
+        f.name: None if getattr(parts[0], f.name) is None else torch.cat([getattr(p, f.name) for p in parts])
+        for f in dataclasses.fields(Rollout)
+    })
 
 
 def _index_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
-    return Rollout(
-        ro.prompts[idx],
-        ro.responses[idx],
-        ro.lengths[idx],
-        ro.truncated[idx],
-        ro.mask[idx],
-        ro.logprobs[idx],
-        None if ro.topk_indices is None else ro.topk_indices[idx],
-    )
+    """The responses ``idx`` of every field (``topk_indices`` None stays None)."""
+    return Rollout(**{
+        f.name: None if getattr(ro, f.name) is None else getattr(ro, f.name)[idx]
+        for f in dataclasses.fields(Rollout)
+    })
