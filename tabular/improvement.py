@@ -181,9 +181,8 @@ def cpi_step_size(mdp: MDP, pi, pi_new) -> float:
     noise = 1e-12 * float(np.max(np.abs(q_values(mdp, pi))))
     if g <= noise / (1.0 - mdp.gamma) or eps <= noise:
         return 0.0
-    if mdp.gamma == 0.0:
-        return 1.0
-    # compared before dividing: 4 gamma eps underflows to 0 for a subnormal gamma (the step is then 1)
+    # compared before dividing: 4 gamma eps underflows to 0 for a subnormal gamma, and is 0 at gamma = 0
+    # (the step is then 1); at equality the quotient would be exactly 1 too
     numerator, denominator = (1.0 - mdp.gamma) ** 2 * g, 4.0 * mdp.gamma * eps
     return 1.0 if numerator >= denominator else float(numerator / denominator)
 
