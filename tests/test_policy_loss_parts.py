@@ -338,3 +338,43 @@ def test_a_global_normalizer_below_one_and_its_dtype():
     loss64, metrics64 = policy_loss(logp, old, adv, mask, PPO, normalizer=torch.tensor(0.5, dtype=F64))
     assert loss64.dtype == torch.float32 and metrics64["normalizer"].dtype == torch.float32
     assert float(loss64) == float(loss)
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics: approx_kl at tiny log-ratios, clip_fraction without a hard gate
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("ratio", ["token", "sequence_mean"])
+def test_approx_kl_metric_keeps_its_digits_at_tiny_log_ratios(ratio, dtype):
+    """approx_kl = mean of k3 = expm1(l) - l ~ l^2 / 2 (kl.md eq. (4)). At |l| ~ 1e-8 the form
+    ``r - 1 - l`` with the rounded r = exp(l) loses every digit (r - 1 carries an error of u ~ 1e-16
+    against l^2 / 2 ~ 5e-17), so the metric must use the cancellation-free k3. The exact value of
+    each token's k3 is taken with mpmath at 50 digits from the exact binary inputs (logp = l,
+    old_logp = 0, so the log-ratio carries no rounding); the metric adds two terms and divides
+    by 2: 8 unit roundoffs of the dtype relative."""
+    import mpmath
+
+    logs = [1e-8, -3e-9] if dtype == F64 else [3e-4, -1e-4]
+    logp = torch.tensor([logs], dtype=dtype)
+    with mpmath.workdps(50):
+        exact = sum(mpmath.expm1(mpmath.mpf(float(x))) - mpmath.mpf(float(x)) for x in logp[0]) / 2
+    v = dataclasses.replace(GRPO, ratio=ratio, aggregation="token_mean" if ratio == "token" else "seq_mean")
+    _, _, metrics = _run(v, logp, torch.zeros_like(logp), torch.tensor([1.0], dtype=dtype),
+                         torch.ones(1, 2, dtype=torch.bool))
+    eps = torch.finfo(dtype).eps / 2
+    assert float(metrics["approx_kl"]) == pytest.approx(float(exact), rel=8 * eps, abs=0.0)
+
+
+_UNGATED = [dataclasses.replace(GRPO, gate="none", eps_low=None, eps_high=None), CISPO,
+            dataclasses.replace(GRPO, gate="sapo", eps_low=None, eps_high=None, tau_pos=1.0, tau_neg=1.05)]
+
+
+@pytest.mark.parametrize("variant", _UNGATED, ids=["none", "cispo", "sapo"])
+def test_clip_fraction_is_zero_without_a_hard_gate(variant):
+    """Only gate='clip' (and 'log_clip') closes units: with no gate, CISPO's clipped weight or SAPO's
+    soft gate the clip fraction is exactly 0, even with ratios far outside 1 +- eps."""
+    logp = torch.tensor([[2.0, -2.0, 0.5]], dtype=F64)
+    _, _, metrics = _run(variant, logp, torch.zeros_like(logp), torch.tensor([1.0], dtype=F64),
+                         torch.ones(1, 3, dtype=torch.bool))
+    assert float(metrics["clip_fraction"]) == 0.0

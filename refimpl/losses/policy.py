@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refimpl.kl import kl_k1, kl_k2, kl_k3
+from refimpl.kl import _exp_minus_one_minus_identity, kl_k1, kl_k2, kl_k3
 
 __all__ = [
     "PolicyLossVariant",
@@ -671,11 +671,9 @@ def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tok
             ratio_min = ratio_max = ratio_mean
         else:
             ratio_min, ratio_max = torch.aminmax(torch.where(unit_mask, ratio, ratio_mean))
-        # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp, per token
-        if variant.ratio == "token":
-            approx_kl = (ratio_minus_one - log_ratio).sum() / tokens
-        else:
-            approx_kl = (torch.expm1(log_ratio) - log_ratio).sum() / tokens
+        # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp, per token,
+        # without cancellation (r - 1 - log r from the rounded r loses every digit at |log r| < 1e-8)
+        approx_kl = _exp_minus_one_minus_identity(log_ratio).sum() / tokens
         closed = (0 if gate_open is None else gate_open.numel() - gate_open.sum(dtype=lengths.dtype))
         metrics = {
             "policy_objective": surrogate_units.detach().sum() / units,
