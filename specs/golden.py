@@ -181,6 +181,7 @@ class _Batch:
     flags: tuple[str, ...] = ()
     index: int = 0
     invalid: str | None = None  # the reason an invalid vector must be rejected
+    dual_clip: float | None = None  # the variant's dual-clip constant c for this batch (else the preset's)
 
 
 def _ragged_inputs(rng: random.Random, lengths, log_ratio_range, kl: bool):
@@ -353,7 +354,7 @@ def _policy_vector(name: str, spec: LossSpec, b: _Batch) -> dict:
     vid = f"policy_loss/{name}/{b.case_class}/{b.index}"
     if b.invalid is not None:
         return vector(vid, flags, "invalid", b.invalid, expected=None, **common)
-    boundary = bool(flags & {"ratio_on_upper_clip", "ratio_on_lower_clip"})
+    boundary = bool(flags & {"ratio_on_upper_clip", "ratio_on_lower_clip", "ratio_on_dual_clip"})
     built = build_policy_loss(
         spec, tuple(b.lengths), False, "ref" if b.ref is not None else "none", False, b.normalizer is not None
     )
@@ -559,6 +560,54 @@ def _new_batches(name: str, spec: LossSpec, seed: int) -> list[_Batch]:
     return out
 
 
+#: The dual-clip constant of the dual-clip case classes (verl's clip_ratio_c, OpenRLHF's dual_clip).
+DUAL_CLIP = 3.0
+
+#: The presets with a token-level hard clip that get the dual-clip case classes (verl applies
+#: clip_ratio_c to these; OpenRLHF has dual-clip modes for ppo and grpo).
+_DUAL_CLIP_PRESETS = ("ppo", "grpo", "dapo")
+
+
+def _dual_clip_batches(name: str, spec: LossSpec, seed: int) -> list[_Batch]:
+    """The dual-clip case classes (policy_losses.md eq. (7), c = ``DUAL_CLIP``; a separate random
+    stream per preset): a unit within one rounding of each bound of the dual-clip gate (A > 0 at
+    1 + eps_high, A < 0 at 1 - eps_low and at c: acceptable either side, since the inclusive gate
+    is open on the bound, seed 001 (116)) and one valid batch with every region of the gate (A < 0
+    beyond c, A < 0 between 1 + eps_high and c where the plain clip leaves the ratio unclipped, A < 0
+    below 1 - eps_low, A > 0 above 1 + eps_high)."""
+    if name not in _DUAL_CLIP_PRESETS:
+        return []
+    rng = random.Random(f"{seed}/{name}/dual_clip")
+    band = _band(spec)
+    out = []
+    bounds = (
+        ("dual_clip_on_upper_clip", 1 + sp.Rational(spec.eps_high), Fraction(5, 4), "ratio_on_upper_clip"),
+        ("dual_clip_on_lower_clip", 1 - sp.Rational(spec.eps_low), Fraction(-3, 4), "ratio_on_lower_clip"),
+        ("dual_clip_on_bound", sp.Rational(DUAL_CLIP), Fraction(-5, 4), "ratio_on_dual_clip"),
+    )
+    for case_class, bound, adv, flag in bounds:
+        lp, o = _on_bound(bound)
+        logp2, old2, _ = _ragged_inputs(rng, [2], band, False)
+        out.append(
+            _Batch(
+                case_class,
+                [1, 2],
+                [adv, _dyadic(rng, -1.5, 1.5)],
+                [[lp]] + logp2,
+                [[o]] + old2,
+                flags=(flag,),
+                dual_clip=DUAL_CLIP,
+            )
+        )
+    # log-ratios 3/2 (r = 4.48 > c), 3/4 (r = 2.12, between 1 + eps_high and c), -1/2 (r = 0.61)
+    old = [[_dyadic(rng, -3.0, -0.125) for _ in range(n)] for n in (3, 2)]
+    shifts = [[Fraction(3, 2), Fraction(3, 4), Fraction(-1, 2)], [Fraction(1, 2), _dyadic(rng, -0.5, 0.5)]]
+    logp = [[o + x for o, x in zip(orow, xrow, strict=True)] for orow, xrow in zip(old, shifts, strict=True)]
+    adv = [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, 0.25, 1.5)]
+    out.append(_Batch("dual_clip_active", [3, 2], adv, logp, old, dual_clip=DUAL_CLIP))
+    return out
+
+
 def policy_loss_vectors(
     presets: tuple[str, ...] | None = None,
     *,
@@ -569,15 +618,19 @@ def policy_loss_vectors(
     both sides of the band, ragged lengths with an empty row, log-ratios +-50 and +-20, a micro-batch
     with a global normaliser, bfloat16-exact inputs, k3 KL), the KL penalty with each estimator, a
     single token, all rows empty, zero advantages, ratio 1, a ratio within one rounding of each clip
-    bound (``acceptable``), subnormal results, NaN / -inf padding, and five invalid inputs."""
+    bound (``acceptable``), subnormal results, NaN / -inf padding, five invalid inputs, and (ppo, grpo,
+    dapo) the dual-clip classes of ``_dual_clip_batches``."""
     out = []
     for name in presets or tuple(GOLDEN_PRESETS):
         spec = GOLDEN_PRESETS[name]
-        for b in _v1_batches(name, spec, seed) + _new_batches(name, spec, seed):
+        batches = _v1_batches(name, spec, seed) + _new_batches(name, spec, seed)
+        for b in batches + _dual_clip_batches(name, spec, seed):
             if case_classes is not None and b.case_class not in case_classes:
                 continue
             est = b.case_class[3:5] if b.case_class.startswith("kl_k") else "k3"
             case_spec = dataclasses.replace(spec, kl_estimator=est) if b.ref is not None else spec
+            if b.dual_clip is not None:
+                case_spec = dataclasses.replace(case_spec, dual_clip=b.dual_clip)
             out.append(_policy_vector(name, case_spec, b))
     return out
 

@@ -49,6 +49,10 @@ FLAGS: dict[str, str] = {
         "either side"
     ),
     "dual_clip_active": "a unit with A < 0 and ratio > the dual-clip constant c",
+    "ratio_on_dual_clip": (
+        "a unit within one float64 rounding of the dual-clip constant c (A < 0): a hard gate's gradient is "
+        "acceptable either side"
+    ),
     "log_ratio_20": "|logp - old_logp| (or |log r|) above 20: beyond verl's / OpenRLHF's clamps",
     "log_ratio_50": (
         "|logp - old_logp| (or |log r|) of 50 or more: exp over- and underflows float16 / float32 ranges"

@@ -69,9 +69,11 @@ export function dapoLoss(logp, oldLogp, advantages, mask, variant, { refLogp = n
     for (let t = 0; t < mask[i].length; t++) {
       if (!mask[i][t]) continue;
       const ratio = Math.exp(logp[i][t] - oldLogp[i][t]);
-      // eqs. (6)-(7): min(r A, clip(r) A), the inclusive gate of seed 001 (116)
-      const open = a > 0 ? ratio <= upper : ratio >= lower;
-      const clipped = a > 0 ? upper * a : lower * a;
+      // eqs. (6)-(7): min(r A, clip(r) A) (and max(., c A) for A < 0 under dual clip), the
+      // inclusive gate of seed 001 (116)
+      const c = variant.dual_clip;
+      const open = a > 0 ? ratio <= upper : ratio >= lower && (c === null || ratio <= c);
+      const clipped = a > 0 ? upper * a : (c !== null && ratio > c ? c * a : lower * a);
       total -= open ? ratio * a : clipped;
       let g = open ? -ratio * a : 0;
       if (beta > 0) { // kl.md: log r = ref - logp
