@@ -827,10 +827,23 @@ def _convention_denominator(spec: LossSpec, lengths, flags) -> sp.Expr:
     return sp.Integer(max(rows if flags["empty_rows"] == "keep" else nonempty, 1))
 
 
+def _row_log_ratios(b: _Batch) -> list[Fraction | None]:
+    """Each row's exact mean log-ratio ``log s_i`` (policy_losses.md eq. (2)); None for an empty row."""
+    return [
+        sum((Fraction(l_) - Fraction(o) for l_, o in zip(lrow, orow, strict=True)), Fraction(0)) / len(lrow)
+        if lrow
+        else None
+        for lrow, orow in zip(b.logp, b.old, strict=True)
+    ]
+
+
 def _clamps_active(b: _Batch, flags: dict) -> bool:
     """Whether a clamp of the convention changes the value (a log-ratio or KL log-ratio beyond its
-    clamp, or a k3 value beyond the value clamp)."""
+    clamp, a k3 value beyond the value clamp, or a row's ``log s_i`` beyond the sequence cap)."""
     c, kc, vc = flags["log_ratio_clamp"], flags["kl_log_ratio_clamp"], flags["kl_value_clamp"]
+    cap = flags["sequence_log_ratio_cap"]
+    if cap is not None and any(x is not None and x > Fraction(cap) for x in _row_log_ratios(b)):
+        return True
     for i, row in enumerate(b.logp):
         for t, l_ in enumerate(row):
             x = Fraction(l_) - Fraction(b.old[i][t])
@@ -846,6 +859,24 @@ def _clamps_active(b: _Batch, flags: dict) -> bool:
     return False
 
 
+def _capped_rows(built, row_log_ratios: list[Fraction | None], cap: float) -> dict:
+    """verl's GSPO cap (``torch.clamp(logp - sg(logp) + sg(log s_i), max=cap)`` per token, then exp):
+    on a row whose exact ``log s_i`` exceeds ``cap`` every token's ratio is ``exp(cap)`` with zero
+    gradient (the clamp is active), so ``logp`` and ``sg(logp)`` of the row's tokens are replaced by
+    ``K_t = sg(logp_t) - (log s_i - cap)``: no ``logp`` left, and ``mean_t (K_t - old_t) = cap``. A
+    row exactly on the cap keeps its gradient (torch.clamp passes it on the bound, as the spec's
+    inclusive gates do)."""
+    subs = {}
+    rows = zip(built.logp, built.logp_sg, built.old_logp, row_log_ratios, strict=True)
+    for row_l, row_s, row_o, log_s in rows:
+        if log_s is None or log_s <= Fraction(cap):
+            continue
+        mean_sg = sum((s_ - o for s_, o in zip(row_s, row_o, strict=True)), sp.Integer(0)) / len(row_s)
+        for lsym, ssym in zip(row_l, row_s, strict=True):
+            subs[lsym] = subs[ssym] = ssym - (mean_sg - sp.Rational(cap))
+    return subs
+
+
 def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     """A policy vector under a framework's flags: the spec's loss with the global denominator of the
     flags, ``logp - old_logp`` clamped before exp in the surrogate, and the k3 KL with its log-ratio
@@ -856,16 +887,8 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     if b.ref is not None:
         spec = dataclasses.replace(spec, kl_coef=0.0625)
     cap = flags["sequence_log_ratio_cap"]
-    if cap is not None:  # the spec here has no cap: no vector may reach it
-        for lrow, orow in zip(b.logp, b.old, strict=True):
-            if (
-                lrow
-                and sum(Fraction(l_) - Fraction(o) for l_, o in zip(lrow, orow, strict=True)) / len(lrow)
-                > cap
-            ):
-                raise AssertionError(
-                    f"{convention}/{name}/{b.case_class}: a row reaches sequence_log_ratio_cap"
-                )
+    if cap is not None and spec.ratio != "gspo_token":
+        raise AssertionError(f"{convention}/{name}: sequence_log_ratio_cap needs the GSPO-token ratio")
     lengths = b.lengths
     built = build_policy_loss(
         spec, tuple(lengths), False, "exact" if b.ref is not None else "none", False, True
@@ -875,6 +898,8 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
         for lsym, ssym, osym in zip(row_l, row_s, row_o, strict=True):
             subs[lsym] = osym + _clamp(lsym - osym, flags["log_ratio_clamp"])
             subs[ssym] = osym + _clamp(ssym - osym, flags["log_ratio_clamp"])
+    if cap is not None:
+        subs.update(_capped_rows(built, _row_log_ratios(b), cap))
     loss, abs_scale = built.loss.xreplace(subs), built.abs_scale.xreplace(subs)
     if b.ref is not None:
         kl_subs = {}
@@ -974,7 +999,51 @@ def _convention_batches(convention: str, name: str, seed: int) -> list[_Batch]:
         ref[1][1] = logp[1][1] - 23
         adv = [_dyadic(rng, -1.5, 1.5) for _ in lengths]
         out.append(v1.get((name, "kl_penalty")) or _Batch("kl_penalty", lengths, adv, logp, old, ref))
+    if CONVENTION_FLAGS[convention][name]["sequence_log_ratio_cap"] is not None:
+        out += _sequence_cap_batches(convention, name, seed)
     return out
+
+
+def _sequence_cap_batches(convention: str, name: str, seed: int) -> list[_Batch]:
+    """verl GSPO's cap of ``log s_i`` at 10 (``sequence_log_ratio_cap``; a separate random stream):
+    rows beyond the cap with A < 0 (the ratio becomes exp(10) with zero gradient) and A > 0 (clipped
+    either way), a row with token log-ratios of +25 and -20 whose mean stays below the cap (GSPO has
+    no per-token clamp), and a row exactly on the cap (log s = 10, exact in float64 too: the
+    clamp passes the gradient on its bound)."""
+    rng = random.Random(f"{seed}/{convention}/{name}/sequence_cap")
+    band = _band(GOLDEN_PRESETS[name])
+
+    def row(shifts: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
+        old = [_dyadic(rng, -3.0, -0.125) for _ in shifts]
+        return [o + x for o, x in zip(old, shifts, strict=True)], old
+
+    rows = [
+        row([Fraction(12), Fraction(9), Fraction(21, 2)]),  # log s = 10.5
+        row([Fraction(23, 2), Fraction(21, 2)]),  # log s = 11
+        row([Fraction(25), Fraction(-20)]),  # log s = 2.5
+    ]
+    logp2, old2, _ = _ragged_inputs(rng, [3], band, False)
+    adv = [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, 0.25, 1.5), -_dyadic(rng, 0.25, 1.5)]
+    adv.append(_dyadic(rng, -1.5, 1.5))
+    beyond = _Batch(
+        "sequence_log_ratio_cap",
+        [3, 2, 2, 3],
+        adv,
+        [r[0] for r in rows] + logp2,
+        [r[1] for r in rows] + old2,
+        flags=("log_ratio_20",),
+    )
+    on_cap = row([Fraction(19, 2), Fraction(21, 2)])  # log s = 10 exactly
+    logp2, old2, _ = _ragged_inputs(rng, [2], band, False)
+    tie = _Batch(
+        "sequence_log_ratio_on_cap",
+        [2, 2],
+        [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, -1.5, 1.5)],
+        [on_cap[0]] + logp2,
+        [on_cap[1]] + old2,
+        flags=("log_ratio_on_cap",),
+    )
+    return [beyond, tie]
 
 
 def convention_vectors(

@@ -64,7 +64,12 @@ FLAGS: dict[str, str] = {
     "kl_k2": "a KL penalty with estimator k2 (kl.md eq. (3))",
     "kl_k3": "a KL penalty with estimator k3 (kl.md eq. (4))",
     "convention_clamp_active": (
-        "a framework clamp of the convention (log-ratio, KL log-ratio or KL value) changes the result"
+        "a framework clamp of the convention (log-ratio, KL log-ratio, KL value or sequence log-ratio cap) "
+        "changes the result"
+    ),
+    "log_ratio_on_cap": (
+        "a row's sequence log-ratio log s_i exactly on the convention's cap (verl GSPO: 10; exact in float64 "
+        "too): the clamp passes the gradient on its bound"
     ),
     # --- KL estimators
     "log_ratio_zero": "log r = 0: every estimator and its derivative are 0 (k1's derivative is 1)",
