@@ -294,7 +294,7 @@ CONVENTIONS = load("policy_loss_conventions.json")["vectors"]
 
 
 def test_convention_flags_of_the_vectors_are_the_kits_profiles():
-    from refimpl.conformance import profile
+    from refimpl.conformance import Convention, profile
     from refimpl.conformance.conventions import PROFILE_MODES
 
     for name, presets in golden.CONVENTION_FLAGS.items():
@@ -302,6 +302,13 @@ def test_convention_flags_of_the_vectors_are_the_kits_profiles():
         for preset, flags in presets.items():
             conv = profile(name, preset)
             assert {k: getattr(conv, k) for k in flags} == flags, (name, preset)
+            kl_flags = golden.CONVENTION_KL_FLAGS.get(name, {})
+            assert {k: getattr(conv, k) for k in kl_flags} == kl_flags, (name, preset)
+    # the KL vectors carry the KL flags (their reference values are Convention()'s defaults)
+    assert {k: getattr(Convention(), k) for k in golden._KL_FLAG_DEFAULTS} == golden._KL_FLAG_DEFAULTS
+    for v in CONVENTIONS:
+        extra = golden.CONVENTION_KL_FLAGS.get(v["convention"], {}) if v["inputs"]["ref_logp"] else {}
+        assert v["convention_flags"] == {**golden.CONVENTION_FLAGS[v["convention"]][v["preset"]], **extra}
     assert {v["convention"] for v in CONVENTIONS} == {"trl", "verl", "openrlhf"}
 
 
@@ -318,6 +325,7 @@ def test_kit_expected_values_match_convention_vector(vector):
     ref = None if inputs["ref_logp"] is None else padded(inputs["ref_logp"])[0]
     adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
     _, variant = resolve_preset(vector["preset"], kl_coef=vector["variant"]["kl_coef"] or None)
+    variant = dataclasses.replace(variant, kl_estimator=vector["variant"]["kl_estimator"])
     conv = profile(vector["convention"], vector["preset"])
     effective = effective_variant(variant, conv)
     assert dataclasses.asdict(effective) == vector["variant"]
