@@ -61,14 +61,17 @@ def framework_on_vector(driver, mode: str, vector: dict) -> tuple[float, torch.T
 
 
 def mismatches(vector: dict, loss: float, grad: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    """The entries of ``expected`` (loss, grad_logp; 0 at padding) that ``loss`` / ``grad`` miss."""
+    """The entries of ``expected`` (loss, grad_logp, or for an acceptable vector either gradient
+    entry, grad_logp_other_side; 0 at padding) that ``loss`` / ``grad`` miss."""
     expected = vector["expected"]
     scale = float(expected["abs_scale"])
+    other = expected.get("grad_logp_other_side", expected["grad_logp"])
     out = [] if close(loss, float(expected["loss"]), scale) else [f"loss {loss!r} != {expected['loss']}"]
     for i, row in enumerate(expected["grad_logp"]):
         for t, g in enumerate(row):
-            if not close(float(grad[i, t]), float(g), scale):
-                out.append(f"grad[{i}][{t}] {float(grad[i, t])!r} != {g}")
+            got = float(grad[i, t])
+            if not (close(got, float(g), scale) or close(got, float(other[i][t]), scale)):
+                out.append(f"grad[{i}][{t}] {got!r} != {g}")
     if bool((grad[~mask] != 0).any()):
         out.append("gradient at padded positions")
     return out

@@ -382,3 +382,15 @@ def test_the_kl_vectors_need_the_token_mean_kl_and_the_clamps():
         assert not fails(v), v["id"]
         assert fails(v, kl_value_clamp_scope="k3") == (v["variant"]["kl_estimator"] != "k3"), v["id"]
         assert fails(v, kl_aggregation="policy") == (v["preset"] in ("grpo", "gspo")), v["id"]
+
+
+_DUAL_CLIP_VECTORS = [v for v in load_vectors("policy_loss.json") if v["case_class"].startswith("dual_clip_")]
+
+
+@pytest.mark.parametrize("vector", _DUAL_CLIP_VECTORS, ids=lambda v: v["id"])
+def test_openrlhfs_dual_clip_modes_match_the_dual_clip_vectors(vector):
+    """The reference dual-clip vectors (c = 3) on OpenRLHF's PolicyLoss(dual_clip=3.0): every region
+    of the gate, and on the bounds one of the two acceptable gradients."""
+    mode = "ppo/seq-mean-token-mean/dual-clip" if vector["preset"] == "grpo" else "ppo/token-mean/dual-clip"
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    assert not mismatches(vector, loss, grad, mask)

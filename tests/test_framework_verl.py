@@ -340,3 +340,17 @@ def test_the_gspo_cap_vectors_reach_the_cap():
         assert ("convention_clamp_active" in v["flags"]) == (not on_cap)
         first_row = [float(g) for g in v["expected"]["grad_logp"][0]]
         assert (max(map(abs, first_row)) == 0.0) == (not on_cap)  # beyond: zero gradient; on it: passes
+
+
+_DUAL_CLIP_VECTORS = [v for v in load_vectors("policy_loss.json") if v["case_class"].startswith("dual_clip_")]
+
+
+@pytest.mark.parametrize("vector", _DUAL_CLIP_VECTORS, ids=lambda v: v["id"])
+def test_verls_vanilla_loss_matches_the_dual_clip_vectors(vector):
+    """The reference dual-clip vectors (c = 3, verl's clip_ratio_c) on verl's vanilla loss: every
+    region of the gate, and on the bounds 1 - eps_low, 1 + eps_high and c one of the two acceptable
+    gradients (the spec's inclusive gate or its other side)."""
+    mode = "vanilla/seq-mean-token-mean" if vector["preset"] == "grpo" else "vanilla/token-mean"
+    assert vector["variant"]["dual_clip"] == 3.0
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    assert not mismatches(vector, loss, grad, mask)
