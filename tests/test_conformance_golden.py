@@ -212,8 +212,8 @@ def test_refimpl_group_advantages_matches_vector(vector):
 
 def test_regeneration_is_bit_identical_on_a_subset():
     """The KL file in full, and a subset of every other file (one preset's version-1 and boundary
-    policy vectors, one framework's preset, one estimator, the log-probs), regenerate to the same
-    bytes as the stored files (the command writes the same canonical JSON)."""
+    policy vectors, the dual-clip ones, two frameworks' presets, one estimator, the log-probs),
+    regenerate to the same bytes as the stored files (the command writes the same canonical JSON)."""
     from specs import golden_estimators
 
     assert golden.dumps(golden.document("kl", golden.kl_vectors())) == (VECTORS / "kl.json").read_text()
@@ -221,8 +221,11 @@ def test_regeneration_is_bit_identical_on_a_subset():
         VECTORS / "logprobs.json"
     ).read_text()
     subsets = {
-        "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip")),
-        "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",)),
+        "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip"))
+        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active")),
+        # OpenRLHF's float32-exact KL vectors and verl GSPO's log-ratio cap
+        "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",))
+        + golden.convention_vectors(("verl",), ("gspo",)),
         "advantages.json": golden.advantage_vectors()[:15],
         "returns.json": golden_estimators.returns_vectors(estimators=("td_errors",)),
         "importance.json": golden_estimators.importance_vectors(),
