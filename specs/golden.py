@@ -181,6 +181,8 @@ class _Batch:
     flags: tuple[str, ...] = ()
     index: int = 0
     invalid: str | None = None  # the reason an invalid vector must be rejected
+    dual_clip: float | None = None  # the variant's dual-clip constant c for this batch (else the preset's)
+    kl_estimator: str = "k3"  # of the KL penalty (convention vectors)
 
 
 def _ragged_inputs(rng: random.Random, lengths, log_ratio_range, kl: bool):
@@ -353,7 +355,7 @@ def _policy_vector(name: str, spec: LossSpec, b: _Batch) -> dict:
     vid = f"policy_loss/{name}/{b.case_class}/{b.index}"
     if b.invalid is not None:
         return vector(vid, flags, "invalid", b.invalid, expected=None, **common)
-    boundary = bool(flags & {"ratio_on_upper_clip", "ratio_on_lower_clip"})
+    boundary = bool(flags & {"ratio_on_upper_clip", "ratio_on_lower_clip", "ratio_on_dual_clip"})
     built = build_policy_loss(
         spec, tuple(b.lengths), False, "ref" if b.ref is not None else "none", False, b.normalizer is not None
     )
@@ -559,6 +561,54 @@ def _new_batches(name: str, spec: LossSpec, seed: int) -> list[_Batch]:
     return out
 
 
+#: The dual-clip constant of the dual-clip case classes (verl's clip_ratio_c, OpenRLHF's dual_clip).
+DUAL_CLIP = 3.0
+
+#: The presets with a token-level hard clip that get the dual-clip case classes (verl applies
+#: clip_ratio_c to these; OpenRLHF has dual-clip modes for ppo and grpo).
+_DUAL_CLIP_PRESETS = ("ppo", "grpo", "dapo")
+
+
+def _dual_clip_batches(name: str, spec: LossSpec, seed: int) -> list[_Batch]:
+    """The dual-clip case classes (policy_losses.md eq. (7), c = ``DUAL_CLIP``; a separate random
+    stream per preset): a unit within one rounding of each bound of the dual-clip gate (A > 0 at
+    1 + eps_high, A < 0 at 1 - eps_low and at c: acceptable either side, since the inclusive gate
+    is open on the bound, seed 001 (116)) and one valid batch with every region of the gate (A < 0
+    beyond c, A < 0 between 1 + eps_high and c where the plain clip leaves the ratio unclipped, A < 0
+    below 1 - eps_low, A > 0 above 1 + eps_high)."""
+    if name not in _DUAL_CLIP_PRESETS:
+        return []
+    rng = random.Random(f"{seed}/{name}/dual_clip")
+    band = _band(spec)
+    out = []
+    bounds = (
+        ("dual_clip_on_upper_clip", 1 + sp.Rational(spec.eps_high), Fraction(5, 4), "ratio_on_upper_clip"),
+        ("dual_clip_on_lower_clip", 1 - sp.Rational(spec.eps_low), Fraction(-3, 4), "ratio_on_lower_clip"),
+        ("dual_clip_on_bound", sp.Rational(DUAL_CLIP), Fraction(-5, 4), "ratio_on_dual_clip"),
+    )
+    for case_class, bound, adv, flag in bounds:
+        lp, o = _on_bound(bound)
+        logp2, old2, _ = _ragged_inputs(rng, [2], band, False)
+        out.append(
+            _Batch(
+                case_class,
+                [1, 2],
+                [adv, _dyadic(rng, -1.5, 1.5)],
+                [[lp]] + logp2,
+                [[o]] + old2,
+                flags=(flag,),
+                dual_clip=DUAL_CLIP,
+            )
+        )
+    # log-ratios 3/2 (r = 4.48 > c), 3/4 (r = 2.12, between 1 + eps_high and c), -1/2 (r = 0.61)
+    old = [[_dyadic(rng, -3.0, -0.125) for _ in range(n)] for n in (3, 2)]
+    shifts = [[Fraction(3, 2), Fraction(3, 4), Fraction(-1, 2)], [Fraction(1, 2), _dyadic(rng, -0.5, 0.5)]]
+    logp = [[o + x for o, x in zip(orow, xrow, strict=True)] for orow, xrow in zip(old, shifts, strict=True)]
+    adv = [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, 0.25, 1.5)]
+    out.append(_Batch("dual_clip_active", [3, 2], adv, logp, old, dual_clip=DUAL_CLIP))
+    return out
+
+
 def policy_loss_vectors(
     presets: tuple[str, ...] | None = None,
     *,
@@ -569,15 +619,19 @@ def policy_loss_vectors(
     both sides of the band, ragged lengths with an empty row, log-ratios +-50 and +-20, a micro-batch
     with a global normaliser, bfloat16-exact inputs, k3 KL), the KL penalty with each estimator, a
     single token, all rows empty, zero advantages, ratio 1, a ratio within one rounding of each clip
-    bound (``acceptable``), subnormal results, NaN / -inf padding, and five invalid inputs."""
+    bound (``acceptable``), subnormal results, NaN / -inf padding, five invalid inputs, and (ppo, grpo,
+    dapo) the dual-clip classes of ``_dual_clip_batches``."""
     out = []
     for name in presets or tuple(GOLDEN_PRESETS):
         spec = GOLDEN_PRESETS[name]
-        for b in _v1_batches(name, spec, seed) + _new_batches(name, spec, seed):
+        batches = _v1_batches(name, spec, seed) + _new_batches(name, spec, seed)
+        for b in batches + _dual_clip_batches(name, spec, seed):
             if case_classes is not None and b.case_class not in case_classes:
                 continue
             est = b.case_class[3:5] if b.case_class.startswith("kl_k") else "k3"
             case_spec = dataclasses.replace(spec, kl_estimator=est) if b.ref is not None else spec
+            if b.dual_clip is not None:
+                case_spec = dataclasses.replace(case_spec, dual_clip=b.dual_clip)
             out.append(_policy_vector(name, case_spec, b))
     return out
 
@@ -724,15 +778,62 @@ CONVENTION_FLAGS: dict[str, dict[str, dict[str, object]]] = {
         "sapo": dict(_VERL, dual_clip=None, empty_rows="keep", seq_sum_rows="nonempty"),
         "cispo": dict(_VERL, log_ratio_clamp=None, dual_clip=None, seq_sum_rows="nonempty"),
     },
-    # OpenRLHF 0.11.2: its KL is evaluated in float32 (flag kl_compute_dtype), so no KL vectors
+    # OpenRLHF 0.11.2: its KL is evaluated in float32 (flag kl_compute_dtype); its KL vectors use inputs
+    # on which that is exact and carry CONVENTION_KL_FLAGS
     "openrlhf": {
         **{p: dict(_OPENRLHF) for p in ("ppo", "bnpo", "dapo", "grpo")},
         "gspo": dict(_OPENRLHF, log_ratio_clamp=None),
     },
 }
 
-#: Frameworks whose KL term the exact spec describes (OpenRLHF computes its KL in float32).
+#: Frameworks whose k3 KL term the exact spec describes at any inputs (the kl_penalty class).
 _KL_CONVENTIONS = ("trl", "verl")
+
+#: The KL flags a framework's KL vectors carry beyond ``CONVENTION_FLAGS`` (mirrors
+#: ``refimpl.conformance.profile``; a test checks that they agree). OpenRLHF's ``compute_approx_kl``
+#: evaluates every estimator in float32 (k3 as ``exp(-x) - 1 + x`` with ``x = logp - ref`` bounded
+#: below by -10, i.e. ``log r`` above by 10), clamps every estimator's value to [-10, 10], and its
+#: training step adds the KL as a global token mean whatever the policy term's aggregation. Its KL
+#: vectors (``_float32_exact_kl_batches``) use inputs on which that float32 arithmetic is exact.
+CONVENTION_KL_FLAGS: dict[str, dict[str, object]] = {
+    "openrlhf": dict(
+        kl_log_ratio_max=10.0,
+        kl_value_clamp_scope="all",
+        kl_aggregation="token_mean",
+        kl_compute_dtype="float32",
+        kl_k3_form="naive",
+    ),
+}
+# the reference values of those flags (refimpl.conformance.Convention's defaults)
+_KL_FLAG_DEFAULTS = dict(
+    kl_log_ratio_max=None,
+    kl_value_clamp_scope="k3",
+    kl_aggregation="policy",
+    kl_compute_dtype="input",
+    kl_k3_form="accurate",
+)
+
+
+def _kl_value(estimator: str, logp: sp.Expr, ref: sp.Expr, flags: dict) -> sp.Expr:
+    """One token's KL estimate under the flags (kl.md eqs. (2)-(4), ``log r = ref - logp``): k3 with
+    ``log r`` clamped to [-c, c] (``kl_log_ratio_clamp``) and above at ``kl_log_ratio_max``; the
+    value clamped to [-c, c] (``kl_value_clamp``) for k3, or for every estimator under
+    ``kl_value_clamp_scope="all"``. The compute dtype and k3's form are not modelled: the vectors
+    that carry them have inputs on which they make no difference."""
+    f = {**_KL_FLAG_DEFAULTS, **flags}
+    log_r = ref - logp
+    if estimator == "k3":
+        log_r = _clamp(log_r, f["kl_log_ratio_clamp"])
+        if f["kl_log_ratio_max"] is not None:
+            log_r = sp.Min(log_r, sp.Rational(f["kl_log_ratio_max"]))
+        value = sp.exp(log_r) - 1 - log_r
+    elif estimator == "k2":
+        value = log_r**2 / 2
+    else:
+        value = -log_r
+    if estimator == "k3" or f["kl_value_clamp_scope"] == "all":
+        value = _clamp(value, f["kl_value_clamp"])
+    return value
 
 
 def _clamp(x: sp.Expr, c) -> sp.Expr:
@@ -774,10 +875,25 @@ def _convention_denominator(spec: LossSpec, lengths, flags) -> sp.Expr:
     return sp.Integer(max(rows if flags["empty_rows"] == "keep" else nonempty, 1))
 
 
-def _clamps_active(b: _Batch, flags: dict) -> bool:
+def _row_log_ratios(b: _Batch) -> list[Fraction | None]:
+    """Each row's exact mean log-ratio ``log s_i`` (policy_losses.md eq. (2)); None for an empty row."""
+    return [
+        sum((Fraction(l_) - Fraction(o) for l_, o in zip(lrow, orow, strict=True)), Fraction(0)) / len(lrow)
+        if lrow
+        else None
+        for lrow, orow in zip(b.logp, b.old, strict=True)
+    ]
+
+
+def _clamps_active(b: _Batch, flags: dict, estimator: str = "k3") -> bool:
     """Whether a clamp of the convention changes the value (a log-ratio or KL log-ratio beyond its
-    clamp, or a k3 value beyond the value clamp)."""
+    clamp, a k3 value beyond the value clamp, or a row's ``log s_i`` beyond the sequence cap)."""
     c, kc, vc = flags["log_ratio_clamp"], flags["kl_log_ratio_clamp"], flags["kl_value_clamp"]
+    f = {**_KL_FLAG_DEFAULTS, **flags}
+    kmax, every = f["kl_log_ratio_max"], f["kl_value_clamp_scope"] == "all"
+    cap = flags["sequence_log_ratio_cap"]
+    if cap is not None and any(x is not None and x > Fraction(cap) for x in _row_log_ratios(b)):
+        return True
     for i, row in enumerate(b.logp):
         for t, l_ in enumerate(row):
             x = Fraction(l_) - Fraction(b.old[i][t])
@@ -785,12 +901,35 @@ def _clamps_active(b: _Batch, flags: dict) -> bool:
                 return True
             if b.ref is not None:
                 log_r = float(Fraction(b.ref[i][t]) - Fraction(l_))
-                if kc is not None and abs(log_r) > kc:
+                if estimator != "k3":
+                    value = -log_r if estimator == "k1" else log_r * log_r / 2
+                    if vc is not None and every and abs(value) > vc:
+                        return True
+                    continue
+                if (kc is not None and abs(log_r) > kc) or (kmax is not None and log_r > kmax):
                     return True
                 k3 = math.expm1(min(log_r, 700.0)) - log_r
                 if vc is not None and abs(k3) > vc:
                     return True
     return False
+
+
+def _capped_rows(built, row_log_ratios: list[Fraction | None], cap: float) -> dict:
+    """verl's GSPO cap (``torch.clamp(logp - sg(logp) + sg(log s_i), max=cap)`` per token, then exp):
+    on a row whose exact ``log s_i`` exceeds ``cap`` every token's ratio is ``exp(cap)`` with zero
+    gradient (the clamp is active), so ``logp`` and ``sg(logp)`` of the row's tokens are replaced by
+    ``K_t = sg(logp_t) - (log s_i - cap)``: no ``logp`` left, and ``mean_t (K_t - old_t) = cap``. A
+    row exactly on the cap keeps its gradient (torch.clamp passes it on the bound, as the spec's
+    inclusive gates do)."""
+    subs = {}
+    rows = zip(built.logp, built.logp_sg, built.old_logp, row_log_ratios, strict=True)
+    for row_l, row_s, row_o, log_s in rows:
+        if log_s is None or log_s <= Fraction(cap):
+            continue
+        mean_sg = sum((s_ - o for s_, o in zip(row_s, row_o, strict=True)), sp.Integer(0)) / len(row_s)
+        for lsym, ssym in zip(row_l, row_s, strict=True):
+            subs[lsym] = subs[ssym] = ssym - (mean_sg - sp.Rational(cap))
+    return subs
 
 
 def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
@@ -801,29 +940,31 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     flags = CONVENTION_FLAGS[convention][name]
     spec = _convention_spec(GOLDEN_PRESETS[name], flags)
     if b.ref is not None:
-        spec = dataclasses.replace(spec, kl_coef=0.0625)
+        flags = {**flags, **CONVENTION_KL_FLAGS.get(convention, {})}
+        spec = dataclasses.replace(spec, kl_coef=0.0625, kl_estimator=b.kl_estimator)
+    token_mean_kl = b.ref is not None and flags.get("kl_aggregation") == "token_mean"
     cap = flags["sequence_log_ratio_cap"]
-    if cap is not None:  # the spec here has no cap: no vector may reach it
-        for lrow, orow in zip(b.logp, b.old, strict=True):
-            if (
-                lrow
-                and sum(Fraction(l_) - Fraction(o) for l_, o in zip(lrow, orow, strict=True)) / len(lrow)
-                > cap
-            ):
-                raise AssertionError(
-                    f"{convention}/{name}/{b.case_class}: a row reaches sequence_log_ratio_cap"
-                )
+    if cap is not None and spec.ratio != "gspo_token":
+        raise AssertionError(f"{convention}/{name}: sequence_log_ratio_cap needs the GSPO-token ratio")
     lengths = b.lengths
+    kl_source = "exact" if b.ref is not None and not token_mean_kl else "none"
     built = build_policy_loss(
-        spec, tuple(lengths), False, "exact" if b.ref is not None else "none", False, True
+        dataclasses.replace(spec, kl_coef=0.0) if token_mean_kl else spec,
+        tuple(lengths),
+        False,
+        kl_source,
+        False,
+        True,
     )
     subs = {}
     for row_l, row_s, row_o in zip(built.logp, built.logp_sg, built.old_logp, strict=True):
         for lsym, ssym, osym in zip(row_l, row_s, row_o, strict=True):
             subs[lsym] = osym + _clamp(lsym - osym, flags["log_ratio_clamp"])
             subs[ssym] = osym + _clamp(ssym - osym, flags["log_ratio_clamp"])
+    if cap is not None:
+        subs.update(_capped_rows(built, _row_log_ratios(b), cap))
     loss, abs_scale = built.loss.xreplace(subs), built.abs_scale.xreplace(subs)
-    if b.ref is not None:
+    if kl_source == "exact":
         kl_subs = {}
         rows = zip(built.kl, built.logp, built.ref_logp, built.old_logp, strict=True)
         for row_k, row_l, row_r, row_o in rows:
@@ -831,12 +972,22 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
                 len(row_l), 1
             )
             for ksym, lsym, rsym, osym in zip(row_k, row_l, row_r, row_o, strict=True):
-                log_r = _clamp(rsym - lsym, flags["kl_log_ratio_clamp"])
-                kl_subs[ksym] = _clamp(sp.exp(log_r) - 1 - log_r, flags["kl_value_clamp"])
+                kl_subs[ksym] = _kl_value(spec.kl_estimator, lsym, rsym, flags)
                 if flags["kl_importance_weight"]:  # TRL use_bias_correction_kl: k3 x the unit's ratio
                     unit_log_ratio = row_ratio if spec.ratio == "sequence_mean" else lsym - osym
                     kl_subs[ksym] = kl_subs[ksym] * sp.exp(unit_log_ratio)
         loss, abs_scale = loss.xreplace(kl_subs), abs_scale.xreplace(kl_subs)
+    if token_mean_kl:  # kl_aggregation "token_mean": beta * sum of every token's KL / the tokens
+        beta, tokens = sp.Rational(spec.kl_coef), max(sum(lengths), 1)
+        row_kls = [
+            sum(
+                (_kl_value(spec.kl_estimator, l_, r_, flags) for l_, r_ in zip(rl, rr, strict=True)),
+                sp.Integer(0),
+            )
+            for rl, rr in zip(built.logp, built.ref_logp, strict=True)
+        ]
+        loss = loss + beta * sum(row_kls, sp.Integer(0)) / tokens
+        abs_scale = abs_scale + beta * sum((sp.Abs(k) for k in row_kls), sp.Integer(0)) / tokens
     denominator = _convention_denominator(spec, lengths, flags)
     loss, abs_scale = (x.xreplace({built.normalizer: denominator}) for x in (loss, abs_scale))
     values = {built.logp: b.logp, built.logp_sg: b.logp, built.old_logp: b.old, built.advantages: b.adv}
@@ -856,7 +1007,7 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
 
     grad = [[num(sp.diff(loss, lsym)) for lsym in row] for row in built.logp]
     vector_flags = _policy_flags(spec, b)
-    if _clamps_active(b, flags):
+    if _clamps_active(b, flags, spec.kl_estimator):
         vector_flags.add("convention_clamp_active")
     return vector(
         f"policy_loss/{convention}/{name}/{b.case_class}/{b.index}",
@@ -921,7 +1072,118 @@ def _convention_batches(convention: str, name: str, seed: int) -> list[_Batch]:
         ref[1][1] = logp[1][1] - 23
         adv = [_dyadic(rng, -1.5, 1.5) for _ in lengths]
         out.append(v1.get((name, "kl_penalty")) or _Batch("kl_penalty", lengths, adv, logp, old, ref))
+    if CONVENTION_FLAGS[convention][name]["sequence_log_ratio_cap"] is not None:
+        out += _sequence_cap_batches(convention, name, seed)
+    if convention in CONVENTION_KL_FLAGS:
+        out += _float32_exact_kl_batches(convention, name, seed)
     return out
+
+
+def _float32_exact_kl_batches(convention: str, name: str, seed: int) -> list[_Batch]:
+    """A KL penalty with each estimator (``kl_k1_penalty``, ``kl_k2_penalty``, ``kl_penalty`` for k3;
+    a separate random stream) for a framework that evaluates its KL in float32 with a global token
+    mean (OpenRLHF): inputs on which every float32 operation of that KL is exact
+    (``_check_float32_exact_kl``), so the exact spec with the convention's clamps is also the
+    framework's float32 result. ``x = logp - ref`` (OpenRLHF's log-ratio, ``-log r``): k1 and k2 at
+    multiples of 1/64 in [-4, 4] (k2's square then has at most 16 bits) plus values beyond the
+    value clamp of 10 (k1: 12 and -11.5; k2: 5); k3 only where float32 is exact: x = 0, and values
+    far beyond the clamp (x >= 11: k3 > 10 whatever exp rounds to; x <= -3, including x <= -10
+    where OpenRLHF's bound of log r at 10 acts). Rows [3, 0, 1, 4]: 8 tokens, so the token mean
+    divides exactly."""
+    rng = random.Random(f"{seed}/{convention}/{name}/kl")
+    band = _band(GOLDEN_PRESETS[name])
+    lengths = [3, 0, 1, 4]
+
+    def grid() -> Fraction:
+        return Fraction(rng.randint(-256, 256), 64)
+
+    shifts = {
+        "k1": [grid(), grid(), Fraction(12), grid(), grid(), Fraction(-23, 2), grid(), grid()],
+        "k2": [grid(), Fraction(5), grid(), grid(), grid(), grid(), grid(), grid()],
+        "k3": [Fraction(v) for v in (0, 11, -3, 0, 25, Fraction(-21, 2), -22, 0)],
+    }
+    out = []
+    for estimator, case_class in (("k1", "kl_k1_penalty"), ("k2", "kl_k2_penalty"), ("k3", "kl_penalty")):
+        logp, old, _ = _ragged_inputs(rng, lengths, band, False)
+        xs = iter(shifts[estimator])
+        ref = [[l_ - next(xs) for l_ in row] for row in logp]
+        adv = [_dyadic(rng, -1.5, 1.5) for _ in lengths]
+        flags = ("log_ratio_20",) if any(abs(x) > 20 for x in shifts[estimator]) else ()
+        b = _Batch(case_class, lengths, adv, logp, old, ref, flags=flags, kl_estimator=estimator)
+        _check_float32_exact_kl(b, 0.0625)
+        out.append(b)
+    return out
+
+
+def _check_float32_exact_kl(b: _Batch, kl_coef: float) -> None:
+    """Raise unless OpenRLHF's float32 KL term is exact on ``b``: log-probs and ``x = logp - ref``
+    are float32 numbers; k2's ``x^2 / 2`` too; k3 only at x = 0 (exp(0) = 1) or where its value
+    exceeds the clamp of 10 by far more than a float32 rounding (x >= 11, x <= -3); the clamped
+    values lie on a grid 2^-k with sum |v| < 2^(24 - k), so every partial sum, in any order, is
+    exact; the token count and ``kl_coef`` are powers of two (the mean and the scaling are exact)."""
+
+    def f32(x: Fraction) -> bool:
+        return Fraction(_float32(float(x))) == x
+
+    values = []
+    for lrow, rrow in zip(b.logp, b.ref, strict=True):
+        for l_, r_ in zip(lrow, rrow, strict=True):
+            x = Fraction(l_) - Fraction(r_)
+            if not (f32(Fraction(l_)) and f32(Fraction(r_)) and f32(x)):
+                raise AssertionError(f"{b.case_class}: {l_}, {r_} or their difference is not a float32")
+            if b.kl_estimator == "k3" and not (x == 0 or x >= 11 or x <= -3):
+                raise AssertionError(f"{b.case_class}: float32 k3 is not exact at x = {x}")
+            value = {"k1": x, "k2": x * x / 2, "k3": Fraction(10) if x else Fraction(0)}[b.kl_estimator]
+            if not f32(value):
+                raise AssertionError(f"{b.case_class}: the KL value {value} is not a float32")
+            values.append(max(min(value, Fraction(10)), Fraction(-10)))
+    denominator = max(v.denominator for v in values)
+    tokens = len(values)
+    exact_sums = sum(abs(v) for v in values) * denominator < 2**24
+    if not exact_sums or tokens & (tokens - 1) or Fraction(kl_coef).numerator != 1:
+        raise AssertionError(f"{b.case_class}: the float32 token mean of the KL is not exact")
+
+
+def _sequence_cap_batches(convention: str, name: str, seed: int) -> list[_Batch]:
+    """verl GSPO's cap of ``log s_i`` at 10 (``sequence_log_ratio_cap``; a separate random stream):
+    rows beyond the cap with A < 0 (the ratio becomes exp(10) with zero gradient) and A > 0 (clipped
+    either way), a row with token log-ratios of +25 and -20 whose mean stays below the cap (GSPO has
+    no per-token clamp), and a row exactly on the cap (log s = 10, exact in float64 too: the
+    clamp passes the gradient on its bound)."""
+    rng = random.Random(f"{seed}/{convention}/{name}/sequence_cap")
+    band = _band(GOLDEN_PRESETS[name])
+
+    def row(shifts: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
+        old = [_dyadic(rng, -3.0, -0.125) for _ in shifts]
+        return [o + x for o, x in zip(old, shifts, strict=True)], old
+
+    rows = [
+        row([Fraction(12), Fraction(9), Fraction(21, 2)]),  # log s = 10.5
+        row([Fraction(23, 2), Fraction(21, 2)]),  # log s = 11
+        row([Fraction(25), Fraction(-20)]),  # log s = 2.5
+    ]
+    logp2, old2, _ = _ragged_inputs(rng, [3], band, False)
+    adv = [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, 0.25, 1.5), -_dyadic(rng, 0.25, 1.5)]
+    adv.append(_dyadic(rng, -1.5, 1.5))
+    beyond = _Batch(
+        "sequence_log_ratio_cap",
+        [3, 2, 2, 3],
+        adv,
+        [r[0] for r in rows] + logp2,
+        [r[1] for r in rows] + old2,
+        flags=("log_ratio_20",),
+    )
+    on_cap = row([Fraction(19, 2), Fraction(21, 2)])  # log s = 10 exactly
+    logp2, old2, _ = _ragged_inputs(rng, [2], band, False)
+    tie = _Batch(
+        "sequence_log_ratio_on_cap",
+        [2, 2],
+        [-_dyadic(rng, 0.25, 1.5), _dyadic(rng, -1.5, 1.5)],
+        [on_cap[0]] + logp2,
+        [on_cap[1]] + old2,
+        flags=("log_ratio_on_cap",),
+    )
+    return [beyond, tie]
 
 
 def convention_vectors(
@@ -932,7 +1194,9 @@ def convention_vectors(
 ) -> list[dict]:
     """Policy vectors under each framework's profile (``CONVENTION_FLAGS``: TRL, verl, OpenRLHF) for
     every preset the framework profiles: an empty row with ragged lengths, mixed ratios, log-ratios of
-    +-50 and +-24 (beyond verl's / OpenRLHF's +-20 clamps), and (TRL, verl) a k3 KL with |log r| > 20."""
+    +-50 and +-24 (beyond verl's / OpenRLHF's +-20 clamps), (TRL, verl) a k3 KL with |log r| > 20,
+    (verl GSPO) rows beyond and on its cap of log s (``_sequence_cap_batches``) and (OpenRLHF) a KL
+    with each estimator on inputs where its float32 KL is exact (``_float32_exact_kl_batches``)."""
     out = []
     for convention in conventions or tuple(CONVENTION_FLAGS):
         for name in presets or tuple(CONVENTION_FLAGS[convention]):

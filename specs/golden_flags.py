@@ -49,6 +49,10 @@ FLAGS: dict[str, str] = {
         "either side"
     ),
     "dual_clip_active": "a unit with A < 0 and ratio > the dual-clip constant c",
+    "ratio_on_dual_clip": (
+        "a unit within one float64 rounding of the dual-clip constant c (A < 0): a hard gate's gradient is "
+        "acceptable either side"
+    ),
     "log_ratio_20": "|logp - old_logp| (or |log r|) above 20: beyond verl's / OpenRLHF's clamps",
     "log_ratio_50": (
         "|logp - old_logp| (or |log r|) of 50 or more: exp over- and underflows float16 / float32 ranges"
@@ -60,7 +64,12 @@ FLAGS: dict[str, str] = {
     "kl_k2": "a KL penalty with estimator k2 (kl.md eq. (3))",
     "kl_k3": "a KL penalty with estimator k3 (kl.md eq. (4))",
     "convention_clamp_active": (
-        "a framework clamp of the convention (log-ratio, KL log-ratio or KL value) changes the result"
+        "a framework clamp of the convention (log-ratio, KL log-ratio, KL value or sequence log-ratio cap) "
+        "changes the result"
+    ),
+    "log_ratio_on_cap": (
+        "a row's sequence log-ratio log s_i exactly on the convention's cap (verl GSPO: 10; exact in float64 "
+        "too): the clamp passes the gradient on its bound"
     ),
     # --- KL estimators
     "log_ratio_zero": "log r = 0: every estimator and its derivative are 0 (k1's derivative is 1)",

@@ -212,8 +212,8 @@ def test_refimpl_group_advantages_matches_vector(vector):
 
 def test_regeneration_is_bit_identical_on_a_subset():
     """The KL file in full, and a subset of every other file (one preset's version-1 and boundary
-    policy vectors, one framework's preset, one estimator, the log-probs), regenerate to the same
-    bytes as the stored files (the command writes the same canonical JSON)."""
+    policy vectors, the dual-clip ones, two frameworks' presets, one estimator, the log-probs),
+    regenerate to the same bytes as the stored files (the command writes the same canonical JSON)."""
     from specs import golden_estimators
 
     assert golden.dumps(golden.document("kl", golden.kl_vectors())) == (VECTORS / "kl.json").read_text()
@@ -221,8 +221,11 @@ def test_regeneration_is_bit_identical_on_a_subset():
         VECTORS / "logprobs.json"
     ).read_text()
     subsets = {
-        "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip")),
-        "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",)),
+        "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip"))
+        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active")),
+        # OpenRLHF's float32-exact KL vectors and verl GSPO's log-ratio cap
+        "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",))
+        + golden.convention_vectors(("verl",), ("gspo",)),
         "advantages.json": golden.advantage_vectors()[:15],
         "returns.json": golden_estimators.returns_vectors(estimators=("td_errors",)),
         "importance.json": golden_estimators.importance_vectors(),
@@ -294,7 +297,7 @@ CONVENTIONS = load("policy_loss_conventions.json")["vectors"]
 
 
 def test_convention_flags_of_the_vectors_are_the_kits_profiles():
-    from refimpl.conformance import profile
+    from refimpl.conformance import Convention, profile
     from refimpl.conformance.conventions import PROFILE_MODES
 
     for name, presets in golden.CONVENTION_FLAGS.items():
@@ -302,6 +305,13 @@ def test_convention_flags_of_the_vectors_are_the_kits_profiles():
         for preset, flags in presets.items():
             conv = profile(name, preset)
             assert {k: getattr(conv, k) for k in flags} == flags, (name, preset)
+            kl_flags = golden.CONVENTION_KL_FLAGS.get(name, {})
+            assert {k: getattr(conv, k) for k in kl_flags} == kl_flags, (name, preset)
+    # the KL vectors carry the KL flags (their reference values are Convention()'s defaults)
+    assert {k: getattr(Convention(), k) for k in golden._KL_FLAG_DEFAULTS} == golden._KL_FLAG_DEFAULTS
+    for v in CONVENTIONS:
+        extra = golden.CONVENTION_KL_FLAGS.get(v["convention"], {}) if v["inputs"]["ref_logp"] else {}
+        assert v["convention_flags"] == {**golden.CONVENTION_FLAGS[v["convention"]][v["preset"]], **extra}
     assert {v["convention"] for v in CONVENTIONS} == {"trl", "verl", "openrlhf"}
 
 
@@ -318,6 +328,7 @@ def test_kit_expected_values_match_convention_vector(vector):
     ref = None if inputs["ref_logp"] is None else padded(inputs["ref_logp"])[0]
     adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
     _, variant = resolve_preset(vector["preset"], kl_coef=vector["variant"]["kl_coef"] or None)
+    variant = dataclasses.replace(variant, kl_estimator=vector["variant"]["kl_estimator"])
     conv = profile(vector["convention"], vector["preset"])
     effective = effective_variant(variant, conv)
     assert dataclasses.asdict(effective) == vector["variant"]

@@ -27,11 +27,12 @@ from refimpl.conformance import (
     policy_loss_cases,
     profile,
 )
-from refimpl.conformance.cases import KLCase
-from refimpl.conformance.conventions import convention_from_flags
+from refimpl.conformance.cases import KLCase, PolicyLossCase
+from refimpl.conformance.conventions import PROFILE_MODES, convention_from_flags
 from refimpl.conformance.expected import effective_variant, expected_kl, expected_policy_loss
 from refimpl.conformance.frameworks import load_driver, source_hash
-from refimpl.losses import get_preset, policy_loss
+from refimpl.losses import PolicyLossVariant, get_preset, policy_loss
+from tests.golden_vectors import framework_on_vector, load_vectors, mismatches, padded
 
 pytestmark = pytest.mark.framework
 
@@ -338,3 +339,58 @@ def test_every_mode_profile_is_made_of_convention_flags():
         unknown = set(mode.convention) - _KNOWN
         assert not unknown, (mode.name, unknown)
         _conv(mode.convention)  # the flags' values are valid
+
+
+# ------------------------------------------------------------------------------------------------
+# the golden convention vectors (specs/vectors/policy_loss_conventions.json) on OpenRLHF's own loss
+
+_VECTORS = [v for v in load_vectors("policy_loss_conventions.json") if v["convention"] == "openrlhf"]
+
+
+@pytest.mark.parametrize("vector", _VECTORS, ids=lambda v: v["id"])
+def test_openrlhfs_own_loss_matches_every_openrlhf_convention_vector(vector):
+    """PolicyLoss (+ aggregate_loss(compute_approx_kl(...)) * kl_coef for the KL classes), run by the
+    driver on the vector's inputs, gives the vector's 50-digit loss and gradient within SCHEMA.md's
+    float64 tolerance. The KL vectors' inputs make OpenRLHF's float32 KL arithmetic exact
+    (specs.golden._check_float32_exact_kl), so the exact spec with the clamps is its result."""
+    mode = PROFILE_MODES["openrlhf"][vector["preset"]][-1][1]
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    assert not mismatches(vector, loss, grad, mask)
+
+
+def test_the_kl_vectors_need_the_token_mean_kl_and_the_clamps():
+    """Every estimator has a vector per OpenRLHF preset; the k1 / k2 / k3 values beyond 10 are
+    clamped (kl_value_clamp_scope 'all': dropping it fails the k1 / k2 vectors), and under grpo's
+    sequence mean the KL term is a token mean (kl_aggregation 'policy' fails those vectors)."""
+    kl = [v for v in _VECTORS if v["inputs"]["ref_logp"] is not None]
+    assert {(v["preset"], v["variant"]["kl_estimator"]) for v in kl} == {
+        (p, k) for p in PROFILE_MODES["openrlhf"] for k in ("k1", "k2", "k3")
+    }
+    assert all("convention_clamp_active" in v["flags"] for v in kl)
+
+    def fails(vector, **changed) -> bool:
+        inputs = vector["inputs"]
+        logp, mask = padded(inputs["logp"])
+        adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
+        case = PolicyLossCase("vector", 0, logp, padded(inputs["old_logp"])[0], adv, mask, adv,
+                              torch.zeros(len(adv), dtype=torch.long), padded(inputs["ref_logp"])[0])
+        conv = dataclasses.replace(profile("openrlhf", vector["preset"]), **changed)
+        loss, grad = expected_policy_loss(case, PolicyLossVariant(**vector["variant"]), conv)
+        return bool(mismatches(vector, float(loss), grad, mask))
+
+    for v in kl:
+        assert not fails(v), v["id"]
+        assert fails(v, kl_value_clamp_scope="k3") == (v["variant"]["kl_estimator"] != "k3"), v["id"]
+        assert fails(v, kl_aggregation="policy") == (v["preset"] in ("grpo", "gspo")), v["id"]
+
+
+_DUAL_CLIP_VECTORS = [v for v in load_vectors("policy_loss.json") if v["case_class"].startswith("dual_clip_")]
+
+
+@pytest.mark.parametrize("vector", _DUAL_CLIP_VECTORS, ids=lambda v: v["id"])
+def test_openrlhfs_dual_clip_modes_match_the_dual_clip_vectors(vector):
+    """The reference dual-clip vectors (c = 3) on OpenRLHF's PolicyLoss(dual_clip=3.0): every region
+    of the gate, and on the bounds one of the two acceptable gradients."""
+    mode = "ppo/seq-mean-token-mean/dual-clip" if vector["preset"] == "grpo" else "ppo/token-mean/dual-clip"
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    assert not mismatches(vector, loss, grad, mask)

@@ -17,8 +17,15 @@ import torch
 
 from refimpl.conformance import checks
 from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
-from refimpl.conformance.conventions import Convention, convention_from_flags, framework_config, profile
+from refimpl.conformance.conventions import (
+    PROFILE_MODES,
+    Convention,
+    convention_from_flags,
+    framework_config,
+    profile,
+)
 from refimpl.conformance.frameworks import load_driver, source_hash
+from tests.golden_vectors import framework_on_vector, load_vectors, mismatches
 
 pytestmark = pytest.mark.framework
 
@@ -287,3 +294,63 @@ def test_the_verl_profile_is_the_drivers_mode_data():
         assert config["actor.loss_agg_mode"] == (mode.partition("/")[2] or config["actor.loss_agg_mode"])
     assert profile("verl", "dr_grpo").adv_scale == "none"
     assert framework_config("verl", "cispo")["actor.clip_ratio_low"] == 1.0  # our CISPO: no lower clip
+
+
+# ------------------------------------------------------------------------------------------------
+# the golden convention vectors (specs/vectors/policy_loss_conventions.json) on verl's own loss
+
+_VECTORS = [v for v in load_vectors("policy_loss_conventions.json") if v["convention"] == "verl"]
+# Vectors whose expected values (the profile's flags, exact) verl does not reproduce, with the reason.
+# The kit's 1e-8 check (test_every_policy_mode_passes_every_case_class_under_its_profile) cannot see
+# this one; the vector's 1e-10 can. Its values stay as they are (the vectors describe the profile).
+KNOWN_VECTOR_DEPARTURES = {
+    "policy_loss/verl/cispo/extreme_log_ratio/0": "verl 0.9.1's compute_policy_loss_cispo clamps "
+    "logp - old_logp to [-20, 20] before exp, but the cispo profile has log_ratio_clamp=None: at the "
+    "log-ratio -52 the CISPO weight is exp(-20) instead of exp(-52) (loss off by 1.3e-9 relative)",
+}
+
+
+@pytest.mark.parametrize("vector", _VECTORS, ids=lambda v: v["id"])
+def test_verls_own_loss_matches_every_verl_convention_vector(vector):
+    """verl's policy loss (and KL loss), run by the driver on the vector's inputs with the vector's
+    (effective) variant, gives the vector's 50-digit loss and gradient within SCHEMA.md's float64
+    tolerance; among them the GSPO cap of log s at 10 (sequence_log_ratio_cap) beyond and exactly on
+    the cap."""
+    mode = PROFILE_MODES["verl"][vector["preset"]][-1][1]
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    missed = mismatches(vector, loss, grad, mask)
+    if vector["id"] in KNOWN_VECTOR_DEPARTURES:
+        assert missed, f"{vector['id']} now matches verl: drop it from KNOWN_VECTOR_DEPARTURES"
+    else:
+        assert not missed, missed
+
+
+def test_the_gspo_cap_vectors_reach_the_cap():
+    """The cap classes exist for verl's gspo and gspo_token and reach the cap: the first row (A < 0)
+    has log s = 10.5 (the clamp is active: zero gradient) or exactly 10 (the clamp passes it)."""
+    capped = [v for v in _VECTORS if v["case_class"].startswith("sequence_log_ratio")]
+    classes = ("sequence_log_ratio_cap", "sequence_log_ratio_on_cap")
+    assert {(v["preset"], v["case_class"]) for v in capped} == {
+        (p, c) for p in ("gspo", "gspo_token") for c in classes
+    }
+    for v in capped:
+        assert v["convention_flags"]["sequence_log_ratio_cap"] == 10.0
+        on_cap = v["case_class"].endswith("on_cap")
+        assert ("log_ratio_on_cap" in v["flags"]) == on_cap
+        assert ("convention_clamp_active" in v["flags"]) == (not on_cap)
+        first_row = [float(g) for g in v["expected"]["grad_logp"][0]]
+        assert (max(map(abs, first_row)) == 0.0) == (not on_cap)  # beyond: zero gradient; on it: passes
+
+
+_DUAL_CLIP_VECTORS = [v for v in load_vectors("policy_loss.json") if v["case_class"].startswith("dual_clip_")]
+
+
+@pytest.mark.parametrize("vector", _DUAL_CLIP_VECTORS, ids=lambda v: v["id"])
+def test_verls_vanilla_loss_matches_the_dual_clip_vectors(vector):
+    """The reference dual-clip vectors (c = 3, verl's clip_ratio_c) on verl's vanilla loss: every
+    region of the gate, and on the bounds 1 - eps_low, 1 + eps_high and c one of the two acceptable
+    gradients (the spec's inclusive gate or its other side)."""
+    mode = "vanilla/seq-mean-token-mean" if vector["preset"] == "grpo" else "vanilla/token-mean"
+    assert vector["variant"]["dual_clip"] == 3.0
+    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    assert not mismatches(vector, loss, grad, mask)

@@ -1,7 +1,9 @@
-"""The JavaScript consumer (tools/consumers/js/check_vectors.mjs, Node.js >= 20, no packages): its DAPO
-loss and GAE pass every dapo policy-loss vector and every GAE vector, the planted bugs fail them,
-and a file of another schema version is a clear error (exit 2). Marked ``node``: skipped where
-Node.js is absent, a failure when RL_ORACLE_REQUIRE_NODE=1 (CI, tests/conftest.py)."""
+"""The JavaScript consumer (tools/consumers/js/check_vectors.mjs, Node.js >= 20, no packages): its
+policy-loss family (every preset of policy_loss.json, dual clip and the k1 / k2 / k3 penalty
+included), its KL estimators and its GAE pass every policy_loss, kl and gae_advantages vector; each
+planted bug fails exactly the vectors that carry its edge; a file of another schema version and an
+unknown bug are clear errors (exit 2). Marked ``node``: skipped where Node.js is absent, a failure
+when RL_ORACLE_REQUIRE_NODE=1 (CI, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -28,12 +30,33 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([NODE, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
+def load(name: str) -> list[dict]:
+    return json.loads((VECTORS / name).read_text())["vectors"]
+
+
+POLICY, KL = load("policy_loss.json"), load("kl.json")
+GAE = [v for v in load("returns.json") if v["estimator"] == "gae_advantages"]
+
+
 def expected_count() -> int:
-    policy = json.loads((VECTORS / "policy_loss.json").read_text())["vectors"]
-    returns = json.loads((VECTORS / "returns.json").read_text())["vectors"]
-    return sum(v["preset"] == "dapo" for v in policy) + sum(
-        v["estimator"] == "gae_advantages" for v in returns
+    return len(POLICY) + len(KL) + len(GAE)
+
+
+def failing(*bugs: str) -> list[tuple[str, set[str]]]:
+    """(id, flags) of every failure of the consumer's ``run`` with the planted ``bugs`` (the module's
+    own function, imported by node, so the list is not cut at the CLI's 20 lines)."""
+    program = (
+        f"import {{ run }} from {json.dumps(SCRIPT.as_uri())};"
+        f"const r = run({json.dumps(str(VECTORS))}, {{ bugs: new Set({json.dumps(list(bugs))}) }});"
+        "console.log(JSON.stringify(r));"
     )
+    result = subprocess.run([NODE, "--input-type=module", "-e", program], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["checked"] == expected_count()
+    rows = [re.match(r"(\S+) \[([^\]]*)\]", line).groups() for line in report["failures"]]
+    return [(i, set(f.split(", ")) - {""}) for i, f in rows]
 
 
 def test_node_is_recent_enough():
@@ -41,26 +64,65 @@ def test_node_is_recent_enough():
     assert int(version.lstrip("v").split(".")[0]) >= 20, version
 
 
-def test_the_js_dapo_loss_and_gae_pass_every_vector():
+def test_the_js_policy_loss_kl_and_gae_pass_every_vector():
     result = run(str(VECTORS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith(f"PASS: {expected_count()} vectors checked"), result.stdout
-
-
-def test_the_planted_bugs_fail_and_are_named_by_their_flags():
-    result = run(str(VECTORS), "--plant-bug")
-    assert result.returncode == 1, result.stdout + result.stderr
-    failed = re.findall(r"^  (\S+) \[([^\]]*)\]", result.stdout, re.M)
-    ids = {i for i, _ in failed}
-    assert any(i.startswith("policy_loss/dapo/") for i in ids) and any(
-        i.startswith("returns/gae") for i in ids
+    assert result.stdout.startswith(f"PASS: {expected_count()} vectors checked (policy loss, KL, GAE)"), (
+        result.stdout
     )
-    flags = {f for _, fl in failed for f in fl.split(", ")}
-    assert {"ratio_above_upper_clip", "truncated_step"} <= flags
+    assert {v["preset"] for v in POLICY} == {
+        "ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo"
+    }
+
+
+def test_planted_bug_clip_higher_fails_the_presets_with_eps_high_above_eps_low():
+    failures = failing("clip_higher")
+    assert {i.split("/")[1] for i, _ in failures} == {"dapo", "cispo", "gspo", "gspo_token"}
+    assert all(i.startswith("policy_loss/") for i, _ in failures)
+    assert any("ratio_above_upper_clip" in f for _, f in failures)
+
+
+def test_planted_bug_empty_rows_fails_only_sequence_means_with_an_empty_row():
+    failures = failing("empty_rows")
+    assert failures and all("empty_row" in f for _, f in failures)
+    assert {i.split("/")[1] for i, _ in failures} <= {"grpo", "dr_grpo", "gspo", "gspo_token", "sapo"}
+
+
+def test_planted_bug_sapo_one_temperature_fails_sapo_only():
+    failures = failing("sapo_one_tau")
+    assert failures and {i.split("/")[1] for i, _ in failures} == {"sapo"}
+
+
+def test_planted_bug_no_dual_clip_fails_exactly_the_dual_clip_active_vectors():
+    failures = failing("no_dual_clip")
+    expected = {f"policy_loss/{p}/dual_clip_active/0" for p in ("ppo", "grpo", "dapo")}
+    assert {i for i, _ in failures} == expected
+    assert all("dual_clip_active" in f for _, f in failures)
+
+
+def test_planted_bug_naive_k3_fails_the_small_log_ratio_kl_vectors():
+    failures = failing("naive_k3")
+    assert failures and all(i.startswith("kl/k3/") for i, _ in failures)
+    assert any("log_ratio_tiny" in f for _, f in failures)
+
+
+def test_planted_bug_gae_truncation_fails_the_truncated_steps():
+    result = run(str(VECTORS), "--plant-bug=gae_truncation")
+    assert result.returncode == 1 and "(planted bugs: gae_truncation)" in result.stdout
+    failures = failing("gae_truncation")
+    assert failures
+    assert all(i.startswith("returns/gae_advantages/") and "truncated_step" in f for i, f in failures)
+
+
+def test_every_planted_bug_at_once_and_an_unknown_one():
+    result = run(str(VECTORS), "--plant-bug")
+    assert result.returncode == 1 and "planted bugs: clip_higher, empty_rows" in result.stdout
+    result = run(str(VECTORS), "--plant-bug=clip_higher,no_such_bug")
+    assert result.returncode == 2 and "unknown bug no_such_bug" in result.stderr
 
 
 def test_another_schema_version_is_a_clear_error(tmp_path):
-    for name in ("policy_loss.json", "returns.json"):
+    for name in ("policy_loss.json", "kl.json", "returns.json"):
         document = json.loads((VECTORS / name).read_text())
         document["schema_version"] = 1
         (tmp_path / name).write_text(json.dumps(document))

@@ -1,14 +1,14 @@
 // A JavaScript consumer of the golden vectors (specs/vectors/*.json, schema version 2), and the
-// example a non-Python author copies: a small DAPO loss (with its KL penalty) and GAE written from
-// the specs (policy_losses.md eqs. (6), (11)-(12), kl.md eqs. (2)-(4), estimators.md eqs. (4)-(5)),
-// checked against every dapo policy-loss vector and every gae_advantages vector. Node.js >= 20, no
-// packages.
+// example a non-Python author copies: the policy-loss family (every preset of policy_loss.json:
+// ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token, sapo, cispo, with dual clip and the k1 / k2 / k3
+// KL penalty), the KL estimators and GAE, written from the specs (policy_losses.md eqs. (1)-(12),
+// kl.md eqs. (2)-(4), estimators.md eqs. (4)-(5)) in plain float64, checked against every
+// policy_loss vector, every kl vector and every gae_advantages vector. Node.js >= 20, no packages.
 //
-//   node tools/consumers/js/check_vectors.mjs [VECTOR_DIR] [--plant-bug]
+//   node tools/consumers/js/check_vectors.mjs [VECTOR_DIR] [--plant-bug[=NAME,...]]
 //
 // Exit 0 when every vector passes, 1 when one fails, 2 on a usage or schema error. --plant-bug
-// swaps in two classic bugs (DAPO's clip-higher forgotten: the upper bound 1 + eps_low; GAE treating
-// a truncated step as terminal), which the vectors must catch.
+// swaps in classic bugs (all of them, or those named; BUGS lists them), which the vectors must catch.
 
 import { readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -37,60 +37,153 @@ function requireFinite(name, values) {
   for (const v of values) if (!Number.isFinite(v)) throw new RangeError(`${name} contains NaN or inf`);
 }
 
-// ------------------------------------------------------------------------------- DAPO policy loss
+// ------------------------------------------------------------------------------------------ bugs
 
-// logp, oldLogp, refLogp: [N][T] padded; mask: [N][T] booleans; advantages: [N].
-// variant: eps_low, eps_high, kl_coef, kl_estimator (token-level ratio, hard clip, token mean).
-// Returns [loss, grad] with grad [N][T] = d loss / d logp (0 at padded positions).
-export function dapoLoss(logp, oldLogp, advantages, mask, variant, { refLogp = null, normalizer = null,
-  plantBug = false } = {}) {
+// The planted bugs (--plant-bug=NAME): each is a classic slip the vectors must catch.
+export const BUGS = {
+  clip_higher: "the upper clip bound 1 + eps_low: DAPO's clip-higher forgotten (eps_high := eps_low)",
+  empty_rows: "sequence means divide by every row, empty ones included",
+  sapo_one_tau: "SAPO's temperature tau_pos for negative advantages too",
+  no_dual_clip: "the dual-clip bound c ignored",
+  naive_k3: "k3 as exp(x) - 1 - x (cancels for tiny |log r|)",
+  gae_truncation: "GAE treats a truncated step as terminal (no bootstrap)",
+};
+
+// ---------------------------------------------------------------------------------------- KL (kl.md)
+
+// log r = ref - logp. Returns [value, d value / d logp] (eqs. (2)-(4)); k3 without cancellation:
+// its Taylor series for |log r| < 1e-2, else expm1(log r) - log r.
+export function kl(estimator, logp, refLogp, { bugs = new Set() } = {}) {
+  requireFinite("logp / ref_logp", [logp, refLogp]);
+  const x = refLogp - logp;
+  if (estimator === "k1") return [-x, 1];
+  if (estimator === "k2") return [0.5 * x * x, -x];
+  if (estimator !== "k3") throw new RangeError(`unknown KL estimator ${estimator}`);
+  if (bugs.has("naive_k3")) return [Math.exp(x) - 1 - x, 1 - Math.exp(x)];
+  if (Math.abs(x) < 1e-2) {
+    const series = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x * (1 / 720 + x / 5040)))));
+    return [series, -Math.expm1(x)];
+  }
+  return [Math.expm1(x) - x, -Math.expm1(x)];
+}
+
+// ------------------------------------------------------------------------------ policy loss family
+
+const sigmoidTerms = (z) => { // [sigmoid(z), sigmoid(z) (1 - sigmoid(z))] without overflow
+  const e = Math.exp(-Math.abs(z));
+  const s = z >= 0 ? 1 / (1 + e) : e / (1 + e);
+  return [s, e / ((1 + e) * (1 + e))];
+};
+
+// The gate of one unit (eqs. (6)-(9)): [f, df/dr, df/d(unit log-prob)] for ratio r, advantage a.
+function gate(variant, r, a, unitLogp, bugs) {
+  const epsHigh = bugs.has("clip_higher") ? variant.eps_low : variant.eps_high;
+  const upper = epsHigh === null ? null : 1 + epsHigh;
+  const lower = variant.eps_low === null ? null : 1 - variant.eps_low;
+  if (variant.gate === "clip") { // the inclusive gate of seed 001 (116); eq. (7) for A < 0
+    const c = bugs.has("no_dual_clip") ? null : variant.dual_clip;
+    if (a > 0) return upper === null || r <= upper ? [r * a, a, 0] : [upper * a, 0, 0];
+    if (lower !== null && r < lower) return [lower * a, 0, 0];
+    if (c !== null && r > c) return [c * a, 0, 0];
+    return [r * a, a, 0];
+  }
+  if (variant.gate === "sapo") { // (4 / tau) sigmoid(tau (r - 1)) a
+    const tau = a > 0 || bugs.has("sapo_one_tau") ? variant.tau_pos : variant.tau_neg;
+    const [s, ds] = sigmoidTerms(tau * (r - 1));
+    return [(4 / tau) * s * a, 4 * ds * a, 0];
+  }
+  if (variant.gate === "cispo") { // sg(clip(r)) a logp_unit: no gradient through the ratio
+    let w = r;
+    if (lower !== null) w = Math.max(w, lower);
+    if (upper !== null) w = Math.min(w, upper);
+    return [w * a * unitLogp, 0, w * a];
+  }
+  if (variant.gate === "none") return [r * a, a, 0];
+  throw new RangeError(`unsupported gate ${variant.gate}`);
+}
+
+function checkVariant(variant) {
+  const supported = variant.kl_scale === "token" && variant.entropy_coef === 0 &&
+    variant.behavior_correction === "none" && variant.aggregation !== "seq_sqrt_token_mean";
+  if (!supported) throw new RangeError("unsupported variant (kl_scale, entropy, behaviour correction)");
+}
+
+// logp, oldLogp, refLogp: [N][T] padded; mask: [N][T] booleans; advantages: [N] per sequence.
+// variant: the vector's variant (ratio, gate, eps_low / eps_high (null: no bound), dual_clip,
+// tau_pos / tau_neg, aggregation, max_length, kl_coef, kl_estimator). Returns [loss, grad] with
+// grad [N][T] = d loss / d logp (0 at padded positions). Eq. (12): loss = (1/D) sum_i c_i.
+export function policyLoss(logp, oldLogp, advantages, mask, variant, { refLogp = null, normalizer = null,
+  bugs = new Set() } = {}) {
+  checkVariant(variant);
   const n = logp.length;
   if (advantages.length !== n) throw new RangeError(`advantages must have length ${n}`);
   requireFinite("advantages", advantages);
-  const lower = 1 - variant.eps_low;
-  const upper = 1 + (plantBug ? variant.eps_low : variant.eps_high);
   const beta = variant.kl_coef;
-  let tokens = 0;
+  if (beta > 0 && refLogp === null) throw new RangeError("ref_logp is required when kl_coef > 0");
+  const lengths = mask.map((row) => row.filter(Boolean).length);
   for (let i = 0; i < n; i++) {
     for (let t = 0; t < mask[i].length; t++) {
       if (!mask[i][t]) continue; // padded positions never reach the arithmetic
-      tokens += 1;
-      requireFinite("logp / old_logp / ref_logp", [logp[i][t], oldLogp[i][t], refLogp ? refLogp[i][t] : 0]);
+      requireFinite("logp / old_logp / ref_logp", [logp[i][t], oldLogp[i][t], beta > 0 ? refLogp[i][t] : 0]);
     }
   }
   if (normalizer !== null && !(normalizer > 0 && Number.isFinite(normalizer))) {
     throw new RangeError("normalizer must be finite and > 0");
   }
-  const denominator = normalizer ?? Math.max(tokens, 1); // eq. (11): token mean
+  const agg = variant.aggregation;
+  const rows = bugs.has("empty_rows") ? n : lengths.filter((T) => T > 0).length;
+  const local = { token_mean: lengths.reduce((x, y) => x + y, 0), seq_mean_token_mean: rows, seq_mean: rows,
+    seq_sum: rows * variant.max_length }[agg]; // eq. (11)
+  if (local === undefined || Number.isNaN(local)) throw new RangeError(`unsupported aggregation ${agg}`);
+  const D = normalizer ?? Math.max(local, 1);
   let total = 0;
   const grad = logp.map((row) => row.map(() => 0));
   for (let i = 0; i < n; i++) {
+    const T = lengths[i];
+    if (T === 0) continue;
     const a = advantages[i];
-    for (let t = 0; t < mask[i].length; t++) {
-      if (!mask[i][t]) continue;
-      const ratio = Math.exp(logp[i][t] - oldLogp[i][t]);
-      // eqs. (6)-(7): min(r A, clip(r) A), the inclusive gate of seed 001 (116)
-      const open = a > 0 ? ratio <= upper : ratio >= lower;
-      const clipped = a > 0 ? upper * a : lower * a;
-      total -= open ? ratio * a : clipped;
-      let g = open ? -ratio * a : 0;
-      if (beta > 0) { // kl.md: log r = ref - logp
-        const logR = refLogp[i][t] - logp[i][t];
-        const k = { k1: -logR, k2: 0.5 * logR * logR, k3: Math.expm1(logR) - logR }[variant.kl_estimator];
-        const dk = { k1: 1, k2: -logR, k3: -Math.expm1(logR) }[variant.kl_estimator];
-        total += beta * k;
-        g += beta * dk;
-      }
-      grad[i][t] = g / denominator;
+    const cols = [];
+    for (let t = 0; t < mask[i].length; t++) if (mask[i][t]) cols.push(t);
+    const l = cols.map((t) => logp[i][t] - oldLogp[i][t]); // eq. (1)
+    const tokenWeight = agg === "seq_mean_token_mean" ? 1 / T : 1; // eq. (10), per-token quantities
+    let c = 0;
+    const g = cols.map(() => 0); // d c_i / d logp
+    if (variant.ratio === "token" || variant.ratio === "gspo_token") { // eqs. (2), (5): a unit per token
+      const logS = l.reduce((x, y) => x + y, 0) / T;
+      cols.forEach((t, k) => {
+        const r = Math.exp(variant.ratio === "token" ? l[k] : logS);
+        const [f, dfdr, dfdlp] = gate(variant, r, a, logp[i][t], bugs);
+        c -= tokenWeight * f;
+        g[k] -= tokenWeight * (dfdr * r + dfdlp); // d ratio / d logp = ratio (own token only)
+      });
+    } else { // eqs. (3), (4): one unit per sequence
+      const mean = variant.ratio === "sequence_mean";
+      if (!mean && variant.ratio !== "sequence_product") throw new RangeError(`unsupported ratio ${variant.ratio}`);
+      const scale = mean ? 1 / T : 1;
+      const r = Math.exp(l.reduce((x, y) => x + y, 0) * scale);
+      const unitLogp = cols.reduce((x, t) => x + logp[i][t], 0) * scale;
+      const [f, dfdr, dfdlp] = gate(variant, r, a, unitLogp, bugs);
+      const times = agg === "token_mean" || agg === "seq_sum" ? T : 1; // a sequence term per token
+      c -= times * f;
+      cols.forEach((_, k) => { g[k] -= times * (dfdr * r + dfdlp) * scale; });
     }
+    if (beta > 0) {
+      cols.forEach((t, k) => {
+        const [value, slope] = kl(variant.kl_estimator, logp[i][t], refLogp[i][t], { bugs });
+        c += tokenWeight * beta * value;
+        g[k] += tokenWeight * beta * slope;
+      });
+    }
+    total += c;
+    cols.forEach((t, k) => { grad[i][t] = g[k] / D; });
   }
-  return [total / denominator, grad];
+  return [total / D, grad];
 }
 
 // --------------------------------------------------------------------------------------------- GAE
 
 // rewards, values, nextValues: [N][T]; terminated, truncated: [N][T] 0/1. Returns [advantages, returns].
-export function gae(rewards, values, nextValues, terminated, truncated, gamma, lam, { plantBug = false } = {}) {
+export function gae(rewards, values, nextValues, terminated, truncated, gamma, lam, { bugs = new Set() } = {}) {
   if (!(gamma >= 0 && gamma <= 1)) throw new RangeError(`gamma must lie in [0, 1], got ${gamma}`);
   if (!(lam >= 0 && lam <= 1)) throw new RangeError(`lam must lie in [0, 1], got ${lam}`);
   const adv = [], ret = [];
@@ -106,7 +199,7 @@ export function gae(rewards, values, nextValues, terminated, truncated, gamma, l
     for (let t = T - 1; t >= 0; t--) {
       let term = terminated[i][t] === 1, trunc = truncated[i][t] === 1;
       if (term && trunc) throw new RangeError("a step cannot be both terminated and truncated");
-      if (plantBug && trunc) [term, trunc] = [true, false];
+      if (bugs.has("gae_truncation") && trunc) [term, trunc] = [true, false];
       // eq. (4): delta = r + gamma [not terminated] V' - V; eq. (5): the trace stops at a segment end
       const delta = rewards[i][t] + (term ? 0 : gamma * nextValues[i][t]) - values[i][t];
       const end = term || trunc || t === T - 1;
@@ -130,15 +223,15 @@ function padded(rows, fill) {
   return [x, mask];
 }
 
-function checkPolicy(v, plantBug) {
+function checkPolicy(v, bugs) {
   const inp = v.inputs;
   const fill = inp.padding_value === null ? -5.5 : num(inp.padding_value);
   const [logp, mask] = padded(inp.logp, fill);
   const [old] = padded(inp.old_logp, fill);
   const ref = inp.ref_logp === null ? null : padded(inp.ref_logp, fill)[0];
   const normalizer = inp.normalizer === null ? null : num(inp.normalizer);
-  const [loss, grad] = dapoLoss(logp, old, inp.advantages.map(num), mask, v.variant,
-    { refLogp: ref, normalizer, plantBug });
+  const [loss, grad] = policyLoss(logp, old, inp.advantages.map(num), mask, v.variant,
+    { refLogp: ref, normalizer, bugs });
   const e = v.expected, scale = num(e.abs_scale);
   if (!close(loss, num(e.loss), scale)) return `loss: got ${loss}, expected ${e.loss}`;
   const other = e.grad_logp_other_side ?? e.grad_logp; // acceptable: either side of a clip bound
@@ -153,10 +246,18 @@ function checkPolicy(v, plantBug) {
   return null;
 }
 
-function checkGae(v, plantBug) {
+function checkKl(v, bugs) {
+  const [value, slope] = kl(v.estimator, num(v.inputs.logp), num(v.inputs.ref_logp), { bugs });
+  const e = v.expected, scale = num(e.abs_scale); // 0: relative, even for tiny log-ratios
+  if (!close(value, num(e.value), scale)) return `value: got ${value}, expected ${e.value}`;
+  if (!close(slope, num(e.d_value_d_logp), scale)) return `d_value_d_logp: got ${slope}, expected ${e.d_value_d_logp}`;
+  return null;
+}
+
+function checkGae(v, bugs) {
   const inp = v.inputs, grid = (rows) => rows.map((r) => r.map(num));
   const [adv, ret] = gae(grid(inp.rewards), grid(inp.values), grid(inp.next_values), inp.terminated,
-    inp.truncated, v.arguments.gamma, v.arguments.lam, { plantBug });
+    inp.truncated, v.arguments.gamma, v.arguments.lam, { bugs });
   const e = v.expected, scale = num(e.abs_scale);
   for (const [name, got, want] of [["advantages", adv, e.advantages], ["returns", ret, e.returns]]) {
     for (let i = 0; i < want.length; i++) {
@@ -169,55 +270,73 @@ function checkGae(v, plantBug) {
 }
 
 // one vector: a message when it fails, null when it passes (invalid input must throw)
-function checkVector(v, check, plantBug) {
+function checkVector(v, check, bugs) {
   if (v.result === "invalid") {
     try {
-      check(v, plantBug);
+      check(v, bugs);
     } catch {
       return null;
     }
     return `accepted invalid input (${v.reason})`;
   }
   try {
-    return check(v, plantBug);
+    return check(v, bugs);
   } catch (err) {
     return `threw ${err.message}`;
   }
 }
 
-export function run(vectorDir, { plantBug = false } = {}) {
+export const FAMILIES = "policy loss, KL, GAE";
+
+export function run(vectorDir, { bugs = new Set() } = {}) {
   const policy = load(join(vectorDir, "policy_loss.json"));
+  const kls = load(join(vectorDir, "kl.json"));
   const returns = load(join(vectorDir, "returns.json"));
   const jobs = [
-    ...policy.vectors.filter((v) => v.preset === "dapo").map((v) => [v, checkPolicy]),
+    ...policy.vectors.map((v) => [v, checkPolicy]),
+    ...kls.vectors.map((v) => [v, checkKl]),
     ...returns.vectors.filter((v) => v.estimator === "gae_advantages").map((v) => [v, checkGae]),
   ];
   const failures = [];
   for (const [v, check] of jobs) {
-    const message = checkVector(v, check, plantBug);
+    const message = checkVector(v, check, bugs);
     if (message) failures.push(`${v.id} [${v.flags.join(", ")}]: ${message}`);
   }
   return { checked: jobs.length, failures };
 }
 
+function plantedBugs(argv) {
+  const option = argv.find((a) => a === "--plant-bug" || a.startsWith("--plant-bug="));
+  if (option === undefined) return new Set();
+  const names = option === "--plant-bug" ? Object.keys(BUGS) : option.slice("--plant-bug=".length).split(",");
+  for (const name of names) {
+    if (!(name in BUGS)) throw new UsageError(`unknown bug ${name}; bugs: ${Object.keys(BUGS).join(", ")}`);
+  }
+  return new Set(names);
+}
+
+class UsageError extends Error {}
+
 function main(argv) {
   const here = dirname(fileURLToPath(import.meta.url));
   const args = argv.filter((a) => !a.startsWith("--"));
-  const plantBug = argv.includes("--plant-bug");
+  const unknown = argv.filter((a) => a.startsWith("--") && a !== "--plant-bug" && !a.startsWith("--plant-bug="));
   const vectorDir = resolve(args[0] ?? join(here, "..", "..", "..", "specs", "vectors"));
-  let result;
+  let result, bugs;
   try {
-    result = run(vectorDir, { plantBug });
+    if (unknown.length) throw new UsageError(`unknown option ${unknown[0]}`);
+    bugs = plantedBugs(argv);
+    result = run(vectorDir, { bugs });
   } catch (err) {
-    if (err instanceof SchemaError || err.code === "ENOENT") {
+    if (err instanceof SchemaError || err instanceof UsageError || err.code === "ENOENT") {
       console.error(`error: ${err.message}`);
       return 2;
     }
     throw err;
   }
   const { checked, failures } = result;
-  console.log(`${failures.length ? "FAIL" : "PASS"}: ${checked} vectors checked (dapo policy loss, GAE), ` +
-    `${failures.length} failed${plantBug ? " (planted bugs)" : ""}`);
+  console.log(`${failures.length ? "FAIL" : "PASS"}: ${checked} vectors checked (${FAMILIES}), ` +
+    `${failures.length} failed${bugs.size ? ` (planted bugs: ${[...bugs].join(", ")})` : ""}`);
   for (const line of failures.slice(0, 20)) console.log(`  ${line}`);
   if (failures.length > 20) console.log(`  ... and ${failures.length - 20} more`);
   return failures.length ? 1 : 0;
