@@ -320,11 +320,12 @@ def _log_softmax(theta: torch.Tensor) -> torch.Tensor:
 
 
 def _tabular(dtype):
-    """A softmax policy over 3 states x 2 actions, state weights, a gradient and Q values."""
+    """A softmax policy over 3 states x 2 actions, state weights and Q values centred in each state
+    (so, as a gradient, in the range of the softmax Fisher matrix: CG converges)."""
     params = _random(3, 2, seed=15, dtype=dtype, low=-0.5, high=0.5)
     weights = torch.tensor([0.5, 0.3, 0.2], dtype=dtype)
     q = _random(3, 2, seed=16, dtype=dtype, low=-1.0, high=1.0)
-    return params, weights, q
+    return params, weights, q - q.mean(dim=-1, keepdim=True)
 
 
 @case("refimpl.trust_region.conjugate_gradient")
@@ -388,7 +389,7 @@ def _(dtype):
     def surrogate(theta):  # sum_s w_s sum_a pi_theta(a|s) Q(s, a) (importance-weighted, seed 001 (69))
         return (weights[:, None] * old_probs * torch.exp(_log_softmax(theta) - old_probs.log()) * q).sum()
 
-    # max_kl 1e-3 accepts the full step; 2.0 needs backtracking; a zero Q is a zero gradient
+    # max_kl 1e-3 backtracks once, 2.0 accepts the full step; a constant surrogate has a zero gradient
     return lambda: (trpo_step(surrogate, _log_softmax, params, weights, 1e-3),
                     trpo_step(surrogate, _log_softmax, params, weights, 2.0),
                     trpo_step(lambda theta: 0.0 * theta.sum(), _log_softmax, params, weights, 1e-3)), ()
