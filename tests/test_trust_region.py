@@ -522,6 +522,14 @@ def test_state_weights_on_another_device_are_rejected():
         tr.fisher_vector_product(log_softmax, torch.zeros(1, 2), torch.ones(1, 2), weights)
 
 
+def test_state_weights_on_another_device_than_the_log_probs_are_rejected():
+    """Without an accelerator: the meta device exists on every build. mean_kl compares the weights'
+    device with that of log_prob_fn's output before reading any value."""
+    with pytest.raises(ValueError, match=r"^state_weights must be on meta, got cpu$"):
+        tr.mean_kl(lambda theta: log_softmax(theta).to("meta"), torch.zeros(1, 2, device="meta"),
+                   torch.zeros(1, 2), torch.ones(1))
+
+
 def test_bad_input_is_rejected_with_the_argument_named():
     theta = torch.zeros(2, 3, dtype=torch.float64)
     w = torch.tensor([0.5, 0.5], dtype=torch.float64)

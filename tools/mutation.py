@@ -63,20 +63,25 @@ PACKAGES = ("refimpl", "tabular", "specs")
 # Tests written to kill mutants (any topic) run for every module: mutmut only runs, for a mutant,
 # the tests that called the mutated function, so extra files cost only the stats collection.
 KILL_TESTS = "tests/test_mutation_kills_*.py"
+# The contract test that results follow the inputs' device, not torch's default device; it calls every
+# public function of the refimpl modules below.
+DEFAULT_DEVICE = "tests/test_default_device.py"
 # module path -> globs of the test files that check it. mutmut runs, for each mutant, every selected
 # test that called the mutated function (until the first failure), so a widely used function (e.g.
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
 # that test the module itself.
 MODULES: dict[str, list[str]] = {
-    "refimpl/losses/dpo.py": ["tests/test_dpo.py", "tests/test_losses_parts.py"],
-    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
-    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py", "tests/test_losses_parts.py"],
-    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py", "tests/test_losses_parts.py"],
-    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py"],
-    "refimpl/advantages.py": ["tests/test_advantages.py", "tests/test_group_expectations.py"],
-    "refimpl/kl.py": ["tests/test_kl.py"],
-    "refimpl/estimators.py": ["tests/test_estimators*.py"],
-    "refimpl/trust_region.py": ["tests/test_trust_region*.py"],
+    "refimpl/losses/dpo.py": ["tests/test_dpo.py", "tests/test_losses_parts.py", DEFAULT_DEVICE],
+    "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py",
+                                     DEFAULT_DEVICE],
+    "refimpl/losses/logprobs.py": ["tests/test_logprobs.py", "tests/test_losses_parts.py", DEFAULT_DEVICE],
+    "refimpl/losses/policy.py": ["tests/test_policy_loss*.py", "tests/test_losses_parts.py", DEFAULT_DEVICE],
+    "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py",
+                                DEFAULT_DEVICE],
+    "refimpl/advantages.py": ["tests/test_advantages.py", "tests/test_group_expectations.py", DEFAULT_DEVICE],
+    "refimpl/kl.py": ["tests/test_kl.py", DEFAULT_DEVICE],
+    "refimpl/estimators.py": ["tests/test_estimators*.py", DEFAULT_DEVICE],
+    "refimpl/trust_region.py": ["tests/test_trust_region*.py", DEFAULT_DEVICE],
     "tabular/mdp.py": ["tests/test_tabular_validation.py", "tests/test_tabular_evaluation.py"],
     "tabular/evaluation.py": ["tests/test_tabular_evaluation.py", "tests/test_tabular_validation.py"],
     "tabular/control.py": ["tests/test_tabular_control.py"],

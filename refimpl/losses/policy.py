@@ -674,10 +674,12 @@ def _metrics(ratio, log_ratio, surrogate_units, gate_open, mask, lengths, kl_tok
         # approx KL(old || new) with samples from old: k3 with log r = logp - old_logp, per token,
         # without cancellation (r - 1 - log r from the rounded r loses every digit at |log r| < 1e-8)
         approx_kl = _exp_minus_one_minus_identity(log_ratio).sum() / tokens
-        closed = (0 if gate_open is None else gate_open.numel() - gate_open.sum(dtype=lengths.dtype))
+        # a tensor of lengths' device and dtype (no torch.as_tensor, which allocates on the default device)
+        closed = lengths.new_zeros(()) if gate_open is None else gate_open.numel() - gate_open.sum(
+            dtype=lengths.dtype)
         metrics = {
             "policy_objective": surrogate_units.detach().sum() / units,
-            "clip_fraction": torch.as_tensor(closed).to(lengths) / units,
+            "clip_fraction": closed / units,
             "ratio_mean": ratio_mean,
             "ratio_min": ratio_min,
             "ratio_max": ratio_max,
