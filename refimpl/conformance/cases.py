@@ -373,7 +373,7 @@ def _half(variant, seq, g, index, dtype):
         rows = [[float(x) for x in _uniform(g, (n,), -0.6, 0.6)] for n in lengths]
         case = _assemble(name, index, lengths, rows, adv, g)
         logp, old = case.logp.to(dtype), case.old_logp.to(dtype)
-        log_ratio = torch.where(case.mask, logp.double() - old.double(), torch.zeros(()))
+        log_ratio = torch.where(case.mask, logp.double() - old.double(), 0.0)
         if seq:
             log_ratio = log_ratio.sum(-1) / case.mask.sum(-1)
             units = log_ratio.flatten().tolist()

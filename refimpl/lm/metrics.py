@@ -38,7 +38,7 @@ class StepSums:
         return cls(
             sequences=n,
             diagnostics={
-                name: torch.as_tensor(value, dtype=torch.float32).detach().to(loss.device) * n
+                name: torch.as_tensor(value, dtype=torch.float32, device=loss.device).detach() * n
                 for name, value in diagnostics.items()
             },
             entropy=(entropy.detach() * mask).sum(),
