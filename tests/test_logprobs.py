@@ -122,16 +122,22 @@ def test_masked_vocabulary_entries():
     assert torch.isfinite(g).all() and g[0, 0, 1] == 0
 
 
-def exact_entropy(row: list[float]) -> float:
-    """-sum_v p_v log p_v of softmax(row) as sum_v p_v (log1p(rest) + m - x_v), m = max, rest = the
-    sum of exp(x_v - m) over all entries but one maximal one: every term is >= 0, so a 60-digit
-    evaluation has no cancellation to lose digits to. -inf entries have p_v = 0 and add nothing."""
+def exact_entropy(row: list[float]) -> tuple[float, np.ndarray, np.ndarray]:
+    """H = -sum_v p_v log p_v of softmax(row), dH/dx_v = p_v (s_v - H) and p_v (s_v + H), with the surprisal
+    s_v = -log p_v = log1p(rest) + m - x_v (m = max, rest = the sum of exp(x_v - m) over all entries
+    but one maximal one): H's terms are all >= 0, so a 60-digit evaluation has no cancellation to
+    lose digits to; s_v - H to at most 60 - 20 digits here. -inf entries have p_v = 0 and add nothing."""
     with mpmath.workdps(60):
-        x = sorted((mpmath.mpf(v) for v in row if v > -math.inf), reverse=True)
-        m = x[0]
-        rest = sum(mpmath.exp(v - m) for v in x[1:])
-        log_sum = mpmath.log1p(rest)
-        return float(sum(mpmath.exp(v - m - log_sum) * (log_sum + m - v) for v in x))
+        x = [mpmath.mpf(v) for v in row]
+        finite = sorted((v for v in x if v > -mpmath.inf), reverse=True)
+        m = finite[0]
+        log_sum = mpmath.log1p(sum(mpmath.exp(v - m) for v in finite[1:]))
+        surprisal = [log_sum + m - v for v in x]
+        p = [mpmath.exp(-s) for s in surprisal]
+        H = sum(pv * s for pv, s in zip(p, surprisal, strict=True) if pv > 0)
+        live = [(pv, s) if pv > 0 else (0, 0) for pv, s in zip(p, surprisal, strict=True)]
+        grad = np.array([float(pv * (s - H)) for pv, s in live])
+        return float(H), grad, np.array([float(pv * (s + H)) for pv, s in live])
 
 
 CONFIDENT_ROWS = [[30.0, 0.0], [40.0, 0.0], [700.0, 650.0], [20.0, 0.0, -3.0], [5.0, 5.0, -40.0],
@@ -142,12 +148,18 @@ CONFIDENT_ROWS = [[30.0, 0.0], [40.0, 0.0], [700.0, 650.0], [20.0, 0.0, -3.0], [
 def test_entropy_of_a_confident_row_keeps_its_relative_accuracy(row):
     """H of a near-deterministic row is tiny (1.7e-16 at (40, 0)); x_v - logsumexp(x) loses the
     digits of the confident token's log p below u |max x| (it gave H 2 % wrong at (40, 0), 4e-4 at
-    (30, 0)). Tolerance: p_v = exp(-s_v) inherits the surprisal s_v's absolute rounding (~u s_v) as a
-    relative error, the V-term sums and exp / log1p add a few roundings: 4 u (V + max finite s_v)."""
-    got = token_entropy(torch.tensor([row], dtype=torch.float64)).item()
-    want = exact_entropy(row)
-    finite = [max(row) - v for v in row if v > -math.inf]
-    assert got == pytest.approx(want, rel=4 * U * (len(row) + max(finite)), abs=0.0)
+    (30, 0), and the gradient as wrong). Tolerance: p_v = exp(-s_v) inherits the surprisal s_v's
+    absolute rounding (~u s_v) as a relative error, the V-term sums and exp / log1p add a few
+    roundings: 4 u (V + max finite s_v) for H. The gradient p_v (s_v - H) carries twice that times
+    p_v (s_v + H): relative where s_v and H differ in size (the confident rows), absolute where they
+    cancel (the tied rows (5, 5, -40): there the inputs' own rounding moves it as much)."""
+    logits = torch.tensor([row], dtype=torch.float64, requires_grad=True)
+    got = token_entropy(logits)
+    want, want_grad, grad_scale = exact_entropy(row)
+    rel = 4 * U * (len(row) + max(max(row) - v for v in row if v > -math.inf))
+    assert got.item() == pytest.approx(want, rel=rel, abs=0.0)
+    (grad,) = torch.autograd.grad(got.sum(), logits)
+    assert np.all(np.abs(grad[0].numpy() - want_grad) <= 2 * rel * grad_scale), (grad, want_grad)
 
 
 def saved_bytes_beyond(logits, fn):
