@@ -76,6 +76,23 @@ def test_entropy_and_gradient_equal_plain_formula(case):
     np.testing.assert_allclose(g1.numpy(), g2.numpy(), rtol=1e-9, atol=2 * float(weights.abs().max()) * floor)
 
 
+def test_every_row_is_computed_when_rows_outnumber_the_vocabulary_and_chunks_hold_one_row():
+    """Chunks walk the N T rows, not the V columns: 6 rows of a 2-token vocabulary, one row per
+    chunk (the hypothesis cases above rarely draw chunk < V < rows)."""
+    logits = torch.arange(12, dtype=torch.float64).reshape(2, 3, 2)
+    logits[..., 1] *= -0.5
+    tokens = torch.tensor([[0, 1, 0], [1, 0, 1]])
+    lp = token_logprobs(logits, tokens, chunk_elements=2)
+    ent = token_entropy(logits, chunk_elements=2)
+    # the same element-wise operations on the same rows: equal to the last bit
+    assert torch.equal(lp, token_logprobs(logits, tokens))
+    assert torch.equal(ent, token_entropy(logits))
+    # and right: a handful of float64 roundings of values below 20 in size
+    floor = log_softmax_rounding(logits)
+    torch.testing.assert_close(lp, plain_logprobs(logits, tokens), rtol=0.0, atol=floor)
+    torch.testing.assert_close(ent, plain_entropy(logits), rtol=0.0, atol=3 * floor)
+
+
 def test_float32_matches_to_1e_6_and_entropy_of_uniform():
     gen = torch.Generator().manual_seed(0)
     logits = 5 * torch.randn(4, 16, 1000, generator=gen)
