@@ -193,7 +193,9 @@ def test_zero_variance_groups():
     # eps = 0 with "zero": exact 0 and no NaN anywhere
     out = run(rewards, ids, scale="group", std="sample", eps=0.0, eps_inside_sqrt=False,
               zero_variance="zero", singleton="error")
-    assert torch.isfinite(out).all() and out[3].item() == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-14)
+    assert torch.isfinite(out).all() and out[3].item() == pytest.approx(
+        -0.5 / math.sqrt(0.5), rel=1e-14, abs=0.0
+    )
     # batch scale: zero variance means every group is constant
     batch = dict(scale="batch", std="population", eps=0.0, eps_inside_sqrt=False, singleton="zero")
     assert run([1.0, 1.0, 2.0, 2.0], [0, 0, 1, 1], zero_variance="zero", **batch).tolist() == [0.0] * 4
@@ -314,7 +316,7 @@ def test_binary_factor_against_brute_force_reward_vectors(group_size):
         total += prob * adv * (1 / p if bits[0] else -1 / (1 - p))
     exact = binary_reward_gradient_factor(group_size, sp.Rational(3, 10), scale="group", std="population",
                                           eps=sp.Rational(1, 1000), eps_inside_sqrt=True)
-    assert total == pytest.approx(to_float64(exact), rel=1e-12)
+    assert total == pytest.approx(to_float64(exact), rel=1e-12, abs=0.0)
 
 
 # ------------------------------------------------ the conformance kit's TRL / verl advantage profiles

@@ -79,13 +79,15 @@ def test_bound_parameters_step_size_and_bound_equal_tabular(data):
 
 def test_step_size_closed_form_cases():
     # (61): min(1, (1 - gamma)^2 g / (4 gamma eps)); 0 when g <= 0; 1 when gamma = 0.
-    assert cpi.cpi_step_size(0.2, 1.0, 0.5) == pytest.approx(0.25 * 0.2 / 2.0, rel=1e-15)
+    assert cpi.cpi_step_size(0.2, 1.0, 0.5) == pytest.approx(0.25 * 0.2 / 2.0, rel=1e-15, abs=0.0)
     assert cpi.cpi_step_size(100.0, 1.0, 0.5) == 1.0
     assert cpi.cpi_step_size(0.0, 1.0, 0.5) == 0.0
     assert cpi.cpi_step_size(0.0, 0.0, 0.5) == 0.0  # g = eps = 0 (pi optimal): no step, not alpha = 1
     assert cpi.cpi_step_size(-0.3, 1.0, 0.5) == 0.0
     assert cpi.cpi_step_size(0.3, 1.0, 0.0) == 1.0
-    assert cpi.cpi_improvement_bound(0.2, 1.0, 0.05, 0.5) == pytest.approx(0.01 - 2 * 0.5 * 0.0025 / 0.25)
+    assert cpi.cpi_improvement_bound(0.2, 1.0, 0.05, 0.5) == pytest.approx(
+        0.01 - 2 * 0.5 * 0.0025 / 0.25, abs=0.0
+    )
 
 
 # ----------------------------------------------------------------------------- the loop

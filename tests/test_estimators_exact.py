@@ -84,7 +84,9 @@ def test_reward_to_go_conditional_mean_is_finite_horizon_q(seed):
     G = discounted_returns(rew, term, trunc, mdp.gamma, next_values=torch.zeros_like(rew)).numpy()
     assert_conditional_mean_is(dist, G, tabular.finite_horizon_values(mdp, pi, dist.mask.shape[1]).Q, mdp)
     # and the unconditional mean of G_0 is J_H
-    assert dist.expectation(G[:, 0]) == pytest.approx(tabular.finite_horizon_return(mdp, pi, 3), rel=1e-12)
+    assert dist.expectation(G[:, 0]) == pytest.approx(
+        tabular.finite_horizon_return(mdp, pi, 3), rel=1e-12, abs=0.0
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -186,14 +188,14 @@ def test_is_unbiased_and_snis_bias_exact(seed, N):
     w = importance_weights(t64(np.log(p[idx])), t64(np.log(q[idx])))
     fx = t64(f[idx])
     e_is = float((t64(prob) * is_estimate(fx, w)).sum())
-    assert e_is == pytest.approx(float(p @ f), rel=1e-12)
+    assert e_is == pytest.approx(float(p @ f), rel=1e-12, abs=0.0)
     e_snis = float((t64(prob) * snis_estimate(fx, w)).sum())
     # independent exact value: sum over tuples of prob * sum(w f) / sum(w) in numpy
     wn = p[idx] / q[idx]
     exact = float(np.sum(prob * (wn * f[idx]).sum(1) / wn.sum(1)))
-    assert e_snis == pytest.approx(exact, rel=1e-12)
+    assert e_snis == pytest.approx(exact, rel=1e-12, abs=0.0)
     if N == 1:
-        assert e_snis == pytest.approx(float(q @ f), rel=1e-12)
+        assert e_snis == pytest.approx(float(q @ f), rel=1e-12, abs=0.0)
     else:
         assert abs(e_snis - p @ f) > 1e-6  # biased for finite N on these examples
 
@@ -210,12 +212,12 @@ def test_trajectory_is_weight_variance_closed_form(H, p, q):
     m = torch.as_tensor(dist.mask)
     w = trajectory_importance_weights(logp_t, logp_b, m).numpy()
     closed = (q**2 / p + (1 - q) ** 2 / (1 - p)) ** H - 1
-    assert dist.expectation(w) == pytest.approx(1.0, rel=1e-12)
-    assert dist.variance(w) == pytest.approx(closed, rel=1e-10)
+    assert dist.expectation(w) == pytest.approx(1.0, rel=1e-12, abs=0.0)
+    assert dist.variance(w) == pytest.approx(closed, rel=1e-10, abs=0.0)
     J_new = tabular.finite_horizon_return(ex.mdp, ex.pi_new, H + 1)
     est = trajectory_is(t64(dist.rewards), logp_t, logp_b, m, 0.9).numpy()
-    assert dist.expectation(est) == pytest.approx(J_new, rel=1e-12)
-    assert J_new == pytest.approx(0.9**H, rel=1e-12)
+    assert dist.expectation(est) == pytest.approx(J_new, rel=1e-12, abs=0.0)
+    assert J_new == pytest.approx(0.9**H, rel=1e-12, abs=0.0)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -229,8 +231,8 @@ def test_trajectory_and_per_decision_is_unbiased_on_episodic_mdps(seed):
     rew = t64(dist.rewards)
     tis = trajectory_is(rew, logp_t, logp_b, m, mdp.gamma).numpy()
     pdis = per_decision_is(rew, logp_t, logp_b, m, mdp.gamma).numpy()
-    assert dist.expectation(tis) == pytest.approx(J_new, rel=1e-10)
-    assert dist.expectation(pdis) == pytest.approx(J_new, rel=1e-10)
+    assert dist.expectation(tis) == pytest.approx(J_new, rel=1e-10, abs=0.0)
+    assert dist.expectation(pdis) == pytest.approx(J_new, rel=1e-10, abs=0.0)
     assert dist.variance(pdis) < dist.variance(tis)
 
 

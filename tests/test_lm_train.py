@@ -179,7 +179,7 @@ def test_kl_term_is_minimised_and_inside_the_global_normaliser():
     expected = 0.5 * k3_sum() / float(batch.mask.sum())  # token mean over the whole batch
     _, loss = _accumulated_grad(trainer, batch, 3)
     assert expected > 1e-4
-    assert loss == pytest.approx(expected, rel=1e-5)
+    assert loss == pytest.approx(expected, rel=1e-5, abs=0.0)
     before = k3_sum()
     trainer.config.inner_epochs = 5
     trainer.update(batch)
@@ -443,7 +443,7 @@ def test_ppo_rlhf_returns_fold_the_kl_into_the_per_token_reward():
     # advantages are whitened over the counted tokens
     m = batch.mask.bool()
     assert float(batch.advantages[m].mean()) == pytest.approx(0.0, abs=1e-5)
-    assert float(batch.advantages[m].std(unbiased=False)) == pytest.approx(1.0, rel=1e-4)
+    assert float(batch.advantages[m].std(unbiased=False)) == pytest.approx(1.0, rel=1e-4, abs=0.0)
 
 
 def test_prorl_reference_reset_copies_the_policy():
@@ -484,7 +484,7 @@ def test_rl_learning_rate_decays_linearly_and_is_applied():
         trainer.rl_step()
         rates.append(trainer.optimizer.param_groups[0]["lr"])
     expected = [1e-2 * (1 - 0.75 * min(s / 4, 1.0)) for s in range(6)]
-    assert rates == pytest.approx(expected, rel=1e-12)
+    assert rates == pytest.approx(expected, rel=1e-12, abs=0.0)
     with pytest.raises(ValueError, match="lr_min_fraction"):
         tiny(lr_min_fraction=1.5)
 
@@ -492,7 +492,7 @@ def test_rl_learning_rate_decays_linearly_and_is_applied():
 def test_reported_reward_and_accuracy_cover_every_drawn_sample():
     trainer = rl_trainer(loss="grpo", reward="partial")
     batch = trainer.collect()
-    assert batch.drawn_reward == pytest.approx(float(batch.rewards.mean()), rel=1e-6)
+    assert batch.drawn_reward == pytest.approx(float(batch.rewards.mean()), rel=1e-6, abs=0.0)
     assert batch.drawn_accuracy == pytest.approx(float(batch.correct.mean()), abs=1e-12)
     trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=3)
     batch = trainer.collect()  # nothing kept, but 3 rounds of 4 x 4 samples were drawn and scored
@@ -551,5 +551,7 @@ def test_magistral_normalises_each_optimizer_minibatch(monkeypatch):
     assert len(seen) == 2
     for idx, adv in seen:  # each minibatch's own population variance var_B -> var_B / (var_B + 1e-6)
         var = float(centred[idx].double().var(unbiased=False))
-        assert var > 1e-4 and float(adv.var(unbiased=False)) == pytest.approx(var / (var + 1e-6), rel=1e-5)
+        assert var > 1e-4 and float(adv.var(unbiased=False)) == pytest.approx(
+            var / (var + 1e-6), rel=1e-5, abs=0.0
+        )
     assert not torch.equal(seen[0][0].sort().values, seen[1][0].sort().values)

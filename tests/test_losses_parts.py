@@ -97,10 +97,10 @@ def test_ppo_combined_loss_passes_the_global_normalizer_to_every_part():
                                       entropy_coef=0.25, normalizer=10.0)
     pi, _ = policy_loss(logp, logp, adv, mask, PPO, normalizer=10.0)
     # ratio 1: policy sum -(1 + 1 - 1) / 10; value (returns - values)^2 = 1 per token; H sum 6
-    assert float(pi) == pytest.approx(-0.1, rel=1e-15)
-    assert float(metrics["value_loss"]) == pytest.approx(3 * 1.0 / 10, rel=1e-15)
-    assert float(metrics["entropy_loss"]) == pytest.approx(-6.0 / 10, rel=1e-15)
-    assert float(loss) == pytest.approx(-0.1 + 0.5 * 0.3 - 0.25 * 0.6, rel=1e-14)
+    assert float(pi) == pytest.approx(-0.1, rel=1e-15, abs=0.0)
+    assert float(metrics["value_loss"]) == pytest.approx(3 * 1.0 / 10, rel=1e-15, abs=0.0)
+    assert float(metrics["entropy_loss"]) == pytest.approx(-6.0 / 10, rel=1e-15, abs=0.0)
+    assert float(loss) == pytest.approx(-0.1 + 0.5 * 0.3 - 0.25 * 0.6, rel=1e-14, abs=0.0)
 
 
 def test_bradley_terry_errors_name_each_reward():
@@ -144,8 +144,10 @@ def test_logits_checks_and_their_smallest_legal_inputs():
     empty vocabularies and mis-shaped tokens are rejected by name."""
     logits = torch.tensor([0.0, math.log(3.0)], dtype=F64)  # p = (1/4, 3/4)
     exact = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
-    assert float(token_entropy(logits)) == pytest.approx(exact, rel=1e-15)
-    assert float(token_entropy(logits.reshape(1, 2), chunk_elements=1)[0]) == pytest.approx(exact, rel=1e-15)
+    assert float(token_entropy(logits)) == pytest.approx(exact, rel=1e-15, abs=0.0)
+    assert float(token_entropy(logits.reshape(1, 2), chunk_elements=1)[0]) == pytest.approx(
+        exact, rel=1e-15, abs=0.0
+    )
     with pytest.raises(TypeError, match=r"^logits must be a floating-point torch.Tensor$"):
         token_entropy(torch.zeros(2, 3, dtype=torch.int64))
     with pytest.raises(TypeError, match=r"^tokens must be an integer torch.Tensor$"):
@@ -159,10 +161,12 @@ def test_value_loss_metrics_and_normalizer():
     mask, values = _value_batch()
     returns = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=F64)
     loss, metrics = value_loss(values, returns, mask)
-    assert float(loss) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15)
-    assert float(metrics["value_error"]) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15)
-    assert float(metrics["value_mean"]) == pytest.approx((0.5 - 1.0 + 2.0) / 3, rel=1e-15)
-    assert float(value_loss(values, returns, mask, normalizer=7.0)[0]) == pytest.approx(5.25 / 7, rel=1e-15)
+    assert float(loss) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15, abs=0.0)
+    assert float(metrics["value_error"]) == pytest.approx((0.25 + 4.0 + 1.0) / 3, rel=1e-15, abs=0.0)
+    assert float(metrics["value_mean"]) == pytest.approx((0.5 - 1.0 + 2.0) / 3, rel=1e-15, abs=0.0)
+    assert float(value_loss(values, returns, mask, normalizer=7.0)[0]) == pytest.approx(
+        5.25 / 7, rel=1e-15, abs=0.0
+    )
     pattern = r"^normalizer must be a positive number or a scalar tensor, got 0.0$"
     with pytest.raises(ValueError, match=pattern):
         value_loss(values, returns, mask, normalizer=0.0)
@@ -184,8 +188,8 @@ def test_preference_weights_errors_and_dpo_inputs_by_name():
     # implicit rewards beta log(pi / pi_ref): chosen (0.1 * 1, 0.1 * 3), rejected (0.1 * -2, 0.1 * 0)
     _, metrics = dpo_loss(torch.tensor([1.0, 3.0], dtype=F64), torch.tensor([-2.0, 0.0], dtype=F64), z, z,
                           beta=0.1)
-    assert float(metrics["chosen_reward"]) == pytest.approx(0.2, rel=1e-15)
-    assert float(metrics["rejected_reward"]) == pytest.approx(-0.1, rel=1e-15)
+    assert float(metrics["chosen_reward"]) == pytest.approx(0.2, rel=1e-15, abs=0.0)
+    assert float(metrics["rejected_reward"]) == pytest.approx(-0.1, rel=1e-15, abs=0.0)
 
 
 @pytest.mark.parametrize("position", range(4))
@@ -243,7 +247,8 @@ def test_preference_weights_apply_to_the_loss_and_every_metric():
     assert float(metrics["reward_margin"]) == (1.5 + 3 * 0.5) / 4
     assert float(metrics["reward_accuracy"]) == 1.0
     expected = (math.log1p(math.exp(-1.5)) + 3 * math.log1p(math.exp(-0.5))) / 4
-    assert float(loss) == pytest.approx(expected, rel=1e-15)  # a few float64 roundings (eps = 2.2e-16)
+    # a few float64 roundings (eps = 2.2e-16)
+    assert float(loss) == pytest.approx(expected, rel=1e-15, abs=0.0)
 
 
 def test_preference_loss_dtype_ignores_the_weights_dtype():

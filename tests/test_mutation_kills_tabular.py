@@ -214,7 +214,7 @@ def test_cpi_step_size_counts_a_gain_at_rounding_level_as_zero():
     g = T.cpi_gain(mdp, pi, pi_new)
     noise = 1e-12 * max_q
     assert noise * (1 - gamma) < g <= noise / (1 - gamma)  # the case is inside the guard's window
-    assert T.cpi_epsilon(mdp, pi, pi_new) == pytest.approx(0.25, rel=1e-9)
+    assert T.cpi_epsilon(mdp, pi, pi_new) == pytest.approx(0.25, rel=1e-9, abs=0.0)
     assert T.cpi_step_size(mdp, pi, pi_new) == 0.0
 
 
@@ -251,7 +251,7 @@ def test_softmax_is_shifted_per_state():
     p = expected_row
     kl_state = float(p @ (np.log(p) - np.log([0.5, 0.5])))
     # d is uniform here (symmetric MDP), so the mean KL is the per-state KL; a few ulps of log terms
-    assert T.mean_kl(mdp, theta, theta_new) == pytest.approx(kl_state, rel=1e-13)
+    assert T.mean_kl(mdp, theta, theta_new) == pytest.approx(kl_state, rel=1e-13, abs=0.0)
 
 
 def test_theta_errors_name_the_argument():

@@ -247,7 +247,7 @@ def test_cispo_gradient_is_the_detached_clipped_weight_times_advantage():
     loss, grad, _ = _run(CISPO, old + log_r, old, adv, torch.ones(1, 3, dtype=torch.bool))
     w = torch.exp(log_r).clamp(max=1.28)
     assert torch.allclose(grad, -w * adv / 3, rtol=1e-14, atol=0)
-    assert float(loss) == pytest.approx(float(-(w * adv * (old + log_r)).sum() / 3), rel=1e-14)
+    assert float(loss) == pytest.approx(float(-(w * adv * (old + log_r)).sum() / 3), rel=1e-14, abs=0.0)
 
 
 @pytest.mark.parametrize("mode", ["mask", "truncate"])
@@ -321,7 +321,7 @@ def test_gmpo_value_is_the_geometric_mean_of_the_clipped_token_ratios():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     loss, grad, _ = _run(v, log_r, torch.zeros_like(log_r), adv, mask)
     s0, s1 = math.exp((0.375 + 0.25 - 0.5) / 3), math.exp((-0.25 + 0.5) / 2)
-    assert float(loss) == pytest.approx(-(2.0 * s0 - 1.0 * s1) / 2, rel=1e-14)
+    assert float(loss) == pytest.approx(-(2.0 * s0 - 1.0 * s1) / 2, rel=1e-14, abs=0.0)
     expected = [[0.0, -2.0 * s0 / 3 / 2, -2.0 * s0 / 3 / 2], [0.0, 1.0 * s1 / 2 / 2, 0.0]]
     assert torch.allclose(grad, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
 

@@ -97,7 +97,7 @@ def test_sequence_scale_penalises_beta_times_the_sequence_kl_under_every_aggrega
     pi, ref = softmax_policy(logits), softmax_policy(ref_logits)
     value, grad = expected_kl_loss(tree, logits, ref_logits, 2, kl_variant(preset, "sequence", estimator),
                                    source)
-    assert value == pytest.approx(BETA * sequence_kl(tree, pi, ref), rel=1e-10)
+    assert value == pytest.approx(BETA * sequence_kl(tree, pi, ref), rel=1e-10, abs=0.0)
     if source == "exact":
         expected = BETA * path_kl_gradient(tree, logits, ref)
     elif estimator == "k3":
@@ -119,12 +119,12 @@ def test_token_scale_divides_the_kl_by_each_length_l_max_or_the_token_count():
     group = 2
     values = {p: expected_kl_loss(tree, logits, ref_logits, group, kl_variant(p, "token", "k1"), "ref")[0]
               for p in ("grpo", "dr_grpo", "gspo", "dapo")}
-    assert values["grpo"] == pytest.approx(BETA * probs @ (log_ratio / tree.lengths), rel=1e-10)
-    assert values["dr_grpo"] == pytest.approx(BETA * kl / L_MAX, rel=1e-10)
-    assert values["gspo"] == pytest.approx(BETA * kl, rel=1e-10)
+    assert values["grpo"] == pytest.approx(BETA * probs @ (log_ratio / tree.lengths), rel=1e-10, abs=0.0)
+    assert values["dr_grpo"] == pytest.approx(BETA * kl / L_MAX, rel=1e-10, abs=0.0)
+    assert values["gspo"] == pytest.approx(BETA * kl, rel=1e-10, abs=0.0)
     token_mean = sum(np.prod(probs[list(d)]) * log_ratio[list(d)].sum() / tree.lengths[list(d)].sum()
                      for d in itertools.product(range(tree.num_sequences), repeat=group))
-    assert values["dapo"] == pytest.approx(BETA * token_mean, rel=1e-10)
+    assert values["dapo"] == pytest.approx(BETA * token_mean, rel=1e-10, abs=0.0)
     assert abs(values["grpo"] - BETA * kl) > 1e-2 * BETA * kl  # the scales differ on this tree
 
 
@@ -192,7 +192,7 @@ def test_sequence_scale_with_a_global_normalizer_matches_the_spec_and_micro_batc
                             ref_logp=b["ref_logp"][r], normalizer=full_d)[0]
                 for r in (slice(0, 2), slice(2, 5)))
     whole, _ = policy_loss(z, b["old_logp"], b["advantages"], b["mask"], v, ref_logp=b["ref_logp"])
-    assert float(parts.detach()) == pytest.approx(float(whole.detach()), rel=1e-13)
+    assert float(parts.detach()) == pytest.approx(float(whole.detach()), rel=1e-13, abs=0.0)
     parts_grad, whole_grad = (torch.autograd.grad(x_, z)[0] for x_ in (parts, whole))
     assert torch.allclose(parts_grad, whole_grad, rtol=1e-13, atol=1e-16)
 
@@ -206,7 +206,7 @@ def test_sequence_scale_is_beta_times_the_mean_sequence_kl_whatever_the_aggregat
     zeros = torch.zeros(5, dtype=F64)
     loss, _ = policy_loss(b["logp"], b["old_logp"], zeros, b["mask"], v, ref_logp=b["ref_logp"])
     by_hand = 0.5 * float(((b["logp"] - b["ref_logp"]) * b["mask"]).sum()) / 4
-    assert float(loss) == pytest.approx(by_hand, rel=1e-13)
+    assert float(loss) == pytest.approx(by_hand, rel=1e-13, abs=0.0)
 
 
 def test_token_mean_with_a_global_normalizer_and_a_sequence_kl_is_an_error():
@@ -241,7 +241,7 @@ def test_sqrt_g_aggregation_needs_group_size_counts_sequences_and_multiplies_by_
     assert d.dtype == torch.float32 and float(d) == 6.0
     zeros = torch.zeros(6, 1, dtype=F64)
     loss, _ = policy_loss(zeros, zeros, torch.ones(6, dtype=F64), mask, v)
-    assert float(loss) == pytest.approx(-(2**0.5), rel=1e-15)
+    assert float(loss) == pytest.approx(-(2**0.5), rel=1e-15, abs=0.0)
 
 
 @pytest.mark.parametrize("preset,total", [("grpo", 5.0), ("dr_grpo", 5.0 * L_MAX), ("dapo", 13.0),
@@ -256,7 +256,7 @@ def test_upweighted_normalizer_is_1_minus_f_times_the_whole_batch_s(preset, tota
     keep = torch.tensor([True, False, True, True, False, True])  # drops 2 of the 5 sequences
     d = upweighted_normalizer(mask, v, keep)
     assert d.dtype == torch.float64 and d.shape == ()
-    assert float(d) == pytest.approx(total * 3 / 5, rel=1e-15)
+    assert float(d) == pytest.approx(total * 3 / 5, rel=1e-15, abs=0.0)
     assert float(upweighted_normalizer(mask, v, torch.zeros(6, dtype=torch.bool))) == total
     assert float(upweighted_normalizer(mask, v, torch.ones(6, dtype=torch.bool))) == total
     if preset != "dapo":  # sequence counts: the kept rows' own denominator

@@ -50,7 +50,7 @@ def test_entropy_bonus_without_kl_is_subtracted(aggregation):
         "seq_mean": torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=F64) / 2,
     }[aggregation]
     h = entropy.detach() * mask
-    assert float(loss) == pytest.approx(-0.25 * float((weights * h).sum()), rel=REL)
+    assert float(loss) == pytest.approx(-0.25 * float((weights * h).sum()), rel=REL, abs=0.0)
     assert torch.allclose(grad, -0.25 * weights, rtol=REL, atol=0)
 
 
@@ -62,7 +62,7 @@ def test_entropy_bonus_adds_to_the_policy_term():
     entropy = torch.tensor([[2.0, 4.0]], dtype=F64)
     ones = torch.ones(1, 2, dtype=torch.bool)
     loss, grad, metrics = _run(v, logp, old, torch.tensor([1.0], dtype=F64), ones, entropy=entropy)
-    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 2 - 0.25 * 3.0, rel=REL)
+    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 2 - 0.25 * 3.0, rel=REL, abs=0.0)
     assert torch.allclose(grad, torch.tensor([[-1.125 / 2, -0.5]], dtype=F64), rtol=REL, atol=0)
     assert float(metrics["entropy"]) == 3.0 and "kl" not in metrics
 
@@ -83,10 +83,10 @@ def test_clip_gate_without_a_lower_bound_keeps_small_ratios_for_negative_advanta
     c = math.inf if dual_clip is None else dual_clip
     terms = [-0.125, -0.5, -2.0, -min(8.0, c), 1.25]
     open_ = [True, True, True, 8.0 <= c, False]
-    assert float(loss) == pytest.approx(-sum(terms) / 5, rel=REL)
+    assert float(loss) == pytest.approx(-sum(terms) / 5, rel=REL, abs=0.0)
     expected = [-(r * a) / 5 if o else 0.0 for r, a, o in zip(ratios, adv[0].tolist(), open_, strict=True)]
     assert torch.allclose(grad, torch.tensor([expected], dtype=F64), rtol=REL, atol=0)
-    assert float(metrics["clip_fraction"]) == pytest.approx(open_.count(False) / 5, rel=REL)
+    assert float(metrics["clip_fraction"]) == pytest.approx(open_.count(False) / 5, rel=REL, abs=0.0)
 
 
 def test_clip_gate_without_an_upper_bound_keeps_large_ratios_for_positive_advantages():
@@ -95,7 +95,7 @@ def test_clip_gate_without_an_upper_bound_keeps_large_ratios_for_positive_advant
     logp = torch.tensor([[math.log(8.0), math.log(0.5)]], dtype=F64)
     adv = torch.tensor([[1.0, -1.0]], dtype=F64)
     loss, grad, _ = _run(v, logp, torch.zeros(1, 2, dtype=F64), adv, torch.ones(1, 2, dtype=torch.bool))
-    assert float(loss) == pytest.approx(-(8.0 - 0.75) / 2, rel=REL)
+    assert float(loss) == pytest.approx(-(8.0 - 0.75) / 2, rel=REL, abs=0.0)
     assert torch.allclose(grad, torch.tensor([[-4.0, 0.0]], dtype=F64), rtol=REL, atol=0)
 
 
@@ -115,7 +115,7 @@ def test_cispo_weight_is_the_ratio_clipped_on_the_given_sides(eps_low, eps_high,
     adv = torch.tensor([1.0], dtype=F64)
     loss, grad, _ = _run(v, logp, old, adv, torch.ones(1, 2, dtype=torch.bool))
     w = torch.tensor([weights], dtype=F64)
-    assert float(loss) == pytest.approx(float(-(w * logp).sum() / 2), rel=REL)
+    assert float(loss) == pytest.approx(float(-(w * logp).sum() / 2), rel=REL, abs=0.0)
     assert torch.allclose(grad, -w / 2, rtol=REL, atol=0)
 
 
@@ -134,10 +134,10 @@ def test_cispo_at_the_sequence_level_uses_the_sequence_ratio_and_mean_logp():
     w = [min(x, 1.25) for x in s]
     mean_logp = [float(logp[0].mean()), float(logp[1, 0])]
     objective = w[0] * 2.0 * mean_logp[0] + w[1] * -1.0 * mean_logp[1]
-    assert float(loss) == pytest.approx(-objective / 2, rel=REL)
+    assert float(loss) == pytest.approx(-objective / 2, rel=REL, abs=0.0)
     expected = torch.tensor([[-w[0] * 2.0 / 4, -w[0] * 2.0 / 4], [-w[1] * -1.0 / 2, 0.0]], dtype=F64)
     assert torch.allclose(grad, expected, rtol=REL, atol=0)
-    assert float(metrics["ratio_mean"]) == pytest.approx(sum(s) / 2, rel=REL)
+    assert float(metrics["ratio_mean"]) == pytest.approx(sum(s) / 2, rel=REL, abs=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def test_approx_kl_metric_of_sequence_ratios_is_the_per_token_k3_mean(ratio):
     mask = torch.tensor([[True, True], [True, False]])
     _, _, metrics = _run(v, logp, old, torch.tensor([1.0, -1.0], dtype=F64), mask)
     expected = ((2.0 - 1.0 - math.log(2.0)) + (0.5 - 1.0 + math.log(2.0)) + 0.0) / 3
-    assert float(metrics["approx_kl"]) == pytest.approx(expected, rel=REL)
+    assert float(metrics["approx_kl"]) == pytest.approx(expected, rel=REL, abs=0.0)
 
 
 def test_a_global_normalizer_below_one_and_its_dtype():
@@ -334,7 +334,7 @@ def test_a_global_normalizer_below_one_and_its_dtype():
     logp = torch.tensor([[math.log(1.125), 0.0]], dtype=torch.float32)
     old, adv, mask = torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
     loss, metrics = policy_loss(logp, old, adv, mask, PPO, normalizer=0.5)
-    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 0.5, rel=4 * 2.0**-24)
+    assert float(loss) == pytest.approx(-(1.125 + 1.0) / 0.5, rel=4 * 2.0**-24, abs=0.0)
     loss64, metrics64 = policy_loss(logp, old, adv, mask, PPO, normalizer=torch.tensor(0.5, dtype=F64))
     assert loss64.dtype == torch.float32 and metrics64["normalizer"].dtype == torch.float32
     assert float(loss64) == float(loss)

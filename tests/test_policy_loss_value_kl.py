@@ -78,7 +78,7 @@ def test_clipped_value_loss_is_at_least_the_plain_loss_and_equal_within_the_clip
     clipped, _ = value_loss(b["values"], b["returns"], b["mask"], old_values=b["old_values"], clip_eps=0.1)
     assert float(clipped) >= float(plain)
     same, _ = value_loss(b["values"], b["returns"], b["mask"], old_values=b["values"] + 0.01, clip_eps=0.1)
-    assert float(same) == pytest.approx(float(plain), rel=1e-14)
+    assert float(same) == pytest.approx(float(plain), rel=1e-14, abs=0.0)
 
 
 @given(seed=st.integers(0, 2**20), c1=st.sampled_from([0.0, 0.5, 1.0]), c2=st.sampled_from([0.0, 0.01]))
@@ -104,10 +104,10 @@ def test_entropy_bonus_loss_is_minus_the_masked_mean():
     h = b["entropy"].clone().requires_grad_(True)
     loss, metrics = entropy_bonus_loss(h, b["mask"])
     count = int(b["mask"].sum())
-    assert float(loss) == pytest.approx(-float(b["entropy"][b["mask"]].sum()) / count, rel=1e-14)
+    assert float(loss) == pytest.approx(-float(b["entropy"][b["mask"]].sum()) / count, rel=1e-14, abs=0.0)
     (g,) = torch.autograd.grad(loss, h)
     assert torch.equal(g, -b["mask"].to(torch.float64) / count)
-    assert float(metrics["entropy"]) == pytest.approx(-float(loss), rel=1e-15)
+    assert float(metrics["entropy"]) == pytest.approx(-float(loss), rel=1e-15, abs=0.0)
 
 
 def test_value_and_combined_losses_reject_bad_input():
@@ -149,17 +149,17 @@ def test_adaptive_beta_doubles_above_1_5_delta_and_halves_below_delta_over_1_5(k
 def test_adaptive_beta_sequence_and_tensor_input():
     controller = AdaptiveKLController(beta=0.1, target_kl=0.02)
     betas = [controller.update(torch.tensor(d)) for d in (0.1, 0.1, 0.02, 0.001, 0.0)]
-    assert betas == pytest.approx([0.2, 0.4, 0.4, 0.2, 0.1], rel=1e-15)
+    assert betas == pytest.approx([0.2, 0.4, 0.4, 0.2, 0.1], rel=1e-15, abs=0.0)
 
 
 def test_dual_ascent_multiplier_rule_and_projection():
     """seed 002: lambda <- lambda + alpha (KL - eps), projected onto lambda >= 0."""
     controller = DualAscentKLController(coef=0.5, target_kl=0.1, lr=2.0)
-    assert controller.update(0.3) == pytest.approx(0.5 + 2.0 * 0.2, rel=1e-15)
-    assert controller.update(0.05) == pytest.approx(0.9 - 2.0 * 0.05, rel=1e-15)
-    assert controller.update(0.0) == pytest.approx(0.8 - 0.2, rel=1e-15)
-    assert controller.update(0.0) == pytest.approx(0.4, rel=1e-15)
-    assert controller.update(0.0) == pytest.approx(0.2, rel=1e-14)
+    assert controller.update(0.3) == pytest.approx(0.5 + 2.0 * 0.2, rel=1e-15, abs=0.0)
+    assert controller.update(0.05) == pytest.approx(0.9 - 2.0 * 0.05, rel=1e-15, abs=0.0)
+    assert controller.update(0.0) == pytest.approx(0.8 - 0.2, rel=1e-15, abs=0.0)
+    assert controller.update(0.0) == pytest.approx(0.4, rel=1e-15, abs=0.0)
+    assert controller.update(0.0) == pytest.approx(0.2, rel=1e-14, abs=0.0)
     assert controller.update(0.0) == 0.0  # projected: would be -0.0 -> stays at 0, never negative
     assert controller.update(0.0) == 0.0
 
@@ -174,7 +174,7 @@ def test_dual_ascent_reaches_the_kl_target_on_a_quadratic_toy(g):
     dual = DualAscentKLController(coef=0.7 * beta_star, target_kl=eps, lr=0.5 * g / (2 * eps) ** 1.5)
     for _ in range(200):
         dual.update(g * g / (2 * dual.coef**2))
-    assert dual.coef == pytest.approx(beta_star, rel=1e-10)
+    assert dual.coef == pytest.approx(beta_star, rel=1e-10, abs=0.0)
 
 
 @pytest.mark.parametrize("k", [1e-3, 0.2, 37.0])

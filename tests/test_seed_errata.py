@@ -49,9 +49,11 @@ def test_erratum_003_grpo_kl_ratio_is_inverted():
     lp = torch.tensor([float(x) for x in p], dtype=F64).log()
     lref = torch.tensor([float(x) for x in ref], dtype=F64).log()
     probs = lp.exp()
-    assert float((probs * kl_k3(lp, lref)).sum()) == pytest.approx(float(sp.N(kl, 30)), rel=1e-14)
+    assert float((probs * kl_k3(lp, lref)).sum()) == pytest.approx(float(sp.N(kl, 30)), rel=1e-14, abs=0.0)
     # ... and with the arguments swapped it is 003's form, biased by sum p^2/ref - 1 - 2 KL.
-    assert float((probs * kl_k3(lref, lp)).sum()) == pytest.approx(float(sp.N(as_in_003, 30)), rel=1e-14)
+    assert float((probs * kl_k3(lref, lp)).sum()) == pytest.approx(
+        float(sp.N(as_in_003, 30)), rel=1e-14, abs=0.0
+    )
 
 
 # ------------------------------------------------------------ 2. 000, grad Delta misses (1 - gamma)
@@ -114,9 +116,9 @@ def test_erratum_000_surrogate_expectation_is_under_the_old_policy():
     assert under_new == Q(1113, 1000)
     mdp = bandit_mdp(BANDIT_Q)
     pi, pi_new = (np.array([[float(x) for x in p]]) for p in (BANDIT_PI, BANDIT_PI_NEW))
-    assert tabular.performance_difference(mdp, pi, pi_new) == pytest.approx(0.3, rel=1e-15)
+    assert tabular.performance_difference(mdp, pi, pi_new) == pytest.approx(0.3, rel=1e-15, abs=0.0)
     gain = tabular.surrogate(mdp, pi, pi_new) - tabular.expected_return(mdp, pi)
-    assert gain == pytest.approx(0.3, rel=1e-14)
+    assert gain == pytest.approx(0.3, rel=1e-14, abs=0.0)
 
 
 # ------------------------------------------------------- 4. 000, clip-higher drops the advantage

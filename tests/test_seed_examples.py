@@ -65,14 +65,16 @@ def test_example_1_4_monte_carlo_return():
     assert sp.expand(G[0] - (r[0] + Q(9, 10) * r[1] + Q(81, 100) * r[2])) == 0
     got = discounted_returns(torch.tensor([[1.0, 2.0, 3.0]], dtype=F64), torch.tensor([[False, False, True]]),
                              torch.zeros(1, 3, dtype=torch.bool), 0.9)
-    assert float(got[0, 0]) == pytest.approx(523 / 100, rel=1e-15)  # a few ulps of 3 roundings
+    assert float(got[0, 0]) == pytest.approx(523 / 100, rel=1e-15, abs=0.0)  # a few ulps of 3 roundings
     mdp = random_mdp(3, num_states=4, num_actions=2, gamma=0.9, num_terminal=1, termination_prob=0.4)
     pi = random_policy(4, 4, 2)
     dist = tabular.enumerate_trajectories(mdp, pi, 3)
     G0 = discounted_returns(torch.tensor(dist.rewards), torch.tensor(dist.terminated),
                             torch.tensor(dist.truncated), 0.9,
                             next_values=torch.zeros(dist.rewards.shape, dtype=F64))[:, 0].numpy()
-    assert dist.expectation(G0) == pytest.approx(tabular.finite_horizon_return(mdp, pi, 3), rel=1e-13)
+    assert dist.expectation(G0) == pytest.approx(
+        tabular.finite_horizon_return(mdp, pi, 3), rel=1e-13, abs=0.0
+    )
 
 
 def test_example_1_7_bernoulli_score_function():
@@ -96,7 +98,7 @@ def test_example_1_9_td_update_by_hand():
     assert (y, delta, Q(1, 5) + Q(1, 10) * delta) == (Q(163, 100), Q(143, 100), Q(343, 1000))
     got = td_errors(torch.tensor([[1.0]], dtype=F64), torch.tensor([[0.2]], dtype=F64),
                     torch.tensor([[0.7]], dtype=F64), torch.tensor([[False]]), 0.9)
-    assert float(got[0, 0]) == pytest.approx(1.43, rel=1e-15)  # a few ulps of 3 roundings
+    assert float(got[0, 0]) == pytest.approx(1.43, rel=1e-15, abs=0.0)  # a few ulps of 3 roundings
 
 
 # ------------------------------------------------ 001 section 4.3: distribution-shift penalty bound
@@ -133,7 +135,7 @@ def test_distribution_shift_penalty_bound_on_the_4_1_1_example_exactly():
     assert dsp == Q(-9080001909, 100000000)
     assert abs(dsp) <= bound == 2 * abs(dsp)
     got = tabular.distribution_shift_penalty(ex.mdp, ex.pi, ex.pi_new)
-    assert got == pytest.approx(float(dsp), rel=1e-12)
+    assert got == pytest.approx(float(dsp), rel=1e-12, abs=0.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -209,7 +211,7 @@ def test_002_sequence_level_kl_i_is_unbiased_for_the_sequence_kl():
     seq_logp = torch.tensor(token_logp.sum(1), dtype=F64)
     seq_ref = torch.tensor(token_ref.sum(1), dtype=F64)
     probs = torch.tensor([float(x) for x in p], dtype=F64)
-    assert float((probs * kl_k3(seq_logp, seq_ref)).sum()) == pytest.approx(exact, rel=1e-13)
+    assert float((probs * kl_k3(seq_logp, seq_ref)).sum()) == pytest.approx(exact, rel=1e-13, abs=0.0)
     f_policy = np.array([[float(x) for x in row] for row in policy])
     f_ref = np.array([[float(x) for x in row] for row in ref])
-    assert sequence_kl(tree, f_policy, f_ref) == pytest.approx(exact, rel=1e-13)
+    assert sequence_kl(tree, f_policy, f_ref) == pytest.approx(exact, rel=1e-13, abs=0.0)

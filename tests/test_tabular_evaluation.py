@@ -128,13 +128,13 @@ def test_normalised_occupancy_sums_to_one_and_total_is_horizon(case):
     assert float(d_sa.sum()) == pytest.approx(1.0, abs=1e-12)
     rho = T.state_occupancy(mdp, pi, normalized=False)
     if mdp.gamma < 1.0:
-        assert float(rho.sum()) == pytest.approx(1.0 / (1.0 - mdp.gamma), rel=1e-12)
+        assert float(rho.sum()) == pytest.approx(1.0 / (1.0 - mdp.gamma), rel=1e-12, abs=0.0)
     else:
         # gamma = 1: the total is the expected episode length (number of non-terminal steps),
         # which is the value of the policy under reward 1 on every non-terminal state.
         ones = np.where(mdp.terminal[:, None], 0.0, np.ones((mdp.num_states, mdp.num_actions)))
         length = T.expected_return(T.MDP(mdp.P, ones, mdp.rho0, 1.0, terminal=mdp.terminal), pi)
-        assert float(rho.sum()) == pytest.approx(length, rel=1e-10)
+        assert float(rho.sum()) == pytest.approx(length, rel=1e-10, abs=0.0)
     assert_close(d, rho / rho.sum())
 
 
@@ -250,4 +250,4 @@ def test_exact_mdp_reduces_transition_rewards_exactly():
     emdp = ExactMDP.from_arrays(P, r_sas, [F(1), F(0)], F(1, 2))
     assert emdp.r[0, 0] == F(1, 3) * 3 + F(2, 3) * F(-6, 5)
     assert emdp.r[1, 0] == F(1, 2)
-    assert float(emdp.mdp.r[0, 0]) == pytest.approx(float(emdp.r[0, 0]), rel=1e-15)
+    assert float(emdp.mdp.r[0, 0]) == pytest.approx(float(emdp.r[0, 0]), rel=1e-15, abs=0.0)

@@ -47,15 +47,15 @@ def test_distribution_shift_example_reproduces_the_seed_numbers():
     # float path
     mdp, pi, pi_new = ex.mdp, ex.pi, ex.pi_new
     J, J_new = T.expected_return(mdp, pi), T.expected_return(mdp, pi_new)
-    assert J == pytest.approx(8.091e-5, rel=1e-12)
-    assert J_new == pytest.approx(-90.0, rel=1e-14)
-    assert T.surrogate(mdp, pi, pi_new) - J == pytest.approx(float(want["L_minus_J"]), rel=1e-12)
+    assert J == pytest.approx(8.091e-5, rel=1e-12, abs=0.0)
+    assert J_new == pytest.approx(-90.0, rel=1e-14, abs=0.0)
+    assert T.surrogate(mdp, pi, pi_new) - J == pytest.approx(float(want["L_minus_J"]), rel=1e-12, abs=0.0)
     adv = T.advantages(mdp, pi)
-    assert adv[1, 1] == pytest.approx(float(want["A_s1_b"]), rel=1e-13)
-    assert adv[0, 1] == pytest.approx(float(want["A_s0_a1"]), rel=1e-12)
-    assert T.state_occupancy(mdp, pi)[1] == pytest.approx(float(want["d_pi_s1"]), rel=1e-12)
-    assert T.state_occupancy(mdp, pi_new)[1] == pytest.approx(float(want["d_pi_new_s1"]), rel=1e-12)
-    assert T.performance_difference(mdp, pi, pi_new) == pytest.approx(J_new - J, rel=1e-12)
+    assert adv[1, 1] == pytest.approx(float(want["A_s1_b"]), rel=1e-13, abs=0.0)
+    assert adv[0, 1] == pytest.approx(float(want["A_s0_a1"]), rel=1e-12, abs=0.0)
+    assert T.state_occupancy(mdp, pi)[1] == pytest.approx(float(want["d_pi_s1"]), rel=1e-12, abs=0.0)
+    assert T.state_occupancy(mdp, pi_new)[1] == pytest.approx(float(want["d_pi_new_s1"]), rel=1e-12, abs=0.0)
+    assert T.performance_difference(mdp, pi, pi_new) == pytest.approx(J_new - J, rel=1e-12, abs=0.0)
 
 
 def test_distribution_shift_example_in_exact_rationals():
@@ -85,7 +85,7 @@ def test_distribution_shift_example_parameters_flow_through():
     assert exact_expected_return(exact_example(ex), ex.exact.pi) == sympy.Rational(
         want["J_pi"].numerator, want["J_pi"].denominator
     )
-    assert T.expected_return(ex.mdp, ex.pi_new) == pytest.approx(float(want["J_pi_new"]), rel=1e-14)
+    assert T.expected_return(ex.mdp, ex.pi_new) == pytest.approx(float(want["J_pi_new"]), rel=1e-14, abs=0.0)
 
 
 # ------------------------------------------------------------------------------------ 4.1.2
@@ -112,7 +112,7 @@ def test_is_weight_variance_numbers_of_the_seed():
     assert F(81, 100) / F(1, 2) + F(1, 100) / F(1, 2) == F(164, 100)
     for H in (1, 5, 10, 20):
         assert T.is_weight_variance(F(1, 2), F(9, 10), H) == F(164, 100) ** H - 1
-    assert T.is_weight_variance(0.5, 0.9, 10) == pytest.approx(1.64**10 - 1, rel=1e-12)
+    assert T.is_weight_variance(0.5, 0.9, 10) == pytest.approx(1.64**10 - 1, rel=1e-12, abs=0.0)
 
 
 @pytest.mark.parametrize("H", [1, 4, 9])
@@ -124,12 +124,12 @@ def test_seed_001_4_1_2_return_erratum(H):
     once = T.trajectory_is_example(H, gamma=gamma, reward="once")
     for ex in (absorbing, once):
         assert T.expected_return(ex.mdp, ex.pi) == pytest.approx(
-            T.expected_return(ex.mdp, ex.pi_new), rel=1e-13
+            T.expected_return(ex.mdp, ex.pi_new), rel=1e-13, abs=0.0
         )
     J_abs = T.expected_return(absorbing.mdp, absorbing.pi)
-    assert J_abs == pytest.approx(gamma**H / (1 - gamma), rel=1e-12)
+    assert J_abs == pytest.approx(gamma**H / (1 - gamma), rel=1e-12, abs=0.0)
     assert abs(J_abs - gamma**H) > 1.0  # the seed's gamma^H is wrong for this MDP
-    assert T.expected_return(once.mdp, once.pi) == pytest.approx(gamma**H, rel=1e-12)
+    assert T.expected_return(once.mdp, once.pi) == pytest.approx(gamma**H, rel=1e-12, abs=0.0)
     exact = exact_expected_return(exact_example(absorbing), absorbing.exact.pi)
     assert exact == sympy.Rational(9, 10) ** H / (1 - sympy.Rational(9, 10))
 
@@ -216,4 +216,4 @@ def test_chain_mdp():
     assert mdp.r[0, 0] == 0.1 and mdp.r[3, 1] == 1.0 and np.count_nonzero(mdp.r) == 2
     stay_left = np.tile([1.0, 0.0], (4, 1))
     # always-left without slip: 0.1 per step forever
-    assert T.expected_return(T.chain_mdp(4, 0.9), stay_left) == pytest.approx(1.0, rel=1e-12)
+    assert T.expected_return(T.chain_mdp(4, 0.9), stay_left) == pytest.approx(1.0, rel=1e-12, abs=0.0)

@@ -183,9 +183,9 @@ def test_cpi_step_size_gives_a_non_negative_guaranteed_improvement_001_61(case):
     if g <= 0.0:
         assert alpha == 0.0
     elif g > 1e-9 * value_scale(mdp) and eps > 1e-9 * value_scale(mdp):
-        assert alpha == pytest.approx(formula, rel=1e-12)
+        assert alpha == pytest.approx(formula, rel=1e-12, abs=0.0)
     else:  # g and eps at rounding level: the guard returns 0, else the formula
-        assert alpha == 0.0 or alpha == pytest.approx(formula, rel=1e-12)
+        assert alpha == 0.0 or alpha == pytest.approx(formula, rel=1e-12, abs=0.0)
 
 
 @given(
@@ -306,7 +306,7 @@ def test_kakade_langford_eps_must_use_the_target_policy_seed_000():
             J_mix = T.expected_return(mdp, mix)
             assert J_mix >= T.cpi_lower_bound(mdp, pi, pi_new, alpha) - 1e-12
             eps_000 = T.cpi_epsilon(mdp, pi, mix)
-            assert eps_000 == pytest.approx(alpha * T.cpi_epsilon(mdp, pi, pi_new), rel=1e-9)
+            assert eps_000 == pytest.approx(alpha * T.cpi_epsilon(mdp, pi, pi_new), rel=1e-9, abs=0.0)
             gamma = mdp.gamma
             bound_000 = T.expected_return(mdp, pi) + alpha * T.cpi_gain(mdp, pi, pi_new)
             bound_000 -= 2 * gamma * eps_000 * alpha**2 / (1 - gamma) ** 2
@@ -374,6 +374,6 @@ def test_kl_is_asymmetric_on_a_fixed_pair():
     pi_new = np.array([[0.5, 0.5]])
     forward = 0.9 * np.log(0.9 / 0.5) + 0.1 * np.log(0.1 / 0.5)
     backward = 0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1)
-    assert T.policy_kl(pi, pi_new)[0] == pytest.approx(forward, rel=1e-14)
-    assert T.policy_kl(pi_new, pi)[0] == pytest.approx(backward, rel=1e-14)
+    assert T.policy_kl(pi, pi_new)[0] == pytest.approx(forward, rel=1e-14, abs=0.0)
+    assert T.policy_kl(pi_new, pi)[0] == pytest.approx(backward, rel=1e-14, abs=0.0)
     assert abs(forward - backward) > 0.1

@@ -152,7 +152,8 @@ def test_gamma_one_with_an_improper_policy_raises_everywhere():
     )
     improper = np.array([[1.0, 0.0], [1.0, 0.0]])
     proper = np.array([[0.9, 0.1], [1.0, 0.0]])  # leaves with probability 1 eventually
-    assert T.expected_return(mdp, proper) == pytest.approx(9.0, rel=1e-12)  # 1 / 0.1 steps x 0.9 reward
+    # 1 / 0.1 steps x 0.9 reward
+    assert T.expected_return(mdp, proper) == pytest.approx(9.0, rel=1e-12, abs=0.0)
     for fn in (T.policy_evaluation, T.q_values, T.advantages, T.expected_return, T.state_occupancy):
         with pytest.raises(ValueError, match="gamma = 1 requires a policy that reaches a terminal state"):
             fn(mdp, improper)

@@ -94,7 +94,7 @@ def test_issue_bandit_is_refused_because_its_float64_gradient_has_no_resolvable_
     assert math.isclose(closed_form[0, 0], -0.2766666, rel_tol=1e-6)  # (-0.28, 0.25, 0.02)
     # m = pi(a=0) = 7.8e-21, twelve orders of magnitude below sqrt(u) = 1.05e-8.
     resolution = tr.fisher_resolution(log_softmax, t64(ISSUE_THETA), weights)
-    assert resolution == (pytest.approx(pi[0], rel=1e-12), SQRT_U, False)
+    assert resolution == (pytest.approx(pi[0], rel=1e-12, abs=0.0), SQRT_U, False)
     with pytest.raises(tr.UnresolvableFisherError, match=r"^params: the policy is too close to determin"):
         tr.natural_gradient_step(log_softmax, t64(ISSUE_THETA), gradient, weights, 1.0)
     with pytest.raises(ValueError, match=r"7\.8e-21 is below the threshold 1\.05e-08"):

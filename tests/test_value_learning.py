@@ -114,13 +114,13 @@ def test_dqn_with_polyak_target_reaches_q_star(seed):
 
 def test_schedules_and_epsilon_greedy():
     step = vl.robbins_monro(1.0, 10.0, 1.0)
-    assert step(0) == 1.0 and step(10) == pytest.approx(0.5, rel=1e-15)
+    assert step(0) == 1.0 and step(10) == pytest.approx(0.5, rel=1e-15, abs=0.0)
     with pytest.raises(ValueError, match="power"):
         vl.robbins_monro(1.0, 10.0, 0.5)
     with pytest.raises(ValueError, match="initial"):
         vl.glie_epsilon(0.0, 10.0)
     eps = vl.glie_epsilon(0.5, 4.0)
-    assert eps(4) == pytest.approx(0.25, rel=1e-15)
+    assert eps(4) == pytest.approx(0.25, rel=1e-15, abs=0.0)
     q = torch.tensor([[0.0, 2.0, 1.0], [3.0, 3.0, 0.0]], dtype=torch.float64)
     probs = vl.epsilon_greedy(q, 0.3)
     expected = torch.tensor([[0.1, 0.8, 0.1], [0.8, 0.1, 0.1]], dtype=torch.float64)
@@ -314,8 +314,9 @@ def test_dqn_first_updates_equal_an_independent_replay(tau, target_period):
         assert np.abs(want - start).max() > 1e-3  # three steps of about lr each moved it
     for got, want in zip(module_params(res.target_network), target, strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-8)
-    if tau < 1:  # the EMA target lies strictly between the initial and the online weights
-        assert not np.allclose(target[2], params[2]) and not np.allclose(target[2], initial[2])
+    if tau < 1:  # the EMA target lies strictly between the initial and the online weights: it differs
+        # from both by far more than the 1e-8 replay agreement above (an Adam step moves ~lr = 3e-3)
+        assert np.abs(target[2] - params[2]).max() > 1e-4 and np.abs(target[2] - initial[2]).max() > 1e-4
 
 
 def test_polyak_update_exact_values_and_tau_one_is_the_hard_copy():

@@ -5,7 +5,8 @@
 flattened tokens, ``logits[token] - logsumexp(logits)`` and saves only the logits (the caller's
 tensor, not a copy), the tokens and one float32 logsumexp per token; the backward rebuilds
 ``softmax`` chunk by chunk. Autograd therefore stores O(N T) bytes beyond the logits: 12 bytes per
-token for ``token_logprobs`` (int64 token + float32 logsumexp) and 8 for ``token_entropy``.
+token for ``token_logprobs`` (int64 token + float32 logsumexp) and 4 for ``token_entropy`` (its
+float32 value; the backward recomputes the surprisal).
 (spec: policy_losses.md, "log-probabilities"; seed 003 ``get_log_probs``.)
 """
 
@@ -114,41 +115,52 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
     return _TokenLogprobs.apply(logits, tokens.long(), _rows_per_chunk(vocab, chunk_elements), check_finite)
 
 
+def _surprisal(chunk: torch.Tensor) -> torch.Tensor:
+    """``-log softmax(x)`` of each row of ``chunk [rows, V]`` without cancellation: with ``m = max x``,
+    ``S = sum_v exp(x_v - m) = 1 + rest`` (one maximal entry's 1 left out of ``rest``),
+    ``-log p_v = log1p(rest) + (m - x_v)``, a sum of two non-negative terms.
+    ``x_v - logsumexp(x)`` instead loses every digit of ``log p`` of a confident token below
+    ``u |m|`` (at ``x = (40, 0)`` it returns 0 for -4e-18), and with it the entropy of a confident
+    row (2 % wrong at (40, 0)). Rows with a NaN, a +inf or only -inf give NaN, as logsumexp did."""
+    top, where = chunk.max(dim=-1, keepdim=True)
+    gap = top - chunk  # >= 0; +inf at -inf logits
+    scaled = torch.exp(-gap)
+    log_sum = torch.log1p(scaled.scatter(-1, where, 0.0).sum(dim=-1, keepdim=True))
+    return log_sum + gap
+
+
 class _TokenEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, rows_per_chunk: int):
         vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
         dtype = _compute_dtype(logits.dtype)
-        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
         entropy = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
         for start in range(0, flat.shape[0], rows_per_chunk):
-            chunk = flat[start:start + rows_per_chunk].to(dtype)
-            chunk_lse = torch.logsumexp(chunk, dim=-1, keepdim=True)
-            log_p = chunk - chunk_lse
-            p = torch.exp(log_p)
+            surprisal = _surprisal(flat[start:start + rows_per_chunk].to(dtype))
+            p = torch.exp(-surprisal)
             # 0 log 0 = 0 for -inf logits (tested as p == 0 so that a NaN row stays NaN)
-            plogp = torch.where(p == 0, torch.zeros_like(p), p * log_p)
-            lse[start:start + rows_per_chunk] = chunk_lse.squeeze(1)
-            entropy[start:start + rows_per_chunk] = -plogp.sum(dim=-1)
-        ctx.save_for_backward(logits, lse, entropy)
+            terms = torch.where(p == 0, torch.zeros_like(p), p * surprisal)
+            entropy[start:start + rows_per_chunk] = terms.sum(dim=-1)
+        ctx.save_for_backward(logits, entropy)
         ctx.rows_per_chunk = rows_per_chunk
         return entropy.reshape(logits.shape[:-1])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, lse, entropy = ctx.saved_tensors
+        logits, entropy = ctx.saved_tensors
         vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
-        grad = grad_out.reshape(-1).to(lse.dtype)
+        grad = grad_out.reshape(-1).to(entropy.dtype)
         grad_logits = torch.empty_like(flat)
         step = ctx.rows_per_chunk
         for start in range(0, flat.shape[0], step):
-            log_p = flat[start:start + step].to(lse.dtype) - lse[start:start + step].unsqueeze(1)
-            p = torch.exp(log_p)
-            # dH/dx_v = -p_v (log p_v + H)
-            inner = torch.where(p == 0, torch.zeros_like(p), log_p + entropy[start:start + step].unsqueeze(1))
+            surprisal = _surprisal(flat[start:start + step].to(entropy.dtype))
+            p = torch.exp(-surprisal)
+            # dH/dx_v = -p_v (log p_v + H) = p_v (s_v - H): H and s_v both keep their relative accuracy
+            inner = entropy[start:start + step].unsqueeze(1) - surprisal
+            inner = torch.where(p == 0, torch.zeros_like(p), inner)
             part = -p * inner * grad[start:start + step].unsqueeze(1)
             grad_logits[start:start + step] = part.to(logits.dtype)
         return grad_logits.reshape(logits.shape), None
@@ -161,7 +173,9 @@ def token_entropy(logits: torch.Tensor, *, chunk_elements: int | None = None,
     spec: policy_losses.md "entropy bonus"; seed 004 (entropy bonus). ``-inf`` logits are
     zero-probability entries (``0 log 0 = 0``). Gradient ``dH/dx_v = -p_v (log p_v + H)``.
     Shapes: logits ``[..., V]``; returns ``[...]`` in ``promote_types(logits.dtype, float32)``.
-    Autograd saves the logits plus 8 bytes per row (float32 logsumexp and entropy).
+    Autograd saves the logits plus 4 bytes per row (the float32 entropy). The surprisal
+    ``-log p_v`` is computed without cancellation (``_surprisal``): H and its gradient keep
+    their relative accuracy on confident rows.
     """
     _check_logits(logits)
     out = _TokenEntropy.apply(logits, _rows_per_chunk(logits.shape[-1], chunk_elements))
