@@ -300,14 +300,6 @@ def test_the_verl_profile_is_the_drivers_mode_data():
 # the golden convention vectors (specs/vectors/policy_loss_conventions.json) on verl's own loss
 
 _VECTORS = [v for v in load_vectors("policy_loss_conventions.json") if v["convention"] == "verl"]
-# Vectors whose expected values (the profile's flags, exact) verl does not reproduce, with the reason.
-# The kit's 1e-8 check (test_every_policy_mode_passes_every_case_class_under_its_profile) cannot see
-# this one; the vector's 1e-10 can. Its values stay as they are (the vectors describe the profile).
-KNOWN_VECTOR_DEPARTURES = {
-    "policy_loss/verl/cispo/extreme_log_ratio/0": "verl 0.9.1's compute_policy_loss_cispo clamps "
-    "logp - old_logp to [-20, 20] before exp, but the cispo profile has log_ratio_clamp=None: at the "
-    "log-ratio -52 the CISPO weight is exp(-20) instead of exp(-52) (loss off by 1.3e-9 relative)",
-}
 
 
 @pytest.mark.parametrize("vector", _VECTORS, ids=lambda v: v["id"])
@@ -315,14 +307,48 @@ def test_verls_own_loss_matches_every_verl_convention_vector(vector):
     """verl's policy loss (and KL loss), run by the driver on the vector's inputs with the vector's
     (effective) variant, gives the vector's 50-digit loss and gradient within SCHEMA.md's float64
     tolerance; among them the GSPO cap of log s at 10 (sequence_log_ratio_cap) beyond and exactly on
-    the cap."""
+    the cap, and CISPO's +-20 clamp inside its detached weight (extreme_log_ratio)."""
     mode = PROFILE_MODES["verl"][vector["preset"]][-1][1]
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     missed = mismatches(vector, loss, grad, mask)
-    if vector["id"] in KNOWN_VECTOR_DEPARTURES:
-        assert missed, f"{vector['id']} now matches verl: drop it from KNOWN_VECTOR_DEPARTURES"
-    else:
-        assert not missed, missed
+    assert not missed, missed
+
+
+def test_verls_cispo_clamps_the_log_ratio_inside_its_detached_weight_only():
+    """compute_policy_loss_cispo clamps log_prob - old_log_prob to +-20 before exp, but multiplies
+    the detached weight by the raw log_prob: on the vector's token with log-ratio -50 (A = -0.75,
+    token mean over 5 tokens, no lower clip) the weight is exp(-20), not exp(-50), and the gradient
+    is -exp(-20) A / 5, not 0 (which clamping logp itself, as for the other gates, would give)."""
+    (vector,) = [v for v in _VECTORS if v["id"] == "policy_loss/verl/cispo/extreme_log_ratio/0"]
+    assert vector["convention_flags"]["log_ratio_clamp"] == 20.0 and vector["variant"]["eps_low"] is None
+    assert vector["inputs"]["logp"][0][1] == "-52.0" and vector["inputs"]["old_logp"][0][1] == "-2.0"
+    loss, grad, mask = framework_on_vector(driver, "cispo", vector)
+    exact = float(vector["expected"]["grad_logp"][0][1])  # 0.75 exp(-20) / 5, correctly rounded
+    # the float64 closed form: exp, x 0.75, / 5 are 3 roundings (u = 2^-53 each, exp within 1 ulp)
+    assert exact == pytest.approx(0.75 * math.exp(-20.0) / 5, rel=8 * 2.0**-53)
+    # verl's entry: exp(-20) and the roundings of its products and of agg_loss's division: 8 u
+    assert float(grad[0, 1]) == pytest.approx(exact, rel=8 * 2.0**-53)
+
+
+def test_the_cispo_clamp_flag_is_needed_where_the_weight_has_no_lower_clip():
+    """With clip_ratio_low = 1 (the spec's CISPO: no lower clip) the +-20 clamp decides the weight of
+    a token whose log-ratio is below -20: without the flag the extreme_log_ratio class is off by
+    2.7e-9 and 6.8e-9 (normalised loss error), which a 1e-8 tolerance cannot see; at 1e-12 (the
+    float64 evaluation of both sides agrees to 5e-16 here) it fails, with the flag it passes."""
+    variant = dataclasses.replace(driver.mode_variant("cispo"), eps_low=None)
+    flags = dict(driver.modes()["cispo"].convention)
+    fn, adapter = driver.target("policy_loss", "cispo", variant)
+
+    def failing(flags, rtol):
+        conv = convention_of(flags, "cispo")
+        report = checks.check_policy_loss(fn, variant, convention=conv, adapter=adapter, rtol=rtol,
+                                          classes=("extreme_log_ratio",))
+        return report.failing_classes()
+
+    assert failing(flags, 1e-12) == []
+    del flags["log_ratio_clamp"]
+    assert failing(flags, 1e-12) == ["extreme_log_ratio"]
+    assert failing(flags, 1e-8) == []  # why the 1e-8 check did not notice
 
 
 def test_the_gspo_cap_vectors_reach_the_cap():

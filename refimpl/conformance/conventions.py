@@ -71,7 +71,8 @@ class Convention:
 
     Fields:
         name: label shown in reports.
-        log_ratio_clamp: clamp ``logp - old_logp`` to ``[-c, c]`` before ``exp`` (None: no clamp).
+        log_ratio_clamp: clamp ``logp - old_logp`` to ``[-c, c]`` before ``exp`` (None: no clamp); for
+            CISPO inside its detached weight only (``A * logp`` keeps the raw ``logp``).
         sequence_log_ratio_cap: clamp GSPO's per-token log-ratio ``log s_i,t`` above at this value.
         dual_clip: dual-clip constant applied to every hard-clip preset (None: the preset's own).
         kl_log_ratio_clamp: clamp ``log r = ref_logp - logp`` to ``[-c, c]`` inside the k3 KL.
@@ -212,7 +213,8 @@ class Convention:
 #: Why a framework might choose each flag (printed by ``refimpl check --list-conventions``).
 FLAG_REASONS: dict[str, str] = {
     "log_ratio_clamp": "exp(logp - old_logp) overflows float16/32 for stale or mismatched log-probs; "
-    "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp).",
+    "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp; CISPO's clamp is "
+    "inside its detached weight sg(clip(exp(.))), so A * logp keeps logp and its gradient).",
     "sequence_log_ratio_cap": "verl's GSPO caps the token-level sequence log-ratio at 10 for stability.",
     "dual_clip": "dual-clip PPO (Ye et al. 2020) bounds the loss of negative-advantage tokens whose "
     "ratio exploded; verl's vanilla loss always applies clip_ratio_c (3.0) to A < 0.",

@@ -173,9 +173,16 @@ def _policy_modes() -> dict[str, Mode]:
             "actor.loss_agg_mode": "token-mean",
             "actor.clip_ratio_low": 0.2,
         },
-        # NaN at a masked position: the value is masked, but its gradient -sg(NaN) A is NaN
-        convention={**_KL_LOSS, "micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
-        description="compute_policy_loss_cispo: sg(clip(r, 1 - low, 1 + high)) A logp, token-mean",
+        convention={
+            **_KL_LOSS,
+            # log_prob - old_log_prob clamped to +-20 before exp, inside the detached weight only
+            "log_ratio_clamp": 20.0,
+            "micro_batch": "global",
+            "compute_dtype": "input",
+            **_PROPAGATES,  # NaN at a masked position: the value is masked, its gradient -sg(NaN) A is NaN
+        },
+        description="compute_policy_loss_cispo: sg(clip(exp(clamp(x, +-20)), 1 - low, 1 + high)) A logp, "
+        "token-mean",
     )
     out["geo_mean"] = Mode(
         name="geo_mean",
