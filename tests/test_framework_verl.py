@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from refimpl.conformance import checks
-from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
+from refimpl.conformance.cases import POLICY_CASE_CLASSES, kl_cases, policy_loss_cases
 from refimpl.conformance.conventions import (
     PROFILE_MODES,
     Convention,
@@ -24,6 +24,7 @@ from refimpl.conformance.conventions import (
     framework_config,
     profile,
 )
+from refimpl.conformance.expected import expected_kl
 from refimpl.conformance.frameworks import load_driver, source_hash
 from tests.golden_vectors import framework_on_vector, load_vectors, mismatches
 
@@ -61,7 +62,8 @@ def test_every_policy_mode_passes_every_case_class_under_its_profile(mode):
 
 
 @pytest.mark.parametrize(("mode", "estimator"), [("vanilla/seq-mean-token-mean", "k3"),
-                                                 ("vanilla/token-mean", "k2"), ("gspo", "k1")])
+                                                 ("vanilla/token-mean", "k2"), ("gspo", "k1"),
+                                                 ("geo_mean", "k3"), ("geo_mean", "k2")])
 def test_the_actor_kl_loss_passes_under_the_profile(mode, estimator):
     """ppo_loss's KL term: agg_loss(kl_penalty(logp, ref, kl_loss_type)) * kl_loss_coef; the k3
     clamps of the profile are needed for the ref log-ratios of 24 in the kl_penalty class."""
@@ -74,6 +76,27 @@ def test_the_actor_kl_loss_passes_under_the_profile(mode, estimator):
     report = check_mode(mode, variant=variant)
     assert report.ok, report.render()
     assert "kl_penalty" in {c.case_class for c in report.by_class()}
+
+
+def test_geo_means_kl_loss_is_a_global_token_mean():
+    """compute_policy_loss_geo_mean ignores loss_agg_mode (torch.mean over the micro-batch's rows),
+    but ppo_loss aggregates the KL loss with agg_loss(kl, loss_agg_mode='token-mean') over the global
+    tokens: without kl_aggregation='token_mean' every class fails (the KL aggregated like GMPO's
+    row mean), and with it but a local KL denominator the micro-batch classes would fail."""
+    mode = "geo_mean"
+    variant = dataclasses.replace(driver.mode_variant(mode), kl_coef=0.04, kl_estimator="k2")
+    flags = {k: v for k, v in driver.modes()[mode].convention.items() if k != "kl_aggregation"}
+    failing = check_mode(mode, flags, variant=variant).failing_classes()
+    assert {"inside_clip", "ragged", "micro_batch", "kl_penalty"} <= set(failing)
+    assert check_mode(mode, variant=variant, classes=("micro_batch", "padding_micro_batch")).ok
+
+
+def test_geo_mean_without_a_lower_clip_passes_clip_ratio_low_inf():
+    """GMPO clips the log-ratio to [-clip_ratio_low, clip_ratio_high]: a variant without a lower
+    clip is clip_ratio_low = inf there (1 - 1 = 0, the ratio modes' encoding, would clip at -1)."""
+    variant = dataclasses.replace(driver.mode_variant("geo_mean"), eps_low=None)
+    assert driver._actor_config("geo_mean", variant).clip_ratio_low == math.inf
+    assert check_mode("geo_mean", variant=variant, classes=("extreme_log_ratio", "outside_clip")).ok
 
 
 # each flag of a profile is needed: without it, the named classes fail (relative errors 1 or more
@@ -193,6 +216,26 @@ def test_every_kl_penalty_mode_passes_under_its_profile(mode):
     estimator = m.variant_overrides["kl_estimator"]
     report = checks.check_kl(fn, estimator, convention=convention_of(m.convention, mode), adapter=adapter)
     assert report.ok, report.render()
+
+
+def test_verls_low_var_kl_is_the_naive_k3_form():
+    """kl_penalty's low_var_kl is exp(log r) - log r - 1 evaluated directly (flag kl_k3_form='naive'):
+    at |log r| <= 1e-6 (float64) it is off the accurate k3 (expm1, kl.md eq. (4)) by several percent
+    of the value, but within 4 u (e^|log r| + |log r| + 1) absolute (the roundings of its terms near 1,
+    u = 2^-53) of both the accurate and the kit's naive expected value; check_kl's absolute floor
+    (1e-4 relative to the values' scale) cannot see either."""
+    mode = driver.modes("kl")["low_var_kl"]
+    assert mode.convention["kl_k3_form"] == "naive"
+    assert all(m.convention["kl_k3_form"] == "naive" for m in driver.modes().values())
+    (case,) = [c for c in kl_cases() if c.case_class == "tiny_log_ratio"]
+    fn, adapter = driver.target("kl", "low_var_kl")
+    got = adapter(fn, case.logp.clone(), case.ref_logp.clone())
+    accurate, _ = expected_kl(case, "k3", Convention())
+    naive, _ = expected_kl(case, "k3", convention_of(mode.convention, "low_var_kl"))
+    log_r = case.ref_logp - case.logp
+    bound = 4 * 2.0**-53 * (torch.exp(log_r.abs()) + log_r.abs() + 1)
+    assert float(((got - accurate).abs() / accurate.abs()).max()) > 1e-2
+    assert bool(((got - accurate).abs() <= bound).all()) and bool(((got - naive).abs() <= bound).all())
 
 
 @pytest.mark.parametrize(("mode", "flag", "failing"), [

@@ -21,7 +21,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
   ``kl_value_clamp_scope`` / ``kl_compute_dtype``: the KL term is built here and passed as ``kl=``;
 * ``normalizer_rounding``: the denominator rounded as ``rounded_normalizer`` says;
 * ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
-  the KL's compute dtype) added to the policy term of the variant's own aggregation;
+  the KL's compute dtype, also under ``micro_batch="local_sum"``; a local one under "local_mean",
+  whose micro-batch losses are averaged) added to the policy term of the variant's own aggregation;
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
@@ -167,8 +168,10 @@ def _capped_sequence_logp(logp, old, mask, cap: float | None):
 
 def _k3_of_log_ratio(log_r: torch.Tensor, form: str) -> torch.Tensor:
     """k3 = r - 1 - log r from ``log r`` (kl.md eq. (4)): "accurate" (refimpl.kl) or "naive"
-    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``)."""
+    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``), both in at least float32
+    (as refimpl.kl computes; the expected values are float64 anyway)."""
     if form == "naive":
+        log_r = log_r.to(torch.promote_types(log_r.dtype, torch.float32))
         return torch.exp(log_r) - 1 - log_r
     return kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
 
@@ -289,7 +292,7 @@ def expected_policy_loss(
             variant,
             convention,
             denominator,
-            _kl_denominator(sum(tokens) if convention.micro_batch == "global" else own_tokens, len(parts),
+            _kl_denominator(own_tokens if convention.micro_batch == "local_mean" else sum(tokens), len(parts),
                             convention),
         )
     if convention.micro_batch == "local_mean":
