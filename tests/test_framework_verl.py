@@ -108,9 +108,10 @@ def test_geo_mean_without_a_lower_clip_passes_clip_ratio_low_inf():
 
 
 # each flag of a profile is needed: without it, the named classes fail (relative errors 1 or more
-# on verl 0.9.1, float64; SAPO's log-ratio clamp 4.2e-8). Not shown in float64 at 1e-8, though verl
-# does it: the +-20 log-ratio clamp of the clipped vanilla loss (exp(-20) vs exp(-50) moves it by
-# 3.6e-10) and low_var_kl's +-20 clamp of log r (hidden by its +-10 value clamp).
+# on verl 0.9.1, float64; SAPO's log-ratio clamp 4.2e-8). Not shown at 1e-8, though verl does it:
+# the +-20 log-ratio clamp of the clipped vanilla loss (exp(-20) vs exp(-50) moves it by 3.6e-10;
+# shown at FLOAT64_RTOL below) and low_var_kl's +-20 clamp of log r (hidden by its +-10 value clamp:
+# e^20 is beyond it as well, so no value or gradient shows it).
 NEEDED = [
     ("vanilla/token-mean", "dual_clip", {"extreme_log_ratio"}),
     ("vanilla/seq-mean-token-mean", "dual_clip", {"extreme_log_ratio"}),
@@ -136,6 +137,17 @@ def test_each_profile_flag_is_needed(mode, flag, failing):
         flags.pop("micro_batch")  # 'local_sum' is the token-sum's pair of seq_sum_rows='none'
     report = check_mode(mode, flags, classes=tuple(sorted(failing)))
     assert set(report.failing_classes()) == failing, report.render()
+
+
+@pytest.mark.parametrize("mode", [m for m in POLICY_MODES if m.startswith("vanilla/")])
+def test_the_vanilla_log_ratio_clamp_is_needed_at_float64_rounding(mode):
+    """A > 0 tokens with log-ratio -50 sit in the open side of the clip: verl's term is exp(-20) A, not
+    exp(-50) A, 3.6e-10 of the loss: the extreme_log_ratio class fails without log_ratio_clamp at
+    FLOAT64_RTOL (and passes at the kit's 1e-8)."""
+    flags = {k: v for k, v in driver.modes()[mode].convention.items() if k != "log_ratio_clamp"}
+    assert check_mode(mode, flags, classes=("extreme_log_ratio",), rtol=FLOAT64_RTOL).failing_classes() == [
+        "extreme_log_ratio"]
+    assert check_mode(mode, flags, classes=("extreme_log_ratio",)).ok
 
 
 class _Call:
