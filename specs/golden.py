@@ -776,7 +776,7 @@ CONVENTION_FLAGS: dict[str, dict[str, dict[str, object]]] = {
         "gspo": dict(_VERL_GSPO),
         "gspo_token": dict(_VERL_GSPO),
         "sapo": dict(_VERL, dual_clip=None, empty_rows="keep", seq_sum_rows="nonempty"),
-        "cispo": dict(_VERL, log_ratio_clamp=None, dual_clip=None, seq_sum_rows="nonempty"),
+        "cispo": dict(_VERL, dual_clip=None, seq_sum_rows="nonempty"),
     },
     # OpenRLHF 0.11.2: its KL is evaluated in float32 (flag kl_compute_dtype); its KL vectors use inputs
     # on which that is exact and carry CONVENTION_KL_FLAGS
@@ -934,7 +934,8 @@ def _capped_rows(built, row_log_ratios: list[Fraction | None], cap: float) -> di
 
 def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     """A policy vector under a framework's flags: the spec's loss with the global denominator of the
-    flags, ``logp - old_logp`` clamped before exp in the surrogate, and the k3 KL with its log-ratio
+    flags, ``logp - old_logp`` clamped before exp in the surrogate (CISPO: in its detached weight
+    only, ``A * logp`` keeps ``logp``), and the k3 KL with its log-ratio
     and value clamps (substituted into the exact-KL symbols), times the unit's ratio under
     ``kl_importance_weight``, differentiated after substitution."""
     flags = CONVENTION_FLAGS[convention][name]
@@ -959,7 +960,9 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     subs = {}
     for row_l, row_s, row_o in zip(built.logp, built.logp_sg, built.old_logp, strict=True):
         for lsym, ssym, osym in zip(row_l, row_s, row_o, strict=True):
-            subs[lsym] = osym + _clamp(lsym - osym, flags["log_ratio_clamp"])
+            # CISPO's log-ratio is only in its detached weight (logp_sg); A * logp keeps logp raw
+            if spec.gate != "cispo":
+                subs[lsym] = osym + _clamp(lsym - osym, flags["log_ratio_clamp"])
             subs[ssym] = osym + _clamp(ssym - osym, flags["log_ratio_clamp"])
     if cap is not None:
         subs.update(_capped_rows(built, _row_log_ratios(b), cap))

@@ -126,6 +126,34 @@ def _kl_rounding_floor(case, variant, conv) -> float:
     return 16 * EPS64 * float((torch.where(mask, terms, zero) * weight.abs()).sum())
 
 
+def test_trls_k3_term_is_the_naive_form(installed):
+    """TRL's per-token KL is exp(log r) - log r - 1 evaluated directly (flag kl_k3_form='naive'): with
+    A = 0 and logp = old_logp (ratio 1) the dapo loss is beta times the token mean of k3, which at
+    |log r| <= 1e-6 (float64) is off the accurate k3's mean by more than 1e-5 relative (cancellation),
+    yet within 4 u beta mean(e^|log r| + |log r| + 1) (u = 2^-53: the roundings near 1) of it and of
+    the kit's expected value under the profile."""
+    assert all(m.convention["kl_k3_form"] == "naive" for m in trl.modes().values())
+    g = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5
+    log_r = (torch.rand(4, 6, generator=g, dtype=torch.float64) - 0.5) * 2e-6
+    variant = variant_of("dapo", 1.0)
+    fn, adapter = trl.target("policy_loss", "dapo", variant)
+    mask = torch.ones_like(logp, dtype=torch.bool)
+    call = SimpleNamespace(logp=logp.clone().requires_grad_(True), old_logp=logp.clone(),
+                           advantages=torch.zeros(4, dtype=torch.float64), mask=mask, ref_logp=logp + log_r,
+                           normalizer=None)
+    got = float(adapter(fn, call).detach())
+    accurate = float((torch.expm1(log_r) - log_r).mean())
+    case = policy_loss_cases(variant, Convention(), classes=("inside_clip",))[0]
+    case = dataclasses.replace(case, logp=logp, old_logp=logp.clone(), ref_logp=logp + log_r, mask=mask,
+                               advantages=torch.zeros(4, dtype=torch.float64), micro_batches=None)
+    conv = convention_from_flags("trl", trl.modes()["dapo"].convention)
+    expected, _ = expected_policy_loss(case, effective_variant(variant, conv), conv)
+    bound = 4 * EPS64 / 2 * float((torch.exp(log_r.abs()) + log_r.abs() + 1).mean())
+    assert abs(got - accurate) > 1e-5 * accurate
+    assert abs(got - accurate) <= bound and abs(got - float(expected)) <= bound
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_trl_kl_penalty_class_within_its_rounding(installed, mode):
     """The kl_penalty class (|log r| up to 24) under the profile, to the bound of ``_kl_rounding_floor``:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from refimpl.conformance import checks
-from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
+from refimpl.conformance.cases import POLICY_CASE_CLASSES, kl_cases, policy_loss_cases
 from refimpl.conformance.conventions import (
     PROFILE_MODES,
     Convention,
@@ -24,6 +24,7 @@ from refimpl.conformance.conventions import (
     framework_config,
     profile,
 )
+from refimpl.conformance.expected import expected_kl
 from refimpl.conformance.frameworks import load_driver, source_hash
 from tests.golden_vectors import framework_on_vector, load_vectors, mismatches
 
@@ -41,12 +42,20 @@ def convention_of(flags: dict, name: str) -> Convention:
     return convention_from_flags(f"verl:{name}", flags)
 
 
-def check_mode(mode: str, flags: dict | None = None, *, classes=_CLASSES, variant=None):
+# float64 agreement of verl with its profile: each case sums <= 30 terms of <= 8 rounded operations
+# with |log-ratio| <= 50 (exp's condition number), so both sides are within 30 (8 + 50) 2^-53 ~ 2e-13
+# of the exact value relative to the sum of |terms| (comparable to the loss, or to the check's floor,
+# on these cases); 1e-12 (the kit's default is 1e-8) catches a convention error of 1e-9 such as
+# CISPO's clamp. Measured: <= 4.0e-15. Half-precision classes keep their own derived bound.
+FLOAT64_RTOL = 1e-12
+
+
+def check_mode(mode: str, flags: dict | None = None, *, classes=_CLASSES, variant=None, rtol=1e-8):
     m = driver.modes()[mode]
     v = variant or driver.mode_variant(mode)
     fn, adapter = driver.target("policy_loss", mode, v)
     conv = convention_of(m.convention if flags is None else flags, mode)
-    return checks.check_policy_loss(fn, v, convention=conv, adapter=adapter, classes=classes)
+    return checks.check_policy_loss(fn, v, convention=conv, adapter=adapter, classes=classes, rtol=rtol)
 
 
 POLICY_MODES = sorted(driver.modes())
@@ -54,14 +63,15 @@ POLICY_MODES = sorted(driver.modes())
 
 @pytest.mark.parametrize("mode", POLICY_MODES)
 def test_every_policy_mode_passes_every_case_class_under_its_profile(mode):
-    report = check_mode(mode)
+    report = check_mode(mode, rtol=FLOAT64_RTOL)
     assert report.ok, report.render()
     ran = {c.case_class for c in report.by_class()}
     assert ran == set(_CLASSES) - {"kl_penalty", "golden_vectors"}
 
 
 @pytest.mark.parametrize(("mode", "estimator"), [("vanilla/seq-mean-token-mean", "k3"),
-                                                 ("vanilla/token-mean", "k2"), ("gspo", "k1")])
+                                                 ("vanilla/token-mean", "k2"), ("gspo", "k1"),
+                                                 ("geo_mean", "k3"), ("geo_mean", "k2")])
 def test_the_actor_kl_loss_passes_under_the_profile(mode, estimator):
     """ppo_loss's KL term: agg_loss(kl_penalty(logp, ref, kl_loss_type)) * kl_loss_coef; the k3
     clamps of the profile are needed for the ref log-ratios of 24 in the kl_penalty class."""
@@ -71,15 +81,37 @@ def test_the_actor_kl_loss_passes_under_the_profile(mode, estimator):
         assert check_mode(mode, flags, variant=variant, classes=("kl_penalty",)).failing_classes() == [
             "kl_penalty"]
     variant = dataclasses.replace(driver.mode_variant(mode), kl_coef=0.04, kl_estimator=estimator)
-    report = check_mode(mode, variant=variant)
+    report = check_mode(mode, variant=variant, rtol=FLOAT64_RTOL)
     assert report.ok, report.render()
     assert "kl_penalty" in {c.case_class for c in report.by_class()}
 
 
+def test_geo_means_kl_loss_is_a_global_token_mean():
+    """compute_policy_loss_geo_mean ignores loss_agg_mode (torch.mean over the micro-batch's rows),
+    but ppo_loss aggregates the KL loss with agg_loss(kl, loss_agg_mode='token-mean') over the global
+    tokens: without kl_aggregation='token_mean' every class fails (the KL aggregated like GMPO's
+    row mean), and with it but a local KL denominator the micro-batch classes would fail."""
+    mode = "geo_mean"
+    variant = dataclasses.replace(driver.mode_variant(mode), kl_coef=0.04, kl_estimator="k2")
+    flags = {k: v for k, v in driver.modes()[mode].convention.items() if k != "kl_aggregation"}
+    failing = check_mode(mode, flags, variant=variant).failing_classes()
+    assert {"inside_clip", "ragged", "micro_batch", "kl_penalty"} <= set(failing)
+    assert check_mode(mode, variant=variant, classes=("micro_batch", "padding_micro_batch")).ok
+
+
+def test_geo_mean_without_a_lower_clip_passes_clip_ratio_low_inf():
+    """GMPO clips the log-ratio to [-clip_ratio_low, clip_ratio_high]: a variant without a lower
+    clip is clip_ratio_low = inf there (1 - 1 = 0, the ratio modes' encoding, would clip at -1)."""
+    variant = dataclasses.replace(driver.mode_variant("geo_mean"), eps_low=None)
+    assert driver._actor_config("geo_mean", variant).clip_ratio_low == math.inf
+    assert check_mode("geo_mean", variant=variant, classes=("extreme_log_ratio", "outside_clip")).ok
+
+
 # each flag of a profile is needed: without it, the named classes fail (relative errors 1 or more
-# on verl 0.9.1, float64; SAPO's log-ratio clamp 4.2e-8). Not shown in float64 at 1e-8, though verl
-# does it: the +-20 log-ratio clamp of the clipped vanilla loss (exp(-20) vs exp(-50) moves it by
-# 3.6e-10) and low_var_kl's +-20 clamp of log r (hidden by its +-10 value clamp).
+# on verl 0.9.1, float64; SAPO's log-ratio clamp 4.2e-8). Not shown at 1e-8, though verl does it:
+# the +-20 log-ratio clamp of the clipped vanilla loss (exp(-20) vs exp(-50) moves it by 3.6e-10;
+# shown at FLOAT64_RTOL below) and low_var_kl's +-20 clamp of log r (hidden by its +-10 value clamp:
+# e^20 is beyond it as well, so no value or gradient shows it).
 NEEDED = [
     ("vanilla/token-mean", "dual_clip", {"extreme_log_ratio"}),
     ("vanilla/seq-mean-token-mean", "dual_clip", {"extreme_log_ratio"}),
@@ -105,6 +137,17 @@ def test_each_profile_flag_is_needed(mode, flag, failing):
         flags.pop("micro_batch")  # 'local_sum' is the token-sum's pair of seq_sum_rows='none'
     report = check_mode(mode, flags, classes=tuple(sorted(failing)))
     assert set(report.failing_classes()) == failing, report.render()
+
+
+@pytest.mark.parametrize("mode", [m for m in POLICY_MODES if m.startswith("vanilla/")])
+def test_the_vanilla_log_ratio_clamp_is_needed_at_float64_rounding(mode):
+    """A > 0 tokens with log-ratio -50 sit in the open side of the clip: verl's term is exp(-20) A, not
+    exp(-50) A, 3.6e-10 of the loss: the extreme_log_ratio class fails without log_ratio_clamp at
+    FLOAT64_RTOL (and passes at the kit's 1e-8)."""
+    flags = {k: v for k, v in driver.modes()[mode].convention.items() if k != "log_ratio_clamp"}
+    assert check_mode(mode, flags, classes=("extreme_log_ratio",), rtol=FLOAT64_RTOL).failing_classes() == [
+        "extreme_log_ratio"]
+    assert check_mode(mode, flags, classes=("extreme_log_ratio",)).ok
 
 
 class _Call:
@@ -193,6 +236,26 @@ def test_every_kl_penalty_mode_passes_under_its_profile(mode):
     estimator = m.variant_overrides["kl_estimator"]
     report = checks.check_kl(fn, estimator, convention=convention_of(m.convention, mode), adapter=adapter)
     assert report.ok, report.render()
+
+
+def test_verls_low_var_kl_is_the_naive_k3_form():
+    """kl_penalty's low_var_kl is exp(log r) - log r - 1 evaluated directly (flag kl_k3_form='naive'):
+    at |log r| <= 1e-6 (float64) it is off the accurate k3 (expm1, kl.md eq. (4)) by several percent
+    of the value, but within 4 u (e^|log r| + |log r| + 1) absolute (the roundings of its terms near 1,
+    u = 2^-53) of both the accurate and the kit's naive expected value; check_kl's absolute floor
+    (1e-4 relative to the values' scale) cannot see either."""
+    mode = driver.modes("kl")["low_var_kl"]
+    assert mode.convention["kl_k3_form"] == "naive"
+    assert all(m.convention["kl_k3_form"] == "naive" for m in driver.modes().values())
+    (case,) = [c for c in kl_cases() if c.case_class == "tiny_log_ratio"]
+    fn, adapter = driver.target("kl", "low_var_kl")
+    got = adapter(fn, case.logp.clone(), case.ref_logp.clone())
+    accurate, _ = expected_kl(case, "k3", Convention())
+    naive, _ = expected_kl(case, "k3", convention_of(mode.convention, "low_var_kl"))
+    log_r = case.ref_logp - case.logp
+    bound = 4 * 2.0**-53 * (torch.exp(log_r.abs()) + log_r.abs() + 1)
+    assert float(((got - accurate).abs() / accurate.abs()).max()) > 1e-2
+    assert bool(((got - accurate).abs() <= bound).all()) and bool(((got - naive).abs() <= bound).all())
 
 
 @pytest.mark.parametrize(("mode", "flag", "failing"), [
@@ -300,14 +363,6 @@ def test_the_verl_profile_is_the_drivers_mode_data():
 # the golden convention vectors (specs/vectors/policy_loss_conventions.json) on verl's own loss
 
 _VECTORS = [v for v in load_vectors("policy_loss_conventions.json") if v["convention"] == "verl"]
-# Vectors whose expected values (the profile's flags, exact) verl does not reproduce, with the reason.
-# The kit's 1e-8 check (test_every_policy_mode_passes_every_case_class_under_its_profile) cannot see
-# this one; the vector's 1e-10 can. Its values stay as they are (the vectors describe the profile).
-KNOWN_VECTOR_DEPARTURES = {
-    "policy_loss/verl/cispo/extreme_log_ratio/0": "verl 0.9.1's compute_policy_loss_cispo clamps "
-    "logp - old_logp to [-20, 20] before exp, but the cispo profile has log_ratio_clamp=None: at the "
-    "log-ratio -52 the CISPO weight is exp(-20) instead of exp(-52) (loss off by 1.3e-9 relative)",
-}
 
 
 @pytest.mark.parametrize("vector", _VECTORS, ids=lambda v: v["id"])
@@ -315,14 +370,48 @@ def test_verls_own_loss_matches_every_verl_convention_vector(vector):
     """verl's policy loss (and KL loss), run by the driver on the vector's inputs with the vector's
     (effective) variant, gives the vector's 50-digit loss and gradient within SCHEMA.md's float64
     tolerance; among them the GSPO cap of log s at 10 (sequence_log_ratio_cap) beyond and exactly on
-    the cap."""
+    the cap, and CISPO's +-20 clamp inside its detached weight (extreme_log_ratio)."""
     mode = PROFILE_MODES["verl"][vector["preset"]][-1][1]
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     missed = mismatches(vector, loss, grad, mask)
-    if vector["id"] in KNOWN_VECTOR_DEPARTURES:
-        assert missed, f"{vector['id']} now matches verl: drop it from KNOWN_VECTOR_DEPARTURES"
-    else:
-        assert not missed, missed
+    assert not missed, missed
+
+
+def test_verls_cispo_clamps_the_log_ratio_inside_its_detached_weight_only():
+    """compute_policy_loss_cispo clamps log_prob - old_log_prob to +-20 before exp, but multiplies
+    the detached weight by the raw log_prob: on the vector's token with log-ratio -50 (A = -0.75,
+    token mean over 5 tokens, no lower clip) the weight is exp(-20), not exp(-50), and the gradient
+    is -exp(-20) A / 5, not 0 (which clamping logp itself, as for the other gates, would give)."""
+    (vector,) = [v for v in _VECTORS if v["id"] == "policy_loss/verl/cispo/extreme_log_ratio/0"]
+    assert vector["convention_flags"]["log_ratio_clamp"] == 20.0 and vector["variant"]["eps_low"] is None
+    assert vector["inputs"]["logp"][0][1] == "-52.0" and vector["inputs"]["old_logp"][0][1] == "-2.0"
+    loss, grad, mask = framework_on_vector(driver, "cispo", vector)
+    exact = float(vector["expected"]["grad_logp"][0][1])  # 0.75 exp(-20) / 5, correctly rounded
+    # the float64 closed form: exp, x 0.75, / 5 are 3 roundings (u = 2^-53 each, exp within 1 ulp)
+    assert exact == pytest.approx(0.75 * math.exp(-20.0) / 5, rel=8 * 2.0**-53)
+    # verl's entry: exp(-20) and the roundings of its products and of agg_loss's division: 8 u
+    assert float(grad[0, 1]) == pytest.approx(exact, rel=8 * 2.0**-53)
+
+
+def test_the_cispo_clamp_flag_is_needed_where_the_weight_has_no_lower_clip():
+    """With clip_ratio_low = 1 (the spec's CISPO: no lower clip) the +-20 clamp decides the weight of
+    a token whose log-ratio is below -20: without the flag the extreme_log_ratio class is off by
+    2.7e-9 and 6.8e-9 (normalised loss error), which a 1e-8 tolerance cannot see; at FLOAT64_RTOL
+    (the float64 evaluation of both sides agrees to 5e-16 here) it fails, with the flag it passes."""
+    variant = dataclasses.replace(driver.mode_variant("cispo"), eps_low=None)
+    flags = dict(driver.modes()["cispo"].convention)
+    fn, adapter = driver.target("policy_loss", "cispo", variant)
+
+    def failing(flags, rtol):
+        conv = convention_of(flags, "cispo")
+        report = checks.check_policy_loss(fn, variant, convention=conv, adapter=adapter, rtol=rtol,
+                                          classes=("extreme_log_ratio",))
+        return report.failing_classes()
+
+    assert failing(flags, FLOAT64_RTOL) == []
+    del flags["log_ratio_clamp"]
+    assert failing(flags, FLOAT64_RTOL) == ["extreme_log_ratio"]
+    assert failing(flags, 1e-8) == []  # why the 1e-8 check did not notice
 
 
 def test_the_gspo_cap_vectors_reach_the_cap():

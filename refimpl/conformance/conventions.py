@@ -71,7 +71,8 @@ class Convention:
 
     Fields:
         name: label shown in reports.
-        log_ratio_clamp: clamp ``logp - old_logp`` to ``[-c, c]`` before ``exp`` (None: no clamp).
+        log_ratio_clamp: clamp ``logp - old_logp`` to ``[-c, c]`` before ``exp`` (None: no clamp); for
+            CISPO inside its detached weight only (``A * logp`` keeps the raw ``logp``).
         sequence_log_ratio_cap: clamp GSPO's per-token log-ratio ``log s_i,t`` above at this value.
         dual_clip: dual-clip constant applied to every hard-clip preset (None: the preset's own).
         kl_log_ratio_clamp: clamp ``log r = ref_logp - logp`` to ``[-c, c]`` inside the k3 KL.
@@ -100,7 +101,8 @@ class Convention:
         kl_value_clamp_scope: ``kl_value_clamp`` applies to "k3" only (verl's low_var_kl) or to
             "all" estimators (OpenRLHF).
         kl_aggregation: the KL term of the loss is aggregated like the "policy" term (spec) or
-            always as a global "token_mean" (OpenRLHF's training_step), reduced in the KL's
+            always as a global "token_mean" (OpenRLHF's training_step; verl's geo_mean, whose KL
+            loss is agg_loss(kl, 'token-mean') over the global tokens), reduced in the KL's
             compute dtype (``kl_compute_dtype``).
         sapo_tau_float32: SAPO's temperatures are float32 numbers (TRL builds them with
             ``torch.where(A > 0, tau_pos, tau_neg)``, a default-dtype tensor).
@@ -212,7 +214,8 @@ class Convention:
 #: Why a framework might choose each flag (printed by ``refimpl check --list-conventions``).
 FLAG_REASONS: dict[str, str] = {
     "log_ratio_clamp": "exp(logp - old_logp) overflows float16/32 for stale or mismatched log-probs; "
-    "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp).",
+    "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp; CISPO's clamp is "
+    "inside its detached weight sg(clip(exp(.))), so A * logp keeps logp and its gradient).",
     "sequence_log_ratio_cap": "verl's GSPO caps the token-level sequence log-ratio at 10 for stability.",
     "dual_clip": "dual-clip PPO (Ye et al. 2020) bounds the loss of negative-advantage tokens whose "
     "ratio exploded; verl's vanilla loss always applies clip_ratio_c (3.0) to A < 0.",
@@ -257,15 +260,18 @@ FLAG_REASONS: dict[str, str] = {
     "gas * float32(count / gas), off by up to 2^-24 relative when gas does not divide the count.",
     "kl_compute_dtype": "OpenRLHF's compute_approx_kl casts both log-probs to float32 (.float()) "
     "before the log-ratio, so float64 inputs are evaluated in float32.",
-    "kl_k3_form": "k3 = r - 1 - log r evaluated directly (OpenRLHF, verl) cancels for |log r| << 1 "
-    "(in float32 the error is ~1e-7 absolute on a value ~(log r)^2 / 2); the spec uses expm1 / a series.",
+    "kl_k3_form": "k3 = r - 1 - log r evaluated directly (OpenRLHF, verl, TRL) cancels for |log r| << 1 "
+    "(in float32 the error is ~1e-7 absolute on a value ~(log r)^2 / 2, in float64 ~1e-16); the spec "
+    "uses expm1 / a series.",
     "kl_log_ratio_max": "OpenRLHF's k3 clamps log(pi / pi_ref) below at -10 before exp, i.e. "
     "log r = log(pi_ref / pi) above at 10 (one-sided; no gradient beyond).",
     "kl_value_clamp_scope": "verl clamps only low_var_kl (k3) to [-10, 10]; OpenRLHF clamps the value "
     "of every estimator (k1, k2, k3) to [-10, 10].",
     "kl_aggregation": "OpenRLHF adds its KL loss outside PolicyLoss as aggregate_loss(kl, mask, "
     "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
-    "sequence mean (seq-mean-token-mean); the spec aggregates both terms alike.",
+    "sequence mean (seq-mean-token-mean); verl's geo_mean (GMPO) ignores loss_agg_mode for its "
+    "policy term (a mean over rows) but ppo_loss aggregates its KL loss with it (token-mean over "
+    "the global tokens); the spec aggregates both terms alike.",
     "sapo_tau_float32": "TRL builds SAPO's temperatures with torch.where(A > 0, tau_pos, tau_neg) from "
     "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
     "in float64 losses).",

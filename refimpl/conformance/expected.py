@@ -8,7 +8,12 @@ float64 ``log_softmax``. Every expected value is computed in float64 from the ca
 How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 
 * ``log_ratio_clamp c``: ``logp`` is replaced by ``old + clamp(logp - old, -c, c)`` where the clamp
-  is active (zero gradient there, as in ``torch.clamp``) and left bit-identical elsewhere;
+  is active (zero gradient there, as in ``torch.clamp``) and left bit-identical elsewhere. CISPO
+  (gate "cispo") has its ratio only inside the detached weight ``sg(clip(exp(logp - old)))`` and
+  ``logp`` raw in ``A * logp`` (verl's ``compute_policy_loss_cispo``): there ``old_logp`` is
+  replaced instead, by the detached ``logp - clamp(logp - old, -c, c)`` where the clamp is active
+  (the weight then sees the clamped log-ratio, to one rounding of ``logp - c``), and ``logp`` with
+  its gradient stays raw;
 * ``sequence_log_ratio_cap c`` (GSPO-token): rows whose ``log s_i`` exceeds c get a detached
   ``logp`` shifted so that ``log s_i = c``;
 * ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
@@ -16,7 +21,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
   ``kl_value_clamp_scope`` / ``kl_compute_dtype``: the KL term is built here and passed as ``kl=``;
 * ``normalizer_rounding``: the denominator rounded as ``rounded_normalizer`` says;
 * ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
-  the KL's compute dtype) added to the policy term of the variant's own aggregation;
+  the KL's compute dtype, also under ``micro_batch="local_sum"``; a local one under "local_mean",
+  whose micro-batch losses are averaged) added to the policy term of the variant's own aggregation;
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
   passed as ``normalizer=``;
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
@@ -139,6 +145,17 @@ def _clamped_logp(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) ->
     return torch.where(diff.abs() > clamp, clamped, logp)
 
 
+def _clamped_weight_old(logp: torch.Tensor, old: torch.Tensor, clamp: float | None) -> torch.Tensor:
+    """CISPO's ``log_ratio_clamp``: ``old`` replaced by the detached ``logp - clamp(logp - old, -c, c)``
+    where the clamp is active (bit-identical elsewhere), so that the detached weight
+    ``exp(logp - old)`` sees the clamped log-ratio while ``A * logp`` keeps the raw ``logp``."""
+    if clamp is None:
+        return old
+    diff = logp - old
+    shifted = (logp - diff.clamp(-clamp, clamp)).detach()
+    return torch.where(diff.abs() > clamp, shifted, old)
+
+
 def _capped_sequence_logp(logp, old, mask, cap: float | None):
     if cap is None:
         return logp
@@ -151,8 +168,10 @@ def _capped_sequence_logp(logp, old, mask, cap: float | None):
 
 def _k3_of_log_ratio(log_r: torch.Tensor, form: str) -> torch.Tensor:
     """k3 = r - 1 - log r from ``log r`` (kl.md eq. (4)): "accurate" (refimpl.kl) or "naive"
-    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``)."""
+    ``exp(log r) - 1 - log r`` evaluated directly (flag ``kl_k3_form``), both in at least float32
+    (as refimpl.kl computes; the expected values are float64 anyway)."""
     if form == "naive":
+        log_r = log_r.to(torch.promote_types(log_r.dtype, torch.float32))
         return torch.exp(log_r) - 1 - log_r
     return kl_k3(torch.zeros_like(log_r), log_r, check_finite=False)
 
@@ -214,7 +233,11 @@ def convention_loss(
             logp, old, adv, mask, None, dataclasses.replace(variant, kl_coef=0.0), convention, normalizer
         )
         return policy + _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator)
-    ratio_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
+    clamped_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
+    # CISPO: the clamp acts inside the detached weight only; A * logp keeps logp and its gradient
+    cispo = variant.gate == "cispo"
+    ratio_logp = logp if cispo else clamped_logp
+    ratio_old = _clamped_weight_old(logp, old, convention.log_ratio_clamp) if cispo else old
     if variant.ratio == "gspo_token":
         ratio_logp = _capped_sequence_logp(ratio_logp, old, mask, convention.sequence_log_ratio_cap)
     clamps_kl = (
@@ -228,12 +251,14 @@ def convention_loss(
     if ref is not None and variant.kl_coef > 0:
         if convention.kl_importance_weight:
             kl = _kl_tokens(logp, ref, variant, convention, mask)
-            kwargs["kl"] = _importance_weighted_kl(kl, ratio_logp, old, mask, variant)
+            weight_logp = clamped_logp if cispo else ratio_logp
+            kwargs["kl"] = _importance_weighted_kl(kl, weight_logp, old, mask, variant)
         elif clamps_kl or ratio_logp is not logp:
             kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
         else:
             kwargs["ref_logp"] = ref
-    loss, _ = policy_loss(ratio_logp, old, adv, mask, variant, normalizer=max(normalizer, 1.0), **kwargs)
+    denominator = max(normalizer, 1.0)
+    loss, _ = policy_loss(ratio_logp, ratio_old, adv, mask, variant, normalizer=denominator, **kwargs)
     return loss
 
 
@@ -267,7 +292,7 @@ def expected_policy_loss(
             variant,
             convention,
             denominator,
-            _kl_denominator(sum(tokens) if convention.micro_batch == "global" else own_tokens, len(parts),
+            _kl_denominator(own_tokens if convention.micro_batch == "local_mean" else sum(tokens), len(parts),
                             convention),
         )
     if convention.micro_batch == "local_mean":

@@ -68,6 +68,8 @@ PINNED_VERSION = "1.16.0"
 #:   NaN / inf at a masked position reaches the loss (and every gradient);
 #: - kl_importance_weight: ``use_bias_correction_kl=True`` (TRL's default) multiplies the k3 term by the
 #:   differentiated importance ratio ``coef_1``;
+#: - kl_k3_form "naive": the k3 term is ``exp(log r) - log r - 1`` evaluated directly (in float64 its
+#:   absolute rounding u (e^|log r| + |log r| + 1) is all of the value when |log r| < 1e-8);
 #: - the adv_* flags: TRL's inline advantage code (``_generate_and_score_completions``), read from the
 #:   source (nanstd is Bessel-corrected, ``/ (std + 1e-4)``, no zero-variance special case, and
 #:   ``num_generations >= 2`` is enforced by GRPOConfig). That code cannot run without a model, so these
@@ -80,6 +82,7 @@ _COMMON = {
     "compute_dtype": "input",
     "masked_nonfinite": "propagate",
     "kl_importance_weight": True,
+    "kl_k3_form": "naive",
     "adv_std": "sample",
     "adv_eps": 1e-4,
     "adv_eps_inside_sqrt": False,

@@ -72,8 +72,11 @@ _SOURCES = (
 # - the engine sums micro-batch losses that agg_loss divides by the global counts it is given; the
 #   row count is the trainer's global_batch_size, every row of the mini-batch, empty ones included;
 # - the loss is computed in the input dtype (bf16 / fp16 log-probs are not upcast).
-# the actor's KL loss (use_kl_loss): kl_penalty's low_var_kl clamps log r to +-20 and k3 to +-10
-_KL_LOSS = {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0}
+# the actor's KL loss (use_kl_loss): kl_penalty's low_var_kl clamps log r to +-20 and k3 to +-10, and
+# evaluates k3 as exp(log r) - log r - 1 (the "naive" form: in float64 its absolute rounding
+# u (e^|log r| + |log r| + 1) is all of the value when |log r| < 1e-8)
+_K3 = {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
+_KL_LOSS = dict(_K3)
 _VANILLA = {
     **_KL_LOSS,
     "log_ratio_clamp": 20.0,
@@ -173,9 +176,16 @@ def _policy_modes() -> dict[str, Mode]:
             "actor.loss_agg_mode": "token-mean",
             "actor.clip_ratio_low": 0.2,
         },
-        # NaN at a masked position: the value is masked, but its gradient -sg(NaN) A is NaN
-        convention={**_KL_LOSS, "micro_batch": "global", "compute_dtype": "input", **_PROPAGATES},
-        description="compute_policy_loss_cispo: sg(clip(r, 1 - low, 1 + high)) A logp, token-mean",
+        convention={
+            **_KL_LOSS,
+            # log_prob - old_log_prob clamped to +-20 before exp, inside the detached weight only
+            "log_ratio_clamp": 20.0,
+            "micro_batch": "global",
+            "compute_dtype": "input",
+            **_PROPAGATES,  # NaN at a masked position: the value is masked, its gradient -sg(NaN) A is NaN
+        },
+        description="compute_policy_loss_cispo: sg(clip(exp(clamp(x, +-20)), 1 - low, 1 + high)) A logp, "
+        "token-mean",
     )
     out["geo_mean"] = Mode(
         name="geo_mean",
@@ -183,9 +193,11 @@ def _policy_modes() -> dict[str, Mode]:
         # GMPO = GSPO's geometric-mean ratio with each token clipped in log space (md eq. (18)), at
         # verl's default clip_ratio 0.2
         variant_overrides={"gate": "log_clip", "eps_low": 0.2, "eps_high": 0.2},
-        framework_config={"actor.policy_loss.loss_mode": "geo_mean"},
+        framework_config={"actor.policy_loss.loss_mode": "geo_mean", "actor.loss_agg_mode": "token-mean"},
         convention={
             **_KL_LOSS,
+            # the policy term ignores loss_agg_mode; ppo_loss's KL loss uses it: a global token mean
+            "kl_aggregation": "token_mean",
             "empty_rows": "keep",
             "micro_batch": "local_sum",
             "compute_dtype": "input",
@@ -202,14 +214,14 @@ _KL_MODES = {
     "k1": ("k1", {}),
     "mse": ("k2", {}),
     "k2": ("k2", {}),
-    "low_var_kl": ("k3", {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0}),
-    "k3": ("k3", {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0}),
+    "low_var_kl": ("k3", dict(_K3)),
+    "k3": ("k3", dict(_K3)),
     "kl+": ("k1", {"kl_gradient": "k2"}),
     "k1+": ("k1", {"kl_gradient": "k2"}),
     "mse+": ("k2", {}),
     "k2+": ("k2", {}),
-    "low_var_kl+": ("k3", {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_gradient": "k2"}),
-    "k3+": ("k3", {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_gradient": "k2"}),
+    "low_var_kl+": ("k3", {**_K3, "kl_gradient": "k2"}),
+    "k3+": ("k3", {**_K3, "kl_gradient": "k2"}),
 }
 
 # verl's GRPO: sample std, std + eps, (R - mean) / eps for a constant group, a singleton's mean 0 /
@@ -434,8 +446,9 @@ def _actor_config(mode: str, variant) -> object:
 
     loss_mode, _, agg = mode.partition("/")
     agg = agg or ("seq-mean-token-mean" if loss_mode in ("gspo", "sapo") else "token-mean")
-    # a side without a clip: 1 - 1 = 0 (a ratio is >= 0) and 1 + inf
-    low = 1.0 if variant.eps_low is None else variant.eps_low
+    # a side without a clip: 1 - 1 = 0 (a ratio is >= 0) and 1 + inf; geo_mean clips the log-ratio
+    # itself to [-low, high], so there a missing side is inf
+    low = (float("inf") if loss_mode == "geo_mean" else 1.0) if variant.eps_low is None else variant.eps_low
     high = float("inf") if variant.eps_high is None else variant.eps_high
     return ActorConfig(
         strategy="fsdp",
