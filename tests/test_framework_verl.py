@@ -388,9 +388,9 @@ def test_verls_cispo_clamps_the_log_ratio_inside_its_detached_weight_only():
     loss, grad, mask = framework_on_vector(driver, "cispo", vector)
     exact = float(vector["expected"]["grad_logp"][0][1])  # 0.75 exp(-20) / 5, correctly rounded
     # the float64 closed form: exp, x 0.75, / 5 are 3 roundings (u = 2^-53 each, exp within 1 ulp)
-    assert exact == pytest.approx(0.75 * math.exp(-20.0) / 5, rel=8 * 2.0**-53)
+    assert exact == pytest.approx(0.75 * math.exp(-20.0) / 5, rel=8 * 2.0**-53, abs=0.0)
     # verl's entry: exp(-20) and the roundings of its products and of agg_loss's division: 8 u
-    assert float(grad[0, 1]) == pytest.approx(exact, rel=8 * 2.0**-53)
+    assert float(grad[0, 1]) == pytest.approx(exact, rel=8 * 2.0**-53, abs=0.0)
 
 
 def test_the_cispo_clamp_flag_is_needed_where_the_weight_has_no_lower_clip():
