@@ -378,3 +378,45 @@ def test_clip_fraction_is_zero_without_a_hard_gate(variant):
     _, _, metrics = _run(variant, logp, torch.zeros_like(logp), torch.tensor([1.0], dtype=F64),
                          torch.ones(1, 3, dtype=torch.bool))
     assert float(metrics["clip_fraction"]) == 0.0
+
+
+@pytest.mark.parametrize("field,choices", [
+    ("ratio", "RATIO_LEVELS"), ("gate", "GATES"), ("aggregation", "AGGREGATIONS"),
+    ("kl_estimator", "KL_ESTIMATORS"), ("kl_scale", "KL_SCALES"),
+    ("behavior_correction", "BEHAVIOR_CORRECTIONS")])
+def test_every_choice_field_is_named_with_its_choices_in_the_error(field, choices):
+    """The contract's one-line error names the field (a mutated name in any _check_choice call fails)."""
+    import re
+
+    from refimpl.losses import policy as policy_module
+
+    allowed = getattr(policy_module, choices)
+    pattern = rf"^variant\.{field} must be one of {re.escape(repr(allowed))}, got 'bogus'$"
+    with pytest.raises(ValueError, match=pattern):
+        dataclasses.replace(PPO, **{field: "bogus"})
+
+
+@pytest.mark.parametrize("adv", [1.5, -1.5])
+def test_sapo_with_temperatures_other_than_one_against_its_closed_form(adv):
+    """seed 001 (117)-(119): f(r) A = 4 / tau sigmoid(tau (r - 1)) A, tau = tau_pos for A > 0 and
+    tau_neg otherwise; d/dlogp = 4 A sigmoid' (tau (r - 1)) r. With tau_pos = 2 and tau_neg = 0.5 a
+    swapped temperature, 4 tau for 4 / tau or one tau for both signs changes the value (every test
+    before used tau_pos = 1, where 4 / tau = 4 tau). Reference: mpmath at 50 digits from the exact
+    binary log-ratios (logp = +-0.25, old_logp = 0); token_mean over 2 tokens. The float64 chain is
+    about 8 roundings plus exp's condition |log r| = 0.25: 16 u relative, no absolute slack."""
+    import mpmath
+
+    v = dataclasses.replace(PPO, gate="sapo", eps_low=None, eps_high=None, tau_pos=2.0, tau_neg=0.5)
+    logp = torch.tensor([[0.25, -0.25]], dtype=F64)
+    loss, grad, _ = _run(v, logp, torch.zeros_like(logp), torch.tensor([adv], dtype=F64),
+                         torch.ones(1, 2, dtype=torch.bool))
+    tau = mpmath.mpf(2.0 if adv > 0 else 0.5)
+    with mpmath.workdps(50):
+        rs = [mpmath.exp(mpmath.mpf(x)) for x in (0.25, -0.25)]
+        s = [1 / (1 + mpmath.exp(-tau * (r - 1))) for r in rs]
+        want_loss = -sum(4 / tau * si * adv for si in s) / 2
+        want_grad = [-4 * si * (1 - si) * r * adv / 2 for si, r in zip(s, rs, strict=True)]
+    u = 2.0**-53
+    assert float(loss) == pytest.approx(float(want_loss), rel=16 * u, abs=0.0)
+    for got, want in zip(grad[0].tolist(), want_grad, strict=True):
+        assert got == pytest.approx(float(want), rel=16 * u, abs=0.0)
