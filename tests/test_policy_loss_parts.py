@@ -420,3 +420,22 @@ def test_sapo_with_temperatures_other_than_one_against_its_closed_form(adv):
     assert float(loss) == pytest.approx(float(want_loss), rel=16 * u, abs=0.0)
     for got, want in zip(grad[0].tolist(), want_grad, strict=True):
         assert got == pytest.approx(float(want), rel=16 * u, abs=0.0)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_policy_objective_and_ratio_mean_average_over_sequence_units(rows):
+    """At the sequence level the units are the non-empty rows: with one row the means divide by 1
+    (a floor of 2 halves them), with two by 2 (a product instead of a quotient doubles them).
+    Ungated sequence_mean ratio s_i = exp(mean_t log r_it), policy_objective = sum_i s_i A_i / rows,
+    ratio_mean = 1 + sum_i (s_i - 1) / rows (md section 5); an empty third row counts for nothing.
+    A few float64 roundings of exp and the sums: 8 u relative, no absolute slack."""
+    v = dataclasses.replace(GRPO, ratio="sequence_mean", gate="none", eps_low=None, eps_high=None,
+                            aggregation="seq_mean")
+    logp = torch.tensor([[0.125, -0.0625], [0.25, 0.0], [0.0, 0.0]], dtype=F64)[[0, 1, 2][:rows] + [2]]
+    mask = torch.tensor([[True, True], [True, False], [False, False]])[[0, 1, 2][:rows] + [2]]
+    adv = torch.tensor([1.5, -0.5, 0.0], dtype=F64)[[0, 1, 2][:rows] + [2]]
+    _, _, metrics = _run(v, logp, torch.zeros_like(logp), adv, mask)
+    s = [math.exp((0.125 - 0.0625) / 2), math.exp(0.25)][:rows]
+    objective = sum(si * a for si, a in zip(s, [1.5, -0.5], strict=False)) / rows
+    assert float(metrics["policy_objective"]) == pytest.approx(objective, rel=REL, abs=0.0)
+    assert float(metrics["ratio_mean"]) == pytest.approx(1 + sum(si - 1 for si in s) / rows, rel=REL, abs=0.0)
