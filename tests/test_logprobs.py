@@ -226,6 +226,29 @@ def test_logprob_of_every_token_of_a_confident_row_keeps_its_relative_accuracy(r
         np.testing.assert_allclose(grad[y].numpy(), float(weights[y]) * want_grad, rtol=2 * rel, atol=0.0)
 
 
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
+def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
+    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _logprob_parts
+    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+    import refimpl.losses.logprobs as module
+
+    seen = []
+    inner = module._logprob_parts
+
+    def spy(chunk, tokens):
+        seen.append(chunk.shape[0])
+        return inner(chunk, tokens)
+
+    monkeypatch.setattr(module, "_logprob_parts", spy)
+    vocab, rows = 5, 7
+    logits = torch.arange(rows * vocab, dtype=torch.float64).reshape(rows, vocab).sin()
+    tokens = torch.arange(rows) % vocab
+    got = token_logprobs(logits, tokens, chunk_elements=rows_per_chunk * vocab)
+    full, rest = divmod(rows, rows_per_chunk)
+    assert seen == [rows_per_chunk] * full + ([rest] if rest else [])
+    torch.testing.assert_close(got, plain_logprobs(logits, tokens), rtol=4 * U * (vocab + 2), atol=0.0)
+
+
 def test_rows_without_a_distribution_give_what_log_softmax_gives_when_unchecked():
     """check_finite=False: a row with a NaN, a +inf or only -inf gives x_y - logsumexp(x) (NaN, or
     -inf for a finite or -inf token beside a +inf logit), as before the cancellation-free form
