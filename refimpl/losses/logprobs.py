@@ -45,19 +45,21 @@ def _logprob_parts(chunk: torch.Tensor, tokens: torch.Tensor):
     and ``others = sum_{v != y} exp(x_v - m)``, all without cancellation (spec: kl.md eq. (14)).
 
     ``-log p_y = log1p(rest) + (m - x_y)`` as in ``_surprisal`` (``rest`` leaves one maximal entry's 1
-    out), two non-negative terms; ``others`` is a sum of non-negative terms (the maximal entry
-    counts 1 unless it is y), so ``1 - p_y = others / (others + exp(x_y - m))`` keeps its relative
-    accuracy however close p_y is to 1. Rows with no distribution (``m`` NaN, +inf or -inf) get
+    out), two non-negative terms; ``others`` is ``rest`` when y is that maximal entry, else
+    ``1 + (rest - exp(x_y - m))`` (at least ``max(1, rest)``: no digit lost), so
+    ``1 - p_y = others / (others + exp(x_y - m))`` keeps its relative accuracy however close p_y is
+    to 1. Rows with no distribution (``m`` NaN, +inf or -inf) get
     ``x_y - m``: NaN, or -inf for a finite or -inf token beside a +inf logit, as ``x_y - logsumexp``."""
     top, where = chunk.max(dim=-1, keepdim=True)
     gap = top - chunk  # >= 0; +inf at -inf logits
     scaled = torch.exp(-gap)
-    without_top = scaled.scatter(1, where, 0.0)
-    rest = without_top.sum(dim=-1, keepdim=True)
+    scaled_y = scaled.gather(1, tokens)  # <= 1
+    rest = scaled.scatter_(1, where, 0.0).sum(dim=-1, keepdim=True)
     logp = -(torch.log1p(rest) + gap.gather(1, tokens))
     logp = torch.where(torch.isfinite(top), logp, chunk.gather(1, tokens) - top)
-    others = without_top.scatter_(1, tokens, 0.0).sum(dim=-1, keepdim=True)
-    others = others + (where != tokens).to(chunk.dtype)  # the maximal entry's exp(0) = 1, unless it is y
+    # y maximal: others = rest. Otherwise rest holds y's term and others = 1 + (rest - scaled_y):
+    # that is >= max(1, rest) (scaled_y <= 1), so the subtraction's error, a few u rest, stays relative
+    others = torch.where(where == tokens, rest, 1.0 + (rest - scaled_y))
     return logp.squeeze(1), top.squeeze(1), others.squeeze(1)
 
 
