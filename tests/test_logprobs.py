@@ -179,6 +179,91 @@ def test_entropy_of_a_confident_row_keeps_its_relative_accuracy(row):
     assert np.all(np.abs(grad[0].numpy() - want_grad) <= 2 * rel * grad_scale), (grad, want_grad)
 
 
+def exact_logprobs(row: list[float], token: int) -> tuple[float, np.ndarray]:
+    """log p_y = -(log1p(rest) + m - x_y) and its gradient [v = y] - p_v at 60 digits; the token's
+    entry 1 - p_y is summed as sum_{v != y} exp(x_v - m) / sum_v exp(x_v - m), so no digit cancels.
+    -inf entries have p_v = 0."""
+    with mpmath.workdps(60):
+        x = [mpmath.mpf(v) for v in row]
+        m = max(x)
+        scaled = [mpmath.exp(v - m) for v in x]
+        total = sum(scaled)
+        grad = [-s / total for s in scaled]
+        grad[token] = sum(s for v, s in enumerate(scaled) if v != token) / total
+        return float(mpmath.log(scaled[token] / total)), np.array([float(g) for g in grad])
+
+
+LOGPROB_ROWS = [[40.0, 0.0], [0.0, 40.0], [30.0, 0.0], [700.0, 650.0], [20.0, 0.0, -3.0],
+                [5.0, 5.0, -40.0], [-40.0, 5.0, 5.0], [7.0, 7.0], [3.0, -math.inf, 0.0],
+                [-math.inf, 2.0, 2.0], [0.0], [36.0193, 25.4188, -12.0465], [50.0] + [0.0] * 9]
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("row", LOGPROB_ROWS)
+def test_logprob_of_every_token_of_a_confident_row_keeps_its_relative_accuracy(row, dtype, rows_per_chunk):
+    """x_y - logsumexp(x) keeps only u max|x| of log p_y: at (40, 0) it returns 0 for -4.25e-18, and
+    its gradient 1 - p_y of the top token has an absolute error u (not 4e-18 * u). Every token of the
+    row is chosen once ([V, V] batch, chunks of 1, 2, 3 rows or the default). Tolerance, relative and
+    with no absolute slack: the gaps m - x_v are rounded once (relative u), exp turns that into a
+    relative u (m - x_v) of each term, the V-term sums, log1p, the division and the final sum of two
+    non-negative terms add a few u: 4 u (V + max finite gap), twice that for the gradient. The
+    inputs are the dtype's own values (the row rounded to the dtype), so the reference is exact."""
+    vocab = len(row)
+    u = 2.0**-53 if dtype == torch.float64 else 2.0**-24
+    row = torch.tensor(row, dtype=dtype).tolist()  # the values the dtype holds
+    logits = torch.tensor([row] * vocab, dtype=dtype, requires_grad=True)
+    tokens = torch.arange(vocab)
+    chunk = None if rows_per_chunk is None else rows_per_chunk * vocab
+    got = token_logprobs(logits, tokens, chunk_elements=chunk)
+    assert got.dtype == dtype
+    weights = torch.tensor([2.0 ** (k % 3) for k in range(vocab)], dtype=dtype)  # exact scalings
+    (grad,) = torch.autograd.grad((got * weights).sum(), logits)
+    rel = 4 * u * (vocab + max(max(row) - v for v in row if v > -math.inf))
+    for y in range(vocab):
+        want, want_grad = exact_logprobs(row, y)
+        assert got[y].item() == pytest.approx(want, rel=rel, abs=0.0), (row, y)
+        np.testing.assert_allclose(grad[y].numpy(), float(weights[y]) * want_grad, rtol=2 * rel, atol=0.0)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
+def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
+    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _logprob_parts
+    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+    import refimpl.losses.logprobs as module
+
+    seen = []
+    inner = module._logprob_parts
+
+    def spy(chunk, tokens):
+        seen.append(chunk.shape[0])
+        return inner(chunk, tokens)
+
+    monkeypatch.setattr(module, "_logprob_parts", spy)
+    vocab, rows = 5, 7
+    logits = torch.arange(rows * vocab, dtype=torch.float64).reshape(rows, vocab).sin()
+    tokens = torch.arange(rows) % vocab
+    got = token_logprobs(logits, tokens, chunk_elements=rows_per_chunk * vocab)
+    full, rest = divmod(rows, rows_per_chunk)
+    assert seen == [rows_per_chunk] * full + ([rest] if rest else [])
+    torch.testing.assert_close(got, plain_logprobs(logits, tokens), rtol=4 * U * (vocab + 2), atol=0.0)
+
+
+def test_rows_without_a_distribution_give_what_log_softmax_gives_when_unchecked():
+    """check_finite=False: a row with a NaN, a +inf or only -inf gives x_y - logsumexp(x) (NaN, or
+    -inf for a finite or -inf token beside a +inf logit), as before the cancellation-free form
+    (log_softmax itself gives NaN on the whole of a +inf row)."""
+    inf, nan = math.inf, math.nan
+    logits = torch.tensor([[0.0, inf, 1.0], [inf, inf, 0.0], [-inf, inf, 0.0], [nan, 0.0, 1.0],
+                           [-inf, -inf, -inf], [0.0, 1.0, -inf]], dtype=torch.float64)
+    for token in range(3):
+        tokens = torch.full((logits.shape[0],), token)
+        got = token_logprobs(logits, tokens, check_finite=False)
+        want = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, -1)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (got, want)
+        assert torch.equal(got[want.isinf()], want[want.isinf()])
+
+
 def saved_bytes_beyond(logits, fn):
     """Total bytes autograd saves for backward in ``fn(logits)``, excluding the logits' storage."""
     saved = []
@@ -231,7 +316,7 @@ def test_bad_inputs_raise():
 def test_rows_without_a_distribution_raise_whichever_token_is_chosen(dtype):
     """A +inf logit on a token other than the chosen one gives the chosen token log p = -inf, which
     looks like a zero-probability token; the row has no distribution, so it must raise (the check
-    reads the row's logsumexp: NaN, +inf or -inf). The -inf of a finite row's -inf logit stays."""
+    reads the row's maximum: NaN, +inf or -inf). The -inf of a finite row's -inf logit stays."""
     tokens = torch.tensor([[0, 2]])
     for position, value in ((1, math.inf), (0, math.inf), (1, math.nan)):
         logits = torch.zeros(1, 2, 3, dtype=dtype)

@@ -1,14 +1,14 @@
 """Per-token log-probabilities and entropies from logits without a second ``[N, T, V]`` tensor.
 
 ``log_softmax(logits).gather(tokens)`` keeps the full ``[N, T, V]`` log-softmax alive for backward
-(and a float32 copy of half-precision logits). Here the forward computes, chunk by chunk over the
-flattened tokens, ``logits[token] - logsumexp(logits)`` and saves only the logits (the caller's
-tensor, not a copy), the tokens and one float32 logsumexp per token; the backward rebuilds
-``softmax`` chunk by chunk. Autograd therefore stores O(N T) bytes beyond the logits: 12 bytes per
-token for ``token_logprobs`` (int64 token + float32 logsumexp) and 4 for ``token_entropy`` (its
-float32 value; the backward recomputes the surprisal).
-(spec: policy_losses.md, "log-probabilities"; seed 003 ``get_log_probs``.)
-"""
+(and a float32 copy of half-precision logits). Here the forward works chunk by chunk over the
+flattened tokens and saves only the logits (the caller's tensor, not a copy), the tokens and a
+few numbers per token; the backward rebuilds ``softmax`` chunk by chunk. Autograd therefore stores
+O(N T) bytes beyond the logits: 16 bytes per token for ``token_logprobs`` (int64 token, float32 row
+maximum and float32 ``sum_{v != y} exp(x_v - max)``; 24 with float64 logits) and 4 for
+``token_entropy`` (its float32 value; the backward recomputes the surprisal). Both keep their
+relative accuracy on confident rows: no ``x_y - logsumexp(x)`` cancellation (see ``_surprisal``).
+(spec: policy_losses.md, "log-probabilities"; kl.md section 6; seed 003 ``get_log_probs``.)"""
 
 from __future__ import annotations
 
@@ -40,6 +40,29 @@ def _check_logits(logits) -> None:
         raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
 
 
+def _logprob_parts(chunk: torch.Tensor, tokens: torch.Tensor):
+    """Per row of ``chunk [rows, V]`` with chosen ``tokens [rows, 1]``: ``log p_y``, the maximum ``m``
+    and ``others = sum_{v != y} exp(x_v - m)``, all without cancellation (spec: kl.md eq. (14)).
+
+    ``-log p_y = log1p(rest) + (m - x_y)`` as in ``_surprisal`` (``rest`` leaves one maximal entry's 1
+    out), two non-negative terms; ``others`` is ``rest`` when y is that maximal entry, else
+    ``1 + (rest - exp(x_y - m))`` (at least ``max(1, rest)``: no digit lost), so
+    ``1 - p_y = others / (others + exp(x_y - m))`` keeps its relative accuracy however close p_y is
+    to 1. Rows with no distribution (``m`` NaN, +inf or -inf) get
+    ``x_y - m``: NaN, or -inf for a finite or -inf token beside a +inf logit, as ``x_y - logsumexp``."""
+    top, where = chunk.max(dim=-1, keepdim=True)
+    gap = top - chunk  # >= 0; +inf at -inf logits
+    scaled = torch.exp(-gap)
+    scaled_y = scaled.gather(1, tokens)  # <= 1
+    rest = scaled.scatter_(1, where, 0.0).sum(dim=-1, keepdim=True)
+    logp = -(torch.log1p(rest) + gap.gather(1, tokens))
+    logp = torch.where(torch.isfinite(top), logp, chunk.gather(1, tokens) - top)
+    # y maximal: others = rest. Otherwise rest holds y's term and others = 1 + (rest - scaled_y):
+    # that is >= max(1, rest) (scaled_y <= 1), so the subtraction's error, a few u rest, stays relative
+    others = torch.where(where == tokens, rest, 1.0 + (rest - scaled_y))
+    return logp.squeeze(1), top.squeeze(1), others.squeeze(1)
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor, rows_per_chunk: int, check_finite: bool):
@@ -47,38 +70,42 @@ class _TokenLogprobs(torch.autograd.Function):
         flat = logits.reshape(-1, vocab)
         flat_tokens = tokens.reshape(-1)
         dtype = _compute_dtype(logits.dtype)
-        lse = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
-        picked = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        logp = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        top = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        others = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
         for start in range(0, flat.shape[0], rows_per_chunk):
-            chunk = flat[start:start + rows_per_chunk].to(dtype)
-            lse[start:start + rows_per_chunk] = torch.logsumexp(chunk, dim=-1)
-            picked[start:start + rows_per_chunk] = chunk.gather(
-                1, flat_tokens[start:start + rows_per_chunk].unsqueeze(1)).squeeze(1)
-        # the logsumexp of a row is NaN (a NaN logit), +inf (a +inf logit, on any token) or -inf
+            rows = slice(start, start + rows_per_chunk)
+            logp[rows], top[rows], others[rows] = _logprob_parts(
+                flat[rows].to(dtype), flat_tokens[rows].unsqueeze(1))
+        # the maximum of a row is NaN (a NaN logit), +inf (a +inf logit, on any token) or -inf
         # (every logit -inf) exactly when the row has no probability distribution
-        if check_finite and lse.numel() and not bool(torch.isfinite(lse).all()):
+        if check_finite and top.numel() and not bool(torch.isfinite(top).all()):
             raise ValueError("logits contains NaN or +inf (or a row that is all -inf)")
-        ctx.save_for_backward(logits, tokens, lse)
+        ctx.save_for_backward(logits, tokens, top, others)
         ctx.rows_per_chunk = rows_per_chunk
-        return (picked - lse).reshape(tokens.shape)
+        return logp.reshape(tokens.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, tokens, lse = ctx.saved_tensors
+        logits, tokens, top, others = ctx.saved_tensors
         vocab = logits.shape[-1]
         flat = logits.reshape(-1, vocab)
         flat_tokens = tokens.reshape(-1)
-        grad = grad_out.reshape(-1).to(lse.dtype)
+        grad = grad_out.reshape(-1).to(top.dtype)
         grad_logits = torch.empty_like(flat)
         step = ctx.rows_per_chunk
         for start in range(0, flat.shape[0], step):
-            chunk = flat[start:start + step].to(lse.dtype)
-            g = grad[start:start + step].unsqueeze(1)
-            # d/dx_v (x_y - lse) = 1[v = y] - softmax_v
-            part = -torch.exp(chunk - lse[start:start + step].unsqueeze(1)) * g
-            part.scatter_add_(1, flat_tokens[start:start + step].unsqueeze(1), g)
-            grad_logits[start:start + step] = part.to(logits.dtype)
+            rows = slice(start, start + step)
+            y = flat_tokens[rows].unsqueeze(1)
+            g = grad[rows].unsqueeze(1)
+            rest_y = others[rows].unsqueeze(1)
+            scaled = torch.exp(flat[rows].to(top.dtype) - top[rows].unsqueeze(1))
+            total = rest_y + scaled.gather(1, y)  # sum_v exp(x_v - m) >= 1
+            # d/dx_v log p_y = [v = y] - p_v: -p_v off the token, 1 - p_y = others / total on it
+            part = -(scaled / total) * g
+            part.scatter_(1, y, rest_y / total * g)
+            grad_logits[rows] = part.to(logits.dtype)
         return grad_logits.reshape(logits.shape), None, None, None
 
 
@@ -86,10 +113,15 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
                    check_finite: bool = True) -> torch.Tensor:
     """``log softmax(logits)[..., tokens]`` per token, memory-lean for backward.
 
-    spec: policy_losses.md "log-probabilities"; seed 003 ``get_log_probs`` (before its masking and
-    summation). Equals ``torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]``
-    computed in ``promote_types(logits.dtype, float32)``; the gradient w.r.t. logits is
-    ``(onehot(token) - softmax(logits)) * grad``, in the dtype of logits.
+    spec: kl.md eq. (14)-(15); policy_losses.md "log-probabilities"; seed 003 ``get_log_probs``
+    (before its masking and summation). Equals ``torch.log_softmax(logits, -1).gather(-1,
+    tokens[..., None])[..., 0]`` computed in ``promote_types(logits.dtype, float32)``, but to a few
+    units of relative rounding where that formula keeps only ``u max|x|`` absolute accuracy:
+    ``-log p_y = log1p(rest) + (max x - x_y)`` (at logits (40, 0) it gives -4.25e-18, not 0). The
+    gradient w.r.t. logits, ``(onehot(token) - softmax(logits)) * grad`` in the dtype of logits, is
+    relative-accurate too: the token's ``1 - p_y`` is formed as ``sum_{v != y} exp(x_v - m) / sum_v
+    exp(x_v - m)``, never as ``1 - p_y``. Autograd saves the logits, the tokens and two
+    compute-dtype numbers per token (the row maximum ``m`` and that sum over ``v != y``).
 
     Args:
         logits: ``[..., V]`` (typically ``[N, T, V]``), any float dtype; ``-inf`` entries allowed
