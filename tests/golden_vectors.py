@@ -22,8 +22,10 @@ def load_vectors(name: str) -> list[dict]:
     return json.loads((VECTORS / name).read_text())["vectors"]
 
 
-def padded(rows: list[list[str]], fill: float = -5.5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ragged decimal strings -> ``[N, T]`` float64 tensor (``fill`` at padding) and the bool mask."""
+def padded(rows: list[list[str]], fill: float = -5.5, *, dtype: torch.dtype = torch.float64
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged decimal strings -> ``[N, T]`` tensor of ``dtype`` (each value rounded once from float64;
+    ``fill`` at padding) and the bool mask."""
     width = max([len(r) for r in rows] + [1])
     x = torch.full((len(rows), width), fill, dtype=torch.float64)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -31,7 +33,7 @@ def padded(rows: list[list[str]], fill: float = -5.5) -> tuple[torch.Tensor, tor
         for t, v in enumerate(row):
             x[i, t] = float(v)
             mask[i, t] = True
-    return x, mask
+    return x.to(dtype), mask
 
 
 def close(got: float, expected: float, scale: float) -> bool:

@@ -19,6 +19,7 @@ from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import PRESETS, PolicyLossVariant, policy_loss
 from specs import golden
 from specs.golden_flags import FLAGS, RESULTS
+from tests.golden_vectors import padded
 
 VECTORS = Path(golden.__file__).resolve().parent / "vectors"
 KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
@@ -48,18 +49,6 @@ def load(name: str) -> dict:
     return document
 
 
-def padded(rows: list[list[str]], dtype=torch.float64, fill: float = -5.5) -> tuple[torch.Tensor, ...]:
-    """Ragged decimal strings -> [N, T] tensor (``fill`` at padding, junk -5.5 by default) and the mask."""
-    width = max([len(r) for r in rows] + [1])
-    x = torch.full((len(rows), width), fill, dtype=torch.float64)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        for t, v in enumerate(row):
-            x[i, t] = float(v)
-            mask[i, t] = True
-    return x.to(dtype), mask
-
-
 FLOOR = 2.0**-1068  # SCHEMA.md: 64 subnormal ulps
 
 
@@ -75,12 +64,12 @@ POLICY = load("policy_loss.json")["vectors"]
 def run_vector(vector: dict, dtype=torch.float64):
     inputs = vector["inputs"]
     fill = -5.5 if inputs["padding_value"] is None else float(inputs["padding_value"])
-    logp, mask = padded(inputs["logp"], dtype, fill)
-    old, _ = padded(inputs["old_logp"], dtype, fill)
+    logp, mask = padded(inputs["logp"], fill, dtype=dtype)
+    old, _ = padded(inputs["old_logp"], fill, dtype=dtype)
     adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64).to(dtype)
     kwargs = {}
     if inputs["ref_logp"] is not None:
-        kwargs["ref_logp"] = padded(inputs["ref_logp"], dtype, fill)[0]
+        kwargs["ref_logp"] = padded(inputs["ref_logp"], fill, dtype=dtype)[0]
     if inputs["normalizer"] is not None:
         kwargs["normalizer"] = float(inputs["normalizer"])
     variant = PolicyLossVariant(**vector["variant"])
