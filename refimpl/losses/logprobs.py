@@ -40,6 +40,18 @@ def _check_logits(logits) -> None:
         raise ValueError(f"logits must be [..., V] with V >= 1, got shape {tuple(logits.shape)}")
 
 
+def _shifted_sums(chunk: torch.Tensor):
+    """Per row of ``chunk [rows, V]``: the maximum ``m`` and its index, ``gap = m - x >= 0`` (+inf at
+    -inf logits), ``scaled = exp(-gap)`` and ``rest``, the sum of ``scaled`` leaving one maximal entry's
+    1 out (so ``sum_v exp(x_v - m) = 1 + rest``); the shared core of ``_logprob_parts`` and
+    ``_surprisal``."""
+    top, where = chunk.max(dim=-1, keepdim=True)
+    gap = top - chunk
+    scaled = torch.exp(-gap)
+    rest = scaled.scatter(-1, where, 0.0).sum(dim=-1, keepdim=True)
+    return top, where, gap, scaled, rest
+
+
 def _logprob_parts(chunk: torch.Tensor, tokens: torch.Tensor):
     """Per row of ``chunk [rows, V]`` with chosen ``tokens [rows, 1]``: ``log p_y``, the maximum ``m``
     and ``others = sum_{v != y} exp(x_v - m)``, all without cancellation (spec: kl.md eq. (14)).
@@ -50,11 +62,8 @@ def _logprob_parts(chunk: torch.Tensor, tokens: torch.Tensor):
     ``1 - p_y = others / (others + exp(x_y - m))`` keeps its relative accuracy however close p_y is
     to 1. Rows with no distribution (``m`` NaN, +inf or -inf) get
     ``x_y - m``: NaN, or -inf for a finite or -inf token beside a +inf logit, as ``x_y - logsumexp``."""
-    top, where = chunk.max(dim=-1, keepdim=True)
-    gap = top - chunk  # >= 0; +inf at -inf logits
-    scaled = torch.exp(-gap)
+    top, where, gap, scaled, rest = _shifted_sums(chunk)
     scaled_y = scaled.gather(1, tokens)  # <= 1
-    rest = scaled.scatter_(1, where, 0.0).sum(dim=-1, keepdim=True)
     logp = -(torch.log1p(rest) + gap.gather(1, tokens))
     logp = torch.where(torch.isfinite(top), logp, chunk.gather(1, tokens) - top)
     # y maximal: others = rest. Otherwise rest holds y's term and others = 1 + (rest - scaled_y):
@@ -154,11 +163,8 @@ def _surprisal(chunk: torch.Tensor) -> torch.Tensor:
     ``x_v - logsumexp(x)`` instead loses every digit of ``log p`` of a confident token below
     ``u |m|`` (at ``x = (40, 0)`` it returns 0 for -4e-18), and with it the entropy of a confident
     row (2 % wrong at (40, 0)). Rows with a NaN, a +inf or only -inf give NaN, as logsumexp did."""
-    top, where = chunk.max(dim=-1, keepdim=True)
-    gap = top - chunk  # >= 0; +inf at -inf logits
-    scaled = torch.exp(-gap)
-    log_sum = torch.log1p(scaled.scatter(-1, where, 0.0).sum(dim=-1, keepdim=True))
-    return log_sum + gap
+    _, _, gap, _, rest = _shifted_sums(chunk)
+    return torch.log1p(rest) + gap
 
 
 class _TokenEntropy(torch.autograd.Function):
