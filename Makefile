@@ -43,7 +43,7 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
 	$(BIN)/refimpl check --framework verl --preset grpo
 	$(BIN)/refimpl check --framework openrlhf --preset dapo
-	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --check
+	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
 
 # SEED=n picks the run's seed (default 0): make run SEED=1
 run: $(STAMP)

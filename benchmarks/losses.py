@@ -9,7 +9,7 @@ single-threaded CPU time, on CUDA synchronised wall time):
    per-sequence loop reference (``policy_loss`` called row by row with the global normaliser,
    summed: the same loss, one sequence at a time). Target: each preset at most 5x the floor.
 2. when TRL, verl or OpenRLHF are installed (``make frameworks``): every mode of each framework's
-   profile (``refimpl.conformance.conventions.PROFILE_MODES``) run through its conformance driver
+   profile (the driver's ``PROFILE``) run through its conformance driver
    (the installed framework's own loss code) on the same tensors, forward + backward, against
    ``policy_loss`` with the same variant: the ratio ours / theirs (below 1: ours is faster).
 3. ``token_logprobs`` against ``log_softmax().gather()``: forward + backward time and memory for
@@ -156,7 +156,6 @@ def framework_step(batch, fn, adapter) -> None:
 
 def frameworks_table(n: int, t: int, device: torch.device, repeats: int) -> None:
     """Ours / theirs for every policy-loss mode of each installed framework's profile."""
-    from refimpl.conformance.conventions import PROFILE_MODES
     from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
 
     batch = make_batch(n, t, device)
@@ -171,8 +170,8 @@ def frameworks_table(n: int, t: int, device: torch.device, repeats: int) -> None
             print(f"{name:<16} skipped: {reason}")
             continue
         label = f"{name} {driver.installed_version()}"
-        for preset, pairs in PROFILE_MODES[name].items():
-            mode = driver.modes("policy_loss")[next(m for kind, m in pairs if kind == "policy_loss")]
+        for preset in driver.profile_table:
+            mode = next(m for m in driver.profile_modes(preset) if m.kind == "policy_loss")
             variant = _mode_variant(mode, t)
             fn, adapter = driver.target("policy_loss", mode.name, variant)
             theirs = min(_times(lambda f=fn, a=adapter: framework_step(batch, f, a), device, repeats))

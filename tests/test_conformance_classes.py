@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from refimpl.conformance import Convention, check_policy_loss, policy_loss_cases
-from refimpl.conformance.checks import UNIT_ROUNDOFF, half_tolerance
 from refimpl.conformance.expected import effective_variant, expected_policy_loss
+from refimpl.conformance.tolerance import UNIT_ROUNDOFF, half_tolerance
 from refimpl.losses import get_preset
 
 INPUT_DTYPE = Convention(name="input-dtype", compute_dtype="input")

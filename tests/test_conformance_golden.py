@@ -287,10 +287,11 @@ CONVENTIONS = load("policy_loss_conventions.json")["vectors"]
 
 def test_convention_flags_of_the_vectors_are_the_kits_profiles():
     from refimpl.conformance import Convention, profile
-    from refimpl.conformance.conventions import PROFILE_MODES
+    from refimpl.conformance.frameworks import load_driver
 
     for name, presets in golden.CONVENTION_FLAGS.items():
-        assert set(presets) == set(PROFILE_MODES[name]), name  # every preset the framework profiles
+        # every preset the framework profiles
+        assert set(presets) == set(load_driver(name).profile_table), name
         for preset, flags in presets.items():
             conv = profile(name, preset)
             assert {k: getattr(conv, k) for k in flags} == flags, (name, preset)

@@ -28,7 +28,7 @@ from refimpl.conformance import (
     profile,
 )
 from refimpl.conformance.cases import KLCase, PolicyLossCase
-from refimpl.conformance.conventions import PROFILE_MODES, convention_from_flags
+from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import effective_variant, expected_kl, expected_policy_loss
 from refimpl.conformance.frameworks import load_driver, source_hash
 from refimpl.losses import PolicyLossVariant, get_preset, policy_loss
@@ -41,7 +41,7 @@ _WHY = driver.availability()
 if _WHY is not None:
     pytest.skip(f"OpenRLHF driver unavailable: {_WHY}", allow_module_level=True)
 
-_KNOWN = {f.name for f in dataclasses.fields(Convention)}
+_KNOWN = set(Convention().flags()) | {"name"}
 _POLICY_MODES = sorted(driver.modes("policy_loss"))
 _KL_MODES = sorted(driver.modes("kl"))
 
@@ -112,7 +112,7 @@ def test_driver_loads_the_installed_sources_without_leaving_stubs():
 
 
 def test_another_installed_version_warns(monkeypatch):
-    monkeypatch.setattr(driver, "installed_version", lambda: "0.0.1")
+    monkeypatch.setattr(driver.module, "installed_version", lambda: "0.0.1")
     with pytest.warns(UserWarning, match="OpenRLHF 0.0.1 is installed; the openrlhf profiles describe"):
         driver.target("policy_loss", "gspo")
 
@@ -227,7 +227,7 @@ def test_policy_loss_kwargs_follow_the_variant_and_refuse_what_openrlhf_lacks():
         driver.policy_loss_kwargs(get_preset("dr_grpo"))
     with pytest.raises(ValueError, match="variant.ratio"):
         driver.policy_loss_kwargs(get_preset("gspo_token"))
-    with pytest.raises(ValueError, match="not an OpenRLHF policy_loss mode"):
+    with pytest.raises(ValueError, match="openrlhf mode .* is not supported"):
         driver.target("policy_loss", "sapo")
     with pytest.raises(ValueError, match="kind must be"):
         driver.modes("value")
@@ -337,7 +337,7 @@ def test_every_mode_config_is_the_config_of_its_variant():
 
 
 def test_profile_refuses_presets_openrlhf_lacks():
-    with pytest.raises(ValueError, match="no OpenRLHF PolicyLoss equivalent"):
+    with pytest.raises(ValueError, match="has no openrlhf equivalent"):
         profile("openrlhf", "sapo")
     unsupported = driver.unsupported_modes("policy_loss")
     assert {"sapo", "cispo", "dr_grpo (seq_sum)", "gspo_token"} <= set(unsupported)
@@ -363,7 +363,7 @@ def test_openrlhfs_own_loss_matches_every_openrlhf_convention_vector(vector):
     driver on the vector's inputs, gives the vector's 50-digit loss and gradient within SCHEMA.md's
     float64 tolerance. The KL vectors' inputs make OpenRLHF's float32 KL arithmetic exact
     (specs.golden._check_float32_exact_kl), so the exact spec with the clamps is its result."""
-    mode = PROFILE_MODES["openrlhf"][vector["preset"]][-1][1]
+    mode = driver.profile_table[vector["preset"]][-1]
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     assert not mismatches(vector, loss, grad, mask)
 
@@ -374,7 +374,7 @@ def test_the_kl_vectors_need_the_token_mean_kl_and_the_clamps():
     sequence mean the KL term is a token mean (kl_aggregation 'policy' fails those vectors)."""
     kl = [v for v in _VECTORS if v["inputs"]["ref_logp"] is not None]
     assert {(v["preset"], v["variant"]["kl_estimator"]) for v in kl} == {
-        (p, k) for p in PROFILE_MODES["openrlhf"] for k in ("k1", "k2", "k3")
+        (p, k) for p in driver.profile_table for k in ("k1", "k2", "k3")
     }
     assert all("convention_clamp_active" in v["flags"] for v in kl)
 
@@ -404,3 +404,29 @@ def test_openrlhfs_dual_clip_modes_match_the_dual_clip_vectors(vector):
     mode = "ppo/seq-mean-token-mean/dual-clip" if vector["preset"] == "grpo" else "ppo/token-mean/dual-clip"
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     assert not mismatches(vector, loss, grad, mask)
+
+
+def test_step_normalisers_stay_on_the_cpu_when_cuda_is_visible(monkeypatch):
+    """The driver fixes the device of OpenRLHF's step normalisers (NOTES["device"]): on a machine
+    where CUDA is visible OpenRLHF would build them on the GPU (utils/loss_utils.py:67), whose
+    division may round differently. Simulated on the CPU: with torch.cuda.is_available() True and
+    the GPU path made to fail, the driver's copy still computes them on the CPU, and the class that
+    depends on their rounding (padding_micro_batch) passes under the profile."""
+    import torch
+
+    def no_gpu():
+        raise AssertionError("OpenRLHF's normalisers reached torch.cuda.current_device()")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", no_gpu)
+    step_norm = driver._modules()["loss_utils"]._optimizer_step_loss_norm
+    info = step_norm([torch.ones((2, 5), dtype=torch.long)], None, 1, 3)
+    assert info["batch_num_tokens"].device.type == "cpu"
+    assert float(info["batch_num_tokens"]) == float(torch.tensor(10.0, dtype=torch.float32) / 3)
+    assert "device" in driver.notes and "CPU" in driver.notes["device"]
+    mode = driver.modes("policy_loss")["ppo/token-mean"]
+    fn, adapter = driver.target("policy_loss", mode.name, mode.variant())
+    conv = convention_from_flags("openrlhf", mode.convention)
+    classes = ("padding_micro_batch",)
+    report = check_policy_loss(fn, mode.variant(), convention=conv, adapter=adapter, classes=classes)
+    assert report.ok, report.render()

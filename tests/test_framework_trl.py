@@ -21,9 +21,10 @@ import torch
 from refimpl.conformance import POLICY_CASE_CLASSES, Convention, check_policy_loss, convention_differences
 from refimpl.conformance.cases import policy_loss_cases
 from refimpl.conformance.checks import resolve_preset
-from refimpl.conformance.conventions import convention_from_flags, framework_config, profile
+from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import convention_normalizer, effective_variant, expected_policy_loss
 from refimpl.conformance.frameworks import Mode, load_driver, source_hash
+from refimpl.conformance.profiles import framework_config, profile
 from refimpl.losses import PRESETS, policy_loss
 
 trl = load_driver("trl")
@@ -342,7 +343,7 @@ def test_modes_cover_the_scope_and_the_profile_is_their_data():
     assert profile("trl", "grpo", scale_rewards="batch").adv_scale == "batch_rewards"
     assert trl.modes("kl") == {} and trl.modes("group_advantages") == {}
     assert "group" in trl.unsupported_modes("group_advantages")
-    with pytest.raises(ValueError, match="no TRL"):
+    with pytest.raises(ValueError, match="has no trl equivalent"):
         profile("trl", "gspo_token")
     with pytest.raises(ValueError, match="kind must be one of"):
         trl.modes("value")
@@ -387,7 +388,7 @@ def test_driver_reports_version_and_source_hash(installed):
 
 
 def test_another_installed_version_gives_a_warning(installed, monkeypatch):
-    monkeypatch.setattr(trl, "installed_version", lambda: "9.9.9")
+    monkeypatch.setattr(trl.module, "installed_version", lambda: "9.9.9")
     trl._warn_version.cache_clear()
     try:
         with pytest.warns(UserWarning, match="describe TRL 1.16.0; TRL 9.9.9 is installed"):
@@ -397,9 +398,9 @@ def test_another_installed_version_gives_a_warning(installed, monkeypatch):
 
 
 def test_target_refuses_what_trl_cannot_run(installed):
-    with pytest.raises(ValueError, match="TRL has no driver for kind 'kl'"):
+    with pytest.raises(ValueError, match="trl mode 'k3' is not supported: TRL has no standalone KL"):
         trl.target("kl", "k3", None)
-    with pytest.raises(ValueError, match="TRL mode must be one of"):
+    with pytest.raises(ValueError, match="trl has no policy_loss mode 'ppo_clip'; modes: grpo"):
         trl.target("policy_loss", "ppo_clip", variant_of("grpo"))
     with pytest.raises(ValueError, match="kl_estimator must be 'k3'"):
         k1 = dataclasses.replace(variant_of("grpo"), kl_coef=0.1, kl_estimator="k1")

@@ -17,15 +17,10 @@ import torch
 
 from refimpl.conformance import checks
 from refimpl.conformance.cases import POLICY_CASE_CLASSES, kl_cases, policy_loss_cases
-from refimpl.conformance.conventions import (
-    PROFILE_MODES,
-    Convention,
-    convention_from_flags,
-    framework_config,
-    profile,
-)
+from refimpl.conformance.conventions import Convention, convention_from_flags
 from refimpl.conformance.expected import expected_kl
 from refimpl.conformance.frameworks import load_driver, source_hash
+from refimpl.conformance.profiles import framework_config, profile
 from tests.golden_vectors import framework_on_vector, load_vectors, mismatches
 
 pytestmark = pytest.mark.framework
@@ -318,7 +313,7 @@ def test_version_and_source_hash_are_reported():
 
 
 def test_another_installed_version_warns(monkeypatch):
-    monkeypatch.setattr(driver, "installed_version", lambda: "0.0.1")
+    monkeypatch.setattr(driver.module, "installed_version", lambda: "0.0.1")
     with pytest.warns(UserWarning, match="verl 0.0.1 is installed; the verl profiles describe verl 0.9.1"):
         driver.target("kl", "k3")
 
@@ -338,7 +333,7 @@ def test_every_registered_mode_is_in_scope_or_unsupported_with_a_reason():
 
 
 def test_unknown_modes_and_kinds_are_refused_with_one_line():
-    with pytest.raises(ValueError, match="verl has no policy_loss mode 'dppo_tv' in scope; modes: vanilla/"):
+    with pytest.raises(ValueError, match="verl mode 'dppo_tv' is not supported: DPPO"):
         driver.target("policy_loss", "dppo_tv")
     with pytest.raises(ValueError, match="kind must be one of"):
         driver.modes("value")
@@ -371,7 +366,7 @@ def test_verls_own_loss_matches_every_verl_convention_vector(vector):
     (effective) variant, gives the vector's 50-digit loss and gradient within SCHEMA.md's float64
     tolerance; among them the GSPO cap of log s at 10 (sequence_log_ratio_cap) beyond and exactly on
     the cap, and CISPO's +-20 clamp inside its detached weight (extreme_log_ratio)."""
-    mode = PROFILE_MODES["verl"][vector["preset"]][-1][1]
+    mode = driver.profile_table[vector["preset"]][-1]
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     missed = mismatches(vector, loss, grad, mask)
     assert not missed, missed

@@ -1,16 +1,18 @@
-"""``refimpl check`` and ``refimpl matrix``: run the conformance kit from the command line.
+"""``refimpl check``, ``refimpl conventions`` and ``refimpl matrix``: the kit from the command line.
 
-    refimpl check MODULE:FUNCTION --preset dapo [--convention reference|trl|verl] [--adapter MODULE:NAME]
-    refimpl check MODULE:FUNCTION --preset grpo --variant aggregation=seq_sum --variant max_length=1
-    refimpl check MODULE:FUNCTION --kind kl --estimator k3
-    refimpl check MODULE:FUNCTION --kind group_advantages --convention trl [--preset dr_grpo]
-    refimpl check MODULE:FUNCTION --kind group_advantages --flag adv_leave_one_out=true --flag adv_scale=none
-    refimpl check MODULE:FUNCTION --kind token_logprobs
+    refimpl check loss MODULE:FUNCTION --preset dapo [--convention reference|trl|verl|openrlhf]
+    refimpl check loss MODULE:FUNCTION --preset grpo --variant aggregation=seq_sum --variant max_length=1
+    refimpl check kl MODULE:FUNCTION [--estimator k3]
+    refimpl check advantages MODULE:FUNCTION --convention trl [--preset dr_grpo]
+    refimpl check advantages MODULE:FUNCTION --flag adv_leave_one_out=true --flag adv_scale=none
+    refimpl check logprobs MODULE:FUNCTION
     refimpl check --framework verl --preset dapo [--convention reference]   (the installed framework)
-    refimpl check --framework verl --mode vanilla/token-mean --kind policy_loss
+    refimpl check --framework verl --mode vanilla/token-mean [--kind policy_loss]
     refimpl check --differences --preset grpo --convention verl     (spec vs a framework's numerics)
-    refimpl check --list-conventions                                  (every flag, per profile, and why)
+    refimpl conventions [--json]                                    (every flag, per profile, and why)
     refimpl matrix [--json PATH] [--out docs/conformance-matrix.md] [--check]
+
+The earlier spelling ``refimpl check MODULE:FUNCTION --kind KIND`` and ``--list-conventions`` work too.
 
 ``check`` prints the table (case class, value ok, gradient ok, max error, departure) and the most
 diagnostic failing case in full (``--json``: the same report as JSON); exits 0 when every case
@@ -22,13 +24,19 @@ target's package. The current directory is put on ``sys.path`` (as ``python -m``
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import json
 import os
 import sys
-import types
-from collections.abc import Callable
+
+from .cli_args import (
+    UserError,
+    emit_text,
+    load_object,
+    one_line,
+    one_line_errors,
+    parse_assignments,
+    replace_fields,
+)
 
 __all__ = [
     "register",
@@ -43,142 +51,41 @@ __all__ = [
 ]
 
 _KINDS = ("policy_loss", "group_advantages", "kl", "token_logprobs")
+#: ``refimpl check WORD MODULE:FUNCTION``: the word of each kind
+_WORDS = {"loss": "policy_loss", "kl": "kl", "advantages": "group_advantages", "logprobs": "token_logprobs"}
 #: exit code of a framework that is not installed, and the variable that makes it a failure (CI)
 REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
 
 
-class UserError(Exception):
-    """A mistake in the command line or in the user's module: printed as one line, exit 2."""
-
-
-def load_object(spec: str, what: str) -> Callable:
-    """Import ``MODULE:NAME`` (NAME may be dotted, e.g. ``pkg.mod:Class.method``); every failure
-    is a one-line ``UserError`` naming ``what``."""
-    if not isinstance(spec, str) or ":" not in spec or spec.startswith(":") or spec.endswith(":"):
-        raise UserError(f"{what} must be MODULE:NAME, got {spec!r}")
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise UserError(f"{what}: cannot import module {module_name!r} ({exc})") from None
-    except Exception as exc:  # the module itself raised while importing
-        raise UserError(
-            f"{what}: importing {module_name!r} raised {type(exc).__name__}: {_one_line(exc)}"
-        ) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise UserError(f"{what}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise UserError(f"{what} {spec!r} is not callable (a {type(obj).__name__})")
-    return obj
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
-def _parse_value(text: str, current: object, field: str, owner: str) -> object:
-    """``text`` as the type of ``current`` (None / bool / int / float / str)."""
-    low = text.strip().lower()
-    if isinstance(current, str):
-        return text.strip()
-    if low in ("none", "null"):
-        return None
-    if isinstance(current, bool) or low in ("true", "false"):
-        if low not in ("true", "false"):
-            raise UserError(f"{owner} {field}={text!r}: expected true or false")
-        return low == "true"
-    if (
-        isinstance(current, int)
-        and not isinstance(current, bool)
-        or (current is None and field in ("max_length", "group_size"))
-    ):
-        try:
-            return int(text)
-        except ValueError:
-            raise UserError(f"{owner} {field}={text!r}: expected an integer") from None
-    if isinstance(current, float) or current is None:
-        try:
-            return float(text)
-        except ValueError:
-            raise UserError(f"{owner} {field}={text!r}: expected a number or none") from None
-    return text.strip()
-
-
-def parse_assignments(items: list[str] | None, target: object, owner: str) -> dict[str, object]:
-    """``["field=value", ...]`` -> ``{field: typed value}`` for the dataclass ``target`` (its field
-    types taken from its current values); unknown fields and malformed items are UserErrors."""
-    fields = {f.name for f in dataclasses.fields(target)} - {"name"}
-    out: dict[str, object] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UserError(f"{owner} must be FIELD=VALUE, got {item!r}")
-        field, _, text = item.partition("=")
-        field = field.strip()
-        if field not in fields:
-            raise UserError(f"{owner}: unknown field {field!r}; valid: {', '.join(sorted(fields))}")
-        out[field] = _parse_value(text, getattr(target, field), field, owner)
-    return out
-
-
-def _replace(target: object, overrides: dict[str, object], owner: str) -> object:
-    try:
-        return dataclasses.replace(target, **overrides)
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"{owner}: {_one_line(exc)}") from None
-
 
 def conventions_text() -> str:
     """Every flag with its value in each shipped profile (for the grpo preset) and the reason."""
-    from refimpl.conformance.conventions import FLAG_REASONS, PROFILE_NAMES, profile
+    from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
+    from refimpl.conformance.profiles import PROFILE_NAMES, profile
 
     profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
     lines = []
-    for field in dataclasses.fields(profiles[0]):
-        if field.name == "name":
-            continue
-        values = ", ".join(f"{p.name}={getattr(p, field.name)!r}" for p in profiles)
-        lines.append(f"{field.name}: {values}\n    {FLAG_REASONS.get(field.name, '')}")
+    for flag in FLAGS:
+        values = ", ".join(f"{p.name}={getattr(p, flag)!r}" for p in profiles)
+        lines.append(f"{flag}: {values}\n    {FLAG_REASONS.get(flag, '')}")
     return "\n".join(lines)
 
 
 def conventions_data() -> dict[str, dict]:
     """``{flag: {"reason": ..., profile: value, ...}}`` (``--list-conventions --json``)."""
-    from refimpl.conformance.conventions import FLAG_REASONS, PROFILE_NAMES, profile
+    from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
+    from refimpl.conformance.profiles import PROFILE_NAMES, profile
 
     profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
-    return {
-        f.name: {"reason": FLAG_REASONS.get(f.name, ""), **{p.name: getattr(p, f.name) for p in profiles}}
-        for f in dataclasses.fields(profiles[0])
-        if f.name != "name"
-    }
+    return {flag: {"reason": FLAG_REASONS.get(flag, ""), **{p.name: getattr(p, flag) for p in profiles}}
+            for flag in FLAGS}
 
 
 # ----------------------------------------------------------------------------------------------
 # framework drivers
 
 
-def framework_header(driver: types.ModuleType, mode) -> tuple[str, ...]:
-    """Lines naming the framework, its installed version (a warning when it is not the pinned one),
-    the hash of the source files the driver runs, and the mode."""
-    from refimpl.conformance.frameworks import source_hash
-
-    version = driver.installed_version()
-    lines = [
-        f"framework {driver.NAME} {version} (source sha256 {source_hash(driver.source_files())}), "
-        f"mode {mode.name}" + (f": {mode.description}" if mode.description else "")
-    ]
-    if version != driver.PINNED_VERSION:
-        lines.append(
-            f"warning: {driver.NAME} {version} is installed; the profiles describe {driver.PINNED_VERSION}"
-        )
-    return tuple(lines)
-
-
-def load_framework(name: str) -> types.ModuleType:
+def load_framework(name: str):
     """The driver of an installed framework; a UserError (exit 2) when unknown or not installed,
     or a failure (exit 1) when ``RL_ORACLE_REQUIRE_FRAMEWORKS=1`` (CI: a skip is a failure)."""
     from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
@@ -188,7 +95,7 @@ def load_framework(name: str) -> types.ModuleType:
     try:
         driver = load_driver(name)
     except ImportError as exc:
-        raise UserError(f"--framework {name}: no driver ({_one_line(exc)})") from None
+        raise UserError(f"--framework {name}: no driver ({one_line(exc)})") from None
     reason = driver.availability()
     if reason is not None:
         if os.environ.get(REQUIRE_FRAMEWORKS_ENV) == "1":
@@ -203,131 +110,21 @@ class FrameworkMissing(Exception):
     """A required framework is not installed (exit 1)."""
 
 
-def select_mode(driver: types.ModuleType, kind: str, mode_name: str | None, preset: str | None):
-    """The driver's mode named ``mode_name``, or the mode of ``preset``: the one ``profile(framework,
-    preset)`` is built from (``conventions.PROFILE_MODES``), else the first implementing ``preset``."""
-    from refimpl.conformance.conventions import PROFILE_MODES
-
-    modes = driver.modes(kind)
-    unsupported = driver.unsupported_modes(kind)
-    if mode_name is not None:
-        if mode_name in modes:
-            return modes[mode_name]
-        if mode_name in unsupported:
-            raise UserError(f"{driver.NAME} mode {mode_name!r} is not supported: {unsupported[mode_name]}")
-        raise UserError(f"--mode: {driver.NAME} has no {kind} mode {mode_name!r}; modes: {', '.join(modes)}")
-    if preset is None:
-        if kind == "policy_loss" or len(modes) != 1:
-            raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
-        return next(iter(modes.values()))
-    key = preset.strip().lower().replace("-", "_")
-    profiled = dict(PROFILE_MODES.get(driver.NAME, {}).get(key, ())).get(kind)
-    if profiled in modes:  # the mode whose flags are profile(framework, preset), run on that preset
-        mode = modes[profiled]
-        return mode if mode.preset == key else dataclasses.replace(mode, preset=key)
-    matching = [m for m in modes.values() if (m.preset or "").replace("-", "_") == key]
-    if not matching:
-        raise UserError(
-            f"{driver.NAME} has no {kind} mode for preset {preset!r}; modes: "
-            + ", ".join(f"{m.name} ({m.preset})" for m in modes.values())
-        )
-    return matching[0]
-
-
-def mode_variant(mode, overrides: dict[str, object] | None = None):
-    """The PolicyLossVariant a mode runs: its preset (default variant for kinds without one) with
-    the mode's ``variant_overrides`` (PolicyLossVariant fields only) and ``overrides``."""
-    from refimpl.conformance.checks import resolve_preset
-    from refimpl.losses import PolicyLossVariant
-
-    variant = resolve_preset(mode.preset)[1] if mode.preset else PolicyLossVariant()
-    names = {f.name for f in dataclasses.fields(PolicyLossVariant)}
-    fields = {k: v for k, v in mode.variant_overrides.items() if k in names}
-    variant = dataclasses.replace(variant, **fields, **(overrides or {}))
-    if variant.aggregation == "seq_sum" and variant.max_length is None:
-        variant = dataclasses.replace(variant, max_length=16)
-    return variant
-
-
-def mode_convention(mode, framework: str):
-    """The profile of a mode: ``convention_from_flags`` of ``mode.convention``, named ``framework:mode``."""
-    from refimpl.conformance.conventions import convention_from_flags
-
-    return convention_from_flags(f"{framework}:{mode.name}", mode.convention)
-
-
-def check_framework_mode(
-    driver, mode, *, reference: bool, variant_overrides=None, flag_overrides=None, rtol=None
-):
-    """Run the kit on one framework mode under its profile (or the reference, with every departure
-    explained by the mode's flags or ``unexplained``). Returns the CheckReport."""
-    from refimpl.conformance import checks
-    from refimpl.conformance.cases import POLICY_CASE_CLASSES
-    from refimpl.conformance.conventions import Convention
-
-    rtol = checks.DEFAULT_RTOL if rtol is None else rtol
-    variant = mode_variant(mode, variant_overrides)
-    conv = Convention() if reference else mode_convention(mode, driver.NAME)
-    if flag_overrides:
-        conv = dataclasses.replace(conv, **flag_overrides)
-    fn, adapter = driver.target(mode.kind, mode, variant)
-    header = framework_header(driver, mode)
-    if mode.kind == "policy_loss":
-        return checks.check_policy_loss(
-            fn,
-            variant,
-            convention=conv,
-            adapter=adapter,
-            rtol=rtol,
-            explain=dict(mode.convention) if reference else None,
-            # under the reference, departures are named on the generated classes (the golden vectors
-            # repeat them with 1e12 magnitudes and a normaliser of their own)
-            classes=tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors") if reference else None,
-            framework_config=dict(mode.framework_config),
-            header=header,
-        )
-    if mode.kind == "kl":
-
-        def run(c):
-            return checks.check_kl(
-                fn, variant.kl_estimator, convention=c, adapter=adapter, rtol=rtol, header=header
-            )
-
-    elif mode.kind == "group_advantages":
-
-        def run(c):
-            return checks.check_group_advantages(fn, convention=c, adapter=adapter, rtol=rtol, header=header)
-
-    else:
-        raise UserError(f"mode {mode.name!r} has kind {mode.kind!r}, which no checker takes")
-    report = run(conv)
-    if reference and not report.ok and not flag_overrides:
-        report = explained_by_rerun(report, conv, dict(mode.convention), run)
-    return report
-
-
-def explained_by_rerun(report, conv, flags: dict, run):
-    """Name, for each failing class of ``report``, the first of ``flags`` (one at a time, then all
-    together) under which ``run(conv + flag)`` passes that class, or ``unexplained``; the report then
-    lists every departure (for the kinds whose values carry no per-case diagnosis)."""
-    trials = [{k: v} for k, v in flags.items()] + ([flags] if len(flags) > 1 else [])
-    passing = []
-    for trial in trials:
-        try:
-            candidate = dataclasses.replace(conv, **trial)
-        except (TypeError, ValueError):
-            continue
-        label = ("flag " if len(trial) == 1 else "flags ") + ", ".join(f"{k}={v!r}" for k, v in trial.items())
-        passing.append((label, {c.case_class for c in run(candidate).by_class() if c.ok}))
-    why = {
-        name: next((label for label, ok in passing if name in ok), "unexplained")
-        for name in report.failing_classes()
-    }
-    results = tuple(
-        dataclasses.replace(r, explanation=why[r.case_class]) if not r.ok and r.case_class in why else r
-        for r in report.results
-    )
-    return dataclasses.replace(report, results=results, list_departures=True)
+def select_mode(driver, kind: str, mode_name: str | None, preset: str | None):
+    """The driver's mode named ``mode_name``, or the mode of ``preset`` (``Driver.preset_mode``);
+    every failure a one-line UserError."""
+    try:
+        if mode_name is not None:
+            return driver.mode(kind, mode_name)
+        if preset is None:
+            modes = driver.modes(kind)
+            if kind == "policy_loss" or len(modes) != 1:
+                raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
+            return next(iter(modes.values()))
+        return driver.preset_mode(kind, preset)
+    except ValueError as exc:
+        text = one_line(exc)
+        raise UserError(text if "not supported" in text else f"--mode: {text}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,8 +161,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _convention(args: argparse.Namespace):
     """The Convention of a check: the profile (with --scale-rewards) and the --flag overrides."""
-    from refimpl.conformance.checks import advantage_convention
-    from refimpl.conformance.conventions import profile
+    from refimpl.conformance.profiles import advantage_convention, profile
 
     name = args.convention or "reference"
     try:
@@ -376,26 +172,26 @@ def _convention(args: argparse.Namespace):
         else:
             conv = profile(name, args.preset or "grpo", scale_rewards=args.scale_rewards)
     except ValueError as exc:
-        raise UserError(_one_line(exc)) from None
+        raise UserError(one_line(exc)) from None
     flags = parse_assignments(args.flag, conv, "--flag")
-    return _replace(conv, flags, "--flag") if flags else conv
+    return replace_fields(conv, flags, "--flag") if flags else conv
 
 
 def _variant(args: argparse.Namespace):
-    from refimpl.conformance.checks import resolve_preset
+    from refimpl.conformance.presets import resolve_preset
 
     try:
         name, variant = resolve_preset(args.preset, kl_coef=args.kl_coef)
     except (ValueError, TypeError) as exc:
-        raise UserError(f"--preset: {_one_line(exc)}") from None
+        raise UserError(f"--preset: {one_line(exc)}") from None
     overrides = parse_assignments(args.variant, variant, "--variant")
     if overrides:
-        variant = _replace(variant, overrides, "--variant")
+        variant = replace_fields(variant, overrides, "--variant")
     return name, variant
 
 
 def _emit(report, as_json: bool) -> int:
-    print(json.dumps(report.to_dict(), indent=1) if as_json else report.render())
+    emit_text(json.dumps(report.to_dict(), indent=1) if as_json else report.render())
     return 0 if report.ok else 1
 
 
@@ -406,10 +202,13 @@ def _run_framework(args: argparse.Namespace) -> int:
         raise UserError(
             "with --framework the convention is the mode's own profile, or --convention reference"
         )
+    from refimpl.conformance.checks import check_framework_mode
+    from refimpl.conformance.frameworks import VariantRefused
+    from refimpl.conformance.profiles import mode_convention
     from refimpl.losses import PolicyLossVariant
 
     overrides = parse_assignments(args.variant, PolicyLossVariant(), "--variant")
-    base = mode_convention(mode, driver.NAME)
+    base = mode_convention(mode, driver.name)
     flags = parse_assignments(args.flag, base, "--flag")
     try:
         report = check_framework_mode(
@@ -420,10 +219,10 @@ def _run_framework(args: argparse.Namespace) -> int:
             flag_overrides=flags,
             rtol=args.rtol,
         )
-    except UserError:
-        raise
+    except (UserError, VariantRefused) as exc:
+        raise UserError(one_line(exc)) from None
     except Exception as exc:  # the driver could not build or run the framework's code: one line
-        raise UserError(f"{driver.NAME} mode {mode.name}: {type(exc).__name__}: {_one_line(exc)}") from None
+        raise UserError(f"{driver.NAME} mode {mode.name}: {type(exc).__name__}: {one_line(exc)}") from None
     return _emit(report, args.json)
 
 
@@ -431,8 +230,8 @@ def _run(args: argparse.Namespace) -> int:
     from refimpl.conformance import checks
 
     if args.list_conventions:
-        print(json.dumps(conventions_data(), indent=1) if args.json else conventions_text())
-        return 0
+        return run_conventions(args)
+    _target_words(args)
     _validate(args)
     if args.framework is not None:
         return _run_framework(args)
@@ -464,10 +263,30 @@ def _run(args: argparse.Namespace) -> int:
     return _emit(report, args.json)
 
 
-def _emit_differences(checks, variant, conv, as_json: bool) -> int:
-    report = checks.convention_differences(variant, conv)
-    print(json.dumps(report.to_dict(), indent=1) if as_json else report.render())
+def _target_words(args: argparse.Namespace) -> None:
+    """``[WORD] MODULE:FUNCTION`` -> ``args.kind`` and ``args.target`` (WORD: loss, kl, advantages,
+    logprobs; without a word, ``--kind`` says which, policy_loss by default)."""
+    words = list(args.words or [])
+    if words and words[0] in _WORDS:
+        kind = _WORDS[words.pop(0)]
+        if args.kind not in (None, kind):
+            raise UserError(f"--kind {args.kind} contradicts 'refimpl check {words and words[0] or ''}'")
+        args.kind = kind
+    args.kind = args.kind or "policy_loss"
+    if len(words) > 1:
+        raise UserError(f"give one MODULE:FUNCTION, got {' '.join(words)}")
+    args.target = words[0] if words else None
+
+
+def run_conventions(args: argparse.Namespace) -> int:
+    """``refimpl conventions``: every flag, its value under each profile (grpo preset) and why."""
+    emit_text(json.dumps(conventions_data(), indent=1) if args.json else conventions_text())
     return 0
+
+
+def _emit_differences(checks, variant, conv, as_json: bool) -> int:
+    """The spec vs a convention; exits 1 when it prints FAIL (a case class where they differ)."""
+    return _emit(checks.convention_differences(variant, conv), as_json)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -480,19 +299,26 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"refimpl check: {exc}", file=sys.stderr)
         return 2
     except SignatureError as exc:
-        print(f"refimpl check: {_one_line(exc)}", file=sys.stderr)
+        print(f"refimpl check: {one_line(exc)}", file=sys.stderr)
         return 2
     except FrameworkMissing as exc:
         print(f"refimpl check: {exc}", file=sys.stderr)
         return 1
     except (ValueError, TypeError, KeyError) as exc:  # a bad value that slipped past validation
-        print(f"refimpl check: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        print(f"refimpl check: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _json_text(data) -> str:
+    """The normalised JSON text compared by ``refimpl matrix --check`` (NaN equals NaN there)."""
+    from refimpl.conformance.matrix import normalised
+
+    return json.dumps(normalised(data), sort_keys=True)
 
 
 def run_matrix(args: argparse.Namespace) -> int:
     """The ``func`` of the ``matrix`` subcommand."""
-    from refimpl.conformance.matrix import build_matrix, matrix_markdown
+    from refimpl.conformance.matrix import build_matrix, matrix_markdown, normalised
 
     try:
         frameworks = args.framework or None
@@ -505,19 +331,25 @@ def run_matrix(args: argparse.Namespace) -> int:
         if not args.out:
             print("refimpl matrix: --check needs --out (the committed matrix to compare)", file=sys.stderr)
             return 2
+        regenerate = f"refimpl matrix --out {args.out}" + (f" --json {args.json}" if args.json else "")
         try:
             with open(args.out) as handle:
                 committed = handle.read()
-        except OSError as exc:
-            print(f"refimpl matrix: cannot read --out: {exc}", file=sys.stderr)
+            committed_json = None
+            if args.json:
+                with open(args.json) as handle:
+                    committed_json = json.load(handle)
+        except (OSError, ValueError) as exc:
+            print(f"refimpl matrix: cannot read the committed matrix: {one_line(exc)}", file=sys.stderr)
             return 2
-        if committed != text:
-            print(
-                f"refimpl matrix: {args.out} is out of date; regenerate: refimpl matrix --out {args.out}",
-                file=sys.stderr,
-            )
+        stale = [args.out] if normalised(committed) != normalised(text) else []
+        if args.json and _json_text(committed_json) != _json_text(json.loads(json.dumps(matrix))):
+            stale.append(args.json)
+        if stale:
+            stale_text = " and ".join(stale)
+            print(f"refimpl matrix: {stale_text} out of date; regenerate: {regenerate}", file=sys.stderr)
             return 1
-        print(f"{args.out} is up to date")
+        print(f"{' and '.join([args.out] + ([args.json] if args.json else []))} up to date")
         return 0
     if args.out:
         with open(args.out, "w") as handle:
@@ -535,29 +367,10 @@ def run_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_line_errors(parser: argparse.ArgumentParser, prog: str) -> argparse.ArgumentParser:
-    """Make argparse's usage errors one line on stderr (exit 2)."""
-
-    def error(message: str):
-        print(f"{prog}: {' '.join(message.split())}", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
-    parse_known = parser.parse_known_args
-
-    def strict(args=None, namespace=None):  # unknown options: this parser's one-line error, not the caller's
-        namespace, extras = parse_known(args, namespace)
-        if extras:
-            error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
-
-    parser.parse_known_args = strict  # type: ignore[method-assign]
-    return parser
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``check`` and ``matrix`` subcommands (refimpl.cli provider protocol)."""
-    from refimpl.conformance.conventions import PROFILE_NAMES
+    """Add the ``check``, ``conventions`` and ``matrix`` subcommands (refimpl.cli provider protocol)."""
+    from refimpl.conformance.profiles import PROFILE_NAMES
 
     parser = subparsers.add_parser(
         "check",
@@ -565,9 +378,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the conformance kit on MODULE:FUNCTION (or an installed framework) and print "
         "a table per case class.",
     )
-    _one_line_errors(parser, "refimpl check")
-    parser.add_argument("target", nargs="?", metavar="MODULE:FUNCTION", help="the function to check")
-    parser.add_argument("--kind", choices=_KINDS, default="policy_loss", help="what the function computes")
+    one_line_errors(parser, "refimpl check")
+    parser.add_argument(
+        "words",
+        nargs="*",
+        metavar="{loss,kl,advantages,logprobs} MODULE:FUNCTION",
+        help="what the function computes and the function to check",
+    )
+    parser.add_argument("--kind", choices=_KINDS, default=None, help="(earlier spelling of the word)")
     parser.add_argument(
         "--preset", help="policy-loss preset (ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token, sapo, cispo)"
     )
@@ -617,14 +435,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.set_defaults(func=run_check)
 
+    conventions = subparsers.add_parser(
+        "conventions",
+        help="every convention flag, its value per profile and why",
+        description="Print every Convention flag, its value under each shipped profile (grpo) and why.",
+    )
+    one_line_errors(conventions, "refimpl conventions")
+    conventions.add_argument("--json", action="store_true", help="print as JSON")
+    conventions.set_defaults(func=run_conventions)
+
     matrix = subparsers.add_parser(
         "matrix",
         help="framework x mode x case class under each framework's profile and the reference",
         description="Run every installed framework driver's modes and write the conformance matrix.",
     )
-    _one_line_errors(matrix, "refimpl matrix")
+    one_line_errors(matrix, "refimpl matrix")
     matrix.add_argument("--out", help="write the Markdown matrix here (default: stdout)")
-    matrix.add_argument("--json", metavar="PATH", help="also write the matrix as JSON")
+    matrix.add_argument(
+        "--json", metavar="PATH", help="also write the matrix as JSON (with --check: compare it too)"
+    )
     matrix.add_argument("--framework", action="append", help="only these frameworks (repeatable)")
     matrix.add_argument(
         "--check", action="store_true", help="compare with --out instead of writing it (CI: exit 1 on drift)"

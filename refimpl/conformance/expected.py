@@ -32,7 +32,7 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
   passed as ``kl=``.
 * ``compute_dtype``: never changes the expected value (always the exact float64 value on the
   rounded inputs); it selects the unit roundoff of the half-precision tolerance
-  (``checks.half_tolerance``) and, under "input", allows a non-finite loss where the computation
+  (``tolerance.half_tolerance``) and, under "input", allows a non-finite loss where the computation
   in the input dtype may overflow;
 * ``masked_nonfinite="propagate"``: where ``masked_nonfinite_reaches_loss`` holds, a non-finite
   loss is the framework's expected (named) behaviour;
@@ -53,7 +53,7 @@ from refimpl.advantages import group_advantages
 from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import PolicyLossVariant, policy_loss
 
-from .cases import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
+from .case_types import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
 from .conventions import Convention
 
 __all__ = [

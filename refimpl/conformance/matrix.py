@@ -6,7 +6,7 @@ runs twice: under the mode's profile (``Mode.convention``: must pass every class
 reference convention, where each failing class is a *departure* from the spec, explained by the
 mode's flag that reproduces the framework's value exactly (a policy loss: on the class's smallest
 failing case; other kinds: the class passes under the reference with that flag; see
-``cli.check_framework_mode``) or ``unexplained``. Modes out of scope are listed with the driver's
+``checks.check_framework_mode``) or ``unexplained``. Modes out of scope are listed with the driver's
 reason, frameworks that are not installed as such. Expected values never come from the framework:
 a profile is data applied to the reference implementation.
 """
@@ -14,10 +14,29 @@ a profile is data applied to the reference implementation.
 from __future__ import annotations
 
 import dataclasses
+import re
 
-from refimpl.conformance.frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
+from .checks import check_framework_mode
+from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
 
-__all__ = ["build_matrix", "matrix_markdown", "mode_entry"]
+__all__ = ["build_matrix", "matrix_markdown", "mode_entry", "normalised"]
+
+_NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
+
+
+def normalised(value):
+    """``value`` (the matrix's JSON data or Markdown text) with every decimal number rounded to 10
+    significant digits: what ``refimpl matrix --check`` compares, so that the last digits of a
+    framework's float64 result, which depend on the machine's vectorised kernels, are not drift."""
+    if isinstance(value, dict):
+        return {k: normalised(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalised(v) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.10g}")
+    if isinstance(value, str):
+        return _NUMBER.sub(lambda m: f"{float(m.group()):.10g}", value)
+    return value
 
 
 def _class_status(report) -> dict[str, str]:
@@ -34,8 +53,6 @@ def _class_status(report) -> dict[str, str]:
 
 def mode_entry(driver, mode) -> dict:
     """One row group of the matrix: the mode under its profile and under the reference."""
-    from refimpl.conformance.cli import check_framework_mode
-
     entry = {
         "kind": mode.kind,
         "mode": mode.name,
@@ -101,6 +118,8 @@ def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
             modes=[],
             unsupported=[],
         )
+        if driver.notes:
+            row["notes"] = dict(driver.notes)
         for kind in KINDS:
             for mode in driver.modes(kind).values():
                 row["modes"].append(mode_entry(driver, dataclasses.replace(mode, kind=kind)))
@@ -161,6 +180,10 @@ def matrix_markdown(matrix: dict) -> str:
             lines += ["Minimal case of each departure (paste into Python after `import torch`):", ""]
             for m, d in cases:
                 lines.append(f"- `{m['mode']}` / `{d['case_id']}` ({d['explanation']}): `{d['case']}`")
+            lines.append("")
+        if fw.get("notes"):
+            lines += ["Notes (what the profile does not reproduce, or what the driver fixes):", ""]
+            lines += [f"- {topic}: {text}" for topic, text in fw["notes"].items()]
             lines.append("")
         if fw["unsupported"]:
             lines += ["Unsupported modes:", ""]

@@ -244,12 +244,13 @@ def tensor_text(name: str, x: torch.Tensor | None) -> str:
         return f"{name} = None"
     with torch.no_grad():
         values = x.detach().double().tolist() if x.is_floating_point() else x.tolist()
-    return f"{name} ({str(x.dtype).replace('torch.', '')}, shape {tuple(x.shape)}) = {_nested(values)}"
+    return f"{name} ({str(x.dtype).replace('torch.', '')}, shape {tuple(x.shape)}) = {nested_text(values)}"
 
 
-def _nested(v) -> str:
+def nested_text(v, number=repr) -> str:
+    """Nested lists of numbers as text, each float written by ``number``."""
     if isinstance(v, list):
-        return "[" + ", ".join(_nested(x) for x in v) + "]"
+        return "[" + ", ".join(nested_text(x, number) for x in v) + "]"
     if isinstance(v, float):
-        return repr(v)
+        return number(v)
     return str(v)

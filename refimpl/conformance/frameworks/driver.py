@@ -227,7 +227,7 @@ class Driver:
     def framework_config(self, mode: Mode, variant: PolicyLossVariant | None = None) -> dict:
         """The framework's own configuration keys for ``mode`` running ``variant``."""
         own = getattr(self.module, "framework_config", None)
-        if own is None or self._legacy:
+        if own is None:
             return dict(mode.framework_config)
         return dict(own(mode, mode.variant() if variant is None else variant))
 

@@ -34,7 +34,6 @@ driven alone (kind "kl").
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -42,9 +41,10 @@ import pathlib
 import sys
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from . import Mode, distribution_version
+from .stubs import plain_torch_compile, stubbed_imports
 
 __all__ = [
     "NAME",
@@ -211,6 +211,15 @@ _KL_MODES = tuple(
     for k in ("k1", "k2", "k3")
 )
 
+#: preset -> the mode whose flags are ``--convention openrlhf --preset P`` (bnpo's loss is PPO's token mean)
+PROFILE = {
+    "ppo": ("ppo/token-mean",),
+    "bnpo": ("ppo/token-mean",),
+    "dapo": ("ppo/token-mean/clip-higher",),
+    "grpo": ("ppo/seq-mean-token-mean",),
+    "gspo": ("gspo",),
+}
+
 _UNSUPPORTED = {
     "policy_loss": {
         "is_correction token clip / mask (TIS / ICEPOP)": "equal to the spec's behavior_correction "
@@ -268,36 +277,28 @@ def source_files() -> list[pathlib.Path]:
     return [] if root is None else [root / rel for rel in _SOURCES]
 
 
-@contextlib.contextmanager
-def _import_stubs(names: tuple[str, ...]) -> Iterator[list[str]]:
-    """Put an empty stand-in module into ``sys.modules`` for each of ``names`` whose real package
-    is not installed, for the duration of the block only; yields the stubbed names."""
-    stubbed = [name for name in names if name not in sys.modules and importlib.util.find_spec(name) is None]
-    for name in stubbed:
-        stub = types.ModuleType(name)
-        stub.__doc__ = "refimpl conformance stub: import-only dependency, never called by the losses"
-        sys.modules[name] = stub
-    try:
-        yield stubbed
-    finally:
-        for name in stubbed:
-            sys.modules.pop(name, None)
+class _HostTorch:
+    """``torch`` as the driver's copy of ``utils/loss_utils.py`` sees it: ``torch.cuda.is_available()``
+    is False (``NOTES["device"]``); every other attribute is torch's own."""
+
+    def __init__(self, torch_module) -> None:
+        self._torch = torch_module
+        self.cuda = types.SimpleNamespace(is_available=lambda: False)
+
+    def __getattr__(self, name: str):
+        return getattr(self._torch, name)
 
 
-@contextlib.contextmanager
-def _plain_torch_compile() -> Iterator[None]:
-    """While the sources load, ``torch.compile`` returns its function unchanged: ``models/utils.py``
-    decorates ``compute_entropy`` (never called by the losses) with ``@torch.compile``, whose
-    first use imports ``torch._dynamo`` (~8 s of import time per process)."""
-    import torch
-
-    original = torch.compile
-    torch.compile = lambda fn=None, *args, **kwargs: fn if fn is not None else (lambda f: f)
-    try:
-        yield
-    finally:
-        torch.compile = original
-
+#: what the driver fixes (printed in the matrix): the device of the step normalisers
+NOTES = {
+    "device": "OpenRLHF's _optimizer_step_loss_norm (utils/loss_utils.py) builds the step's float32 token / "
+    "sequence counts on torch.cuda.current_device() whenever CUDA is available, and divides them by the "
+    "accumulation steps there (on a GPU a division by a scalar may round differently from the CPU's, "
+    "~1e-7 relative): its numerics depend on the machine. The driver runs that function on the CPU, "
+    "as on a machine without CUDA (its copy of loss_utils sees torch.cuda.is_available() False), so the "
+    "profile (normalizer_rounding='float32_per_micro_batch') and the matrix describe that arithmetic "
+    "on every machine; OpenRLHF's GPU arithmetic is not checked.",
+}
 
 _LOADED: dict[str, types.ModuleType] = {}
 STUBBED: list[str] = []  # which import-only dependencies were stubbed when the sources were loaded
@@ -319,10 +320,11 @@ def _modules() -> dict[str, types.ModuleType]:
         raise ModuleNotFoundError("OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)")
     _private_package(_MODELS_PKG, root / "models")
     _private_package(_UTILS_PKG, root / "utils")
-    with _import_stubs(("deepspeed",)) as stubbed, _plain_torch_compile():
+    with stubbed_imports(("deepspeed",)) as stubbed, plain_torch_compile():
         utils = importlib.import_module(f"{_MODELS_PKG}.utils")
         loss = importlib.import_module(f"{_MODELS_PKG}.loss")
     loss_utils = importlib.import_module(f"{_UTILS_PKG}.loss_utils")
+    loss_utils.torch = _HostTorch(loss_utils.torch)  # NOTES["device"]: the normalisers on the CPU
     STUBBED[:] = stubbed
     _LOADED.update(loss=loss, utils=utils, loss_utils=loss_utils)
     return _LOADED
@@ -359,12 +361,15 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
 
 
 def mode_for_preset(preset: str) -> Mode:
-    """The mode that reproduces refimpl preset ``preset`` without variant overrides (the table is
-    ``conventions.PROFILE_MODES["openrlhf"]``, from which ``profile("openrlhf", preset)`` is built)."""
-    from refimpl.conformance.conventions import profile_modes
+    """The mode that reproduces refimpl preset ``preset`` without variant overrides (``PROFILE``,
+    from which ``profile("openrlhf", preset)`` is built)."""
+    from refimpl.conformance.presets import preset_key
 
-    ((kind, name),) = profile_modes(NAME, preset)
-    return modes(kind)[name]
+    key = preset_key(preset)
+    if key not in PROFILE:
+        raise ValueError(f"preset {preset!r} has no OpenRLHF PolicyLoss equivalent; openrlhf profile "
+                         f"supports {sorted(PROFILE)}")
+    return modes("policy_loss")[PROFILE[key][0]]
 
 
 def _check_kind(kind: str) -> None:
@@ -442,6 +447,11 @@ def config_for_variant(variant) -> dict[str, object]:
     if variant.kl_coef > 0:
         config = _kl_loss_config(config, variant.kl_estimator, variant.kl_coef)
     return config
+
+
+def framework_config(mode: Mode, variant) -> dict[str, object]:
+    """OpenRLHF's own options that run ``variant`` (``config_for_variant``)."""
+    return config_for_variant(variant) if mode.kind == "policy_loss" else dict(mode.framework_config)
 
 
 def _step_counts(call, token_level: bool) -> tuple[int, int]:

@@ -164,6 +164,11 @@ _MODES = {
     ),
 }
 
+#: preset -> the modes whose flags are ``--convention trl --preset P`` (ppo's variant equals bnpo's)
+PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")} | {"ppo": ("bnpo",)}
+#: TRL GRPOConfig.scale_rewards -> the profile's adv_scale (advantages.md eq. (5), (14))
+SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
+
 _UNSUPPORTED = {
     "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
     "no gate in refimpl's policy-loss family.",
@@ -463,7 +468,7 @@ def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
     _warn_version()
     m = _mode(mode)
     if variant is None:
-        from refimpl.conformance.checks import resolve_preset
+        from refimpl.conformance.presets import resolve_preset
 
         variant = resolve_preset(mode_variant(m))[1]
     grpo_config_kwargs(m, variant)  # reject a variant TRL cannot express before any case runs
@@ -514,6 +519,17 @@ def time_loss(
         if k >= warmup:
             times.append(clock() - start)
     return sorted(times)[len(times) // 2]
+
+
+def framework_config(mode: str | Mode, variant) -> dict[str, object]:
+    """TRL's own ``GRPOConfig`` keys that run ``variant`` in ``mode`` (with the mode's scale_rewards)."""
+    from refimpl.conformance.presets import resolve_preset
+
+    m = _mode(mode)
+    variant = resolve_preset(variant)[1]  # a seq_sum variant without L_max gets the kit's L_max
+    adv_scale = m.convention.get("adv_scale", "group")
+    scale_rewards = {ours: theirs for theirs, ours in SCALE_REWARDS.items()}[adv_scale]
+    return {**grpo_config_kwargs(m, variant), "scale_rewards": scale_rewards}
 
 
 def mode_variant(mode: str | Mode):

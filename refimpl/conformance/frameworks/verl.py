@@ -27,19 +27,17 @@ loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import pathlib
-import sys
-import types
 import warnings
 
 import torch
 
 from . import Mode, distribution_version
+from .stubs import stubbed_imports
 
 __all__ = [
     "NAME",
@@ -254,6 +252,61 @@ _ADV_MODES = {
 }
 
 
+#: preset -> the modes whose flags are ``--convention verl --preset P``: verl's GRPO advantages
+#: (norm_adv_by_std_in_grpo=False for dr_grpo) plus the policy-loss mode
+_PRESET_POLICY_MODE = {
+    "ppo": "vanilla/token-mean",
+    "grpo": "vanilla/seq-mean-token-mean",
+    "bnpo": "vanilla/token-mean",
+    "dapo": "vanilla/token-mean",
+    "dr_grpo": "vanilla/seq-mean-token-sum-norm",
+    "gspo": "gspo",
+    "gspo_token": "gspo",
+    "sapo": "sapo",
+    "cispo": "cispo",
+}
+PROFILE = {
+    p: ("grpo",) + (("grpo/no_std",) if p == "dr_grpo" else ()) + (m,) for p, m in _PRESET_POLICY_MODE.items()
+}
+#: behaviours of verl 0.9.1 the profiles do not reproduce (stated, not silently approximated)
+NOTES = {
+    "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
+    "gradient in half; the kit follows the inclusive gate of seed 001 (116) (no float64 "
+    "log-ratio has exp exactly 3.0, so no case reaches the tie).",
+    "loss_scale_factor=None": "verl's default Dr. GRPO constant is the micro-batch's padded "
+    "width (flag seq_sum_width='padded_width'); the profile sets loss_scale_factor = L_max.",
+    "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
+    "empty rows from the row count; the profile describes the trainer, whose "
+    "global_batch_size counts every row (empty_rows='keep').",
+}
+
+
+def framework_config(mode: Mode, variant) -> dict[str, object]:
+    """verl's own ``actor_rollout_ref.actor`` / ``algorithm`` keys that run ``variant`` in a
+    policy-loss ``mode`` (other kinds: the mode's keys)."""
+    if mode.kind != "policy_loss":
+        return dict(mode.framework_config)
+    v = variant
+    loss_mode, _, agg = mode.name.partition("/")
+    agg = agg or ("token-mean" if loss_mode == "cispo" else "seq-mean-token-mean")
+    dual_clip = mode.convention.get("dual_clip")
+    return {
+        "actor.policy_loss.loss_mode": loss_mode,
+        # a side without a clip: 1 - 1 = 0 and 1 + inf (what the verl driver passes)
+        "actor.clip_ratio_low": 1.0 if v.eps_low is None else v.eps_low,
+        "actor.clip_ratio_high": float("inf") if v.eps_high is None else v.eps_high,
+        "actor.clip_ratio_c": dual_clip if dual_clip is not None else (v.dual_clip or 3.0),
+        "actor.loss_agg_mode": agg,
+        "actor.loss_scale_factor": v.max_length if agg == "seq-mean-token-sum-norm" else None,
+        "actor.use_kl_loss": v.kl_coef > 0,
+        "actor.kl_loss_coef": v.kl_coef,
+        "actor.kl_loss_type": {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[v.kl_estimator],
+        "algorithm.norm_adv_by_std_in_grpo": mode.preset != "dr_grpo",
+        "actor.tau_pos": v.tau_pos,
+        "actor.tau_neg": v.tau_neg,
+    }
+
+
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
     """verl's modes in scope for ``kind`` ("policy_loss", "kl" or "group_advantages")."""
     if kind == "policy_loss":
@@ -348,70 +401,9 @@ def source_files() -> list[pathlib.Path]:
     return [] if root is None else [root / name for name in _SOURCES if (root / name).exists()]
 
 
-class _Stub(types.ModuleType):
-    """An inert module: any attribute is another stub (a class for capitalised names), so that
-    ``from ray import ...`` and annotations such as ``dict | TensorDict`` evaluate."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        if name[:1].isupper():
-            value = type(name, (), {"__init__": lambda self, *args, **kwargs: None})
-        else:
-            value = _Stub(f"{self.__name__}.{name}")
-            value.__path__ = []
-            sys.modules[value.__name__] = value
-        setattr(self, name, value)
-        return value
-
-    def __call__(self, *args, **kwargs):  # decorators (@ray.remote) return what they wrap
-        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else self
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves ``import ray.util`` / ``from tensordict.tensorclass import X`` under a stubbed
-    package to further stubs."""
-
-    def __init__(self, packages: list[str]) -> None:
-        self.packages = packages
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] in self.packages:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _Stub(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module) -> None:
-        return None
-
-
-@contextlib.contextmanager
-def _stubbed_imports():
-    """Stub the import-only dependencies that are not installed, for the duration of the import
-    only: afterwards the stubs leave ``sys.modules`` and ``sys.meta_path`` again (verl's modules
-    keep the names they bound), so no other code sees a fake ``ray`` or ``tensordict``."""
-    stubbed = [
-        name for name in _STUBBED if name not in sys.modules and importlib.util.find_spec(name) is None
-    ]
-    finder = _StubFinder(stubbed)
-    if stubbed:
-        sys.meta_path.append(finder)
-    try:
-        yield stubbed
-    finally:
-        if stubbed:
-            sys.meta_path.remove(finder)
-            for name in [m for m in sys.modules if m.partition(".")[0] in stubbed]:
-                del sys.modules[name]
-
-
 def _core_algos():
     """``verl.trainer.ppo.core_algos``, imported with the stubs in place (warns on another version)."""
-    with _stubbed_imports():
+    with stubbed_imports(_STUBBED):
         module = importlib.import_module("verl.trainer.ppo.core_algos")
         importlib.import_module("verl.workers.config")
     version = installed_version()

@@ -1,0 +1,100 @@
+"""The contract between the kit and the function it checks: what it is called with, what it must
+return (``SIGNATURES``), the call object of a policy loss (``PolicyLossCall``) and the default
+adapter. A function that cannot be called on the plainest case raises ``SignatureError`` before any
+case runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "POLICY_LOSS_SIGNATURE",
+    "SIGNATURES",
+    "SignatureError",
+    "PolicyLossCall",
+    "contract_adapter",
+    "call",
+]
+
+POLICY_LOSS_SIGNATURE = (
+    "fn(logp, old_logp, advantages, mask, *, ref_logp=None, normalizer=None) -> scalar loss tensor "
+    "(or give an adapter(fn, call: PolicyLossCall))"
+)
+
+
+class SignatureError(TypeError):
+    """The function (through its adapter) cannot be called on the plainest case, or does not
+    return a scalar tensor: the check stops before running any case class."""
+
+
+@dataclass(frozen=True)
+class PolicyLossCall:
+    """What an adapter receives for one (micro-)batch.
+
+    ``logp`` is a leaf tensor with ``requires_grad=True`` (the kit differentiates the returned loss
+    w.r.t. it); ``mask`` is bool; ``normalizer`` is the global denominator (a float) when the batch
+    is a micro-batch under the global-normaliser convention, else None; ``config`` holds the
+    variant's fields (every ``PolicyLossVariant`` field: eps_low, eps_high, dual_clip, tau_pos,
+    tau_neg, aggregation, max_length, group_size, kl_coef, kl_estimator, kl_scale, ratio, gate,
+    ...) plus ``preset``, ``convention`` (the flag dict) and ``framework_config`` (TRL / verl keys
+    under those profiles, else an empty dict).
+
+    Micro-batches (gradient accumulation): ``micro_batch_index`` in ``range(micro_batch_count)``
+    (0 and 1 without micro-batches); ``global_tokens`` = ``mask.sum()`` over the whole batch,
+    ``global_sequences`` its non-empty rows, ``global_rows`` all its rows (empty ones included),
+    the counts frameworks use for a global normaliser (e.g. TRL's ``num_items_in_batch``, verl's
+    ``global_batch_info``); for a single batch they are this batch's counts. The kit sums the
+    micro-batch losses; under ``micro_batch="local_mean"`` it then divides by their number, unless
+    the adapter has the attribute ``scaled_for_accumulation = True`` (it returns each micro-batch's
+    loss already divided by ``micro_batch_count``, as TRL's gradient accumulation does).
+    """
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    ref_logp: torch.Tensor | None
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    normalizer: float | None
+    config: dict
+    micro_batch_index: int = 0
+    micro_batch_count: int = 1
+    global_tokens: int = 0
+    global_sequences: int = 0
+    global_rows: int = 0
+
+
+def contract_adapter(fn: Callable, call: PolicyLossCall) -> torch.Tensor:
+    """Call ``fn(logp, old_logp, advantages, mask, *, ref_logp=..., normalizer=...)`` (the contract
+    signature of ``refimpl.losses.policy_loss`` without the variant; keywords passed only when
+    given) and return the loss (the first element if ``fn`` returns a tuple)."""
+    kwargs = {}
+    if call.ref_logp is not None:
+        kwargs["ref_logp"] = call.ref_logp
+    if call.normalizer is not None:
+        kwargs["normalizer"] = call.normalizer
+    out = fn(call.logp, call.old_logp, call.advantages, call.mask, **kwargs)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+
+#: the contract signature of each kind without an adapter, and the adapter's (one API for every kind:
+#: ``adapter(fn, *inputs)`` receives the function and exactly the inputs the kit would pass it)
+SIGNATURES = {
+    "policy_loss": POLICY_LOSS_SIGNATURE,
+    "kl": "fn(logp [N, T], ref_logp [N, T]) -> per-token KL [N, T] (or give an adapter(fn, logp, ref_logp))",
+    "group_advantages": "fn(rewards [N], group_ids [N]) -> advantages [N] "
+    "(or give an adapter(fn, rewards, group_ids))",
+    "token_logprobs": "fn(logits [N, T, V], tokens [N, T]) -> log-probs [N, T] "
+    "(or give an adapter(fn, logits, tokens))",
+}
+
+
+def call(fn, adapter, *inputs):
+    return adapter(fn, *inputs) if adapter is not None else fn(*inputs)
+

@@ -1,0 +1,148 @@
+"""The one check loop of the kit: cases x expected values x the call of the function x the judgement.
+
+Every checker (``policy_check``, ``simple_checks``) is this loop with four functions of its own:
+``expect(item)`` the expected value (from ``expected``), ``call(item)`` the function's result (any
+exception is caught and reported on that case), ``judge(item, expected, got, error)`` the
+``CaseResult``; ``run_cases`` returns one ``Outcome`` per item, in order. The helpers below turn a
+case into text (``case_text``: the report's detail; ``case_line``: one pasteable line of Python).
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .contract import SIGNATURES, SignatureError
+from .report import CaseResult, nested_text, tensor_text
+
+__all__ = ["Outcome", "run_cases", "run_user", "case_text", "case_line", "preflight", "raised", "judged",
+           "value_only"]
+
+_INPUTS = ("logp", "old_logp", "ref_logp", "advantages", "mask", "rewards", "group_ids", "logits", "tokens")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One item through the loop: the expected value, what the function gave (None when it
+    raised, with ``error``) and the judgement."""
+
+    item: object
+    expected: object
+    got: object
+    error: str | None
+    result: CaseResult
+
+
+def run_cases(items: Iterable, *, expect: Callable, call: Callable, judge: Callable) -> list[Outcome]:
+    """The loop (see the module docstring)."""
+    outcomes = []
+    for item in items:
+        expected = expect(item)
+        got, error = run_user(lambda item=item: call(item))
+        outcomes.append(Outcome(item, expected, got, error, judge(item, expected, got, error)))
+    return outcomes
+
+
+def run_user(compute: Callable) -> tuple[object, str | None]:
+    """``(compute(), None)``, or ``(None, one line)`` when the function raised (a SignatureError
+    stops the whole check)."""
+    try:
+        return compute(), None
+    except SignatureError:
+        raise
+    except Exception as exc:  # the user's function may fail on an edge case: report it
+        return None, f"{type(exc).__name__}: {exc} ({traceback.extract_tb(exc.__traceback__)[-1].name})"
+
+
+def preflight(kind: str, fn, compute: Callable, shape: tuple[int, ...]) -> None:
+    """Run ``compute()`` on the first case of a checker: an exception or an output that is not a
+    tensor of ``shape`` stops the check with the expected signature (SignatureError)."""
+    import torch
+
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    try:
+        out = compute()
+    except Exception as exc:
+        raise SignatureError(
+            f"{name} fails on the plainest case with {type(exc).__name__}: {exc}; expected {SIGNATURES[kind]}"
+        ) from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise SignatureError(f"{name} returned {got}, expected a tensor of shape {shape}: {SIGNATURES[kind]}")
+
+
+def preflight_first(kind: str, fn, adapter, case, inputs: tuple[str, ...], shape_of: str) -> None:
+    """``preflight`` of ``fn`` (through ``adapter``) on the case's ``inputs`` (cloned), whose output
+    must have the shape of its ``shape_of`` field."""
+    from .contract import call
+
+    preflight(
+        kind,
+        fn,
+        lambda: call(fn, adapter, *(getattr(case, name).clone() for name in inputs)),
+        tuple(getattr(case, shape_of).shape),
+    )
+
+
+def case_text(case, extra: list[str]) -> str:
+    """The case's inputs in full (17 significant digits) and the ``extra`` lines, indented."""
+    lines = [
+        f"  {tensor_text(f, getattr(case, f))}"
+        for f in _INPUTS
+        if hasattr(case, f) and getattr(case, f) is not None
+    ]
+    if getattr(case, "note", ""):
+        lines.insert(0, f"  ({case.note})")
+    if getattr(case, "micro_batches", None):
+        lines.append(f"  micro_batches = {case.micro_batches}")
+    return "\n".join(lines + [f"  {x}" for x in extra])
+
+
+def _number_text(x: float) -> str:
+    return repr(x) if math.isfinite(x) else f'float("{x}")'
+
+
+def case_line(case, extra: dict[str, object] | None = None) -> str:
+    """The case's inputs as one line of Python (``torch.tensor(...)`` with the dtype), e.g. for a
+    regression test: ``logp = torch.tensor([[...]], dtype=torch.float64); ...``."""
+    parts = []
+    for name in _INPUTS:
+        x = getattr(case, name, None)
+        if x is None:
+            continue
+        values = x.detach().double().tolist() if x.is_floating_point() else x.tolist()
+        parts.append(f"{name} = torch.tensor({nested_text(values, _number_text)}, dtype={x.dtype})")
+    if getattr(case, "micro_batches", None):
+        parts.append(f"micro_batches = {case.micro_batches}")
+    for key, value in (extra or {}).items():
+        parts.append(f"{key} = {_number_text(value) if isinstance(value, float) else value!r}")
+    return "; ".join(parts)
+
+
+
+def value_only(case, value_error: float, ok: bool, detail: str, error: str | None = None) -> CaseResult:
+    return CaseResult(case.case_id, case.case_class, case.size, value_error, None, ok, None, detail, error)
+
+
+def raised(case, detail: str, error: str | None) -> CaseResult:
+    return CaseResult(
+        case.case_id, case.case_class, case.size, math.inf, math.inf, False, False, detail, error
+    )
+
+
+def judged(
+    case, value_error: float, grad_error: float, value_rtol: float, grad_rtol: float, detail: str
+) -> CaseResult:
+    return CaseResult(
+        case.case_id,
+        case.case_class,
+        case.size,
+        value_error,
+        grad_error,
+        value_error <= value_rtol,
+        grad_error <= grad_rtol,
+        detail,
+    )
+
