@@ -53,8 +53,8 @@ def _row_stats_kernel(logits_ptr, stride, tokens_ptr, top_ptr, rest_ptr, picked_
         m = tl.maximum(m, x)
     top = tl.max(m, 0)
     top_lane = m == top
-    scale = tl.where(top_lane, 1.0, tl.exp(m - top))  # lanes below the top: their sums and maxima rescaled
-    below = tl.where(top_lane, 0.0, scale)
+    scale = tl.exp(m - top)  # 1 on the top lanes; NaN there only in rows with no distribution
+    below = tl.where(top_lane, 0.0, scale)  # the maxima of the other lanes join the sum
     count = tl.sum(top_lane.to(tl.float32), 0)
     row_rest = tl.sum(rest * scale, 0) + tl.sum(below, 0) + (count - 1.0)
     top = tl.where(tl.max(nan, 0) > 0, float("nan"), top)
