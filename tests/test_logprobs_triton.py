@@ -166,6 +166,36 @@ def test_the_gradient_kernel_may_write_over_its_input():
     assert torch.equal(flat, fresh)
 
 
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_lm_head_through_the_kernels_equals_its_eager_path(dtype):
+    """lm_head_logprobs with backend='triton' (statistics and the gradient written over each chunk's
+    logits by the kernels) against backend='eager', chunks of 3 tokens: the same float32 arithmetic
+    up to summation order, so relative_rounding on the values and on the logits' gradient, which the
+    two products with weight and hidden carry into sums of V or N terms of either sign."""
+    from refimpl.losses.lm_head import lm_head_logprobs
+
+    gen = torch.Generator().manual_seed(4)
+    n, d, v = 7, 8, 37
+    hidden = torch.randn(n, d, generator=gen).to(dtype)
+    weight = torch.randn(v, d, generator=gen).to(dtype)
+    tokens = torch.randint(0, v, (n,), generator=gen)
+    out = []
+    for backend in ("triton", "eager"):
+        h = hidden.detach().to(DEVICE).requires_grad_(True)
+        w = weight.detach().to(DEVICE).requires_grad_(True)
+        logp = lm_head_logprobs(h, w, tokens.to(DEVICE), chunk_rows=3, backend=backend)
+        logp.sum().backward()
+        out.append((logp.detach().cpu().double(), h.grad.cpu().double(), w.grad.cpu().double()))
+    (lp, gh, gw), (lp_ref, gh_ref, gw_ref) = out
+    rel = relative_rounding((hidden.float() @ weight.float().T)[0], 64)
+    assert torch.all((lp - lp_ref).abs() <= 2 * rel * lp_ref.abs())
+    eps = torch.finfo(dtype).eps
+    for got, want, terms, other in ((gh, gh_ref, v, weight), (gw, gw_ref, n, hidden)):
+        bound = terms * (2 * rel + 2 * eps) * float(other.float().abs().max())
+        assert float((got - want).abs().max()) <= bound
+
+
 def test_launch_config_blocks_are_powers_of_two_of_at_most_16_kib():
     for vocab, size, block in ((1, 4, 1), (7, 2, 8), (4096, 4, 4096), (4099, 4, 4096), (128000, 2, 8192)):
         got, warps = logprobs_triton.launch_config(vocab, size)

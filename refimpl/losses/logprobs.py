@@ -43,6 +43,20 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def memory_budget(rows: int, vocab: int, dtype: torch.dtype, budget_bytes: int | None) -> tuple[int, int]:
+    """``(budget_bytes, s)``: the bytes a chunk's temporaries may take (default ``MEMORY_FRACTION``
+    of one ``[rows, vocab]`` tensor of the compute dtype) and that dtype's size ``s``; checked."""
+    for name, value in (("rows", rows), ("vocab", vocab)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    size = _compute_dtype(dtype).itemsize
+    if budget_bytes is None:
+        return int(MEMORY_FRACTION * rows * vocab * size), size
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+    return budget_bytes, size
+
+
 def logprobs_chunk_elements(device: torch.device | str, rows: int, vocab: int, dtype: torch.dtype, *,
                             budget_bytes: int | None = None) -> int:
     """Elements of the eager path's ``[rows', V]`` working chunks for ``rows`` rows of ``vocab``
@@ -56,14 +70,7 @@ def logprobs_chunk_elements(device: torch.device | str, rows: int, vocab: int, d
     the eager path's peak beyond the logits and their gradient is at most ``budget_bytes`` plus
     O(rows) (at most a quarter of what ``log_softmax().gather()`` keeps, by default), unless one
     row alone exceeds it."""
-    for name, value in (("rows", rows), ("vocab", vocab)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    size = _compute_dtype(dtype).itemsize
-    if budget_bytes is None:
-        budget_bytes = int(MEMORY_FRACTION * rows * vocab * size)
-    elif isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes must be a non-negative int, got {budget_bytes!r}")
+    budget_bytes, size = memory_budget(rows, vocab, dtype, budget_bytes)
     target = DEVICE_CHUNK_ELEMENTS.get(torch.device(device).type, ACCELERATOR_CHUNK_ELEMENTS)
     return max(vocab, 1, min(target, budget_bytes // (EAGER_TEMPORARIES * size)))
 
@@ -98,11 +105,11 @@ def _triton_kernels():
 BACKENDS = ("auto", "eager", "triton")
 
 
-def use_triton(logits: torch.Tensor, backend: str) -> bool:
-    """Whether ``token_logprobs`` runs the Triton kernels: ``"triton"`` always (compiled on CUDA,
-    in Triton's interpreter on CPU tensors: slow, for tests), ``"auto"`` on CUDA for float16 /
-    bfloat16 / float32 logits when triton is installed (and not in interpreter mode), ``"eager"``
-    never."""
+def use_triton(device: torch.device, dtype: torch.dtype, backend: str) -> bool:
+    """Whether ``token_logprobs`` runs the Triton kernels on logits of ``dtype`` on ``device``:
+    ``"triton"`` always (compiled on CUDA, in Triton's interpreter on CPU tensors: slow, for tests),
+    ``"auto"`` on CUDA for float16 / bfloat16 / float32 logits when triton is installed (and not in
+    interpreter mode), ``"eager"`` never."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "eager":
@@ -111,14 +118,14 @@ def use_triton(logits: torch.Tensor, backend: str) -> bool:
     if backend == "triton":
         if kernels is None:
             raise ValueError("backend='triton' needs the triton package")
-        if logits.dtype not in kernels.DTYPES:
-            raise ValueError(f"backend='triton' reads {kernels.DTYPES} logits, got {logits.dtype}")
-        if logits.device.type != "cuda" and not kernels.INTERPRETED:
-            raise ValueError(f"backend='triton' runs on CUDA tensors, or on {logits.device.type} tensors "
+        if dtype not in kernels.DTYPES:
+            raise ValueError(f"backend='triton' reads {kernels.DTYPES} logits, got {dtype}")
+        if device.type != "cuda" and not kernels.INTERPRETED:
+            raise ValueError(f"backend='triton' runs on CUDA tensors, or on {device.type} tensors "
                              "in Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)")
         return True
-    return (kernels is not None and not kernels.INTERPRETED and logits.device.type == "cuda"
-            and logits.dtype in kernels.DTYPES)
+    return (kernels is not None and not kernels.INTERPRETED and device.type == "cuda"
+            and dtype in kernels.DTYPES)
 
 
 def _check_logits(logits) -> None:
@@ -295,7 +302,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
         raise ValueError(f"tokens must lie in [0, V={vocab})")
     rows_per_chunk = _chunk_rows(logits, chunk_elements)
     return _TokenLogprobs.apply(logits, tokens.long(), rows_per_chunk, check_finite,
-                                use_triton(logits, backend))
+                                use_triton(logits.device, logits.dtype, backend))
 
 
 def _surprisal(chunk: torch.Tensor) -> torch.Tensor:
