@@ -226,10 +226,8 @@ def test_logprob_of_every_token_of_a_confident_row_keeps_its_relative_accuracy(r
         np.testing.assert_allclose(grad[y].numpy(), float(weights[y]) * want_grad, rtol=2 * rel, atol=0.0)
 
 
-@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
-def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
-    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _row_stats
-    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+def chunk_sizes(monkeypatch) -> list[int]:
+    """The list to which every later eager chunk of token_logprobs appends its row count."""
     import refimpl.losses.logprobs as module
 
     seen = []
@@ -240,6 +238,14 @@ def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows
         return inner(chunk, tokens)
 
     monkeypatch.setattr(module, "_row_stats", spy)
+    return seen
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
+def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
+    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _row_stats
+    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+    seen = chunk_sizes(monkeypatch)
     vocab, rows = 5, 7
     logits = torch.arange(rows * vocab, dtype=torch.float64).reshape(rows, vocab).sin()
     tokens = torch.arange(rows) % vocab

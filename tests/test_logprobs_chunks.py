@@ -24,6 +24,7 @@ from refimpl.losses.logprobs import (
     logprobs_chunk_elements,
     token_logprobs,
 )
+from tests.test_logprobs import chunk_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("logprobs_benchmark", ROOT / "benchmarks" / "logprobs.py")
@@ -63,14 +64,7 @@ def test_the_eager_chunk_is_the_device_s_size_bounded_by_a_quarter_of_the_naive_
 
 def test_token_logprobs_chunks_by_the_rule_of_its_device(monkeypatch):
     """chunk_elements=None takes logprobs_chunk_elements(logits.device, N T, V, dtype)."""
-    seen = []
-    inner = lp._row_stats
-
-    def spy(chunk, tokens):
-        seen.append(chunk.shape[0])
-        return inner(chunk, tokens)
-
-    monkeypatch.setattr(lp, "_row_stats", spy)
+    seen = chunk_sizes(monkeypatch)
     monkeypatch.setitem(lp.DEVICE_CHUNK_ELEMENTS, "cpu", 3 * 50)
     token_logprobs(torch.zeros(2, 5, 50), torch.zeros(2, 5, dtype=torch.long))
     assert seen == [1] * 10  # 10 rows: the budget, 10 V / 16 elements, is under a row: one row a chunk
@@ -151,6 +145,19 @@ def test_the_lm_head_chunk_is_the_budget_over_its_two_tensors():
         lm_head_chunk_rows(4, -5, F32)
 
 
+def lm_head_peaks(n: int, d: int, v: int, device: torch.device) -> tuple[int, int, int]:
+    """(fused, naive) measured peaks beyond the float32 inputs and their gradients, and the bytes of
+    one chunk of the fused path's logits, at N = n, d, V = v."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(n, d, generator=gen).to(device)
+    weight = (torch.randn(v, d, generator=gen) / d**0.5).to(device)
+    tokens = torch.randint(0, v, (n,), generator=gen).to(device)
+    grads = (n * d + v * d) * 4
+    naive_step, fused_step = lm_head_steps(hidden, weight, tokens)
+    chunk = lm_head_chunk_rows(n, v, F32) * v * 4
+    return measured(fused_step, device, grads), measured(naive_step, device, grads), chunk
+
+
 def lm_head_steps(hidden, weight, tokens):
     def naive():
         h, w = hidden.detach().requires_grad_(True), weight.detach().requires_grad_(True)
@@ -182,32 +189,16 @@ def test_the_lm_head_peak_measured_on_cpu_follows_the_same_models():
     and gradients is within LM_HEAD_TEMPORARIES chunks plus O(N + V); the naive one is at least
     three [N, V] tensors minus the gradients; their ratio at most 0.25 (here about 0.08)."""
     n, d, v = 512, 64, 4096
-    gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(n, d, generator=gen)
-    weight = torch.randn(v, d, generator=gen) / 8
-    tokens = torch.randint(0, v, (n,), generator=gen)
-    grads = (n * d + v * d) * 4
-    naive_step, fused_step = lm_head_steps(hidden, weight, tokens)
-    ours = measured(fused_step, CPU, grads)
-    naive = measured(naive_step, CPU, grads)
-    chunk = lm_head_chunk_rows(n, v, F32) * v * 4
+    ours, naive, chunk = lm_head_peaks(n, d, v, CPU)
     assert ours <= LM_HEAD_TEMPORARIES * chunk + PER_TOKEN * (n + v)
-    assert naive >= 3 * n * v * 4 - grads
+    assert naive >= 3 * n * v * 4 - (n * d + v * d) * 4
     assert ours <= 0.25 * naive
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA: the issue-size lm head is measured "
                                                           "on a GPU")
 def test_the_lm_head_peak_at_the_issue_size_on_cuda():
-    device = torch.device("cuda")
     n, d, v = 4096, 2048, 1 << 17
-    hidden = torch.randn(n, d, device=device)
-    weight = torch.randn(v, d, device=device) / d**0.5
-    tokens = torch.randint(0, v, (n,), device=device)
-    grads = (n * d + v * d) * 4
-    naive_step, fused_step = lm_head_steps(hidden, weight, tokens)
-    ours = measured(fused_step, device, grads)
-    naive = measured(naive_step, device, grads)
-    chunk = lm_head_chunk_rows(n, v, F32) * v * 4
+    ours, naive, chunk = lm_head_peaks(n, d, v, torch.device("cuda"))
     assert ours <= LM_HEAD_TEMPORARIES * chunk + PER_TOKEN * (n + v) + (64 << 20)  # + cuBLAS workspace
     assert ours <= 0.25 * naive

@@ -22,6 +22,7 @@ from refimpl.losses.logprobs import (
     _compute_dtype,
     _logprob_parts,
     check_distributions,
+    check_tokens,
     logprob_grad,
     logprob_stats,
     logprobs_chunk_elements,
@@ -136,16 +137,8 @@ def lm_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.T
                          f"{hidden.device}), got {weight.dtype}, {weight.device}")
     if weight.shape[0] == 0:
         raise ValueError("weight must have V >= 1 rows")
-    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise TypeError("tokens must be an integer torch.Tensor")
-    if tokens.shape != hidden.shape[:-1]:
-        raise ValueError(f"tokens must have shape {tuple(hidden.shape[:-1])} (hidden without d), "
-                         f"got {tuple(tokens.shape)}")
-    if tokens.device != hidden.device:
-        raise ValueError(f"tokens must be on the device of hidden ({hidden.device}), got {tokens.device}")
     vocab = weight.shape[0]
-    if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
-        raise ValueError(f"tokens must lie in [0, V={vocab})")
+    check_tokens(tokens, hidden, "hidden", "d", vocab)
     flat = hidden.reshape(-1, hidden.shape[-1])
     if chunk_rows is None:
         chunk_rows = lm_head_chunk_rows(flat.shape[0], vocab, hidden.dtype)

@@ -128,6 +128,20 @@ def use_triton(device: torch.device, dtype: torch.dtype, backend: str) -> bool:
             and dtype in kernels.DTYPES)
 
 
+def check_tokens(tokens, reference: torch.Tensor, name: str, last: str, vocab: int) -> None:
+    """``tokens`` must be integer ids in ``[0, vocab)`` of the shape of ``reference`` (called ``name``)
+    without its last dimension (called ``last``), on its device; a host synchronisation."""
+    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise TypeError("tokens must be an integer torch.Tensor")
+    if tokens.shape != reference.shape[:-1]:
+        raise ValueError(f"tokens must have shape {tuple(reference.shape[:-1])} ({name} without {last}), "
+                         f"got {tuple(tokens.shape)}")
+    if tokens.device != reference.device:
+        raise ValueError(f"tokens must be on the device of {name} ({reference.device}), got {tokens.device}")
+    if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
+        raise ValueError(f"tokens must lie in [0, V={vocab})")
+
+
 def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         raise TypeError("logits must be a floating-point torch.Tensor")
@@ -290,16 +304,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
         ``[...]`` log-probabilities (``-inf`` where the token's logit is ``-inf``).
     """
     _check_logits(logits)
-    if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise TypeError("tokens must be an integer torch.Tensor")
-    if tokens.shape != logits.shape[:-1]:
-        raise ValueError(f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), "
-                         f"got {tuple(tokens.shape)}")
-    if tokens.device != logits.device:
-        raise ValueError(f"tokens must be on the device of logits ({logits.device}), got {tokens.device}")
-    vocab = logits.shape[-1]
-    if tokens.numel() and bool(((tokens < 0) | (tokens >= vocab)).any()):
-        raise ValueError(f"tokens must lie in [0, V={vocab})")
+    check_tokens(tokens, logits, "logits", "V", logits.shape[-1])
     rows_per_chunk = _chunk_rows(logits, chunk_elements)
     return _TokenLogprobs.apply(logits, tokens.long(), rows_per_chunk, check_finite,
                                 use_triton(logits.device, logits.dtype, backend))
