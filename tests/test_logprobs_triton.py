@@ -67,7 +67,7 @@ def relative_rounding(logits: torch.Tensor, block: int) -> float:
 @pytest.mark.parametrize("vocab", [1, 7, 4099])
 def test_the_kernels_equal_the_eager_path(dtype, vocab):
     """Random rows of scale 5 with -inf entries, a maximum tied within a row and one tied across the
-    kernel's blocks (at V = 4099, two float32 blocks of 4096 or one half-precision block of 8192), and
+    kernel's blocks (at V = 4099, two blocks of 4096), and
     a maximum that arrives in a later block than a smaller earlier one (the lanes' rescaling).
     Values: relative to log p, no absolute slack (both are sums of non-negative terms). Gradients:
     relative, plus one rounding of each path's result to the logits' dtype and its subnormal spacing."""
@@ -117,7 +117,7 @@ def test_the_kernels_keep_the_relative_accuracy_of_confident_rows(row):
 
 @kernels
 def test_maxima_that_move_between_blocks_keep_the_relative_accuracy():
-    """V = 8195: three float32 blocks of 4096. Row A: 20, 10 and 30 at entries 2, 4098 and 8194, one
+    """V = 8195: three blocks of 4096. Row A: 20, 10 and 30 at entries 2, 4098 and 8194, one
     lane in three blocks (its sum exp(10 - 20) must be rescaled and its old maximum's 1 join it when
     the 30 arrives: log p of the 30 is -4.54e-5, relative); row B: 30 at entries 1 and 8193 (a tie
     across blocks in one lane). Tolerance: relative_rounding, no absolute slack."""
@@ -196,10 +196,10 @@ def test_the_lm_head_through_the_kernels_equals_its_eager_path(dtype):
         assert float((got - want).abs().max()) <= bound
 
 
-def test_launch_config_blocks_are_powers_of_two_of_at_most_16_kib():
-    for vocab, size, block in ((1, 4, 1), (7, 2, 8), (4096, 4, 4096), (4099, 4, 4096), (128000, 2, 8192)):
+def test_launch_config_blocks_are_powers_of_two_of_at_most_4096():
+    for vocab, size, block in ((1, 4, 1), (7, 2, 8), (4096, 4, 4096), (4099, 4, 4096), (128000, 2, 4096)):
         got, warps = logprobs_triton.launch_config(vocab, size)
-        assert got == block and warps in (4, 8)
+        assert got == block and warps == (8 if block >= 2048 else 4)
 
 
 @pytest.mark.skipif(DEVICE is not None, reason="the kernels ran in this process")
