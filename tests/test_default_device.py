@@ -65,6 +65,7 @@ from refimpl.losses import (
     bradley_terry_loss,
     dpo_loss,
     entropy_bonus_loss,
+    lm_head_logprobs,
     loss_normalizer,
     policy_loss,
     ppo_combined_loss,
@@ -560,6 +561,15 @@ def _(dtype):
     tokens[0, 0] = 1
     # chunks of two rows: several chunks and a short last one
     return lambda: token_logprobs(logits, tokens.int(), chunk_elements=12), (logits,)
+
+
+@case("refimpl.losses.lm_head_logprobs")
+def _(dtype):
+    hidden = _random(N, T, 4, seed=39, dtype=dtype, grad=True)
+    weight = _random(6, 4, seed=40, dtype=dtype, low=-2.0, high=2.0, grad=True)
+    tokens = torch.randint(0, 6, (N, T), generator=torch.Generator().manual_seed(41))
+    # chunks of three tokens: several chunks and a short last one
+    return lambda: lm_head_logprobs(hidden, weight, tokens, chunk_rows=3), (hidden, weight)
 
 
 @case("refimpl.losses.token_entropy")

@@ -226,24 +226,30 @@ def test_logprob_of_every_token_of_a_confident_row_keeps_its_relative_accuracy(r
         np.testing.assert_allclose(grad[y].numpy(), float(weights[y]) * want_grad, rtol=2 * rel, atol=0.0)
 
 
-@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
-def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
-    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _logprob_parts
-    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+def chunk_sizes(monkeypatch) -> list[int]:
+    """The list to which every later eager chunk of token_logprobs appends its row count."""
     import refimpl.losses.logprobs as module
 
     seen = []
-    inner = module._logprob_parts
+    inner = module._row_stats
 
     def spy(chunk, tokens):
         seen.append(chunk.shape[0])
         return inner(chunk, tokens)
 
-    monkeypatch.setattr(module, "_logprob_parts", spy)
+    monkeypatch.setattr(module, "_row_stats", spy)
+    return seen
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 2, 3, 7])
+def test_the_forward_works_in_chunks_of_at_most_the_rows_asked(monkeypatch, rows_per_chunk):
+    """The [rows, V] temporaries are bounded by chunk_elements: the forward hands _row_stats
+    consecutive chunks of exactly rows_per_chunk rows (the last one shorter) covering each row once."""
+    seen = chunk_sizes(monkeypatch)
     vocab, rows = 5, 7
     logits = torch.arange(rows * vocab, dtype=torch.float64).reshape(rows, vocab).sin()
     tokens = torch.arange(rows) % vocab
-    got = token_logprobs(logits, tokens, chunk_elements=rows_per_chunk * vocab)
+    got = token_logprobs(logits, tokens, chunk_elements=rows_per_chunk * vocab, backend="eager")
     full, rest = divmod(rows, rows_per_chunk)
     assert seen == [rows_per_chunk] * full + ([rest] if rest else [])
     torch.testing.assert_close(got, plain_logprobs(logits, tokens), rtol=4 * U * (vocab + 2), atol=0.0)

@@ -281,13 +281,14 @@ def test_logits_and_tokens_errors_in_full():
 
 
 @pytest.mark.parametrize("vocab", [1, 2, 3, 7])
-@pytest.mark.parametrize("chunk_elements", [1, 2, 5, 6, 7, 1 << 22, None])
+@pytest.mark.parametrize("chunk_elements", [1, 2, 5, 6, 7, 1 << 22])
 def test_rows_per_chunk_bounds_the_working_chunk(vocab, chunk_elements):
     """The chunk holds at most chunk_elements elements (one row when a row alone exceeds it), and one
-    more row would exceed it."""
-    from refimpl.losses.logprobs import DEFAULT_CHUNK_ELEMENTS, _rows_per_chunk
+    more row would exceed it (the default, from the device and a memory bound:
+    tests/test_logprobs_chunks.py)."""
+    from refimpl.losses.logprobs import _rows_per_chunk
 
-    elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    elements = chunk_elements
     rows = _rows_per_chunk(vocab, chunk_elements)
     assert rows >= 1 and (rows == 1 or rows * vocab <= elements)
     assert (rows + 1) * vocab > elements
