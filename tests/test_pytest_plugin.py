@@ -41,6 +41,12 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_inprocess("-p", "refimpl.pytest_plugin", *quiet, *args)
 
 
+def planted_passes() -> int:
+    """The planted bugs fail one class of the DAPO loss (of all but kl_penalty) and two of the
+    advantages."""
+    return len(case_classes("policy_loss")) - 1 - 1 + len(case_classes("group_advantages")) - 2
+
+
 def test_the_example_suite_passes_one_test_per_case_class(example):
     result = run(example, "-v")
     # DAPO has no KL term: every policy-loss class but kl_penalty
@@ -61,11 +67,17 @@ def test_the_example_suite_passes_one_test_per_case_class(example):
         ]
     )
     assert "kl_penalty" not in result.stdout.str()
+    # examples/README.md shows this suite and its count
+    readme = (ROOT / "examples" / "README.md").read_text()
+    assert f"$ pytest          # {expected} passed" in readme and f"\n{expected} passed\n" in readme
+    suite = (EXAMPLE / "tests" / "test_conformance.py").read_text().splitlines()
+    assert all(line in readme for line in suite if line.startswith(("test_", "from refimpl")))
 
 
 def test_a_planted_bug_fails_with_the_smallest_case_expected_and_got(example):
     result = run(example, "planted")
-    result.assert_outcomes(failed=3, passed=len(case_classes("policy_loss")) - 1 + 6 - 3)
+    result.assert_outcomes(failed=3, passed=planted_passes())
+    assert "$ pytest planted  # 3 failed" in (ROOT / "examples" / "README.md").read_text()
     result.stdout.fnmatch_lines(
         [
             "*_ test_dapo_loss[[]masked_nonfinite[]] _*",
@@ -104,7 +116,7 @@ def test_without_the_plugin_the_failure_is_still_an_assertion_with_the_message(e
     # the helpers return plain test functions: with the plugin not loaded (and no --strict-markers)
     # the same failure is an AssertionError carrying the same message
     result = example.runpytest_inprocess("-p", "no:cacheprovider", "-o", "addopts=", "planted")
-    result.assert_outcomes(failed=3, passed=18)
+    result.assert_outcomes(failed=3, passed=planted_passes())
     result.stdout.fnmatch_lines(["E   refimpl.pytest_plugin.ConformanceFailure: masked_nonfinite failed: *"])
 
 
