@@ -91,21 +91,18 @@ def loss_tests(
         preset: a preset name ("dapo", "grpo", ...) or a ``PolicyLossVariant``.
         convention: "reference" (the spec), "trl", "verl", "openrlhf" or a ``Convention``.
         adapter: ``adapter(fn, call: PolicyLossCall) -> loss``, or ``"module:name"``.
-        classes: the case classes to test (default: every class that applies: ``kl_penalty`` with
-            a KL term, ``golden_vectors`` under the reference convention).
+        classes: the case classes to test (default: those that have a case for the preset under
+            the convention, ``applicable_case_classes``: e.g. ``kl_penalty`` with a KL term,
+            ``golden_vectors`` under the reference convention).
         kl_coef, rtol, seed, device: as ``check_loss`` (``rtol`` None: the kit's default).
     Returns:
         a test function parametrised by ``case_class``: assign it to a ``test_*`` name.
     """
-    from refimpl.conformance import Convention, case_classes, check_loss, profile, resolve_preset
+    from refimpl.conformance import check_loss
+    from refimpl.conformance.checks import applicable_case_classes
 
-    name, variant = resolve_preset(preset, kl_coef=kl_coef)  # a bad preset fails at collection
-    reference = profile(convention, name if name != "custom" else "grpo") == Convention()
-    applicable = [
-        c
-        for c in case_classes("policy_loss")
-        if (c != "kl_penalty" or variant.kl_coef > 0) and (c != "golden_vectors" or reference)
-    ]
+    # a bad preset or convention fails here, at collection
+    applicable = applicable_case_classes(preset, convention=convention, kl_coef=kl_coef, seed=seed)
 
     def run(fn, adapter_fn, case_class):
         return check_loss(

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from refimpl.conformance import case_classes, check_loss
+from refimpl.conformance.checks import applicable_case_classes
 from refimpl.pytest_plugin import advantage_tests, kl_tests, logprob_tests, loss_tests
 
 pytest_plugins = ["pytester"]
@@ -69,7 +70,8 @@ def test_the_example_suite_passes_one_test_per_case_class(example):
     assert "kl_penalty" not in result.stdout.str()
     # examples/README.md shows this suite and its count
     readme = (ROOT / "examples" / "README.md").read_text()
-    assert f"$ pytest          # {expected} passed" in readme and f"\n{expected} passed\n" in readme
+    shown = f"$ pytest          # {expected} passed" in readme and f"\n{expected} passed\n" in readme
+    assert shown, f"examples/README.md must show the example's {expected} passed tests (twice)"
     suite = (EXAMPLE / "tests" / "test_conformance.py").read_text().splitlines()
     assert all(line in readme for line in suite if line.startswith(("test_", "from refimpl")))
 
@@ -208,3 +210,19 @@ def test_the_report_gives_one_class_and_its_failure_message(monkeypatch):
     cut = report.failure_message(max_line=80).splitlines()
     assert any(line.endswith(suffix) for line in cut)
     assert all(len(line) <= 80 or (line.endswith(suffix) and len(line) < 100 + len(suffix)) for line in cut)
+
+
+@pytest.mark.parametrize("convention, kl_coef", [("reference", None), ("reference", 0.04), ("trl", None)])
+def test_applicable_case_classes_are_those_the_check_runs(monkeypatch, convention, kl_coef):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from acme_rl.losses import dapo_loss
+
+    def loss(logp, old_logp, advantages, mask, *, ref_logp=None, normalizer=None):  # KL term ignored
+        return dapo_loss(logp, old_logp, advantages, mask, normalizer=normalizer)
+
+    applicable = applicable_case_classes("dapo", convention=convention, kl_coef=kl_coef)
+    report = check_loss(loss, "dapo", convention=convention, kl_coef=kl_coef)
+    assert applicable == tuple(row.case_class for row in report.by_class())
+    assert ("kl_penalty" in applicable) == (kl_coef is not None)
+    # the vectors hold DAPO without a KL term (none with kl_coef 0.04), under the reference only
+    assert ("golden_vectors" in applicable) == (convention == "reference" and kl_coef is None)

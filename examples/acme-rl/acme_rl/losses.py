@@ -18,6 +18,9 @@ def dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
 
 def kl_k3(logp, ref_logp):
     """The k3 estimator of KL(pi || pi_ref) per token (Schulman 2020): r - 1 - log r with
-    log r = ref_logp - logp, written as expm1(x) - x (no cancellation for small x)."""
+    log r = x = ref_logp - logp, written as expm1(x) - x (no cancellation for small x). A token the
+    policy gives probability 0 (x = +inf) has k3 = +inf, where expm1(x) - x would be inf - inf."""
     x = ref_logp - logp
-    return torch.expm1(x) - x
+    plus_inf = torch.isposinf(x)
+    safe = torch.where(plus_inf, 0.0, x)  # the finite branch's gradient stays free of inf * 0
+    return torch.where(plus_inf, torch.exp(x), torch.expm1(safe) - safe)
