@@ -24,12 +24,13 @@ import torch
 
 from refimpl.losses import PolicyLossVariant, policy_loss
 
-from .cases import CASE_CLASSES
+from .cases import CASE_CLASSES, policy_loss_cases
 from .contract import PolicyLossCall, SignatureError, contract_adapter
 from .conventions import Convention
 from .diagnosis import explained_by_rerun
 from .expected import convention_loss, convention_normalizer, effective_variant
 from .frameworks import FRAMEWORKS, Driver, Mode, load_driver
+from .golden import golden_cases
 from .policy_check import differences_report, run_policy_check
 from .presets import resolve_preset
 from .profiles import advantage_convention, mode_convention, profile
@@ -44,6 +45,7 @@ __all__ = [
     "SignatureError",
     "contract_adapter",
     "case_classes",
+    "applicable_case_classes",
     "check_loss",
     "check_policy_loss",
     "check_kl",
@@ -66,6 +68,25 @@ def case_classes(kind: str = "policy_loss") -> tuple[str, ...]:
     if kind not in CASE_CLASSES:
         raise ValueError(f"kind must be one of {tuple(CASE_CLASSES)}, got {kind!r}")
     return CASE_CLASSES[kind]
+
+
+def applicable_case_classes(
+    preset: str | PolicyLossVariant,
+    *,
+    convention: str | Convention = "reference",
+    kl_coef: float | None = None,
+    seed: int = 0,
+) -> tuple[str, ...]:
+    """The policy-loss case classes that have a case for ``preset`` under ``convention``, in report
+    order: those ``check_policy_loss`` runs by default (e.g. ``kl_penalty`` only with a KL term,
+    ``golden_vectors`` only under the reference convention and when a vector has the variant)."""
+    name, variant = resolve_preset(preset, kl_coef=kl_coef)
+    conv = profile(convention, name if name != "custom" else "grpo")
+    v = effective_variant(variant, conv)
+    present = {case.case_class for case in policy_loss_cases(v, conv, seed=seed)}
+    if conv == Convention() and golden_cases(v):
+        present.add("golden_vectors")
+    return tuple(c for c in CASE_CLASSES["policy_loss"] if c in present)
 
 
 def check_policy_loss(

@@ -126,6 +126,47 @@ class CheckReport:
     def failing_classes(self) -> list[str]:
         return [c.case_class for c in self.by_class() if not c.ok]
 
+    def case_class(self, name: str) -> ClassResult:
+        """The row of case class ``name``; KeyError naming the classes of the report when it has no
+        case of that class (e.g. ``kl_penalty`` without a KL term)."""
+        for row in self.by_class():
+            if row.case_class == name:
+                return row
+        present = ", ".join(c.case_class for c in self.by_class()) or "none"
+        raise KeyError(f"no case of class {name!r} in this report (classes: {present})")
+
+    def failure_message(self, case_class: str | None = None, *, max_line: int = 4000) -> str:
+        """Why ``case_class`` (default: the whole report) failed, as the message of a test failure:
+        a first line naming the smallest failing case with its expected and obtained loss (or the
+        exception the function raised), the header and title, the class's row, the case in full
+        (inputs to 17 digits, expected and obtained values and gradients) and as one line of
+        Python for a regression test; a line longer than ``max_line`` characters (a large
+        vocabulary's logits) is cut, saying so (``to_dict()`` has it in full). An empty string
+        when it passed."""
+        failing = [r for r in self.results if not r.ok and case_class in (None, r.case_class)]
+        if not failing:
+            return ""
+        worst = min(failing, key=_diagnostic_order)
+        first = f"{worst.case_class} failed: smallest failing case {worst.case_id}"
+        if worst.error:
+            first += f": the function raised {worst.error}"
+        elif worst.expected is not None and worst.got is not None:
+            first += f": expected {worst.expected!r}, got {worst.got!r}"
+        row = self.case_class(worst.case_class)
+        lines = [first, *self.header, self.title]
+        lines.append(
+            f"case class {row.case_class}: {row.cases} cases, value {_fmt_ok(row.value_ok)}, gradient "
+            f"{_fmt_ok(row.grad_ok)}, max value err {_fmt_err(row.max_value_error)}, max grad err "
+            f"{_fmt_err(row.max_grad_error)} (errors relative to max|expected| + s)"
+        )
+        lines.append(f"smallest failing case: {worst.case_id}")
+        if worst.explanation:
+            lines.append(f"  diagnosis: {worst.explanation}")
+        lines.append(worst.detail)
+        if worst.case_line:
+            lines += ["the case as one line of Python:", f"  {worst.case_line}"]
+        return "\n".join(_cut(line, max_line) for line in "\n".join(lines).splitlines())
+
     def smallest_failure(self) -> CaseResult | None:
         """The most diagnostic failing case: generated float64 cases with finite inputs before those
         with NaN / inf padding, half-precision ones and the golden vectors (whose magnitudes reach
@@ -225,6 +266,12 @@ class CheckReport:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def _cut(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]} ... ({len(line) - limit} more characters: CheckReport.to_dict() has them)"
 
 
 def _diagnostic_order(r: CaseResult) -> tuple:
