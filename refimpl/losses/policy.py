@@ -358,7 +358,16 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
         raise ValueError("variant.group_size (G) is required by aggregation 'seq_sqrt_token_mean'; "
                          "use dataclasses.replace(variant, group_size=...)")
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
-    return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
+    if variant.aggregation != "seq_sum":
+        return sequences
+    # L_max is Dr. GRPO's bound on every length (md eq. (11)), or 1: the un-normalised token sum
+    # (verl's seq-mean-token-sum and token-sum, refimpl.conformance).
+    if variant.max_length > 1 and lengths.numel():
+        _check_value(lengths.max() <= variant.max_length,
+                     f"variant.max_length (L_max = {variant.max_length}) must be >= every sequence's length "
+                     f"(its tokens in mask), or 1 for an un-normalised token sum: seq_sum divides by "
+                     f"sequences x L_max, the bound on the lengths")
+    return sequences * variant.max_length
 
 
 def _sequence_kl_weight(variant: PolicyLossVariant, local: torch.Tensor, lengths: torch.Tensor,
