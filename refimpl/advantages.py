@@ -302,24 +302,42 @@ def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> tor
     return ~_group_is_constant(rewards, index, num_groups)[index]
 
 
-def dynamic_sampling_weights(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+def dynamic_sampling_weights(rewards: torch.Tensor, group_ids: torch.Tensor, *,
+                             mask: torch.Tensor | None = None) -> torch.Tensor:
     """Dynamic sampling without oversampling: filter zero-signal groups, upweight the rest by 1/(1 - f).
 
     spec: advantages.md eq. (16)-(17); seed 000 "DAPO" 2 ("if a proportion 1/4 are filtered out,
-    the remainder are upweighted by 4/3"), seed 002. ``f`` is the fraction of the N samples whose
+    the remainder are upweighted by 4/3"), seed 002. ``f`` is the fraction of the samples whose
     group's rewards are all equal (``dynamic_sampling_mask``; the fraction of prompts when groups
-    have equal sizes). Weight ``keep_i / (1 - f)``; every sample 0 when all are filtered (f = 1).
-    Multiplying each sequence's loss contribution by it is dividing the loss by ``(1 - f) D``
-    (``refimpl.losses.upweighted_normalizer``). With a random f it is a ratio estimator: its
-    expected gradient is not the unfiltered one divided by E[1 - f] (advantages.md eq. (17)).
-    Shapes: rewards ``[N]`` float, group_ids ``[N]`` int. Returns ``[N]`` weights in
-    ``promote_types(rewards.dtype, float32)``.
+    have equal sizes), counted over the non-empty rows of the loss ``mask`` when it is given (an
+    empty row is no sample: it neither dilutes nor is upweighted) and over all N otherwise. Weight
+    ``keep_i / (1 - f)`` on kept non-empty rows, 0 elsewhere; every sample 0 when all are filtered
+    (f = 1). Multiplying each sequence's loss contribution by it equals filtering the rows and
+    dividing the loss by ``(1 - f) D`` (``refimpl.losses.upweighted_normalizer``, same f) on every
+    mask. With a random f it is a ratio estimator: its expected gradient is not the unfiltered one
+    divided by E[1 - f] (advantages.md eq. (17)).
+    Shapes: rewards ``[N]`` float, group_ids ``[N]`` int, mask ``[N, T]`` bool or 0/1 (optional).
+    Returns ``[N]`` weights in ``promote_types(rewards.dtype, float32)``.
     """
     keep = dynamic_sampling_mask(rewards, group_ids)
     dtype = torch.promote_types(rewards.dtype, torch.float32)
-    kept = keep.sum(dtype=dtype)
-    # keep_i / (1 - f) = keep_i N / (number kept); 0 / max(kept, 1) = 0 when nothing is kept
-    return keep.to(dtype) * (keep.numel() / kept.clamp(min=1.0))
+    rows = keep.new_ones(keep.shape) if mask is None else _nonempty_rows(mask, rewards)
+    counted = keep & rows
+    kept = counted.sum(dtype=dtype)
+    # keep_i / (1 - f) = keep_i rows / (rows kept); 0 / max(kept, 1) = 0 when nothing is kept
+    return counted.to(dtype) * (rows.sum(dtype=dtype) / kept.clamp(min=1.0))
+
+
+def _nonempty_rows(mask, rewards: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool: the rows of the loss mask ``[N, T]`` with at least one token."""
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or mask.shape[0] != rewards.shape[0]:
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"mask must be a [N, T] tensor with N = {rewards.shape[0]} rows, got {got}")
+    if mask.device != rewards.device:
+        raise ValueError(f"mask must be on the device of rewards ({rewards.device}), got {mask.device}")
+    if mask.dtype != torch.bool and (mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all())):
+        raise ValueError("mask must be bool or contain only 0 and 1")
+    return mask.bool().any(dim=-1)
 
 
 def oversampled_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, selected: torch.Tensor,
@@ -331,7 +349,9 @@ def oversampled_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, selec
     ``convention`` is passed to ``group_advantages`` unchanged (``scale``, ``singleton``, ...).
     With a selection that does not depend on the rewards (e.g. the first G of G' i.i.d. samples),
     the expected gradient is that of G' samples: mean-centred ``(1 - 1/G') grad J``, leave-one-out
-    ``grad J`` (unbiased), std-scaled ``c_{G'}(p) grad J`` (eq. (13) with G'), whatever G.
+    ``grad J`` (unbiased), std-scaled ``c_{G'}(p) grad J`` (eq. (13) with G'), whatever G. A
+    selection by the rewards (the G largest ``|R_i - mean|``) keeps the direction ``grad J`` only
+    for 0/1 rewards, with a difficulty-dependent factor (eq. (19)).
     Shapes: rewards, group_ids ``[N]``; selected ``[N]`` bool. Returns ``[number selected]``
     advantages in the order of the selected samples.
     """

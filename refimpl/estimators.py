@@ -104,7 +104,8 @@ def _bootstrap_points(term: torch.Tensor, trunc: torch.Tensor) -> torch.Tensor:
     """``[N, T]`` bool: steps after which the return is cut and bootstrapped from next_values:
     truncated steps and the last column where the episode has not terminated."""
     boot = trunc.clone()
-    boot[:, -1] |= ~term[:, -1]
+    if boot.shape[1]:  # an empty time axis has no last column
+        boot[:, -1] |= ~term[:, -1]
     return boot
 
 
@@ -116,6 +117,8 @@ def _backward_linear_recursion(const: torch.Tensor, decay: torch.Tensor) -> torc
     """
     c, d = const.t().contiguous(), decay.t().contiguous()
     out = torch.empty_like(c)
+    if c.shape[0] == 0:  # T = 0: an empty [N, 0] result
+        return out.t().contiguous()
     out[-1] = c[-1]
     for t in range(c.shape[0] - 2, -1, -1):
         torch.addcmul(c[t], d[t], out[t + 1], out=out[t])
@@ -181,7 +184,8 @@ def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n:
 
     r, v = rewards.to(dt), nv.to(dt)
     ended = term | trunc
-    ended[:, -1] = True  # the row's last step ends every partial sum
+    if T:  # the row's last step ends every partial sum (an empty time axis has none)
+        ended[:, -1] = True
     out = torch.zeros(shape, dtype=dt, device=dev)
     alive = torch.ones(shape, dtype=torch.bool, device=dev)
     disc = 1.0
@@ -296,6 +300,12 @@ def _check_samples(f, weights, dim: int):
         raise ValueError(f"f {tuple(f.shape)} and weights {tuple(weights.shape)} must have the same shape")
     if f.ndim == 0:
         raise ValueError("f must have at least one dimension (the samples)")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -f.ndim <= dim < f.ndim:
+        raise ValueError(f"dim must be an int in [{-f.ndim}, {f.ndim}) for f of shape {tuple(f.shape)}, "
+                         f"got {dim!r}")
+    if f.shape[dim] == 0:
+        raise ValueError(f"f, weights: no samples along dim {dim} (shape {tuple(f.shape)}): an estimate "
+                         f"from N = 0 samples is undefined")
     if (weights < 0).any():
         raise ValueError("weights must be non-negative")
     dt = _compute_dtype(f)
@@ -304,7 +314,8 @@ def _check_samples(f, weights, dim: int):
 
 def is_estimate(f, weights, dim: int = -1) -> torch.Tensor:
     """Importance-sampling estimate ``(1/N) sum_i w_i f(x_i)`` over ``dim`` (spec: estimators.md
-    eq. (9); seed 001 (5)). Unbiased for ``E_p[f]`` when ``x_i ~ q`` and ``w = p/q``."""
+    eq. (9); seed 001 (5)). Unbiased for ``E_p[f]`` when ``x_i ~ q`` and ``w = p/q``. No samples
+    along ``dim`` (N = 0) raises ValueError."""
     f, w = _check_samples(f, weights, dim)
     return (w * f).mean(dim)
 

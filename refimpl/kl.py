@@ -66,13 +66,26 @@ def kl_log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bo
     return ref_logp.to(dtype) - logp.to(dtype)
 
 
+def _in_range(value: torch.Tensor, log_r: torch.Tensor, estimator: str, check_finite: bool) -> torch.Tensor:
+    """``value``, or ValueError where an estimator of finite inputs exceeds its dtype's range
+    (kl.md, Range): no silent inf or NaN. Skipped (IEEE inf returned) when not ``check_finite``."""
+    if check_finite and not bool(torch.isfinite(value).all()):
+        at = float(log_r[~torch.isfinite(value)].flatten()[0])
+        hint = "" if value.dtype == torch.float64 else "; pass float64 log-probabilities"
+        raise ValueError(f"logp, ref_logp: {estimator} overflows {value.dtype} at ref_logp - logp = {at:.6g} "
+                         f"(its exact value is beyond the dtype's range){hint}")
+    return value
+
+
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """k1 = ``-log r = logp - ref_logp`` per token (spec: kl.md eq. (2)).
 
     Unbiased for the per-state ``KL(pi_theta || pi_ref)`` when the token is sampled from pi_theta.
     Shapes: inputs any matching shape; returns the same shape (see kl_log_ratio for arguments).
+    A value beyond the dtype's range raises ValueError when ``check_finite`` (kl.md, Range).
     """
-    return -kl_log_ratio(logp, ref_logp, check_finite=check_finite)
+    log_r = kl_log_ratio(logp, ref_logp, check_finite=check_finite)
+    return _in_range(-log_r, log_r, "k1", check_finite)
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
@@ -82,7 +95,7 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = Tr
     is the gradient of the per-state ``KL(pi_theta || pi_ref)`` (kl.md section 3).
     """
     log_r = kl_log_ratio(logp, ref_logp, check_finite=check_finite)
-    return 0.5 * log_r * log_r
+    return _in_range(0.5 * log_r * log_r, log_r, "k2", check_finite)
 
 
 def _exp_minus_one_minus_identity(x: torch.Tensor) -> torch.Tensor:
@@ -104,9 +117,12 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = Tr
     Unbiased for the per-state ``KL(pi_theta || pi_ref)`` with tokens sampled from pi_theta (seed
     002; seed 000 "GRPO" with its erratum: r = pi_ref / pi_theta, the *current* policy). Computed
     without cancellation: a Taylor series for |log r| < 1e-2, ``expm1`` otherwise; finite for
-    |log r| up to ~88 in float32 and ~709 in float64.
+    log r up to ~88.7 in float32 and ~709.8 in float64. Beyond, where the exact k3 exceeds the
+    dtype's range, ValueError when ``check_finite`` (else IEEE inf, or NaN where ``ref_logp -
+    logp`` itself overflows; kl.md, Range).
     """
-    return _exp_minus_one_minus_identity(kl_log_ratio(logp, ref_logp, check_finite=check_finite))
+    log_r = kl_log_ratio(logp, ref_logp, check_finite=check_finite)
+    return _in_range(_exp_minus_one_minus_identity(log_r), log_r, "k3", check_finite)
 
 
 def categorical_kl(

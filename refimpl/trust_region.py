@@ -110,6 +110,21 @@ def _policy_log_probs(log_prob_fn: LogProbFn, params: torch.Tensor) -> torch.Ten
     return logp
 
 
+def _check_preconditioner(preconditioner, b: torch.Tensor) -> torch.Tensor | None:
+    """The diagonal preconditioner of :func:`conjugate_gradient` in b's dtype (None: plain CG)."""
+    if preconditioner is None:
+        return None
+    check_float_tensor(preconditioner, "preconditioner")
+    if preconditioner.shape != b.shape:
+        raise ValueError(f"preconditioner must have b's shape {tuple(b.shape)}, "
+                         f"got {tuple(preconditioner.shape)}")
+    if preconditioner.device != b.device:
+        raise ValueError(f"preconditioner must be on b's device {b.device}, got {preconditioner.device}")
+    if not bool((preconditioner > 0).all()):
+        raise ValueError("preconditioner must be positive (a diagonal D > 0)")
+    return preconditioner.to(b.dtype)
+
+
 def _sqrt_unit_roundoff(dtype: torch.dtype) -> float:
     """``sqrt(u)``, ``u = eps / 2``: the relative accuracy the natural-gradient routines promise
     (half the digits of the working dtype; trust_region.md eq. (18))."""
@@ -140,8 +155,9 @@ def conjugate_gradient(
     tol: float = 1e-10,
     *,
     curvature_floor: float | None = None,
+    preconditioner: torch.Tensor | None = None,
 ) -> CGResult:
-    """Solve ``M x = b`` for symmetric positive (semi-)definite M by conjugate gradient.
+    """Solve ``M x = b`` for symmetric positive (semi-)definite M by (preconditioned) conjugate gradient.
 
     spec: trust_region.md eq. (1); seed 001 (73) ("solved with conjugate gradient"). Starts from
     ``x = 0`` and stops as soon as the relative residual ``||b - M x|| / ||b|| <= tol`` or after
@@ -157,12 +173,20 @@ def conjugate_gradient(
     ``b = 0`` returns ``x = 0`` after 0 iterations. A product with a NaN or inf entry raises
     ``ValueError`` (never a silent zero or NaN solution).
 
+    With a ``preconditioner`` D (a positive diagonal, given as a tensor of b's shape) this is
+    preconditioned CG (trust_region.md eq. (1')): ``z = r / D`` replaces r as the search residual,
+    residual norms are ``||r||_{D^-1} = sqrt(r^T D^-1 r)`` (so ``relative_residual`` is
+    ``||r||_{D^-1} / ||b||_{D^-1}``) and the curvature floor applies to the Rayleigh quotients
+    ``p^T M p / p^T D p`` of the preconditioned matrix. D is only divided by, never inverted, so
+    a subnormal entry does not overflow.
+
     Args:
         matvec: ``x -> M x``, shape-preserving.
         b: right-hand side of any shape (inner products run over all entries).
         iters: maximum number of iterations (>= 1).
         tol: relative-residual tolerance (>= 0).
         curvature_floor: relative curvature floor in [0, 1) (default ``64 eps``).
+        preconditioner: positive, finite diagonal D of b's shape, or None (plain CG).
     Returns:
         :class:`CGResult` (solution in ``promote_types(b.dtype, float32)``).
     """
@@ -175,10 +199,12 @@ def conjugate_gradient(
     curvature_floor = _check_nonnegative_real(curvature_floor, "curvature_floor")
     if curvature_floor >= 1.0:
         raise ValueError(f"curvature_floor must lie in [0, 1), got {curvature_floor!r}")
+    diagonal = _check_preconditioner(preconditioner, b)
     x = torch.zeros_like(b)
     r = b.clone()
-    p = r.clone()
-    rs = float(_dot(r, r))
+    z = r if diagonal is None else r / diagonal
+    p = z.clone()
+    rs = float(_dot(r, z))
     b_norm = math.sqrt(rs)
     if b_norm == 0.0:
         return CGResult(x, 0, 0.0, 0.0, True)
@@ -192,7 +218,7 @@ def conjugate_gradient(
         p_m_p = float(_dot(p, mp))
         if not (math.isfinite(p_m_p) and bool(torch.isfinite(mp).all())):
             raise ValueError(f"matvec returned a non-finite product (NaN or inf) at iteration {done + 1}")
-        p_p = float(_dot(p, p))
+        p_p = float(_dot(p, p if diagonal is None else diagonal * p))
         # Stop on a direction without (resolvable) curvature: p^T M p <= 0, or below the floor
         # relative to the largest Rayleigh quotient seen, where 1 / p^T M p would blow x up.
         largest_rayleigh = max(largest_rayleigh, p_m_p / p_p)
@@ -201,8 +227,9 @@ def conjugate_gradient(
         step = rs / p_m_p
         x = x + step * p
         r = r - step * mp
-        rs_new = float(_dot(r, r))
-        p = r + (rs_new / rs) * p
+        z = r if diagonal is None else r / diagonal
+        rs_new = float(_dot(r, z))
+        p = z + (rs_new / rs) * p
         rs = rs_new
         done += 1
     residual = math.sqrt(rs)
@@ -291,68 +318,167 @@ def trust_region_step_scale(direction: torch.Tensor, fisher_direction: torch.Ten
 # ----------------------------------------------------------------------------- natural gradient
 class UnresolvableFisherError(ValueError):
     """The policy is too close to deterministic for the working precision to resolve the Fisher
-    matrix (trust_region.md eq. (18)): no natural-gradient step is returned."""
+    matrix (trust_region.md eq. (18), or eq. (19) for a tabular softmax policy): no
+    natural-gradient step is returned."""
 
 
 class FisherResolution(NamedTuple):
-    """Whether the working precision resolves the (damped) Fisher matrix (trust_region.md eq. (18)).
+    """Whether the working precision resolves the (damped) Fisher matrix (trust_region.md section 6).
 
     ``min_weighted_prob`` is ``m = min w_s pi(a|s)`` over states with ``w_s > 0`` and actions with
-    a finite log-probability (0 when it underflows); ``threshold`` is
-    ``sqrt(u) (max_s w_s + damping) - damping`` with ``u`` the unit roundoff of the working dtype;
-    ``resolvable`` is ``m >= threshold``.
+    a finite log-probability (0 when it underflows); ``resolvable`` is ``m >= threshold``.
+    ``tabular_softmax`` says whether the policy is the row-wise softmax of its ``[N, A]``
+    parameters (checked by value at ``params``). Then the solver knows the Fisher's structure and the
+    threshold is eq. (19), ``sqrt(u) f_min - damping`` (``f_min`` the smallest normal number of the
+    working dtype: the weighted probabilities must carry half of its digits); otherwise it is
+    eq. (18), ``sqrt(u) (max_s w_s + damping) - damping``. ``u`` is the working dtype's unit roundoff.
     """
 
     min_weighted_prob: float
     threshold: float
     resolvable: bool
+    tabular_softmax: bool
 
 
-def _resolution(log_probs: torch.Tensor, weights: torch.Tensor, damping: float) -> FisherResolution:
+def _is_tabular_softmax(theta: torch.Tensor, log_probs: torch.Tensor) -> bool:
+    """Is the policy the tabular softmax, ``log_softmax(theta, dim=-1)`` of ``[N, A]`` logits?
+    (trust_region.md eq. (19).) Checked by value at ``theta`` (working dtype): a ``log_prob_fn``
+    that adds an action mask, or parameters passed flattened, make a general policy."""
+    return (theta.ndim == 2 and log_probs.shape == theta.shape and log_probs.dtype == theta.dtype
+            and torch.equal(log_probs, torch.log_softmax(theta, dim=-1)))
+
+
+def _counted(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``[N, A]`` bool: the Fisher's support, states with ``w_s > 0`` and actions of the policy."""
+    return (weights > 0)[:, None] & torch.isfinite(log_probs)
+
+
+def _resolution(log_probs: torch.Tensor, weights: torch.Tensor, damping: float,
+                tabular: bool) -> FisherResolution:
     """:class:`FisherResolution` of ``log_probs [N, A]`` (working dtype) and checked ``weights [N]``."""
-    counted = (weights > 0)[:, None] & torch.isfinite(log_probs)
+    counted = _counted(log_probs, weights)
     # In log space, so that a probability below the dtype's range still counts (as 0).
     log_weighted = torch.where(counted, torch.log(weights)[:, None] + log_probs.detach(),
                                torch.full_like(log_probs, math.inf))
     min_weighted_prob = math.exp(float(log_weighted.min()))
-    threshold = _sqrt_unit_roundoff(log_probs.dtype) * (float(weights.max()) + damping) - damping
-    return FisherResolution(min_weighted_prob, threshold, min_weighted_prob >= threshold)
+    root_u = _sqrt_unit_roundoff(log_probs.dtype)
+    if tabular:
+        threshold = root_u * torch.finfo(log_probs.dtype).tiny - damping
+    else:
+        threshold = root_u * (float(weights.max()) + damping) - damping
+    return FisherResolution(min_weighted_prob, threshold, min_weighted_prob >= threshold, tabular)
 
 
 def fisher_resolution(
     log_prob_fn: LogProbFn, params: torch.Tensor, state_weights: torch.Tensor, *, damping: float = 0.0
 ) -> FisherResolution:
     """Is ``F + damping I`` at ``params`` resolvable in the working precision? (trust_region.md
-    eq. (18), section 6.)
+    section 6, eq. (18)-(19).)
 
     With ``m = min_{s: w_s > 0, a: pi(a|s) > 0} w_s pi(a|s)``, ``W = max_s w_s``, ``lambda =
-    damping`` and ``u`` the unit roundoff (float64: ``2^-53``), the natural direction is resolved
-    to about ``sqrt(u)`` relative when ``m + lambda >= sqrt(u) (W + lambda)``; below that, the
-    rounding of any floating-point gradient (about ``u w_s |Q|`` in each state's most likely
-    action) and CG's own rounding are amplified by ``1 / (m + lambda)`` beyond half the digits.
-    :func:`natural_gradient_direction` and :func:`natural_gradient_step` refuse such policies
-    (:class:`UnresolvableFisherError`); :func:`trpo_step` returns status ``"unresolvable_fisher"``.
+    damping`` and ``u`` the unit roundoff (float64: ``2^-53``):
+
+    - a tabular softmax policy (``log_prob_fn(params) == log_softmax(params, dim=-1)``, ``[N, A]``)
+      is solved with the preconditioner ``diag(w_s pi(a|s)) + lambda``, under which its Fisher is
+      a projector, so the only limit is the representation of the weighted probabilities
+      themselves: resolvable when ``m + lambda >= sqrt(u) f_min`` (eq. (19); float64:
+      ``2^-1048.5 = 2.3e-316``, where a subnormal ``w_s pi(a|s)`` keeps half of the digits);
+    - any other ``log_prob_fn`` when ``m + lambda >= sqrt(u) (W + lambda)`` (eq. (18)): the
+      rounding of a floating-point gradient (about ``u w_s |Q|``), in directions the solver cannot
+      know, is amplified by ``1 / (m + lambda)``.
+
+    :func:`natural_gradient_direction` and :func:`natural_gradient_step` refuse unresolvable
+    policies (:class:`UnresolvableFisherError`); :func:`trpo_step` returns status
+    ``"unresolvable_fisher"``.
     """
     check_float_tensor(params, "params")
     damping = _check_nonnegative_real(damping, "damping")
+    theta = params.detach().to(_work_dtype(params))
     with torch.no_grad():
-        logp = _policy_log_probs(log_prob_fn, params.detach().to(_work_dtype(params)))
+        logp = _policy_log_probs(log_prob_fn, theta)
     weights = _check_state_weights(state_weights, logp.shape[0], logp)
-    return _resolution(logp, weights, damping)
+    return _resolution(logp, weights, damping, _is_tabular_softmax(theta, logp))
 
 
 def _require_resolvable(resolution: FisherResolution, damping: float) -> None:
-    if not resolution.resolvable:
+    if resolution.resolvable:
+        return
+    if resolution.tabular_softmax:
         raise UnresolvableFisherError(
             f"params: the policy is too close to deterministic for the working precision: "
             f"min_s,a w_s pi(a|s) = {resolution.min_weighted_prob:.3g} is below the threshold "
-            f"{resolution.threshold:.3g} = sqrt(u) (max_s w_s + damping) - damping (trust_region.md "
-            f"eq. (18)), so the natural gradient is not resolvable; add damping (now {damping!r})")
+            f"{resolution.threshold:.3g} = sqrt(u) f_min - damping (trust_region.md eq. (19)), where "
+            f"the weighted probabilities lose half of their digits; add damping (now {damping!r})")
+    raise UnresolvableFisherError(
+        f"params: the policy is too close to deterministic for the working precision: "
+        f"min_s,a w_s pi(a|s) = {resolution.min_weighted_prob:.3g} is below the threshold "
+        f"{resolution.threshold:.3g} = sqrt(u) (max_s w_s + damping) - damping (trust_region.md "
+        f"eq. (18)), so the natural gradient is not resolvable; add damping (now {damping!r}), or "
+        f"pass a tabular softmax policy as log_softmax of its [N, A] logits (eq. (19))")
+
+
+class _NaturalSystem(NamedTuple):
+    """The system ``(F + lambda I) s = rhs`` that the natural-gradient routines solve at ``theta``
+    (trust_region.md section 6): the products, the right-hand side, the preconditioner (None:
+    plain CG), the resolution check and ``finish``, which maps CG's solution to the direction."""
+
+    theta: torch.Tensor
+    fvp: Callable[[torch.Tensor], torch.Tensor]
+    rhs: torch.Tensor
+    preconditioner: torch.Tensor | None
+    resolution: FisherResolution
+    finish: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _natural_system(log_prob_fn, params, gradient, state_weights, damping) -> _NaturalSystem:
+    """Build :class:`_NaturalSystem`. For a tabular softmax policy (eq. (19)): D = ``w_s pi(a|s) +
+    lambda`` on the Fisher's support; undamped, the gradient's part outside F's range (its
+    per-state sums, rounding level for any float64 gradient) is removed along pi, and the solution
+    is centred per state (the minimum-norm one); damped, the regular system is solved as given.
+    A general policy is solved by plain CG in the gradient's working dtype, a tabular softmax one in
+    the wider of the parameters' and the gradient's."""
+    damping = _check_nonnegative_real(damping, "damping")
+    theta = params.detach().to(_work_dtype(params))
+    with torch.no_grad():
+        logp = _policy_log_probs(log_prob_fn, theta)
+    weights = _check_state_weights(state_weights, logp.shape[0], logp)
+    tabular = _is_tabular_softmax(theta, logp)
+    resolution = _resolution(logp, weights, damping, tabular)
+    fvp = fisher_vector_product_fn(log_prob_fn, theta, state_weights, damping=damping)
+    if not tabular:  # plain CG in the gradient's working dtype
+        return _NaturalSystem(theta, fvp, gradient.detach(), None, resolution, lambda x: x)
+    # In the wider of the two working dtypes, so that the diagonal underflows no earlier than eq. (19).
+    dtype = torch.promote_types(theta.dtype, _work_dtype(gradient))
+    g, logp, weights = gradient.detach().to(dtype), logp.to(dtype), weights.to(dtype)
+    counted = _counted(logp, weights)
+    weighted = torch.exp(torch.log(weights)[:, None] + logp)  # w_s pi(a|s), 0 off the support
+    diagonal = torch.where(counted, weighted + damping, torch.full_like(weighted, damping or 1.0))
+    diagonal = torch.where(diagonal > 0, diagonal, torch.ones_like(diagonal))  # only when refused
+    if damping > 0.0:
+        return _NaturalSystem(theta, fvp, g, diagonal, resolution, lambda x: x)
+    zero = torch.zeros_like(g)
+    on_support = torch.where(counted, g, zero)
+    rhs = torch.where(counted, on_support - torch.exp(logp) * on_support.sum(-1, keepdim=True), zero)
+    count = counted.sum(-1, keepdim=True).clamp(min=1)
+
+    def centred(x: torch.Tensor) -> torch.Tensor:
+        kept = torch.where(counted, x, zero)
+        return torch.where(counted, kept - kept.sum(-1, keepdim=True) / count, zero)
+
+    return _NaturalSystem(theta, fvp, rhs, diagonal, resolution, centred)
+
+
+def _solve(system: _NaturalSystem, cg_iters: int, cg_tol: float) -> CGResult:
+    """CG on the system with the curvature floor ``sqrt(u)`` (trust_region.md section 6)."""
+    floor = _sqrt_unit_roundoff(system.theta.dtype)
+    cg = conjugate_gradient(system.fvp, system.rhs, cg_iters, cg_tol, curvature_floor=floor,
+                            preconditioner=system.preconditioner)
+    return cg._replace(solution=system.finish(cg.solution))
 
 
 class NaturalGradientStep(NamedTuple):
     """``params = params_old + step_size * direction`` with ``direction ~ F^-1 gradient``;
-    ``resolution`` is the check of trust_region.md eq. (18) that the step passed."""
+    ``resolution`` is the check of trust_region.md eq. (18) or (19) that the step passed."""
 
     params: torch.Tensor
     direction: torch.Tensor
@@ -363,15 +489,14 @@ class NaturalGradientStep(NamedTuple):
 def _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol, damping):
     cg_iters = _check_positive_int(cg_iters, "cg_iters")
     cg_tol = _check_nonnegative_real(cg_tol, "cg_tol")
+    check_float_tensor(params, "params")
     check_float_tensor(gradient, "gradient")
     if gradient.shape != params.shape:
         raise ValueError(f"gradient must have the parameters' shape {tuple(params.shape)}, "
                          f"got {tuple(gradient.shape)}")
-    resolution = fisher_resolution(log_prob_fn, params, state_weights, damping=damping)
-    _require_resolvable(resolution, damping)
-    fvp = fisher_vector_product_fn(log_prob_fn, params, state_weights, damping=damping)
-    floor = _sqrt_unit_roundoff(_work_dtype(params))
-    return conjugate_gradient(fvp, gradient, cg_iters, cg_tol, curvature_floor=floor), resolution
+    system = _natural_system(log_prob_fn, params, gradient, state_weights, damping)
+    _require_resolvable(system.resolution, damping)
+    return _solve(system, cg_iters, cg_tol), system.resolution
 
 
 def natural_gradient_direction(
@@ -387,11 +512,17 @@ def natural_gradient_direction(
     """Solve ``(F + damping I) s = gradient`` by CG with Fisher-vector products.
 
     spec: trust_region.md eq. (5); seed 001 (73). For a tabular softmax policy with the exact
-    gradient of J and F weighted by the normalised occupancy, the CG (minimum-norm) solution is
+    gradient of J and F weighted by the normalised occupancy, the (minimum-norm) solution is
     ``(A - mean_a A) / (1 - gamma)`` on states with d > 0 (trust_region.md eq. (8)).
-    Raises :class:`UnresolvableFisherError` (a ``ValueError``) below the threshold of
-    trust_region.md eq. (18) (:func:`fisher_resolution`); above it, CG runs with the relative
-    curvature floor ``sqrt(u)`` of that section.
+
+    A tabular softmax policy (``log_prob_fn(params)`` equal to ``log_softmax(params, dim=-1)``,
+    ``[N, A]``) is solved by CG preconditioned with ``diag(w_s pi(a|s)) + damping``, which resolves
+    it down to eq. (19) (probabilities near float64's underflow); undamped, the gradient's
+    component outside F's range is removed along pi and the centred solution returned, so the CG
+    record describes that consistent system. Any other
+    ``log_prob_fn`` is solved by plain CG and resolved down to eq. (18). Below the threshold it
+    raises :class:`UnresolvableFisherError` (a ``ValueError``, :func:`fisher_resolution`); CG runs
+    with the relative curvature floor ``sqrt(u)`` of trust_region.md section 6.
     """
     cg, _ = _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol, damping)
     return cg
@@ -412,8 +543,9 @@ def natural_gradient_step(
 
     spec: trust_region.md eq. (7); Kakade (2001). For tabular softmax with exact advantages this is
     ``pi_new(a|s) ∝ pi(a|s) exp(step_size A(s, a) / (1 - gamma))`` (trust_region.md eq. (9)).
-    Refuses policies too close to deterministic for the working precision
-    (:class:`UnresolvableFisherError`, trust_region.md eq. (18)) instead of returning a wrong step.
+    Solved as in :func:`natural_gradient_direction`; refuses policies too close to deterministic
+    for the working precision (:class:`UnresolvableFisherError`, trust_region.md eq. (18)-(19))
+    instead of returning a wrong step.
     """
     step_size = _check_nonnegative_real(step_size, "step_size")
     cg, resolution = _natural_direction(log_prob_fn, params, gradient, state_weights, cg_iters, cg_tol,
@@ -439,14 +571,14 @@ class TRPOSearchRecord:
     ``status`` is ``"accepted"``, ``"no_acceptable_step"`` (every candidate broke the KL limit or
     did not improve: the parameters are returned unchanged), ``"zero_gradient"``,
     ``"unresolvable_fisher"`` (the policy is too close to deterministic for the working precision,
-    trust_region.md eq. (18): no CG, no step; ``cg`` then reports 0 iterations, not converged) or
+    trust_region.md eq. (18) or (19): no CG, no step; ``cg`` then reports 0 iterations, not converged) or
     ``"no_curvature"`` (``s^T F s <= 0``; no step). ``backtracks`` is the number of shrinks
     before the accepted candidate (``max_backtracks`` when none was accepted), ``step_fraction``
     the accepted ``xi^backtracks`` (0 when none). ``expected_improvement`` is the linear model
     ``g^T (params_new - params_old)``, ``actual_improvement`` the surrogate's change and ``kl`` the
     exact mean KL at the accepted point (all 0 without a step). ``quadratic_kl`` is
     ``0.5 step^T F step`` (``= step_fraction^2 * max_kl``). ``candidates`` lists every point tried.
-    ``resolution`` is the check of eq. (18) at ``params`` (with the damping).
+    ``resolution`` is the check of eq. (18) or (19) at ``params`` (with the damping).
     """
 
     status: str
@@ -493,7 +625,8 @@ def trpo_step(
        e.g. where ``log_prob_fn`` overflows, fails the limit and is recorded).
     No CG runs and no step is taken when the gradient is 0 (``"zero_gradient"``) or the policy is
     too close to deterministic for the working precision (``"unresolvable_fisher"``,
-    trust_region.md eq. (18); damping lifts it); CG runs with the curvature floor ``sqrt(u)``.
+    trust_region.md eq. (18)-(19); damping lifts it); CG runs with the curvature floor ``sqrt(u)``,
+    preconditioned for a tabular softmax policy as in :func:`natural_gradient_direction`.
 
     Args:
         surrogate_fn: ``params -> scalar`` objective to maximise, e.g. the importance-weighted
@@ -525,7 +658,8 @@ def trpo_step(
         (g,) = torch.autograd.grad(surrogate_old.reshape(()), theta)
     surrogate_old = float(surrogate_old.detach())
     theta = theta.detach()
-    resolution = fisher_resolution(log_prob_fn, theta, state_weights, damping=damping)
+    system = _natural_system(log_prob_fn, theta, g, state_weights, damping)
+    resolution = system.resolution
     with torch.no_grad():
         old_log_probs = _log_probs(log_prob_fn, theta)
 
@@ -539,8 +673,7 @@ def trpo_step(
         return no_step("zero_gradient", CGResult(torch.zeros_like(g), 0, 0.0, 0.0, True))
     if not resolution.resolvable:
         return no_step("unresolvable_fisher", CGResult(torch.zeros_like(g), 0, g_norm, 1.0, False))
-    fvp = fisher_vector_product_fn(log_prob_fn, theta, state_weights, damping=damping)
-    cg = conjugate_gradient(fvp, g, cg_iters, cg_tol, curvature_floor=_sqrt_unit_roundoff(theta.dtype))
+    cg = _solve(system, cg_iters, cg_tol)
     direction = cg.solution
     undamped = fisher_vector_product_fn(log_prob_fn, theta, state_weights)(direction)
     if not float(_dot(direction, undamped)) > 0.0:

@@ -10,6 +10,8 @@ is eq. (13): for 0/1 rewards the expected gradient of the group-advantage policy
 
 from __future__ import annotations
 
+import itertools
+
 import sympy as sp
 
 from specs._exact import exact, to_float64
@@ -22,6 +24,7 @@ __all__ = [
     "signal_probability",
     "upweighted_group_weight",
     "upweighted_gradient_scale",
+    "atypical_selection_gradient_factor",
 ]
 
 
@@ -174,3 +177,22 @@ def upweighted_gradient_scale(q: sp.Expr, num_groups: int) -> sp.Expr:
     unfiltered one (``B w`` with ``w = upweighted_group_weight([q] * (B - 1))``, summed in closed
     form: ``B int_0^1 (1 - q + q x)^(B - 1) dx``)."""
     return (1 - (1 - q) ** num_groups) / q
+
+
+def atypical_selection_gradient_factor(oversampled: int, selected: int, p: sp.Expr) -> sp.Expr:
+    """eq. (19): for 0/1 rewards with success probability p, G' = ``oversampled`` i.i.d. responses
+    mean-centred over all G', and the G = ``selected`` of largest ``|R_i - mean|`` (ties to the
+    lower index) in the loss, ``E[(1/G) sum_{i selected} c_i grad log pi(y_i)] = factor * grad J``.
+
+    Every advantage and the selection see a response only through its reward, and for 0/1 rewards
+    ``E[grad log pi(y) | R = 1] = grad J / p``, ``E[grad log pi(y) | R = 0] = -grad J / (1 - p)``, so
+    the sum over the 2^G' reward patterns is a multiple of grad J (e.g. G' = 3, G = 1:
+    ``2 (2 p^2 - 2 p + 1)``)."""
+    total = sp.Integer(0)
+    for pattern in itertools.product((0, 1), repeat=oversampled):
+        successes = sum(pattern)
+        centred = [sp.Integer(r) - sp.Rational(successes, oversampled) for r in pattern]
+        order = sorted(range(oversampled), key=lambda i: (-abs(centred[i]), i))[:selected]
+        probability = p**successes * (1 - p) ** (oversampled - successes)
+        total += sum(probability * centred[i] * (1 / p if pattern[i] else -1 / (1 - p)) for i in order)
+    return sp.factor(sp.simplify(total / selected))

@@ -66,7 +66,8 @@ def greedy_policy(Q, current=None) -> np.ndarray:
     """One-hot ``[S, A]`` policy choosing ``argmax_a Q(s, a)`` (spec: mdp.md eq. (18)).
 
     Ties (within ``TIE_RTOL (1 + max_a |Q(s, a)|)``) go to ``current`` (an ``[S]`` int array of
-    actions) when given and still tied for the maximum, otherwise to the lowest action index.
+    actions in ``[0, A)``; ValueError otherwise, no negative-index wrap) when given and still tied
+    for the maximum, otherwise to the lowest action index.
     """
     Q = np.asarray(Q, dtype=np.float64)
     if Q.ndim != 2:
@@ -80,11 +81,24 @@ def greedy_policy(Q, current=None) -> np.ndarray:
         current = np.asarray(current)
         if current.shape != (S,) or not np.issubdtype(current.dtype, np.integer):
             raise ValueError(f"current must be an int array of shape [S] = ({S},), got {current.shape}")
+        outside = (current < 0) | (current >= A)
+        if np.any(outside):
+            s = int(np.flatnonzero(outside)[0])
+            raise ValueError(f"current must hold actions in [0, A) = [0, {A}), "
+                             f"got current[{s}] = {int(current[s])}")
         keep = is_max[np.arange(S), current]
         actions = np.where(keep, current, actions)
     policy = np.zeros((S, A))
     policy[np.arange(S), actions] = 1.0
     return policy
+
+
+def _check_iterations(max_iterations) -> None:
+    """``max_iterations`` is an int >= 1 (a solver that may not iterate returns nothing)."""
+    if isinstance(max_iterations, (bool, np.bool_)) or not isinstance(max_iterations, (int, np.integer)):
+        raise TypeError(f"max_iterations must be an int, got {type(max_iterations).__name__}")
+    if max_iterations < 1:
+        raise ValueError(f"max_iterations must be >= 1, got {max_iterations}")
 
 
 def value_iteration(mdp: MDP, tol: float = 1e-8, max_iterations: int = 1_000_000) -> ControlResult:
@@ -110,6 +124,7 @@ def value_iteration(mdp: MDP, tol: float = 1e-8, max_iterations: int = 1_000_000
         raise TypeError(f"mdp must be a tabular.MDP, got {type(mdp).__name__}")
     if not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive finite number, got {tol!r}")
+    _check_iterations(max_iterations)
     if mdp.gamma >= 1.0:
         raise ValueError(
             "value_iteration needs gamma < 1: its stopping bound gamma delta / (1 - gamma) is infinite "
@@ -144,6 +159,7 @@ def policy_iteration(mdp: MDP, initial_policy=None, max_iterations: int = 10_000
     """
     if not isinstance(mdp, MDP):
         raise TypeError(f"mdp must be a tabular.MDP, got {type(mdp).__name__}")
+    _check_iterations(max_iterations)
     S = mdp.num_states
     if initial_policy is None:
         policy = greedy_policy(mdp.r)

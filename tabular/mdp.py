@@ -8,6 +8,7 @@ absorbing zero-reward states. Policies are ``[S, A]`` row-stochastic arrays.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,10 +26,28 @@ __all__ = [
 STOCHASTIC_ATOL = 1e-9
 
 
+def _is_real_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (str, bytes))
+
+
 def _as_finite_float_array(x, name: str, ndim: int | tuple[int, ...]) -> np.ndarray:
+    """``x`` as a float64 copy (the MDP freezes its arrays, not the caller's): real numbers only.
+    Strings are not parsed and a complex part is not dropped (numpy would do both, the latter with
+    only a warning): TypeError naming the argument."""
     try:
-        arr = np.array(x, dtype=np.float64)  # a copy: the MDP freezes its arrays, not the caller's
-    except (TypeError, ValueError) as exc:
+        raw = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged nesting
+        raise TypeError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
+    kind = raw.dtype.kind
+    if kind == "c" or (kind == "O" and any(isinstance(v, complex) for v in raw.flat)):
+        raise TypeError(f"{name} must be real, got complex numbers")
+    if kind not in "biuf" and not (kind == "O" and all(_is_real_number(v) for v in raw.flat)):
+        got = (type(x).__name__ if isinstance(x, (str, bytes))
+               else f"dtype {raw.dtype} (strings are not parsed)")
+        raise TypeError(f"{name} must be a numeric array, got {got}")
+    try:
+        arr = np.array(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{name} must be a numeric array, got {type(x).__name__}") from exc
     dims = (ndim,) if isinstance(ndim, int) else ndim
     if arr.ndim not in dims:

@@ -12,9 +12,20 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refimpl.advantages import dynamic_sampling_mask, group_advantages, overlong_filter_mask, overlong_penalty
+from refimpl.advantages import (
+    dynamic_sampling_mask,
+    group_advantages,
+    overlong_filter_mask,
+    overlong_penalty,
+    oversampled_advantages,
+)
 from specs import to_float64
-from specs.advantages import binary_reward_gradient_factor, group_advantages_exact, group_advantages_float64
+from specs.advantages import (
+    atypical_selection_gradient_factor,
+    binary_reward_gradient_factor,
+    group_advantages_exact,
+    group_advantages_float64,
+)
 from tests.strategies import grouped_rewards
 
 F64 = torch.float64
@@ -607,3 +618,60 @@ def test_empty_batches_give_empty_results():
     out = group_advantages(empty.float(), ids, scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False,
                            zero_variance="zero", singleton="error")
     assert out.shape == (0,) and out.dtype == torch.float32
+
+
+def _atypical_selection_gradient(probabilities, rewards, oversampled, selected) -> np.ndarray:
+    """``E[(1/G) sum_{i selected} A_i grad log pi(y_i)]`` for a categorical policy over responses
+    (logit parameters: ``grad log pi(y) = e_y - pi``), enumerating every ordered draw of G' i.i.d.
+    responses: advantages from ``oversampled_advantages`` (mean-centred over the G'), the G of
+    largest |A| (ties to the lower index) selected."""
+    pi = np.asarray(probabilities, dtype=float)
+    eye = np.eye(len(pi))
+    total = np.zeros(len(pi))
+    ids, everyone = torch.zeros(oversampled, dtype=torch.long), torch.ones(oversampled, dtype=torch.bool)
+    for draw in itertools.product(range(len(pi)), repeat=oversampled):
+        adv = oversampled_advantages(torch.tensor([rewards[y] for y in draw], dtype=F64), ids, everyone,
+                                     scale="none", singleton="error").tolist()
+        chosen = sorted(range(oversampled), key=lambda i: (-abs(adv[i]), i))[:selected]
+        weight = np.prod(pi[list(draw)])
+        for i in chosen:
+            total += weight * adv[i] * (eye[draw[i]] - pi) / selected
+    return total
+
+
+@pytest.mark.parametrize("oversampled,selected", [(3, 1), (4, 2), (4, 1)])
+def test_selecting_the_most_atypical_rewards_is_along_grad_j_exactly_when_rewards_are_binary(oversampled,
+                                                                                               selected):
+    """advantages.md eq. (19): with 0/1 rewards the selection by largest |R - mean| sees a response
+    only through its reward, so the expected gradient is factor(p) grad J (factor from
+    specs.advantages by summing the 2^G' reward patterns; e.g. 2 (2 p^2 - 2 p + 1) for G' = 3,
+    G = 1); with three reward values it leaves grad J's direction. Float64 sums of <= 81 terms of
+    size <= 1: 1e-13."""
+    pi = np.array([0.5, 0.3, 0.2])
+    eye = np.eye(3)
+    for rewards in ([1.0, 0.0, 1.0], [0.0, 1.0, 0.0]):
+        grad_j = sum(pi[y] * rewards[y] * (eye[y] - pi) for y in range(3))
+        p = float(pi @ np.array(rewards))
+        factor = float(atypical_selection_gradient_factor(oversampled, selected, sp.Float(p, 30)))
+        got = _atypical_selection_gradient(pi, rewards, oversampled, selected)
+        np.testing.assert_allclose(got, factor * grad_j, rtol=1e-13, atol=1e-13)
+        assert factor > 0
+    # Three reward values: grad P(R = v) are independent directions and the rule weights them
+    # unlike v, so the expectation is not along grad J.
+    rewards = [1.0, 0.0, 0.4]
+    grad_j = sum(pi[y] * rewards[y] * (eye[y] - pi) for y in range(3))
+    got = _atypical_selection_gradient(pi, rewards, oversampled, selected)
+    cosine = got @ grad_j / (np.linalg.norm(got) * np.linalg.norm(grad_j))
+    assert cosine < 1 - 1e-4, cosine
+
+
+def test_atypical_selection_factor_closed_forms():
+    """eq. (19)'s factor as polynomials in p (sympy). At G' = 2, G = 1 the two samples always tie
+    (index 0 is taken) and it is eq. (18)'s 1 - 1/G'; at G' = 3, G = 1, p = 1/2 it is 1, not the
+    2/3 of a selection independent of the rewards."""
+    p = sp.Symbol("p")
+    assert sp.expand(atypical_selection_gradient_factor(3, 1, p) - 2 * (2 * p**2 - 2 * p + 1)) == 0
+    assert sp.expand(atypical_selection_gradient_factor(4, 2, p) - (5 * p**2 - 5 * p + 3) / 2) == 0
+    assert atypical_selection_gradient_factor(2, 1, p) == sp.Rational(1, 2)  # = 1 - 1/G': a tie, index 0
+    half = atypical_selection_gradient_factor(3, 1, sp.Rational(1, 2))
+    assert half == 1 and half != 1 - sp.Rational(1, 3)

@@ -277,3 +277,34 @@ def test_erratum_000_kl_sign():
     as_written = float((p * (q.log() - p.log())).sum())  # 000: E_pi[log pi'/pi]
     kl = categorical_kl(p.log(), q.log()).item()
     assert kl > 0 and as_written == pytest.approx(-kl, rel=1e-14, abs=0.0)
+
+
+@pytest.mark.parametrize("dtype, log_ratio", [(torch.float32, 100.0), (torch.float32, 88.75),
+                                              (torch.float64, 710.0)])
+def test_k3_beyond_the_dtypes_range_raises_instead_of_returning_inf(dtype, log_ratio):
+    """kl.md, Range: kl_k3(logp=-100, ref_logp=0) in float32 is exactly e^100 - 101 = 2.7e43, beyond
+    float32's 3.4e38: a one-line ValueError naming the arguments (not a silent inf). Just inside
+    the range (log r = 88.7 in float32, 709.7 in float64) the value is finite; with
+    check_finite=False (policy_loss's path, which checks the loss itself) IEEE inf is returned."""
+    logp, ref = torch.tensor([-log_ratio], dtype=dtype), torch.tensor([0.0], dtype=dtype)
+    hint = "; pass float64 log-probabilities" if dtype != torch.float64 else ""
+    message = rf"^logp, ref_logp: k3 overflows {dtype} at ref_logp - logp = {log_ratio:.6g} .*range\){hint}$"
+    with pytest.raises(ValueError, match=message):
+        kl_k3(logp, ref)
+    assert float(kl_k3(logp, ref, check_finite=False)) == math.inf
+    inside = torch.tensor([88.7 if dtype == torch.float32 else 709.7], dtype=dtype)
+    assert math.isfinite(float(kl_k3(-inside, torch.zeros_like(inside))))
+    if dtype == torch.float32:  # the same tokens in float64: the exact value, no error
+        exact = math.exp(log_ratio) - 1 - log_ratio  # 100 and 88.75 are exact in float32
+        assert math.isclose(float(kl_k3(logp.double(), ref.double())), exact, rel_tol=1e-15)
+
+
+def test_k1_k2_raise_where_their_exact_value_overflows():
+    big = torch.tensor([3e38], dtype=torch.float32)  # log r = -6e38 overflows float32 itself
+    for estimator, name in ((kl_k1, "k1"), (kl_k2, "k2")):
+        with pytest.raises(ValueError, match=rf"^logp, ref_logp: {name} overflows torch.float32 at "):
+            estimator(big, -big)
+    message = r"^logp, ref_logp: k2 overflows torch.float32 at ref_logp - logp = -3e\+19"
+    with pytest.raises(ValueError, match=message):
+        kl_k2(torch.tensor([3e19]), torch.tensor([0.0]))  # (3e19)^2 / 2 = 4.5e38 > 3.4e38
+    assert float(kl_k2(torch.tensor([1e19]), torch.tensor([0.0]))) == pytest.approx(5e37, rel=1e-6, abs=0.0)

@@ -20,7 +20,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from refimpl.advantages import dynamic_sampling_mask, dynamic_sampling_weights, group_advantages
 from refimpl.losses import (
     AGGREGATIONS,
     PolicyLossVariant,
@@ -38,6 +41,7 @@ from tabular.sequences import (
     sequence_probabilities,
     softmax_policy,
 )
+from tests.strategies import policy_loss_batches
 from tests.test_policy_loss_reference import assert_close, loop_reference, spec_loss_and_grad
 
 F64 = torch.float64
@@ -261,6 +265,99 @@ def test_upweighted_normalizer_is_1_minus_f_times_the_whole_batch_s(preset, tota
     assert float(upweighted_normalizer(mask, v, torch.ones(6, dtype=torch.bool))) == total
     if preset != "dapo":  # sequence counts: the kept rows' own denominator
         assert float(d) == float(loss_normalizer(mask & keep[:, None], v))
+
+
+def _dynamic_sampling_variant(preset: str) -> PolicyLossVariant:
+    return dataclasses.replace(get_preset(preset), max_length=L_MAX if preset == "dr_grpo" else None)
+
+
+def _both_forms(logp, old_logp, rewards, group_ids, mask, v):
+    """(loss, grad) of dynamic sampling's two forms (advantages.md eq. (16)): the advantages
+    weighted by ``dynamic_sampling_weights(..., mask=mask)``, and the filtered rows over
+    ``upweighted_normalizer``."""
+    advantages = group_advantages(rewards, group_ids, scale="none", singleton="zero")
+    keep = dynamic_sampling_mask(rewards, group_ids)
+    weights = dynamic_sampling_weights(rewards, group_ids, mask=mask)
+    out = []
+    for adv, rows, normalizer in ((advantages * weights, mask, None),
+                                  (advantages, mask & keep[:, None], upweighted_normalizer(mask, v, keep))):
+        x = logp.clone().requires_grad_(True)
+        loss, _ = policy_loss(x, old_logp, adv, rows, v, normalizer=normalizer)
+        out.append((loss.detach(), torch.autograd.grad(loss, x)[0]))
+    return out
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "dr_grpo"])
+def test_dynamic_sampling_forms_agree_when_a_row_is_empty(preset):
+    """The issue's case: rewards (0, 1, 1, 1), groups (0, 0, 1, 1), row 3 empty, mean-centred
+    advantages (-1/2, 1/2, 0, 0). Group 1 is dropped; of the 3 non-empty rows 1 is, so f = 1/3 and
+    the kept rows are upweighted by 3/2 in both forms (f over all 4 rows gave 2 to the weights).
+    At ratio 1 row i's gradient, summed over its tokens, is -A_i (its token count) / ((1 - f) D):
+    GRPO (D = 3 rows, per-row means) +-1/4, DAPO (D = 9 tokens) +-1/4, Dr. GRPO (D = 3 L_max)
+    +-3 / (4 L_max), i.e. +-1/4 times 3 / L_max."""
+    v = _dynamic_sampling_variant(preset)
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=F64)
+    group_ids = torch.tensor([0, 0, 1, 1])
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    mask[3] = False
+    assert dynamic_sampling_weights(rewards, group_ids, mask=mask).tolist() == [1.5, 1.5, 0.0, 0.0]
+    assert dynamic_sampling_weights(rewards, group_ids).tolist() == [2.0, 2.0, 0.0, 0.0]  # no mask: all N
+    zeros = torch.zeros(4, 3, dtype=F64)
+    (loss_w, grad_w), (loss_n, grad_n) = _both_forms(zeros, zeros, rewards, group_ids, mask, v)
+    scale = L_MAX / 3 if preset == "dr_grpo" else 1.0
+    expected = torch.tensor([0.25, -0.25, 0.0, 0.0], dtype=F64)
+    for grad in (grad_w, grad_n):
+        assert torch.allclose(grad.sum(dim=-1) * scale, expected, rtol=1e-15, atol=0.0)
+    assert float(loss_w) == float(loss_n) == 0.0  # the centred advantages sum to 0 at ratio 1
+
+
+@given(batch=policy_loss_batches(boundaries=(0.8, 1.2)), data=st.data())
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "dr_grpo", "gspo"])
+def test_dynamic_sampling_weights_equal_the_upweighted_normalizer_on_every_mask(preset, batch, data):
+    """advantages.md eq. (16) as a property: random masks with empty rows (and all-empty batches),
+    random groups with and without signal; both forms give the same loss and gradient (float64,
+    the same terms summed in another order: 1e-12 relative). f counts only non-empty rows."""
+    v = _dynamic_sampling_variant(preset)
+    n = batch["mask"].shape[0]
+    rewards = torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=n, max_size=n)),
+                           dtype=F64)
+    group_ids = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
+    mask = torch.as_tensor(batch["mask"])
+    logp, old = torch.tensor(batch["logp"], dtype=F64), torch.tensor(batch["old_logp"], dtype=F64)
+    (loss_w, grad_w), (loss_n, grad_n) = _both_forms(logp, old, rewards, group_ids, mask, v)
+    scale = float(grad_w.abs().sum()) + 1.0
+    assert abs(float(loss_w) - float(loss_n)) <= 1e-12 * scale
+    assert torch.allclose(grad_w, grad_n, rtol=1e-12, atol=1e-12 * scale)
+    if not bool(mask.any()):  # an all-empty batch: loss 0 with zero gradient in both forms
+        assert float(loss_n) == 0.0 and not bool(grad_n.any())
+
+
+def test_an_all_empty_batch_gives_loss_0_with_zero_gradient_through_the_upweighted_normalizer():
+    """upweighted_normalizer of an empty mask is 1, not 0 (which policy_loss rejects as a
+    normaliser): no row counts, the loss is 0 with zero gradient, as with normalizer=None."""
+    for preset in ("grpo", "dapo", "dr_grpo"):
+        v = _dynamic_sampling_variant(preset)
+        mask = torch.zeros(3, 2, dtype=torch.bool)
+        for keep in (torch.zeros(3, dtype=torch.bool), torch.ones(3, dtype=torch.bool)):
+            d = upweighted_normalizer(mask, v, keep)
+            assert float(d) == 1.0 and d.dtype == F64
+            x = torch.randn(3, 2, dtype=F64, requires_grad=True)
+            loss, _ = policy_loss(x, x.detach(), torch.ones(3, dtype=F64), mask & keep[:, None], v,
+                                  normalizer=d)
+            (grad,) = torch.autograd.grad(loss, x)
+            assert float(loss.detach()) == 0.0 and not bool(grad.any())
+
+
+def test_dynamic_sampling_weights_reject_a_bad_mask_by_name():
+    rewards, ids = torch.tensor([0.0, 1.0]), torch.tensor([0, 0])
+    prefix = r"^mask must be a \[N, T\] tensor with N = 2 rows, got "
+    for mask, message in [(torch.ones(3, 2, dtype=torch.bool), prefix + r"\(3, 2\)$"),
+                          (torch.ones(2, dtype=torch.bool), prefix + r"\(2,\)$"),
+                          ([[1, 0], [1, 1]], prefix + r"list$"),
+                          (torch.tensor([[2, 0], [1, 1]]), r"^mask must be bool or contain only 0 and 1$")]:
+        with pytest.raises(ValueError, match=message):
+            dynamic_sampling_weights(rewards, ids, mask=mask)
+    assert dynamic_sampling_weights(rewards, ids, mask=torch.tensor([[1, 0], [0, 0]])).tolist() == [1.0, 0.0]
 
 
 def test_upweighted_normalizer_rejects_bad_input():

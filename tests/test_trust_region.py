@@ -154,6 +154,71 @@ def test_cg_rejects_bad_input():
         tr.conjugate_gradient(lambda x: x[:2], b, 3)
 
 
+def test_pcg_with_unit_diagonal_is_plain_cg_bit_for_bit():
+    # Eq. (1') with D = 1 performs exactly the operations of (1): z = r / 1 = r, p^T D p = p^T p.
+    m = spd_matrix(8, np.geomspace(1.0, 1e3, 8), seed=3)
+    b = torch.tensor(np.random.default_rng(4).standard_normal(8))
+    for iters in (1, 3, 8, 20):
+        plain = tr.conjugate_gradient(as_matvec(m), b, iters, tol=1e-14)
+        unit = tr.conjugate_gradient(as_matvec(m), b, iters, tol=1e-14, preconditioner=torch.ones(8).double())
+        assert torch.equal(plain.solution, unit.solution) and plain[1:] == unit[1:]
+
+
+def test_pcg_is_cg_on_the_scaled_matrix_and_solves_a_badly_scaled_system():
+    # M = D^1/2 K D^1/2 with K well conditioned (kappa 10) and D spread over 12 decades: plain CG
+    # faces kappa ~1e13, PCG with D faces K's 10 and reaches the solution within 2n iterations
+    # (error ~ u kappa(K) ~ 1e-15; asserted 1e-10 relative in the D-norm the scaling preserves).
+    n = 10
+    k = spd_matrix(n, np.linspace(1.0, 10.0, n), seed=5)
+    d = np.geomspace(1e-6, 1e6, n)
+    m = np.sqrt(d)[:, None] * k * np.sqrt(d)[None, :]
+    b = np.random.default_rng(6).standard_normal(n)
+    expected = np.linalg.solve(k, b / np.sqrt(d)) / np.sqrt(d)  # M^-1 b through the scaling, exactly
+    result = tr.conjugate_gradient(as_matvec(m), torch.tensor(b), 2 * n, tol=1e-14,
+                                   preconditioner=torch.tensor(d))
+    error = np.sqrt(d) * (result.solution.numpy() - expected)
+    assert np.linalg.norm(error) <= 1e-10 * np.linalg.norm(np.sqrt(d) * expected) and result.converged
+    # Its residual is measured in the D^-1 norm: recompute it from the solution.
+    r = b - m @ result.solution.numpy()
+    b_norm = math.sqrt(float(b @ (b / d)))
+    assert math.isclose(result.relative_residual * b_norm, math.sqrt(float(r @ (r / d))), rel_tol=1e-3,
+                        abs_tol=1e-14 * b_norm)
+    plain = tr.conjugate_gradient(as_matvec(m), torch.tensor(b), 2 * n, tol=1e-14)
+    assert not plain.converged
+
+
+def test_pcg_converges_in_one_iteration_when_the_scaled_matrix_is_a_projector():
+    # The tabular softmax Fisher of trust_region.md eq. (19): D^-1/2 F D^-1/2 = I - q q^T with
+    # D = pi, q = sqrt(pi). For b in F's range the first iterate is b / pi (up to the null
+    # direction): exactly the closed form.
+    pi = torch.tensor([1e-30, 1e-3, 0.3, 1.0 - 0.301 - 1e-30], dtype=torch.float64)
+    adv = torch.tensor([0.4, -0.2, 0.7, 0.1], dtype=torch.float64)
+    adv = adv - (pi * adv).sum()
+
+    def fisher(v):
+        return pi * v - pi * (pi * v).sum()
+
+    result = tr.conjugate_gradient(fisher, pi * adv, 5, tol=1e-12, preconditioner=pi)
+    assert result.iterations == 1 and result.converged
+    assert torch.allclose(result.solution, adv, rtol=1e-14, atol=1e-15)
+
+
+def test_pcg_rejects_a_bad_preconditioner_by_name():
+    b = torch.ones(3, dtype=torch.float64)
+    cases = [
+        (torch.ones(4).double(), ValueError, r"^preconditioner must have b's shape \(3,\), got \(4,\)$"),
+        (torch.tensor([1.0, 0.0, 1.0]), ValueError, r"^preconditioner must be positive"),
+        (torch.tensor([1.0, -2.0, 1.0]), ValueError, r"^preconditioner must be positive"),
+        (torch.tensor([1.0, math.nan, 1.0]), ValueError, r"^preconditioner contains NaN or inf$"),
+        (torch.tensor([1.0, math.inf, 1.0]), ValueError, r"^preconditioner contains NaN or inf$"),
+        (torch.ones(3, dtype=torch.int64), TypeError, r"^preconditioner must be a floating-point tensor"),
+        ([1.0, 1.0, 1.0], TypeError, r"^preconditioner must be a torch.Tensor, got list$"),
+    ]
+    for preconditioner, error, message in cases:
+        with pytest.raises(error, match=message):
+            tr.conjugate_gradient(lambda x: x, b, 3, preconditioner=preconditioner)
+
+
 # ----------------------------------------------------------------------------- tabular helpers
 def t64(x) -> torch.Tensor:
     return torch.as_tensor(np.asarray(x, dtype=np.float64))
@@ -162,6 +227,13 @@ def t64(x) -> torch.Tensor:
 def log_softmax(theta: torch.Tensor) -> torch.Tensor:
     """The tabular softmax policy as refimpl sees it: parameters [S, A] -> log-probabilities [S, A]."""
     return torch.log_softmax(theta, dim=-1)
+
+
+def flat_log_softmax(num_states: int, num_actions: int):
+    """The same softmax policy with its parameters passed flattened, ``[S * A]``: a general
+    ``log_prob_fn`` to the natural-gradient routines (plain CG and eq. (18); trust_region.md
+    section 6), where ``log_softmax`` of ``[S, A]`` logits takes the tabular path (eq. (19))."""
+    return lambda flat: torch.log_softmax(flat.reshape(num_states, num_actions), dim=-1)
 
 
 def occupancy(mdp: tabular.MDP, theta: np.ndarray) -> torch.Tensor:
@@ -278,36 +350,26 @@ def test_natural_step_is_the_multiplicative_weights_update(data, eta):
 @pytest.mark.parametrize("seed, gamma, eta", [(0, 0.5, 0.3), (1, 0.8, 0.3), (2, 0.9, 0.05)])
 def test_npg_rate_from_zero_init(seed, gamma, eta):
     # Agarwal et al. (2021) Thm 16: V*(rho) - V_T(rho) <= log|A| / (eta T) + 1 / ((1 - gamma)^2 T)
-    # for softmax NPG from theta_0 = 0 with rewards in [0, 1], for every T. CG must converge at
-    # every step, which the test asserts, to the accuracy float64 can attain: CG's relative residual
-    # stagnates near n u kappa (n unknowns, u the unit roundoff, kappa the condition number of the
-    # Fisher on its range; Greenbaum 1997, ch. 7), so the tolerance follows kappa, computed from the
-    # exact Fisher. The run stops once kappa > 1e8 (pi_min ~1e-6): beyond, the iterates enter the
-    # near-deterministic regime where float64 cannot resolve the Fisher (trust_region.md section 6)
-    # and a 1e-12 residual is reached or missed by rounding luck (it was missed at kappa ~8e13); it
-    # also stops where eq. (18) refuses the step (min_s,a d(s) pi(a|s) < sqrt(u) max_s d(s)).
+    # for softmax NPG from theta_0 = 0 with rewards in [0, 1], for every T. On the tabular path
+    # (trust_region.md eq. (19)) CG is preconditioned by diag(d pi), under which the Fisher is a
+    # projector whatever pi_min, so it converges at every step (one iteration) to its default 1e-10;
+    # plain CG needed a tolerance growing with the Fisher's condition number and stopped at kappa
+    # 1e8. The iteration to underflow is test_trust_region_near_deterministic.py's.
     base = full_support_mdp(seed, 6, 3, gamma, zero_fraction=0.3)
     mdp = tabular.MDP(base.P, (base.r + 1.0) / 2.0, base.rho0, gamma)  # rewards in [0, 1]
-    S, A = mdp.num_states, mdp.num_actions
-    unit_roundoff = np.finfo(np.float64).eps / 2
+    A = mdp.num_actions
     j_star = float(mdp.rho0 @ tabular.policy_iteration(mdp).V)
-    theta = np.zeros((S, A))
+    theta = np.zeros((mdp.num_states, A))
     gaps = []
     for t in range(1, 41):
-        eigenvalues = np.linalg.eigvalsh(tabular.fisher_matrix(mdp, theta))
-        on_range = eigenvalues[eigenvalues > S * A * unit_roundoff * eigenvalues.max()]
-        kappa = float(on_range.max() / on_range.min())
-        if kappa > 1e8 or not tr.fisher_resolution(log_softmax, t64(theta), occupancy(mdp, theta)).resolvable:
-            break
-        cg_tol = max(1e-12, S * A * unit_roundoff * kappa)
         step = tr.natural_gradient_step(log_softmax, t64(theta), t64(tabular.policy_gradient(mdp, theta)),
-                                        occupancy(mdp, theta), eta, cg_iters=4 * S * A, cg_tol=cg_tol)
-        assert step.cg.converged, (t, kappa)
+                                        occupancy(mdp, theta), eta)
+        assert step.cg.converged and step.cg.iterations == 1, t
         theta = step.params.numpy()
         gap = j_star - tabular.expected_return(mdp, tabular.softmax_policy(theta))
         assert gap <= math.log(A) / (eta * t) + 1.0 / ((1.0 - gamma) ** 2 * t), (t, gap)
         gaps.append(gap)
-    assert len(gaps) >= 10, len(gaps)
+    assert len(gaps) == 40
     assert gaps[-1] < 0.05 * gaps[0]  # NPG actually converges (a zero step would satisfy the bound)
 
 
@@ -642,10 +704,16 @@ def test_fisher_resolution_counts_only_visited_states_and_actions_of_the_policy(
     res = tr.fisher_resolution(lambda p: tiny + 0.0 * p, torch.zeros(1, 2, dtype=torch.float64),
                                torch.ones(1, dtype=torch.float64))
     assert res.min_weighted_prob == 0.0 and not res.resolvable
-    # float32 parameters: u = 2^-24, threshold sqrt(2^-24) = 2^-12.
-    res = tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1))
-    assert res.threshold == 2.0**-12 and res.resolvable
+    assert not res.tabular_softmax  # log_prob_fn is not log_softmax(params): eq. (18)
+    # float32 parameters: u = 2^-24, threshold sqrt(2^-24) = 2^-12 (eq. (18), general path) and
+    # sqrt(2^-24) f_min = 2^-12 2^-126 (eq. (19), tabular softmax path).
+    res = tr.fisher_resolution(flat_log_softmax(1, 2), torch.zeros(2), torch.ones(1))
+    assert res.threshold == 2.0**-12 and res.resolvable and not res.tabular_softmax
     assert math.isclose(res.min_weighted_prob, 0.5, rel_tol=2.0**-22)  # log(0.5) rounded to float32
+    res = tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1))
+    assert res.threshold == 2.0**-138 and res.resolvable and res.tabular_softmax
+    damped = tr.fisher_resolution(log_softmax, torch.zeros(1, 2), torch.ones(1), damping=0.5)
+    assert damped.threshold == 2.0**-138 - 0.5
     all_minus_inf = torch.full((1, 2), float("-inf"))
     with pytest.raises(ValueError, match="log_prob_fn.params. must have no NaN and a finite entry in every"):
         tr.fisher_resolution(lambda p: all_minus_inf + p, torch.zeros(1, 2), torch.ones(1))
@@ -672,15 +740,25 @@ def test_natural_gradient_step_moves_by_step_size_times_direction_in_the_paramet
     low = tr.natural_gradient_step(log_softmax, t64(theta).float(), g.float(), d.float(), 0.7, cg_iters=36,
                                    cg_tol=1e-5)
     assert low.params.dtype == torch.float32 and low.direction.dtype == torch.float32
-    # cg_iters and cg_tol reach CG: one iteration is the steepest-descent step (b.b / b.Fb) b.
-    one = tr.natural_gradient_step(log_softmax, t64(theta), g, d, 1.0, cg_iters=1)
+    # cg_iters and cg_tol reach CG (general path, plain CG): one iteration is the steepest-descent
+    # step (b.b / b.Fb) b.
+    flat, g_flat = flat_log_softmax(3, 3), g.reshape(-1)
+    one = tr.natural_gradient_step(flat, t64(theta).reshape(-1), g_flat, d, 1.0, cg_iters=1)
     fg = tabular.fisher_matrix(mdp, theta) @ g.numpy().reshape(-1)
-    expected = float(g.reshape(-1) @ g.reshape(-1)) / float(g.numpy().reshape(-1) @ fg) * g
+    expected = float(g_flat @ g_flat) / float(g.numpy().reshape(-1) @ fg) * g_flat
     assert one.cg.iterations == 1 and torch.allclose(one.direction, expected, rtol=1e-12, atol=0.0)
-    loose = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=0.5)
-    tight = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=36, cg_tol=1e-13)
+    loose = tr.natural_gradient_direction(flat, t64(theta).reshape(-1), g_flat, d, cg_iters=36, cg_tol=0.5)
+    tight = tr.natural_gradient_direction(flat, t64(theta).reshape(-1), g_flat, d, cg_iters=36, cg_tol=1e-13)
     assert loose.converged and loose.relative_residual <= 0.5
     assert loose.iterations < tight.iterations and tight.converged
+    # The tabular path (eq. (19)): preconditioned by diag(d pi), under which F is a projector, CG
+    # converges in one iteration to the centred closed form (eq. (8)), with one step or fifty.
+    closed_form = tabular.natural_gradient_closed_form(mdp, theta)
+    for iters in (1, 50):
+        tab = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=iters, cg_tol=1e-13)
+        assert tab.iterations == 1 and tab.converged
+        atol = 1e-13 * np.abs(closed_form).max()
+        assert np.allclose(tab.solution.numpy(), closed_form, rtol=1e-12, atol=atol)
     # damping reaches the products: (F + lambda I) s = g.
     damped = tr.natural_gradient_direction(log_softmax, t64(theta), g, d, cg_iters=60, cg_tol=1e-13,
                                            damping=0.3)
@@ -724,14 +802,23 @@ def test_trpo_passes_damping_cg_iters_and_cg_tol_to_cg():
                              cg_tol=1e-13)
     expected = np.linalg.solve(fisher + 0.5 * np.eye(15), g)  # kappa <= 2.1: 1e-10 is generous
     assert np.allclose(damped.cg.solution.numpy().reshape(-1), expected, rtol=1e-10, atol=1e-13)
-    _, one = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=1)
+    # General path (flattened parameters, plain CG): cg_iters and cg_tol reach CG.
+    flat, flat_theta = flat_log_softmax(5, 3), t64(theta).reshape(-1)
+
+    def flat_surrogate(t):
+        return surrogate(t.reshape(5, 3))
+
+    _, one = tr.trpo_step(flat_surrogate, flat, flat_theta, w, 0.01, cg_iters=1)
     assert one.cg.iterations == 1
     steepest = float(g @ g) / float(g @ fisher @ g) * g  # one step: two inner products, a few u each
-    assert np.allclose(one.cg.solution.numpy().reshape(-1), steepest, rtol=1e-12, atol=0.0)
-    _, loose = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=0.3)
-    _, tight = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=1e-13)
+    assert np.allclose(one.cg.solution.numpy(), steepest, rtol=1e-12, atol=0.0)
+    _, loose = tr.trpo_step(flat_surrogate, flat, flat_theta, w, 0.01, cg_iters=60, cg_tol=0.3)
+    _, tight = tr.trpo_step(flat_surrogate, flat, flat_theta, w, 0.01, cg_iters=60, cg_tol=1e-13)
     assert loose.cg.converged and loose.cg.relative_residual <= 0.3
     assert loose.cg.iterations < tight.cg.iterations
+    # Tabular path: one preconditioned iteration whatever the budget.
+    _, tab = tr.trpo_step(surrogate, log_softmax, t64(theta), w, 0.01, cg_iters=60, cg_tol=1e-13)
+    assert tab.cg.iterations == 1 and tab.resolution.tabular_softmax
     assert loose.resolution.resolvable and damped.resolution.threshold < 0.0  # damping 0.5 >> sqrt(u)
 
 
@@ -917,22 +1004,29 @@ def spread_bandit(num_actions: int = 80):
 
 
 def test_default_cg_budgets_are_the_documented_ones():
+    # On the general path (plain CG; flattened parameters) the spread bandit needs more than 50.
     theta, gradient, adv = spread_bandit()
+    flat, num_actions = flat_log_softmax(1, theta.shape[1]), theta.shape[1]
     w = torch.ones(1, dtype=torch.float64)
-    direction = tr.natural_gradient_direction(log_softmax, theta, gradient, w)
+    direction = tr.natural_gradient_direction(flat, theta.reshape(-1), gradient.reshape(-1), w)
     assert direction.iterations == 50 and not direction.converged  # cg_iters = 50, cg_tol = 1e-10
-    step = tr.natural_gradient_step(log_softmax, theta, gradient, w, 1.0)
+    step = tr.natural_gradient_step(flat, theta.reshape(-1), gradient.reshape(-1), w, 1.0)
     assert step.cg.iterations == 50 and torch.equal(step.direction, direction.solution)
+    # The tabular path resolves it in one preconditioned iteration.
+    tab = tr.natural_gradient_direction(log_softmax, theta, gradient, w)
+    assert tab.iterations == 1 and tab.converged and num_actions == 80
+    assert torch.allclose(tab.solution, adv - adv.mean(), rtol=0.0, atol=1e-14)
     # The default tolerance is 1e-10: a well-conditioned case converges to it (not to 1 or 0).
     mild = torch.tensor([[0.2, -0.1, 0.4]], dtype=torch.float64)
     pi = torch.softmax(mild, dim=-1)
     r = torch.tensor([[0.3, 0.9, 0.1]], dtype=torch.float64)
     g = pi * (r - (pi * r).sum())
-    res = tr.natural_gradient_direction(log_softmax, mild, g, w)
+    res = tr.natural_gradient_direction(flat_log_softmax(1, 3), mild.reshape(-1), g.reshape(-1), w)
     assert res.converged and res.relative_residual <= 1e-10 and res.iterations == 2
     centred_adv = (r - (pi * r).sum()) - (r - (pi * r).sum()).mean()  # kappa ~ 3: residual 1e-10 -> 1e-9
-    assert torch.allclose(res.solution, centred_adv, rtol=1e-9, atol=1e-12)
-    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta, w, 0.01)
+    assert torch.allclose(res.solution, centred_adv.reshape(-1), rtol=1e-9, atol=1e-12)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th.reshape(1, -1), dim=-1) * adv).sum(), flat,
+                             theta.reshape(-1), w, 0.01)
     assert record.cg.iterations == 10  # cg_iters = 10
 
 
@@ -1004,15 +1098,16 @@ def test_trpo_record_of_the_no_step_branches_is_exact():
     assert record.cg.iterations == 0 and record.cg.converged is True
     assert record.cg.residual_norm == 0.0 and record.cg.relative_residual == 0.0
     assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
-    # Unresolvable: no CG was run; the residual is the gradient's norm.
-    theta = torch.tensor([[-13.0, -3.5, 33.3]], dtype=torch.float64)
+    # Unresolvable (eq. (18), general path: flattened parameters): no CG was run; the residual is
+    # the gradient's norm.
+    theta = torch.tensor([-13.0, -3.5, 33.3], dtype=torch.float64)
     adv = torch.tensor([[0.3, -0.2, 0.1]], dtype=torch.float64)
-    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), log_softmax, theta,
-                             torch.ones(1, dtype=torch.float64), 0.01)
+    _, record = tr.trpo_step(lambda th: (torch.softmax(th, dim=-1) * adv).sum(), flat_log_softmax(1, 3),
+                             theta, torch.ones(1, dtype=torch.float64), 0.01)
     pi = torch.softmax(theta, dim=-1)
     g = pi * (adv - (pi * adv).sum())
     assert record.status == "unresolvable_fisher" and record.cg.converged is False
-    assert torch.equal(record.cg.solution, torch.zeros(1, 3, dtype=torch.float64))
+    assert torch.equal(record.cg.solution, torch.zeros(3, dtype=torch.float64))
     assert math.isclose(record.cg.residual_norm, float(g.norm()), rel_tol=1e-6)
 
 
@@ -1042,12 +1137,18 @@ def test_mixed_dtypes_follow_the_parameters():
                                                                  dtype=torch.float64)
     step = tr.natural_gradient_step(log_softmax, theta32, g64, w64, 0.5, cg_tol=1e-6)
     assert step.params.dtype == torch.float32
-    # float64 parameters with a float32 gradient (CG in float32) are not rounded to float32.
+    # float64 parameters with a float32 gradient are not rounded to float32. The general path runs
+    # CG in the gradient's dtype (float32), the tabular one in the wider of the two (float64).
     theta64 = torch.tensor([[0.1, 0.2, 0.3], [0.0, 0.7, -0.1]], dtype=torch.float64)
+    still = tr.natural_gradient_step(flat_log_softmax(2, 3), theta64.reshape(-1), g64.float().reshape(-1),
+                                     w64, 0.0, cg_tol=1e-6)
+    assert still.direction.dtype == torch.float32 and torch.equal(still.params, theta64.reshape(-1))
     still = tr.natural_gradient_step(log_softmax, theta64, g64.float(), w64, 0.0, cg_tol=1e-6)
-    assert still.direction.dtype == torch.float32 and torch.equal(still.params, theta64)
-    res = tr.fisher_resolution(log_softmax, theta32.to(torch.bfloat16), w64)
+    assert still.direction.dtype == torch.float64 and torch.equal(still.params, theta64)
+    res = tr.fisher_resolution(flat_log_softmax(2, 3), theta32.to(torch.bfloat16).reshape(-1), w64)
     assert res.threshold == math.sqrt(2.0**-24) * 0.75  # float32's u, not bfloat16's
+    res = tr.fisher_resolution(log_softmax, theta32.to(torch.bfloat16), w64)
+    assert res.threshold == 2.0**-138 and res.tabular_softmax  # float32's u and f_min
     # CG keeps b's working dtype when matvec returns another one.
     b = torch.ones(3)
     diagonal = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)  # 3 iterations, so p is updated

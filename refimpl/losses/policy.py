@@ -324,10 +324,13 @@ def upweighted_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, keep: 
     upweights every kept sequence's contribution by ``1 / (1 - f)``. Under the sequence-counting
     aggregations it is the kept rows' own denominator (filtering with a local mean already
     upweights); under token_mean it is ``(1 - f)`` times *all* tokens, not the kept tokens.
-    When every row is dropped (f = 1) it is ``loss_normalizer(mask, variant)`` (the loss is 0).
-    Shapes: mask ``[N, T]``, keep ``[N]`` bool (``dynamic_sampling_mask``). Returns a float64 scalar
-    tensor (the quotient is not an integer under token_mean); compute it on the full batch and pass
-    it to every micro-batch.
+    When every row is dropped (f = 1) it is ``loss_normalizer(mask, variant)`` (the loss is 0), and
+    1 when the mask is empty (no row counts: the loss is 0 with zero gradient, as with
+    ``normalizer=None``). Equal to weighting the advantages by
+    ``refimpl.advantages.dynamic_sampling_weights(rewards, group_ids, mask=mask)`` (same f) on every
+    mask. Shapes: mask ``[N, T]``, keep ``[N]`` bool (``dynamic_sampling_mask``). Returns a float64
+    scalar tensor (the quotient is not an integer under token_mean); compute it on the full batch
+    and pass it to every micro-batch.
     """
     total = loss_normalizer(mask, variant)
     if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
@@ -341,6 +344,7 @@ def upweighted_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, keep: 
     sequences = rows.sum(dtype=torch.float64)
     kept = (rows & keep).sum(dtype=torch.float64)
     total = total.to(torch.float64)
+    total = torch.where(sequences > 0, total, torch.ones_like(total))  # an empty mask: loss 0, not 0 / 0
     return torch.where(kept > 0, total * kept / sequences.clamp(min=1.0), total)
 
 
@@ -354,7 +358,16 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
         raise ValueError("variant.group_size (G) is required by aggregation 'seq_sqrt_token_mean'; "
                          "use dataclasses.replace(variant, group_size=...)")
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
-    return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
+    if variant.aggregation != "seq_sum":
+        return sequences
+    # L_max is Dr. GRPO's bound on every length (md eq. (11)), or 1: the un-normalised token sum
+    # (verl's seq-mean-token-sum and token-sum, refimpl.conformance).
+    if variant.max_length > 1 and lengths.numel():
+        _check_value(lengths.max() <= variant.max_length,
+                     f"variant.max_length (L_max = {variant.max_length}) must be >= every sequence's length "
+                     f"(its tokens in mask), or 1 for an un-normalised token sum: seq_sum divides by "
+                     f"sequences x L_max, the bound on the lengths")
+    return sequences * variant.max_length
 
 
 def _sequence_kl_weight(variant: PolicyLossVariant, local: torch.Tensor, lengths: torch.Tensor,
