@@ -460,3 +460,25 @@ def test_framework_checks_infer_the_kind_and_take_a_device(capsys, monkeypatch):
     assert main(["check", "framework", "trl", "--mode", "low_var_kl", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err == "refimpl check framework: --device applies to policy-loss modes; trl low_var_kl is kl\n"
+
+
+def test_a_framework_without_mode_or_preset_runs_every_mode(capsys, monkeypatch):
+    """``check framework F``: one line per mode, each failing mode's report in full, exit 1 when one
+    fails (the fake framework's ``buggy`` mode); ``--kind`` narrows, ``--json`` has every report."""
+    from tests import fake_framework
+
+    fake_framework.install(monkeypatch)
+    assert main(["check", "framework", "trl"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("framework trl 1.0.0 (source sha256 ") and "4 modes" in lines[0]
+    assert [line.split()[:3] for line in lines[2:6]] == [
+        ["ok", "policy_loss", "dapo"], ["FAIL", "policy_loss", "buggy"], ["ok", "kl", "low_var_kl"],
+        ["ok", "group_advantages", "rloo"],
+    ]
+    assert "smallest failing case: " in out and lines[-1] == "FAIL: modes buggy"
+    assert main(["check", "framework", "trl", "--kind", "policy_loss", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [(m["mode"], m["report"]["ok"]) for m in data["modes"]] == [("dapo", True), ("buggy", False)]
+    assert main(["check", "framework", "trl", "--flag", "empty_rows=keep"]) == 2
+    assert "give --mode or --preset" in capsys.readouterr().err

@@ -7,7 +7,8 @@
     refimpl check advantages MODULE:FUNCTION --convention trl [--preset dr_grpo]
     refimpl check advantages MODULE:FUNCTION --flag adv_leave_one_out=true --flag adv_scale=none
     refimpl check logprobs MODULE:FUNCTION
-    refimpl check framework verl --preset dapo [--convention reference]   (the installed framework)
+    refimpl check framework verl [--kind kl] [--device cuda]       (every mode of the installed verl)
+    refimpl check framework verl --preset dapo [--convention reference]   (the mode of a preset)
     refimpl check --framework verl --mode vanilla/token-mean [--device cuda]   (the same, other spelling)
     refimpl check differences --preset grpo --convention verl       (spec vs a framework's numerics)
     refimpl conventions [--preset P] [--json]                       (every flag, per profile, and why)
@@ -33,15 +34,20 @@ import sys
 
 from .cli_args import (
     KIND_WORDS,
+    REQUIRE_FRAMEWORKS_ENV,
+    FrameworkMissing,
     UserError,
     add_check_subcommands,
     earlier_spelling,
     emit_text,
+    load_framework,
     load_object,
+    mode_kind,
     one_line,
     one_line_errors,
     parse_assignments,
     replace_fields,
+    select_mode,
 )
 
 __all__ = [
@@ -59,8 +65,6 @@ __all__ = [
     "main",
 ]
 
-#: exit code of a framework that is not installed, and the variable that makes it a failure (CI)
-REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
 
 
 
@@ -96,52 +100,6 @@ def conventions_data(preset: str = "grpo") -> dict[str, dict]:
     profiles = _profiles(preset)
     return {flag: {"reason": FLAG_REASONS.get(flag, ""), **{p.name: getattr(p, flag) for p in profiles}}
             for flag in FLAGS}
-
-
-# ----------------------------------------------------------------------------------------------
-# framework drivers
-
-
-def load_framework(name: str):
-    """The driver of an installed framework; a UserError (exit 2) when unknown or not installed,
-    or a failure (exit 1) when ``RL_ORACLE_REQUIRE_FRAMEWORKS=1`` (CI: a skip is a failure)."""
-    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
-
-    if name not in FRAMEWORKS:
-        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {name!r}")
-    try:
-        driver = load_driver(name)
-    except ImportError as exc:
-        raise UserError(f"--framework {name}: no driver ({one_line(exc)})") from None
-    reason = driver.availability()
-    if reason is not None:
-        if os.environ.get(REQUIRE_FRAMEWORKS_ENV) == "1":
-            raise FrameworkMissing(
-                f"framework {name} is required ({REQUIRE_FRAMEWORKS_ENV}=1) but unavailable: {reason}"
-            )
-        raise UserError(f"framework {name} is not available, skipped: {reason}")
-    return driver
-
-
-class FrameworkMissing(Exception):
-    """A required framework is not installed (exit 1)."""
-
-
-def select_mode(driver, kind: str, mode_name: str | None, preset: str | None):
-    """The driver's mode named ``mode_name``, or the mode of ``preset`` (``Driver.preset_mode``);
-    every failure a one-line UserError."""
-    try:
-        if mode_name is not None:
-            return driver.mode(kind, mode_name)
-        if preset is None:
-            modes = driver.modes(kind)
-            if kind == "policy_loss" or len(modes) != 1:
-                raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
-            return next(iter(modes.values()))
-        return driver.preset_mode(kind, preset)
-    except ValueError as exc:
-        text = one_line(exc)
-        raise UserError(text if "not supported" in text else f"--mode: {text}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,33 +179,25 @@ def run_function(args: argparse.Namespace) -> int:
     return _emit(report, args.json)
 
 
-def _mode_kind(driver, mode_name: str | None) -> str:
-    """The kind of ``--mode`` when ``--kind`` is not given: the one kind that has a mode (or an
-    unsupported mode) of that name; policy_loss without ``--mode``."""
-    from refimpl.conformance.frameworks import KINDS
-
-    if mode_name is None:
-        return "policy_loss"
-    kinds = [k for k in KINDS if mode_name in driver.modes(k) or mode_name in driver.unsupported_modes(k)]
-    if len(kinds) > 1:
-        raise UserError(f"{driver.name} has a mode {mode_name!r} of kinds {', '.join(kinds)}: give --kind")
-    if not kinds:
-        listing = "; ".join(f"{k}: {', '.join(driver.modes(k))}" for k in KINDS if driver.modes(k))
-        raise UserError(f"--mode: {driver.name} has no policy_loss mode {mode_name!r} (nor one of another "
-                        f"kind); modes: {listing}")
-    return kinds[0]
-
-
 def run_framework(args: argparse.Namespace) -> int:
-    """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``)."""
+    """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``); without
+    either, every mode of the framework (of ``--kind``; policy losses only on another device)."""
     driver = load_framework(args.framework)
-    mode = select_mode(driver, args.kind or _mode_kind(driver, args.mode), args.mode, args.preset)
     if args.convention not in (None, "reference", driver.name):
         raise UserError("with --framework the convention is the mode's own profile, or --convention "
                         "reference")
     device = _device(args)
+    if args.mode is None and args.preset is None and not (
+        args.kind not in (None, "policy_loss") and len(driver.modes(args.kind)) == 1
+    ):
+        return _run_every_mode(driver, args, device)
+    mode = select_mode(driver, args.kind or mode_kind(driver, args.mode), args.mode, args.preset)
     if device.type != "cpu" and mode.kind != "policy_loss":
         raise UserError(f"--device applies to policy-loss modes; {driver.name} {mode.name} is {mode.kind}")
+    return _emit(_framework_report(driver, mode, args, device), args.json)
+
+
+def _framework_report(driver, mode, args: argparse.Namespace, device):
     from refimpl.conformance.checks import check_framework_mode
     from refimpl.conformance.frameworks import VariantRefused
     from refimpl.conformance.profiles import mode_convention
@@ -256,7 +206,7 @@ def run_framework(args: argparse.Namespace) -> int:
     overrides = parse_assignments(args.variant, PolicyLossVariant(), "--variant")
     flags = parse_assignments(args.flag, mode_convention(mode, driver.name), "--flag")
     try:
-        report = check_framework_mode(
+        return check_framework_mode(
             driver, mode, reference=args.convention == "reference", variant_overrides=overrides,
             flag_overrides=flags, rtol=args.rtol, device=device,
         )
@@ -264,7 +214,38 @@ def run_framework(args: argparse.Namespace) -> int:
         raise UserError(one_line(exc)) from None
     except Exception as exc:  # the driver could not build or run the framework's code: one line
         raise UserError(f"{driver.name} mode {mode.name}: {type(exc).__name__}: {one_line(exc)}") from None
-    return _emit(report, args.json)
+
+
+def _run_every_mode(driver, args: argparse.Namespace, device) -> int:
+    """Every mode in scope, one line each, then each failing mode's report in full; exit 1 when one
+    fails (``--json``: every mode's report)."""
+    if args.variant or args.flag:
+        raise UserError("--variant / --flag change one mode: give --mode or --preset")
+    modes = [m for m in driver.all_modes() if args.kind in (None, m.kind)]
+    if device.type != "cpu":
+        if args.kind not in (None, "policy_loss"):
+            raise UserError(f"--device applies to policy-loss modes, not --kind {args.kind}")
+        modes = [m for m in modes if m.kind == "policy_loss"]
+    reports = [(m, _framework_report(driver, m, args, device)) for m in modes]
+    ok = all(r.ok for _, r in reports)
+    if args.json:
+        emit_text(json.dumps({"framework": driver.name, "version": driver.installed_version(), "ok": ok,
+                              "modes": [{"kind": m.kind, "mode": m.name, "report": r.to_dict()}
+                                        for m, r in reports]}, indent=1))
+        return 0 if ok else 1
+    where = "" if device.type == "cpu" else f", on {device} (policy losses only)"
+    lines = [f"framework {driver.name} {driver.installed_version()} (source sha256 {driver.source_hash()}): "
+             f"{len(reports)} modes{where}, " + ("under the reference" if args.convention == "reference"
+                                                  else "each under its own profile"), ""]
+    kinds = max((len(m.kind) for m in modes), default=0)
+    names = max((len(m.name) for m in modes), default=0)
+    lines += [f"{'ok  ' if r.ok else 'FAIL'}  {m.kind:{kinds}}  {m.name:{names}}  {len(r.results)} cases"
+              for m, r in reports]
+    lines += [text for _, r in reports if not r.ok for text in ("", r.render())]
+    failing = [m.name for m, r in reports if not r.ok]
+    lines += ["", f"FAIL: modes {', '.join(failing)}" if failing else f"PASS: {len(reports)} modes"]
+    emit_text("\n".join(lines))
+    return 0 if ok else 1
 
 
 def run_differences(args: argparse.Namespace) -> int:

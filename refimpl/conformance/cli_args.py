@@ -1,6 +1,7 @@
 """Command-line plumbing of ``refimpl check`` / ``conventions`` / ``matrix``: one-line user errors,
-``MODULE:NAME`` loading, ``FIELD=VALUE`` parsing, and printing that survives a closed pipe
-(``refimpl conventions | head``)."""
+``MODULE:NAME`` (or path) loading, framework drivers and their modes, ``FIELD=VALUE`` parsing, the
+parsers of the ``check`` subcommands (each with only its options), the earlier spellings, and
+printing that survives a closed pipe (``refimpl conventions | head``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-__all__ = ["UserError", "load_object", "one_line", "parse_assignments", "replace_fields", "one_line_errors",
-           "emit_text"]
+__all__ = ["UserError", "FrameworkMissing", "REQUIRE_FRAMEWORKS_ENV", "load_object", "load_framework",
+           "select_mode", "mode_kind", "one_line", "parse_assignments", "replace_fields", "one_line_errors",
+           "emit_text", "KIND_WORDS", "CHECK_SUBCOMMANDS", "add_check_subcommands", "earlier_spelling"]
 
 
 class UserError(Exception):
@@ -185,6 +187,72 @@ def one_line_errors(parser: argparse.ArgumentParser, prog: str) -> argparse.Argu
     parser.parse_known_args = strict  # type: ignore[method-assign]
     return parser
 
+
+
+# ----------------------------------------------------------------------------------------------
+# framework drivers and their modes, each failure one line
+
+#: the variable that makes a framework that is not installed a failure (CI; exit 1)
+REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
+
+
+def load_framework(name: str):
+    """The driver of an installed framework; a UserError (exit 2) when unknown or not installed,
+    or a failure (exit 1) when ``RL_ORACLE_REQUIRE_FRAMEWORKS=1`` (CI: a skip is a failure)."""
+    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+
+    if name not in FRAMEWORKS:
+        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {name!r}")
+    try:
+        driver = load_driver(name)
+    except ImportError as exc:
+        raise UserError(f"--framework {name}: no driver ({one_line(exc)})") from None
+    reason = driver.availability()
+    if reason is not None:
+        if os.environ.get(REQUIRE_FRAMEWORKS_ENV) == "1":
+            raise FrameworkMissing(
+                f"framework {name} is required ({REQUIRE_FRAMEWORKS_ENV}=1) but unavailable: {reason}"
+            )
+        raise UserError(f"framework {name} is not available, skipped: {reason}")
+    return driver
+
+
+class FrameworkMissing(Exception):
+    """A required framework is not installed (exit 1)."""
+
+
+def select_mode(driver, kind: str, mode_name: str | None, preset: str | None):
+    """The driver's mode named ``mode_name``, or the mode of ``preset`` (``Driver.preset_mode``);
+    every failure a one-line UserError."""
+    try:
+        if mode_name is not None:
+            return driver.mode(kind, mode_name)
+        if preset is None:
+            modes = driver.modes(kind)
+            if kind == "policy_loss" or len(modes) != 1:
+                raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
+            return next(iter(modes.values()))
+        return driver.preset_mode(kind, preset)
+    except ValueError as exc:
+        text = one_line(exc)
+        raise UserError(text if "not supported" in text else f"--mode: {text}") from None
+
+
+def mode_kind(driver, mode_name: str | None) -> str:
+    """The kind of ``--mode`` when ``--kind`` is not given: the one kind that has a mode (or an
+    unsupported mode) of that name; policy_loss without ``--mode``."""
+    from refimpl.conformance.frameworks import KINDS
+
+    if mode_name is None:
+        return "policy_loss"
+    kinds = [k for k in KINDS if mode_name in driver.modes(k) or mode_name in driver.unsupported_modes(k)]
+    if len(kinds) > 1:
+        raise UserError(f"{driver.name} has a mode {mode_name!r} of kinds {', '.join(kinds)}: give --kind")
+    if not kinds:
+        listing = "; ".join(f"{k}: {', '.join(driver.modes(k))}" for k in KINDS if driver.modes(k))
+        raise UserError(f"--mode: {driver.name} has no policy_loss mode {mode_name!r} (nor one of another "
+                        f"kind); modes: {listing}")
+    return kinds[0]
 
 
 # ----------------------------------------------------------------------------------------------
