@@ -353,8 +353,8 @@ def earlier_spelling(argv: list[str]) -> tuple[list[str], str | None]:
     ``--framework F`` -> ``framework F``, ``--differences`` -> ``differences``,
     ``--list-conventions`` -> ``refimpl conventions``."""
     argv = list(argv)
-    if not argv or argv[0] in CHECK_SUBCOMMANDS or argv[0] in ("-h", "--help", "conventions"):
-        return argv, None
+    if not argv or any(a in CHECK_SUBCOMMANDS or a in ("-h", "--help", "conventions") for a in argv):
+        return argv, None  # the current spelling (or a mistake in it, which the parser names)
     if "--framework" in argv:  # a current spelling too (``check --framework F``): no note
         i = argv.index("--framework")
         return ["framework", *argv[i + 1:i + 2], *argv[:i], *argv[i + 2:]], None
