@@ -333,6 +333,9 @@ def test_earlier_spellings_work_with_a_one_line_note(user, capsys):
     assert code == 0 and "masked_nonfinite: reference=" in out and "'refimpl conventions'" in err
     code, out, err = check(capsys, "--differences", "--preset", "grpo", "--convention", "trl")
     assert code == 1 and "'refimpl check differences'" in err
+    # a subcommand named anywhere: the current spelling, its mistake named without a note
+    code, out, err = check(capsys, "--rtol", "1e-8", *LOSS)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "note" not in err
     # the note, then a mistake of the command itself: still one line of error
     code, out, err = check(capsys, "user_losses:dapo_loss", "--kind", "kl", "--preset", "dapo")
     assert code == 2 and err.splitlines()[1] == "refimpl check kl: unrecognized arguments: --preset dapo"

@@ -353,7 +353,8 @@ def earlier_spelling(argv: list[str]) -> tuple[list[str], str | None]:
     ``--framework F`` -> ``framework F``, ``--differences`` -> ``differences``,
     ``--list-conventions`` -> ``refimpl conventions``."""
     argv = list(argv)
-    if not argv or any(a in CHECK_SUBCOMMANDS or a in ("-h", "--help", "conventions") for a in argv):
+    current = (*CHECK_SUBCOMMANDS, "conventions", "-h", "--help")
+    if not argv or any(a in current and argv[i - 1:i] != ["--kind"] for i, a in enumerate(argv)):
         return argv, None  # the current spelling (or a mistake in it, which the parser names)
     if "--framework" in argv:  # a current spelling too (``check --framework F``): no note
         i = argv.index("--framework")
