@@ -1,6 +1,6 @@
-"""``refimpl check MODULE:FUNCTION`` end to end: a user's function in a temporary module, run
-in-process through ``main()`` (one subprocess run checks the real entry point), with the exit code,
-the printed table and the one-line errors checked."""
+"""``refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION`` end to end: a user's function in a
+temporary module, run in-process through ``main()`` (one subprocess run checks the real entry point),
+with the exit code, the printed table, the one-line errors and the earlier spellings checked."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def check(capsys, *argv):
 
 
 def test_passing_function_exits_zero_and_prints_the_table(user, capsys):
-    code, out, err = check(capsys, "user_losses:dapo_loss", "--preset", "dapo")
+    code, out, err = check(capsys, "loss", "user_losses:dapo_loss", "--preset", "dapo")
     assert code == 0, out + err
     lines = out.splitlines()
     assert any(line.split()[:6] == ["case", "class", "cases", "value", "ok", "gradient"] for line in lines)
@@ -168,7 +168,7 @@ def test_passing_function_exits_zero_and_prints_the_table(user, capsys):
 
 
 def test_failing_function_exits_one_and_names_the_class_and_smallest_case(user, capsys):
-    code, out, _ = check(capsys, "user_losses:dapo_loss_swapped_bounds", "--preset", "dapo")
+    code, out, _ = check(capsys, "loss", "user_losses:dapo_loss_swapped_bounds", "--preset", "dapo")
     assert code == 1
     assert "FAIL: case classes" in out
     assert any(line.startswith("on_boundary") and "FAIL" in line for line in out.splitlines())
@@ -178,20 +178,21 @@ def test_failing_function_exits_one_and_names_the_class_and_smallest_case(user, 
 
 
 def test_a_failure_matching_another_aggregation_says_which(user, capsys):
-    code, out, _ = check(capsys, "user_losses:grpo_as_token_mean", "--preset", "grpo")
+    code, out, _ = check(capsys, "loss", "user_losses:grpo_as_token_mean", "--preset", "grpo")
     assert code == 1
     assert "diagnosis: matches aggregation 'token_mean'" in out
 
 
 def test_variant_checks_any_point_of_the_family(user, capsys):
     # verl's seq-mean-token-sum = Dr. GRPO's seq_sum with L_max = 1
-    args = ("user_losses:seq_mean_token_sum", "--preset", "dr_grpo")
+    args = ("loss", "user_losses:seq_mean_token_sum", "--preset", "dr_grpo")
     code, out, _ = check(capsys, *args, "--variant", "max_length=1")
     assert code == 0, out
     assert "max_length=1" in out.splitlines()[0]
     assert check(capsys, *args)[0] == 1  # L_max = 16 by default
     code, out, _ = check(
         capsys,
+        "loss",
         "user_losses:dapo_loss",
         "--preset",
         "grpo",
@@ -204,7 +205,7 @@ def test_variant_checks_any_point_of_the_family(user, capsys):
 
 
 def test_json_report(user, capsys):
-    code, out, _ = check(capsys, "user_losses:dapo_loss_swapped_bounds", "--preset", "dapo", "--json")
+    code, out, _ = check(capsys, "loss", "user_losses:dapo_loss_swapped_bounds", "--preset", "dapo", "--json")
     assert code == 1
     report = json.loads(out)
     assert report["ok"] is False and report["smallest_failure"]
@@ -217,6 +218,7 @@ def test_json_report(user, capsys):
 def test_adapter_and_convention_flags(user, capsys):
     code, out, err = check(
         capsys,
+        "loss",
         "user_losses:loss_with_other_signature",
         "--preset",
         "dapo",
@@ -233,72 +235,70 @@ def test_adapter_and_convention_flags(user, capsys):
 
 def test_the_adapter_is_imported_before_the_target(user, capsys):
     code, out, err = check(
-        capsys, "needs_stub:dapo_loss", "--preset", "dapo", "--adapter", "stubbing_adapter:adapter"
+        capsys, "loss", "needs_stub:dapo_loss", "--preset", "dapo", "--adapter", "stubbing_adapter:adapter"
     )
     assert code == 0, out + err
 
 
 def test_group_advantages_use_the_preset_rloo_and_batch_flags(user, capsys):
-    args = ("user_losses:centred_advantages", "--kind", "group_advantages")
+    args = ("advantages", "user_losses:centred_advantages")
     assert check(capsys, *args, "--preset", "dr_grpo")[0] == 0  # Dr. GRPO: no std scaling
     assert check(capsys, *args)[0] == 1
-    rloo = ("user_losses:rloo_advantages", "--kind", "group_advantages")
+    rloo = ("advantages", "user_losses:rloo_advantages")
     assert check(capsys, *rloo, "--flag", "adv_leave_one_out=true", "--flag", "adv_scale=none")[0] == 0
     assert check(capsys, *rloo, "--flag", "adv_scale=none")[0] == 1
-    batch = ("user_losses:trl_batch_advantages", "--kind", "group_advantages", "--convention", "trl")
+    batch = ("advantages", "user_losses:trl_batch_advantages", "--convention", "trl")
     assert check(capsys, *batch, "--scale-rewards", "batch")[0] == 0
     assert check(capsys, *batch)[0] == 1  # TRL's default is the group std
 
 
+LOSS = ("loss", "user_losses:dapo_loss", "--preset", "dapo")
 MISTAKES = [
-    (["no_such_module:fn", "--preset", "dapo"], "cannot import module 'no_such_module'"),
-    (["user_losses:nope", "--preset", "dapo"], "has no attribute 'nope'"),
-    (["user_losses:NOT_CALLABLE", "--preset", "dapo"], "is not callable"),
-    (["user_losses", "--preset", "dapo"], "FUNCTION must be MODULE:NAME"),
-    (["user_losses:dapo_loss"], "--preset is required"),
-    (["user_losses:dapo_loss", "--preset", "dappo"], "unknown policy-loss preset 'dappo'"),
-    (
-        ["user_losses:dapo_loss", "--preset", "gspo_token", "--convention", "trl"],
-        "preset 'gspo_token' has no trl equivalent",
-    ),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--convention", "trll"], "invalid choice: 'trll'"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--variant", "epsilon=0.2"], "unknown field 'epsilon'"),
-    (
-        ["user_losses:dapo_loss", "--preset", "dapo", "--variant", "eps_low=abc"],
-        "eps_low='abc': expected a number",
-    ),
-    (
-        ["user_losses:dapo_loss", "--preset", "dapo", "--variant", "eps_low=1.5"],
-        "variant.eps_low must be < 1",
-    ),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--variant", "eps_low"], "--variant must be FIELD=VALUE"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--flag", "nope=1"], "--flag: unknown field 'nope'"),
-    (
-        ["user_losses:dapo_loss", "--preset", "dapo", "--flag", "compute_dtype=bf16"],
-        "compute_dtype must be one of",
-    ),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--estimator", "k2"], "--estimator applies to --kind kl"),
-    (["refimpl.kl:kl_k3", "--kind", "kl", "--preset", "dapo"], "--preset does not apply to --kind kl"),
-    (["refimpl.kl:kl_k3", "--kind", "kl", "--kl-coef", "0.1"], "--kl-coef applies to --kind policy_loss"),
-    (
-        ["user_losses:dapo_loss", "--preset", "dapo", "--adapter", "broken_adapter:adapter"],
-        "adapter module exploded",
-    ),
-    (
-        ["user_losses:dapo_loss", "--preset", "dapo", "--adapter", "user_losses:nope"],
-        "--adapter: 'user_losses'",
-    ),
-    (["--framework", "nope", "--preset", "dapo"], "--framework must be one of"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--mode", "x"], "--mode needs --framework"),
-    (["user_losses:wrong_signature", "--preset", "dapo"], "expected fn(logp, old_logp, advantages, mask"),
-    (["user_losses:per_token_loss", "--preset", "dapo"], "must return a scalar loss tensor"),
-    (["user_losses:dapo_loss", "--kind", "kl"], "expected fn(logp [N, T], ref_logp [N, T])"),
-    (["user_losses:per_token_loss", "--kind", "group_advantages"], "expected fn(rewards [N], group_ids [N])"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--rtol", "-1"], "--rtol must be > 0"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--kind", "nope"], "invalid choice: 'nope'"),
-    (["user_losses:dapo_loss", "--preset", "dapo", "--bogus"], "unrecognized arguments: --bogus"),
-    (["--differences"], "--differences needs --preset"),
-    ([], "give MODULE:FUNCTION"),
+    (["loss", "no_such_module:fn", "--preset", "dapo"], "cannot import module 'no_such_module'"),
+    (["loss", "user_losses:nope", "--preset", "dapo"], "has no attribute 'nope'"),
+    (["loss", "user_losses:NOT_CALLABLE", "--preset", "dapo"], "is not callable"),
+    (["loss", "user_losses", "--preset", "dapo"], "FUNCTION must be MODULE:NAME"),
+    (["loss", "user_losses:dapo_loss"], "the following arguments are required: --preset"),
+    (["loss", "--preset", "dapo"], "the following arguments are required: MODULE:FUNCTION"),
+    (["loss", "user_losses:dapo_loss", "--preset", "dappo"], "unknown policy-loss preset 'dappo'"),
+    ([*LOSS[:3], "gspo_token", "--convention", "trl"], "preset 'gspo_token' has no trl equivalent"),
+    ([*LOSS, "--convention", "trll"], "invalid choice: 'trll'"),
+    ([*LOSS, "--variant", "epsilon=0.2"], "unknown field 'epsilon'"),
+    ([*LOSS, "--variant", "eps_low=abc"], "eps_low='abc': expected a number"),
+    ([*LOSS, "--variant", "eps_low=1.5"], "variant.eps_low must be < 1"),
+    ([*LOSS, "--variant", "eps_low"], "--variant must be FIELD=VALUE"),
+    ([*LOSS, "--flag", "nope=1"], "--flag: unknown field 'nope'"),
+    ([*LOSS, "--flag", "compute_dtype=bf16"], "compute_dtype must be one of"),
+    ([*LOSS, "--adapter", "broken_adapter:adapter"], "adapter module exploded"),
+    ([*LOSS, "--adapter", "user_losses:nope"], "--adapter: 'user_losses'"),
+    ([*LOSS, "--rtol", "-1"], "argument --rtol: must be > 0, got -1"),
+    ([*LOSS, "--kl-coef", "x"], "argument --kl-coef: expected a number > 0, got 'x'"),
+    ([*LOSS, "--device", "nonsense"], "--device 'nonsense':"),
+    ([*LOSS, "--bogus"], "unrecognized arguments: --bogus"),
+    (["loss", "user_losses:wrong_signature", "--preset", "dapo"], "expected fn(logp, old_logp, advantages"),
+    (["loss", "user_losses:per_token_loss", "--preset", "dapo"], "must return a scalar loss tensor"),
+    (["loss", "../nowhere/losses:fn", "--preset", "dapo"], "no file ../nowhere/losses.py"),
+    (["loss", ".user_losses:dapo_loss", "--preset", "dapo"], "'.user_losses' is a relative module name"),
+    (["kl", "user_losses:dapo_loss"], "expected fn(logp [N, T], ref_logp [N, T])"),
+    (["advantages", "user_losses:per_token_loss"], "expected fn(rewards [N], group_ids [N])"),
+    (["framework", "nope", "--preset", "dapo"], "--framework must be one of"),
+    (["lsos", "user_losses:dapo_loss"], "invalid choice: 'lsos'"),
+    (["differences", "--convention", "trl"], "the following arguments are required: --preset"),
+    ([], "say what to check"),
+]
+# each subcommand carries only the options that fit it: any other is refused by its parser
+MISFITS = [
+    ("kl", "--preset", "dapo"),
+    ("kl", "--kl-coef", "0.1"),
+    ("kl", "--device", "cpu"),
+    ("kl", "--variant", "eps_low=0.1"),
+    ("advantages", "--variant", "eps_low=0.1"),
+    ("advantages", "--estimator", "k2"),
+    ("logprobs", "--convention", "trl"),
+    ("logprobs", "--flag", "adv_scale=none"),
+    ("loss", "--estimator", "k2"),
+    ("loss", "--mode", "x"),
+    ("loss", "--framework", "trl"),
 ]
 
 
@@ -307,32 +307,104 @@ def test_user_mistakes_are_one_line_and_exit_two(user, capsys, argv, message):
     code, out, err = check(capsys, *argv)
     assert code == 2, out + err
     assert out == ""  # no table before the error
-    assert err.count("\n") == 1 and err.startswith("refimpl check: ") and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith("refimpl check") and "Traceback" not in err, err
     assert message in err, err
 
 
-def test_list_conventions_and_differences_in_process(capsys):
+@pytest.mark.parametrize(("word", "option", "value"), MISFITS, ids=[" ".join(m[:2]) for m in MISFITS])
+def test_each_subcommand_refuses_the_options_that_do_not_fit_it(user, capsys, word, option, value):
+    preset = ("--preset", "dapo") if word == "loss" else ()
+    code, out, err = check(capsys, word, "user_losses:dapo_loss", *preset, option, value)
+    assert (code, out, err) == (2, "", f"refimpl check {word}: unrecognized arguments: {option} {value}\n")
+
+
+def test_earlier_spellings_work_with_a_one_line_note(user, capsys):
+    """``check MODULE:FUNCTION [--kind K]``, ``--list-conventions`` and ``--differences`` run as
+    their current spellings, with one note on stderr naming the current one."""
+    code, out, err = check(capsys, "user_losses:dapo_loss", "--preset", "dapo")
+    assert code == 0 and "PASS" in out
+    assert err == ("refimpl check: note: 'refimpl check MODULE:FUNCTION [--kind K]' is an earlier spelling "
+                   "of 'refimpl check loss'\n")
+    code, out, err = check(capsys, "refimpl.kl:kl_k3", "--kind", "kl", "--estimator", "k3")
+    assert code == 0 and "KL estimator k3" in out and err.endswith("of 'refimpl check kl'\n")
+    code, out, err = check(capsys, "--preset", "dapo", "user_losses:dapo_loss")  # target after options
+    assert code == 0 and err.count("\n") == 1
+    code, out, err = check(capsys, "--list-conventions")
+    assert code == 0 and "masked_nonfinite: reference=" in out and "'refimpl conventions'" in err
+    code, out, err = check(capsys, "--differences", "--preset", "grpo", "--convention", "trl")
+    assert code == 1 and "'refimpl check differences'" in err
+    # a subcommand named anywhere: the current spelling, its mistake named without a note
+    code, out, err = check(capsys, "--rtol", "1e-8", *LOSS)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "note" not in err
+    # the note, then a mistake of the command itself: still one line of error
+    code, out, err = check(capsys, "user_losses:dapo_loss", "--kind", "kl", "--preset", "dapo")
+    assert code == 2 and err.splitlines()[1] == "refimpl check kl: unrecognized arguments: --preset dapo"
+
+
+def test_a_target_given_as_a_path_outside_the_current_directory(user, capsys, monkeypatch):
+    """``check loss ../elsewhere/losses:fn`` (or ``.../losses.py:fn``) imports the file as python
+    imports a script: its folder first on sys.path, so that it imports its siblings."""
+    elsewhere = user / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "path_losses.py").write_text("from path_sibling import dapo_loss  # noqa: F401\n")
+    (elsewhere / "path_sibling.py").write_text(USER_MODULE)
+    cwd = user / "work"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for name in ("path_losses", "path_sibling"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for target in ("../elsewhere/path_losses:dapo_loss", "../elsewhere/path_losses.py:dapo_loss",
+                   f"{elsewhere}/path_losses.py:dapo_loss"):
+        code, out, err = check(capsys, "loss", target, "--preset", "dapo")
+        assert code == 0 and "PASS" in out, err
+    # a file whose name is already taken by another module: one line, the module left alone
+    (elsewhere / "json.py").write_text("def fn(): pass\n")
+    code, out, err = check(capsys, "loss", "../elsewhere/json.py:fn", "--preset", "dapo")
+    assert code == 2 and "a module of that name is already loaded" in err and err.count("\n") == 1
+    assert sys.modules["json"] is json
+
+
+def test_device_reaches_the_check_and_cuda_where_there_is_none_is_one_line(user, capsys, monkeypatch):
+    import torch
+
+    from refimpl.conformance import checks
+
+    seen, real = [], checks.check_policy_loss  # what the CLI passes on
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["device"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "check_policy_loss", spy)
+    assert check(capsys, *LOSS, "--device", "cpu")[0] == 0
+    assert seen == [torch.device("cpu")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = check(capsys, *LOSS, "--device", "cuda")
+    assert (code, out, err) == (2, "", "refimpl check loss: --device cuda: CUDA is not available here\n")
+
+
+def test_conventions_and_differences_in_process(capsys):
 
     from refimpl.conformance import Convention
 
-    assert main(["check", "--list-conventions"]) == 0
+    assert main(["conventions"]) == 0
     out = capsys.readouterr().out
     for flag in Convention().flags():
         assert f"{flag}: reference=" in out
-    assert main(["check", "--list-conventions", "--json"]) == 0
+    assert main(["conventions", "--json"]) == 0
     flags = json.loads(capsys.readouterr().out)
     assert flags["masked_nonfinite"]["reference"] == "ignore" and flags["masked_nonfinite"]["reason"]
-    assert main(["check", "--differences", "--preset", "grpo", "--convention", "trl"]) == 1  # it prints FAIL
+    assert main(["check", "differences", "--preset", "grpo", "--convention", "trl"]) == 1  # it prints FAIL
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("empty_rows") and "FAIL" in line for line in lines)
     assert any(line.startswith("inside_clip") and "FAIL" not in line for line in lines)
 
 
 def test_other_kinds_in_process(capsys):
-    assert main(["check", "refimpl.kl:kl_k3", "--kind", "kl", "--estimator", "k3"]) == 0
-    assert main(["check", "refimpl.kl:kl_k1", "--kind", "kl", "--estimator", "k3"]) == 1
-    assert main(["check", "refimpl.losses.logprobs:token_logprobs", "--kind", "token_logprobs"]) == 0
-    assert main(["check", "refimpl.advantages:dynamic_sampling_mask", "--kind", "group_advantages"]) == 1
+    assert main(["check", "kl", "refimpl.kl:kl_k3", "--estimator", "k3"]) == 0
+    assert main(["check", "kl", "refimpl.kl:kl_k1"]) == 1  # k3 by default
+    assert main(["check", "logprobs", "refimpl.losses.logprobs:token_logprobs"]) == 0
+    assert main(["check", "advantages", "refimpl.advantages:dynamic_sampling_mask"]) == 1
     out = capsys.readouterr().out
     assert "KL estimator k3" in out and "token_logprobs" in out and "group advantages" in out
 
@@ -342,7 +414,7 @@ def test_the_installed_entry_point_in_a_subprocess(user):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root, str(user)])
     result = subprocess.run(
-        [sys.executable, "-m", "refimpl", "check", "user_losses:nope", "--preset", "dapo"],
+        [sys.executable, "-m", "refimpl", "check", "loss", "user_losses:nope", "--preset", "dapo"],
         cwd=user,
         env=env,
         capture_output=True,
@@ -365,3 +437,51 @@ def test_variant_parses_the_integer_fields_that_default_to_none():
     assert isinstance(got["group_size"], int)
     with pytest.raises(UserError, match=r"--variant group_size='2.5': expected an integer"):
         parse_assignments(["group_size=2.5"], PolicyLossVariant(), "--variant")
+
+
+def test_framework_checks_infer_the_kind_and_take_a_device(capsys, monkeypatch):
+    """``check framework F --mode M`` finds M's kind (``--kind`` only where the name is ambiguous);
+    ``--device`` reaches a policy-loss mode's check and is refused, in one line, for other kinds."""
+    import torch
+
+    from refimpl.conformance import checks
+    from tests import fake_framework
+
+    fake_framework.install(monkeypatch)
+    assert main(["check", "framework", "trl", "--mode", "low_var_kl"]) == 0
+    assert "KL estimator" in capsys.readouterr().out
+    seen, real = [], checks.check_policy_loss
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["device"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checks, "check_policy_loss", spy)
+    assert main(["check", "--framework", "trl", "--preset", "dapo", "--device", "cpu"]) == 0
+    assert seen == [torch.device("cpu")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before anything runs
+    assert main(["check", "framework", "trl", "--mode", "low_var_kl", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == "refimpl check framework: --device applies to policy-loss modes; trl low_var_kl is kl\n"
+
+
+def test_a_framework_without_mode_or_preset_runs_every_mode(capsys, monkeypatch):
+    """``check framework F``: one line per mode, each failing mode's report in full, exit 1 when one
+    fails (the fake framework's ``buggy`` mode); ``--kind`` narrows, ``--json`` has every report."""
+    from tests import fake_framework
+
+    fake_framework.install(monkeypatch)
+    assert main(["check", "framework", "trl"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("framework trl 1.0.0 (source sha256 ") and "4 modes" in lines[0]
+    assert [line.split()[:3] for line in lines[2:6]] == [
+        ["ok", "policy_loss", "dapo"], ["FAIL", "policy_loss", "buggy"], ["ok", "kl", "low_var_kl"],
+        ["ok", "group_advantages", "rloo"],
+    ]
+    assert "smallest failing case: " in out and lines[-1] == "FAIL: modes buggy"
+    assert main(["check", "framework", "trl", "--kind", "policy_loss", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [(m["mode"], m["report"]["ok"]) for m in data["modes"]] == [("dapo", True), ("buggy", False)]
+    assert main(["check", "framework", "trl", "--flag", "empty_rows=keep"]) == 2
+    assert "give --mode or --preset" in capsys.readouterr().err

@@ -1,9 +1,10 @@
 """Every example of docs/conformance.md runs as written: ``# NAME.py`` Python blocks become modules
-of a temporary directory, the other Python blocks are executed in order, and each ``$ refimpl``
-command of a console block runs in-process with the exit code its shown output implies (PASS: 0,
-FAIL: 1). ``--framework`` commands and ``refimpl matrix`` run the real drivers: against the installed
-TRL / verl / OpenRLHF (``make frameworks``), or, where one is not installed, as its one-line skip
-(exit 2), so the page is checked with and without the real frameworks."""
+of a temporary directory, the other Python blocks are executed in order (the "Python API" section's
+included), and each ``$ refimpl`` command of a console block runs in-process with the exit code its
+shown output implies (PASS: 0, FAIL: 1), in the current spelling (no note of an earlier one).
+Framework commands and ``refimpl matrix`` run the real drivers: against the installed frameworks
+(``make frameworks``), or, where one is not installed, as its one-line skip (exit 2), so the page
+is checked with and without the real frameworks."""
 
 from __future__ import annotations
 
@@ -39,17 +40,42 @@ def commands(block: str) -> list[tuple[list[str], str]]:
 def test_the_page_has_examples_of_every_kind():
     text = DOC.read_text()
     for kind in (
-        "--kind kl",
-        "--kind group_advantages",
-        "--kind token_logprobs",
+        "$ refimpl check loss ",
+        "$ refimpl check kl ",
+        "$ refimpl check advantages ",
+        "$ refimpl check logprobs ",
+        "$ refimpl check framework ",
+        "$ refimpl check --framework ",
+        "$ refimpl check differences ",
         "--adapter",
-        "--framework",
         "--variant",
         "--flag",
-        "refimpl matrix",
+        "--device cuda",
+        "refimpl conventions",
+        "$ refimpl matrix",
     ):
         assert kind in text, kind
     assert sum(1 for lang, _ in BLOCKS if lang == "python") >= 6
+
+
+def test_the_page_has_a_table_of_contents_and_documents_the_python_api():
+    text = DOC.read_text()
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    contents = text.split("\nContents\n", 1)[1].split("\n\n", 1)[0].strip()
+    assert [re.sub(r"^\d+\. \[(.+)\]\(#.+\)$", r"\1", line) for line in contents.splitlines()] == [
+        re.sub(r"^\d+\. | \(\d minutes?\)$", "", h) for h in headings
+    ]
+    for anchor in re.findall(r"\]\(#([^)]+)\)", contents):  # GitHub's anchors of the headings
+        assert anchor in {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}, anchor
+    api = text.split("## 9. Python API", 1)[1]
+    import refimpl.conformance as api_module
+    from refimpl.conformance.report import CheckReport
+
+    for name in ("check_loss", "check_kl", "check_advantages", "check_logprobs", "check_framework",
+                 "case_classes", "convention_differences"):
+        assert f"`{name}(" in api and hasattr(api_module, name), name
+    for member in re.findall(r"`report\.(\w+)", api):  # a method, property or field of the report
+        assert hasattr(CheckReport, member) or member in CheckReport.__dataclass_fields__, member
 
 
 def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys, real_matrix):
@@ -79,6 +105,7 @@ def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys, real_matri
                         continue
                     expected = 1 if "FAIL" in shown else 0
                     assert code == expected, (argv, captured.out[-3000:], captured.err)
+                    assert "note:" not in captured.err, (argv, captured.err)  # the current spellings
                     for line in shown.splitlines():  # the shown verdict / diagnosis lines are real
                         shown_line = line.strip().startswith(("diagnosis:", "departure ", "FAIL:", "PASS"))
                         if shown_line and "..." not in line:  # "..." abbreviates

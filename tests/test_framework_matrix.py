@@ -1,13 +1,16 @@
-"""Every mode of every installed framework (TRL, verl, OpenRLHF) passes under its own profile
-through the code path of ``refimpl check --framework F --mode M [--kind K]`` and ``refimpl matrix``
-(``cli.check_framework_mode``), every departure from the spec is explained by a flag of the mode's
-profile (none ``unexplained``), and the committed docs/conformance-matrix.md is the matrix of the
-installed frameworks (what ``refimpl matrix --out docs/conformance-matrix.md --check`` checks).
-Expected values come from the reference implementation with the profile's flags, never from the
-framework. Skipped for a framework that is not installed."""
+"""Every mode of every installed framework (``FRAMEWORKS``) passes under its own profile through the
+code path of ``refimpl check framework F --mode M`` and ``refimpl matrix``
+(``checks.check_framework_mode``), every departure from the spec is explained by a flag of the mode's
+profile (none ``unexplained``), and the committed docs/conformance-matrix.md and .json are the matrix
+of the installed frameworks (what ``refimpl matrix --out ... --json ... --check`` checks). The
+Markdown's format (a summary, then a section per framework, lines of at most 120 characters) is
+checked on a matrix made up here for six frameworks. Expected values come from the reference
+implementation with the profile's flags, never from the framework. Skipped for a framework that is
+not installed."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
@@ -15,11 +18,12 @@ import pytest
 from refimpl.conformance.checks import check_framework_mode
 from refimpl.conformance.cli import main
 from refimpl.conformance.frameworks import FRAMEWORKS, KINDS, load_driver
-from refimpl.conformance.matrix import matrix_markdown, normalised
+from refimpl.conformance.matrix import LINE_WIDTH, matrix_markdown, matrix_summary, normalised
 
 pytestmark = pytest.mark.framework
 
 COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conformance-matrix.md"
+COMMITTED_JSON = COMMITTED.with_suffix(".json")
 
 
 def installed(name: str):
@@ -59,7 +63,7 @@ def test_the_cli_exit_code_follows_the_report(name, capsys):
         if not modes:
             continue
         mode = next(iter(modes))
-        assert main(["check", "--framework", name, "--mode", mode, "--kind", kind]) == 0, capsys.readouterr()
+        assert main(["check", "framework", name, "--mode", mode, "--kind", kind]) == 0, capsys.readouterr()
         assert check_framework_mode(driver, modes[mode], reference=False).ok
     capsys.readouterr()
 
@@ -71,10 +75,94 @@ def test_the_committed_matrix_is_the_installed_frameworks_matrix(real_matrix):
             pytest.skip(f"{name} {driver.installed_version()} installed, not {driver.PINNED_VERSION}")
     # compared as `refimpl matrix --check` compares: decimals to 10 significant digits (a framework's
     # last float64 digits depend on the machine's vectorised kernels)
-    assert normalised(COMMITTED.read_text()) == normalised(matrix_markdown(real_matrix(None))), (
-        "docs/conformance-matrix.md is out of date: python -m refimpl matrix "
-        "--out docs/conformance-matrix.md --json docs/conformance-matrix.json"
-    )
+    regenerate = "refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json"
+    matrix = real_matrix(None)
+    assert normalised(COMMITTED.read_text()) == normalised(matrix_markdown(matrix)), f"stale: {regenerate}"
+    def text(data):  # as `--check` compares the JSON: normalised, as text (NaN equals NaN there)
+        return json.dumps(normalised(json.loads(json.dumps(data))), sort_keys=True)
+
+    assert text(json.loads(COMMITTED_JSON.read_text())) == text(matrix), f"stale: {regenerate}"
+
+
+def test_the_committed_matrix_is_readable():
+    """The summary comes first and names every framework; no line is longer than LINE_WIDTH."""
+    text = COMMITTED.read_text()
+    assert max(len(line) for line in text.splitlines()) <= LINE_WIDTH
+    summary = text.split("\n## ", 2)[1]
+    assert summary.startswith("Summary") and len(summary.splitlines()) < 80
+    for name in FRAMEWORKS:
+        assert f"| [{name}](#{name}) |" in summary and f"\n## {name}\n" in text
+    data = json.loads(COMMITTED_JSON.read_text())
+    assert [r["framework"] for r in data["summary"]["frameworks"]] == list(FRAMEWORKS)
+
+
+SIX = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
+
+
+def made_up_matrix() -> dict:
+    """Six frameworks, long texts, a departure per flag combination, a candidate bug and an error."""
+    long = "a description long enough to need wrapping " * 8
+    departures = [
+        {"case_class": "empty_rows", "case_id": "empty_rows/0", "explanation": "flag empty_rows='keep'",
+         "expected": 0.5, "got": 0.25, "case": "logp = torch.tensor([0.0])"},
+        {"case_class": "masked_nonfinite", "case_id": "masked_nonfinite/0",
+         "explanation": "flags name='x', masked_nonfinite='propagate', compute_dtype='input'",
+         "expected": 0.1, "got": float("nan"), "case": "logp = torch.tensor([0.0])"},
+        {"case_class": "outside_clip", "case_id": "outside_clip/3", "explanation": "unexplained",
+         "expected": 1.0, "got": 2.0, "case": "logp = torch.tensor([0.0])"},
+    ]
+    mode = {"kind": "policy_loss", "mode": "m", "preset": "grpo", "description": long,
+            "profile": {"empty_rows": "keep", "masked_nonfinite": "propagate", "compute_dtype": "input"},
+            "framework_config": {}, "own": {"ok": True, "classes": {"bf16": "ok (compute_dtype='input')"}},
+            "reference": {"ok": False, "departures": departures}}
+    frameworks = []
+    for i, name in enumerate(SIX):
+        if name == "zeta":
+            frameworks.append({"framework": name, "available": False, "pinned_version": "1.0",
+                               "reason": "not installed: " + long})
+            continue
+        modes = [dict(mode, mode=f"m{j}", reference=dict(mode["reference"], departures=departures[:j + 1]))
+                 for j in range(i % 3 + 1)]
+        if name == "beta":
+            keys = ("kind", "preset", "description", "profile", "framework_config")
+            modes.append({k: mode[k] for k in keys} | {"mode": "broken", "error": "RuntimeError: " + long})
+        frameworks.append({"framework": name, "available": True, "pinned_version": "1.0", "version": "1.0",
+                           "source_hash": "0" * 12, "modes": modes, "notes": {"device": long},
+                           "unsupported": [{"kind": "kl", "mode": "k9", "reason": long}],
+                           "candidate_bugs": {"masked_nonfinite='propagate'": "NaN in the padding: " + long}})
+    matrix = {"frameworks": frameworks}
+    matrix["summary"] = matrix_summary(matrix)
+    return matrix
+
+
+def test_the_summary_counts_modes_departures_by_flag_and_candidate_bugs():
+    summary = made_up_matrix()["summary"]
+    rows = {r["framework"]: r for r in summary["frameworks"]}
+    assert rows["zeta"] == {"framework": "zeta", "available": False}
+    # alpha: m0 (empty_rows); beta: m0, m1 (+ masked_nonfinite), an error; gamma: m0, m1, m2 (+ unexplained)
+    assert [rows[n]["modes"] for n in SIX[:5]] == [1, 3, 3, 1, 2]
+    assert rows["beta"]["errors"] == 1 and rows["beta"]["pass"] == 2 and rows["beta"]["departing"] == 2
+    assert [rows[n]["unexplained"] for n in SIX[:5]] == [0, 0, 1, 0, 0]
+    assert [rows[n]["candidate_bugs"] for n in SIX[:5]] == [0, 1, 1, 0, 1]
+    by_flag = summary["departures_by_flag"]
+    assert by_flag["empty_rows"] == {"alpha": 1, "beta": 2, "gamma": 3, "delta": 1, "epsilon": 2}
+    assert by_flag["masked_nonfinite"] == by_flag["compute_dtype"] == {"beta": 1, "gamma": 2, "epsilon": 1}
+    assert by_flag["unexplained"] == {"gamma": 1} and "name" not in by_flag
+    gamma_bug = next(b for b in summary["candidate_bugs"] if b["framework"] == "gamma")
+    assert gamma_bug["modes"] == ["m1", "m2"]
+
+
+def test_the_markdown_of_six_frameworks_keeps_every_line_within_the_width():
+    text = matrix_markdown(made_up_matrix())
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= LINE_WIDTH
+    assert lines.index("## Summary") < lines.index("## alpha") < lines.index("## zeta")
+    header = next(line for line in lines if line.startswith("| flag |"))
+    assert header == "| flag | " + " | ".join(SIX) + " |"
+    assert "| [zeta](#zeta) | not installed |" in text
+    assert "- `masked_nonfinite`: flags name='x', masked_nonfinite='propagate', compute_dtype='input'" in text
+    assert "candidate bug `masked_nonfinite='propagate'`" in text and "got nan" in text
+    assert "- error: RuntimeError: a description" in text and "- kl `k9`: a description" in text
 
 
 def test_preset_selects_the_profiles_mode_and_runs_that_preset():

@@ -288,11 +288,13 @@ def framework_header(driver: Driver, mode: Mode) -> tuple[str, ...]:
 
 
 def check_framework_mode(
-    driver: Driver, mode: Mode, *, reference: bool, variant_overrides=None, flag_overrides=None, rtol=None
+    driver: Driver, mode: Mode, *, reference: bool, variant_overrides=None, flag_overrides=None, rtol=None,
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Run the kit on one framework mode under its profile (or the reference, with every departure
     explained by the mode's flags or ``unexplained``). ``variant_overrides`` go through
-    ``Driver.variant`` (a field the mode fixes is refused: ``VariantRefused``)."""
+    ``Driver.variant`` (a field the mode fixes is refused: ``VariantRefused``). ``device``: where a
+    policy-loss mode's inputs are put (other kinds run on the CPU; ValueError for another device)."""
     rtol = DEFAULT_RTOL if rtol is None else rtol
     variant = driver.variant(mode, variant_overrides)
     conv = Convention() if reference else mode_convention(mode, driver.name)
@@ -300,6 +302,8 @@ def check_framework_mode(
         conv = dataclasses.replace(conv, **flag_overrides)
     fn, adapter = driver.target(mode.kind, mode, variant)
     header = framework_header(driver, mode)
+    if mode.kind != "policy_loss" and torch.device(device).type != "cpu":
+        raise ValueError(f"device applies to policy-loss modes; {driver.name} {mode.name} is {mode.kind}")
     if mode.kind == "policy_loss":
         return check_policy_loss(
             fn,
@@ -307,6 +311,7 @@ def check_framework_mode(
             convention=conv,
             adapter=adapter,
             rtol=rtol,
+            device=device,
             explain=dict(mode.convention) if reference else None,
             # under the reference, departures are named on the generated classes (the golden vectors
             # repeat them with 1e12 magnitudes and a normaliser of their own)
@@ -342,11 +347,13 @@ def check_framework(
     variant: dict | None = None,
     flags: dict | None = None,
     rtol: float | None = None,
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Check an installed framework's own code (``refimpl check --framework``): ``mode`` of
     ``kind`` (or the mode of ``preset``) under its own profile, or under the spec with each
     departure named (``reference=True``). ``variant``: PolicyLossVariant fields to change (those
-    the mode fixes are refused); ``flags``: Convention flags to change. Raises ValueError (one
+    the mode fixes are refused); ``flags``: Convention flags to change; ``device``: where a policy
+    loss mode runs (e.g. "cuda"; expected values stay float64 on the CPU). Raises ValueError (one
     line) when the framework is unknown or not drivable here, or the mode is out of scope."""
     driver = load_driver(framework)
     reason = driver.availability()
@@ -362,5 +369,6 @@ def check_framework(
             raise ValueError(f"check_framework needs mode (one of {', '.join(modes)}) or preset")
         chosen = next(iter(modes.values()))
     return check_framework_mode(
-        driver, chosen, reference=reference, variant_overrides=variant, flag_overrides=flags, rtol=rtol
+        driver, chosen, reference=reference, variant_overrides=variant, flag_overrides=flags, rtol=rtol,
+        device=device,
     )

@@ -1,18 +1,22 @@
 """``refimpl check``, ``refimpl conventions`` and ``refimpl matrix``: the kit from the command line.
 
-    refimpl check loss MODULE:FUNCTION --preset dapo [--convention reference|trl|verl|openrlhf]
+    refimpl check loss MODULE:FUNCTION --preset dapo [--convention reference|trl|verl|openrlhf|...]
     refimpl check loss MODULE:FUNCTION --preset grpo --variant aggregation=seq_sum --variant max_length=1
+    refimpl check loss ../elsewhere/losses.py:dapo_loss --preset dapo     (MODULE may be a file path)
     refimpl check kl MODULE:FUNCTION [--estimator k3]
     refimpl check advantages MODULE:FUNCTION --convention trl [--preset dr_grpo]
     refimpl check advantages MODULE:FUNCTION --flag adv_leave_one_out=true --flag adv_scale=none
     refimpl check logprobs MODULE:FUNCTION
-    refimpl check --framework verl --preset dapo [--convention reference]   (the installed framework)
-    refimpl check --framework verl --mode vanilla/token-mean [--kind policy_loss]
-    refimpl check --differences --preset grpo --convention verl     (spec vs a framework's numerics)
-    refimpl conventions [--json]                                    (every flag, per profile, and why)
-    refimpl matrix [--json PATH] [--out docs/conformance-matrix.md] [--check]
+    refimpl check framework verl [--kind kl] [--device cuda]       (every mode of the installed verl)
+    refimpl check framework verl --preset dapo [--convention reference]   (the mode of a preset)
+    refimpl check --framework verl --mode vanilla/token-mean [--device cuda]   (the same, other spelling)
+    refimpl check differences --preset grpo --convention verl       (spec vs a framework's numerics)
+    refimpl conventions [--preset P] [--json]                       (every flag, per profile, and why)
+    refimpl matrix [--out docs/conformance-matrix.md] [--json docs/conformance-matrix.json] [--check]
 
-The earlier spelling ``refimpl check MODULE:FUNCTION --kind KIND`` and ``--list-conventions`` work too.
+Each ``check`` subcommand takes only the options that fit it (``cli_args.CHECK_SUBCOMMANDS``). The
+earlier spellings ``refimpl check MODULE:FUNCTION [--kind KIND]``, ``check --differences`` and
+``check --list-conventions`` still work, with a one-line note naming the current one.
 
 ``check`` prints the table (case class, value ok, gradient ok, max error, departure) and the most
 diagnostic failing case in full (``--json``: the same report as JSON); exits 0 when every case
@@ -29,19 +33,30 @@ import os
 import sys
 
 from .cli_args import (
+    KIND_WORDS,
+    REQUIRE_FRAMEWORKS_ENV,
+    FrameworkMissing,
     UserError,
+    add_check_subcommands,
+    earlier_spelling,
     emit_text,
+    load_framework,
     load_object,
+    mode_kind,
     one_line,
     one_line_errors,
     parse_assignments,
     replace_fields,
+    select_mode,
 )
 
 __all__ = [
     "register",
     "load_object",
-    "run_check",
+    "run_function",
+    "run_framework",
+    "run_differences",
+    "run_conventions",
     "run_matrix",
     "conventions_text",
     "conventions_data",
@@ -50,20 +65,27 @@ __all__ = [
     "main",
 ]
 
-_KINDS = ("policy_loss", "group_advantages", "kl", "token_logprobs")
-#: ``refimpl check WORD MODULE:FUNCTION``: the word of each kind
-_WORDS = {"loss": "policy_loss", "kl": "kl", "advantages": "group_advantages", "logprobs": "token_logprobs"}
-#: exit code of a framework that is not installed, and the variable that makes it a failure (CI)
-REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
 
 
 
-def conventions_text() -> str:
-    """Every flag with its value in each shipped profile (for the grpo preset) and the reason."""
-    from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
+def _profiles(preset: str) -> list:
+    """The shipped profiles for ``preset`` (a framework without an equivalent of it is left out)."""
     from refimpl.conformance.profiles import PROFILE_NAMES, profile
 
-    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    out = []
+    for name in PROFILE_NAMES:
+        try:
+            out.append(profile(name, preset))
+        except ValueError:
+            continue
+    return out
+
+
+def conventions_text(preset: str = "grpo") -> str:
+    """Every flag with its value in each shipped profile (for ``preset``) and the reason."""
+    from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
+
+    profiles = _profiles(preset)
     lines = []
     for flag in FLAGS:
         values = ", ".join(f"{p.name}={getattr(p, flag)!r}" for p in profiles)
@@ -71,106 +93,30 @@ def conventions_text() -> str:
     return "\n".join(lines)
 
 
-def conventions_data() -> dict[str, dict]:
-    """``{flag: {"reason": ..., profile: value, ...}}`` (``--list-conventions --json``)."""
+def conventions_data(preset: str = "grpo") -> dict[str, dict]:
+    """``{flag: {"reason": ..., profile: value, ...}}`` (``refimpl conventions --json``)."""
     from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
-    from refimpl.conformance.profiles import PROFILE_NAMES, profile
 
-    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    profiles = _profiles(preset)
     return {flag: {"reason": FLAG_REASONS.get(flag, ""), **{p.name: getattr(p, flag) for p in profiles}}
             for flag in FLAGS}
 
 
 # ----------------------------------------------------------------------------------------------
-# framework drivers
-
-
-def load_framework(name: str):
-    """The driver of an installed framework; a UserError (exit 2) when unknown or not installed,
-    or a failure (exit 1) when ``RL_ORACLE_REQUIRE_FRAMEWORKS=1`` (CI: a skip is a failure)."""
-    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
-
-    if name not in FRAMEWORKS:
-        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {name!r}")
-    try:
-        driver = load_driver(name)
-    except ImportError as exc:
-        raise UserError(f"--framework {name}: no driver ({one_line(exc)})") from None
-    reason = driver.availability()
-    if reason is not None:
-        if os.environ.get(REQUIRE_FRAMEWORKS_ENV) == "1":
-            raise FrameworkMissing(
-                f"framework {name} is required ({REQUIRE_FRAMEWORKS_ENV}=1) but unavailable: {reason}"
-            )
-        raise UserError(f"framework {name} is not available, skipped: {reason}")
-    return driver
-
-
-class FrameworkMissing(Exception):
-    """A required framework is not installed (exit 1)."""
-
-
-def select_mode(driver, kind: str, mode_name: str | None, preset: str | None):
-    """The driver's mode named ``mode_name``, or the mode of ``preset`` (``Driver.preset_mode``);
-    every failure a one-line UserError."""
-    try:
-        if mode_name is not None:
-            return driver.mode(kind, mode_name)
-        if preset is None:
-            modes = driver.modes(kind)
-            if kind == "policy_loss" or len(modes) != 1:
-                raise UserError(f"--framework needs --mode (one of {', '.join(modes)}) or --preset")
-            return next(iter(modes.values()))
-        return driver.preset_mode(kind, preset)
-    except ValueError as exc:
-        text = one_line(exc)
-        raise UserError(text if "not supported" in text else f"--mode: {text}") from None
-
-
-# ----------------------------------------------------------------------------------------------
-# refimpl check
-
-
-def _validate(args: argparse.Namespace) -> None:
-    """Argument combinations that make no sense: UserError naming the argument."""
-    if args.kind != "kl" and args.estimator is not None and args.framework is None:
-        raise UserError(f"--estimator applies to --kind kl, not --kind {args.kind}")
-    if args.kind != "policy_loss":
-        for name, value in (
-            ("--kl-coef", args.kl_coef),
-            ("--variant", args.variant),
-            ("--device", args.device),
-        ):
-            if value not in (None, []):
-                raise UserError(f"{name} applies to --kind policy_loss, not --kind {args.kind}")
-    if args.kind in ("kl", "token_logprobs") and args.preset is not None and args.framework is None:
-        raise UserError(f"--preset does not apply to --kind {args.kind}")
-    if args.kind == "token_logprobs" and (args.convention is not None or args.flag):
-        raise UserError("--convention / --flag do not apply to --kind token_logprobs")
-    if args.scale_rewards is not None and args.kind not in ("policy_loss", "group_advantages"):
-        raise UserError(f"--scale-rewards does not apply to --kind {args.kind}")
-    if args.rtol is not None and not args.rtol > 0:
-        raise UserError(f"--rtol must be > 0, got {args.rtol}")
-    if args.framework is not None and (args.target is not None or args.adapter is not None):
-        raise UserError(
-            "--framework runs the installed framework's own code: give no MODULE:FUNCTION / --adapter"
-        )
-    if args.mode is not None and args.framework is None:
-        raise UserError("--mode needs --framework")
+# refimpl check WHAT
 
 
 def _convention(args: argparse.Namespace):
     """The Convention of a check: the profile (with --scale-rewards) and the --flag overrides."""
     from refimpl.conformance.profiles import advantage_convention, profile
 
-    name = args.convention or "reference"
+    name, preset = args.convention or "reference", getattr(args, "preset", None)
+    scale_rewards = getattr(args, "scale_rewards", None)
     try:
-        if args.kind == "group_advantages":
-            conv = advantage_convention(name, args.preset)
-            if args.scale_rewards is not None:
-                conv = profile(name, args.preset or "grpo", scale_rewards=args.scale_rewards)
+        if args.kind == "group_advantages" and scale_rewards is None:
+            conv = advantage_convention(name, preset)
         else:
-            conv = profile(name, args.preset or "grpo", scale_rewards=args.scale_rewards)
+            conv = profile(name, preset or "grpo", scale_rewards=scale_rewards)
     except ValueError as exc:
         raise UserError(one_line(exc)) from None
     flags = parse_assignments(args.flag, conv, "--flag")
@@ -181,7 +127,7 @@ def _variant(args: argparse.Namespace):
     from refimpl.conformance.presets import resolve_preset
 
     try:
-        name, variant = resolve_preset(args.preset, kl_coef=args.kl_coef)
+        name, variant = resolve_preset(args.preset, kl_coef=getattr(args, "kl_coef", None))
     except (ValueError, TypeError) as exc:
         raise UserError(f"--preset: {one_line(exc)}") from None
     overrides = parse_assignments(args.variant, variant, "--variant")
@@ -190,123 +136,161 @@ def _variant(args: argparse.Namespace):
     return name, variant
 
 
+def _device(args: argparse.Namespace):
+    """``--device`` as a torch.device (default cpu); one line when torch cannot use it here."""
+    import torch
+
+    text = getattr(args, "device", None) or "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise UserError(f"--device {text!r}: {one_line(exc)}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}: CUDA is not available here")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
 def _emit(report, as_json: bool) -> int:
     emit_text(json.dumps(report.to_dict(), indent=1) if as_json else report.render())
     return 0 if report.ok else 1
 
 
-def _run_framework(args: argparse.Namespace) -> int:
-    driver = load_framework(args.framework)
-    mode = select_mode(driver, args.kind, args.mode, args.preset)
-    if args.convention not in (None, "reference"):
-        raise UserError(
-            "with --framework the convention is the mode's own profile, or --convention reference"
+def run_function(args: argparse.Namespace) -> int:
+    """``refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION``."""
+    from refimpl.conformance import checks
+
+    rtol = checks.DEFAULT_RTOL if args.rtol is None else args.rtol
+    # the adapter first: it may stub import-only dependencies of the target's package
+    adapter = load_object(args.adapter, "--adapter") if args.adapter else None
+    fn = load_object(args.target, "FUNCTION")
+    if args.kind == "token_logprobs":
+        report = checks.check_token_logprobs(fn, adapter=adapter, rtol=rtol)
+    elif args.kind == "kl":
+        report = checks.check_kl(fn, args.estimator, convention=_convention(args), adapter=adapter, rtol=rtol)
+    elif args.kind == "group_advantages":
+        report = checks.check_group_advantages(fn, convention=_convention(args), adapter=adapter, rtol=rtol)
+    else:
+        conv, (_, variant), device = _convention(args), _variant(args), _device(args)
+        report = checks.check_policy_loss(
+            fn, variant, convention=conv, adapter=adapter, rtol=rtol, device=device
         )
+    return _emit(report, args.json)
+
+
+def run_framework(args: argparse.Namespace) -> int:
+    """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``); without
+    either, every mode of the framework (of ``--kind``; policy losses only on another device)."""
+    driver = load_framework(args.framework)
+    if args.convention not in (None, "reference", driver.name):
+        raise UserError("with --framework the convention is the mode's own profile, or --convention "
+                        "reference")
+    device = _device(args)
+    if args.mode is None and args.preset is None and not (
+        args.kind not in (None, "policy_loss") and len(driver.modes(args.kind)) == 1
+    ):
+        return _run_every_mode(driver, args, device)
+    mode = select_mode(driver, args.kind or mode_kind(driver, args.mode), args.mode, args.preset)
+    if device.type != "cpu" and mode.kind != "policy_loss":
+        raise UserError(f"--device applies to policy-loss modes; {driver.name} {mode.name} is {mode.kind}")
+    return _emit(_framework_report(driver, mode, args, device), args.json)
+
+
+def _framework_report(driver, mode, args: argparse.Namespace, device):
     from refimpl.conformance.checks import check_framework_mode
     from refimpl.conformance.frameworks import VariantRefused
     from refimpl.conformance.profiles import mode_convention
     from refimpl.losses import PolicyLossVariant
 
     overrides = parse_assignments(args.variant, PolicyLossVariant(), "--variant")
-    base = mode_convention(mode, driver.name)
-    flags = parse_assignments(args.flag, base, "--flag")
+    flags = parse_assignments(args.flag, mode_convention(mode, driver.name), "--flag")
     try:
-        report = check_framework_mode(
-            driver,
-            mode,
-            reference=args.convention == "reference",
-            variant_overrides=overrides,
-            flag_overrides=flags,
-            rtol=args.rtol,
+        return check_framework_mode(
+            driver, mode, reference=args.convention == "reference", variant_overrides=overrides,
+            flag_overrides=flags, rtol=args.rtol, device=device,
         )
     except (UserError, VariantRefused) as exc:
         raise UserError(one_line(exc)) from None
     except Exception as exc:  # the driver could not build or run the framework's code: one line
-        raise UserError(f"{driver.NAME} mode {mode.name}: {type(exc).__name__}: {one_line(exc)}") from None
-    return _emit(report, args.json)
+        raise UserError(f"{driver.name} mode {mode.name}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
-def _run(args: argparse.Namespace) -> int:
-    from refimpl.conformance import checks
-
-    if args.list_conventions:
-        return run_conventions(args)
-    _target_words(args)
-    _validate(args)
-    if args.framework is not None:
-        return _run_framework(args)
-    rtol = checks.DEFAULT_RTOL if args.rtol is None else args.rtol
-    if args.differences:
-        if args.preset is None:
-            raise UserError("--differences needs --preset")
-        _, variant = _variant(args)
-        return _emit_differences(checks, variant, _convention(args), args.json)
-    if args.target is None:
-        raise UserError("give MODULE:FUNCTION (or --framework, --differences, --list-conventions)")
-    # the adapter first: it may stub import-only dependencies of the target's package
-    adapter = load_object(args.adapter, "--adapter") if args.adapter else None
-    fn = load_object(args.target, "FUNCTION")
-    conv = _convention(args)
-    if args.kind == "policy_loss":
-        if args.preset is None:
-            raise UserError("--preset is required for --kind policy_loss")
-        _, variant = _variant(args)
-        report = checks.check_policy_loss(
-            fn, variant, convention=conv, adapter=adapter, rtol=rtol, device=args.device or "cpu"
-        )
-    elif args.kind == "group_advantages":
-        report = checks.check_group_advantages(fn, convention=conv, adapter=adapter, rtol=rtol)
-    elif args.kind == "kl":
-        report = checks.check_kl(fn, args.estimator or "k3", convention=conv, adapter=adapter, rtol=rtol)
-    else:
-        report = checks.check_token_logprobs(fn, adapter=adapter, rtol=rtol)
-    return _emit(report, args.json)
+def _run_every_mode(driver, args: argparse.Namespace, device) -> int:
+    """Every mode in scope, one line each, then each failing mode's report in full; exit 1 when one
+    fails (``--json``: every mode's report)."""
+    if args.variant or args.flag:
+        raise UserError("--variant / --flag change one mode: give --mode or --preset")
+    modes = [m for m in driver.all_modes() if args.kind in (None, m.kind)]
+    if device.type != "cpu":
+        if args.kind not in (None, "policy_loss"):
+            raise UserError(f"--device applies to policy-loss modes, not --kind {args.kind}")
+        modes = [m for m in modes if m.kind == "policy_loss"]
+    reports = [(m, _framework_report(driver, m, args, device)) for m in modes]
+    ok = all(r.ok for _, r in reports)
+    if args.json:
+        emit_text(json.dumps({"framework": driver.name, "version": driver.installed_version(), "ok": ok,
+                              "modes": [{"kind": m.kind, "mode": m.name, "report": r.to_dict()}
+                                        for m, r in reports]}, indent=1))
+        return 0 if ok else 1
+    where = "" if device.type == "cpu" else f", on {device} (policy losses only)"
+    lines = [f"framework {driver.name} {driver.installed_version()} (source sha256 {driver.source_hash()}): "
+             f"{len(reports)} modes{where}, " + ("under the reference" if args.convention == "reference"
+                                                  else "each under its own profile"), ""]
+    kinds = max((len(m.kind) for m in modes), default=0)
+    names = max((len(m.name) for m in modes), default=0)
+    lines += [f"{'ok  ' if r.ok else 'FAIL'}  {m.kind:{kinds}}  {m.name:{names}}  {len(r.results)} cases"
+              for m, r in reports]
+    lines += [text for _, r in reports if not r.ok for text in ("", r.render())]
+    failing = [m.name for m, r in reports if not r.ok]
+    lines += ["", f"FAIL: modes {', '.join(failing)}" if failing else f"PASS: {len(reports)} modes"]
+    emit_text("\n".join(lines))
+    return 0 if ok else 1
 
 
-def _target_words(args: argparse.Namespace) -> None:
-    """``[WORD] MODULE:FUNCTION`` -> ``args.kind`` and ``args.target`` (WORD: loss, kl, advantages,
-    logprobs; without a word, ``--kind`` says which, policy_loss by default)."""
-    words = list(args.words or [])
-    if words and words[0] in _WORDS:
-        kind = _WORDS[words.pop(0)]
-        if args.kind not in (None, kind):
-            raise UserError(f"--kind {args.kind} contradicts 'refimpl check {words and words[0] or ''}'")
-        args.kind = kind
-    args.kind = args.kind or "policy_loss"
-    if len(words) > 1:
-        raise UserError(f"give one MODULE:FUNCTION, got {' '.join(words)}")
-    args.target = words[0] if words else None
+def run_differences(args: argparse.Namespace) -> int:
+    """``refimpl check differences --preset P --convention C``: the spec vs a convention; exits 1
+    when it prints FAIL (a case class where they differ)."""
+    from refimpl.conformance.checks import DEFAULT_RTOL, convention_differences
+
+    args.kind = "policy_loss"
+    _, variant = _variant(args)
+    rtol = DEFAULT_RTOL if args.rtol is None else args.rtol
+    return _emit(convention_differences(variant, _convention(args), rtol=rtol), args.json)
 
 
 def run_conventions(args: argparse.Namespace) -> int:
-    """``refimpl conventions``: every flag, its value under each profile (grpo preset) and why."""
-    emit_text(json.dumps(conventions_data(), indent=1) if args.json else conventions_text())
+    """``refimpl conventions``: every flag, its value under each profile (for --preset) and why."""
+    preset = getattr(args, "preset", None) or "grpo"
+    emit_text(json.dumps(conventions_data(preset), indent=1) if args.json else conventions_text(preset))
     return 0
 
 
-def _emit_differences(checks, variant, conv, as_json: bool) -> int:
-    """The spec vs a convention; exits 1 when it prints FAIL (a case class where they differ)."""
-    return _emit(checks.convention_differences(variant, conv), as_json)
+def _no_subcommand(args: argparse.Namespace) -> int:
+    raise UserError("say what to check: refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION, "
+                    "refimpl check framework FRAMEWORK, or refimpl check differences (--help for more)")
 
 
-def run_check(args: argparse.Namespace) -> int:
-    """The ``func`` of the ``check`` subcommand: the exit code (user errors: one line, 2)."""
-    from refimpl.conformance.checks import SignatureError
+def guarded(func, prog: str):
+    """``func`` returning its exit code, with a user error as one line on stderr (exit 2) and a
+    required framework that is missing as one line (exit 1)."""
 
-    try:
-        return _run(args)
-    except UserError as exc:
-        print(f"refimpl check: {exc}", file=sys.stderr)
-        return 2
-    except SignatureError as exc:
-        print(f"refimpl check: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except FrameworkMissing as exc:
-        print(f"refimpl check: {exc}", file=sys.stderr)
-        return 1
-    except (ValueError, TypeError, KeyError) as exc:  # a bad value that slipped past validation
-        print(f"refimpl check: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
-        return 2
+    def run(args: argparse.Namespace) -> int:
+        from refimpl.conformance.checks import SignatureError
+
+        try:
+            return func(args)
+        except (UserError, SignatureError) as exc:
+            print(f"{prog}: {one_line(exc)}", file=sys.stderr)
+            return 2
+        except FrameworkMissing as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 1
+        except (ValueError, TypeError, KeyError) as exc:  # a bad value that slipped past the parsers
+            print(f"{prog}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def _json_text(data) -> str:
@@ -368,81 +352,49 @@ def run_matrix(args: argparse.Namespace) -> int:
 
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``check``, ``conventions`` and ``matrix`` subcommands (refimpl.cli provider protocol)."""
-    from refimpl.conformance.profiles import PROFILE_NAMES
-
+def _check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``refimpl check``: a subcommand per thing to check; earlier spellings are rewritten to the
+    current ones before parsing, with a one-line note on stderr (``cli_args.earlier_spelling``)."""
+    prog = "refimpl check"
     parser = subparsers.add_parser(
         "check",
-        help="check a framework's loss / advantages / KL / log-probs against the reference",
-        description="Run the conformance kit on MODULE:FUNCTION (or an installed framework) and print "
-        "a table per case class.",
+        help="check a loss / KL / advantages / log-probs, or an installed framework, against the reference",
+        description="Run the conformance kit and print a table per case class: "
+        "refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION, refimpl check framework FRAMEWORK "
+        "(or --framework FRAMEWORK), refimpl check differences --preset P --convention C.",
     )
-    one_line_errors(parser, "refimpl check")
-    parser.add_argument(
-        "words",
-        nargs="*",
-        metavar="{loss,kl,advantages,logprobs} MODULE:FUNCTION",
-        help="what the function computes and the function to check",
-    )
-    parser.add_argument("--kind", choices=_KINDS, default=None, help="(earlier spelling of the word)")
-    parser.add_argument(
-        "--preset", help="policy-loss preset (ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token, sapo, cispo)"
-    )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        metavar="FIELD=VALUE",
-        help="override a PolicyLossVariant field of the preset (repeatable), e.g. aggregation=seq_sum",
-    )
-    parser.add_argument(
-        "--convention",
-        choices=PROFILE_NAMES,
-        default=None,
-        help="numerical convention profile (default: the spec; with --framework: the mode's profile)",
-    )
-    parser.add_argument(
-        "--flag",
-        action="append",
-        metavar="FIELD=VALUE",
-        help="override a Convention flag of the profile (repeatable), e.g. adv_leave_one_out=true",
-    )
-    parser.add_argument(
-        "--scale-rewards",
-        choices=("group", "batch", "none"),
-        default=None,
-        help="with --convention trl: TRL's GRPOConfig.scale_rewards (default: TRL's value for the preset)",
-    )
-    parser.add_argument(
-        "--adapter", metavar="MODULE:NAME", help="adapter(fn, ...) mapping the kit's call to your signature"
-    )
-    parser.add_argument("--framework", help="check the installed framework's own code (trl, verl, openrlhf)")
-    parser.add_argument("--mode", help="with --framework: the framework's loss mode (see refimpl matrix)")
-    parser.add_argument("--estimator", choices=("k1", "k2", "k3"), default=None, help="for --kind kl (k3)")
-    parser.add_argument("--kl-coef", type=float, default=None, help="KL weight (adds the kl_penalty class)")
-    parser.add_argument("--device", default=None, help="device the policy loss runs on (e.g. cuda)")
-    parser.add_argument("--rtol", type=float, default=None, help="float64 tolerance (default 1e-8)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--differences",
-        action="store_true",
-        help="print where the convention's numerics differ from the spec for --preset",
-    )
-    parser.add_argument(
-        "--list-conventions",
-        action="store_true",
-        help="print every convention flag, its value per profile and why",
-    )
-    parser.set_defaults(func=run_check)
+    one_line_errors(parser, prog)
+    funcs = {word: guarded(run_function, f"{prog} {word}") for word in KIND_WORDS}
+    funcs.update(framework=guarded(run_framework, f"{prog} framework"),
+                 differences=guarded(run_differences, f"{prog} differences"),
+                 conventions=guarded(run_conventions, "refimpl conventions"))
+    add_check_subcommands(parser, funcs, prog)
+    parser.set_defaults(func=guarded(_no_subcommand, prog))
+    parse_known = parser.parse_known_args
+
+    def parse_current_spelling(args=None, namespace=None):
+        args, note = earlier_spelling(list(sys.argv[1:] if args is None else args))
+        if note is not None:
+            print(f"{prog}: note: {note}", file=sys.stderr)
+        return parse_known(args, namespace)
+
+    parser.parse_known_args = parse_current_spelling  # type: ignore[method-assign]
+    return parser
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``check``, ``conventions`` and ``matrix`` subcommands (refimpl.cli provider protocol)."""
+    _check_parser(subparsers)
 
     conventions = subparsers.add_parser(
         "conventions",
         help="every convention flag, its value per profile and why",
-        description="Print every Convention flag, its value under each shipped profile (grpo) and why.",
+        description="Print every Convention flag, its value under each shipped profile and why.",
     )
     one_line_errors(conventions, "refimpl conventions")
+    conventions.add_argument("--preset", default="grpo", help="the profiles of this preset (default grpo)")
     conventions.add_argument("--json", action="store_true", help="print as JSON")
-    conventions.set_defaults(func=run_conventions)
+    conventions.set_defaults(func=guarded(run_conventions, "refimpl conventions"))
 
     matrix = subparsers.add_parser(
         "matrix",

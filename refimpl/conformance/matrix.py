@@ -9,17 +9,30 @@ failing case; other kinds: the class passes under the reference with that flag; 
 ``checks.check_framework_mode``) or ``unexplained``. Modes out of scope are listed with the driver's
 reason, frameworks that are not installed as such. Expected values never come from the framework:
 a profile is data applied to the reference implementation.
+
+The data (``build_matrix``; docs/conformance-matrix.json) holds every framework's modes and a
+``summary``: per framework the counts (modes, passing under their profile, departing from the spec,
+unexplained, unsupported, candidate bugs), per flag the number of modes of each framework whose
+departures it explains, and the candidate bugs: the departures a driver lists in its optional
+``CANDIDATE_BUGS = {key: one line}`` (key: a flag, ``flag=value`` as the matrix writes it, or a case
+class) with the modes that show them. ``matrix_markdown`` renders it (docs/conformance-matrix.md):
+the summary on one screen, then one section per framework, every line at most ``LINE_WIDTH``
+characters (each departure's pasteable minimal case stays in the JSON).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import textwrap
 
 from .checks import check_framework_mode
 from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
 
-__all__ = ["build_matrix", "matrix_markdown", "mode_entry", "normalised"]
+__all__ = ["LINE_WIDTH", "build_matrix", "matrix_markdown", "matrix_summary", "mode_entry", "normalised"]
+
+#: the longest line ``matrix_markdown`` writes
+LINE_WIDTH = 120
 
 _NUMBER = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?")
 
@@ -120,73 +133,218 @@ def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
         )
         if driver.notes:
             row["notes"] = dict(driver.notes)
+        candidate_bugs = getattr(driver, "CANDIDATE_BUGS", None)
+        if candidate_bugs:
+            row["candidate_bugs"] = dict(candidate_bugs)
         for kind in KINDS:
             for mode in driver.modes(kind).values():
                 row["modes"].append(mode_entry(driver, dataclasses.replace(mode, kind=kind)))
             for mode_name, why in driver.unsupported_modes(kind).items():
                 row["unsupported"].append({"kind": kind, "mode": mode_name, "reason": why})
         out["frameworks"].append(row)
+    out["summary"] = matrix_summary(out)
     return out
 
 
-def _flags_text(flags: dict) -> str:
-    return ", ".join(f"`{k}={v!r}`" for k, v in flags.items()) or "(the spec)"
+# ------------------------------------------------------------------------------------------------
+# the summary: counts per framework, departures by flag, candidate bugs
+
+
+def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(flag names, ``flag=value`` texts) of a departure's explanation ("flag a='x'" or "flags a=1,
+    b=2"); ``(("unexplained",), ())`` when no flag reproduces it."""
+    why = departure["explanation"]
+    if not why.startswith(("flag ", "flags ")):
+        return ("unexplained",) if why == "unexplained" else ("other: " + why,), ()
+    assignments = tuple(a.strip() for a in re.split(r",\s*(?=\w+=)", why.split(" ", 1)[1]))
+    assignments = tuple(a for a in assignments if not a.startswith("name="))  # the profile's name: no flag
+    return tuple(a.split("=", 1)[0] for a in assignments), assignments
+
+
+def _shows(key: str, departure: dict) -> bool:
+    names, assignments = departure_flags(departure)
+    return key == departure["case_class"] or key in names or key in assignments
+
+
+def matrix_summary(matrix: dict) -> dict:
+    """The summary of ``matrix["frameworks"]`` (see the module docstring), as JSON-ready data."""
+    rows, by_flag, bugs = [], {}, []
+    for fw in matrix["frameworks"]:
+        name = fw["framework"]
+        if not fw["available"]:
+            rows.append({"framework": name, "available": False})
+            continue
+        checked = [m for m in fw["modes"] if "error" not in m]
+        departing = [m for m in checked if m["reference"]["departures"]]
+        for m in departing:
+            for flag in sorted({f for d in m["reference"]["departures"] for f in departure_flags(d)[0]}):
+                by_flag.setdefault(flag, {}).setdefault(name, 0)
+                by_flag[flag][name] += 1
+        shown = []
+        for key, text in fw.get("candidate_bugs", {}).items():
+            modes = [m["mode"] for m in departing
+                     if any(_shows(key, d) for d in m["reference"]["departures"])]
+            bugs.append({"framework": name, "key": key, "text": text, "modes": modes})
+            shown += [key] if modes else []
+        rows.append({
+            "framework": name,
+            "available": True,
+            "version": fw["version"],
+            "modes": len(fw["modes"]),
+            "pass": sum(1 for m in checked if m["own"]["ok"]),
+            "errors": len(fw["modes"]) - len(checked),
+            "departing": len(departing),
+            "unexplained": sum(1 for m in departing if any(
+                d["explanation"] == "unexplained" for d in m["reference"]["departures"])),
+            "unsupported": len(fw["unsupported"]),
+            "candidate_bugs": len(shown),
+        })
+    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())), "candidate_bugs": bugs}
+
+
+# ------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _wrap(text: str, indent: str = "", first: str | None = None) -> list[str]:
+    """``text`` as lines of at most ``LINE_WIDTH`` characters (words are never split)."""
+    return textwrap.wrap(
+        " ".join(text.split()), LINE_WIDTH, initial_indent=indent if first is None else first,
+        subsequent_indent=indent, break_long_words=False, break_on_hyphens=False,
+    ) or [first or indent]
+
+
+def _item(text: str, depth: int = 0) -> list[str]:
+    """A Markdown list item, wrapped (continuation lines indented under its text)."""
+    pad = "  " * depth
+    return _wrap(text, pad + "  ", pad + "- ")
+
+
+def _number(x) -> str:
+    return "n/a" if x is None else (f"{x:.10g}" if isinstance(x, float) else str(x))
+
+
+def _flag_list(flags: dict) -> str:
+    return ", ".join(f"`{k}={v!r}`" for k, v in flags.items() if k != "name")
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    names = [r["framework"] for r in summary["frameworks"]]
+    lines = [
+        "## Summary",
+        "",
+        "| framework | version | modes | pass | departing | unexplained | errors | unsupported "
+        "| candidate bugs |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in summary["frameworks"]:
+        link = f"[{r['framework']}](#{r['framework']})"
+        if not r["available"]:
+            lines.append(f"| {link} | not installed | | | | | | | |")
+            continue
+        cells = (r["modes"], r["pass"], r["departing"], r["unexplained"], r["errors"], r["unsupported"],
+                 r["candidate_bugs"])
+        lines.append(f"| {link} | {r['version']} | " + " | ".join(map(str, cells)) + " |")
+    lines += [
+        "",
+        *_wrap("*modes*: in scope; *pass*: under the mode's own profile; *departing*: with at least one "
+               "case class that differs from the spec (a departure under the reference); *unexplained*: "
+               "with a departure no flag of its profile reproduces."),
+        "",
+    ]
+    if summary["departures_by_flag"]:
+        lines += _wrap("Departures under the reference by flag: the number of modes of each framework with a "
+                       "departure the flag reproduces.")
+        lines += [
+            "",
+            "| flag | " + " | ".join(names) + " |",
+            "| --- |" + " ---: |" * len(names),
+        ]
+        for flag, counts in summary["departures_by_flag"].items():
+            label = flag if flag.startswith("other: ") else f"`{flag}`"
+            lines.append(f"| {label} | " + " | ".join(str(counts.get(n, "")) for n in names) + " |")
+        lines.append("")
+    bugs = summary["candidate_bugs"]
+    lines += _wrap("Candidate bugs: departures the drivers list (`CANDIDATE_BUGS`) because the framework "
+                   "would likely want to change them, with the modes that show them"
+                   + (":" if bugs else ": none listed."))
+    lines.append("")
+    for b in bugs:
+        where = f"{len(b['modes'])} modes" if b["modes"] else "no mode departs by it here"
+        lines += _item(f"{b['framework']}, `{b['key']}` ({where}): {b['text']}")
+    return lines + ([""] if bugs else [])
+
+
+def _mode_lines(m: dict, common: dict, bugs: dict) -> list[str]:
+    lines = [f"### {m['kind']} `{m['mode']}`", ""]
+    if m.get("description"):
+        lines += _wrap(m["description"]) + [""]
+    own_flags = {k: v for k, v in m["profile"].items() if k != "name" and common.get(k, object()) != v}
+    profile = "the framework's flags" if common else "(the spec)"
+    if own_flags:
+        profile = (profile + ", and " if common else "") + _flag_list(own_flags)
+    lines += _item(f"profile: {profile}")
+    if "error" in m:
+        return lines + _item(f"error: {m['error']}") + [""]
+    own = m["own"]
+    failing = [k for k, v in own["classes"].items() if v == "FAIL"]
+    verdict = "pass" if own["ok"] else "FAIL: " + ", ".join(failing)
+    allowed = sorted({v.removeprefix("ok (").removesuffix(")") for v in own["classes"].values()
+                      if v.startswith("ok (")})
+    lines += _item(f"own profile: {verdict}" + (f" (allowed: {'; '.join(allowed)})" if allowed else ""))
+    departures = m["reference"]["departures"]
+    lines += _item("departures under the reference:" + ("" if departures else " none"))
+    for d in departures:
+        flagged = [k for k in bugs if _shows(k, d)]
+        mark = f"; candidate bug `{'`, `'.join(flagged)}`" if flagged else ""
+        lines += _item(f"`{d['case_class']}`: {d['explanation']} (case `{d['case_id']}`: expected "
+                       f"{_number(d['expected'])}, got {_number(d['got'])}{mark})", 1)
+    return lines + [""]
+
+
+def _framework_lines(fw: dict) -> list[str]:
+    lines = [f"## {fw['framework']}", ""]
+    if not fw["available"]:
+        return lines + _wrap(f"{fw['reason']} (profiles describe {fw.get('pinned_version', '?')}).") + [""]
+    warn = "" if fw["version"] == fw["pinned_version"] else f" (profiles describe {fw['pinned_version']})"
+    lines += _wrap(f"Version {fw['version']}{warn}, source sha256 `{fw['source_hash']}`; {len(fw['modes'])} "
+                   f"modes in scope, {len(fw['unsupported'])} unsupported.") + [""]
+    profiles = [{k: v for k, v in m["profile"].items() if k != "name"} for m in fw["modes"]]
+    common = {k: v for k, v in profiles[0].items() if all(p.get(k, object()) == v for p in profiles)} \
+        if len(profiles) > 1 else {}
+    if common:
+        lines += _wrap(f"The framework's flags (in every mode's profile): {_flag_list(common)}.") + [""]
+    bugs = fw.get("candidate_bugs", {})
+    for m in fw["modes"]:
+        lines += _mode_lines(m, common, bugs)
+    if fw.get("notes"):
+        lines += ["Notes (what the profile does not reproduce, or what the driver fixes):", ""]
+        for topic, text in fw["notes"].items():
+            lines += _item(f"{topic}: {text}")
+        lines.append("")
+    if fw["unsupported"]:
+        lines += ["Unsupported modes:", ""]
+        for u in fw["unsupported"]:
+            lines += _item(f"{u['kind']} `{u['mode']}`: {u['reason']}")
+        lines.append("")
+    return lines
 
 
 def matrix_markdown(matrix: dict) -> str:
-    """The matrix as Markdown (docs/conformance-matrix.md)."""
-    lines = [
-        "# Conformance matrix",
-        "",
-        "Generated by `refimpl matrix` (do not edit). Each framework mode is checked under its own",
-        "profile (flags applied to the reference implementation; must pass every case class) and under",
-        "the reference convention, where each failing case class is a departure from the spec with the",
-        "flag that reproduces the framework's value exactly, or `unexplained`.",
-        "",
-    ]
+    """The matrix as Markdown (docs/conformance-matrix.md): the summary, then a section per framework;
+    no line longer than ``LINE_WIDTH``."""
+    lines = ["# Conformance matrix", ""]
+    lines += _wrap(
+        "Generated by `refimpl matrix` (do not edit; lines at most 120 characters). Each mode of each "
+        "framework is checked under its own profile (flags applied to the reference implementation; it "
+        "must pass every case class) and under the reference convention, where each failing case class "
+        "is a departure from the spec, named by the flags of the mode's profile that reproduce the "
+        "framework's value exactly, or `unexplained`. The same data, with each departure's minimal case as "
+        "one line of Python, is in [conformance-matrix.json](conformance-matrix.json); `refimpl check "
+        "--framework F --mode M --convention reference` prints those cases in full."
+    )
+    lines.append("")
+    lines += _summary_lines(matrix.get("summary") or matrix_summary(matrix))
     for fw in matrix["frameworks"]:
-        lines.append(f"## {fw['framework']}")
-        lines.append("")
-        if not fw["available"]:
-            lines += [f"{fw['reason']} (profiles describe {fw.get('pinned_version', '?')}).", ""]
-            continue
-        warn = "" if fw["version"] == fw["pinned_version"] else f" (profiles describe {fw['pinned_version']})"
-        lines += [f"Version {fw['version']}{warn}, source sha256 `{fw['source_hash']}`.", ""]
-        lines += [
-            "| kind | mode | profile flags | own profile | departures under the reference |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for m in fw["modes"]:
-            if "error" in m:
-                lines.append(
-                    f"| {m['kind']} | `{m['mode']}` | {_flags_text(m['profile'])} | error | {m['error']} |"
-                )
-                continue
-            own = m["own"]
-            own_text = (
-                "pass"
-                if own["ok"]
-                else "FAIL: " + ", ".join(k for k, v in own["classes"].items() if v == "FAIL")
-            )
-            allowed = sorted({v for v in own["classes"].values() if v.startswith("ok (")})
-            if allowed:
-                own_text += " " + " ".join(allowed).replace("ok (", "(")
-            deps = "; ".join(f"`{d['case_class']}`: {d['explanation']}" for d in m["reference"]["departures"])
-            flags = _flags_text(m["profile"])
-            lines.append(f"| {m['kind']} | `{m['mode']}` | {flags} | {own_text} | {deps or 'none'} |")
-        lines.append("")
-        cases = [(m, d) for m in fw["modes"] if "reference" in m for d in m["reference"]["departures"]]
-        if cases:
-            lines += ["Minimal case of each departure (paste into Python after `import torch`):", ""]
-            for m, d in cases:
-                lines.append(f"- `{m['mode']}` / `{d['case_id']}` ({d['explanation']}): `{d['case']}`")
-            lines.append("")
-        if fw.get("notes"):
-            lines += ["Notes (what the profile does not reproduce, or what the driver fixes):", ""]
-            lines += [f"- {topic}: {text}" for topic, text in fw["notes"].items()]
-            lines.append("")
-        if fw["unsupported"]:
-            lines += ["Unsupported modes:", ""]
-            lines += [f"- {u['kind']} `{u['mode']}`: {u['reason']}" for u in fw["unsupported"]]
-            lines.append("")
+        lines += _framework_lines(fw)
     return "\n".join(lines).rstrip() + "\n"
