@@ -123,13 +123,6 @@ class CheckReport:
             )
         return rows
 
-    def case_class(self, name: str) -> ClassResult:
-        """The row of case class ``name`` (KeyError naming the classes this report has)."""
-        for row in self.by_class():
-            if row.case_class == name:
-                return row
-        raise KeyError(f"no case class {name!r} in this report; it has {', '.join(self.classes())}")
-
     def classes(self) -> list[str]:
         """The case classes of this report, in report order."""
         return [c.case_class for c in self.by_class()]
