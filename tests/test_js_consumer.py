@@ -198,3 +198,14 @@ def test_only_a_range_error_rejects_an_invalid_vector():
         invalid = [m for r, m in out[name] if r == "invalid"]
         assert all(m.startswith(f"threw {name}: stub, not RangeError (") for m in invalid), invalid
     assert all((message is None) == (r == "invalid") for r, message in out["RangeError"])
+
+
+def test_the_readme_examples_print_what_it_shows():
+    readme = (ROOT / "tools" / "consumers" / "js" / "README.md").read_text()
+    block = readme.split("```console\n", 1)[1].split("```", 1)[0].splitlines()
+    examples = [(line[2:], block[i + 1]) for i, line in enumerate(block) if line.startswith("$ ")]
+    assert len(examples) == 2
+    for command, first_line in examples:
+        result = subprocess.run([NODE, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT,
+                                timeout=120)
+        assert result.stdout.splitlines()[0] == first_line, command

@@ -596,3 +596,13 @@ def test_the_refimpl_vectors_subcommand_is_the_same_command(tmp_path, capsys):
     args = parser.parse_args(["vectors", str(tmp_path / "my_kl.py"), "--only", "k1"])
     assert args.func(args) == 0
     assert capsys.readouterr().out.startswith("PASS: 53 vectors checked, 0 skipped, 0 failed")
+
+
+def test_the_readme_names_every_function_and_its_first_example_runs():
+    readme = (ROOT / "tools" / "consumers" / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in consumer.FUNCTIONS)
+    command, output = readme.split("```console\n$ ", 1)[1].split("\n")[:2]
+    assert command == "python tools/consumers/numpy_consumer.py tools/consumers/example_kl.py --only kl"
+    result = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == output, result.stdout + result.stderr
