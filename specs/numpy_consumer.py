@@ -625,13 +625,19 @@ def _load_module(name: str):
     if path.suffix == ".py":
         if not path.is_file():
             raise ImportError(f"no file {name}")
+        _importable(path.resolve().parent)  # its own sibling imports
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(path.resolve().parent))  # its own sibling imports
+        sys.modules[spec.name] = module  # as an import would (dataclasses, pickle look it up)
         spec.loader.exec_module(module)
         return module
-    sys.path.insert(0, str(Path.cwd()))
+    _importable(Path.cwd())
     return importlib.import_module(name)
+
+
+def _importable(directory: Path) -> None:
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
 
 
 _EPILOG = """\

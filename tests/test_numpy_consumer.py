@@ -606,3 +606,11 @@ def test_the_readme_names_every_function_and_its_first_example_runs():
     result = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     assert result.returncode == 0 and result.stdout.splitlines()[0] == output, result.stdout + result.stderr
+
+
+def test_the_checkout_launcher_re_exports_the_consumer():
+    """docs/conformance.md's ``from tools.consumers.numpy_consumer import check_file`` keeps working."""
+    from tools.consumers import numpy_consumer as launcher
+
+    assert launcher.check_file is consumer.check_file and launcher.FUNCTIONS == consumer.FUNCTIONS
+    assert set(consumer.__all__) <= set(vars(launcher))
