@@ -1,9 +1,10 @@
 """The JavaScript consumer (tools/consumers/js/check_vectors.mjs, Node.js >= 20, no packages): its
 policy-loss family (every preset of policy_loss.json, dual clip and the k1 / k2 / k3 penalty
 included), its KL estimators and its GAE pass every policy_loss, kl and gae_advantages vector; each
-planted bug fails exactly the vectors that carry its edge; a file of another schema version and an
-unknown bug are clear errors (exit 2). Marked ``node``: skipped where Node.js is absent, a failure
-when RL_ORACLE_REQUIRE_NODE=1 (CI, tests/conftest.py)."""
+planted bug fails exactly the vectors that carry its edge; an invalid vector passes only on a
+RangeError; ``--only`` selects and ``--help`` documents; a file of another schema version, an
+unknown bug and a selector that selects nothing are clear errors (exit 2). Marked ``node``:
+skipped where Node.js is absent, a failure when RL_ORACLE_REQUIRE_NODE=1 (CI, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -129,3 +130,82 @@ def test_another_schema_version_is_a_clear_error(tmp_path):
     result = run(str(tmp_path))
     assert result.returncode == 2
     assert "unsupported schema_version 1 (this consumer reads version 2" in result.stderr
+
+
+def test_help_documents_the_options_the_bugs_and_the_exit_status():
+    result = run("--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: node check_vectors.mjs")
+    assert "--only=SELECTOR" in result.stdout and "throws RangeError" in result.stdout
+    assert "exit status: 0 every checked vector passes, 1 one fails, 2 a usage or schema" in result.stdout
+    for bug in ("clip_higher", "empty_rows", "sapo_one_tau", "no_dual_clip", "naive_k3", "gae_truncation"):
+        assert f"{bug}: " in result.stdout
+    assert run("-h").stdout == result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "selected"),
+    [
+        (("--only=kl/k3",), lambda v: v["id"].startswith("kl/k3/")),
+        (("--only", "dapo"), lambda v: v.get("preset") == "dapo"),
+        (("--only=gae_advantages,sapo",), lambda v: "gae_advantages" in v["id"] or v.get("preset") == "sapo"),
+        (("--only=policy_loss/*/mixed/*",), lambda v: v in POLICY and "/mixed/" in v["id"]),
+    ],
+)
+def test_only_selects_vectors(args, selected):
+    want = sum(map(selected, POLICY + KL + GAE))
+    result = run(str(VECTORS), *args)
+    assert want and result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(f"PASS: {want} vectors checked (policy loss, KL, GAE), 0 failed")
+
+
+def test_usage_mistakes_exit_2_with_one_line():
+    for args, message in [
+        (("--only=no_such_thing",), "error: --only no_such_thing selects no vector"),
+        (("--only",), "error: --only needs a SELECTOR"),
+        (("--verbose",), "error: unknown option --verbose"),
+        ((str(VECTORS), "extra"), "error: one VECTOR_DIR expected, got 2"),
+    ]:
+        result = run(*args)
+        assert result.returncode == 2 and result.stderr.startswith(message), (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+STUB_VECTORS = [v for v in POLICY if v["result"] == "invalid"][:10]
+STUB_VECTORS += [v for v in POLICY if v["result"] == "valid"][:10]
+
+
+def test_only_a_range_error_rejects_an_invalid_vector():
+    """A stub that throws Error("not implemented") (or a TypeError from a missing field) fails the
+    invalid vectors as well as the valid ones; one that throws RangeError passes only the invalid."""
+    program = (
+        f"import {{ checkVector }} from {json.dumps(SCRIPT.as_uri())};"
+        f"const vectors = {json.dumps(STUB_VECTORS)};"
+        "const out = {};"
+        "for (const E of [Error, TypeError, RangeError]) {"
+        "  const stub = () => { throw new E('stub'); };"
+        "  out[E.name] = vectors.map((v) => [v.result, checkVector(v, stub, new Set())]);"
+        "}"
+        "console.log(JSON.stringify(out));"
+    )
+    result = subprocess.run([NODE, "--input-type=module", "-e", program], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    results = [r for r, _ in out["Error"]]
+    assert "invalid" in results and "valid" in results
+    for name in ("Error", "TypeError"):
+        assert all(message is not None for _, message in out[name]), name
+        invalid = [m for r, m in out[name] if r == "invalid"]
+        assert all(m.startswith(f"threw {name}: stub, not RangeError (") for m in invalid), invalid
+    assert all((message is None) == (r == "invalid") for r, message in out["RangeError"])
+
+
+def test_the_readme_examples_print_what_it_shows():
+    readme = (ROOT / "tools" / "consumers" / "js" / "README.md").read_text()
+    block = readme.split("```console\n", 1)[1].split("```", 1)[0].splitlines()
+    examples = [(line[2:], block[i + 1]) for i, line in enumerate(block) if line.startswith("$ ")]
+    assert len(examples) == 2
+    for command, first_line in examples:
+        result = subprocess.run([NODE, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT,
+                                timeout=120)
+        assert result.stdout.splitlines()[0] == first_line, command

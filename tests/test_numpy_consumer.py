@@ -1,14 +1,18 @@
-"""The numpy reference consumer (tools/consumers/numpy_consumer.py): refimpl, wrapped as plain numpy
-functions, passes every golden vector of every family (valid ones match, invalid ones are rejected,
-acceptable ones match either side), and a planted bug in each family fails the vectors that name
-its edge. The tabular family is the project's ``tabular/`` package (numpy, float64) wrapped the
-same way. The consumer itself imports only numpy and the standard library."""
+"""The numpy reference consumer (specs/numpy_consumer.py; tools/consumers/numpy_consumer.py runs it
+from a checkout): refimpl, wrapped as plain numpy functions, passes every golden vector of every
+family (valid ones match, invalid ones raise ValueError, acceptable ones match either side), and a
+planted bug in each family fails the vectors that name its edge. The tabular family is the
+project's ``tabular/`` package (numpy, float64) wrapped the same way. Stubs pass nothing they
+should not; the command line (``--only``, ``--help``, exit codes, messages) is checked through
+the checkout's launcher. The consumer itself imports only numpy and the standard library."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import json
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -23,7 +27,7 @@ from refimpl.conformance import expected_policy_loss, profile
 from refimpl.conformance.cases import PolicyLossCase
 from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import PolicyLossVariant, policy_loss, token_logprobs
-from tools.consumers import numpy_consumer as consumer
+from specs import numpy_consumer as consumer
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "specs" / "vectors"
@@ -337,8 +341,8 @@ def test_planted_bug_tabular_advantages_against_the_best_action():
 
 
 def test_planted_bug_tabular_occupancy_normalised():
-    """The normalised d_pi returned as the unnormalised rho_pi (the 1/(1 - gamma) of seed 001 (48)
-    dropped): wrong wherever sum_s rho(s) != 1, i.e. every occupancy vector but gamma = 0."""
+    """The normalised d_pi returned as the unnormalised rho_pi (mdp.md eq. (12): the factor
+    1/(1 - gamma) dropped): wrong wherever sum_s rho(s) != 1, i.e. every occupancy vector but gamma = 0."""
 
     def normalised(fn):
         def buggy(P, R, gamma, rho0, terminal, pi):
@@ -445,15 +449,168 @@ def test_the_consumer_imports_only_numpy_and_the_standard_library():
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert modules <= {
-        "__future__",
-        "argparse",
-        "dataclasses",
-        "importlib",
-        "json",
-        "sys",
-        "collections",
-        "fractions",
-        "pathlib",
-        "numpy",
-    }
+    assert modules - {"numpy"} <= sys.stdlib_module_names, modules
+
+
+# ----------------------------------------------------------------------------- stubs and the command line
+
+ALL_VECTORS = [v for name in FILES for v in json.loads((VECTORS / name).read_text())["vectors"]]
+INVALID = {v["id"] for v in ALL_VECTORS if v["result"] == "invalid"}
+LAUNCHER = ROOT / "tools" / "consumers" / "numpy_consumer.py"
+
+
+def _raising(error: type[Exception]) -> dict:
+    def raise_(*args, **kwargs):
+        raise error("stub")
+
+    return dict.fromkeys(consumer.FUNCTIONS, raise_)
+
+
+def test_a_stub_that_raises_not_implemented_error_passes_no_vector():
+    """Counting any exception as a rejection let such a stub pass every invalid vector."""
+    report = consumer.check_directory(VECTORS, _raising(NotImplementedError))
+    assert report.checked == len(ALL_VECTORS) and report.skipped == 0
+    assert len(report.failures) == report.checked
+    invalid = [f for f in report.failures if f.id in INVALID]
+    assert invalid and all("raised NotImplementedError: stub, not ValueError (" in f.message for f in invalid)
+
+
+@pytest.mark.parametrize("error", [TypeError, IndexError, ZeroDivisionError, RuntimeError])
+def test_only_value_error_rejects_an_invalid_vector(error):
+    report = consumer.check_file(VECTORS / "logprobs.json", _raising(error))
+    assert len(report.failures) == report.checked == 14
+
+
+def test_a_stub_that_raises_value_error_passes_exactly_the_invalid_vectors():
+    report = consumer.check_directory(VECTORS, _raising(ValueError))
+    passed = {v["id"] for v in ALL_VECTORS} - {f.id for f in report.failures}
+    assert report.checked == len(ALL_VECTORS)
+    assert passed == INVALID and report.checked - len(report.failures) == len(INVALID) == 132
+    assert all(f.message == "raised ValueError: stub" for f in report.failures)
+
+
+def test_a_value_error_subclass_rejects():
+    class InvalidInput(ValueError):
+        pass
+
+    report = consumer.check_file(VECTORS / "kl.json", _raising(InvalidInput))
+    assert report.checked - len(report.failures) == sum(i.startswith("kl/") for i in INVALID) == 12
+
+
+def test_messages_print_plain_numbers_with_position_and_tolerance():
+    def off(logp, old_logp, advantages, mask, variant, **kwargs):
+        loss, grad = _policy_loss(logp, old_logp, advantages, mask, variant, **kwargs)
+        grad[mask] += 1e-3  # np.float64 entries, off everywhere
+        return np.float64(loss), grad
+
+    only = ["policy_loss/ppo/mixed"]
+    report = consumer.check_file(VECTORS / "policy_loss.json", {"policy_loss": off}, only=only)
+    (failure,) = report.failures  # policy_loss/ppo/mixed/0
+    assert "np." not in failure.message and "float64" not in failure.message, failure.message
+    assert failure.message.startswith("grad_logp[0][0]: got "), failure.message
+    assert ", tolerance " in failure.message
+    report = consumer.check_file(VECTORS / "kl.json", {"kl": lambda e, lp, ref: (np.zeros(1), np.zeros(1))})
+    message = next(f.message for f in report.failures if f.id == "kl/k1/1")
+    assert message.startswith("value: got 0.0, expected ") and "np." not in message, message
+
+
+@pytest.mark.parametrize(
+    ("selectors", "expected"),
+    [
+        (["kl"], lambda kind, v: kind == "kl"),
+        (["dapo"], lambda kind, v: v.get("preset") == "dapo"),
+        (["gae_advantages", "k3"], lambda kind, v: v.get("estimator") in ("gae_advantages", "k3")),
+        (["policy_loss/dapo"], lambda kind, v: v["id"].startswith("policy_loss/dapo/")),
+        (["kl/k3/11"], lambda kind, v: v["id"] == "kl/k3/11"),
+        (["policy_loss/*/dapo/*"], lambda kind, v: kind.endswith("conventions") and v["preset"] == "dapo"),
+        (["tabular_values"], lambda kind, v: kind == "tabular" and v["quantity"] == "values"),
+        (["ragged_empty_row"], lambda kind, v: v.get("case_class") == "ragged_empty_row"),
+    ],
+)
+def test_only_selects_families_presets_and_ids(selectors, expected):
+    documents = [json.loads((VECTORS / name).read_text()) for name in FILES]
+    want = {v["id"] for d in documents for v in d["vectors"] if expected(d["kind"], v)}
+    report = consumer.check_directory(VECTORS, _raising(ValueError), only=selectors)
+    assert want and report.checked == len(want)
+    assert {f.id for f in report.failures} == want - INVALID  # the selected valid ones fail
+
+
+def launch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The checkout's launcher, as a user runs it (another directory, its own module)."""
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+EXAMPLE = ROOT / "tools" / "consumers" / "example_kl.py"  # the README's example implementation
+MY_KL = EXAMPLE.read_text()
+
+
+def test_the_command_line_from_another_directory(tmp_path):
+    (tmp_path / "my_kl.py").write_text(MY_KL)
+    result = launch("my_kl", cwd=tmp_path)  # the shipped vectors by default, a module from the cwd
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("PASS: 159 vectors checked, 1021 skipped, 0 failed")
+    result = launch(str(VECTORS), str(tmp_path / "my_kl.py"), "--only", "k3,k2", cwd=ROOT)  # a file path
+    assert result.returncode == 0 and result.stdout.startswith("PASS: 106 vectors checked, 0 skipped")
+    naive = MY_KL.replace("small = np.abs(x) < 1e-2", "small = np.abs(x) < 0")
+    assert naive != MY_KL
+    (tmp_path / "naive.py").write_text(naive)
+    result = launch(str(VECTORS / "kl.json"), "naive", "--only=kl/k3", cwd=tmp_path)
+    assert result.returncode == 1 and "[log_ratio_tiny]: value: got " in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("my_kl", "--only", "no_such_preset"), "error: --only no_such_preset selects no vector"),
+        (("no_such_module",), "error: No module named 'no_such_module'"),
+        (("empty",), "error: empty defines none of the functions policy_loss, policy_loss_conventions"),
+        (("my_kl", "--only", "tabular"), "error: no vector checked"),
+        (("/no/such/dir", "my_kl"), "error: no vector files at /no/such/dir"),
+    ],
+)
+def test_command_line_mistakes_are_one_line_and_exit_2(tmp_path, args, error):
+    (tmp_path / "my_kl.py").write_text(MY_KL)
+    (tmp_path / "empty.py").write_text("")
+    result = launch(*args, cwd=tmp_path)
+    assert result.returncode == 2 and error in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_every_function_selectors_and_exit_codes(tmp_path):
+    result = launch("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert all(f"  {name}(" in result.stdout for name in consumer.FUNCTIONS)
+    assert "exit status: 0 every checked vector passes, 1 one fails, 2 " in result.stdout
+    assert "--only SELECTOR" in result.stdout and "raises ValueError" in result.stdout
+    assert list(consumer.SIGNATURES) == list(consumer.FUNCTIONS) and len(consumer.FUNCTIONS) == 23
+
+
+def test_the_refimpl_vectors_subcommand_is_the_same_command(tmp_path, capsys):
+    import argparse
+
+    (tmp_path / "my_kl.py").write_text(MY_KL)
+    parser = argparse.ArgumentParser(prog="refimpl")
+    consumer.register(parser.add_subparsers())
+    args = parser.parse_args(["vectors", str(tmp_path / "my_kl.py"), "--only", "k1"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.startswith("PASS: 53 vectors checked, 0 skipped, 0 failed")
+
+
+def test_the_readme_names_every_function_and_its_first_example_runs():
+    readme = (ROOT / "tools" / "consumers" / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in consumer.FUNCTIONS)
+    command, output = readme.split("```console\n$ ", 1)[1].split("\n")[:2]
+    assert command == "python tools/consumers/numpy_consumer.py tools/consumers/example_kl.py --only kl"
+    result = subprocess.run([sys.executable, *command.split()[1:]], capture_output=True, text=True, cwd=ROOT,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == output, result.stdout + result.stderr
+
+
+def test_the_checkout_launcher_re_exports_the_consumer():
+    """docs/conformance.md's ``from tools.consumers.numpy_consumer import check_file`` keeps working."""
+    from tools.consumers import numpy_consumer as launcher
+
+    assert launcher.check_file is consumer.check_file and launcher.FUNCTIONS == consumer.FUNCTIONS
+    assert set(consumer.__all__) <= set(vars(launcher))

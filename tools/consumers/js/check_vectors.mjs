@@ -5,10 +5,12 @@
 // kl.md eqs. (2)-(4), estimators.md eqs. (4)-(5)) in plain float64, checked against every
 // policy_loss vector, every kl vector and every gae_advantages vector. Node.js >= 20, no packages.
 //
-//   node tools/consumers/js/check_vectors.mjs [VECTOR_DIR] [--plant-bug[=NAME,...]]
+//   node tools/consumers/js/check_vectors.mjs [VECTOR_DIR] [--only=SELECTOR,...] [--plant-bug[=NAME,...]]
 //
 // Exit 0 when every vector passes, 1 when one fails, 2 on a usage or schema error. --plant-bug
 // swaps in classic bugs (all of them, or those named; BUGS lists them), which the vectors must catch.
+// An invalid vector passes only when the code throws RangeError (SCHEMA.md, "Rejecting an invalid
+// vector"); --help prints the usage (HELP).
 
 import { readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -80,7 +82,7 @@ function gate(variant, r, a, unitLogp, bugs) {
   const epsHigh = bugs.has("clip_higher") ? variant.eps_low : variant.eps_high;
   const upper = epsHigh === null ? null : 1 + epsHigh;
   const lower = variant.eps_low === null ? null : 1 - variant.eps_low;
-  if (variant.gate === "clip") { // the inclusive gate of seed 001 (116); eq. (7) for A < 0
+  if (variant.gate === "clip") { // the inclusive gate of eqs. (6)-(7); the dual clip for A < 0
     const c = bugs.has("no_dual_clip") ? null : variant.dual_clip;
     if (a > 0) return upper === null || r <= upper ? [r * a, a, 0] : [upper * a, 0, 0];
     if (lower !== null && r < lower) return [lower * a, 0, 0];
@@ -269,34 +271,55 @@ function checkGae(v, bugs) {
   return null;
 }
 
-// one vector: a message when it fails, null when it passes (invalid input must throw)
-function checkVector(v, check, bugs) {
+// One vector: a message when it fails, null when it passes. Invalid input must throw RangeError,
+// this file's error for a bad argument: any other error (a TypeError from reading a missing field,
+// an Error("not implemented")) is a failure, not a rejection (SCHEMA.md).
+export function checkVector(v, check, bugs) {
   if (v.result === "invalid") {
     try {
       check(v, bugs);
-    } catch {
-      return null;
+    } catch (err) {
+      if (err instanceof RangeError) return null;
+      return `threw ${err.name}: ${err.message}, not RangeError (${v.reason})`;
     }
     return `accepted invalid input (${v.reason})`;
   }
   try {
     return check(v, bugs);
   } catch (err) {
-    return `threw ${err.message}`;
+    return `threw ${err.name}: ${err.message}`;
   }
 }
 
 export const FAMILIES = "policy loss, KL, GAE";
 
-export function run(vectorDir, { bugs = new Set() } = {}) {
+// --only SELECTOR: a word names a file kind (policy_loss, kl, returns), a preset (dapo), an
+// estimator (k3, gae_advantages) or a case class (extreme_log_ratio); a selector with a "/" is a
+// vector id or an id prefix ending at a "/" (policy_loss/dapo, kl/k3/11); one with "*" or "?"
+// matches ids as a shell pattern (policy_loss/*/mixed/*), "*" also across "/".
+export function selects(selector, kind, v) {
+  if (/[*?]/.test(selector)) {
+    const pattern = selector.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+    return new RegExp(`^${pattern}$`).test(v.id);
+  }
+  if (selector.includes("/")) return v.id === selector || v.id.startsWith(selector.replace(/\/+$/, "") + "/");
+  return [kind, v.preset, v.estimator, v.case_class].includes(selector);
+}
+
+export function run(vectorDir, { bugs = new Set(), only = null } = {}) {
   const policy = load(join(vectorDir, "policy_loss.json"));
   const kls = load(join(vectorDir, "kl.json"));
   const returns = load(join(vectorDir, "returns.json"));
-  const jobs = [
-    ...policy.vectors.map((v) => [v, checkPolicy]),
-    ...kls.vectors.map((v) => [v, checkKl]),
-    ...returns.vectors.filter((v) => v.estimator === "gae_advantages").map((v) => [v, checkGae]),
+  let jobs = [
+    ...policy.vectors.map((v) => [v, checkPolicy, "policy_loss"]),
+    ...kls.vectors.map((v) => [v, checkKl, "kl"]),
+    ...returns.vectors.filter((v) => v.estimator === "gae_advantages").map((v) => [v, checkGae, "returns"]),
   ];
+  if (only !== null) {
+    const unmatched = only.filter((s) => !jobs.some(([v, , kind]) => selects(s, kind, v)));
+    if (unmatched.length) throw new UsageError(`--only ${unmatched[0]} selects no vector (see --help)`);
+    jobs = jobs.filter(([v, , kind]) => only.some((s) => selects(s, kind, v)));
+  }
   const failures = [];
   for (const [v, check] of jobs) {
     const message = checkVector(v, check, bugs);
@@ -317,16 +340,56 @@ function plantedBugs(argv) {
 
 class UsageError extends Error {}
 
+export const HELP = `usage: node check_vectors.mjs [VECTOR_DIR] [--only=SELECTOR,...] [--plant-bug[=NAME,...]]
+
+Checks this file's own JavaScript implementation of the policy-loss family (every preset, dual
+clip, the k1 / k2 / k3 KL penalty), the KL estimators and GAE against every vector of
+policy_loss.json, kl.json and the gae_advantages vectors of returns.json (schema version 2).
+Valid vectors must match within SCHEMA.md's float64 tolerance; an invalid vector passes only when
+the code throws RangeError (any other error is a failure). To check your own code, replace the
+functions policyLoss, kl and gae (their comments give the signatures) or copy the reading loop.
+
+arguments:
+  VECTOR_DIR             the vector directory (default: specs/vectors of this checkout)
+  --only=SELECTOR,...    check only the vectors a selector selects (repeatable; --only SELECTOR too):
+                           a word      a file kind (policy_loss, kl, returns), a preset (dapo), an
+                                       estimator (k3, gae_advantages) or a case class (mixed)
+                           a/b         a vector id, or every id under that prefix (policy_loss/dapo)
+                           a/*/b       ids matching a shell pattern (policy_loss/*/mixed/*)
+  --plant-bug[=NAME,...] swap in classic bugs (all, or those named) that the vectors must catch:
+${Object.entries(BUGS).map(([name, what]) => `                           ${name}: ${what}`).join("\n")}
+  -h, --help             show this help
+
+exit status: 0 every checked vector passes, 1 one fails, 2 a usage or schema error.
+Node.js >= 20, no packages. tools/consumers/README.md has more.`;
+
+function onlyOption(argv) {
+  const only = [];
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--only") {
+      if (i + 1 >= argv.length) throw new UsageError("--only needs a SELECTOR");
+      only.push(...argv[++i].split(","));
+    } else if (argv[i].startsWith("--only=")) only.push(...argv[i].slice("--only=".length).split(","));
+  }
+  return only.length ? only.filter(Boolean) : null;
+}
+
 function main(argv) {
+  if (argv.includes("--help") || argv.includes("-h")) {
+    console.log(HELP);
+    return 0;
+  }
   const here = dirname(fileURLToPath(import.meta.url));
-  const args = argv.filter((a) => !a.startsWith("--"));
-  const unknown = argv.filter((a) => a.startsWith("--") && a !== "--plant-bug" && !a.startsWith("--plant-bug="));
+  const args = argv.filter((a, i) => !a.startsWith("-") && argv[i - 1] !== "--only");
+  const known = (a) => a === "--plant-bug" || a.startsWith("--plant-bug=") || a === "--only" || a.startsWith("--only=");
+  const unknown = argv.filter((a) => a.startsWith("-") && !known(a));
   const vectorDir = resolve(args[0] ?? join(here, "..", "..", "..", "specs", "vectors"));
   let result, bugs;
   try {
-    if (unknown.length) throw new UsageError(`unknown option ${unknown[0]}`);
+    if (unknown.length) throw new UsageError(`unknown option ${unknown[0]} (--help lists the options)`);
+    if (args.length > 1) throw new UsageError(`one VECTOR_DIR expected, got ${args.length} (--help)`);
     bugs = plantedBugs(argv);
-    result = run(vectorDir, { bugs });
+    result = run(vectorDir, { bugs, only: onlyOption(argv) });
   } catch (err) {
     if (err instanceof SchemaError || err instanceof UsageError || err.code === "ENOENT") {
       console.error(`error: ${err.message}`);
