@@ -1,5 +1,6 @@
 """Hypothesis profiles (ARCHITECTURE.md): ``ci`` (default) and ``thorough``, chosen by the
-environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log."""
+environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log.
+No test depends on whether CUDA is present unless it says so (``_device_is_named``)."""
 
 import functools
 import os
@@ -58,3 +59,24 @@ def real_matrix():
     from refimpl.conformance import matrix
 
     return functools.cache(matrix.build_matrix)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "auto_device: resolves the trainer's device='auto' (CUDA when present) on purpose"
+    )
+
+
+@pytest.fixture(autouse=True)
+def _device_is_named(request, monkeypatch):
+    """A test that builds a trainer names its device: ``device="auto"`` picks CUDA where it is present,
+    and a test written on a CPU-only machine then mixes devices (or runs other kernels) on a GPU one.
+    Resolving "auto" fails the test unless it is marked ``auto_device``."""
+    if request.node.get_closest_marker("auto_device") is not None:
+        return
+
+    def refuse() -> str:
+        pytest.fail("device='auto' resolved in a test: name the device (e.g. device='cpu', --device cpu), "
+                    "or mark the test auto_device", pytrace=False)
+
+    monkeypatch.setattr("refimpl.lm.train.auto_device", refuse)
