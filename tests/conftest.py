@@ -65,6 +65,26 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "auto_device: resolves the trainer's device='auto' (CUDA when present) on purpose"
     )
+    config.addinivalue_line(
+        "markers", "threads: may compute differently at two intra-op threads (make test-threads runs these)"
+    )
+
+
+# Test modules whose every torch result was found bit for bit the same at one and at two intra-op
+# threads (tests/thread_survey.py; docs/ci.md: the method, and why modules computing with numpy are
+# not listed). Every other module is marked ``threads`` and runs again in CI's two-thread pass.
+THREAD_INSENSITIVE_MODULES = frozenset({
+    "test_default_device.py", "test_losses_parts.py", "test_mutation_kills_advantages.py",
+    "test_mutation_kills_kl.py", "test_mutation_kills_lossopts.py", "test_mutation_kills_policy.py",
+    "test_policy_loss_nonfinite.py", "test_policy_loss_parts.py", "test_policy_loss_specs.py",
+    "test_policy_loss_value_kl.py", "test_spec_exactness.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name not in THREAD_INSENSITIVE_MODULES:
+            item.add_marker("threads")
 
 
 @pytest.fixture(autouse=True)
