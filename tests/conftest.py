@@ -1,5 +1,6 @@
 """Hypothesis profiles (ARCHITECTURE.md): ``ci`` (default) and ``thorough``, chosen by the
-environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log."""
+environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log.
+No test depends on whether CUDA is present unless it says so (``_device_is_named``)."""
 
 import functools
 import os
@@ -58,3 +59,44 @@ def real_matrix():
     from refimpl.conformance import matrix
 
     return functools.cache(matrix.build_matrix)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "auto_device: resolves the trainer's device='auto' (CUDA when present) on purpose"
+    )
+    config.addinivalue_line(
+        "markers", "threads: may compute differently at two intra-op threads (make test-threads runs these)"
+    )
+
+
+# Test modules whose every torch result was found bit for bit the same at one and at two intra-op
+# threads (tests/thread_survey.py; docs/ci.md: the method, and why modules computing with numpy are
+# not listed). Every other module is marked ``threads`` and runs again in CI's two-thread pass.
+THREAD_INSENSITIVE_MODULES = frozenset({
+    "test_default_device.py", "test_losses_parts.py", "test_mutation_kills_advantages.py",
+    "test_mutation_kills_kl.py", "test_mutation_kills_lossopts.py", "test_mutation_kills_policy.py",
+    "test_policy_loss_nonfinite.py", "test_policy_loss_parts.py", "test_policy_loss_specs.py",
+    "test_policy_loss_value_kl.py", "test_spec_exactness.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name not in THREAD_INSENSITIVE_MODULES:
+            item.add_marker("threads")
+
+
+@pytest.fixture(autouse=True)
+def _device_is_named(request, monkeypatch):
+    """A test that builds a trainer names its device: ``device="auto"`` picks CUDA where it is present,
+    and a test written on a CPU-only machine then mixes devices (or runs other kernels) on a GPU one.
+    Resolving "auto" fails the test unless it is marked ``auto_device``."""
+    if request.node.get_closest_marker("auto_device") is not None:
+        return
+
+    def refuse() -> str:
+        pytest.fail("device='auto' resolved in a test: name the device (e.g. device='cpu', --device cpu), "
+                    "or mark the test auto_device", pytrace=False)
+
+    monkeypatch.setattr("refimpl.lm.train.auto_device", refuse)

@@ -3,16 +3,24 @@ main job), every user mistake as one line on stderr with exit status 2, resume i
 folder with one continuous metrics file, the output a person reads."""
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
+import shutil
 import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from refimpl.lm import cli
 from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
+from refimpl.lm.progress import format_duration
 from refimpl.lm.train import Trainer
 
 TINY = [
@@ -193,10 +201,13 @@ def test_each_user_mistake_is_one_line_and_exit_2(mistake, tmp_path, trained, ca
             ["train", "--resume", _malformed_checkpoint(bad, trained, replace={"config": {"colour": 1}})],
             ["--resume", "bad.pt", "invalid config", "colour"],
         ),
-        "eval_png": lambda: (["eval", png], ["curves.png", "not a readable refimpl checkpoint"]),
-        "eval_missing": lambda: (["eval", tmp_path / "missing.pt"], ["no file at"]),
+        "eval_png": lambda: (
+            ["eval", png, "--device", "cpu"],
+            ["curves.png", "not a readable refimpl checkpoint"],
+        ),
+        "eval_missing": lambda: (["eval", tmp_path / "missing.pt", "--device", "cpu"], ["no file at"]),
         "eval_payload_no_optimizer": lambda: (
-            ["eval", _malformed_checkpoint(bad, trained, drop="optimizer")],
+            ["eval", _malformed_checkpoint(bad, trained, drop="optimizer"), "--device", "cpu"],
             ["bad.pt", "optimizer"],
         ),
         "init_from_missing": lambda: (
@@ -249,9 +260,10 @@ def test_resume_after_ctrl_c_with_the_printed_command(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     command = err.split("continue with: ")[1]
-    assert command == "refimpl train --resume runs/r2/checkpoint.pt"
+    # called in-process (not as the refimpl program): this interpreter's -m refimpl
+    assert command == f"{shlex.quote(sys.executable)} -m refimpl train --resume runs/r2/checkpoint.pt"
     monkeypatch.setattr(Trainer, "rl_step", real_step)
-    assert run(shlex.split(command)[1:]) == 0
+    assert run(shlex.split(command)[3:]) == 0
     assert not (tmp_path / "runs" / "train").exists()
 
     def strip(recs):
@@ -364,3 +376,179 @@ def test_advantage_scale_none_is_a_value_not_the_preset_default(monkeypatch):
     from refimpl.lm.recipes import resolve_recipe
 
     assert seen["c"].advantage_scale == "none" and resolve_recipe(seen["c"]).advantage_scale == "none"
+
+
+# ------------------------------------------------------------------------------------ nothing lost
+
+
+def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path, trained, capsys):
+    """``--out`` on a run's folder: one line naming --resume and --overwrite, exit 2, every file
+    left as it was; with --overwrite the run is replaced (a file that is not the run's stays)."""
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert run(["train", "--quiet", "--out", out, *TINY]) == 2
+    _one_line_error(capsys, "--out", str(out), "--resume", str(out / "checkpoint.pt"), "--overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    old_run = records(out / "metrics.jsonl")[0]["run"]
+    assert run(["train", "--quiet", "--out", out, *TINY, "--steps", "1", "--overwrite"]) == 0
+    recs = records(out / "metrics.jsonl")
+    assert {r["run"] for r in recs} != {old_run} and len({r["run"] for r in recs}) == 1
+    assert [r["phase"] for r in recs] == ["sft", "sft", "rl"] and (out / "notes.txt").read_text() == "mine"
+
+
+def test_the_default_folder_is_not_overwritten_either(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--quiet", *TINY, "--steps", "0"]
+    assert run(argv) == 0
+    metrics = (tmp_path / "runs/train/metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    assert run(argv) == 2
+    _one_line_error(capsys, "runs/train", "--resume runs/train/checkpoint.pt", "--overwrite")
+    assert (tmp_path / "runs/train/metrics.jsonl").read_bytes() == metrics
+
+
+def test_resume_into_another_runs_folder_with_overwrite(tmp_path, trained, capsys):
+    other = tmp_path / "other"
+    assert run(["train", "--quiet", "--out", other, *TINY, "--seed", "4", "--steps", "0"]) == 0
+    argv = ["train", "--resume", trained / "checkpoint.pt", "--steps", "3", "--out", other, "--quiet"]
+    assert run(argv) == 2
+    _one_line_error(capsys, "--out", "another run", "--overwrite")
+    assert run([*argv, "--overwrite"]) == 0
+    recs = records(other / "metrics.jsonl")  # the resumed run's history, then its new step
+    resumed_run = records(trained / "metrics.jsonl")[0]["run"]
+    assert {r["run"] for r in recs} == {resumed_run}
+    assert [r.get("step") for r in recs if r["phase"] == "rl"] == [1, 2, 3]
+
+
+class _Clock:
+    """Wall and CPU clocks that advance 10 s at every reading (refimpl.lm.run's ``time``)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        self.now += 10.0
+        return self.now
+
+    process_time = perf_counter
+
+
+def test_resume_keeps_wall_and_cpu_time_cumulative(tmp_path, capsys, monkeypatch):
+    """The times of a resumed run continue those at its checkpoint: metrics.jsonl, summary.json
+    and the closing line (a clock that advances 10 s a reading makes each run take minutes)."""
+    import refimpl.lm.run as run_module
+
+    monkeypatch.setattr(run_module, "time", _Clock())
+    out = tmp_path / "run"
+    assert run(["train", "--quiet", "--out", out, *TINY]) == 0
+    saved = load_checkpoint(out / "checkpoint.pt")["elapsed"]  # at RL step 2, the run's last checkpoint
+    capsys.readouterr()
+    assert run(["train", "--quiet", "--resume", out / "checkpoint.pt", "--steps", "3"]) == 0
+    done = capsys.readouterr().out.splitlines()[0]
+    summary = json.loads((out / "summary.json").read_text())
+    recs = records(out / "metrics.jsonl")
+    assert [r.get("step") for r in recs] == [None, None, 1, 2, 3]
+    for key in ("wall_time", "cpu_time"):
+        times = [r[key] for r in recs]
+        assert times == sorted(times) and len(set(times)) == len(times), key  # increasing across the resume
+        assert summary[key] > times[-1] > saved[key] > times[-2], key
+    assert summary["wall_time"] > 120  # minutes of the fake clock: the closing line says so
+    assert done.startswith("done: 3 RL steps") and f"in {format_duration(summary['wall_time'])} wall" in done
+
+
+def test_the_ctrl_c_hint_runs_as_printed(tmp_path):
+    """``python -m refimpl train`` interrupted by SIGINT prints a command; that command, run by a
+    shell in the same folder, continues the run to its end."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    argv = [sys.executable, "-m", "refimpl", "train", "--quiet", *TINY, "--steps", "400", "--out", "r"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and '"phase": "rl"' in metrics.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    command = err.strip().splitlines()[-1].split("continue with: ")[1]
+    assert command == f"{shlex.quote(sys.executable)} -m refimpl train --resume r/checkpoint.pt"
+    steps = [r["step"] for r in records(metrics) if r["phase"] == "rl"]
+    assert 0 < steps[-1] < 400
+    # the rest of the run, shortened by a second resume option only the test adds
+    done = subprocess.run(f"{command} --steps {steps[-1] + 1} --quiet", shell=True, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in records(metrics) if r["phase"] == "rl"] == list(range(1, steps[-1] + 2))
+
+
+@pytest.mark.parametrize("how", ["console script on PATH", "console script by path", "python -m", "embedded",
+                                 "torchrun"])
+def test_the_resume_program_is_the_program_as_invoked(how, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "refimpl"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    python = shlex.quote(sys.executable)
+    if how == "console script on PATH":
+        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+        monkeypatch.setattr(sys, "argv", [str(script), "train"])
+        expected = "refimpl"
+    elif how == "console script by path":
+        monkeypatch.setattr(sys, "argv", ["venv/bin/refimpl", "train"])
+        expected = "venv/bin/refimpl"
+    elif how == "python -m":
+        main.__spec__ = importlib.util.find_spec("refimpl.__main__")
+        monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-m", "refimpl", "train"], raising=False)
+        expected = f"{python} -m refimpl"
+    elif how == "embedded":
+        monkeypatch.setattr(sys, "argv", ["/usr/bin/some-tool"])
+        expected = f"{python} -m refimpl"
+    else:
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        expected = "torchrun --nproc-per-node 2 -m refimpl"
+    assert cli.invoked_program() == expected
+
+
+# ------------------------------------------------------------------------------------ one-line errors
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["compare_txt", "compare_no_suffix", "eval_device_gpu", "sample_device_gpu", "compile_yes", "amp_1"],
+)
+def test_each_left_over_raw_error_is_one_line_and_exit_2(mistake, tmp_path, trained, capsys):
+    argv, needles = {
+        "compare_txt": (["compare", trained, "--out", tmp_path / "c.txt"], ["--out", "c.txt", ".png"]),
+        "compare_no_suffix": (["compare", trained, "--out", tmp_path / "c"], ["--out", ".png"]),
+        "eval_device_gpu": (
+            ["eval", trained / "checkpoint.pt", "--device", "gpu"],
+            ["device", "expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"],
+        ),
+        "sample_device_gpu": (
+            ["sample", trained / "checkpoint.pt", "--device", "gpu"],
+            ["device", "expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"],
+        ),
+        # --group-size 1 would stop a run that took "yes" (exit 2 naming --group-size, not --compile)
+        "compile_yes": (
+            ["train", "--compile", "yes", "--group-size", "1"],
+            ["--compile", "true or false", "'yes'"],
+        ),
+        "amp_1": (["train", "--amp", "1", "--group-size", "1"], ["--amp", "true or false", "'1'"]),
+    }[mistake]
+    assert run(argv) == 2
+    _one_line_error(capsys, *needles)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_booleans_are_true_or_false_in_any_case():
+    for text, value in (("true", True), ("False", False), ("TRUE", True)):
+        assert parser().parse_args(["train", "--compile", text]).compile is value

@@ -75,7 +75,9 @@ def test_the_ladder_adds_one_part_at_a_time_and_ends_at_dapo():
 
 
 def test_quick_ablation_runs_from_one_warm_up(tmp_path, capsys):
-    text = _ablation().main(["--quick", "--out", str(tmp_path)])
+    ablation = _ablation()
+    ablation.QUICK = {**ablation.QUICK, "device": "cpu"}  # not "auto": the same run with or without CUDA
+    text = ablation.main(["--quick", "--out", str(tmp_path)])
     assert text in capsys.readouterr().out
     table = [line for line in text.splitlines() if line.startswith("| ")][2:]
     assert [line.split(" | ")[0] for line in table] == ["| GRPO", "| + overlong filtering"]

@@ -138,7 +138,7 @@ def _tiny_rl_trainer(**kw):
     from refimpl.lm.train import Trainer
 
     config = dict(
-        n_layer=1, n_head=2, n_embd=16, prompts_per_step=4, group_size=4, micro_batch_size=5,
+        device="cpu", n_layer=1, n_head=2, n_embd=16, prompts_per_step=4, group_size=4, micro_batch_size=5,
         minibatches=2, inner_epochs=1, eval_size=16, lr=1e-2, reward="partial",
     )
     trainer = Trainer(TrainConfig(**{**config, **kw}))

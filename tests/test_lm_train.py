@@ -12,6 +12,7 @@ import torch
 
 from refimpl import losses
 from refimpl.lm.checkpoint import load_checkpoint
+from refimpl.lm.model import GPT, KVCache
 from refimpl.lm.recipes import RECIPES
 from refimpl.lm.rollout import policy_logprobs, response_logits
 from refimpl.lm.run import run_training
@@ -20,6 +21,7 @@ from refimpl.lm.train import LOSS_NAMES, NonFiniteLossError, TrainConfig, Traine
 
 def tiny(**kw) -> TrainConfig:
     base = dict(
+        device="cpu",
         steps=2,
         n_layer=1,
         n_head=2,
@@ -406,11 +408,17 @@ def test_every_config_field_has_a_validation_rule():
     assert list(_FIELD_RULES) == [f.name for f in dataclasses.fields(TrainConfig)]
 
 
-def test_dynamic_sampling_keeps_only_groups_with_signal():
+def test_dynamic_sampling_keeps_only_groups_with_signal(monkeypatch):
     trainer = rl_trainer(loss="dapo", reward="exact", overlong_cache_len=0, max_sampling_rounds=2)
+    rows = []
+    real_forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **k: rows.append(len(idx)) or real_forward(
+        self, idx, *a, **k))
     batch = trainer.collect()  # an untrained model: every exact reward is 0, no group has signal
     assert len(batch) == 0 and batch.kept_fraction == 0.0
     assert trainer.update(batch) == {"optimizer_steps_skipped": True}
+    # sampling ran (rows of 16 prompts); no forward pass of an empty batch (CUDA's attention fails there)
+    assert rows and 0 not in rows
     trainer = rl_trainer(loss="dapo", reward="partial", overlong_cache_len=0)
     batch = trainer.collect()
     rewards = batch.rewards.view(-1, trainer.config.group_size)
@@ -555,3 +563,61 @@ def test_magistral_normalises_each_optimizer_minibatch(monkeypatch):
             var / (var + 1e-6), rel=1e-5, abs=0.0
         )
     assert not torch.equal(seen[0][0].sort().values, seen[1][0].sort().values)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_model_takes_an_empty_batch_where_attention_returns_none(cached, monkeypatch):
+    """On CUDA (torch 2.11) ``F.scaled_dot_product_attention`` returns None for an empty batch
+    (the CPU returns an empty tensor): imitated here, the model still gives empty logits."""
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **k: None if len(q) == 0 else real(
+        q, *a, **k))
+    trainer = rl_trainer()
+    model, empty = trainer.model, torch.zeros(0, 5, dtype=torch.long)
+    cache = KVCache(model.config, 0, 8, "cpu", torch.float32) if cached else None
+    logits = model(empty, cache=cache)
+    assert logits.shape == (0, 5, model.config.vocab_size) and logits.dtype == torch.float32
+    assert model(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, model.config.vocab_size)
+
+
+@pytest.mark.auto_device
+@pytest.mark.parametrize("cuda", [False, True])
+def test_auto_device_is_cuda_where_present_else_the_cpu(cuda, monkeypatch):
+    """device="auto" on purpose, with CUDA imitated present and absent."""
+    from refimpl.lm.train import auto_device, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert auto_device() == ("cuda" if cuda else "cpu")
+    assert resolve_device("auto") == torch.device("cuda:0" if cuda else "cpu")
+    if not cuda:
+        assert Trainer(tiny(device="auto")).device == torch.device("cpu")
+
+
+def _as_if_sampled_on_cuda(state: dict) -> dict:
+    """``state`` with a CUDA sampling generator's state (Philox: 16 bytes, seed and offset) in place
+    of the CPU one's, as a run on a GPU saves it."""
+    split = state["rng_split"]
+    rng = [torch.cat([r[:split], torch.zeros(16, dtype=torch.uint8)]) for r in state["rng"]]
+    return {**state, "rng": rng, "device": "cuda:0"}
+
+
+def test_a_checkpoint_of_another_device_type_evaluates_but_does_not_resume(tmp_path):
+    """A checkpoint written on a GPU evaluates and samples on the CPU (weights only); resuming it
+    there, which exact resume cannot do, is one line naming both devices."""
+    from refimpl.lm.checkpoint import save_checkpoint
+    from refimpl.lm.run import RunError
+    from refimpl.lm.saved import evaluate_checkpoint, sample_checkpoint
+
+    assert run_training(tiny(steps=1), tmp_path / "run", progress=False, plot=False) == 0
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert state["device"] == "cpu"
+    gpu = save_checkpoint(tmp_path / "gpu.pt", _as_if_sampled_on_cuda(state))
+    assert evaluate_checkpoint(gpu, device="cpu") == evaluate_checkpoint(tmp_path / "run" / "checkpoint.pt",
+                                                                         device="cpu")
+    assert len(sample_checkpoint(gpu, n=2, device="cpu")) == 3
+    message = "its sampling generator ran on cuda:0, this run on cpu; exact resume needs the device type it"
+    with pytest.raises(RunError, match=rf"^--resume: checkpoint: {message} was saved on$"):
+        run_training(None, tmp_path / "resumed", resume=gpu, progress=False, plot=False)

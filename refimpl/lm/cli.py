@@ -43,11 +43,10 @@ def _option(name: str) -> str:
 
 
 def _bool(text: str) -> bool:
+    """``true`` or ``false`` (any case: ``True`` as the help's defaults print it), nothing else."""
     lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
+    if lowered in ("true", "false"):
+        return lowered == "true"
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
@@ -149,6 +148,43 @@ def _error(message: str) -> int:
     return 2
 
 
+def invoked_program() -> str:
+    """The command that started this ``refimpl``, as a shell runs it again from the same folder:
+    the console script as it was invoked (``.venv/bin/refimpl``; ``refimpl`` where PATH finds that
+    same file), ``PYTHON -m refimpl``, or ``torchrun --nproc-per-node N -m refimpl`` for a
+    multi-process run. Embedded (``main()`` called by another program): this interpreter's
+    ``-m refimpl``."""
+    import os
+    import shlex
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # torchrun: exact resume needs the same number of processes
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        nodes = f" --nnodes {world // local}" if local != world else ""
+        return f"torchrun{nodes} --nproc-per-node {local} -m refimpl"
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("refimpl", "refimpl.__main__"):
+        typed = getattr(sys, "orig_argv", [sys.executable])[0]
+        return f"{_as_typed(typed, sys.executable)} -m refimpl"
+    script = sys.argv[0] if sys.argv else ""
+    if os.path.basename(script) == "refimpl" and os.path.isfile(script):
+        return _as_typed("refimpl", script)
+    return f"{shlex.quote(sys.executable)} -m refimpl"
+
+
+def _as_typed(short: str, path: str) -> str:
+    """``short`` where the shell's PATH (or the folder, for a relative path) finds the file
+    ``path`` under it; else ``path`` itself, quoted for the shell."""
+    import os
+    import shlex
+    import shutil
+
+    found = shutil.which(short)
+    if found is not None and os.path.exists(path) and os.path.samefile(found, path):
+        return shlex.quote(short)
+    return shlex.quote(path)
+
+
 def _train(args: argparse.Namespace) -> int:
     from refimpl.lm.run import RunError, run_training
     from refimpl.lm.train import TrainConfig
@@ -183,6 +219,8 @@ def _train(args: argparse.Namespace) -> int:
             init_from=args.init_from,
             progress=output,
             steps_override=given.get("steps") if args.resume is not None else None,
+            overwrite=args.overwrite,
+            program=invoked_program(),
         )
     except RunError as err:
         return _error(str(err))
@@ -224,9 +262,17 @@ def _compare(args: argparse.Namespace) -> int:
     for run_dir in args.runs:
         if not (Path(run_dir) / "metrics.jsonl").is_file():
             return _error(f"RUN_DIR: {run_dir} holds no metrics.jsonl (give folders of refimpl train)")
+    from refimpl.lm.plots import image_formats
+
     out = Path(args.out)
     if out.is_dir():
         return _error(f"--out: {out} is a folder; give a .png file name")
+    formats = image_formats()
+    if out.suffix.lower().lstrip(".") not in formats:
+        return _error(
+            f"--out: {out} is not an image file name (give one ending in .png, or any of "
+            f"{', '.join('.' + f for f in formats)})"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     compare_runs(args.runs, out)
     print(f"plot: {out}")
@@ -256,6 +302,12 @@ def register(subparsers) -> None:
         default=None,
         metavar="CKPT",
         help="start RL from the policy of a checkpoint (e.g. a saved warm-up), skipping the warm-up",
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (its metrics, checkpoint, config, summary and plot are "
+        "deleted first); without it such a folder is refused",
     )
     train.add_argument("--quiet", action="store_true", help="print only the closing summary")
     train.set_defaults(func=_train)

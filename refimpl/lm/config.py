@@ -15,7 +15,7 @@ from refimpl import losses
 from refimpl.lm.recipes import RECIPES, ZERO_SIGNAL_MODES, resolve_recipe
 from refimpl.lm.tasks import TASKS
 
-__all__ = ["TrainConfig", "GROUP_PRESETS", "LOSS_NAMES", "LOSS_ALIASES"]
+__all__ = ["TrainConfig", "GROUP_PRESETS", "LOSS_NAMES", "LOSS_ALIASES", "check_device"]
 
 # Losses trained with group advantages, and all of them; "ppo_rlhf" is PPO-RLHF (value head, GAE, KL
 # in the reward), named so that it is not mistaken for the clipped loss preset
@@ -125,17 +125,22 @@ class TrainConfig:
             except ValueError as err:
                 names = [n for n in ("eps_high", "aggregation") if getattr(self, n) is not None]
                 raise ValueError(f"{'/'.join(names)}: not valid for loss {self.loss!r} ({err})") from None
-        try:
-            torch.device(self.device if self.device != "auto" else "cpu")
-        except RuntimeError:
-            raise ValueError(
-                f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
-            ) from None
+        check_device(self.device)
 
     @property
     def is_rlhf(self) -> bool:
         """PPO-RLHF (value head, KL in the reward, GAE)."""
         return RECIPES[self.loss].rlhf
+
+
+def check_device(name: str) -> None:
+    """``name`` is "auto" (CUDA when present) or a device torch knows ("cpu", "cuda", "cuda:N"):
+    else a one-line ``ValueError`` naming ``device`` (torch's own message lists every device type
+    it was built for)."""
+    try:
+        torch.device(name if name != "auto" else "cpu")
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
 
 
 # Each field's kind and allowed values: (type, minimum, maximum, choices); None = no bound. A float

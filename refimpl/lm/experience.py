@@ -135,7 +135,8 @@ def score(model: GPT, ref_model: GPT | None, ro: Rollout, config, rlhf: bool) ->
     c = config
     device = ro.prompts.device
     old, ref, val = [], [], []
-    for idx in torch.arange(ro.prompts.shape[0], device=device).split(c.micro_batch_size):
+    rows = torch.arange(ro.prompts.shape[0], device=device)
+    for idx in rows.split(c.micro_batch_size) if len(rows) else ():  # no forward pass of an empty batch
         prompts, responses = ro.prompts[idx], ro.responses[idx]
         topk = None if ro.topk_indices is None else ro.topk_indices[idx]
         with autocast(device, c.amp):

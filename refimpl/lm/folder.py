@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = ["RunError", "RunFolder", "prepare_folder", "DEFAULT_OUT"]
 
@@ -43,8 +44,13 @@ class RunFolder:
     def config(self) -> Path:
         return self.root / "config.json"
 
+    def files(self) -> list[Path]:
+        """The run's files present in the folder (nothing else in it is the run's)."""
+        paths = (self.metrics, self.checkpoint, self.config, self.summary, self.plot)
+        return [path for path in paths if path.is_file()]
 
-def _records_until(path: Path, state: dict) -> list[str]:
+
+def _records_until(path: Path, state: dict, overwrite: bool = False) -> list[str]:
     """The lines of ``path`` logged up to the checkpoint ``state`` (later ones will be logged
     again); ``RunError`` if any record belongs to another run."""
     kept = []
@@ -55,7 +61,7 @@ def _records_until(path: Path, state: dict) -> list[str]:
         if rec.get("run") != state["run_id"]:
             raise RunError(
                 f"--out: {path} holds metrics of another run ({rec.get('run')!r}, this checkpoint is run "
-                f"{state['run_id']!r}); give a fresh --out"
+                f"{state['run_id']!r}); give a fresh --out, or --overwrite to replace that run"
             )
         if rec.get("phase") == "sft" and rec.get("sft_step", 0) <= state["sft_step"]:
             kept.append(line)
@@ -64,19 +70,43 @@ def _records_until(path: Path, state: dict) -> list[str]:
     return kept
 
 
-def prepare_folder(out_dir, resume, state: dict | None) -> tuple[RunFolder, list[str]]:
+class Prepared(NamedTuple):
+    """``prepare_folder``'s answer: the folder, the metrics lines the run starts with, and the
+    files of another run to delete before it writes (``--overwrite``)."""
+
+    folder: RunFolder
+    metrics_lines: list[str]
+    replaced: list[Path]
+
+
+def prepare_folder(out_dir, resume, state: dict | None, overwrite: bool = False) -> Prepared:
     """The output folder: ``out_dir``, else the resumed checkpoint's own folder, else
-    ``DEFAULT_OUT``; and the metrics lines it starts with. A resumed run continues its metrics
-    (copied from the checkpoint's folder into a fresh ``out_dir``); another run's metrics are
-    never mixed in (``RunError``)."""
+    ``DEFAULT_OUT``; the metrics lines it starts with; the files it replaces. A folder holding
+    another run is refused (``RunError`` naming ``--resume`` and ``--overwrite``) unless
+    ``overwrite``: nothing is overwritten without being asked. A resumed run continues its metrics
+    (copied from the checkpoint's folder into a fresh ``out_dir``, or continued in an ``out_dir``
+    that already holds this run's)."""
     if out_dir is None:
         out_dir = Path(resume).parent if resume is not None else DEFAULT_OUT
     folder = RunFolder(Path(out_dir))
     if folder.root.exists() and not folder.root.is_dir():
         raise RunError(f"--out: {folder.root} is a file, not a folder")
+    present = folder.files()
     if state is None:
-        return folder, []
-    if folder.metrics.is_file():
-        return folder, _records_until(folder.metrics, state)
+        if present and not overwrite:
+            raise RunError(
+                f"--out: {folder.root} holds a run ({', '.join(p.name for p in present)}); continue it with "
+                f"--resume {folder.checkpoint}, or replace it with --overwrite"
+            )
+        return Prepared(folder, [], present)
+    own = folder.root.resolve() == Path(resume).resolve().parent
+    if folder.metrics.is_file() and (own or not overwrite):
+        return Prepared(folder, _records_until(folder.metrics, state), [])
+    if present and not own and not overwrite:
+        raise RunError(
+            f"--out: {folder.root} holds files of a run ({', '.join(p.name for p in present)}) but no "
+            f"metrics of this one; resume into a fresh --out, or replace them with --overwrite"
+        )
     source = Path(resume).parent / "metrics.jsonl"
-    return folder, (_records_until(source, state) if source.is_file() else [])
+    lines = _records_until(source, state) if source.is_file() else []
+    return Prepared(folder, lines, [] if own else present)

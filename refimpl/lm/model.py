@@ -84,7 +84,7 @@ class CausalSelfAttention(nn.Module):
         if self.rope:
             q, k = _rotate(q, positions), _rotate(k, positions)
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = _attention(q, k, v, is_causal=True)
         else:
             start = cache.pos
             cache.keys[self.layer, :, :, start : start + t] = k
@@ -93,8 +93,17 @@ class CausalSelfAttention(nn.Module):
             v = cache.values[self.layer, :, :, : start + t]
             # Query i (absolute position start + i) sees keys 0 .. start + i.
             allowed = torch.arange(start + t, device=x.device)[None, :] <= positions[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            y = _attention(q, k, v, attn_mask=allowed)
         return self.proj(y.transpose(1, 2).reshape(n, t, c))
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` of ``q, k, v [N, H, T, D]``; for an empty batch (N = 0)
+    the empty result itself: on CUDA (torch 2.11) the fused kernel returns None there, where the
+    CPU returns an empty tensor."""
+    if q.shape[0] == 0:
+        return q.new_zeros(q.shape[:-1] + v.shape[-1:])
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 class Block(nn.Module):

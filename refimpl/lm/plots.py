@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["read_metrics", "plot_metrics", "compare_runs"]
+__all__ = ["read_metrics", "plot_metrics", "compare_runs", "image_formats"]
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -21,6 +21,14 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def image_formats() -> tuple[str, ...]:
+    """The file suffixes (without the dot) that the plots can be written as: matplotlib's Agg
+    canvas formats (png, pdf, svg, ...)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return tuple(sorted(FigureCanvasAgg.get_supported_filetypes()))
 
 
 def _curve(ax, rows, x, key, label, **style) -> None:

@@ -52,20 +52,25 @@ def run_training(
     progress: bool | str = True,
     steps_override: int | None = None,
     plot: bool = True,
+    overwrite: bool = False,
+    program: str | None = None,
 ) -> int:
     """The whole job: warm-up until the held-out sampled accuracy target, then ``steps`` RL
     steps, then a summary. ``out_dir`` defaults to the resumed checkpoint's folder, else
-    ``runs/train``. ``init_from``: a checkpoint whose policy starts RL (no warm-up).
+    ``runs/train``; a folder holding another run is refused unless ``overwrite`` (its run files
+    are then deleted first). ``init_from``: a checkpoint whose policy starts RL (no warm-up).
     ``progress``: ``True`` (bar on a terminal, periodic lines otherwise), ``False`` /
-    ``"quiet"`` (the closing summary only), or ``"bar"`` / ``"lines"``. Returns an exit code:
-    0 done, 1 non-finite loss or gradient (last good checkpoint kept), 130 interrupted
-    (checkpoint saved). A run that cannot start raises ``RunError`` before any work."""
-    start = check_start(config, out_dir, resume, init_from, steps_override)  # refusals, before any work
+    ``"quiet"`` (the closing summary only), or ``"bar"`` / ``"lines"``. ``program``: the command
+    that runs ``refimpl`` in the Ctrl-C line's resume command (default ``PYTHON -m refimpl``, this
+    interpreter). Returns an exit code: 0 done, 1 non-finite loss or gradient (last good checkpoint
+    kept), 130 interrupted (checkpoint saved). A run that cannot start raises ``RunError`` before
+    any work. Wall and CPU time (metrics, summary) continue those of a resumed run."""
+    start = check_start(config, out_dir, resume, init_from, steps_override, overwrite)  # before any work
     started_here = dist_lib.init_from_env(resolve_device(start.config.device))
     try:
         trainer = build_trainer(start)
         with _InterruptFlag() as interrupt:
-            run = Run(trainer, start.folder, _output_mode(progress), interrupt)
+            run = Run(trainer, start.folder, _output_mode(progress), interrupt, start.elapsed)
             try:
                 if trainer.phase == "sft":
                     warmup_phase(run)
@@ -75,7 +80,7 @@ def run_training(
             except NonFiniteLossError as err:
                 return stop_non_finite(run, err)
             except _StopRequested:  # between steps: the state is consistent, save it
-                return stop_interrupted(run)
+                return stop_interrupted(run, program)
         finish(run, plot)
         return 0
     finally:
@@ -89,7 +94,9 @@ def run_training(
 
 class Start(NamedTuple):
     """What ``check_start`` found: the config (the resumed one with ``--resume``), the resumed and
-    ``--init-from`` states with their paths, the output folder and the metrics it starts with."""
+    ``--init-from`` states with their paths, the output folder, the metrics it starts with, the
+    files of another run it replaces (``--overwrite``) and the wall and CPU seconds already spent
+    (a resumed run's)."""
 
     config: TrainConfig
     state: dict | None
@@ -98,11 +105,14 @@ class Start(NamedTuple):
     init_from: Path | None
     folder: RunFolder
     metrics_lines: list[str]
+    replaced: list[Path]
+    elapsed: tuple[float, float]
 
 
-def check_start(config, out_dir, resume, init_from, steps_override) -> Start:
+def check_start(config, out_dir, resume, init_from, steps_override, overwrite=False) -> Start:
     """Everything that can refuse a run, before any work (``RunError``, one line): the resumed
-    state and config, the device, the output folder and the metrics lines it starts with."""
+    state and config, the device, the output folder (``prepare_folder``) and the metrics lines it
+    starts with."""
     state = init_state = None
     if resume is not None:
         state, config = _load_for("--resume", resume)
@@ -114,8 +124,20 @@ def check_start(config, out_dir, resume, init_from, steps_override) -> Start:
         resolve_device(config.device)
     except (RuntimeError, ValueError) as err:
         raise RunError(first_line(err)) from None  # "device: 'cuda' requested but CUDA is not available"
-    folder, metrics_lines = prepare_folder(out_dir, resume, state)
-    return Start(config, state, resume, init_state, init_from, folder, metrics_lines)
+    folder, metrics_lines, replaced = prepare_folder(out_dir, resume, state, overwrite)
+    elapsed = (0.0, 0.0) if state is None else elapsed_until(state, metrics_lines)
+    return Start(config, state, resume, init_state, init_from, folder, metrics_lines, replaced, elapsed)
+
+
+def elapsed_until(state: dict, metrics_lines: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds a run had spent when ``state`` was saved: stored with it, or (a
+    checkpoint written before they were) those of the last metrics record up to it."""
+    if "elapsed" in state:
+        return float(state["elapsed"]["wall_time"]), float(state["elapsed"]["cpu_time"])
+    if metrics_lines:
+        last = json.loads(metrics_lines[-1])
+        return float(last.get("wall_time", 0.0)), float(last.get("cpu_time", 0.0))
+    return 0.0, 0.0
 
 
 def _load_for(option: str, path) -> tuple[dict, TrainConfig]:
@@ -138,6 +160,8 @@ def build_trainer(start: Start) -> Trainer:
         raise RunError(f"{'--resume' if start.state is not None else '--init-from'}: {err}") from None
     if trainer.rank == 0:
         folder = start.folder
+        for path in start.replaced:  # --overwrite: the other run's files go before this run writes
+            path.unlink(missing_ok=True)
         folder.root.mkdir(parents=True, exist_ok=True)
         folder.config.write_text(json.dumps(dataclasses.asdict(start.config), indent=2) + "\n")
         folder.metrics.write_text("".join(f"{line}\n" for line in start.metrics_lines))
@@ -190,24 +214,32 @@ class _InterruptFlag:
 
 
 class Run:
-    """One run's trainer, folder, clocks and output; the phases below use it."""
+    """One run's trainer, folder, clocks and output; the phases below use it. The clocks count
+    from ``elapsed`` (wall and CPU seconds spent before: a resumed run's), so a run's times are
+    cumulative over its resumes."""
 
-    def __init__(self, trainer: Trainer, folder: RunFolder, output: str, interrupt: _InterruptFlag):
+    def __init__(
+        self,
+        trainer: Trainer,
+        folder: RunFolder,
+        output: str,
+        interrupt: _InterruptFlag,
+        elapsed: tuple[float, float] = (0.0, 0.0),
+    ):
         from refimpl.lm.progress import Progress
 
         self.trainer, self.folder, self.interrupt = trainer, folder, interrupt
         self.config = trainer.config
         self.main = trainer.rank == 0
         self.progress = Progress(self.config, output if self.main else "quiet")
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.wall0, self.cpu0 = time.perf_counter() - elapsed[0], time.process_time() - elapsed[1]
+
+    def clocks(self) -> dict:
+        """``wall_time`` and ``cpu_time``: seconds since the run started, its resumes included."""
+        return {"wall_time": time.perf_counter() - self.wall0, "cpu_time": time.process_time() - self.cpu0}
 
     def log(self, record: dict) -> None:
-        record = {
-            **record,
-            "run": self.trainer.run_id,
-            "wall_time": time.perf_counter() - self.wall0,
-            "cpu_time": time.process_time() - self.cpu0,
-        }
+        record = {**record, "run": self.trainer.run_id, **self.clocks()}
         if self.main:
             with self.folder.metrics.open("a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -215,7 +247,7 @@ class Run:
     def save(self) -> None:
         state = self.trainer.state_dict()  # collective (gathers every rank's RNG)
         if self.main:
-            save_checkpoint(self.folder.checkpoint, state)
+            save_checkpoint(self.folder.checkpoint, {**state, "elapsed": self.clocks()})
 
     def check_interrupt(self) -> None:
         if self.interrupt.any_rank(self.trainer.device):
@@ -274,8 +306,7 @@ def finish(run: Run, plot: bool) -> dict:
         **{f"warmup_{k}": v for k, v in trainer.warmup_eval.items()},
         **{f"final_{k}": v for k, v in trainer.evaluate().items()},
         "steps": trainer.step,
-        "wall_time": time.perf_counter() - run.wall0,
-        "cpu_time": time.process_time() - run.cpu0,
+        **run.clocks(),
     }
     if run.main:
         run.folder.summary.write_text(json.dumps(summary, indent=2) + "\n")
@@ -292,14 +323,14 @@ def stop_non_finite(run: Run, err: NonFiniteLossError) -> int:
     return 1
 
 
-def stop_interrupted(run: Run) -> int:
+def stop_interrupted(run: Run, program: str | None = None) -> int:
     """Ctrl-C between steps: save a checkpoint and print the command that continues. Exit code 130."""
     run.progress.close()
     run.save()
     if run.main:
         print(
             f"interrupted: checkpoint saved to {run.folder.checkpoint}; continue with: "
-            f"{resume_command(run.folder.checkpoint)}",
+            f"{resume_command(run.folder.checkpoint, program)}",
             file=sys.stderr,
         )
     return 130
@@ -309,9 +340,12 @@ def _title(config: TrainConfig) -> str:
     return f"{config.task}, loss {config.loss}, seed {config.seed}"
 
 
-def resume_command(checkpoint: Path) -> str:
-    """The command that continues a run from ``checkpoint`` (in the checkpoint's own folder)."""
-    return f"refimpl train --resume {shlex.quote(str(checkpoint))}"
+def resume_command(checkpoint: Path, program: str | None = None) -> str:
+    """The command that continues a run from ``checkpoint`` (in the checkpoint's own folder):
+    ``program`` (the command that runs ``refimpl``; default this interpreter's ``-m refimpl``)
+    followed by ``train --resume CHECKPOINT``."""
+    program = program or f"{shlex.quote(sys.executable)} -m refimpl"
+    return f"{program} train --resume {shlex.quote(str(checkpoint))}"
 
 
 def _output_mode(progress: bool | str) -> str:

@@ -39,19 +39,27 @@ _STATE_TYPES = {
     "warmup_eval": dict,
     "run_id": str,
 }
+# entries a checkpoint holds when written by a version that stores them
+_OPTIONAL_TYPES = {"device": str, "elapsed": dict}
 
 
 def load_run_state(path) -> tuple[dict, TrainConfig]:
     """A checkpoint's run state and its config, checked: every entry present with its type, and
     the config valid. Errors are one-line ``ValueError``s naming the file."""
     state = load_checkpoint(path)
-    for key, kind in _STATE_TYPES.items():
+    optional = {key: kind for key, kind in _OPTIONAL_TYPES.items() if key in state}
+    for key, kind in {**_STATE_TYPES, **optional}.items():
         if not isinstance(state.get(key), kind):
             found = type(state.get(key)).__name__ if key in state else "nothing"
             raise ValueError(
                 f"checkpoint: {path} holds a malformed run state ({key}: expected {kind.__name__}, "
                 f"found {found})"
             )
+    clocks = state.get("elapsed", {"wall_time": 0.0, "cpu_time": 0.0})
+    if set(clocks) != {"wall_time", "cpu_time"} or not all(
+        isinstance(v, float) and v >= 0 for v in clocks.values()
+    ):
+        raise ValueError(f"checkpoint: {path} holds a malformed run state (elapsed: {clocks!r})")
     try:
         config = TrainConfig(**state["config"])
     except (TypeError, ValueError) as err:
@@ -59,11 +67,12 @@ def load_run_state(path) -> tuple[dict, TrainConfig]:
     return state, config
 
 
-def restore_trainer(trainer: Trainer, state: dict, path) -> None:
-    """``trainer.load_state_dict(state)`` with every failure (missing weights, wrong shapes, a
-    broken optimizer state) a one-line ``ValueError`` naming the file."""
+def restore_trainer(trainer: Trainer, state: dict, path, rng: bool = True) -> None:
+    """``trainer.load_state_dict(state, rng)`` with every failure (missing weights, wrong shapes, a
+    broken optimizer state) a one-line ``ValueError`` naming the file. ``rng=False``: evaluate or
+    sample it on any device (the run's random streams are not restored)."""
     try:
-        trainer.load_state_dict(state)
+        trainer.load_state_dict(state, rng=rng)
     except ValueError as err:
         if str(err).startswith("checkpoint:"):
             raise
@@ -84,7 +93,7 @@ def evaluate_checkpoint(path, device: str = "auto") -> dict:
     state, config = load_run_state(path)
     config = dataclasses.replace(config, device=device)
     trainer = Trainer(config)
-    restore_trainer(trainer, state, path)
+    restore_trainer(trainer, state, path, rng=False)
     result = trainer.evaluate()
     result.update(phase=trainer.phase, step=trainer.step, warmup_steps=trainer.sft_step, task=config.task)
     return result
@@ -117,7 +126,7 @@ def sample_checkpoint(path, n: int = 8, seed: int = 0, device: str = "auto") -> 
         raise ValueError(f"--n: expected a positive integer, got {n}")
     state, config = load_run_state(path)
     trainer = Trainer(dataclasses.replace(config, device=device))
-    restore_trainer(trainer, state, path)
+    restore_trainer(trainer, state, path, rng=False)
     problems = trainer.eval_set.index(torch.arange(min(n, len(trainer.eval_set)), device=trainer.device))
     trainer.model.eval()
     with torch.no_grad():

@@ -36,7 +36,7 @@ from refimpl.kl import kl_k3
 from refimpl.lm import distributed as dist_lib
 from refimpl.lm.batch import RolloutBatch, group_advantages_for, minibatch_std_normalise
 from refimpl.lm.checkpoint import check_model_config
-from refimpl.lm.config import GROUP_PRESETS, LOSS_NAMES, TrainConfig  # re-exported
+from refimpl.lm.config import GROUP_PRESETS, LOSS_NAMES, TrainConfig, check_device  # first three re-exported
 from refimpl.lm.experience import autocast, draw_groups, rlhf_advantages, sample_groups, score
 from refimpl.lm.metrics import StepSums, UpdateMetrics
 from refimpl.lm.model import GPT, GPTConfig, frozen_copy
@@ -50,6 +50,7 @@ __all__ = [
     "Trainer",
     "NonFiniteLossError",
     "resolve_device",
+    "auto_device",
     "GROUP_PRESETS",
     "LOSS_NAMES",
 ]
@@ -60,10 +61,17 @@ class NonFiniteLossError(RuntimeError):
     good checkpoint is kept."""
 
 
+def auto_device() -> str:
+    """What ``device="auto"`` means: ``"cuda"`` when torch sees a CUDA device, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_device(name: str) -> torch.device:
-    """``"auto"``: the first CUDA device when present, else the CPU."""
+    """The device named by ``name`` (``check_device``): ``"auto"`` is ``auto_device()``; a CUDA
+    device without an index is the current one (the rank's own under torchrun)."""
+    check_device(name)
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = auto_device()
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {name!r} requested but CUDA is not available")
@@ -447,15 +455,25 @@ class Trainer:
             "last_eval": dict(self.last_eval),
             "warmup_eval": dict(self.warmup_eval),
             "run_id": self.run_id,
+            "device": str(self.device),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state_dict()``'s output (the same number of ranks)."""
+    def load_state_dict(self, state: dict, rng: bool = True) -> None:
+        """Continue from ``state_dict()``'s output (the same number of ranks, and a device of the
+        type that sampled: a CUDA generator's state is not a CPU one's). ``rng=False``: the
+        weights, optimizer and counters only, on any device (evaluating or sampling a checkpoint);
+        the random streams are left alone."""
         check_model_config(state["model_config"], self.model_config.to_dict())
-        if len(state["rng"]) != self.world_size:
+        if rng and len(state["rng"]) != self.world_size:
             raise ValueError(
                 f"checkpoint: saved by {len(state['rng'])} ranks, resumed with {self.world_size}; "
                 "exact resume needs the same number of ranks"
+            )
+        split = int(state["rng_split"])
+        if rng and state["rng"][self.rank][split:].numel() != self.sample_gen.get_state().numel():
+            raise ValueError(
+                f"checkpoint: its sampling generator ran on {state.get('device', 'another device type')}, "
+                f"this run on {self.device}; exact resume needs the device type it was saved on"
             )
         self.model.load_state_dict(state["model"])
         self.phase, self.step, self.sft_step = state["phase"], int(state["step"]), int(state["sft_step"])
@@ -464,10 +482,11 @@ class Trainer:
             self.ref_model.load_state_dict(state["ref_model"])
         self.optimizer = self._new_optimizer(self.config.lr if self.phase == "rl" else self.config.sft_lr)
         self.optimizer.load_state_dict(state["optimizer"])
-        rng, split = state["rng"][self.rank], int(state["rng_split"])
-        self.data_gen.set_state(rng[:split].clone())
-        self.sample_gen.set_state(rng[split:].clone())
-        torch.set_rng_state(state["torch_rng"])
+        if rng:
+            streams = state["rng"][self.rank]
+            self.data_gen.set_state(streams[:split].clone())
+            self.sample_gen.set_state(streams[split:].clone())
+            torch.set_rng_state(state["torch_rng"])
         self.last_eval = dict(state["last_eval"])
         self.warmup_eval = dict(state["warmup_eval"])
         self.run_id = str(state["run_id"])
