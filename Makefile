@@ -46,8 +46,12 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
 
 # SEED=n picks the run's seed (default 0): make run SEED=1
+# A finished run in runs/main is kept and evaluated again; OVERWRITE=1 trains it anew (refimpl train
+# refuses to replace a run without --overwrite).
 run: $(STAMP)
-	$(BIN)/refimpl train --seed $(or $(SEED),0) --out runs/main
+	@if [ -f runs/main/summary.json ] && [ -z "$(OVERWRITE)" ]; then \
+	  echo "runs/main holds a finished run: evaluating it (make run OVERWRITE=1 trains it again)"; \
+	else $(BIN)/refimpl train --seed $(or $(SEED),0) --out runs/main $(if $(OVERWRITE),--overwrite); fi
 	$(BIN)/refimpl eval runs/main/checkpoint.pt
 
 # Every preset x seeds 0-2 with the trainer's defaults (tools/results.py); prints the README's table.

@@ -124,10 +124,12 @@ def summarise(rows: list[tuple[str, list[dict]]]) -> str:
 
 
 def _train(config: TrainConfig, run_dir: Path, init_from: Path | None = None) -> int:
-    """One ``refimpl train`` run into ``run_dir``, its closing summary kept in ``run_dir/log.txt``."""
+    """One ``refimpl train`` run into ``run_dir``, its closing summary kept in ``run_dir/log.txt``. Only
+    runs without a summary reach here: an interrupted run's files are replaced (``overwrite``)."""
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        code = run_training(config, run_dir, init_from=init_from, progress="quiet", plot=False)
+        code = run_training(config, run_dir, init_from=init_from, progress="quiet", plot=False,
+                            overwrite=True)
     (run_dir / "log.txt").write_text(log.getvalue())
     return code
 

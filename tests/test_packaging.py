@@ -33,7 +33,8 @@ def test_no_other_tracked_file_states_the_version():
     version = re.escape(refimpl.__version__)
     pattern = rf"(version|__version__)\s*[:=]\s*['\"]?{version}"
     tracked = subprocess.run(
-        ["git", "grep", "-l", "-i", "-E", pattern, "--", ":!*.json", ":!examples/"], cwd=ROOT, capture_output=True, text=True
+        ["git", "grep", "-l", "-i", "-E", pattern, "--", ":!*.json", ":!examples/"],
+        cwd=ROOT, capture_output=True, text=True,
     )
     if tracked.returncode not in (0, 1):  # 1: no match; anything else: not a git checkout
         pytest.skip(f"git grep unavailable: {tracked.stderr.strip()}")

@@ -45,9 +45,11 @@ def run_folder(out: Path, preset: str, seed: int) -> Path:
 
 
 def train_command(preset: str, seed: int, folder: Path, extra: Sequence[str]) -> list[str]:
-    """The ``refimpl train`` command line of one run (the same interpreter as this script)."""
+    """The ``refimpl train`` command line of one run (the same interpreter as this script). It runs only
+    where no summary exists, so a folder it finds holds an interrupted run, which it replaces
+    (``--overwrite``); finished runs are kept."""
     return [sys.executable, "-m", "refimpl", "train", "--loss", preset, "--seed", str(seed),
-            "--out", str(folder), "--quiet", *extra]
+            "--out", str(folder), "--quiet", "--overwrite", *extra]
 
 
 def run_one(preset: str, seed: int, out: Path, extra: Sequence[str]) -> dict:
