@@ -2,6 +2,11 @@
 rollout with the KV cache vs without it, and the RL update (forward + backward + AdamW on the
 policy loss) vs cached rollout. Run: ``python benchmarks/trainer.py [--device cuda] [--n 512]``.
 
+``python benchmarks/trainer.py --steps`` times whole RL steps (rollout, scoring, update) of the
+default trainer on the CPU and, when there is one, on CUDA, with ``compile`` off and on (the
+model's forward and the fused policy loss compiled; the first steps, which compile, are left
+out): seconds per step, best of ``--repeats``, and the ratio to the CPU without compilation.
+
 ``python benchmarks/trainer.py --threads`` measures the trainer's CPU thread count instead: a fixed
 slice of the main job (warm-up steps, then RL steps, default model) with 1 and 2 threads, on an
 otherwise idle machine and with a second CPU-bound process running, each in a fresh process;
@@ -103,6 +108,25 @@ def threads_table(sft_steps: int, rl_steps: int, repeats: int) -> None:
     )
 
 
+def steps_table(devices: list[str], repeats: int, warmup: int) -> None:
+    """Seconds per RL step of the default trainer (dapo, the main job's model and batch) for each
+    device, compile off and on."""
+    print(f"RL step of the default trainer (TrainConfig defaults, dynamic sampling off), best of {repeats} "
+          f"steps after {warmup} warm-up step(s); wall time, CUDA synchronised")
+    print(f"{'device':<8} {'compile':<8} {'s / step':>9} {'x cpu, no compile':>18}")
+    base = None
+    for device in devices:
+        for compiled in (False, True):
+            torch.manual_seed(0)
+            trainer = Trainer(TrainConfig(device=device, dynamic_sampling=False, compile=compiled))
+            trainer.finish_warmup()
+            for _ in range(warmup):
+                trainer.rl_step()
+            seconds = _best_time(trainer.rl_step, repeats, trainer.device)
+            base = seconds if base is None else base
+            print(f"{device:<8} {str(compiled):<8} {seconds:9.3f} {seconds / base:18.2f}", flush=True)
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         wall0, cpu0 = time.perf_counter(), time.process_time()  # all of this process's threads
@@ -117,11 +141,20 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", action="store_true", help="the 1-vs-2-threads table instead")
+    parser.add_argument("--steps", action="store_true",
+                        help="seconds per RL step on CPU and CUDA, compile off and on, instead")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="--steps: steps before timing")
     parser.add_argument("--sft-steps", type=int, default=30, help="--threads: warm-up steps measured")
     parser.add_argument("--rl-steps", type=int, default=2, help="--threads: RL steps measured")
     args = parser.parse_args()
     if args.threads:
         threads_table(args.sft_steps, args.rl_steps, args.repeats)
+        return
+    if args.steps:
+        both = args.device in ("auto", "cuda")  # the CPU as the baseline, then CUDA where there is one
+        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        devices = devices if both else [args.device]
+        steps_table(devices, args.repeats, args.warmup_steps)
         return
 
     # "sort" prompts are 7 tokens; a longer generation shows the cache's effect.

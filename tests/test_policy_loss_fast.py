@@ -1,0 +1,265 @@
+"""The fused fast path (``refimpl.losses.fused_policy``) against the eager reference ``policy_loss``.
+
+Both compute md eq. (12) (specs/policy_losses.md) from the same inputs in the same dtype; they
+differ only in the order of their roundings (a closed-form gradient instead of autograd's chain,
+fused loops instead of separate passes, and on the compiled path inductor's vectorised exp /
+expm1, within an ulp or two of ATen's). So the loss, every metric and every gradient agree to a
+few units of the compute dtype's roundoff ``u`` on the scale of the result: with ``K`` rounded
+elementwise operations per term and sums of ``n`` terms (n <= 48 here) the bound is
+``(K + n) u`` relative to the largest magnitude (``_TOLERANCE_ULPS`` = 64 units covers K <= 16),
+plus one rounding of the gradient to the input dtype ``u_in`` (bf16 / fp16 inputs). Errors must be
+the same ValueError / TypeError with the same message.
+
+Cases: every case class of the conformance kit (``policy_loss_cases``, micro-batches with the
+global normaliser, the golden vectors) for every preset, the kit's own checker on the fast path,
+and hypothesis batches for every part of the family (tests/test_policy_loss's variants, plus an
+exact per-token KL and an entropy bonus). The compiled path (``torch.compile``, inductor's C++
+backend on a CPU) runs every case class for GRPO with a KL term in CI (one compilation per dtype
+and normaliser kind: about 20-40 s on two cores) and for every preset under the thorough profile
+(HYPOTHESIS_PROFILE=thorough); it skips, saying so, where no C++ compiler is found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
+from refimpl.conformance.checks import check_policy_loss, resolve_preset
+from refimpl.conformance.conventions import Convention
+from refimpl.conformance.golden import golden_cases
+from refimpl.losses import GRPO, PRESETS, loss_normalizer, policy_loss
+from refimpl.losses.fused_policy import fused_policy_loss
+from tests.test_policy_loss import BOUNDARY_SAFE, loss_batches
+
+_TOLERANCE_ULPS = 64
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+HAS_CXX = any(shutil.which(cc) for cc in ("g++", "c++", "clang++"))
+
+
+def _outcome(fn, logp, old, adv, mask, v, **kwargs):
+    """(loss, {input: gradient}, metrics) of one call, or ("raises", type, message)."""
+    leaves = {"logp": logp.detach().clone().requires_grad_(True)}
+    for name in ("entropy", "kl"):
+        if kwargs.get(name) is not None:
+            leaves[name] = kwargs[name].detach().clone().requires_grad_(True)
+            kwargs[name] = leaves[name]
+    try:
+        loss, metrics = fn(leaves["logp"], old, adv, mask, v, **kwargs)
+    except (ValueError, TypeError) as error:
+        return ("raises", type(error), str(error))
+    (2.5 * loss).backward()  # a cotangent other than 1 reaches the backward pass
+    grads = {name: leaf.grad for name, leaf in leaves.items()}
+    return loss.detach(), grads, {k: m.detach() for k, m in metrics.items()}
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, what
+    g, e = got.double(), expected.double()
+    assert torch.equal(torch.isfinite(g), torch.isfinite(e)), f"{what}: {got} vs {expected}"
+    finite = torch.isfinite(e)
+    assert torch.equal(g[~finite], e[~finite]), f"{what}: {got} vs {expected}"
+    if finite.any():
+        scale = float(e[finite].abs().max()) + 1e-300
+        error = float((g[finite] - e[finite]).abs().max())
+        assert error <= _TOLERANCE_ULPS * u * scale, f"{what}: error {error / scale:.3g} x max |expected|"
+
+
+def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, **kwargs) -> None:
+    expected = _outcome(policy_loss, logp, old, adv, mask, v, **kwargs)
+    fast = lambda *a, **k: fused_policy_loss(*a, compile=compile, **k)  # noqa: E731
+    got = _outcome(fast, logp, old, adv, mask, v, **kwargs)
+    if expected[0] == "raises" or got[0] == "raises":
+        assert got == expected
+        return
+    u = torch.finfo(expected[0].dtype).eps  # the compute dtype, promote_types(logp.dtype, float32)
+    _close(got[0], expected[0], u, "loss")
+    assert got[1].keys() == expected[1].keys()
+    for name, grad in expected[1].items():
+        if grad is None:
+            assert got[1][name] is None, f"d loss / d {name} should not exist"
+            continue
+        u_in = torch.finfo(grad.dtype).eps
+        _close(got[1][name], grad, u + u_in / _TOLERANCE_ULPS, f"d loss / d {name}")
+    assert got[2].keys() == expected[2].keys()
+    for name, metric in expected[2].items():
+        _close(got[2][name], metric, u, f"metric {name}")
+
+
+def _kit_calls(v, golden_inputs_only: bool = False):
+    """(class, inputs, keywords) for every case of every class of the kit: micro-batch cases as
+    their parts with the full batch's normaliser, golden vectors with theirs (with
+    ``golden_inputs_only``, the inputs of the vectors of v without its KL term, plus reference
+    log-probs: the kit has vectors for variants without a KL term only)."""
+    for case in policy_loss_cases(v, Convention()):
+        ref = {"ref_logp": case.ref_logp} if case.ref_logp is not None and v.kl_coef > 0 else {}
+        parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
+        normalizer = None if case.micro_batches is None else loss_normalizer(case.mask, v)
+        for rows in parts:
+            r = list(rows)
+            yield case.case_class, (case.logp[r], case.old_logp[r], case.advantages[r], case.mask[r]), {
+                **{k: x[r] for k, x in ref.items()}, "normalizer": normalizer}
+    for golden in golden_cases(dataclasses.replace(v, kl_coef=0.0) if golden_inputs_only else v):
+        c = golden.case
+        ref = {"ref_logp": c.old_logp - 0.25} if v.kl_coef > 0 else {}
+        inputs = (c.logp, c.old_logp, c.advantages, c.mask)
+        yield "golden_vectors", inputs, {"normalizer": golden.normalizer, **ref}
+
+
+def _kit_variants(name: str):
+    """The preset as the kit runs it (with the golden vectors), and with a KL term (the kl_penalty
+    class; reference log-probs in every case)."""
+    return [resolve_preset(name)[1], resolve_preset(name, kl_coef=0.1)[1]]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_fast_path_equals_the_reference_on_every_case_class(name):
+    seen = set()
+    for v in _kit_variants(name):
+        for case_class, inputs, kwargs in _kit_calls(v):
+            assert_same_as_reference(v, *inputs, **kwargs)
+            seen.add(case_class)
+    assert seen == set(POLICY_CASE_CLASSES)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_fast_path_passes_the_conformance_kit(name):
+    _, v = resolve_preset(name, kl_coef=0.1)
+    report = check_policy_loss(lambda *a, **k: fused_policy_loss(*a, v, compile=False, **k), v)
+    assert report.ok, report.render()
+
+
+def _extras(v, logp: torch.Tensor, seed: int, exact_kl: bool) -> dict:
+    """Reference or behaviour log-probs, an exact per-token KL, an entropy, as v needs (entropy and
+    a KL given with a zero coefficient too: they enter the metrics only)."""
+    g = torch.Generator().manual_seed(seed)
+    noise = lambda: torch.randn(logp.shape, generator=g, dtype=torch.float64)  # noqa: E731
+    extras = {"entropy": torch.rand(logp.shape, generator=g, dtype=torch.float64)}
+    if exact_kl:
+        extras["kl"] = torch.rand(logp.shape, generator=g, dtype=torch.float64)
+    else:
+        extras["ref_logp"] = logp.nan_to_num(0.0) + 0.3 * noise()
+    if v.behavior_correction != "none":
+        extras["behavior_logp"] = -1.0 + 0.3 * noise()
+    return extras
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDARY_SAFE))
+@given(data=st.data())
+def test_fast_path_equals_the_reference_on_every_part_of_the_family(name, data):
+    v = BOUNDARY_SAFE[name]
+    if data.draw(st.booleans()):
+        v = dataclasses.replace(v, entropy_coef=0.25, kl_coef=max(v.kl_coef, 0.125))
+    logp, old, adv, mask, _ = data.draw(loss_batches(v))
+    extras = _extras(v, logp, data.draw(st.integers(0, 2**16)), exact_kl=data.draw(st.booleans()))
+    if data.draw(st.booleans()) and not (v.kl_scale == "sequence" and v.aggregation == "token_mean"):
+        extras["normalizer"] = data.draw(st.sampled_from([3.0, 7.5, torch.tensor(11.0)]))
+    assert_same_as_reference(v, logp, old, adv, mask, **extras)
+
+
+@settings(max_examples=10)
+@given(data=st.data())
+def test_fast_path_raises_what_the_reference_raises(data):
+    """The guards: a non-0/1 mask, NaN / inf at an unmasked position of each input, a normaliser
+    that is not > 0, an overflowing loss, and the argument checks."""
+    v = dataclasses.replace(GRPO, kl_coef=0.5, entropy_coef=0.5)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    old = -torch.rand(3, 4, generator=g, dtype=torch.float64)
+    f64 = functools.partial(torch.tensor, dtype=torch.float64)
+    inputs = {"logp": old + 0.1, "old_logp": old, "advantages": f64([1.0, -1.0, 0.5]),
+              "mask": f64([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]),
+              "ref_logp": old - 0.2, "entropy": torch.ones(3, 4, dtype=torch.float64), "normalizer": None}
+    broken = data.draw(st.sampled_from(["mask", "logp", "old_logp", "advantages", "ref_logp", "entropy",
+                                        "normalizer", "overflow", "shape", "type"]))
+    bad = data.draw(st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+    if broken == "mask":
+        inputs["mask"][1, 2] = 0.5
+    elif broken == "normalizer":
+        inputs["normalizer"] = data.draw(st.sampled_from([0.0, -1.0, bad, torch.tensor(0.0)]))
+    elif broken == "overflow":
+        inputs["logp"] = old + torch.tensor([[0.0, 800.0, 0.0, 0.0]] * 3, dtype=torch.float64)
+        inputs["advantages"] = -inputs["advantages"].abs()  # A <= 0: the open gate carries the ratio
+    elif broken == "shape":
+        inputs["ref_logp"] = inputs["ref_logp"][:, :3]
+    elif broken == "type":
+        inputs["normalizer"] = "7"
+    else:
+        x = inputs[broken].clone()
+        x.view(-1)[1] = bad  # row 0, token 1: unmasked
+        inputs[broken] = x
+    logp, old, adv, mask = (inputs.pop(k) for k in ("logp", "old_logp", "advantages", "mask"))
+    assert_same_as_reference(v, logp, old, adv, mask, **inputs)
+    assert _outcome(policy_loss, logp, old, adv, mask, v, **inputs)[0] == "raises"
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0), (0, 0)])
+def test_an_empty_batch_gives_what_the_reference_gives(shape):
+    for v in (GRPO, PRESETS["gspo"]):
+        x = torch.zeros(shape, dtype=torch.float64)
+        adv = torch.zeros(shape[:1], dtype=torch.float64)
+        assert_same_as_reference(v, x, x, adv, torch.zeros(shape, dtype=torch.bool))
+
+
+def test_entropy_and_kl_get_a_gradient_only_when_their_coefficient_is_positive():
+    logp = -torch.rand(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    extras = {"entropy": torch.rand(2, 3, dtype=torch.float64), "kl": torch.rand(2, 3, dtype=torch.float64)}
+    for v in (GRPO, dataclasses.replace(GRPO, kl_coef=0.5, entropy_coef=0.25)):
+        assert_same_as_reference(v, logp, logp - 0.1, adv, mask, **extras)  # None where the reference's is
+
+
+def test_results_stay_on_the_inputs_device_whatever_the_default_device():
+    """As tests/test_default_device.py for the public functions: under ``torch.device("meta")`` every
+    allocation that names no device goes to meta; the results must stay on the CPU and be equal."""
+    v = dataclasses.replace(GRPO, kl_coef=0.5)
+    logp = -torch.rand(3, 4, dtype=torch.float64)
+    mask = torch.rand(3, 4) > 0.3
+    args = (logp, logp - 0.1, torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64), mask, v)
+
+    def run():
+        x = args[0].clone().requires_grad_(True)
+        loss, metrics = fused_policy_loss(x, *args[1:], ref_logp=logp + 0.2, normalizer=4.0, compile=False)
+        loss.backward()
+        return [loss, x.grad, *metrics.values()]
+
+    plain = run()
+    with torch.device("meta"):
+        under_meta = run()
+    assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(plain, under_meta, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled path (inductor: C++ loops on a CPU)
+
+@pytest.mark.skipif(not HAS_CXX, reason="torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++)")
+@pytest.mark.parametrize("name", list(PRESETS) if THOROUGH else ["grpo"])
+def test_compiled_fast_path_equals_the_reference_on_every_case_class(name):
+    """Two graphs per variant in CI (float64, and float32 for the bf16 / fp16 classes): GRPO with a
+    KL term on the inputs of every class; every preset with and without it when thorough."""
+    seen = set()
+    for v in _kit_variants(name)[0 if THOROUGH else 1:]:
+        for case_class, inputs, kwargs in _kit_calls(v, golden_inputs_only=not THOROUGH):
+            assert_same_as_reference(v, *inputs, compile=True, **kwargs)
+            seen.add(case_class)
+    assert seen == set(POLICY_CASE_CLASSES)
+
+
+def test_a_seq_sum_max_length_below_a_sequence_length_raises():
+    """Dr. GRPO's L_max bounds every length (md eq. (11)); 1 is the un-normalised token sum."""
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    short = dataclasses.replace(PRESETS["dr_grpo"], max_length=2)
+    with pytest.raises(ValueError, match=r"variant.max_length \(L_max = 2\) must be >= every sequence's"):
+        fused_policy_loss(old, old, adv, mask, short, compile=False)
+    for max_length in (1, 3):
+        v = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length)
+        assert_same_as_reference(v, old + 0.1, old, adv, mask)
