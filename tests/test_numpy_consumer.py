@@ -337,7 +337,8 @@ def test_planted_bug_tabular_advantages_against_the_best_action():
 
 
 def test_planted_bug_tabular_occupancy_normalised():
-    """The normalised d_pi returned as the unnormalised rho_pi (the 1/(1 - gamma) of seed 001 (48)
+    """The normalised d_pi returned as the unnormalised rho_pi (the 1/(1 - gamma) of Kakade & Langford 2002,
+    Lemma 6.1
     dropped): wrong wherever sum_s rho(s) != 1, i.e. every occupancy vector but gamma = 0."""
 
     def normalised(fn):

@@ -80,7 +80,7 @@ function gate(variant, r, a, unitLogp, bugs) {
   const epsHigh = bugs.has("clip_higher") ? variant.eps_low : variant.eps_high;
   const upper = epsHigh === null ? null : 1 + epsHigh;
   const lower = variant.eps_low === null ? null : 1 - variant.eps_low;
-  if (variant.gate === "clip") { // the inclusive gate of seed 001 (116); eq. (7) for A < 0
+  if (variant.gate === "clip") { // the inclusive gate of policy_losses.md eq. (6); eq. (7) for A < 0
     const c = bugs.has("no_dual_clip") ? null : variant.dual_clip;
     if (a > 0) return upper === null || r <= upper ? [r * a, a, 0] : [upper * a, 0, 0];
     if (lower !== null && r < lower) return [lower * a, 0, 0];
