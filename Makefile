@@ -54,7 +54,7 @@ run: $(STAMP)
 	else $(BIN)/refimpl train --seed $(or $(SEED),0) --out runs/main $(if $(OVERWRITE),--overwrite); fi
 	$(BIN)/refimpl eval runs/main/checkpoint.pt
 
-# Every preset x seeds 0-2 with the trainer's defaults (tools/results.py); prints the README's table.
+# Every preset x seeds 0-2 with the trainer's defaults (tools/results.py); prints the table of docs/results.md.
 # About 2.5 min of one core per run on the 2-core development machine; runs already done are kept.
 results: $(STAMP)
 	$(BIN)/python tools/results.py

@@ -1,5 +1,5 @@
-"""DAPO's ablation at toy scale (seed 000 "Ablation-Type Study"; issue 13): the tiny LM trained with
-GRPO, then with DAPO's parts added one at a time in the order of 000's table (overlong filtering,
+"""DAPO's ablation at toy scale (Yu et al. 2025, Table 1; issue 13): the tiny LM trained with
+GRPO, then with DAPO's parts added one at a time in the order of that table (overlong filtering,
 clip-higher, soft overlong penalty, token-level loss, dynamic sampling; never a KL term), several
 seeds each, every run starting from ONE shared warm-up checkpoint (``refimpl train --steps 0``
 writes it; each run is ``refimpl train --init-from`` it). Prints, per configuration, the mean and
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from refimpl.lm.config import TrainConfig  # noqa: E402
 from refimpl.lm.run import run_training  # noqa: E402
 
-# seed 000's table, in its order: each row adds its change to the row above (cumulative); every
+# Yu et al. 2025, Table 1, in its order: each row adds its change to the row above (cumulative); every
 # configuration is the "grpo" recipe (kl_coef 0) with TrainConfig overrides
 LADDER: tuple[tuple[str, dict], ...] = (
     ("GRPO", {}),
@@ -54,7 +54,7 @@ LADDER: tuple[tuple[str, dict], ...] = (
     ("+ dynamic sampling", {"dynamic_sampling": True}),
 )
 
-# seed 000, "Ablation-Type Study" (AIME'24 avg@32, 32B model)
+# Yu et al. 2025, Table 1 (AIME'24 avg@32, 32B model)
 PAPER = {
     "GRPO": "30%",
     "+ overlong filtering": "36%",

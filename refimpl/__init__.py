@@ -1,6 +1,6 @@
 """Fast, batched, device-agnostic reference implementations (torch).
 
-This layer imports neither ``tabular`` nor ``specs`` (ARCHITECTURE.md, contract): it is checked
+This layer imports neither ``tabular`` nor ``specs`` (docs/architecture.md, contract): it is checked
 against them only in ``tests/``.
 """
 

@@ -1,4 +1,4 @@
-"""Input checks shared by the ``refimpl`` modules (ARCHITECTURE.md: bad input gets a clear
+"""Input checks shared by the ``refimpl`` modules (docs/architecture.md: bad input gets a clear
 ``ValueError`` / ``TypeError`` naming the argument). One definition per check, so every module
 words the same mistake the same way."""
 

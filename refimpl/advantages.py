@@ -5,14 +5,14 @@
 ============================  =====================================================================
 convention                    arguments
 ============================  =====================================================================
-GRPO, seed 001 (90)-(91)      scale="group", std="population", eps=e, eps_inside_sqrt=True
+GRPO (Shao et al. 2024)       scale="group", std="population", eps=e, eps_inside_sqrt=True
 TRL GRPOTrainer               scale="group", std="sample", eps=1e-4, eps_inside_sqrt=False
 TRL scale_rewards="batch"     scale="batch_rewards", std="sample", eps=1e-4, eps_inside_sqrt=False
 verl GRPO                     scale="group", std="sample", eps=1e-6, eps_inside_sqrt=False,
                               singleton="raw"
-Dr. GRPO, seed 001 (98)       scale="none"
+Dr. GRPO                      scale="none"
 RLOO                          scale="none", leave_one_out=True
-Magistral (seed 002)          scale="batch", std=..., eps=..., eps_inside_sqrt=...
+Magistral                     scale="batch", std=..., eps=..., eps_inside_sqrt=...
 ============================  =====================================================================
 
 Groups are given by ``group_ids [N]`` (any integers; groups may differ in size and need not be
@@ -163,18 +163,19 @@ def group_advantages(
     zero_variance: str | None = None,
     leave_one_out: bool = False,
 ) -> torch.Tensor:
-    """Group-relative advantages (spec: advantages.md eq. (1)-(6), (14)-(15); seed 001 (90)-(91), (98)).
+    """Group-relative advantages (spec: advantages.md eq. (1)-(6), (14)-(15); Shao et al. 2024, section 4.1.2;
+    Liu et al. 2025 (Dr. GRPO), section 3.2).
 
     Centring (advantages.md eq. (1)-(2)), for sample i of group g with n_g samples:
     ``c_i = R_i - mean_g R`` or, with ``leave_one_out=True`` (RLOO),
     ``c_i = R_i - mean_{j in g, j != i} R_j = n_g / (n_g - 1) (R_i - mean_g R)``.
 
-    Scaling (eq. (3)-(5)): ``scale="none"`` returns ``c`` (Dr. GRPO (98), RLOO);
+    Scaling (eq. (3)-(5)): ``scale="none"`` returns ``c`` (Dr. GRPO, RLOO);
     ``scale="group"`` returns ``c_i / s_g`` with s_g the std of the group's *rewards*;
     ``scale="batch"`` (Magistral) returns ``c_i / s_B`` with s_B the std of all N centred values;
     ``scale="batch_rewards"`` (TRL ``scale_rewards="batch"``, eq. (14)) returns ``c_i / s_R`` with
     s_R the std of all N *raw rewards* (about the batch mean, not the group means).
-    ``s = sqrt(var + eps)`` if ``eps_inside_sqrt`` (seed 001 (90)) else ``sqrt(var) + eps``
+    ``s = sqrt(var + eps)`` if ``eps_inside_sqrt`` (advantages.md eq. (4)) else ``sqrt(var) + eps``
     (TRL, verl); ``var`` divides the sum of squared deviations by n (``std="population"``) or
     n - 1 (``std="sample"``, torch.std's default, used by TRL and verl).
 
@@ -291,7 +292,7 @@ def group_advantages(
 def dynamic_sampling_mask(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """DAPO dynamic sampling: keep samples whose group's rewards are not all equal.
 
-    spec: advantages.md eq. (7); seed 000 "DAPO" 2. A group whose rewards are all equal (all correct
+    spec: advantages.md eq. (7); Yu et al. 2025, section 3.2. A group whose rewards are all equal (all correct
     or all wrong, or a single sample) has zero group-centred advantage and is dropped.
     Shapes: rewards ``[N]`` float, group_ids ``[N]`` int. Returns ``[N]`` bool (True = keep).
     """
@@ -306,8 +307,8 @@ def dynamic_sampling_weights(rewards: torch.Tensor, group_ids: torch.Tensor, *,
                              mask: torch.Tensor | None = None) -> torch.Tensor:
     """Dynamic sampling without oversampling: filter zero-signal groups, upweight the rest by 1/(1 - f).
 
-    spec: advantages.md eq. (16)-(17); seed 000 "DAPO" 2 ("if a proportion 1/4 are filtered out,
-    the remainder are upweighted by 4/3"), seed 002. ``f`` is the fraction of the samples whose
+    spec: advantages.md eq. (16)-(17); Yu et al. 2025, section 3.2 ("if a proportion 1/4 are filtered out,
+    the remainder are upweighted by 4/3"). ``f`` is the fraction of the samples whose
     group's rewards are all equal (``dynamic_sampling_mask``; the fraction of prompts when groups
     have equal sizes), counted over the non-empty rows of the loss ``mask`` when it is given (an
     empty row is no sample: it neither dilutes nor is upweighted) and over all N otherwise. Weight
@@ -342,7 +343,7 @@ def _nonempty_rows(mask, rewards: torch.Tensor) -> torch.Tensor:
 
 def oversampled_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, selected: torch.Tensor,
                            **convention) -> torch.Tensor:
-    """Seed 002's "sample more to estimate the baseline, update on a subset": advantages of the
+    """"Sample more to estimate the baseline, update on a subset" (advantages.md section 4): advantages of the
     ``selected`` samples, with the baseline (mean, std, leave-one-out mean) of each group taken from
     all its G' samples (spec: advantages.md eq. (18)).
 
@@ -369,7 +370,8 @@ def oversampled_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, selec
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
-    """DAPO soft overlong punishment added to the reward (spec: advantages.md eq. (8); seed 000 "DAPO" 4).
+    """DAPO soft overlong punishment added to the reward (spec: advantages.md eq. (8); Yu et al. 2025,
+    section 3.4).
 
     ``0`` if ``L <= max_len - cache_len``; ``((max_len - cache_len) - L) / cache_len`` if
     ``max_len - cache_len < L <= max_len`` (linear, reaching -1 at ``L = max_len``); ``-1`` if
@@ -402,7 +404,7 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
 def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """DAPO overlong filtering: mask out every token of truncated samples (spec: advantages.md eq. (9)).
 
-    seed 000 "DAPO" 4, seed 003 "Overlong Filtering". A sample is truncated when generation hit the
+    Yu et al. 2025, section 3.4. A sample is truncated when generation hit the
     length limit without EOS; the caller says which (a length equal to the limit is not enough).
     Shapes: mask ``[N, T]`` (bool or 0/1 float), truncated ``[N]`` bool. Returns a mask of the
     dtype of ``mask`` with rows of truncated samples zeroed.

@@ -4,7 +4,7 @@ Subcommands come from two places:
 * ``refimpl`` itself (``BUILTIN_COMMANDS``: module paths inside this package), and
 * the ``refimpl.commands`` entry-point group, through which layers that ``refimpl`` must not
   import (``tabular`` provides ``report``) contribute their own subcommands. This keeps the
-  import rule of ARCHITECTURE.md while giving users one command.
+  import rule of docs/architecture.md while giving users one command.
 
 Each provider exposes ``register(subparsers) -> None`` that adds a parser whose ``func``
 default takes the parsed ``argparse.Namespace`` and returns an exit code.

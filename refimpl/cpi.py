@@ -1,19 +1,24 @@
 """Conservative policy iteration for tabular policies (torch).
 
-spec: specs/trust_region.md section 5; seed 001 sections 4.4-4.5, (55)-(64).
+spec: specs/trust_region.md section 5; Kakade & Langford 2002; Schulman et al. 2015, eq. (5)-(6).
 
 One CPI iteration, given (estimated) advantages ``A_hat [S, A]`` of the current policy pi and
 (estimated) normalised state occupancy ``d [S]``:
 
-1. greedy improvement (001 (62)): ``pi'(.|s)`` puts all mass on ``argmax_a A_hat(s, a)``;
-2. bound parameters (001 (58), (63)): ``g = sum_s d(s) sum_a pi'(a|s) A_hat(s, a) / (1 - gamma)``,
+1. greedy improvement (Kakade & Langford 2002; trust_region.md eq. (15)): ``pi'(.|s)`` puts all mass on
+``argmax_a A_hat(s, a)``;
+2. bound parameters (Schulman et al. 2015, eq. (6); Kakade & Langford 2002; trust_region.md eq. (16)-(17)):
+   ``g = sum_s d(s) sum_a pi'(a|s) A_hat(s, a) / (1 - gamma)``,
    ``eps = max_s |sum_a pi'(a|s) A_hat(s, a)|``;
-3. step size (001 (63)): ``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))``, ``alpha = 0`` when
+3. step size (Kakade & Langford 2002; trust_region.md eq. (16)-(17)): ``alpha = min(1, (1 - gamma)^2 g / (4
+   gamma eps))``, ``alpha = 0`` when
    ``g <= 0`` (no guaranteed improvement: CPI stops);
-4. mixture update (001 (55), (64)): ``pi_new = (1 - alpha) pi + alpha pi'``.
+4. mixture update (Kakade & Langford 2002; Schulman et al. 2015, eq. (5)): ``pi_new = (1 - alpha) pi + alpha
+pi'``.
 
 With exact A and d, ``J(pi_new) - J(pi) >= alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
-(001 (60)), the quantity :func:`cpi_improvement_bound` returns.
+(Kakade & Langford 2002, Theorem 4.1; Schulman et al. 2015, eq. (6)), the quantity
+:func:`cpi_improvement_bound` returns.
 
 Shapes: policies and advantages ``[S, A]``, state weights ``[S]``; all on one device; computed in
 ``promote_types(dtype, float32)``.
@@ -57,7 +62,7 @@ def _dtype(*tensors: torch.Tensor) -> torch.dtype:
 def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
     """Deterministic ``[S, A]`` policy maximising ``sum_a pi'(a|s) A_hat(s, a)`` in every state.
 
-    spec: trust_region.md eq. (15); seed 001 (62): the maximiser over all policies of the
+    spec: trust_region.md eq. (15); Kakade & Langford 2002: the maximiser over all policies of the
     importance-weighted surrogate ``E_{a ~ pi}[pi'(a|s) / pi(a|s) A_hat(s, a)]`` is greedy in
     ``A_hat``. Ties go to the lowest action index (deterministic). Returns a one-hot tensor.
     """
@@ -69,10 +74,11 @@ def greedy_policy(advantages: torch.Tensor) -> torch.Tensor:
 def cpi_bound_parameters(
     target_policy: torch.Tensor, advantages: torch.Tensor, state_weights: torch.Tensor, gamma: float
 ) -> tuple[float, float]:
-    """``(g, eps)`` of seed 001 (58) / step 3 of (63) (spec: trust_region.md eq. (16)).
+    """``(g, eps)`` of Schulman et al. 2015, eq. (6) / step 3 of (63) (spec: trust_region.md eq. (16)).
 
     ``g = sum_s d(s) sum_a pi'(a|s) A(s, a) / (1 - gamma)`` (the surrogate gain ``L_pi(pi') - J(pi)``),
-    ``eps = max_s |sum_a pi'(a|s) A(s, a)|`` over the *target* policy pi' (the seed-000 erratum uses
+    ``eps = max_s |sum_a pi'(a|s) A(s, a)|`` over the *target* policy pi' (the erratum of errata.md entry 1
+    uses
     the mixture, which is alpha times smaller and breaks the bound).
 
     Args:
@@ -98,11 +104,11 @@ def cpi_bound_parameters(
 
 
 def cpi_step_size(g: float, eps: float, gamma: float) -> float:
-    """``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))`` (spec: trust_region.md eq. (17); seed 001
-    (61), (63)), the maximiser over [0, 1] of the bound (60).
+    """``alpha = min(1, (1 - gamma)^2 g / (4 gamma eps))`` (spec: trust_region.md eq. (17);
+    Kakade & Langford 2002), the maximiser over [0, 1] of the bound, trust_region.md eq. (14).
 
     ``g <= 0`` gives 0 (no guaranteed improvement). ``gamma = 0`` or ``eps = 0`` (with ``g > 0``)
-    give 1: the penalty term of (60) vanishes.
+    give 1: the penalty term of eq. (14) vanishes.
     """
     gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
     for value, name in ((g, "g"), (eps, "eps")):
@@ -118,7 +124,8 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
 
 
 def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> float:
-    """Right side of seed 001 (60): ``alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``
+    """Right side of Kakade & Langford 2002, Theorem 4.1; Schulman et al. 2015, eq. (6): ``alpha g - 2 gamma
+    eps alpha^2 / (1 - gamma)^2``
     (spec: trust_region.md eq. (14)), a lower bound on ``J(pi_alpha) - J(pi)`` for exact g, eps."""
     gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
     if not 0.0 <= alpha <= 1.0:
@@ -127,7 +134,8 @@ def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> f
 
 
 def mixture_policy(policy: torch.Tensor, target_policy: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``(1 - alpha) pi + alpha pi'`` (spec: trust_region.md eq. (13); seed 001 (55), (64))."""
+    """``(1 - alpha) pi + alpha pi'`` (spec: trust_region.md eq. (13); Kakade & Langford 2002;
+    Schulman et al. 2015, eq. (5))."""
     _check_policy(policy, "policy")
     _check_policy(target_policy, "target_policy")
     if policy.shape != target_policy.shape:
@@ -144,7 +152,8 @@ def mixture_policy(policy: torch.Tensor, target_policy: torch.Tensor, alpha: flo
 
 class CPIStep(NamedTuple):
     """One CPI iteration: the new policy, the greedy target pi', the step size, the bound
-    parameters, the guaranteed improvement (001 (60) at alpha) and whether CPI stopped (g <= 0:
+    parameters, the guaranteed improvement (Kakade & Langford 2002, Theorem 4.1; Schulman et al. 2015, eq. (6)
+    at alpha) and whether CPI stopped (g <= 0:
     the policy is returned unchanged)."""
 
     policy: torch.Tensor
@@ -164,10 +173,11 @@ def cpi_step(
     *,
     min_gain: float = 0.0,
 ) -> CPIStep:
-    """One iteration of conservative policy iteration (spec: trust_region.md section 5; seed 001
-    4.5 steps 2-5, (62)-(64)) from (estimated) advantages ``[S, A]`` and normalised occupancy
+    """One iteration of conservative policy iteration (spec: trust_region.md section 5;
+    Kakade & Langford 2002) from (estimated) advantages ``[S, A]`` and normalised occupancy
     ``[S]`` of ``policy``. Stops cleanly (``stopped=True``, alpha 0, policy unchanged) when
-    ``g <= min_gain``. The default 0 is (63) as written; with floating-point advantages of an
+    ``g <= min_gain``. The default 0 is trust_region.md eq. (17) as written; with floating-point advantages of
+    an
     optimal policy, g is rounding noise of either sign, so a caller that wants CPI to stop there
     passes a ``min_gain`` at the rounding level of its values (e.g. ``1e-12 max|V| / (1 - gamma)``).
     """

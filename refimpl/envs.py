@@ -1,7 +1,7 @@
 """A batched tabular environment: many episodes of a finite MDP sampled at once (torch).
 
 spec: estimators.md section 1. The environment holds raw tensors (it does not import ``tabular``,
-ARCHITECTURE.md contract) and is device-agnostic: every tensor it makes lives on the device of
+docs/architecture.md, contract) and is device-agnostic: every tensor it makes lives on the device of
 ``P``. All randomness comes from an explicit ``torch.Generator``.
 
 Episode ends are kept in two distinct flags (never merged):

@@ -132,7 +132,8 @@ def _backward_linear_recursion(const: torch.Tensor, decay: torch.Tensor) -> torc
 def discounted_returns(rewards, terminated, truncated, gamma: float, next_values=None) -> torch.Tensor:
     """Reward-to-go ``G_t = r_t + gamma G_{t+1}`` restarted at every episode end.
 
-    spec: estimators.md eq. (1)-(2); seed 001 (38). ``G_t = r_t`` after a terminated step,
+    spec: estimators.md eq. (1)-(2); Williams 1992; Sutton & Barto 2018, section 13.3. ``G_t = r_t`` after a
+    terminated step,
     ``G_t = r_t + gamma next_values_t`` after a truncated step and at the last column of a row that
     ends mid-episode. ``next_values [N, T]`` (V of the observation after each step) is required
     when such a bootstrap step exists: a silent zero bootstrap is never used (pass zeros
@@ -161,7 +162,7 @@ def discounted_returns(rewards, terminated, truncated, gamma: float, next_values
 def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n: int) -> torch.Tensor:
     """n-step returns ``sum_{k<m} gamma^k r_{t+k} + gamma^m V(s_{t+m})``, ``m = min(n, ...)``.
 
-    spec: estimators.md eq. (3); seed 000 "Estimated Advantage" (A3C(k) uses n = k + 1). The sum
+    spec: estimators.md eq. (3); Mnih et al. 2016 (A3C(k) uses n = k + 1). The sum
     stops early at an episode end or the end of the row: after a terminated step nothing is added,
     after a truncated step (or the row's last step) ``next_values`` of that step is bootstrapped.
     Returns ``[N, T]``.
@@ -204,7 +205,8 @@ def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n:
 def td_errors(rewards, values, next_values, terminated, gamma: float) -> torch.Tensor:
     """``delta_t = r_t + gamma (1 - terminated_t) next_values_t - values_t``.
 
-    spec: estimators.md eq. (4); seed 001 (80). A truncated step bootstraps from the value of its
+    spec: estimators.md eq. (4); Schulman et al. 2016, eq. (16). A truncated step bootstraps from the value of
+    its
     final observation like any other non-terminated step, so no truncation flag is needed here.
     Returns ``[N, T]``.
     """
@@ -252,11 +254,13 @@ def gae_advantages(
 ) -> GAEOutput:
     """Generalised advantage estimates ``A_t = sum_l (gamma lam)^l delta_{t+l}``.
 
-    spec: estimators.md eq. (5); seed 001 (80)-(81). ``delta_t = r_t + gamma (1 - terminated_t)
+    spec: estimators.md eq. (5); Schulman et al. 2016, eq. (16); Sutton & Barto 2018, section 12.1. ``delta_t
+    = r_t + gamma (1 - terminated_t)
     next_values_t - values_t``, where ``next_values_t`` is V of the observation after step t (for
     a truncated step, its final observation). The trace stops after terminated or truncated steps
     and at the end of the row. Shapes: all inputs ``[N, T]``. Returns
-    ``GAEOutput(advantages, returns)`` with ``returns = advantages + values`` (001 (81)).
+    ``GAEOutput(advantages, returns)`` with ``returns = advantages + values`` (Schulman et al. 2016;
+    Sutton & Barto 2018, section 12.1).
     """
     rewards = _float_2d(rewards, "rewards")
     shape = tuple(rewards.shape)
@@ -276,13 +280,13 @@ def gae_advantages(
 
 def importance_weights(target_logp, behavior_logp) -> torch.Tensor:
     """``w = exp(target_logp - behavior_logp)`` elementwise (spec: estimators.md eq. (8);
-    seed 001 (4)); log-space, never a ratio of probabilities. Same shape as the inputs."""
+    Sutton & Barto 2018, section 5.5); log-space, never a ratio of probabilities. Same shape as the inputs."""
     for name, x in (("target_logp", target_logp), ("behavior_logp", behavior_logp)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"{name} must be a floating torch.Tensor")
         if not _all_finite(x):
             raise ValueError(f"{name} contains NaN or inf (a zero-probability action under the "
-                             "behaviour policy breaks importance sampling, seed 001 Remark 1.2)")
+                             "behaviour policy breaks importance sampling, Sutton & Barto 2018, section 5.5)")
     if target_logp.shape != behavior_logp.shape:
         raise ValueError(f"target_logp {tuple(target_logp.shape)} and behavior_logp "
                          f"{tuple(behavior_logp.shape)} must have the same shape")
@@ -314,7 +318,8 @@ def _check_samples(f, weights, dim: int):
 
 def is_estimate(f, weights, dim: int = -1) -> torch.Tensor:
     """Importance-sampling estimate ``(1/N) sum_i w_i f(x_i)`` over ``dim`` (spec: estimators.md
-    eq. (9); seed 001 (5)). Unbiased for ``E_p[f]`` when ``x_i ~ q`` and ``w = p/q``. No samples
+    eq. (9); Sutton & Barto 2018, section 5.5). Unbiased for ``E_p[f]`` when ``x_i ~ q`` and ``w = p/q``. No
+    samples
     along ``dim`` (N = 0) raises ValueError."""
     f, w = _check_samples(f, weights, dim)
     return (w * f).mean(dim)
@@ -322,7 +327,7 @@ def is_estimate(f, weights, dim: int = -1) -> torch.Tensor:
 
 def snis_estimate(f, weights, dim: int = -1) -> torch.Tensor:
     """Self-normalised IS ``sum_i w_i f_i / sum_i w_i`` over ``dim`` (spec: estimators.md
-    eq. (10); seed 001 Remark 1.3). Biased for finite N; with N = 1 it returns ``f(x_1)``, whose
+    eq. (10); Sutton & Barto 2018, section 5.5). Biased for finite N; with N = 1 it returns ``f(x_1)``, whose
     expectation is ``E_q[f]``. A set of samples whose weights sum to 0 raises ValueError."""
     f, w = _check_samples(f, weights, dim)
     total = w.sum(dim)
@@ -346,7 +351,7 @@ def _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma):
 
 def trajectory_importance_weights(target_logp, behavior_logp, mask) -> torch.Tensor:
     """``w(tau) = prod_t pi'(a_t|s_t) / pi(a_t|s_t)`` over the steps in ``mask`` (spec:
-    estimators.md eq. (11); seed 001 4.1.2), computed as ``exp(sum_t mask (logp' - logp))``.
+    estimators.md eq. (11); mdp.md section 7.2), computed as ``exp(sum_t mask (logp' - logp))``.
     Inputs ``[N, T]``; returns ``[N]``."""
     target_logp = _float_2d(target_logp, "target_logp")
     shape = tuple(target_logp.shape)
@@ -358,7 +363,7 @@ def trajectory_importance_weights(target_logp, behavior_logp, mask) -> torch.Ten
 
 def trajectory_is(rewards, target_logp, behavior_logp, mask, gamma: float) -> torch.Tensor:
     """Per-trajectory IS estimates ``w(tau) sum_t gamma^t r_t`` (spec: estimators.md eq. (12);
-    seed 001 4.1.2). Each row is one episode starting at column 0; ``mask`` marks its steps.
+    Sutton & Barto 2018, section 5.5). Each row is one episode starting at column 0; ``mask`` marks its steps.
     Returns ``[N]``; their mean is the IS estimate of ``J(pi')``."""
     r, log_ratio, disc = _check_episode_rows(rewards, target_logp, behavior_logp, mask, gamma)
     return torch.exp(log_ratio.sum(1)) * (r * disc).sum(1)

@@ -6,9 +6,9 @@ With samples ``y_t ~ pi_theta(.|s_t)`` from the *current* policy, ``logp = log p
 - ``k1 = -log r``                  unbiased for ``KL(pi_theta || pi_ref)`` at ``s_t`` (kl.md eq. (2));
 - ``k2 = (log r)^2 / 2``           biased, low variance; its *gradient* is the one of the per-state
                                    ``KL(pi_theta || pi_ref)`` (kl.md eq. (3), section 3);
-- ``k3 = r - 1 - log r >= 0``      unbiased for ``KL(pi_theta || pi_ref)`` (kl.md eq. (4); seed 002, 000
-                                   "GRPO"; 000's ``r_ref = pi_ref / pi`` with the behaviour policy is an
-                                   erratum: the denominator is the current policy).
+- ``k3 = r - 1 - log r >= 0``      unbiased for ``KL(pi_theta || pi_ref)`` (kl.md eq. (4); Schulman 2020;
+                                   Shao et al. 2024, eq. (4); ``pi_ref / pi`` with the behaviour policy is an
+                                   erratum, errata.md entry 12: the denominator is the current policy).
 
 Which gradient each estimator follows when used as a loss term is stated in specs/kl.md section 3.
 
@@ -114,8 +114,8 @@ def _exp_minus_one_minus_identity(x: torch.Tensor) -> torch.Tensor:
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """k3 = ``r - 1 - log r = expm1(log r) - log r >= 0`` per token (spec: kl.md eq. (4)).
 
-    Unbiased for the per-state ``KL(pi_theta || pi_ref)`` with tokens sampled from pi_theta (seed
-    002; seed 000 "GRPO" with its erratum: r = pi_ref / pi_theta, the *current* policy). Computed
+    Unbiased for the per-state ``KL(pi_theta || pi_ref)`` with tokens sampled from pi_theta
+    (Schulman 2020; Shao et al. 2024, eq. (4): r = pi_ref / pi_theta, the *current* policy). Computed
     without cancellation: a Taylor series for |log r| < 1e-2, ``expm1`` otherwise; finite for
     log r up to ~88.7 in float32 and ~709.8 in float64. Beyond, where the exact k3 exceeds the
     dtype's range, ValueError when ``check_finite`` (else IEEE inf, or NaN where ``ref_logp -

@@ -1,6 +1,7 @@
 """REINFORCE as a surrogate loss whose autograd gradient is the policy-gradient estimator.
 
-spec: specs/estimators.md section 4; seed 001 (34)-(42). Each row of the ``[N, T]`` inputs is one
+spec: specs/estimators.md section 4; Williams 1992; Sutton et al. 2000; Sutton & Barto 2018,
+sections 13.3-13.4. Each row of the ``[N, T]`` inputs is one
 complete episode starting at column 0 (``mask`` marks its steps, a prefix of the row); the return
 after its last step is 0 (it terminated, or the finite-horizon objective ends there). The loss is
 ``-(1/N) sum_i sum_t mask logp_t * sg(weight_t)`` with ``sg`` a stop-gradient, so
@@ -9,14 +10,15 @@ after its last step is 0 (it terminated, or the finite-horizon objective ends th
 =========================  =========================================  =====================
 form                       weight_t                                   expectation
 =========================  =========================================  =====================
-``whole_return``           ``G_0``                                    ``grad J`` (001 (34))
+``whole_return``           ``G_0``                                    ``grad J`` (Williams 1992)
 ``reward_to_go``           ``gamma^t G_t``                            ``grad J``
-``reward_to_go_baseline``  ``gamma^t (G_t - b(s_t))``                 ``grad J`` (001 (41))
-``reward_to_go_no_gamma``  ``G_t`` (001 (35), (39), (42) as printed)  biased for gamma < 1
+``reward_to_go_baseline``  ``gamma^t (G_t - b(s_t))``                 ``grad J`` (Williams 1992;
+Sutton & Barto 2018, section 13.4)
+``reward_to_go_no_gamma``  ``G_t`` (the form without ``gamma^t``, errata.md entry 8)  biased for gamma < 1
 =========================  =========================================  =====================
 
 The last form drops ``gamma^t``; it is what most code computes and is kept as a named,
-documented *biased* variant (seed erratum; Thomas 2014, Nota & Thomas 2020): its expectation is
+documented *biased* variant (errata.md entry 8; Thomas 2014, Nota & Thomas 2020): its expectation is
 ``sum_t gamma^0 E[grad log pi(a_t|s_t) G_t]``, the gradient of no objective in general.
 """
 
@@ -56,7 +58,8 @@ def _prefix_mask(mask, shape) -> torch.Tensor:
 
 def episode_returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """``G_t = sum_{j >= t} gamma^(j - t) r_j`` inside each row's episode, 0 outside (spec:
-    estimators.md eq. (1); seed 001 (38)). ``rewards``, ``mask`` ``[N, T]``; returns ``[N, T]``."""
+    estimators.md eq. (1); Williams 1992; Sutton & Barto 2018, section 13.3). ``rewards``, ``mask`` ``[N,
+    T]``; returns ``[N, T]``."""
     rewards = _check(rewards, "rewards")
     mask = _prefix_mask(mask, tuple(rewards.shape))
     dt = torch.float64 if rewards.dtype == torch.float64 else torch.float32
@@ -72,7 +75,8 @@ def episode_returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: floa
 def reinforce_loss(logp, rewards, mask, gamma: float, *, form: str, baseline=None):
     """REINFORCE surrogate loss (minimised); ``-grad`` of it is the estimator named by ``form``.
 
-    spec: estimators.md eq. (14)-(17); seed 001 (34), (35), (39), (41), (42) with the ``gamma^t``
+    spec: estimators.md eq. (14)-(17); Williams 1992; Sutton & Barto 2018, sections 13.3-13.4, with the
+    ``gamma^t``
     erratum. Args: ``logp [N, T]`` log pi(a_t|s_t) carrying the gradient; ``rewards [N, T]``;
     ``mask [N, T]`` prefix mask of each row's episode; ``gamma`` in [0, 1]; ``form`` one of
     :data:`REINFORCE_FORMS`; ``baseline [N, T]`` b(s_t), required by and only allowed with
@@ -102,7 +106,7 @@ def reinforce_loss(logp, rewards, mask, gamma: float, *, form: str, baseline=Non
     elif form == "reward_to_go_baseline":
         b = _check(baseline, "baseline", shape).detach().to(dt)
         weight = disc * (G - b)
-    else:  # reward_to_go_no_gamma: the biased printed form of 001 (35)
+    else:  # reward_to_go_no_gamma: the biased form without gamma^t (errata.md entry 8)
         weight = G
     m = mask.to(dt)
     weight = (weight * m).detach()

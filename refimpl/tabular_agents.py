@@ -1,15 +1,19 @@
 """Compact PPO (actor-critic) and TRPO training loops on a :class:`refimpl.envs.TabularEnv`.
 
-spec: specs/trust_region.md section 7; seed 001 4.6.4 (TRPO) and 4.7.4 (PPO). Both learn a tabular
+spec: specs/trust_region.md section 7; Schulman et al. 2015 (TRPO) and Schulman et al. 2017, Algorithm 1
+(PPO). Both learn a tabular
 softmax policy ``pi(a|s) = softmax(theta[s])`` and a tabular critic ``V[s]`` from sampled
 rollouts; they are readable end-to-end uses of the project's verified pieces:
 
-- advantages: :func:`refimpl.estimators.gae_advantages` (001 (80)-(81)) from the critic;
-- PPO: :func:`refimpl.losses.ppo_combined_loss` (001 (85): the PPO preset of
+- advantages: :func:`refimpl.estimators.gae_advantages` (Schulman et al. 2016, eq. (16); Sutton & Barto 2018,
+section 12.1) from the critic;
+- PPO: :func:`refimpl.losses.ppo_combined_loss` (Schulman et al. 2017, eq. (9): the PPO preset of
   :func:`refimpl.losses.policy_loss`, value loss, entropy bonus), minimised by Adam over K epochs
-  of minibatches (001 4.7.4);
-- TRPO: :func:`refimpl.trust_region.trpo_step` on the sample surrogate (001 (69)), which is
-  ``-policy_loss`` with the PPO preset's gate switched off, and the empirical mean KL (001 (70))
+  of minibatches (Schulman et al. 2017, Algorithm 1);
+- TRPO: :func:`refimpl.trust_region.trpo_step` on the sample surrogate (Schulman et al. 2015, section 5),
+  which is
+  ``-policy_loss`` with the PPO preset's gate switched off, and the empirical mean KL (Schulman et al. 2015,
+  section 5)
   over the visited states; the critic is refitted to the GAE returns by least squares.
 
 All tensors live on the environment's device and use its float dtype; every random draw comes
@@ -37,13 +41,14 @@ __all__ = [
     "train_trpo",
 ]
 
-#: The sample surrogate of TRPO (001 (69)): PPO's ratio and aggregation without the clip gate.
+# : The sample surrogate of TRPO (Schulman et al. 2015, section 5): PPO's ratio and aggregation without the
+# clip gate.
 UNCLIPPED_SURROGATE = dataclasses.replace(PPO, gate="none", eps_low=None, eps_high=None)
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Hyper-parameters of :func:`train_ppo` (names follow seed 001 4.7.4).
+    """Hyper-parameters of :func:`train_ppo` (names follow Schulman et al. 2017, Algorithm 1).
 
     Each iteration samples ``num_envs x num_steps`` transitions with the current policy, computes
     GAE(gamma, ``gae_lambda``) advantages from the critic, then runs ``epochs`` passes of
@@ -69,7 +74,7 @@ class PPOConfig:
 
 @dataclass(frozen=True)
 class TRPOConfig:
-    """Hyper-parameters of :func:`train_trpo` (seed 001 4.6.4).
+    """Hyper-parameters of :func:`train_trpo` (Schulman et al. 2015, section 6 and Appendix C).
 
     Each iteration samples ``num_envs x num_steps`` transitions, computes GAE advantages, takes one
     :func:`~refimpl.trust_region.trpo_step` with radius ``max_kl`` (CG with ``cg_iters`` and
@@ -132,7 +137,8 @@ def _collect(env: TabularEnv, theta: torch.Tensor, config, generator: torch.Gene
 
 
 def _advantages(batch: Rollout, values: torch.Tensor, gamma: float, lam: float):
-    """GAE (001 (80)-(81)) with the critic table; V of a terminal next state is masked by gae."""
+    """GAE (Schulman et al. 2016, eq. (16); Sutton & Barto 2018, section 12.1) with the critic table; V of a
+    terminal next state is masked by gae."""
     v = values.detach()
     return gae_advantages(batch.rewards, v[batch.states], v[batch.next_states], batch.terminated,
                           batch.truncated, gamma, lam)
@@ -148,10 +154,12 @@ def _taken_log_probs(theta: torch.Tensor, states: torch.Tensor, actions: torch.T
 
 
 def train_ppo(env: TabularEnv, config: PPOConfig = PPOConfig(), *, seed: int = 0) -> TrainingResult:
-    """PPO actor-critic (seed 001 4.7.4) with a tabular softmax policy and a tabular critic.
+    """PPO actor-critic (Schulman et al. 2017, Algorithm 1) with a tabular softmax policy and a tabular
+    critic.
 
     Starts from ``theta = 0`` (the uniform policy) and ``V = 0``. Per iteration: sample, GAE,
-    then ``epochs x minibatches`` Adam steps on ``ppo_combined_loss`` (001 (85)) over random
+    then ``epochs x minibatches`` Adam steps on ``ppo_combined_loss`` (Schulman et al. 2017, eq. (9)) over
+    random
     minibatches of the batch's transitions (each transition is one unit of the token-mean
     aggregation). ``history`` records the clip fraction, approximate KL, losses and mean reward.
     """
@@ -200,7 +208,8 @@ def train_ppo(env: TabularEnv, config: PPOConfig = PPOConfig(), *, seed: int = 0
 
 
 def _visit_weights(states: torch.Tensor, num_states: int, dtype: torch.dtype) -> torch.Tensor:
-    """Empirical state distribution of the batch: the weights of the sample mean KL (001 (70))."""
+    """Empirical state distribution of the batch: the weights of the sample mean KL (Schulman et al. 2015,
+    section 5)."""
     counts = torch.bincount(states.reshape(-1), minlength=num_states).to(dtype)
     return counts / counts.sum()
 
@@ -216,12 +225,15 @@ def _refit_critic(values: torch.Tensor, states: torch.Tensor, returns: torch.Ten
 
 
 def train_trpo(env: TabularEnv, config: TRPOConfig = TRPOConfig(), *, seed: int = 0) -> TrainingResult:
-    """TRPO (seed 001 4.6.4) with a tabular softmax policy and a tabular least-squares critic.
+    """TRPO (Schulman et al. 2015, section 6 and Appendix C) with a tabular softmax policy and a tabular
+    least-squares critic.
 
     Starts from ``theta = 0`` and ``V = 0``. Per iteration: sample; GAE advantages (standardised);
     one :func:`~refimpl.trust_region.trpo_step` whose surrogate is the sample mean of
-    ``ratio * A`` (001 (69), ``-policy_loss`` with the unclipped PPO variant) and whose KL is
-    weighted by the empirical state distribution of the batch (001 (70)); then the critic refit.
+    ``ratio * A`` (Schulman et al. 2015, section 5, ``-policy_loss`` with the unclipped PPO variant) and whose
+    KL is
+    weighted by the empirical state distribution of the batch (Schulman et al. 2015, section 5); then the
+    critic refit.
     ``history`` records the line-search outcome, the KL and the improvement of each step.
     """
     _check_env(env)

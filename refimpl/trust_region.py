@@ -1,6 +1,6 @@
 """Trust-region policy updates: conjugate gradient, Fisher-vector products, natural step, TRPO.
 
-spec: specs/trust_region.md; seed 001 section 4.6 (65)-(74), algorithm 4.6.4.
+spec: specs/trust_region.md; Schulman et al. 2015, sections 4-6 and Appendix C; Kakade 2001.
 
 A policy is given as a function ``log_prob_fn(params) -> [N, A]``: the action log-probabilities
 at N states (tabular: all S states; otherwise a batch of visited states), differentiable in a
@@ -9,7 +9,7 @@ floating-point tensor ``params`` of any shape (a neural network's parameters fla
 States are weighted by ``state_weights [N]`` (non-negative, summing to 1: the exact normalised
 occupancy d, or ``1/N`` for an empirical mean over visited states).
 
-The trust region uses ``KL(pi_old || pi_new)`` (seed 001 (66)-(70), the TRPO paper): it is an
+The trust region uses ``KL(pi_old || pi_new)`` (Schulman et al. 2015, sections 4, 5, the TRPO paper): it is an
 expectation under the old policy, so it is estimable from the data that pi_old generated, and its
 Hessian in the new parameters at ``params_old`` is the Fisher matrix (spec: trust_region.md
 section 2). The line search uses the exact mean KL, not its quadratic model.
@@ -159,7 +159,8 @@ def conjugate_gradient(
 ) -> CGResult:
     """Solve ``M x = b`` for symmetric positive (semi-)definite M by (preconditioned) conjugate gradient.
 
-    spec: trust_region.md eq. (1); seed 001 (73) ("solved with conjugate gradient"). Starts from
+    spec: trust_region.md eq. (1); Schulman et al. 2015, Appendix C ("solved with conjugate gradient"). Starts
+    from
     ``x = 0`` and stops as soon as the relative residual ``||b - M x|| / ||b|| <= tol`` or after
     ``iters`` products. For a singular PSD M with b in its range (the softmax Fisher), the iterates
     stay in the Krylov space of b, so the limit is the minimum-norm solution. A search direction
@@ -241,7 +242,7 @@ def mean_kl(
     log_prob_fn: LogProbFn, old_log_probs: torch.Tensor, params: torch.Tensor, state_weights: torch.Tensor
 ) -> torch.Tensor:
     """Exact mean KL ``sum_s w_s KL(pi_old(.|s) || pi_params(.|s))`` (spec: trust_region.md eq. (2);
-    seed 001 (67), (70)).
+    Schulman et al. 2015, sections 4, 5).
 
     ``old_log_probs [N, A]`` are pi_old's log-probabilities (treated as constants; ``-inf`` marks a
     zero-probability action, which contributes 0). Differentiable in ``params``. Returns a scalar.
@@ -261,7 +262,8 @@ def fisher_vector_product_fn(
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """Return ``v -> (F + damping I) v`` with F the Hessian of the mean KL at ``params``.
 
-    spec: trust_region.md eq. (3)-(4); seed 001 (72). ``F = grad^2_theta sum_s w_s KL(pi_params(.|s)
+    spec: trust_region.md eq. (3)-(4); Kakade 2001; Schulman et al. 2015, Appendix C. ``F = grad^2_theta sum_s
+    w_s KL(pi_params(.|s)
     || pi_theta(.|s))`` at ``theta = params``, which equals the Fisher information
     ``sum_s w_s E_{a ~ pi}[grad log pi grad log pi^T]``. Computed by double backprop: the gradient
     of the KL is built once with ``create_graph=True`` and each product is one more backward pass
@@ -303,7 +305,7 @@ def fisher_vector_product(
 def trust_region_step_scale(direction: torch.Tensor, fisher_direction: torch.Tensor, max_kl: float) -> float:
     """``beta = sqrt(2 delta / (s^T F s))`` so that ``0.5 (beta s)^T F (beta s) = delta``.
 
-    spec: trust_region.md eq. (6); seed 001 (74). Seeds 000 and 002 write
+    spec: trust_region.md eq. (6); Schulman et al. 2015, Appendix C. Some texts write
     ``sqrt(2 delta / (g^T F g))`` for the step ``beta F^-1 g``: an erratum (trust_region.md
     section 4). Raises ValueError when ``s^T F s <= 0`` (no curvature along s).
     """
@@ -511,7 +513,8 @@ def natural_gradient_direction(
 ) -> CGResult:
     """Solve ``(F + damping I) s = gradient`` by CG with Fisher-vector products.
 
-    spec: trust_region.md eq. (5); seed 001 (73). For a tabular softmax policy with the exact
+    spec: trust_region.md eq. (5); Schulman et al. 2015, Appendix C. For a tabular softmax policy with the
+    exact
     gradient of J and F weighted by the normalised occupancy, the (minimum-norm) solution is
     ``(A - mean_a A) / (1 - gamma)`` on states with d > 0 (trust_region.md eq. (8)).
 
@@ -612,15 +615,17 @@ def trpo_step(
     backtrack_ratio: float = 0.5,
     max_backtracks: int = 10,
 ) -> tuple[torch.Tensor, TRPOSearchRecord]:
-    """One TRPO update (spec: trust_region.md eq. (11); seed 001 4.6.4, (69)-(74)).
+    """One TRPO update (spec: trust_region.md eq. (11); Schulman et al. 2015, sections 5-6 and Appendix C).
 
-    1. ``g = grad surrogate_fn`` at ``params`` (001 (71));
-    2. ``s`` solves ``(F + damping I) s = g`` by CG with Fisher-vector products (001 (73));
-    3. ``beta = sqrt(2 max_kl / s^T F s)`` with the undamped F (001 (74)), so the full step's
+    1. ``g = grad surrogate_fn`` at ``params`` (Schulman et al. 2015, Appendix C);
+    2. ``s`` solves ``(F + damping I) s = g`` by CG with Fisher-vector products (Schulman et al. 2015,
+    Appendix C);
+    3. ``beta = sqrt(2 max_kl / s^T F s)`` with the undamped F (Schulman et al. 2015, Appendix C), so the full
+       step's
        quadratic KL is exactly ``max_kl``;
     4. backtracking along ``xi^k beta s``, ``k = 0..max_backtracks``, ``xi = backtrack_ratio``:
        accept the first (largest) candidate whose surrogate improvement is ``> 0`` and whose
-       *exact* mean KL ``sum_s w_s KL(pi_old || pi_new) <= max_kl`` (001 4.6.4 step 5, with a
+       *exact* mean KL ``sum_s w_s KL(pi_old || pi_new) <= max_kl`` (Schulman et al. 2015, Appendix C, with a
        strict improvement so that a zero step is never "accepted"; a candidate whose KL is NaN,
        e.g. where ``log_prob_fn`` overflows, fails the limit and is recorded).
     No CG runs and no step is taken when the gradient is 0 (``"zero_gradient"``) or the policy is
@@ -630,7 +635,7 @@ def trpo_step(
 
     Args:
         surrogate_fn: ``params -> scalar`` objective to maximise, e.g. the importance-weighted
-            surrogate (001 (69)) built from ``log_prob_fn``; differentiable.
+            surrogate (Schulman et al. 2015, section 5) built from ``log_prob_fn``; differentiable.
         log_prob_fn: ``params -> [N, A]`` action log-probabilities.
         params: current parameters (any shape, floating point).
         state_weights: ``[N]`` weights of the mean KL (a distribution over the N states).

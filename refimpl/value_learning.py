@@ -1,6 +1,6 @@
 """Classic sampled learners on :class:`refimpl.envs.TabularEnv` (torch, batched, seeded).
 
-spec: specs/estimators.md section 6; seeds 001 sections 1-3, 003 (MC/TD evaluation, Q-learning,
+spec: specs/estimators.md section 6; Sutton & Barto 2018, chapters 5, 6 and 13 (MC/TD evaluation, Q-learning,
 DQN, actor-critic). Every learner runs ``num_envs`` environments in parallel and, at each step,
 applies the *batch-mean* update of all transitions that share a state (or state-action pair): one
 stochastic-approximation step whose noise is averaged over the batch. Step sizes follow a
@@ -9,8 +9,8 @@ Robbins-Monro schedule ``alpha_k = alpha_0 / (1 + k / k_0)^omega`` with ``omega`
 ``eps_k = eps_0 / (1 + k / k_eps)`` (decays to 0, ``sum eps_k = inf``).
 
 Episodes are cut by a time limit (truncation) and the learners bootstrap through it from the
-value of the final observation; only termination stops bootstrapping (ARCHITECTURE.md /
-STYLE.md: truncation is never treated as termination). "Exploring starts" (a uniformly random
+value of the final observation; only termination stops bootstrapping (docs/architecture.md:
+truncation is never treated as termination). "Exploring starts" (a uniformly random
 first action of each episode, and a start distribution of the environment the caller chooses)
 keep every state-action pair visited, which is what lets the tabular learners reach a sup-norm
 accuracy in a fixed budget.
@@ -112,7 +112,7 @@ class MCEvaluation:
 def mc_evaluation(env: TabularEnv, policy, episodes_per_state: int, horizon: int,
                   generator: torch.Generator) -> MCEvaluation:
     """Monte-Carlo policy evaluation from every non-terminal start state (spec: estimators.md
-    eq. (32); seed 001 section 1.2, seed 003 "MC evaluation").
+    eq. (32); Sutton & Barto 2018, section 5.1).
 
     Each episode is cut after ``horizon`` steps; the return is the ``horizon``-step discounted
     return (an explicit zero bootstrap: the estimate is unbiased for ``V_H``, which differs from V
@@ -139,7 +139,7 @@ def td0_evaluation(env: TabularEnv, policy, generator: torch.Generator, *, num_e
                    num_steps: int = 600, max_episode_steps: int | None = 20,
                    step_size: Schedule | None = None) -> torch.Tensor:
     """TD(0) policy evaluation ``V(s) += alpha (r + gamma (1 - terminated) V(s') - V(s))``
-    (spec: estimators.md eq. (33); seed 001 (80) with lambda = 0, seed 003 "TD learning"),
+    (spec: estimators.md eq. (33); Sutton 1988; Sutton & Barto 2018, section 6.1),
     batch-mean over the ``num_envs`` parallel transitions of each step. Returns ``V [S]``."""
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps)
     step_size = step_size or robbins_monro(1.0, 30.0, 1.0)
@@ -160,7 +160,8 @@ def td0_evaluation(env: TabularEnv, policy, generator: torch.Generator, *, num_e
 def q_learning(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 4096, num_steps: int = 800,
                max_episode_steps: int | None = 2, step_size: Schedule | None = None,
                epsilon: Schedule | None = None, exploring_starts: bool = True) -> torch.Tensor:
-    """Tabular Q-learning (spec: estimators.md eq. (34); seed 003 "Q learning"):
+    """Tabular Q-learning (spec: estimators.md eq. (34); Watkins & Dayan 1992; Sutton & Barto 2018,
+    section 6.5):
     ``Q(s, a) += alpha (r + gamma (1 - terminated) max_a' Q(s', a') - Q(s, a))`` with epsilon-greedy
     (GLIE) behaviour. Off-policy, so exploration may decay slowly (default ``eps_k = 1 / (1 + k / 200)``);
     default step sizes ``alpha_k = 1 / (1 + k / 30)``. Returns ``Q [S, A]``."""
@@ -243,8 +244,8 @@ class A2CResult:
 def a2c(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 256, rollout_length: int = 5,
         num_updates: int = 200, max_episode_steps: int | None = 20, actor_lr: float = 20.0,
         critic_step: Schedule | None = None, lam: float = 0.95) -> A2CResult:
-    """Synchronous advantage actor-critic (A2C; spec: estimators.md eq. (36); seed 001 section 3,
-    seed 003 "actor-critic"): a softmax actor ``pi = softmax(logits)`` and a tabular critic V.
+    """Synchronous advantage actor-critic (A2C; spec: estimators.md eq. (36); Mnih et al. 2016;
+    Sutton & Barto 2018, section 13.5): a softmax actor ``pi = softmax(logits)`` and a tabular critic V.
 
     Each update collects ``rollout_length`` steps of ``num_envs`` environments, computes GAE
     advantages and value targets with the critic (bootstrapping at truncations and at the end of
@@ -287,8 +288,8 @@ def _check_tau(tau) -> float:
 @torch.no_grad()
 def polyak_update(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
     """In place ``theta^- <- tau theta + (1 - tau) theta^-`` for every parameter and buffer of
-    ``target`` (same architecture as ``source``): the soft target update of DQN (seed 003's text,
-    "an exponential moving average copy"); ``tau = 1`` is exactly the hard copy of seed 003's code
+    ``target`` (same architecture as ``source``): the soft target update (Lillicrap et al. 2016;
+    errata.md entry 25); ``tau = 1`` is exactly the hard copy of Mnih et al. 2015
     (``(1 - 1) theta^- + 1 theta = theta`` in floating point)."""
     tau = _check_tau(tau)
     target_state, source_state = target.state_dict(), source.state_dict()
@@ -321,7 +322,7 @@ def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_
         max_episode_steps: int | None = 20, hidden: int = 64, buffer_capacity: int = 20_000,
         batch_size: int = 128, lr: float = 3e-3, target_period: int = 50, learning_starts: int = 20,
         epsilon: Schedule | None = None, lr_decay: bool = True, tau: float = 1.0) -> DQNResult:
-    """DQN on one-hot state features (spec: estimators.md eq. (37); seed 003 "DQN"): an MLP
+    """DQN on one-hot state features (spec: estimators.md eq. (37); Mnih et al. 2015): an MLP
     ``Q_theta``, a replay buffer of ``(s, a, r, s', terminated)`` sampled uniformly, a target network
     updated every ``target_period`` gradient steps, the loss ``mean (Q_theta(s, a) - r - gamma
     (1 - terminated) max_a' Q_target(s', a'))^2`` minimised with Adam, and GLIE epsilon-greedy
@@ -330,8 +331,8 @@ def dqn(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 32, num_
     network is initialised from ``generator`` (no global RNG).
 
     The target update is ``theta^- <- tau theta + (1 - tau) theta^-`` (:func:`polyak_update`):
-    ``tau = 1`` (default) is the hard copy of seed 003's code (there every 5000 steps), ``tau < 1``
-    the exponential moving average ("Polyak averaging") that seed 003's text describes (usually
+    ``tau = 1`` (default) is the hard copy of Mnih et al. 2015 (every C steps), ``tau < 1``
+    the exponential moving average ("Polyak averaging") of Lillicrap et al. 2016 (usually
     with ``target_period = 1`` and a small tau such as 0.005; specs/errata.md entry 25).
     """
     _check_learner_args(env, num_envs=num_envs, num_steps=num_steps, max_episode_steps=max_episode_steps,

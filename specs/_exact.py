@@ -1,4 +1,4 @@
-"""Evaluation of spec expressions at guaranteed accuracy (ARCHITECTURE.md "Exactness").
+"""Evaluation of spec expressions at guaranteed accuracy (docs/architecture.md "Exactness").
 
 A sympy expression with exact numeric leaves (integers, rationals, the exact binary value of a
 float) is evaluated in interval arithmetic: + - * / and integer powers by ``mpmath.iv`` (bounds

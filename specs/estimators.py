@@ -6,8 +6,8 @@ estimator at every step t directly from its definition (explicit finite sums ove
 segment, never the recursions used by fast code), from sympy (or plain number) rewards, values,
 flags and discounts. ``evaluate`` turns them into certain 50-digit numbers, ``evaluate_float64``
 into correctly rounded float64 (``specs._exact``). The ``prove_*`` / ``verify_*``
-functions are the symbolic facts of estimators.md (and the errata about seed 004's GAE
-derivation and seed 001 4.1.2); each returns True or raises AssertionError.
+functions are the symbolic facts of estimators.md (and errata.md entries 2, 6 and 7); each returns True or
+raises AssertionError.
 Imports neither ``refimpl`` nor ``tabular``.
 """
 
@@ -105,7 +105,8 @@ def td_error_exprs(rewards, values, next_values, terminated, gamma) -> list[sp.E
 
 
 def gae_exprs(rewards, values, next_values, terminated, truncated, gamma, lam) -> list[sp.Expr]:
-    """eq. (5): ``A_t = sum_{i=t}^{j} (gamma lam)^(i-t) delta_i`` over the segment (001 (80))."""
+    """eq. (5): ``A_t = sum_{i=t}^{j} (gamma lam)^(i-t) delta_i`` over the segment (Schulman et al. 2016,
+    eq. (16))."""
     delta = td_error_exprs(rewards, values, next_values, terminated, gamma)
     gl = _exact(gamma) * _exact(lam)
     out = []
@@ -118,7 +119,8 @@ def gae_exprs(rewards, values, next_values, terminated, truncated, gamma, lam) -
 def nstep_mixture_exprs(rewards, values, next_values, terminated, truncated, gamma, lam) -> list[sp.Expr]:
     """eq. (7): ``(1 - lam) sum_{n=1}^{m-1} lam^(n-1) A^(n)_t + lam^(m-1) A^(m)_t`` with
     ``A^(n)_t = G^(n)_t - V_t`` and ``m = j - t + 1`` the steps left in the segment (``A^(m)`` is
-    the Monte-Carlo term); the corrected form of seed 004's GAE derivation."""
+    the Monte-Carlo term); the (1 - lam)-normalised form of Schulman et al. 2016, eq. (16) (errata.md entry
+    6)."""
     v, lam_ = _row(values, "values"), _exact(lam)
     T = len(v)
     adv = {n: n_step_return_exprs(rewards, next_values, terminated, truncated, gamma, n)
@@ -202,7 +204,7 @@ def per_decision_is_expr(rewards, target_logp, behavior_logp, mask, gamma) -> sp
 
 
 def trajectory_weight_variance(p, q, H: int) -> sp.Expr:
-    """eq. (11a); seed 001 4.1.2: ``Var_pi[w(tau)] = (q^2/p + (1-q)^2/(1-p))^H - 1``."""
+    """eq. (11a); mdp.md section 7.2: ``Var_pi[w(tau)] = (q^2/p + (1-q)^2/(1-p))^H - 1``."""
     p, q = _exact(p), _exact(q)
     return (q**2 / p + (1 - q) ** 2 / (1 - p)) ** H - 1
 
@@ -245,7 +247,8 @@ def prove_gae_is_normalised_nstep_mixture(T: int) -> bool:
 
 
 def prove_lambda_return_is_gae_plus_value(T: int) -> bool:
-    """eq. (6) = eq. (5) + V: ``G^lam_t = A^GAE_t + V_t`` (001 (81)) for one episode of T steps."""
+    """eq. (6) = eq. (5) + V: ``G^lam_t = A^GAE_t + V_t`` (Schulman et al. 2016; Sutton & Barto 2018,
+    section 12.1) for one episode of T steps."""
     r, v, gamma, lam = _symbolic_row(T)
     flags = [False] * T
     gae = gae_exprs(r, v[:T], v[1:], flags, flags, gamma, lam)
@@ -256,7 +259,7 @@ def prove_lambda_return_is_gae_plus_value(T: int) -> bool:
 
 
 def prove_seed_000_lambda_return_form(T: int) -> bool:
-    """Seed 000's closed form of the lambda-return, ``sum_k (gamma lam)^k (r_k + gamma (1 - lam)
+    """A closed form of the lambda-return, ``sum_k (gamma lam)^k (r_k + gamma (1 - lam)
     V(s_{k+1}))``, on an episode of T steps bootstrapped from ``V(s_T)`` at the end: it equals
     eq. (6) plus the tail ``(gamma lam)^T V(s_T)``, and its A3C(k) terms are the n-step returns
     with ``n = k + 1`` (eq. (3))."""
@@ -272,11 +275,12 @@ def prove_seed_000_lambda_return_form(T: int) -> bool:
 
 
 def verify_erratum_004_gae(n: int = 4) -> bool:
-    """Seed 004's GAE derivation: (a) the plain sum ``sum_{k=1}^{n} lam^(k-1) A^(k)`` has weight
+    """The GAE derivation (Schulman et al. 2016, eq. (16); errata.md entries 6-7): (a) the plain sum
+    ``sum_{k=1}^{n} lam^(k-1) A^(k)`` has weight
     ``(1 - lam^n) / (1 - lam)`` on ``delta_t`` (not 1), so it needs the ``(1 - lam)`` normalisation
     and, on a finite rollout, the tail weight ``lam^(n-1)`` on the longest term; (b) the third
-    term of ``A^(3)`` is ``gamma^2 delta_{t+2}`` (004 prints ``gamma^2 delta_{t+1}``); (c) the
-    Monte-Carlo end is lam = 1, where eq. (7) is ``A^(n)`` (004 writes lam = 0 twice)."""
+    term of ``A^(3)`` is ``gamma^2 delta_{t+2}`` (errata.md entry 7); (c) the
+    Monte-Carlo end is lam = 1, where eq. (7) is ``A^(n)`` (errata.md entry 6)."""
     delta = sp.symbols(f"delta0:{n}", real=True)
     gamma, lam = sp.symbols("gamma lambda", positive=True)
 
@@ -312,7 +316,8 @@ def prove_trajectory_weight_variance(H: int) -> bool:
 
 
 def prove_is_unbiased(K: int = 3) -> bool:
-    """eq. (9), 001 (4): ``sum_x q(x) (p(x)/q(x)) f(x) = sum_x p(x) f(x)`` symbolically."""
+    """eq. (9), Sutton & Barto 2018, section 5.5: ``sum_x q(x) (p(x)/q(x)) f(x) = sum_x p(x) f(x)``
+    symbolically."""
     p = sp.symbols(f"p0:{K}", positive=True)
     q = sp.symbols(f"q0:{K}", positive=True)
     f = sp.symbols(f"f0:{K}", real=True)

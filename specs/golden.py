@@ -573,7 +573,7 @@ def _dual_clip_batches(name: str, spec: LossSpec, seed: int) -> list[_Batch]:
     """The dual-clip case classes (policy_losses.md eq. (7), c = ``DUAL_CLIP``; a separate random
     stream per preset): a unit within one rounding of each bound of the dual-clip gate (A > 0 at
     1 + eps_high, A < 0 at 1 - eps_low and at c: acceptable either side, since the inclusive gate
-    is open on the bound, seed 001 (116)) and one valid batch with every region of the gate (A < 0
+    is open on the bound, policy_losses.md eq. (6)) and one valid batch with every region of the gate (A < 0
     beyond c, A < 0 between 1 + eps_high and c where the plain clip leaves the ratio unclipped, A < 0
     below 1 - eps_low, A > 0 above 1 + eps_high)."""
     if name not in _DUAL_CLIP_PRESETS:
@@ -656,8 +656,9 @@ def _unit_ratios(spec: LossSpec, logp, old, adv) -> list[tuple[sp.Expr, sp.Expr,
 
 def _metrics(spec: LossSpec, logp, old, adv) -> dict[str, sp.Expr]:
     """The diagnostics of ``policy_loss`` (no behaviour correction): over units, the ratio mean /
-    min / max (1 for no units), the fraction of units whose hard-clip gate (inclusive, seed 001
-    (116)) is closed (0 for the other gates) and the mean surrogate ``policy_objective``; over
+    min / max (1 for no units), the fraction of units whose hard-clip gate (inclusive,
+    policy_losses.md eq. (6)) is closed (0 for the other gates) and the mean surrogate ``policy_objective``;
+    over
     tokens, ``approx_kl`` = mean of ``exp(x) - 1 - x`` with ``x = logp - old_logp`` (k3 of
     KL(old || new) from samples of old)."""
     units = _unit_ratios(spec, logp, old, adv)

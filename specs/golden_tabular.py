@@ -36,24 +36,28 @@ Imports neither ``refimpl`` nor ``tabular``.
     decimal strings with 50 significant digits (the exact rational correctly rounded,
     ``specs._exact.to_digits``; ``"0"`` is an exact zero), except action indices (JSON ints):
 
-    - ``values``: ``V [S]`` (mdp.md eq. (7); seed 001 (21), (26)) and ``J`` = sum_s rho0(s) V(s)
-      (eq. (10); 001 (17));
-    - ``q_values``: ``Q [S][A]`` (eq. (8); 001 (22), (25));
-    - ``advantages``: ``A [S][A]`` = Q - V (eq. (9); 001 (23), (30));
+    - ``values``: ``V [S]`` (mdp.md eq. (7); Sutton & Barto 2018, section 3.5) and ``J`` = sum_s rho0(s) V(s)
+      (eq. (10); Sutton & Barto 2018, section 3.3);
+    - ``q_values``: ``Q [S][A]`` (eq. (8); Sutton & Barto 2018, section 3.5);
+    - ``advantages``: ``A [S][A]`` = Q - V (eq. (9); Schulman et al. 2016, section 2);
     - ``state_occupancy``: ``rho [S]`` unnormalised, ``rho(s) = sum_t gamma^t P(s_t = s)`` (eq. (11)),
-      and ``d [S]`` = rho / sum(rho), for gamma < 1 seed 001's ``(1 - gamma) rho`` (eq. (12); 001 (19));
+      and ``d [S]`` = rho / sum(rho), for gamma < 1 Kakade & Langford 2002's ``(1 - gamma) rho`` (eq. (12);
+      Kakade & Langford 2002; Schulman et al. 2015, section 2);
       at gamma = 1 rho counts expected visits of non-terminal states (terminal states: 0);
     - ``state_action_occupancy``: ``rho [S][A]`` = rho(s) pi(a|s), ``d [S][A]`` = d(s) pi(a|s)
-      (eq. (13); 001 (20));
+      (eq. (13); Kakade & Langford 2002; Schulman et al. 2015, section 2);
     - ``optimal``: ``V_star [S]``, ``Q_star [S][A]`` (eq. (15)-(16)), ``optimal_actions [S]`` (every
       action attaining max_a Q*(s, a), exactly), ``pi_star [S]`` (the lowest index among them; an
       implementation with another tie rule should accept any action of ``optimal_actions``);
     - ``performance_difference``: ``J_pi``, ``J_pi_new``, ``difference`` = J(pi') - J(pi),
       ``expected_advantage [S]`` = sum_a pi'(a|s) A_pi(s, a) (eq. (21)), ``rho_pi``, ``rho_pi_new``
       ``[S]`` (unnormalised), ``pdl_sum`` = sum_s rho_pi_new(s) expected_advantage(s), equal to
-      ``difference`` (eq. (22); seed 001 (48), whose ``1/(1 - gamma) E_{d_pi'}`` is this unnormalised
-      sum), ``surrogate`` = J_pi + sum_s rho_pi(s) expected_advantage(s) (eq. (23); 001 (51)),
-      ``distribution_shift_penalty`` = difference of the two sums (eq. (24); 001 (52)-(53)).
+      ``difference`` (eq. (22); Kakade & Langford 2002, Lemma 6.1, whose ``1/(1 - gamma) E_{d_pi'}`` is this
+      unnormalised
+      sum), ``surrogate`` = J_pi + sum_s rho_pi(s) expected_advantage(s) (eq. (23); Schulman et al. 2015,
+      eq. (3)),
+      ``distribution_shift_penalty`` = difference of the two sums (eq. (24); Schulman et al. 2015, eq. (2)
+      minus eq. (3)).
 
 **Tolerance rule** (float64). Policy evaluation solves ``(I - gamma P_pi) V = r_pi``, whose
 inverse has infinity norm ``kappa = 1/(1 - gamma)`` (at gamma = 1: the largest expected episode
@@ -76,7 +80,8 @@ absolute (u = 2^-53, n = S + A); ``tests/test_mdp_spec.py`` states the exact con
   counting terminal states at gamma = 1, whose occupancy is 0 by convention).
 - ``tie_in_optimal_policy``: a non-terminal state has more than one optimal action.
 - ``identical_policies``: pi' = pi (expected advantage and difference exactly 0).
-- ``seed_example``: seed 001's example 4.1.1 (mdp.md eq. (38): J(pi) = 8091/10^8, J(pi') = -90).
+- ``seed_example``: the distribution-shift example of mdp.md section 7.1 (eq. (38): J(pi) = 8091/10^8, J(pi')
+= -90).
 
 **Reasons** (``result = "invalid"``): ``P_row_sum_not_one``, ``P_negative_probability``,
 ``pi_row_sum_not_one``, ``pi_negative_probability``, ``rho0_sum_not_one``, ``gamma_above_one``,
@@ -336,7 +341,7 @@ def tabular_cases() -> list[TabularCase]:
     ))
     P_id, R_id, rho0_id, pi_id, _ = random_rational_mdp("identical_policies", 3, 2)
     cases.append(TabularCase(
-        "identical_policies", "pi' = pi: expected advantage and difference exactly 0 (001 (28))",
+        "identical_policies", "pi' = pi: expected advantage and difference exactly 0 (mdp.md eq. (9))",
         P=P_id, R=R_id, rho0=rho0_id, gamma=F(7, 8), pi=pi_id, pi_new=pi_id,
         quantities=("performance_difference",),
     ))
@@ -345,12 +350,12 @@ def tabular_cases() -> list[TabularCase]:
 
 
 def _seed_001_distribution_shift() -> TabularCase:
-    """Seed 001 example 4.1.1 as in mdp.md section 7.1 (eq. (38)): s0 -a1-> s1 -b-> loses M."""
+    """The distribution-shift example of mdp.md section 7.1 (eq. (38)): s0 -a1-> s1 -b-> loses M."""
     gamma, M, eta, eta2 = F(9, 10), 100, F(1, 10**4), F(1, 10**3)
     to_end = [0, 0, 1]
     return TabularCase(
         "seed_001_distribution_shift",
-        "seed 001 4.1.1: a large distribution-shift penalty (mdp.md eq. (38))",
+        "a large distribution-shift penalty (mdp.md section 7.1, eq. (38))",
         P=[[to_end, [0, 1, 0]], [to_end, to_end], [to_end, to_end]],
         R=[[0, 0], [1, -M], [0, 0]],
         rho0=[1, 0, 0], gamma=gamma,

@@ -199,7 +199,7 @@ def verify_loss_gradients(n: int = 3) -> bool:
 
 
 def verify_erratum_000_sign(n: int = 3) -> bool:
-    """Seed 000 writes KL(pi || pi') = E_pi[log pi'/pi]; that is -KL(pi || pi') <= 0 (kl.md eq. (9))."""
+    """The sign erratum (errata.md entry 5): E_pi[log pi'/pi] is -KL(pi || pi') <= 0 (kl.md eq. (9))."""
     z = list(sp.symbols(f"z0:{n}", real=True))
     w = list(sp.symbols(f"w0:{n}", real=True))
     pi, other = softmax_exprs(z), softmax_exprs(w)

@@ -1,5 +1,6 @@
 """Exact rational spec of finite MDPs: policy evaluation, occupancy, optimal control, and the
-performance-difference identity (spec: specs/mdp.md sections 1-5; seed 001 (16)-(30), (48)).
+performance-difference identity (spec: specs/mdp.md sections 1-5; Sutton & Barto 2018, chapter 3;
+Kakade & Langford 2002, Lemma 6.1).
 
 Every number is a ``sympy.Rational`` and every linear system is solved exactly over the
 rationals (``sympy.Matrix.LUsolve``), so the results are exact, not 50-digit approximations.
@@ -14,8 +15,10 @@ the spec, so there is no tolerance (``tabular`` accepts row sums within 1e-9 of 
 
 **Normalisation.** The primary occupancy is the unnormalised ``rho_pi(s) = sum_t gamma^t
 P(s_t = s)`` (mdp.md eq. (11)); ``normalized=True`` divides by its total, which is ``1/(1 - gamma)``
-for gamma < 1, so it is seed 001's ``d_pi = (1 - gamma) rho_pi`` (001 (19)-(20)). The
-performance-difference identity (mdp.md eq. (22), 001 (48)) is therefore written
+for gamma < 1, so it is Kakade & Langford 2002's ``d_pi = (1 - gamma) rho_pi`` (Kakade & Langford 2002;
+Schulman et al. 2015, section 2). The
+performance-difference identity (mdp.md eq. (22), Kakade & Langford 2002, Lemma 6.1; Schulman et al. 2015,
+eq. (1)-(2)) is therefore written
 ``J(pi') - J(pi) = sum_s rho_{pi'}(s) sum_a pi'(a|s) A_pi(s, a)``, which for gamma < 1 is
 ``1/(1 - gamma) E_{s ~ d_{pi'}, a ~ pi'}[A_pi(s, a)]``, and stays meaningful at gamma = 1.
 
@@ -35,7 +38,7 @@ set at s is ``{a : Q*(s, a) = max_b Q*(s, b)}`` (exact ties), and ``pi*`` takes 
 it -- a canonical choice that does not depend on the path policy iteration took. At gamma = 1
 every policy the iteration meets must be proper (e.g. a DAG), else ``ValueError``.
 
-Imports neither ``refimpl`` nor ``tabular`` (ARCHITECTURE.md).
+Imports neither ``refimpl`` nor ``tabular`` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -266,8 +269,9 @@ def _scatter(idx: list[int], x: sp.Matrix, size: int) -> Vector:
 
 
 def values(mdp: FiniteMDP, pi) -> Vector:
-    """``V_pi [S]``: the exact solution of ``(I - gamma P_pi) V = r_pi`` (mdp.md eq. (7); seed 001
-    (26)); at gamma = 1 on the non-terminal states, with ``V = 0`` on terminal ones."""
+    """``V_pi [S]``: the exact solution of ``(I - gamma P_pi) V = r_pi`` (mdp.md eq. (7);
+    Sutton & Barto 2018, section 3.5); at gamma = 1 on the non-terminal states, with ``V = 0`` on terminal
+    ones."""
     return _values(mdp, check_policy(mdp, pi))
 
 
@@ -281,7 +285,7 @@ def _values(mdp: FiniteMDP, pi: tuple) -> Vector:
 
 def bellman_backup(mdp: FiniteMDP, V) -> Matrix2:
     """``Q_V(s, a) = r(s, a) + gamma sum_s' P(s'|s, a) V(s')`` for any ``V [S]`` (mdp.md eq. (8), (16);
-    seed 001 (25))."""
+    Sutton & Barto 2018, section 3.5)."""
     V = _array(V, "V", (mdp.num_states,))
     return tuple(
         tuple(mdp.r[s][a] + mdp.gamma * _dot(mdp.P[s][a], V) for a in range(mdp.num_actions))
@@ -290,23 +294,24 @@ def bellman_backup(mdp: FiniteMDP, V) -> Matrix2:
 
 
 def q_values(mdp: FiniteMDP, pi) -> Matrix2:
-    """``Q_pi [S][A] = r + gamma P V_pi`` (mdp.md eq. (8); seed 001 (25))."""
+    """``Q_pi [S][A] = r + gamma P V_pi`` (mdp.md eq. (8); Sutton & Barto 2018, section 3.5)."""
     return bellman_backup(mdp, values(mdp, pi))
 
 
 def advantages(mdp: FiniteMDP, pi) -> Matrix2:
-    """``A_pi [S][A] = Q_pi(s, a) - V_pi(s)`` (mdp.md eq. (9); seed 001 (23), (30))."""
+    """``A_pi [S][A] = Q_pi(s, a) - V_pi(s)`` (mdp.md eq. (9); Schulman et al. 2016, section 2)."""
     V = values(mdp, pi)
     return tuple(tuple(q - v for q in Q_s) for Q_s, v in zip(bellman_backup(mdp, V), V, strict=True))
 
 
 def expected_return(mdp: FiniteMDP, pi) -> sp.Rational:
-    """``J(pi) = sum_s rho0(s) V_pi(s)`` (mdp.md eq. (10); seed 001 (17))."""
+    """``J(pi) = sum_s rho0(s) V_pi(s)`` (mdp.md eq. (10); Sutton & Barto 2018, section 3.3)."""
     return _dot(mdp.rho0, values(mdp, pi))
 
 
 def state_occupancy(mdp: FiniteMDP, pi, normalized: bool = False) -> Vector:
-    """State occupancy ``[S]`` (mdp.md eq. (11)-(12); seed 001 (19)).
+    """State occupancy ``[S]`` (mdp.md eq. (11)-(12); Kakade & Langford 2002; Schulman et al. 2015,
+    section 2).
 
     ``normalized=False`` (default): ``rho_pi``, the exact solution of the flow equation
     ``(I - gamma P_pi^T) rho = rho0`` (at gamma = 1 on the non-terminal states, 0 on terminal ones:
@@ -333,7 +338,7 @@ def _occupancy(mdp: FiniteMDP, pi: tuple) -> Vector:
 
 def state_action_occupancy(mdp: FiniteMDP, pi, normalized: bool = False) -> Matrix2:
     """``[S][A]`` occupancy ``rho_pi(s) pi(a|s)``, or ``d_pi(s) pi(a|s)`` when normalised (mdp.md
-    eq. (13); seed 001 (20))."""
+    eq. (13); Kakade & Langford 2002; Schulman et al. 2015, section 2)."""
     pi_q = check_policy(mdp, pi)
     rho = state_occupancy(mdp, pi_q, normalized)
     return tuple(tuple(x * p for p in row) for x, row in zip(rho, pi_q, strict=True))
@@ -382,7 +387,8 @@ def optimal_control(mdp: FiniteMDP, max_iterations: int = 1000) -> OptimalContro
 @dataclass(frozen=True)
 class PerformanceDifference:
     """Terms of the performance-difference identity for an old policy ``pi`` and a new ``pi_new``
-    (mdp.md eq. (21)-(24); seed 001 (48), (51)-(53)); all exact.
+    (mdp.md eq. (21)-(24); Kakade & Langford 2002, Lemma 6.1; Schulman et al. 2015, eq. (1)-(2), eq. (3),
+    eq. (2) minus eq. (3)); all exact.
 
     ``expected_advantage [S]``: ``abar(s) = sum_a pi_new(a|s) A_pi(s, a)``; ``rho_pi_new``,
     ``rho_pi [S]``: unnormalised occupancies; ``J_pi``, ``J_pi_new``; ``difference = J_pi_new - J_pi``;
@@ -403,8 +409,10 @@ class PerformanceDifference:
 
 def performance_difference(mdp: FiniteMDP, pi, pi_new) -> PerformanceDifference:
     """Both sides of ``J(pi_new) - J(pi) = sum_s rho_{pi_new}(s) sum_a pi_new(a|s) A_pi(s, a)``
-    (mdp.md eq. (22); seed 001 (48) with ``1/(1 - gamma) E_{d_pi_new}`` = ``sum_s rho_pi_new(s)``),
-    the surrogate (eq. (23); 001 (51)) and the distribution-shift penalty (eq. (24); 001 (52))."""
+    (mdp.md eq. (22); Kakade & Langford 2002, Lemma 6.1; Schulman et al. 2015, eq. (1)-(2) with ``1/(1 -
+    gamma) E_{d_pi_new}`` = ``sum_s rho_pi_new(s)``),
+    the surrogate (eq. (23); Schulman et al. 2015, eq. (3)) and the distribution-shift penalty (eq. (24);
+    Schulman et al. 2015, eq. (2) minus eq. (3))."""
     pi_q = check_policy(mdp, pi, "pi")
     new_q = check_policy(mdp, pi_new, "pi_new")
     A = advantages(mdp, pi_q)

@@ -8,8 +8,8 @@ is written from the equations of policy_losses.md alone (it imports nothing from
 the given sequence lengths (ragged; padding is not part of the spec) as a sympy expression of
 symbols, plus its gradient with respect to every ``logp`` symbol. Stop-gradient ``sg(.)`` is
 modelled by a second set of symbols ``logp_sg`` that take the same values as ``logp`` but are not
-differentiated. Hard gates are ``Piecewise`` expressions with the inclusive conditions of seed 001
-(116), so the symbolic derivative exactly on a clip boundary is the convention of md eq. (6).
+differentiated. Hard gates are ``Piecewise`` expressions with the inclusive conditions of policy_losses.md
+eq. (6), so the symbolic derivative exactly on a clip boundary is the convention of md eq. (6).
 
 ``evaluate`` substitutes exact values (sympy numbers, e.g. ``old + log(5/4)`` to sit exactly on
 a boundary) and evaluates to ``digits`` certain significant digits; ``evaluate_float64`` rounds
@@ -69,7 +69,7 @@ class PolicyLossExpression:
     """A built loss: ``loss`` and ``gradient[i][t] = d loss / d logp[i][t]`` as sympy expressions,
     the symbol tables (ragged: ``logp[i]`` has ``lengths[i]`` symbols), and ``abs_scale``, the
     sum of absolute values of the summed per-sequence contributions over the denominator (for the
-    absolute tolerance floor of ARCHITECTURE.md)."""
+    absolute tolerance floor of docs/architecture.md)."""
 
     loss: sp.Expr
     gradient: tuple[tuple[sp.Expr, ...], ...]
@@ -102,7 +102,7 @@ def _ragged(prefix: str, lengths: tuple[int, ...]) -> tuple[tuple[sp.Symbol, ...
 
 def hard_clip_term(r: sp.Expr, a: sp.Expr, eps_low, eps_high, dual_clip) -> sp.Expr:
     """md eqs. (6)-(7): ``min(r a, clip(r, 1 - eps_low, 1 + eps_high) a)`` (with ``max(., c a)``
-    for a < 0 under dual clip) as ``r a`` where the inclusive gate of seed 001 (116) is open and
+    for a < 0 under dual clip) as ``r a`` where the inclusive gate of policy_losses.md eq. (6) is open and
     the clipped constant elsewhere. ``None`` removes a side."""
     upper = None if eps_high is None else 1 + eps_high
     lower = None if eps_low is None else 1 - eps_low
@@ -124,7 +124,8 @@ def hard_clip_term(r: sp.Expr, a: sp.Expr, eps_low, eps_high, dual_clip) -> sp.E
 
 
 def min_clip_term(r: sp.Expr, a: sp.Expr, eps_low, eps_high, dual_clip=None) -> sp.Expr:
-    """The literal seed 001 (78) / (101) form ``min(r a, clip(r, 1 - eps_low, 1 + eps_high) a)``
+    """The literal form of Schulman et al. 2017, eq. (7) / Yu et al. 2025, section 3.1, ``min(r a, clip(r, 1 -
+    eps_low, 1 + eps_high) a)``
     (plus ``max(., c a)`` for a < 0 under dual clip), used to prove md eq. (6)'s Piecewise."""
     clipped = sp.Min(sp.Max(r, 1 - eps_low), 1 + eps_high)
     term = sp.Min(r * a, clipped * a)
@@ -134,7 +135,7 @@ def min_clip_term(r: sp.Expr, a: sp.Expr, eps_low, eps_high, dual_clip=None) -> 
 
 
 def sapo_term(r: sp.Expr, a: sp.Expr, tau_pos, tau_neg) -> sp.Expr:
-    """md eq. (8); seed 001 (117)-(118): ``4 / tau * sigmoid(tau (r - 1)) * a``."""
+    """md eq. (8); Gao et al. 2025: ``4 / tau * sigmoid(tau (r - 1)) * a``."""
     tau = sp.Piecewise((tau_pos, a > 0), (tau_neg, True))
     return 4 / tau / (1 + sp.exp(-tau * (r - 1))) * a
 
@@ -278,7 +279,7 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
         c_i = token_sum / n if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else token_sum
         if level == "sequence":  # a sequence term counts once per token under token_mean / seq_sum
             c_i += -terms[i] * (n if agg in ("token_mean", "seq_sum") else 1)
-        if agg == "seq_sqrt_token_mean":  # seed 000: each group's sum over sqrt(G), not G (md eq. (10))
+        if agg == "seq_sqrt_token_mean":  # each group's sum over sqrt(G), not G (md eq. (10), (27))
             if spec.group_size is None:
                 raise ValueError("spec.group_size is required by aggregation 'seq_sqrt_token_mean'")
             c_i *= sp.sqrt(spec.group_size)
@@ -452,7 +453,7 @@ def prove_piecewise_gate_equals_min_clip(eps_low=None, eps_high=None, dual_clip=
 
 
 def prove_sapo_gate_derivative() -> bool:
-    """md eq. (15); seed 001 (120) erratum: ``d/dr [4 / tau sigmoid(tau (r - 1))] =
+    """md eq. (15); errata.md entry 14: ``d/dr [4 / tau sigmoid(tau (r - 1))] =
     4 sigma (1 - sigma) = sech^2(tau (r - 1) / 2)``; it equals 1 at r = 1."""
     r, tau = sp.symbols("r tau", positive=True)
     sigma = 1 / (1 + sp.exp(-tau * (r - 1)))
@@ -469,7 +470,7 @@ def prove_sapo_gate_derivative() -> bool:
 
 
 def prove_gspo_gradient(length: int = 3) -> bool:
-    """md eq. (16); seed 001 (110)-(111) where the clip is inactive: ``d (s A) / d logp_t =
+    """md eq. (16); Zheng et al. 2025, section 4.2, where the clip is inactive: ``d (s A) / d logp_t =
     s A / |y|`` for every token t, i.e. ``grad (s A) = s A grad log s`` and
     ``grad log s = (1 / |y|) sum_t grad log pi(y_t)``."""
     lp = sp.symbols(f"lp0:{length}", real=True)
@@ -479,9 +480,9 @@ def prove_gspo_gradient(length: int = 3) -> bool:
     s = sp.exp(log_s)
     for t in range(length):
         if sp.simplify(sp.diff(s * a, lp[t]) - s * a * sp.diff(log_s, lp[t])) != 0:
-            raise AssertionError("(110) fails")
+            raise AssertionError("the GSPO gradient identity fails")
         if sp.simplify(sp.diff(log_s, lp[t]) - sp.Rational(1, length)) != 0:
-            raise AssertionError("(111) fails")
+            raise AssertionError("d log s / d logp_t = 1/|y| fails")
     return True
 
 
@@ -508,7 +509,7 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
                 weight = sp.Integer(copies)
             else:
                 weight = sp.Rational(1, n) if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else 1
-            if agg == "seq_sqrt_token_mean":  # seed 000: sqrt(G) times GRPO's weight
+            if agg == "seq_sqrt_token_mean":  # sqrt(G) times GRPO's weight (md eq. (27))
                 weight = weight * sp.sqrt(spec.group_size or 1)
             expected = -a * weight / d
             got = built.gradient[i][t].xreplace(subs)

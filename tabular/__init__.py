@@ -1,6 +1,6 @@
 """Exact ground truth for finite MDPs (numpy/scipy float64; sympy rationals for tiny cases).
 
-This layer imports neither ``refimpl`` nor ``specs`` (ARCHITECTURE.md, contract). Every public
+This layer imports neither ``refimpl`` nor ``specs`` (docs/architecture.md, contract). Every public
 name of the submodules is re-exported here (each submodule lists its names in ``__all__``).
 """
 

@@ -1,6 +1,7 @@
 """Optimal control of finite MDPs: value iteration and policy iteration.
 
-spec: specs/mdp.md section 4, eq. (16)-(19); seed 003 "Policy Improvement" (8x8 grid world).
+spec: specs/mdp.md section 4, eq. (16)-(19); Sutton & Barto 2018, sections 4.3-4.4 (8x8 grid world: mdp.md
+section 7.3).
 Both solvers return a :class:`ControlResult` (numpy arrays). Greedy policies are one-hot
 ``[S, A]`` arrays with deterministic tie-breaking (the lowest action index among the maximisers;
 policy iteration keeps its current action when that action is still a maximiser).
@@ -144,7 +145,7 @@ def value_iteration(mdp: MDP, tol: float = 1e-8, max_iterations: int = 1_000_000
 
 
 def policy_iteration(mdp: MDP, initial_policy=None, max_iterations: int = 10_000) -> ControlResult:
-    """Exact policy iteration (spec: mdp.md eq. (18); seed 003 "Policy Iteration").
+    """Exact policy iteration (spec: mdp.md eq. (18); Sutton & Barto 2018, section 4.3).
 
     Evaluate the current policy by a direct linear solve (:func:`policy_evaluation`), improve
     greedily with deterministic tie-breaking (keep the current action while it is tied for the

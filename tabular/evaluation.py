@@ -1,6 +1,7 @@
 """Exact policy evaluation and occupancy measures by direct linear solves.
 
-spec: specs/mdp.md sections 2-3; seed 001 (19)-(20), (24)-(29). For ``gamma = 1`` the policy must
+spec: specs/mdp.md sections 2-3; Kakade & Langford 2002; Sutton & Barto 2018, section 3.5. For ``gamma = 1``
+the policy must
 reach a terminal state with probability 1 from every state (otherwise a clear ``ValueError``);
 terminal states have value 0 and are excluded from the unnormalised occupancy.
 """
@@ -51,7 +52,8 @@ def _reachable_from_start(mdp: MDP, P_pi: np.ndarray) -> np.ndarray:
 
 
 def policy_evaluation(mdp: MDP, pi) -> np.ndarray:
-    """``V_pi [S]`` solving ``V = r_pi + gamma P_pi V`` (spec: mdp.md eq. (7); seed 001 (24)).
+    """``V_pi [S]`` solving ``V = r_pi + gamma P_pi V`` (spec: mdp.md eq. (7); Sutton & Barto 2018,
+    section 3.5).
 
     Direct solve of ``(I - gamma P_pi) V = r_pi``; at gamma = 1 on the non-terminal states, with
     ``V = 0`` on terminal states.
@@ -68,15 +70,16 @@ def policy_evaluation(mdp: MDP, pi) -> np.ndarray:
 
 
 def q_values(mdp: MDP, pi) -> np.ndarray:
-    """``Q_pi [S, A] = r(s, a) + gamma sum_s' P(s'|s, a) V_pi(s')`` (spec: mdp.md eq. (8); 001 (25))."""
+    """``Q_pi [S, A] = r(s, a) + gamma sum_s' P(s'|s, a) V_pi(s')`` (spec: mdp.md eq. (8);
+    Sutton & Barto 2018, section 3.5)."""
     V = policy_evaluation(mdp, pi)
     return mdp.r + mdp.gamma * np.einsum("sat,t->sa", mdp.P, V)
 
 
 def advantages(mdp: MDP, pi) -> np.ndarray:
-    """``A_pi [S, A] = Q_pi(s, a) - V_pi(s)`` (spec: mdp.md eq. (9); seed 001 (28)).
+    """``A_pi [S, A] = Q_pi(s, a) - V_pi(s)`` (spec: mdp.md eq. (9); Schulman et al. 2016, section 2).
 
-    Centred under pi: ``sum_a pi(a|s) A_pi(s, a) = 0`` (001 (29)).
+    Centred under pi: ``sum_a pi(a|s) A_pi(s, a) = 0`` (Schulman et al. 2016, section 2).
     """
     pi = mdp.validate_policy(pi)
     V = policy_evaluation(mdp, pi)
@@ -89,7 +92,8 @@ def expected_return(mdp: MDP, pi) -> float:
 
 
 def state_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
-    """State occupancy ``[S]`` (spec: mdp.md eq. (11)-(12); seed 001 (19)).
+    """State occupancy ``[S]`` (spec: mdp.md eq. (11)-(12); Kakade & Langford 2002; Schulman et al. 2015,
+    section 2).
 
     ``normalized=False``: TRPO's ``rho_pi(s) = sum_t gamma^t P(s_t = s)``, the solution of the flow
     equation ``rho = rho0 + gamma P_pi^T rho``. For gamma = 1 this is the expected number of visits
@@ -115,7 +119,8 @@ def state_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
 
 
 def state_action_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
-    """``[S, A]`` occupancy ``rho_pi(s) pi(a|s)`` (spec: mdp.md eq. (13); seed 001 (20));
+    """``[S, A]`` occupancy ``rho_pi(s) pi(a|s)`` (spec: mdp.md eq. (13); Kakade & Langford 2002;
+    Schulman et al. 2015, section 2);
     ``normalized`` as in :func:`state_occupancy`."""
     pi = mdp.validate_policy(pi)
     return state_occupancy(mdp, pi, normalized)[:, None] * pi

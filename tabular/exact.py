@@ -134,7 +134,8 @@ def _policy_matrices(emdp: ExactMDP, pi_q: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def exact_policy_evaluation(emdp: ExactMDP, pi) -> np.ndarray:
-    """Exact ``V_pi [S]`` from ``(I - gamma P_pi) V = r_pi`` (spec: mdp.md eq. (7); seed 001 (26))."""
+    """Exact ``V_pi [S]`` from ``(I - gamma P_pi) V = r_pi`` (spec: mdp.md eq. (7); Sutton & Barto 2018,
+    section 3.5)."""
     pi_q = emdp.policy(pi)
     P_pi, r_pi = _policy_matrices(emdp, pi_q)
     idx = _solve_states(emdp, pi_q)
@@ -146,13 +147,13 @@ def exact_policy_evaluation(emdp: ExactMDP, pi) -> np.ndarray:
 
 
 def exact_q_values(emdp: ExactMDP, pi) -> np.ndarray:
-    """Exact ``Q_pi [S, A] = r + gamma P V_pi`` (spec: mdp.md eq. (8); seed 001 (25))."""
+    """Exact ``Q_pi [S, A] = r + gamma P V_pi`` (spec: mdp.md eq. (8); Sutton & Barto 2018, section 3.5)."""
     V = exact_policy_evaluation(emdp, pi)
     return emdp.r + emdp.gamma * np.einsum("sat,t->sa", emdp.P, V)
 
 
 def exact_advantages(emdp: ExactMDP, pi) -> np.ndarray:
-    """Exact ``A_pi [S, A] = Q_pi - V_pi`` (spec: mdp.md eq. (9); seed 001 (23))."""
+    """Exact ``A_pi [S, A] = Q_pi - V_pi`` (spec: mdp.md eq. (9); Schulman et al. 2016, section 2)."""
     V = exact_policy_evaluation(emdp, pi)
     return emdp.r + emdp.gamma * np.einsum("sat,t->sa", emdp.P, V) - V[:, None]
 

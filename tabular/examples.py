@@ -1,4 +1,4 @@
-"""Example MDPs: the two pathologies of seed 001 section 4.1, the 8x8 grid world of seed 003, a
+"""Example MDPs: the two pathologies of mdp.md sections 7.1-7.2, the 8x8 grid world of mdp.md section 7.3, a
 seeded random-MDP generator and a chain.
 
 spec: specs/mdp.md section 7. Example parameters may be given as decimal floats or as
@@ -74,14 +74,14 @@ class PolicyPairExample:
 
 
 def distribution_shift_example(gamma=0.9, M=100, eta=1e-4, eta2=1e-3) -> PolicyPairExample:
-    """Seed 001 section 4.1.1: the surrogate predicts improvement while J collapses.
+    """mdp.md section 7.1: the surrogate predicts improvement while J collapses.
 
     States ``0 = s0`` (start), ``1 = s1``, ``2 = s_perp`` (terminal). Actions at s0: ``0 = a0``
     (to s_perp), ``1 = a1`` (to s1); at s1: ``0 = g`` (reward 1), ``1 = b`` (reward -M), both to
-    s_perp; at s_perp both actions stay (the seed's single action there, duplicated so every state
+    s_perp; at s_perp both actions stay (one action there in the original statement, duplicated so every state
     has A = 2). ``pi``: ``pi(a1|s0) = eta``, ``pi(b|s1) = eta2``, uniform at s_perp; ``pi_new``: a1
     then b. With the defaults: ``J(pi) = 8.091e-5``, ``J(pi_new) = -90``,
-    ``L_pi(pi_new) - J(pi) = 0.79993818`` exactly (the seed rounds it to 0.79994).
+    ``L_pi(pi_new) - J(pi) = 0.79993818`` exactly (first stated rounded, 0.79994).
     """
     g, M, eta, eta2 = (_fraction(x) for x in (gamma, M, eta, eta2))
     if not (0 <= g < 1):
@@ -109,17 +109,17 @@ def distribution_shift_example(gamma=0.9, M=100, eta=1e-4, eta2=1e-3) -> PolicyP
 
 
 def trajectory_is_example(H: int, p=0.5, q=0.9, gamma=0.9, reward: str = "absorbing") -> PolicyPairExample:
-    """Seed 001 section 4.1.2: an H-step episode where trajectory IS weights have variance
+    """mdp.md section 7.2: an H-step episode where trajectory IS weights have variance
     ``(q^2/p + (1-q)^2/(1-p))^H - 1`` (:func:`is_weight_variance`).
 
-    The seed's single state s is not Markov with a deterministic cut after H actions, so the step
+    A single state s is not Markov with a deterministic cut after H actions, so the step
     counter is part of the state: states ``0 .. H-1`` are "s at step t" (both actions move to t+1,
     reward 0), state ``H`` is s_perp. Behaviour ``pi(1|s) = p``, target ``pi_new(1|s) = q``.
 
-    ``reward="absorbing"``: as the seed writes it, ``r(s_perp, .) = 1`` at every step, so the
-    return is ``gamma^H / (1 - gamma)`` (erratum: the seed says ``gamma^H``).
+    ``reward="absorbing"``: as first stated, ``r(s_perp, .) = 1`` at every step, so the
+    return is ``gamma^H / (1 - gamma)`` (errata.md entry 2: not ``gamma^H``).
     ``reward="once"``: s_perp pays 1 once and moves to a terminal state ``H + 1``, so the return is
-    ``gamma^H``, the seed's stated value. Either way the return is the same for every trajectory.
+    ``gamma^H``, the value first stated. Either way the return is the same for every trajectory.
     """
     if isinstance(H, bool) or not isinstance(H, (int, np.integer)) or H < 0:
         raise ValueError(f"H must be a non-negative int, got {H!r}")
@@ -156,8 +156,8 @@ def trajectory_is_example(H: int, p=0.5, q=0.9, gamma=0.9, reward: str = "absorb
 
 
 def is_weight_variance(p, q, H: int):
-    """``Var_pi[w] = (q^2/p + (1-q)^2/(1-p))^H - 1`` for the trajectory IS weight of 4.1.2,
-    seed 001 section 4.1.2 (mdp.md eq. (39)). Exact (a ``Fraction``) when ``p``, ``q`` are Fractions
+    """``Var_pi[w] = (q^2/p + (1-q)^2/(1-p))^H - 1`` for the trajectory IS weight of mdp.md section 7.2,
+    mdp.md section 7.2 (eq. (39)). Exact (a ``Fraction``) when ``p``, ``q`` are Fractions
     or ints, else a float."""
     if isinstance(H, bool) or not isinstance(H, (int, np.integer)) or H < 0:
         raise ValueError(f"H must be a non-negative int, got {H!r}")
@@ -192,10 +192,10 @@ class GridWorld:
 
 
 def grid_world(size: int = 8, goal=(0, 7), trap=(3, 3), gamma: float = 0.9, start=None) -> GridWorld:
-    """The grid world of seed 003 "MDP Based RL" (mdp.md section 7.3).
+    """The 8x8 grid world of mdp.md section 7.3.
 
     ``size x size`` cells; actions up/right/down/left (:data:`GRID_ACTIONS`) move deterministically,
-    a move into a wall stays put. Reward on ARRIVAL (seed 003's ``R(s')``): ``+1`` for a step that
+    a move into a wall stays put. Reward on ARRIVAL (``R(s')``, errata.md entry 3): ``+1`` for a step that
     enters ``goal``, ``-1`` for one that enters ``trap``, 0 otherwise, i.e. ``r[s, a, s'] = R(s')``
     for non-terminal ``s``. Goal and trap are terminal (absorbing, zero reward afterwards).
     ``rho0``: uniform over non-terminal cells, or the cell ``start``. Both special cells can be

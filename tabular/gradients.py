@@ -1,10 +1,11 @@
 """Exact gradients of the tabular softmax policy ``pi_theta(a|s) ∝ exp(theta[s, a])``.
 
-spec: specs/mdp.md section 6, eq. (32)-(37); seed 001 (36), (72)-(73). ``theta`` is an ``[S, A]``
+spec: specs/mdp.md section 6, eq. (32)-(37); Sutton et al. 2000, Theorem 1; Kakade 2001. ``theta`` is an ``[S,
+A]``
 array; flattened parameters use row-major order, index ``s * A + a`` (``theta.reshape(-1)``).
 The policy gradient uses the unnormalised occupancy (valid at gamma = 1 for proper policies);
 the Fisher matrix uses the NORMALISED occupancy ``d_theta`` (TRPO's average-KL metric,
-seed 001 (67), (72)).
+Schulman et al. 2015, section 4, Appendix C; Kakade 2001).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def softmax_score(theta) -> np.ndarray:
 
 
 def policy_gradient(mdp: MDP, theta) -> np.ndarray:
-    """Exact ``grad_theta J(pi_theta)``, ``[S, A]``, by the policy-gradient theorem seed 001 (36):
+    """Exact ``grad_theta J(pi_theta)``, ``[S, A]``, by the policy-gradient theorem Sutton et al. 2000,
+    Theorem 1:
 
         grad J = (1/(1-gamma)) E_{(s,a)~d_theta}[grad log pi(a|s) Q(s, a)]
                = sum_{s,a} rho_theta(s) pi(a|s) grad log pi(a|s) Q(s, a)        (mdp.md eq. (34))
@@ -84,7 +86,8 @@ def policy_gradient(mdp: MDP, theta) -> np.ndarray:
 def fisher_matrix(mdp: MDP, theta) -> np.ndarray:
     """Fisher information ``F = E_{s~d_theta, a~pi}[grad log pi grad log pi^T]``, ``[S*A, S*A]``.
 
-    mdp.md eq. (35); seed 001 (72). Uses the NORMALISED occupancy ``d_theta``; F equals the Hessian
+    mdp.md eq. (35); Kakade 2001; Schulman et al. 2015, Appendix C. Uses the NORMALISED occupancy ``d_theta``;
+    F equals the Hessian
     in ``theta'`` at ``theta' = theta`` of :func:`mean_kl`. Block diagonal with blocks
     ``d(s) (diag pi(.|s) - pi(.|s) pi(.|s)^T)``; singular (each block annihilates the ones vector).
     """
@@ -137,7 +140,7 @@ def natural_gradient_closed_form(mdp: MDP, theta) -> np.ndarray:
 
 def mean_kl(mdp: MDP, theta, theta_new) -> float:
     """``E_{s ~ d_theta}[KL(pi_theta(.|s) || pi_theta_new(.|s))]`` with the normalised occupancy of
-    the OLD parameters ``theta`` held fixed (mdp.md eq. (35); seed 001 (67)). Its Hessian in
+    the OLD parameters ``theta`` held fixed (mdp.md eq. (35); Schulman et al. 2015, section 4). Its Hessian in
     ``theta_new`` at ``theta_new = theta`` is :func:`fisher_matrix`."""
     theta = _theta(mdp, theta)
     theta_new = _theta(mdp, theta_new, "theta_new")

@@ -1,15 +1,16 @@
 """Policy-improvement theory: performance difference, surrogate, CPI and TRPO lower bounds.
 
-spec: specs/mdp.md section 5, eq. (20)-(31); seed 001 (48)-(61); TRPO paper (Schulman et al.
-2015) Theorem 1; Kakade & Langford (2002) Theorem 4.1.
+spec: specs/mdp.md section 5, eq. (20)-(31); Kakade & Langford 2002, Lemma 6.1 and Theorem 4.1;
+Schulman et al. 2015, eq. (1)-(6) and Theorem 1.
 
 Everything is written with the UNnormalised occupancy ``rho_pi(s) = sum_t gamma^t P(s_t = s)``
 (``state_occupancy(..., normalized=False)``), so that ``(1 / (1 - gamma)) E_{s ~ d_pi}[f(s)]``
-of seed 001 reads ``sum_s rho_pi(s) f(s)``; this is well defined for gamma = 1 episodic MDPs
+of the normalised form reads ``sum_s rho_pi(s) f(s)``; this is well defined for gamma = 1 episodic MDPs
 with proper policies too. The bounds with ``1 - gamma`` in a denominator (CPI, TRPO) raise a
 clear ``ValueError`` at gamma = 1. Total variation is ``0.5 ||p - q||_1``; "max" is over all
 states. Expectations over ``pi_new`` are taken directly (``sum_a pi_new(a|s) A(s, a)``), which
-equals seed 001's importance-weighted form whenever ``pi_new`` is absolutely continuous w.r.t.
+equals the importance-weighted form of Schulman et al. 2015 section 5 whenever ``pi_new`` is absolutely
+continuous w.r.t.
 ``pi``, and needs no division by probabilities.
 """
 
@@ -66,8 +67,8 @@ def policy_total_variation(pi, pi_new) -> np.ndarray:
 def policy_kl(pi, pi_new) -> np.ndarray:
     """``[S]`` KL divergence ``KL(pi(.|s) || pi_new(.|s)) = sum_a pi log(pi / pi_new)`` (mdp.md eq. (30)).
 
-    Direction: the FIRST argument is the distribution the expectation is taken under (seed 000's
-    "smarter method" writes the log ratio upside down; see specs/errata.md). Terms with
+    Direction: the FIRST argument is the distribution the expectation is taken under (a common slip
+    writes the log ratio upside down; specs/errata.md entry 5). Terms with
     ``pi(a|s) = 0`` are 0; a state where ``pi > 0 = pi_new`` gives ``inf``. Computed in log space.
     """
     pi, pi_new = _two_policies(pi, pi_new)
@@ -80,13 +81,14 @@ def policy_kl(pi, pi_new) -> np.ndarray:
 
 def expected_advantage(mdp: MDP, pi, pi_new) -> np.ndarray:
     """``[S]`` ``abar(s) = sum_a pi_new(a|s) A_pi(s, a)`` (mdp.md eq. (21)), the advantage of
-    ``pi_new`` over ``pi`` at each state (0 for ``pi_new = pi``, by seed 001 (28))."""
+    ``pi_new`` over ``pi`` at each state (0 for ``pi_new = pi``, by Schulman et al. 2016, section 2)."""
     pi, pi_new = _two_policies(pi, pi_new)
     return np.einsum("sa,sa->s", pi_new, advantages(mdp, pi))
 
 
 def performance_difference(mdp: MDP, pi, pi_new) -> float:
-    """Right side of the performance-difference lemma, seed 001 (48) (mdp.md eq. (22)):
+    """Right side of the performance-difference lemma, Kakade & Langford 2002, Lemma 6.1;
+    Schulman et al. 2015, eq. (1)-(2) (mdp.md eq. (22)):
 
         sum_s rho_{pi_new}(s) sum_a pi_new(a|s) A_pi(s, a)  ( = J(pi_new) - J(pi) ).
 
@@ -98,7 +100,7 @@ def performance_difference(mdp: MDP, pi, pi_new) -> float:
 
 
 def surrogate(mdp: MDP, pi, pi_new) -> float:
-    """Local surrogate ``L_pi(pi_new)``, seed 001 (51) (mdp.md eq. (23)):
+    """Local surrogate ``L_pi(pi_new)``, Schulman et al. 2015, eq. (3) (mdp.md eq. (23)):
 
         J(pi) + sum_s rho_pi(s) sum_a pi_new(a|s) A_pi(s, a).
 
@@ -111,7 +113,8 @@ def surrogate(mdp: MDP, pi, pi_new) -> float:
 
 def distribution_shift_penalty(mdp: MDP, pi, pi_new) -> float:
     """``DSP_pi(pi_new) = sum_s (rho_{pi_new}(s) - rho_pi(s)) sum_a pi_new(a|s) A_pi(s, a)``,
-    seed 001 (52) (mdp.md eq. (24)); ``surrogate + distribution_shift_penalty = J(pi_new)`` (001 (53))."""
+    Schulman et al. 2015, eq. (2) minus eq. (3) (mdp.md eq. (24)); ``surrogate + distribution_shift_penalty =
+    J(pi_new)`` (Schulman et al. 2015, eq. (2) minus eq. (3))."""
     abar = expected_advantage(mdp, pi, pi_new)
     rho = state_occupancy(mdp, pi, normalized=False)
     rho_new = state_occupancy(mdp, pi_new, normalized=False)
@@ -119,7 +122,8 @@ def distribution_shift_penalty(mdp: MDP, pi, pi_new) -> float:
 
 
 def mixture(pi, pi_new, alpha: float) -> np.ndarray:
-    """Conservative mixture ``(1 - alpha) pi + alpha pi_new``, seed 001 (55) (mdp.md eq. (25)); ``[S, A]``."""
+    """Conservative mixture ``(1 - alpha) pi + alpha pi_new``, Kakade & Langford 2002; Schulman et al. 2015,
+    eq. (5) (mdp.md eq. (25)); ``[S, A]``."""
     pi, pi_new = _two_policies(pi, pi_new)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
         raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
@@ -129,15 +133,17 @@ def mixture(pi, pi_new, alpha: float) -> np.ndarray:
 
 
 def cpi_gain(mdp: MDP, pi, pi_new) -> float:
-    """``g = L_pi(pi_new) - J(pi) = sum_s rho_pi(s) sum_a pi_new A_pi``, seed 001 (58) (mdp.md eq. (26))."""
+    """``g = L_pi(pi_new) - J(pi) = sum_s rho_pi(s) sum_a pi_new A_pi``, Schulman et al. 2015, eq. (6) (mdp.md
+    eq. (26))."""
     abar = expected_advantage(mdp, pi, pi_new)
     return float(state_occupancy(mdp, pi, normalized=False) @ abar)
 
 
 def cpi_epsilon(mdp: MDP, pi, pi_new) -> float:
-    """``eps = max_s |sum_a pi_new(a|s) A_pi(s, a)|`` over the TARGET policy ``pi_new``, seed 001 (58).
+    """``eps = max_s |sum_a pi_new(a|s) A_pi(s, a)|`` over the TARGET policy ``pi_new``, Schulman et al. 2015,
+    eq. (6).
 
-    Not over the mixture (seed 000's form, alpha times smaller, which breaks the bound; errata).
+    Not over the mixture (alpha times smaller, which breaks the bound; errata.md entry 1).
     """
     return float(np.max(np.abs(expected_advantage(mdp, pi, pi_new))))
 
@@ -145,7 +151,8 @@ def cpi_epsilon(mdp: MDP, pi, pi_new) -> float:
 def cpi_lower_bound(mdp: MDP, pi, pi_new, alpha: float, form: str = "001") -> float:
     """Lower bound on ``J(mixture(pi, pi_new, alpha))`` (mdp.md eq. (27)).
 
-    ``form="001"``: seed 001 (59)-(60), ``J(pi) + alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``.
+    ``form="001"``: the form of Schulman et al. 2015, eq. (6), ``J(pi) + alpha g - 2 gamma eps alpha^2 / (1 -
+    gamma)^2``.
     ``form="kakade_langford"``: the tighter exact form of Kakade & Langford (2002) Thm 4.1,
     ``J(pi) + alpha g - 2 gamma eps alpha^2 / ((1 - gamma)(1 - gamma (1 - alpha)))``.
     ``g`` from :func:`cpi_gain`, ``eps`` from :func:`cpi_epsilon` (target policy). Raises at gamma = 1.
@@ -165,7 +172,8 @@ def cpi_lower_bound(mdp: MDP, pi, pi_new, alpha: float, form: str = "001") -> fl
 
 
 def cpi_step_size(mdp: MDP, pi, pi_new) -> float:
-    """Step size maximising the CPI bound (60): ``min(1, (1 - gamma)^2 g / (4 gamma eps))``, seed 001 (61).
+    """Step size maximising the CPI bound (60): ``min(1, (1 - gamma)^2 g / (4 gamma eps))``,
+    Kakade & Langford 2002; mdp.md eq. (28).
 
     mdp.md eq. (28). Returns 0 when ``g <= 0`` (no guaranteed improvement; this also covers
     ``eps = 0``, which forces ``g = 0``), and 1 when ``gamma = 0`` and ``g > 0`` (no penalty).
@@ -199,7 +207,8 @@ def trpo_lower_bound(mdp: MDP, pi, pi_new, divergence: str = "tv") -> float:
         divergence="kl":  L_pi(pi_new) - 4 eps gamma / (1 - gamma)^2 * max_s KL(pi || pi_new)
 
     with ``eps = max_{s,a} |A_pi(s, a)|``. The KL form follows from ``TV^2 <= KL`` (Pinsker); the
-    project fixes the direction ``KL(old || new)`` as the TRPO paper and seed 001 (66) do. The KL
+    project fixes the direction ``KL(old || new)`` as the TRPO paper and Schulman et al. 2015, section 4 do.
+    The KL
     form is ``-inf`` when ``pi_new`` puts zero mass where ``pi`` does not. Raises at gamma = 1.
     """
     _require_discounted(mdp, "trpo_lower_bound")

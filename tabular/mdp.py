@@ -1,6 +1,6 @@
-"""Finite MDPs and their validation (spec: specs/mdp.md section 1; seed 001 section 2).
+"""Finite MDPs and their validation (spec: specs/mdp.md section 1; Sutton & Barto 2018, chapter 3).
 
-Conventions (contract, ARCHITECTURE.md): transitions ``P [S, A, S]``, rewards ``r [S, A]`` or
+Conventions (contract, docs/architecture.md): transitions ``P [S, A, S]``, rewards ``r [S, A]`` or
 ``r [S, A, S]`` (the latter reduced to the expected reward ``r(s, a) = sum_s' P(s'|s,a) r(s,a,s')``),
 start distribution ``rho0 [S]``, discount ``gamma`` in [0, 1], and ``terminal [S]`` marking
 absorbing zero-reward states. Policies are ``[S, A]`` row-stochastic arrays.
@@ -70,13 +70,13 @@ def _check_distribution_rows(arr: np.ndarray, name: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class MDP:
-    """A finite discounted or episodic MDP (spec: mdp.md eq. (1)-(3); seed 001 Def. 2.1).
+    """A finite discounted or episodic MDP (spec: mdp.md eq. (1)-(3); Sutton & Barto 2018, section 3.1).
 
     Args:
         P: ``[S, A, S]`` transition probabilities ``P(s'|s, a)``; each ``P[s, a]`` a distribution.
         r: ``[S, A]`` expected rewards, or ``[S, A, S]`` rewards ``r(s, a, s')`` paid on the
             transition (reduced to ``r(s, a) = sum_s' P(s'|s,a) r(s,a,s')``; the reward-on-arrival
-            convention of seed 003 is ``r[s, a, s'] = R(s')``).
+            convention on arrival is ``r[s, a, s'] = R(s')``).
         rho0: ``[S]`` start-state distribution.
         gamma: discount in [0, 1]. ``gamma = 1`` is the episodic case: evaluating a policy then
             requires that it reaches a terminal state with probability 1 from every state.

@@ -2,8 +2,8 @@
 
 Registered through the ``refimpl.commands`` entry point (``report = "tabular.report:register"``),
 so the ``refimpl`` command offers it without ``refimpl`` importing ``tabular`` (import rule).
-Sections: the seed 003 grid world (values and greedy arrows), policy iteration vs value
-iteration, seed 001 example 4.1.1 (exact rationals), 4.1.2's IS-weight variance, and a CPI / TRPO
+Sections: the 8x8 grid world (values and greedy arrows), policy iteration vs value
+iteration, the examples of mdp.md sections 7.1 (exact rationals) and 7.2 (IS-weight variance), a CPI / TRPO
 bound check on a random MDP. spec: specs/mdp.md sections 4, 5 and 7.
 """
 
@@ -101,7 +101,7 @@ def _grid_sections(say, gamma: float, tol: float, arrows) -> None:
     pi_res = policy_iteration(mdp)
     vi_res = value_iteration(mdp, tol=tol)
     _section(
-        say, f"Grid world (seed 003): 8x8, goal +1 at {world.goal}, trap -1 at {world.trap}, gamma = {gamma}"
+        say, f"Grid world 8x8 (mdp.md 7.3): goal +1 at {world.goal}, trap -1 at {world.trap}, gamma = {gamma}"
     )
     say("Reward on arrival R(s'); goal and trap are terminal. Optimal values V* (policy iteration, exact):")
     say(format_value_grid(pi_res.V, world.size, world.goal, world.trap))
@@ -140,8 +140,8 @@ def _shift_section(say) -> None:
     rho_new = exact_state_occupancy(emdp, pi_new, normalized=False)
     gain = sum(rho[s] * abar[s] for s in range(3))
     dsp = sum((rho_new[s] - rho[s]) * abar[s] for s in range(3))
-    _section(say, "Seed 001 example 4.1.1: the surrogate predicts improvement, J collapses")
-    say("gamma = 9/10, M = 100, eta = 1/10000, eta2 = 1/1000 (exact rationals; seed's values in brackets)")
+    _section(say, "Distribution shift (mdp.md section 7.1): the surrogate predicts improvement, J collapses")
+    say("gamma = 9/10, M = 100, eta = 1/10000, eta2 = 1/1000 (exact rationals; as first stated in brackets)")
     say(f"J(pi)             = {_fraction_text(J):>22} = {float(J):.6e}  [8.091e-5]")
     say(f"J(pi')            = {_fraction_text(J_new):>22} = {float(J_new):.6g}  [-90]")
     say(f"L_pi(pi') - J(pi) = {_fraction_text(gain):>22} = {float(gain):.8f}  [0.79994]")
@@ -154,7 +154,7 @@ def _shift_section(say) -> None:
 def _is_section(say) -> None:
     p, q = Fraction(1, 2), Fraction(9, 10)
     _section(
-        say, "Seed 001 example 4.1.2: trajectory importance weights, Var = (q^2/p + (1-q)^2/(1-p))^H - 1"
+        say, "Trajectory IS (mdp.md section 7.2): importance weights, Var = (q^2/p + (1-q)^2/(1-p))^H - 1"
     )
     say("p = 1/2, q = 9/10: base 41/25 = 1.64")
     for H in (1, 2, 5, 10, 20, 50):
@@ -177,12 +177,12 @@ def _bounds_section(say, seed: int) -> None:
     bound = cpi_lower_bound(mdp, pi, greedy, alpha)
     bound_kl = cpi_lower_bound(mdp, pi, greedy, alpha, form="kakade_langford")
     _section(say, f"CPI and TRPO bounds on a random MDP (seed {seed}, S = {S}, A = {A}, gamma = {gamma})")
-    say("pi: random; pi': greedy w.r.t. A_pi; CPI mixes them with the step size of 001 (61).")
+    say("pi: random; pi': greedy w.r.t. A_pi; CPI mixes them with the step size of mdp.md eq. (28).")
     say(f"J(pi)                        = {J:.10f}")
     say(f"g = L(pi') - J(pi)           = {cpi_gain(mdp, pi, greedy):.10f}")
     say(f"eps = max_s |E_pi' A_pi|     = {cpi_epsilon(mdp, pi, greedy):.10f}")
-    say(f"alpha* (001 (61))            = {alpha:.10f}")
-    say(f"CPI bound (001 (59))         = {bound:.10f}")
+    say(f"alpha* (mdp.md eq. (28))     = {alpha:.10f}")
+    say(f"CPI bound (mdp.md eq. (27))  = {bound:.10f}")
     say(f"CPI bound (Kakade-Langford)  = {bound_kl:.10f}")
     say(f"J(mixture)                   = {J_mix:.10f}  bound holds: {'yes' if J_mix >= bound_kl else 'NO'}")
     for step in (0.01, 0.1):
@@ -223,7 +223,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "report",
         help="solve the tabular examples exactly and print them",
-        description="Grid world (values + greedy arrows), PI vs VI, seed 001 4.1.1 / 4.1.2, CPI/TRPO bounds.",
+        description="Grid world (values + greedy arrows), PI vs VI, mdp.md 7.1-7.2, CPI/TRPO bounds.",
     )
     parser.add_argument("--gamma", type=float, default=0.9, help="grid-world discount (default 0.9)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random MDP for the bound check")

@@ -1,4 +1,4 @@
-"""The LLM as an MDP on a token tree, enumerated exactly (seed 001 section 5.1, (86)-(87)).
+"""The LLM as an MDP on a token tree, enumerated exactly (Ouyang et al. 2022, eq. (2); kl.md section 1).
 
 A *token tree* has a vocabulary ``{0, ..., V-1}`` containing an end token ``eos`` and a maximum
 length ``L``. States are prefixes of non-EOS tokens of length ``0 .. L-1`` (the prompt x is fixed
@@ -11,7 +11,7 @@ Everything here is exact enumeration in float64: sequence probabilities (86), J 
 gradient in the logits, state-visit probabilities, per-state and sequence-level KL and their
 gradients, the KL-regularised optimum (the Gibbs distribution), and the exact expectation of any
 function of a group of G i.i.d. responses (multisets with multinomial weights).
-This module imports neither ``refimpl`` nor ``specs`` (ARCHITECTURE.md, contract).
+This module imports neither ``refimpl`` nor ``specs`` (docs/architecture.md, contract).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)
 class TokenTree:
-    """The enumerated token tree (spec: seed 001 section 5.1). Build with ``make_token_tree``.
+    """The enumerated token tree (spec: kl.md section 1). Build with ``make_token_tree``.
 
     Attributes:
         vocab_size: V (EOS included). eos: the EOS token id. max_len: L, the maximum response length.
@@ -83,7 +83,7 @@ class TokenTree:
 
 
 def make_token_tree(vocab_size: int, max_len: int, eos: int = 0) -> TokenTree:
-    """Enumerate the prefixes and complete responses of a token tree (seed 001 section 5.1).
+    """Enumerate the prefixes and complete responses of a token tree (kl.md section 1).
 
     ``sum_{t<L} (V-1)^t`` states and ``sum_{t<L} (V-1)^t + (V-1)^L`` responses; keep V and L small.
     """
@@ -145,7 +145,7 @@ def sequence_token_logprobs(tree: TokenTree, policy) -> np.ndarray:
 
 
 def sequence_probabilities(tree: TokenTree, policy) -> np.ndarray:
-    """``[Y]`` ``pi(y) = prod_t pi(y_t | y_<t)`` (seed 001 (86)); sums to 1."""
+    """``[Y]`` ``pi(y) = prod_t pi(y_t | y_<t)`` (Ouyang et al. 2022); sums to 1."""
     pi = validate_tree_policy(tree, policy)
     valid = tree.seq_states >= 0
     probs = pi[np.where(valid, tree.seq_states, 0), np.where(valid, tree.seq_tokens, 0)]
@@ -163,7 +163,7 @@ def state_visit_probabilities(tree: TokenTree, policy) -> np.ndarray:
 
 
 def expected_sequence_reward(tree: TokenTree, policy, rewards) -> float:
-    """``J = sum_y pi(y) R(y)`` (seed 001 (87) with beta = 0)."""
+    """``J = sum_y pi(y) R(y)`` (Ouyang et al. 2022, eq. (2) with beta = 0)."""
     return float(sequence_probabilities(tree, policy) @ _check_sequence_values(tree, rewards, "rewards"))
 
 
@@ -207,7 +207,7 @@ def sequence_probability_gradients(tree: TokenTree, logits) -> np.ndarray:
 
 
 def expected_reward_gradient(tree: TokenTree, logits, rewards) -> np.ndarray:
-    """``[S, V]`` exact ``grad J = sum_y R(y) grad pi(y)`` in the logits (score function, seed 001 (33))."""
+    """``[S, V]`` exact ``grad J = sum_y R(y) grad pi(y)`` in the logits (score function, Williams 1992)."""
     r = _check_sequence_values(tree, rewards, "rewards")
     return np.tensordot(r, sequence_probability_gradients(tree, logits), axes=1)
 
@@ -304,7 +304,7 @@ def group_expectation(probs, group_size: int, fn: Callable[[np.ndarray], object]
 def gibbs_sequence_distribution(tree: TokenTree, ref_policy, rewards, beta: float) -> np.ndarray:
     """``[Y]`` ``pi*(y) = pi_ref(y) exp(R(y) / beta) / Z``, the maximiser of ``J - beta KL``.
 
-    seed 003 "Direct Preference Optimization" (closed form of the KL-regularised objective)."""
+    Rafailov et al. 2023, eq. (4) (closed form of the KL-regularised objective)."""
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
         raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
     q = sequence_probabilities(tree, validate_tree_policy(tree, ref_policy, "ref_policy"))
@@ -330,5 +330,6 @@ def policy_from_sequence_distribution(tree: TokenTree, seq_probs) -> np.ndarray:
 
 
 def kl_regularised_objective(tree: TokenTree, policy, ref_policy, rewards, beta: float) -> float:
-    """``J_beta = E_pi[R] - beta KL(pi(.|x) || pi_ref(.|x))`` (seed 001 (87) in expectation; seed 003)."""
+    """``J_beta = E_pi[R] - beta KL(pi(.|x) || pi_ref(.|x))`` (Ouyang et al. 2022, eq. (2), in expectation;
+    Rafailov et al. 2023, eq. (3))."""
     return expected_sequence_reward(tree, policy, rewards) - beta * sequence_kl(tree, policy, ref_policy)

@@ -1,4 +1,4 @@
-"""Hypothesis profiles (ARCHITECTURE.md): ``ci`` (default) and ``thorough``, chosen by the
+"""Hypothesis profiles (docs/architecture.md): ``ci`` (default) and ``thorough``, chosen by the
 environment variable HYPOTHESIS_PROFILE. CI runs derandomised so failures reproduce from the log.
 No test depends on whether CUDA is present unless it says so (``_device_is_named``)."""
 
@@ -30,7 +30,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# Tests build float64 tensors explicitly (ARCHITECTURE.md); the global default dtype is left
+# Tests build float64 tensors explicitly (docs/architecture.md); the global default dtype is left
 # alone so LM code is tested as it runs. Few threads keep CI on 2 cores predictable.
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

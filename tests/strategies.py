@@ -1,4 +1,4 @@
-"""Shared hypothesis strategies (ARCHITECTURE.md "Tests and CI"; STYLE.md "hypothesis").
+"""Shared hypothesis strategies (docs/architecture.md "Tests and CI" and "Style").
 
 Composable and shrink-friendly: probabilities are built from small non-negative integer weights
 (which shrink towards 0, i.e. towards sparse, readable examples) normalised per row, so zero

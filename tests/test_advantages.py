@@ -101,7 +101,7 @@ def run(rewards, group_ids, **kwargs):
 
 
 def assert_close_to_exact(got, exact, rewards, scale_value=1.0):
-    """ARCHITECTURE.md tolerance: rel 1e-10 with an absolute floor of 1e-12 x the summed terms."""
+    """docs/architecture.md tolerance: rel 1e-10 with an absolute floor of 1e-12 x the summed terms."""
     floor = 1e-12 * (np.abs(rewards).sum() + 1.0) / scale_value
     np.testing.assert_allclose(got, exact, rtol=1e-10, atol=floor)
 
@@ -225,7 +225,7 @@ def test_zero_variance_groups():
 
 
 def test_erratum_000_std_without_square_is_zero():
-    """000 writes std r = sqrt(1/G sum (r_i - mean r)): the sum of deviations is 0 for any group."""
+    """errata.md entry 10: std r = sqrt(1/G sum (r_i - mean r)): the sum of deviations is 0 for any group."""
     r = [sp.Rational(k, 7) for k in (3, -2, 11, 5)]
     mean = sum(r) / 4
     assert sp.sqrt(sum(v - mean for v in r) / 4) == 0

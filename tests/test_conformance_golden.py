@@ -53,7 +53,7 @@ FLOOR = 2.0**-1068  # SCHEMA.md: 64 subnormal ulps
 
 
 def close(got: float, expected: float, scale: float, rtol: float = 1e-10) -> bool:
-    """SCHEMA.md, float64 (ARCHITECTURE.md): relative 1e-10 with an absolute floor of 1e-12 x the
+    """SCHEMA.md, float64 (docs/architecture.md): relative 1e-10 with an absolute floor of 1e-12 x the
     sum of |terms| plus 64 subnormal ulps."""
     return abs(got - expected) <= rtol * abs(expected) + 1e-12 * scale + FLOOR
 

@@ -1,8 +1,8 @@
-"""refimpl.cpi against tabular ground truth (spec: specs/trust_region.md section 5; seed 001 4.4-4.5).
+"""refimpl.cpi against tabular ground truth (spec: specs/trust_region.md section 5; Kakade & Langford 2002).
 
-Each piece (greedy step (62), g and eps (58), step size (61)/(63), mixture (55)/(64), bound (60))
+Each piece (trust_region.md: greedy step (15), g and eps (16), step size (17), mixture (13), bound (14))
 equals tabular.improvement's independent implementation; the whole loop with exact advantages
-satisfies the improvement bound (60) at every iteration, never decreases J, converges to J* within
+satisfies the improvement bound (14) at every iteration, never decreases J, converges to J* within
 the stated number of iterations, and stops cleanly at an optimal policy.
 """
 
@@ -34,7 +34,7 @@ def exact_inputs(mdp, pi):
 # ----------------------------------------------------------------------------- the pieces
 @given(data=st.data())
 def test_greedy_policy_maximises_the_importance_weighted_surrogate(data):
-    # 001 (62): sum_a pi'(a|s) A(s, a) is maximal at the greedy pi' among all policies.
+    # trust_region.md eq. (15): sum_a pi'(a|s) A(s, a) is maximal at the greedy pi' among all policies.
     mdp = data.draw(mdps(max_states=5, max_actions=4, gamma=0.9))
     S, A = mdp.num_states, mdp.num_actions
     pi = data.draw(policies(S, A, "positive"))
@@ -93,13 +93,14 @@ def test_step_size_closed_form_cases():
 # ----------------------------------------------------------------------------- the loop
 #: Stated iteration budgets for J* - J <= 1e-3 (J* - J(uniform)) from the uniform policy, random
 #: MDPs with S <= 8, A <= 4 (tabular.examples.random_mdp, dense and 50 % sparse transitions). The
-#: step (63) is at most (1 - gamma)^2 / (4 gamma) * g / eps, so the budget grows like
+#: step (trust_region.md eq. (17)) is at most (1 - gamma)^2 / (4 gamma) * g / eps, so the budget grows like
 #: 1 / (1 - gamma)^2; measured maxima over 25 MDPs were 61 (gamma = 0.5) and 476 (gamma = 0.9).
 CPI_ITERATION_BUDGET = {0.5: 150, 0.9: 1000}
 
 
 def run_exact_cpi(mdp, budget):
-    """CPI from the uniform policy with exact A and d; checks (60) and monotonicity every step."""
+    """CPI from the uniform policy with exact A and d; checks trust_region.md eq. (14) and monotonicity every
+    step."""
     S, A = mdp.num_states, mdp.num_actions
     j_star = float(mdp.rho0 @ tabular.policy_iteration(mdp).V)
     pi = np.full((S, A), 1.0 / A)
@@ -115,7 +116,7 @@ def run_exact_cpi(mdp, budget):
             target = step.target_policy.numpy()
             assert math.isclose(g, tabular.cpi_gain(mdp, pi, target), rel_tol=1e-9)
             assert math.isclose(eps, tabular.cpi_epsilon(mdp, pi, target), rel_tol=1e-9)
-        # alpha is (61) and the bound (60) at that alpha is positive and holds.
+        # alpha is trust_region.md eq. (17) and the bound (14) at that alpha is positive and holds.
         alpha_star = min(1.0, (1 - mdp.gamma) ** 2 * g / (4 * mdp.gamma * eps))
         assert math.isclose(step.alpha, alpha_star, rel_tol=1e-12)
         bound = step.alpha * g - 2.0 * mdp.gamma * eps * step.alpha**2 / (1.0 - mdp.gamma) ** 2

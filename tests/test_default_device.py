@@ -1,4 +1,4 @@
-"""Results follow the inputs' device, never torch's default device (ARCHITECTURE.md: ``refimpl`` is
+"""Results follow the inputs' device, never torch's default device (docs/architecture.md: ``refimpl`` is
 device-agnostic).
 
 Every public function of ``refimpl.estimators``, ``refimpl.advantages``, ``refimpl.kl``,
@@ -387,7 +387,8 @@ def _(dtype):
     params, weights, q = _tabular(dtype)
     old_probs = _log_softmax(params).exp()
 
-    def surrogate(theta):  # sum_s w_s sum_a pi_theta(a|s) Q(s, a) (importance-weighted, seed 001 (69))
+    def surrogate(theta):  # sum_s w_s sum_a pi_theta(a|s) Q(s, a) (importance-weighted, Schulman et al. 2015,
+    # section 5)
         return (weights[:, None] * old_probs * torch.exp(_log_softmax(theta) - old_probs.log()) * q).sum()
 
     # max_kl 1e-3 backtracks once, 2.0 accepts the full step; a constant surrogate has a zero gradient

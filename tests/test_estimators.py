@@ -111,7 +111,7 @@ def test_spec_symbolic_facts():
 @given(rollout_batches(max_steps=7), gammas, lams)
 def test_gae_is_normalised_mixture_of_n_step_advantages(batch, gamma, lam):
     """GAE_t = (1 - lam) sum_{n<m} lam^(n-1) A^(n)_t + lam^(m-1) A^(m)_t, m the steps left in the
-    episode segment (the Monte-Carlo term gets the tail weight; 004 erratum), to 1e-12."""
+    episode segment (the Monte-Carlo term gets the tail weight; errata.md entry 6), to 1e-12."""
     b = tensors(batch)
     adv, _ = gae_advantages(
         b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], gamma, lam
@@ -318,7 +318,7 @@ def test_cuda_matches_cpu():
 
 
 def test_seed_001_example_1_5_tiny_is_calculation():
-    """001 Example 1.5: p = (0.8, 0.2), q = (0.5, 0.5), f = (1, 3): w f = 1.6 and 1.2, mean 1.4."""
+    """A tiny IS example: p = (0.8, 0.2), q = (0.5, 0.5), f = (1, 3): w f = 1.6 and 1.2, mean 1.4."""
     f = torch.tensor([[1.0, 3.0]], dtype=F64)
     w = importance_weights(
         torch.tensor([[0.8, 0.2]], dtype=F64).log(), torch.tensor([[0.5, 0.5]], dtype=F64).log()

@@ -203,7 +203,8 @@ def test_is_unbiased_and_snis_bias_exact(seed, N):
 @pytest.mark.parametrize("H", [1, 2, 5])
 @pytest.mark.parametrize(("p", "q"), [(0.5, 0.9), (0.3, 0.6)])
 def test_trajectory_is_weight_variance_closed_form(H, p, q):
-    """Seed 001 4.1.2: Var_pi[w(tau)] = (q^2/p + (1-q)^2/(1-p))^H - 1, by enumerating every
+    """mdp.md section 7.2 (estimators.md eq. (11a)): Var_pi[w(tau)] = (q^2/p + (1-q)^2/(1-p))^H - 1, by
+    enumerating every
     trajectory of the behaviour policy; and E[trajectory_is] = J(pi') (unbiased)."""
     ex = trajectory_is_example(H, p=p, q=q, gamma=0.9, reward="once")
     dist = tabular.enumerate_trajectories(ex.mdp, ex.pi, H + 1)
@@ -269,7 +270,7 @@ def test_reinforce_forms_unbiased_and_baseline_reduces_variance(seed, gamma):
     exact = tabular.finite_horizon_softmax_gradient(mdp, pi, 3).reshape(-1)
     fh = tabular.finite_horizon_values(mdp, pi, 3)
     b_v = np.where(dist.mask, fh.V[np.arange(3)[None, :], dist.states], 0.0)
-    # any function of (t, s_t) is a valid baseline (001 (41)); a random table of them:
+    # any function of (t, s_t) is a valid baseline (Williams 1992); a random table of them:
     b_table = np.random.default_rng(seed).normal(size=(3, mdp.num_states))
     b_rand = np.where(dist.mask, b_table[np.arange(3)[None, :], dist.states], 0.0)
     var = {}
@@ -287,7 +288,8 @@ def test_reinforce_forms_unbiased_and_baseline_reduces_variance(seed, gamma):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_baseline_is_free_identity(seed):
-    """001 (41): E_{a~pi}[grad log pi(a|s) b(s)] = 0 for each state (autograd of log_softmax)."""
+    """Williams 1992; Sutton & Barto 2018, section 13.4: E_{a~pi}[grad log pi(a|s) b(s)] = 0 for each state
+    (autograd of log_softmax)."""
     rng = np.random.default_rng(seed)
     th = t64(rng.normal(size=(5, 3))).requires_grad_(True)
     b = t64(rng.normal(size=5))
@@ -300,7 +302,8 @@ def test_baseline_is_free_identity(seed):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reinforce_without_gamma_t_is_biased_with_pinned_bias(seed):
-    """001 (35) as printed (no gamma^t) has expectation sum_t d_t(s) pi(a|s) (Q_t - V_t) (no
+    """The reward-to-go form without gamma^t (errata.md entry 8) has expectation sum_t d_t(s) pi(a|s) (Q_t -
+    V_t) (no
     discount on the state distribution), computed here from tabular quantities directly."""
     gamma, H = 0.8, 3
     mdp, theta, pi, dist = softmax_case(seed, gamma, H)

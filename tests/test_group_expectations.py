@@ -215,7 +215,7 @@ def test_every_preset_at_ratio_one_follows_its_aggregation(preset, form):
 
 
 # ---------------------------------------------------------------------------------------------
-# seed 000's "divide by sqrt(G)" (policy_losses.md eq. (27))
+# "divide by sqrt(G)" (policy_losses.md eq. (27))
 
 
 @pytest.mark.parametrize("seed,group_size", [(11, 2), (12, 3), (13, 4)])
@@ -232,7 +232,7 @@ def test_sqrt_g_aggregation_scales_grpo_s_expected_gradient_by_sqrt_g(seed, grou
 
 
 # ---------------------------------------------------------------------------------------------
-# dynamic sampling upweighted by 1 / (1 - f) (advantages.md eq. (16)-(17)) and seed 002's
+# dynamic sampling upweighted by 1 / (1 - f) (advantages.md eq. (16)-(17)) and the
 # oversampled baseline (eq. (18))
 
 
@@ -464,7 +464,7 @@ def test_oversampled_std_scaled_baseline_has_the_difficulty_factor_of_g_prime():
 
 
 def test_a_reward_dependent_subset_is_biased():
-    """Selecting the G most atypical of G' rewards (seed 002's suggestion) depends on the rewards:
+    """Selecting the G most atypical of G' rewards depends on the rewards:
     the exact expectation (an ordered-tuple loop written here from eq. (18)) is not along grad J."""
     tree, logits, rewards = tree_case(34)
     pi = softmax_policy(logits)

@@ -1,4 +1,4 @@
-"""The import rule of ARCHITECTURE.md (contract): refimpl imports neither tabular nor specs;
+"""The import rule of docs/architecture.md (contract): refimpl imports neither tabular nor specs;
 tabular and specs import neither refimpl nor each other. Checked on the syntax tree, so that
 ``import x``, ``from x import y`` and ``from x.sub import y`` at any depth are all caught."""
 

@@ -1,6 +1,6 @@
 """refimpl.kl against the exact spec (specs/kl.py, correctly rounded to float64), and against exact
 enumeration on token trees (tabular.sequences): which estimator is unbiased for which KL and which
-gradient it follows (specs/kl.md sections 2-3), plus the seed errata of kl.md section 4."""
+gradient it follows (specs/kl.md sections 2-3), plus the errata of kl.md section 4."""
 
 import math
 
@@ -256,7 +256,7 @@ def test_path_fixed_and_sequence_gradients_differ_beyond_one_step():
 def test_erratum_000_behaviour_policy_in_the_ratio():
     """kl.md section 4: samples from pi_old. k3 with pi_theta in the ratio is unbiased for
     KL(pi_theta || ref) only with the importance weight pi_theta / pi_old; with pi_old in the ratio
-    (000's r_ref) it has no gradient in theta and estimates KL(pi_old || ref)."""
+    (errata.md entry 12) it has no gradient in theta and estimates KL(pi_old || ref)."""
     old = torch.tensor([0.5, 0.3, 0.2], dtype=F64)
     ref = torch.tensor([0.2, 0.2, 0.6], dtype=F64)
     z = torch.tensor([2.0, -1.0, 0.0], dtype=F64, requires_grad=True)
@@ -274,7 +274,7 @@ def test_erratum_000_behaviour_policy_in_the_ratio():
 def test_erratum_000_kl_sign():
     p = torch.tensor([0.6, 0.3, 0.1], dtype=F64)
     q = torch.tensor([0.2, 0.5, 0.3], dtype=F64)
-    as_written = float((p * (q.log() - p.log())).sum())  # 000: E_pi[log pi'/pi]
+    as_written = float((p * (q.log() - p.log())).sum())  # errata.md entry 5: E_pi[log pi'/pi]
     kl = categorical_kl(p.log(), q.log()).item()
     assert kl > 0 and as_written == pytest.approx(-kl, rel=1e-14, abs=0.0)
 

@@ -64,7 +64,7 @@ def test_the_ladder_adds_one_part_at_a_time_and_ends_at_dapo():
     ablation = _ablation()
     rows = ablation.configurations(TrainConfig(loss="grpo", max_new_tokens=6))
     names = [name for name, _ in rows]
-    assert names == list(ablation.PAPER)  # seed 000's table, in its order
+    assert names == list(ablation.PAPER)  # Yu et al. 2025, Table 1, in its order
     recipes = [resolve_recipe(config) for _, config in rows]
     assert recipes[0].variant == losses.get_preset("grpo")
     assert not any(c.overlong_filter for _, c in rows[:1]) and all(c.overlong_filter for _, c in rows[1:])

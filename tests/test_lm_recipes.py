@@ -122,7 +122,8 @@ def test_overridable_fields_default_to_none(field):
 
 
 def test_prorl_and_magistral_are_replacements_of_the_dapo_preset():
-    """Their loss parts are ``replace(...)`` of an existing preset, not new presets (seed 002)."""
+    """Their loss parts are ``replace(...)`` of an existing preset, not new presets (Liu et al. 2025 (ProRL);
+    Mistral AI 2025)."""
     dapo = losses.PRESETS["dapo"]
     prorl, magistral = RECIPES["prorl"], RECIPES["magistral"]
     assert prorl.variant == dataclasses.replace(dapo, eps_high=0.4, kl_coef=prorl.variant.kl_coef)
@@ -178,7 +179,7 @@ def test_prorl_reset_makes_the_reference_the_policy_and_the_optimizer_fresh(monk
 def test_magistral_trains_with_minibatch_normalised_advantages(monkeypatch):
     """The recipe's advantage scale reaches the update: the batch keeps group-centred advantages
     and each optimizer minibatch B sees them divided by its own std, so their population variance
-    is var_B / (var_B + 1e-6) (seed 002; float32 values, 1e-5 relative)."""
+    is var_B / (var_B + 1e-6) (Mistral AI 2025; float32 values, 1e-5 relative)."""
     from refimpl.lm.train import Trainer
 
     seen = []

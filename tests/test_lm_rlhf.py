@@ -8,7 +8,8 @@ from refimpl.lm.rlhf import kl_shaped_token_rewards, masked_whiten
 
 
 def test_kl_shaped_token_rewards_by_hand():
-    """seed 001 (87): r_t = -beta (logp_t - ref_t) on counted tokens, + R at t = L - 1. Dyadic
+    """Ouyang et al. 2022, eq. (2); Shao et al. 2024, eq. (2): r_t = -beta (logp_t - ref_t) on counted tokens,
+    + R at t = L - 1. Dyadic
     values, so float64 arithmetic is exact and the comparison is equality."""
     logp = torch.tensor([[-0.5, -1.0, -0.25], [-2.0, -0.5, -1.0]], dtype=torch.float64)
     ref = torch.tensor([[-1.0, -1.0, -0.75], [-1.0, -0.5, -3.0]], dtype=torch.float64)

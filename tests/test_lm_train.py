@@ -426,7 +426,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(monkeypatch):
 
 
 def test_ppo_rlhf_returns_fold_the_kl_into_the_per_token_reward():
-    """PPO-RLHF (seed 001 (87)): token reward -beta (log pi_old - log pi_ref), plus the sequence
+    """PPO-RLHF (Ouyang et al. 2022, eq. (2)): token reward -beta (log pi_old - log pi_ref), plus the sequence
     reward at the last sampled token; with gamma = lambda = 1 the GAE return at t is the sum of
     the rewards from t on (plus V of the final state for a truncated response)."""
     trainer = rl_trainer(loss="ppo_rlhf", gae_lambda=1.0, gamma=1.0, rlhf_kl_coef=0.3, prompts_per_step=6)

@@ -385,7 +385,7 @@ def test_ppo_combined_loss_passes_the_value_clip_and_checks_its_arguments():
     with pytest.raises(TypeError, match=r"^variant must be a PolicyLossVariant, got str$"):
         ppo_combined_loss(*args, value_coef=0.5, entropy_coef=0.0, variant="ppo")
     pattern = (r"^variant must have aggregation='token_mean', entropy_coef=0 and kl_coef=0 "
-               r"\(seed 001 \(85\)\), got PolicyLossVariant\(")
+               r"\(Schulman et al\. 2017, eq\. \(9\)\), got PolicyLossVariant\(")
     for change in ({"kl_coef": 0.1}, {"entropy_coef": 0.1}, {"aggregation": "seq_mean"}):
         with pytest.raises(ValueError, match=pattern):
             ppo_combined_loss(*args, value_coef=0.5, entropy_coef=0.0,

@@ -1,9 +1,12 @@
 """tabular/ (float64) against the exact rational spec specs/mdp.py, a third independent source
-(spec: specs/mdp.md sections 2-5; seed 001 (19)-(30), (48)), and the golden tabular vectors.
+(spec: specs/mdp.md sections 2-5; Sutton & Barto 2018, section 3.5; Kakade & Langford 2002, Lemma 6.1), and
+the golden tabular vectors.
 
-1. The spec on its own, exactly: Bellman equations, centring of A (001 (28)-(29)), total occupancy
-   1/(1 - gamma), the performance-difference identity (001 (48)) in both normalisations, V* equal
-   to the best of all deterministic policies (brute force), seed 001 4.1.1's numbers.
+1. The spec on its own, exactly: Bellman equations, centring of A (Schulman et al. 2016, section 2), total
+   occupancy
+   1/(1 - gamma), the performance-difference identity (Kakade & Langford 2002, Lemma 6.1;
+   Schulman et al. 2015, eq. (1)-(2)) in both normalisations, V* equal
+   to the best of all deterministic policies (brute force), the numbers of mdp.md section 7.1.
 2. tabular against the spec on random rational MDPs drawn with a fixed seed (dyadic and "p/q"
    inputs, gamma from 0 to 255/256 and 1 on episodic MDPs).
 3. tabular against every vector of ``specs.golden_tabular.tabular_vectors()`` (built by calling the
@@ -181,28 +184,32 @@ def test_spec_bellman_centring_and_occupancy_identities(index):
     P_pi, r_pi = spec.policy_transition_matrix(mdp, pi), spec.policy_reward_vector(mdp, pi)
     V_col = sp.Matrix(V)
     solved = [s for s in range(mdp.num_states) if mdp.gamma < 1 or not mdp.terminal[s]]
-    residual = V_col - r_pi - mdp.gamma * P_pi * V_col  # mdp.md eq. (7); 001 (26)
+    residual = V_col - r_pi - mdp.gamma * P_pi * V_col  # mdp.md eq. (7); Sutton & Barto 2018, section 3.5
     assert all(residual[s] == 0 for s in solved)
     for s in range(mdp.num_states):
-        assert sum(p * q for p, q in zip(pi_q[s], Q[s], strict=True)) == V[s]  # 001 (24)
-        assert sum(p * a for p, a in zip(pi_q[s], A[s], strict=True)) == 0  # 001 (28)
+        assert sum(p * q for p, q in zip(pi_q[s], Q[s], strict=True)) == V[s]  # Sutton & Barto 2018,
+        # section 3.5
+        assert sum(p * a for p, a in zip(pi_q[s], A[s], strict=True)) == 0  # Schulman et al. 2016, section 2
     rho, d = spec.state_occupancy(mdp, pi), spec.state_occupancy(mdp, pi, normalized=True)
     d_sa = spec.state_action_occupancy(mdp, pi, normalized=True)
     assert sum(d) == 1
     pairs = list(itertools.product(range(mdp.num_states), range(mdp.num_actions)))
-    assert sum(d_sa[s][a] * A[s][a] for s, a in pairs) == 0  # 001 (29)
+    assert sum(d_sa[s][a] * A[s][a] for s, a in pairs) == 0  # Schulman et al. 2016, section 2
     rho_sa = spec.state_action_occupancy(mdp, pi)
     J = spec.expected_return(mdp, pi)
     assert J == sum(rho_sa[s][a] * mdp.r[s][a] for s, a in pairs)  # mdp.md section 3
     if mdp.gamma < 1:
         assert sum(rho) == 1 / (1 - mdp.gamma)  # mdp.md eq. (12)
-        assert all(x == (1 - mdp.gamma) * y for x, y in zip(d, rho, strict=True))  # 001 (19)
+        assert all(x == (1 - mdp.gamma) * y for x, y in zip(d, rho, strict=True))  # Kakade & Langford 2002;
+        # Schulman et al. 2015, section 2
 
 
 @pytest.mark.parametrize("index", range(len(RANDOM_CASES)), ids=[c[0] for c in RANDOM_CASES])
 def test_spec_performance_difference_identity_is_exact(index):
-    """001 (48): J(pi') - J(pi) = sum_s rho_pi'(s) abar(s), and for gamma < 1 equally
-    1/(1 - gamma) E_{s ~ d_pi'}[abar(s)] with the normalised occupancy; J(pi') = L + DSP (001 (53))."""
+    """Kakade & Langford 2002, Lemma 6.1; Schulman et al. 2015, eq. (1)-(2): J(pi') - J(pi) = sum_s rho_pi'(s)
+    abar(s), and for gamma < 1 equally
+    1/(1 - gamma) E_{s ~ d_pi'}[abar(s)] with the normalised occupancy; J(pi') = L + DSP
+    (Schulman et al. 2015, eq. (2) minus eq. (3))."""
     mdp, _, pi, pi_new = exact_case(index)
     pd = spec.performance_difference(mdp, pi, pi_new)
     assert pd.difference == pd.pdl_sum == spec.expected_return(mdp, pi_new) - spec.expected_return(mdp, pi)
@@ -242,7 +249,7 @@ def test_spec_optimal_control_beats_every_deterministic_policy(index):
 
 
 def test_spec_seed_001_distribution_shift_numbers():
-    """mdp.md eq. (38), seed 001 4.1.1: J(pi) = 8091/10^8, J(pi') = -90, L - J = 39996909/50000000."""
+    """mdp.md eq. (38) (section 7.1): J(pi) = 8091/10^8, J(pi') = -90, L - J = 39996909/50000000."""
     case = next(c for c in tabular_cases() if c.name == "seed_001_distribution_shift")
     pd = spec.performance_difference(case.mdp(), case.pi, case.pi_new)
     assert pd.J_pi == sp.Rational(8091, 10**8) and pd.J_pi_new == -90

@@ -327,7 +327,7 @@ def test_full_messages():
     with pytest.raises(ValueError, match=flags):
         call("gae_advantages", terminated=both)
     zero_prob = (r"^behavior_logp contains NaN or inf \(a zero-probability action under the behaviour "
-                 r"policy breaks importance sampling, seed 001 Remark 1.2\)$")
+                 r"policy breaks importance sampling, Sutton & Barto 2018, section 5\.5\)$")
     with pytest.raises(ValueError, match=zero_prob):
         importance_weights(torch.zeros(1, dtype=F64), torch.tensor([-math.inf], dtype=F64))
 

@@ -1,7 +1,7 @@
 """policy_loss against its sympy spec (50 digits) and the slow loop reference, for every preset:
 random masks, ragged lengths (empty rows included), uneven groups, both advantage signs, ratios
 inside, outside and exactly on the clip boundaries and the dual-clip constant
-(spec: specs/policy_losses.md; seed 001 (78), (96)-(122), (116) with its erratum)."""
+(spec: specs/policy_losses.md; errata.md entry 13)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ BOUNDARY_SAFE = {
     "gmpo_seq_mean_token_mean": dataclasses.replace(GSPO, gate="log_clip", eps_low=0.125, eps_high=None,
                                                     aggregation="seq_mean_token_mean"),
     "log_clip_token": dataclasses.replace(PPO, gate="log_clip", eps_low=0.25, eps_high=0.125),
-    # the KL as beta times the sequence KL (md eq. (19); seed 001 (97), (100), (102))
+    # the KL as beta times the sequence KL (md eq. (19); Shao et al. 2024, eq. (3))
     "grpo_sequence_kl": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, kl_coef=0.0625,
                                             kl_scale="sequence"),
     "dr_grpo_sequence_kl": dataclasses.replace(DR_GRPO, eps_low=0.25, eps_high=0.25, max_length=5,
@@ -72,7 +72,7 @@ BOUNDARY_SAFE = {
                                             kl_estimator="k2", kl_scale="sequence"),
     "gspo_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11, kl_coef=0.125,
                                             kl_scale="sequence", aggregation="token_mean"),
-    # seed 000's "larger G, divide by sqrt(G)" (md eq. (11))
+    # "larger G, divide by sqrt(G)" (md eq. (10))
     "grpo_sqrt_g": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, aggregation="seq_sqrt_token_mean",
                                        group_size=3, kl_coef=0.0625),
     "gspo_sqrt_g_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
@@ -160,7 +160,7 @@ def test_loss_and_gradient_equal_the_loop_reference(name, data):
 
 
 def test_presets_use_their_documented_defaults():
-    """Preset values as documented in policy_losses.md table 2 (seed 001 (96)-(122), issue 5)."""
+    """Preset values as documented in policy_losses.md table 2 (issue 5)."""
     assert (PPO.gate, PPO.eps_low, PPO.eps_high, PPO.aggregation) == ("clip", 0.2, 0.2, "token_mean")
     assert (GRPO.ratio, GRPO.aggregation, GRPO.kl_estimator) == ("token", "seq_mean_token_mean", "k3")
     assert DR_GRPO.aggregation == "seq_sum" and DR_GRPO.max_length is None
@@ -183,11 +183,11 @@ def test_get_preset_is_case_insensitive_and_rejects_unknown_names():
 
 
 # ---------------------------------------------------------------------------------------------
-# PPO: derivative w.r.t. the ratio is A * g_hard (seed 001 (116), erratum: not g_hard)
+# PPO: derivative w.r.t. the ratio is A * g_hard (errata.md entry 13: not g_hard)
 
 
 def g_hard(r: float, a: float, eps_low: float, eps_high: float, c: float | None) -> float:
-    """seed 001 (116) with inclusive inequalities (plus r <= c under dual clip for A <= 0)."""
+    """policy_losses.md eq. (6): inclusive inequalities (plus r <= c under dual clip for A <= 0)."""
     if a > 0:
         return float(r <= 1 + eps_high)
     return float(r >= 1 - eps_low and (c is None or r <= c))
@@ -206,7 +206,7 @@ def test_ppo_derivative_wrt_ratio_is_advantage_times_inclusive_gate(r, a, dual_c
     # d loss / d r = (d loss / d log r) / r; the loss is minus the objective
     d_objective_d_r = -float(d_logr) / r
     assert d_objective_d_r == pytest.approx(a * g_hard(r, a, 0.25, 0.25, dual_clip), abs=1e-15)
-    # the value is the literal min-clip (and dual-clip) term of seed 001 (78)
+    # the value is the literal min-clip (and dual-clip) term of Schulman et al. 2017, eq. (7)
     value = min(r * a, min(max(r, 0.75), 1.25) * a)
     if dual_clip is not None and a < 0:
         value = max(value, dual_clip * a)
@@ -228,7 +228,7 @@ def test_gspo_token_equals_gspo_in_value_and_gradient():
 
 
 def test_gspo_gradient_is_shared_by_the_tokens_of_a_sequence():
-    """seed 001 (111): without clipping every token of sequence i gets s_i A_i / (|y_i| N)."""
+    """Zheng et al. 2025, section 4.2: without clipping every token of sequence i gets s_i A_i / (|y_i| N)."""
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]], dtype=torch.float64)
     old = logp - torch.tensor([[0.1, -0.2, 0.05], [0.3, 0.1, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True, True], [True, True, False]])

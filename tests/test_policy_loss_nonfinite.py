@@ -1,4 +1,4 @@
-"""No silent non-finite values in policy_loss (issue 11; ARCHITECTURE.md "no silent NaN"):
+"""No silent non-finite values in policy_loss (issue 11; docs/architecture.md "no silent NaN"):
 regressions for the cases found, each against its exact value.
 
 Exact values here are closed forms of md eqs. (6)-(9): a closed hard gate gives the bound times A,

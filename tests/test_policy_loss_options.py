@@ -1,12 +1,14 @@
 """Options of the policy loss from the source documents (spec: specs/policy_losses.md eq. (19),
 (25)-(27); specs/advantages.md eq. (16)):
 
-* the KL term's scale (seed 001 (87), (97), (100), (102)): ``kl_scale="sequence"`` penalises beta
+* the KL term's scale (Ouyang et al. 2022, eq. (2); Shao et al. 2024, eq. (3)): ``kl_scale="sequence"``
+  penalises beta
   times the sequence KL (a sum over tokens, averaged over sequences) under every aggregation;
   ``"token"`` averages it per token inside the aggregation. Exact expectations on a token tree
   (every group of G i.i.d. responses enumerated, tabular's exact KLs), the sympy spec with a global
   normaliser, micro-batch additivity, and the errors;
-* seed 000's "divide by sqrt(G)" aggregation (its normaliser and value by hand; its expected
+* the "divide by sqrt(G)" aggregation (policy_losses.md eq. (10), (27)) (its normaliser and value by hand; its
+  expected
   gradient is pinned in tests/test_group_expectations.py);
 * ``upweighted_normalizer``, dynamic sampling's 1 / (1 - f) (exact values; its expected gradient
   is pinned in tests/test_group_expectations.py).
@@ -94,7 +96,8 @@ def expected_kl_loss(tree, logits, ref_logits, group_size, v, source):
 @pytest.mark.parametrize("estimator,source", [("k1", "ref"), ("k3", "ref"), ("k3", "exact")])
 def test_sequence_scale_penalises_beta_times_the_sequence_kl_under_every_aggregation(preset, estimator,
                                                                                       source):
-    """eq. (25), (26): E[KL part] = beta KL(pi(.|x) || pi_ref(.|x)) (seed 001 (87), (97)); the
+    """eq. (25), (26): E[KL part] = beta KL(pi(.|x) || pi_ref(.|x)) (Ouyang et al. 2022, eq. (2);
+    Shao et al. 2024, eq. (3)); the
     expected gradient at theta = theta_old keeps the path distribution fixed: k3 gives
     beta sum_s d(s) (pi_s - ref_s), the exact per-state KL beta sum_s d(s) grad KL_s, k1 zero."""
     tree, logits, ref_logits = tree_case(1)

@@ -141,7 +141,7 @@ def test_cispo_at_the_sequence_level_uses_the_sequence_ratio_and_mean_logp():
 
 
 # ---------------------------------------------------------------------------------------------
-# numeric 0/1 masks (ARCHITECTURE.md: mask [N, T] bool or 0/1)
+# numeric 0/1 masks (docs/architecture.md: mask [N, T] bool or 0/1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.int64, torch.uint8])
@@ -398,7 +398,8 @@ def test_every_choice_field_is_named_with_its_choices_in_the_error(field, choice
 
 @pytest.mark.parametrize("adv", [1.5, -1.5])
 def test_sapo_with_temperatures_other_than_one_against_its_closed_form(adv):
-    """seed 001 (117)-(119): f(r) A = 4 / tau sigmoid(tau (r - 1)) A, tau = tau_pos for A > 0 and
+    """Gao et al. 2025 (policy_losses.md eq. (8)): f(r) A = 4 / tau sigmoid(tau (r - 1)) A, tau = tau_pos for
+    A > 0 and
     tau_neg otherwise; d/dlogp = 4 A sigmoid' (tau (r - 1)) r. With tau_pos = 2 and tau_neg = 0.5 a
     swapped temperature, 4 tau for 4 / tau or one tau for both signs changes the value (every test
     before used tau_pos = 1, where 4 / tau = 4 tau). Reference: mpmath at 50 digits from the exact

@@ -1,6 +1,6 @@
 """Helpers shared by the policy-loss tests: the slow per-sequence loop reference (written from
 specs/policy_losses.md, independently of refimpl's batched code), conversions to the sympy spec,
-and the ARCHITECTURE.md tolerance check."""
+and the docs/architecture.md tolerance check."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def _loop_gate(v: PolicyLossVariant, log_r: torch.Tensor, log_r_sg: float, a: fl
     upper = math.inf if v.eps_high is None else 1.0 + v.eps_high
     if v.gate == "cispo":
         return min(max(r_value, lower), upper) * a * unit_logp
-    # hard clip, seed 001 (116): open iff (a > 0 and r <= 1 + eps_high) or (a <= 0 and r >= 1 - eps_low
+    # hard clip, policy_losses.md eq. (6): open iff (a > 0 and r <= 1 + eps_high) or (a <= 0 and r >= 1 -
+    # eps_low
     # [and r <= c]); closed -> the clipped constant.
     if a > 0:
         return r * a if r_value <= upper else torch.tensor(upper * a, dtype=r.dtype)
@@ -197,7 +198,7 @@ def spec_loss_and_grad(variant, logp, old_logp, advantages, mask, *, exact_logp=
 
 
 def assert_close(actual, expected, scale: float, what: str, rel: float = 1e-10, floor: float = 1e-12):
-    """ARCHITECTURE.md tolerance: |a - e| <= rel |e| + floor * scale (elementwise)."""
+    """docs/architecture.md tolerance: |a - e| <= rel |e| + floor * scale (elementwise)."""
     a = torch.as_tensor(actual, dtype=torch.float64)
     e = torch.as_tensor(expected, dtype=torch.float64)
     tol = rel * e.abs() + floor * scale

@@ -1,4 +1,4 @@
-"""The sympy proofs of specs/policy_losses.md section 6 and the errata of seed 001 (116), (120)."""
+"""The sympy proofs of specs/policy_losses.md section 6 and errata.md entries 13 and 14."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_inclusive_gate_piecewise_equals_the_literal_min_clip_and_dual_clip():
 
 
 def test_sapo_gate_derivative_and_the_120_erratum():
-    """md eq. (15): d f / d r = 4 sigma (1 - sigma) = sech^2(tau (r - 1) / 2); seed 001 (120)'s
+    """md eq. (15): d f / d r = 4 sigma (1 - sigma) = sech^2(tau (r - 1) / 2); the printed (errata.md entry
+    14)
     printed right-hand side 2 (tau / 2 (r - 1)) is not it (it is 0 at r = 1, the gate is 1)."""
     assert spec.prove_sapo_gate_derivative()
     r, tau = sp.symbols("r tau", positive=True)
@@ -37,7 +38,8 @@ def test_gspo_gradient_110_111():
 
 
 def test_erratum_116_derivative_of_the_clipped_term_is_a_times_the_gate():
-    """seed 001 (116) writes d l / d r = g_hard; it is A g_hard. The spec's term (md eq. (6))
+    """The derivative of the clipped term is A g_hard, not g_hard (errata.md entry 13). The spec's term (md
+    eq. (6))
     differentiates to A g_hard, with the inclusive gate exactly on each boundary."""
     r = sp.Symbol("r", positive=True)
     e = sp.Rational(1, 5)
@@ -47,7 +49,8 @@ def test_erratum_116_derivative_of_the_clipped_term_is_a_times_the_gate():
             g_hard = int(bool(a > 0 and point <= 1 + e) or bool(a <= 0 and point >= 1 - e))
             assert d.subs(r, point) == a * g_hard, (a, point)
             if g_hard:
-                assert d.subs(r, point) != g_hard  # the printed (116) is off by the factor A
+                assert d.subs(r, point) != g_hard  # the printed form (errata.md entry 13) is off by the
+                # factor A
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -72,7 +75,7 @@ def test_gradient_at_ratio_one_check_can_fail():
 
 
 def test_spec_grpo_matches_a_hand_written_two_sequence_case():
-    """seed 001 (97) by hand: 1/G sum_i 1/T_i sum_t min(r A, clip(r) A), G = 2, T = (2, 1)."""
+    """Shao et al. 2024, eq. (3), by hand: 1/G sum_i 1/T_i sum_t min(r A, clip(r) A), G = 2, T = (2, 1)."""
     grpo = spec.LossSpec(eps_low=0.25, eps_high=0.25, aggregation="seq_mean_token_mean")
     built = spec.build_policy_loss(grpo, (2, 1))
     values = {"logp": [[sp.log(sp.Rational(3, 2)), sp.Integer(0)], [sp.log(sp.Rational(1, 2))]],

@@ -1,5 +1,5 @@
-"""Value loss (plain and clipped), entropy bonus, the combined PPO objective (seed 001 (82)-(85))
-and the KL-penalty controllers (seed 000 "PPO" doubling/halving; seed 002 dual ascent)
+"""Value loss (plain and clipped), entropy bonus, the combined PPO objective (Schulman et al. 2017, eq. (9))
+and the KL-penalty controllers (Schulman et al. 2017 doubling/halving; dual ascent, policy_losses.md eq. (21))
 (spec: specs/policy_losses.md sections 9-10)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _batch(seed: int, n: int = 5, t: int = 4):
 
 @given(seed=st.integers(0, 2**20), eps=st.sampled_from([0.05, 0.2, 1.0]))
 def test_value_losses_equal_the_per_sample_formulas(seed, eps):
-    """seed 001 (82) and md eq. (23), sample by sample, with their gradients."""
+    """Schulman et al. 2017, eq. (9), and md eq. (23), sample by sample, with their gradients."""
     b = _batch(seed)
     m = [(i, j) for i in range(5) for j in range(4) if b["mask"][i, j]]
     v = b["values"].clone().requires_grad_(True)
@@ -83,7 +83,8 @@ def test_clipped_value_loss_is_at_least_the_plain_loss_and_equal_within_the_clip
 
 @given(seed=st.integers(0, 2**20), c1=st.sampled_from([0.0, 0.5, 1.0]), c2=st.sampled_from([0.0, 0.01]))
 def test_combined_loss_is_minus_the_ppo_objective_85(seed, c1, c2):
-    """-(85) = -(1/m) sum_i (l_i^CLIP - c1 l_i^VF + c2 H_i), computed sample by sample."""
+    """-L^{CLIP+VF+S} = -(1/m) sum_i (l_i^CLIP - c1 l_i^VF + c2 H_i) (Schulman et al. 2017, eq. (9)), computed
+    sample by sample."""
     b = _batch(seed)
     m = [(i, j) for i in range(5) for j in range(4) if b["mask"][i, j]]
     loss, metrics = ppo_combined_loss(b["logp"], b["old_logp"], b["adv"], b["values"], b["returns"],
@@ -139,7 +140,8 @@ def test_value_and_combined_losses_reject_bad_input():
      (0.015 + 1e-12, 2.0), (1.0, 2.0)],
 )
 def test_adaptive_beta_doubles_above_1_5_delta_and_halves_below_delta_over_1_5(kl, expected):
-    """seed 000 "PPO": d > 1.5 delta -> 2 beta; d < delta / 1.5 -> beta / 2; otherwise unchanged
+    """Schulman et al. 2017, section 4: d > 1.5 delta -> 2 beta; d < delta / 1.5 -> beta / 2; otherwise
+    unchanged
     (both edges of the band count as 'good enough')."""
     controller = AdaptiveKLController(beta=1.0, target_kl=0.01)
     assert controller.update(kl) == expected
@@ -153,7 +155,7 @@ def test_adaptive_beta_sequence_and_tensor_input():
 
 
 def test_dual_ascent_multiplier_rule_and_projection():
-    """seed 002: lambda <- lambda + alpha (KL - eps), projected onto lambda >= 0."""
+    """policy_losses.md eq. (21): lambda <- lambda + alpha (KL - eps), projected onto lambda >= 0."""
     controller = DualAscentKLController(coef=0.5, target_kl=0.1, lr=2.0)
     assert controller.update(0.3) == pytest.approx(0.5 + 2.0 * 0.2, rel=1e-15, abs=0.0)
     assert controller.update(0.05) == pytest.approx(0.9 - 2.0 * 0.05, rel=1e-15, abs=0.0)

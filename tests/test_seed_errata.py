@@ -1,6 +1,6 @@
 """The mathematical errata of issue 13 (specs/errata.md entries 15-25): each test pins the correct
 form with an exact value (sympy rationals, exact logarithms, or exact enumeration of outcomes) and
-shows that the seed's printed form gives a different value.
+shows that the printed form gives a different value.
 
 Every exact quantity here is derived in the test from the definitions; where the project's code
 implements the correct form (refimpl, tabular, specs), it is compared with that exact value with a
@@ -33,8 +33,9 @@ Q = sp.Rational
 
 
 def test_erratum_003_grpo_kl_ratio_is_inverted():
-    """003 writes k3 as ``pi_theta/pi_ref - log(pi_theta/pi_ref) - 1``; with samples from pi_theta
-    its expectation is ``sum p^2/ref - 1 - KL``, not KL. The k3 of 002 / kl.md eq. (4)
+    """errata.md entry 15: written as ``pi_theta/pi_ref - log(pi_theta/pi_ref) - 1``; with samples from
+    pi_theta
+    its expectation is ``sum p^2/ref - 1 - KL``, not KL. The k3 of Schulman 2020 / kl.md eq. (4)
     (``r = pi_ref/pi_theta``) has expectation exactly ``KL(pi_theta || pi_ref)``."""
     p = [Q(7, 10), Q(2, 10), Q(1, 10)]
     ref = [Q(1, 10), Q(3, 10), Q(6, 10)]
@@ -50,7 +51,7 @@ def test_erratum_003_grpo_kl_ratio_is_inverted():
     lref = torch.tensor([float(x) for x in ref], dtype=F64).log()
     probs = lp.exp()
     assert float((probs * kl_k3(lp, lref)).sum()) == pytest.approx(float(sp.N(kl, 30)), rel=1e-14, abs=0.0)
-    # ... and with the arguments swapped it is 003's form, biased by sum p^2/ref - 1 - 2 KL.
+    # ... and with the arguments swapped it is the erratum's form, biased by sum p^2/ref - 1 - 2 KL.
     assert float((probs * kl_k3(lref, lp)).sum()) == pytest.approx(
         float(sp.N(as_in_003, 30)), rel=1e-14, abs=0.0
     )
@@ -67,9 +68,9 @@ def exact_two_state_mdp():
 
 
 def test_erratum_000_gradient_of_delta_carries_one_minus_gamma():
-    """000 defines ``Delta_pi(pi') = (1 - gamma) sum_s rho_pi(s) E_{pi'}[A_pi] = E_{d_pi, pi'}[A_pi]``
+    """errata.md entry 16: ``Delta_pi(pi') = (1 - gamma) sum_s rho_pi(s) E_{pi'}[A_pi] = E_{d_pi, pi'}[A_pi]``
     and ``R~ = R + Delta / (1 - gamma)``; so ``grad R~ = grad R`` means ``grad Delta = (1 - gamma)
-    grad R``, not ``grad Delta = grad R`` as 000 writes. Exact directional derivatives along a
+    grad R``, not ``grad Delta = grad R``. Exact directional derivatives along a
     tangent direction D (rows summing to 0) of the direct parametrisation, with R(pi + t D) solved
     symbolically in t."""
     emdp = exact_two_state_mdp()
@@ -82,7 +83,7 @@ def test_erratum_000_gradient_of_delta_carries_one_minus_gamma():
     V_t = (sp.eye(2) - emdp.gamma * P_t).LUsolve(r_t)
     R_t = sum(emdp.rho0[s] * V_t[s] for s in range(2))
     dR = sp.nsimplify(sp.diff(R_t, t).subs(t, 0))
-    d_pi = exact_state_occupancy(emdp, pi)  # normalised: the S ~ rho_pi of 000's Delta
+    d_pi = exact_state_occupancy(emdp, pi)  # normalised: the S ~ rho_pi of Delta
     A_pi = exact_advantages(emdp, pi)
     dDelta = sum(d_pi[s] * D[s, a] * A_pi[s, a] for s in range(2) for a in range(2))  # Delta is linear in pi'
     assert dR != 0
@@ -105,7 +106,7 @@ def bandit_mdp(q) -> tabular.MDP:
 
 
 def test_erratum_000_surrogate_expectation_is_under_the_old_policy():
-    """``E_{A ~ pi'}[(pi'/pi) A_pi]`` (000's TRPO/PPO bullets) is not the surrogate; ``E_{A ~ pi}``
+    """``E_{A ~ pi'}[(pi'/pi) A_pi]`` (errata.md entry 17) is not the surrogate; ``E_{A ~ pi}``
     is, and on a bandit it equals ``J(pi') - J(pi)`` exactly."""
     V = sum(p * q for p, q in zip(BANDIT_PI, BANDIT_Q, strict=True))
     A = [q - V for q in BANDIT_Q]
@@ -125,8 +126,9 @@ def test_erratum_000_surrogate_expectation_is_under_the_old_policy():
 
 
 def test_erratum_000_clip_higher_keeps_the_advantage_inside_the_min():
-    """000 writes ``min{x, clip(x, 1 - eps_low, 1 + eps_high)}``; the term is
-    ``min{r A, clip(r, 1 - eps_low, 1 + eps_high) A}`` (001 (101)). Multiplying 000's min by A
+    """errata.md entry 18: ``min{x, clip(x, 1 - eps_low, 1 + eps_high)}``; the term is
+    ``min{r A, clip(r, 1 - eps_low, 1 + eps_high) A}`` (Yu et al. 2025, section 3.1). Multiplying the printed
+    min by A
     afterwards is right only for A > 0: for A < 0 the min picks the other branch."""
     r = sp.Symbol("r", positive=True)
     eps_low, eps_high = Q(1, 5), Q(7, 25)
@@ -145,7 +147,7 @@ def test_erratum_000_clip_higher_keeps_the_advantage_inside_the_min():
 
 
 def test_erratum_002_delta_is_a_difference_and_the_baseline_changes_variance_not_bias():
-    """002 writes ``Delta(theta, theta_old) = E_{o ~ pi_theta}[R]``: that is J(theta), not
+    """errata.md entry 19: ``Delta(theta, theta_old) = E_{o ~ pi_theta}[R]``: that is J(theta), not
     ``J(theta) - J(theta_old) = E_{o ~ pi_old}[(pi_theta/pi_old) A]``. And replacing R by the
     advantage ``A = R - V`` does not change the expected score-function gradient (no bias to reduce);
     it changes its variance. Exact on the bandit of erratum 3 (softmax score ``e_a - pi``)."""
@@ -154,7 +156,7 @@ def test_erratum_002_delta_is_a_difference_and_the_baseline_changes_variance_not
     J_new = sum(p * x for p, x in zip(new, R, strict=True))
     delta_is = sum(p * (pn / p) * (x - J_old) for p, pn, x in zip(old, new, R, strict=True))
     assert delta_is == J_new - J_old == Q(3, 10)
-    assert J_new == Q(6, 5) != delta_is  # 002's printed first form
+    assert J_new == Q(6, 5) != delta_is  # the erratum's printed first form
     K = len(old)
     score = [[int(a == b) - old[b] for b in range(K)] for a in range(K)]
 
@@ -174,7 +176,7 @@ def test_erratum_002_delta_is_a_difference_and_the_baseline_changes_variance_not
 
 
 def test_erratum_003_ppo_gradient_flows_outside_the_band_on_the_pessimistic_side():
-    """003: "no gradients flow" whenever r leaves [1 - eps, 1 + eps]. False where the unclipped
+    """errata.md entry 20: "no gradients flow" whenever r leaves [1 - eps, 1 + eps]. False where the unclipped
     branch is the minimum: A > 0 with r < 1 - eps, and A < 0 with r > 1 + eps (d/dr = A there)."""
     r = sp.Symbol("r", positive=True)
     e = Q(1, 5)
@@ -197,7 +199,7 @@ def test_erratum_003_ppo_gradient_flows_outside_the_band_on_the_pessimistic_side
 
 
 def test_erratum_003_mc_and_td_updates_without_step_size_keep_only_the_last_sample():
-    """003 writes ``V <- V + [G - V]`` and ``V <- V + [R + gamma V(s') - V]``: with step size 1 the
+    """errata.md entry 21: ``V <- V + [G - V]`` and ``V <- V + [R + gamma V(s') - V]``: with step size 1 the
     estimate is the last target, whatever came before, so it does not converge. With
     ``alpha_n = 1/n`` (estimators.md eq. (30)-(33)) it is the running mean of the targets."""
     returns = [Q(3), Q(-1), Q(4), Q(2)]
@@ -217,7 +219,7 @@ def test_erratum_003_mc_and_td_updates_without_step_size_keep_only_the_last_samp
     V = Q(0)
     for s2 in sequence:
         V = V + (targets[s2] - V)
-        assert V in (Q(0), gamma) and V != V_pi  # 003's update never reaches V_pi = 9/20
+        assert V in (Q(0), gamma) and V != V_pi  # the step-size-1 update never reaches V_pi = 9/20
     V = Q(0)
     for n, s2 in enumerate(sequence, start=1):
         V = V + (targets[s2] - V) / n
@@ -256,8 +258,8 @@ def one_step_gradient(pi, rewards):
 
 
 def test_erratum_003_reward_to_go_without_gamma_t_is_biased():
-    """003's ``Psi_t = G_t`` (like 001 (35), errata.md entry 8) drops gamma^t. On a bandit played
-    H times the exact expectations are ``H g`` (003) and ``sum_t gamma^t g = grad J`` (with
+    """errata.md entry 23: ``Psi_t = G_t`` (as entry 8) drops gamma^t. On a bandit played
+    H times the exact expectations are ``H g`` (the erratum) and ``sum_t gamma^t g = grad J`` (with
     gamma^t), g the one-step gradient."""
     gamma, H = Q(1, 2), 2
     g = one_step_gradient(PI3, R3)
@@ -270,7 +272,7 @@ def test_erratum_003_reward_to_go_without_gamma_t_is_biased():
 
 
 def test_erratum_003_reinforce_code_per_episode_standardisation_is_biased():
-    """003's REINFORCE code standardises the returns-to-go within each episode
+    """errata.md entry 22: REINFORCE code that standardises the returns-to-go within each episode
     (``(G - mean G) / (std G + 1e-8)``, population std) and averages over its steps. The per-episode
     mean depends on the actions (an action-dependent baseline) and the scale on the rewards: exact
     expectation by enumeration (the code's eps = 1e-8 as a rational) on a bandit played twice,
@@ -301,9 +303,10 @@ def test_erratum_003_reinforce_code_per_episode_standardisation_is_biased():
 
 
 def test_erratum_004_ppo_total_loss_signs():
-    """004 sums ``L_Policy + c1 L_Value + c2 L_Entropy`` with L_Policy the clipped *objective*,
+    """errata.md entry 24: ``L_Policy + c1 L_Value + c2 L_Entropy`` with L_Policy the clipped *objective*,
     L_Value a squared-error *loss* and L_Entropy the entropy (a *bonus*). The loss to minimise is
-    ``-L_CLIP + c1 L_VF - c2 H`` (minus 001 (85)); refimpl.ppo_combined_loss is that, exactly
+    ``-L_CLIP + c1 L_VF - c2 H`` (minus Schulman et al. 2017, eq. (9)); refimpl.ppo_combined_loss is that,
+    exactly
     (every input below is a binary fraction and the ratio is 1, so float64 is exact)."""
     adv = [Q(2), Q(-1, 2)]
     values, returns, entropy = [Q(1, 2), Q(1)], [Q(3, 2), Q(1, 4)], [Q(1, 4), Q(3, 4)]
@@ -314,7 +317,8 @@ def test_erratum_004_ppo_total_loss_signs():
     correct = -L_clip + c1 * L_vf - c2 * H
     as_in_004 = L_clip + c1 * L_vf + c2 * H
     assert correct == Q(-31, 64) and as_in_004 == Q(81, 64)
-    assert as_in_004 not in (correct, -correct)  # neither the loss nor the objective of (85)
+    assert as_in_004 not in (correct, -correct)  # neither the loss nor the objective of Schulman et al. 2017,
+    # eq. (9)
 
     def t(xs):
         return torch.tensor([[float(x)] for x in xs], dtype=F64)

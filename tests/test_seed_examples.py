@@ -1,6 +1,8 @@
-"""Statements of the seeds that had no test (issue 13, section 3): seed 001's worked examples 1.1-1.4,
-1.7 and 1.9, the bound on the distribution-shift penalty of 001 section 4.3, the properties of the
-conservative mixture of 001 section 4.4 (TV and eq. (56)), and 002's sequence-level ``KL_i``.
+"""Textbook statements that had no test (issue 13, section 3): worked examples of Monte-Carlo, IS,
+the score function and TD (Sutton & Barto 2018), the bound on the distribution-shift penalty
+(Schulman et al. 2015), the properties of the
+conservative mixture (Kakade & Langford 2002; TV and the ratio of the mixture), and the sequence-level
+``KL_i`` (Shao et al. 2024, eq. (4)).
 
 Exact values are sympy rationals (or exact logarithms) derived from the definitions; the project's
 float functions are compared with them to a few float64 unit roundoffs (well-conditioned O(1) sums).
@@ -28,7 +30,7 @@ Q = sp.Rational
 F64 = torch.float64
 
 
-# --------------------------------------------------------------------- 001 section 1: examples
+# -------------------------------------------------- worked examples (MC, IS, score function, TD)
 
 
 def test_example_1_1_discrete_expectation():
@@ -101,7 +103,7 @@ def test_example_1_9_td_update_by_hand():
     assert float(got[0, 0]) == pytest.approx(1.43, rel=1e-15, abs=0.0)  # a few ulps of 3 roundings
 
 
-# ------------------------------------------------ 001 section 4.3: distribution-shift penalty bound
+# ------------------------------------------------------------ distribution-shift penalty bound
 
 
 def exact_example(ex):
@@ -110,7 +112,8 @@ def exact_example(ex):
 
 
 def dsp_and_bound(emdp, pi, pi_new):
-    """Exact ``DSP_pi(pi')`` (001 (52)) and the bound of 001 section 4.3,
+    """Exact ``DSP_pi(pi')`` (Schulman et al. 2015, eq. (2) minus eq. (3)) and its bound
+    (Schulman et al. 2015, section 3),
     ``(1/(1 - gamma)) ||d_{pi'} - d_pi||_1 max_s |E_{a ~ pi'}[A_pi(s, a)]|``."""
     A = exact_advantages(emdp, pi)
     abar = np.array([sum(pi_new[s, a] * A[s, a] for a in range(emdp.num_actions))
@@ -122,15 +125,17 @@ def dsp_and_bound(emdp, pi, pi_new):
 
 
 def test_distribution_shift_penalty_bound_on_the_4_1_1_example_exactly():
-    """On 001's own example 4.1.1 the penalty is large (the surrogate predicts +0.8, J falls to -90):
-    the exact DSP equals ``J(pi') - L_pi(pi')`` (001 (53)) and satisfies the bound, which is exactly
+    """On the distribution-shift example (mdp.md section 7.1) the penalty is large (the surrogate predicts
+    +0.8, J falls to -90):
+    the exact DSP equals ``J(pi') - L_pi(pi')`` (Schulman et al. 2015, eq. (2) minus eq. (3)) and satisfies
+    the bound, which is exactly
     ``2 |DSP|`` here: ``d' - d`` is positive only at s1, where ``|E_{pi'}[A_pi]|`` is largest, and
     negative only at the terminal state, where it is 0; so ``||d' - d||_1 = 2 (d'(s1) - d(s1))``."""
     ex = distribution_shift_example()
     emdp, pi, pi_new = exact_example(ex)
     dsp, bound = dsp_and_bound(emdp, pi, pi_new)
     J, J_new = exact_expected_return(emdp, pi), exact_expected_return(emdp, pi_new)
-    surrogate_gain = sp.Rational(39996909, 50000000)  # L - J, the 0.79994 of 001 4.1.1
+    surrogate_gain = sp.Rational(39996909, 50000000)  # L - J, the 0.79994 of mdp.md section 7.1
     assert dsp == J_new - (J + surrogate_gain)
     assert dsp == Q(-9080001909, 100000000)
     assert abs(dsp) <= bound == 2 * abs(dsp)
@@ -151,12 +156,12 @@ def test_distribution_shift_penalty_bound_on_random_mdps(seed):
     assert got == pytest.approx(float(dsp), rel=1e-10, abs=1e-13)
 
 
-# --------------------------------------------------------- 001 section 4.4: the conservative mixture
+# ----------------------------------------------------------------------- the conservative mixture
 
 
 def test_mixture_total_variation_is_alpha_times_tv_and_eq_56():
     """``TV(pi, pi_alpha) = alpha TV(pi, pi') <= alpha`` per state and ``pi_alpha / pi = (1 - alpha)
-    + alpha pi'/pi`` (56): exact in sympy, and exactly equal in float64 with dyadic policies and
+    + alpha pi'/pi``: exact in sympy, and exactly equal in float64 with dyadic policies and
     alpha (every intermediate is a multiple of 2^-7, so tabular's floats carry no rounding)."""
     pi = np.array([[Q(1, 2), Q(1, 4), Q(1, 4)], [Q(1, 8), Q(5, 8), Q(1, 4)]], dtype=object)
     pi_new = np.array([[Q(0), Q(1, 4), Q(3, 4)], [Q(1, 2), Q(1, 2), Q(0)]], dtype=object)
@@ -175,11 +180,12 @@ def test_mixture_total_variation_is_alpha_times_tv_and_eq_56():
     assert tv == [Q(1, 2), Q(3, 8)]  # TV(pi, pi') itself: alpha TV < alpha (equality needs disjoint rows)
 
 
-# --------------------------------------------------------------- 002: the sequence-level KL_i
+# -------------------------------------------------------------------- the sequence-level KL_i
 
 
 def test_002_sequence_level_kl_i_is_unbiased_for_the_sequence_kl():
-    """002: ``KL_i = r - 1 - log r`` with ``r = pi_ref(o_i|q) / pi_theta(o_i|q)`` (whole responses).
+    """Shao et al. 2024, eq. (4), per response: ``KL_i = r - 1 - log r`` with ``r = pi_ref(o_i|q) /
+    pi_theta(o_i|q)`` (whole responses).
     Its exact expectation under pi_theta is ``sum_o ref(o) - 1 + KL(pi_theta || pi_ref)`` =
     the sequence-level KL (the responses' probabilities sum to 1), here an exact sum of logarithms
     on a token tree (vocabulary 3, length 2, 7 responses). refimpl's ``kl_k3`` on the summed token

@@ -1,4 +1,4 @@
-"""tabular.sequences: the LLM-as-MDP token tree (seed 001 section 5.1), checked against
+"""tabular.sequences: the LLM-as-MDP token tree (kl.md section 1), checked against
 independent recursions over prefixes, finite differences and exact identities."""
 
 import itertools

@@ -230,7 +230,7 @@ def test_policy_gates_are_correctly_rounded_at_every_magnitude(gate):
 @pytest.mark.parametrize("gate", ["clip", "dual_clip", "cispo"])
 def test_policy_gates_exactly_on_each_boundary(gate):
     """Exact ties: logp - old_logp = log(b) exactly (sympy), so r = b; every hard gate is inclusive
-    (policy_losses.md eq. (6); seed 001 (116)): the token is inside, its gradient is -b A."""
+    (policy_losses.md eq. (6)): the token is inside, its gradient is -b A."""
     spec = GATES[gate]
     bounds = {"clip": [(Fraction(4, 5), -1), (Fraction(32, 25), 1)],
               "dual_clip": [(Fraction(3, 4), -1), (Fraction(5, 4), 1), (Fraction(5, 2), -1)],
@@ -464,7 +464,7 @@ def test_refimpl_group_advantages_follow_the_documented_range(name, m):
     rewards = rewards_at(m)
     got = group_advantages(torch.tensor(rewards, dtype=F64), torch.tensor(GROUP_IDS), **conv).tolist()
     for i, (want, s) in enumerate(advantage_reference(rewards, conv)):
-        # ARCHITECTURE.md floor 1e-12 x the summed terms, plus the subnormal floor, over the scale
+        # docs/architecture.md floor 1e-12 x the summed terms, plus the subnormal floor, over the scale
         group = [abs(r) for r, g in zip(rewards, GROUP_IDS, strict=True) if conv["scale"] != "group"
                  or g == GROUP_IDS[i]]
         floor = float((1e-12 * sum(group) + SUBNORMAL_FLOOR) / s)

@@ -105,7 +105,7 @@ def test_learners_reject_bad_input():
 # The replays draw the learner's random numbers from a generator with its seed, in its order (the
 # environment's rollouts, PPO's minibatch permutations), and recompute every update independently
 # in numpy float64 from the definitions: a GAE loop, the softmax score and entropy gradients, the
-# inclusive clip gate of seed 001 (116), Adam, and TRPO's damped natural step solved per state
+# inclusive clip gate of policy_losses.md eq. (6), Adam, and TRPO's damped natural step solved per state
 # (the Fisher matrix of a tabular softmax is block diagonal, w_s (diag pi_s - pi_s pi_s^T)).
 
 
@@ -163,7 +163,8 @@ def ppo_replay(env, config, seed):
 
 def test_ppo_first_iterations_equal_an_independent_replay():
     """Two iterations (2 epochs x 2 minibatches of Adam on the clipped loss, value loss and entropy
-    bonus of 001 (85)), with time-limit truncations and clipped tokens in the batch. Tolerance: a
+    bonus of Schulman et al. 2017, eq. (9)), with time-limit truncations and clipped tokens in the batch.
+    Tolerance: a
     gradient coordinate's absolute rounding (~1e-16) can be amplified by Adam's g / (|g| + 1e-8)
     to lr * 1e-8 = 3e-9 per step; 8 steps stay below 1e-7, any real difference is O(lr) = 0.3."""
     mdp = random_mdp(1, 4, 3, gamma=0.9)
@@ -216,7 +217,8 @@ def trpo_replay(env, config, seed):
 def test_trpo_first_iterations_equal_an_independent_replay():
     """Two TRPO iterations: damped natural direction (solved exactly per state; CG reaches it since
     the system has at most S (A - 1) = 8 dimensions), the step scale sqrt(2 delta / x^T F x) with the
-    undamped F (001 (74)), backtracking on the exact mean KL, and the least-squares critic refit.
+    undamped F (Schulman et al. 2015, Appendix C), backtracking on the exact mean KL, and the least-squares
+    critic refit.
     Tolerance: CG stops at a residual of ~1e-10 (cg_tol), i.e. a direction error ~1e-9 relative."""
     mdp = random_mdp(2, 4, 3, gamma=0.9)
     config = dataclasses.replace(TRPOConfig(), iterations=2, num_envs=4, num_steps=8, max_episode_steps=5)

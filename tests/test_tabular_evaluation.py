@@ -1,4 +1,5 @@
-"""Policy evaluation and occupancy (spec: specs/mdp.md sections 2-3; seed 001 (19)-(29)).
+"""Policy evaluation and occupancy (spec: specs/mdp.md sections 2-3; Kakade & Langford 2002;
+Sutton & Barto 2018, section 3.5).
 
 Each quantity is checked against an equation it must satisfy (Bellman expectation, centring,
 flow equation), against a second computation (power series, forward propagation of the state
@@ -31,7 +32,8 @@ def mdp_and_policy(mdp_strategy):
 
 
 def assert_close(actual, expected, terms_scale=1.0, rel=1e-10):
-    """float64 rule of ARCHITECTURE.md: rel 1e-10 with an absolute floor of 1e-12 x scale of the terms."""
+    """float64 rule of docs/architecture.md: rel 1e-10 with an absolute floor of 1e-12 x scale of the
+    terms."""
     actual, expected = np.asarray(actual, float), np.asarray(expected, float)
     np.testing.assert_allclose(actual, expected, rtol=rel, atol=1e-12 * max(1.0, terms_scale))
 
@@ -84,7 +86,8 @@ def test_advantage_centring_001_28_29_and_one_step_form_30(case):
 
 @given(mdp_and_policy(mdps(gamma=st.floats(0.0, 0.8))))
 def test_values_equal_the_power_series_of_the_definition(case):
-    # V = sum_t gamma^t P_pi^t r_pi (001 (16), (21)), truncated where gamma^t < 1e-16.
+    # V = sum_t gamma^t P_pi^t r_pi (Sutton & Barto 2018, sections 3.3 and 3.5), truncated where gamma^t <
+    # 1e-16.
     mdp, pi = case
     P_pi = np.einsum("sa,sat->st", pi, mdp.P)
     term = np.einsum("sa,sa->s", pi, mdp.r)
@@ -140,7 +143,7 @@ def test_normalised_occupancy_sums_to_one_and_total_is_horizon(case):
 
 @given(mdp_and_policy(mdps(gamma=st.floats(0.0, 0.7))))
 def test_occupancy_equals_forward_propagation_of_the_state_distribution(case):
-    # rho(s) = sum_t gamma^t P(s_t = s), with P(s_t = .) = rho0 P_pi^t (001 (19) without (1 - gamma)).
+    # rho(s) = sum_t gamma^t P(s_t = s), with P(s_t = .) = rho0 P_pi^t (Schulman et al. 2015, section 2).
     mdp, pi = case
     P_pi = np.einsum("sa,sat->st", pi, mdp.P)
     mu, rho = mdp.rho0.copy(), np.zeros(mdp.num_states)
@@ -210,7 +213,7 @@ def test_exact_path_solves_the_bellman_equation_exactly():
     )
 
 
-# ------------------------------------------------------------------ reward conventions (seed 003)
+# ------------------------------------------------------------------ reward conventions (errata.md entry 3)
 @given(mdps(), st.integers(0, 2**32 - 1))
 def test_reward_on_transitions_is_reduced_to_its_expectation(mdp, seed):
     # r[S, A, S] is reduced at construction to r(s, a) = sum_s' P(s'|s, a) r(s, a, s').
@@ -225,7 +228,7 @@ def test_reward_on_transitions_is_reduced_to_its_expectation(mdp, seed):
 
 @given(mdp_and_policy(mdps(min_states=2, reward_shape="sa")), st.integers(0, 2**32 - 1))
 def test_seed_003_reward_on_arrival_vs_reward_in_state(case, seed):
-    # Erratum (seed 003, policy iteration): evaluation uses R(s') but the Bellman equations R(s).
+    # Erratum (errata.md entry 3): evaluation uses R(s') but the Bellman equations R(s).
     # With a state reward R, the arrival convention is r[s, a, s'] = R(s') and the "being in s"
     # convention r[s, a] = R(s); their values differ and satisfy V_in = R + gamma V_arrival.
     mdp, pi = case
@@ -236,9 +239,9 @@ def test_seed_003_reward_on_arrival_vs_reward_in_state(case, seed):
     )
     V_arr, V_in = T.policy_evaluation(arrival, pi), T.policy_evaluation(in_state, pi)
     scale = 1.0 / (1.0 - mdp.gamma)
-    # seed 003's evaluation step: V(s) = sum_a pi sum_s' P [R(s') + gamma V(s')]
+    # the erratum's evaluation step: V(s) = sum_a pi sum_s' P [R(s') + gamma V(s')]
     assert_close(V_arr, np.einsum("sa,sat,t->s", pi, mdp.P, R + mdp.gamma * V_arr), scale)
-    # seed 003's Bellman expectation: V(s) = sum_a pi [R(s) + gamma sum_s' P V(s')]
+    # the erratum's Bellman expectation: V(s) = sum_a pi [R(s) + gamma sum_s' P V(s')]
     assert_close(V_in, R + mdp.gamma * np.einsum("sa,sat,t->s", pi, mdp.P, V_in), scale)
     assert_close(V_in, R + mdp.gamma * V_arr, scale)
 

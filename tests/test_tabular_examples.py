@@ -1,5 +1,6 @@
-"""The examples of specs/mdp.md section 7: seed 001 4.1.1 and 4.1.2 with their exact numbers (and
-the 4.1.2 return erratum), the seed 003 grid world against a breadth-first-search closed form,
+"""The examples of specs/mdp.md section 7: sections 7.1 and 7.2 with their exact numbers (and
+the return erratum, errata.md entry 2), the grid world (section 7.3) against a breadth-first-search closed
+form,
 the random-MDP generator and the chain."""
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from tabular.exact import ExactMDP, exact_advantages, exact_expected_return, exa
 F = Fraction
 
 
-# ------------------------------------------------------------------------------------ 4.1.1
+# ------------------------------------------------------------------- distribution shift (7.1)
 def seed_001_closed_forms(gamma, M, eta, eta2):
-    """The seed's own formulas of section 4.1.1, evaluated in exact rationals."""
+    """The example's own formulas (mdp.md section 7.1), evaluated in exact rationals."""
     V1 = 1 - eta2 * (1 + M)
     return {
         "J_pi": eta * gamma * V1,
@@ -41,9 +42,9 @@ def exact_example(ex):
 def test_distribution_shift_example_reproduces_the_seed_numbers():
     ex = T.distribution_shift_example()
     want = seed_001_closed_forms(F(9, 10), F(100), F(1, 10**4), F(1, 10**3))
-    assert want["J_pi"] == F(8091, 10**8)  # the seed's 8.091e-5
+    assert want["J_pi"] == F(8091, 10**8)  # 8.091e-5 as first stated
     assert want["J_pi_new"] == -90
-    assert round(float(want["L_minus_J"]), 5) == 0.79994  # the seed's "approx 0.79994"
+    assert round(float(want["L_minus_J"]), 5) == 0.79994  # "approx 0.79994" as first stated
     # float path
     mdp, pi, pi_new = ex.mdp, ex.pi, ex.pi_new
     J, J_new = T.expected_return(mdp, pi), T.expected_return(mdp, pi_new)
@@ -72,7 +73,7 @@ def test_distribution_shift_example_in_exact_rationals():
     L_minus_J = sum(rho[s] * abar[s] for s in range(3))
     assert L_minus_J == sympy.Rational(want["L_minus_J"].numerator, want["L_minus_J"].denominator)
     assert L_minus_J == sympy.Rational(79993818, 10**8)
-    # PDL (001 (48)) and 001 (53) in exact arithmetic
+    # PDL (Kakade & Langford 2002, Lemma 6.1) and L + DSP (mdp.md eq. (24)) in exact arithmetic
     pdl = sum(rho_new[s] * abar[s] for s in range(3))
     assert pdl == -90 - sympy.Rational(8091, 10**8)
     dsp = sum((rho_new[s] - rho[s]) * abar[s] for s in range(3))
@@ -88,7 +89,7 @@ def test_distribution_shift_example_parameters_flow_through():
     assert T.expected_return(ex.mdp, ex.pi_new) == pytest.approx(float(want["J_pi_new"]), rel=1e-14, abs=0.0)
 
 
-# ------------------------------------------------------------------------------------ 4.1.2
+# ---------------------------------------------------------------------- trajectory IS (7.2)
 @pytest.mark.parametrize("H", [0, 1, 2, 3, 5, 8])
 @pytest.mark.parametrize(("p", "q"), [(F(1, 2), F(9, 10)), (F(1, 3), F(1, 5)), (F(1, 2), F(1, 2))])
 def test_is_weight_variance_by_exact_enumeration(H, p, q):
@@ -118,7 +119,7 @@ def test_is_weight_variance_numbers_of_the_seed():
 @pytest.mark.parametrize("H", [1, 4, 9])
 def test_seed_001_4_1_2_return_erratum(H):
     # As written (absorbing state paying 1 at every step) the return is gamma^H / (1 - gamma),
-    # not the seed's gamma^H; paying once (reward="once") gives gamma^H. Same for every policy.
+    # not gamma^H (errata.md entry 2); paying once (reward="once") gives gamma^H. Same for every policy.
     gamma = 0.9
     absorbing = T.trajectory_is_example(H, gamma=gamma, reward="absorbing")
     once = T.trajectory_is_example(H, gamma=gamma, reward="once")
@@ -128,7 +129,7 @@ def test_seed_001_4_1_2_return_erratum(H):
         )
     J_abs = T.expected_return(absorbing.mdp, absorbing.pi)
     assert J_abs == pytest.approx(gamma**H / (1 - gamma), rel=1e-12, abs=0.0)
-    assert abs(J_abs - gamma**H) > 1.0  # the seed's gamma^H is wrong for this MDP
+    assert abs(J_abs - gamma**H) > 1.0  # gamma^H is wrong for this MDP (errata.md entry 2)
     assert T.expected_return(once.mdp, once.pi) == pytest.approx(gamma**H, rel=1e-12, abs=0.0)
     exact = exact_expected_return(exact_example(absorbing), absorbing.exact.pi)
     assert exact == sympy.Rational(9, 10) ** H / (1 - sympy.Rational(9, 10))

@@ -81,7 +81,7 @@ def test_policy_gradient_equals_finite_differences(case):
 
 @given(mdp_and_theta(ANY))
 def test_surrogate_matches_J_in_value_and_gradient_at_theta(case):
-    # 001 (65)/(71): L_{theta}(theta') and J(theta') agree to first order at theta' = theta.
+    # Schulman et al. 2015, eq. (4): L_{theta}(theta') and J(theta') agree to first order at theta' = theta.
     mdp, theta = case
     pi = softmax_policy(theta)
     assert T.surrogate(mdp, pi, pi) == pytest.approx(

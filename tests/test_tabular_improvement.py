@@ -1,9 +1,10 @@
-"""Policy-improvement theory (spec: specs/mdp.md section 5; seed 001 (48)-(61); TRPO Theorem 1).
+"""Policy-improvement theory (spec: specs/mdp.md section 5; Kakade & Langford 2002; Schulman et al. 2015,
+eq. (1)-(6) and Theorem 1).
 
-Identities to 1e-10 against independent loop implementations written with seed 001's NORMALISED
+Identities to 1e-10 against independent loop implementations written with the NORMALISED
 occupancy and importance ratios (the library uses the unnormalised occupancy and no ratios), and
 the CPI / TRPO inequalities on many random MDPs; plus the errata about the Kakade-Langford eps
-(seed 000) and the KL direction (seed 000).
+(errata.md entry 1) and the KL direction (errata.md entry 4).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ DISCOUNTED = mdps(gamma=st.floats(0.0, 0.95))
 ANY = st.one_of(DISCOUNTED, episodic_mdps())
 
 
-# ------------------------------------------------------- independent loop forms with seed 001's d
+# ---------------------------------------------------- independent loop forms with the normalised d
 def pdl_loop(mdp, pi, pi_new):
-    """(1/(1-gamma)) sum_s d_new(s) sum_a pi_new(a|s) A_pi(s, a), 001 (48), gamma < 1."""
+    """(1/(1-gamma)) sum_s d_new(s) sum_a pi_new(a|s) A_pi(s, a), Kakade & Langford 2002, Lemma 6.1;
+    Schulman et al. 2015, eq. (1)-(2), gamma < 1."""
     d_new = T.state_occupancy(mdp, pi_new, normalized=True)
     adv = T.advantages(mdp, pi)
     total = 0.0
@@ -54,7 +56,7 @@ def pdl_loop(mdp, pi, pi_new):
 
 
 def surrogate_loop_is(mdp, pi, pi_new):
-    """001 (51) with the importance ratio pi_new / pi (needs pi > 0), gamma < 1."""
+    """Schulman et al. 2015, eq. (3) with the importance ratio pi_new / pi (needs pi > 0), gamma < 1."""
     d = T.state_occupancy(mdp, pi, normalized=True)
     adv = T.advantages(mdp, pi)
     total = 0.0
@@ -89,7 +91,7 @@ def test_surrogate_equals_the_importance_weighted_form_001_51(case):
     assert T.surrogate(mdp, pi, pi_new) == approx(surrogate_loop_is(mdp, pi, pi_new), mdp)
     d, d_new = T.state_occupancy(mdp, pi), T.state_occupancy(mdp, pi_new)
     abar = np.sum(pi_new * T.advantages(mdp, pi), axis=1)
-    dsp = float((d_new - d) @ abar) / (1.0 - mdp.gamma)  # 001 (52)
+    dsp = float((d_new - d) @ abar) / (1.0 - mdp.gamma)  # Schulman et al. 2015, eq. (2) minus eq. (3)
     assert T.distribution_shift_penalty(mdp, pi, pi_new) == approx(dsp, mdp)
 
 
@@ -108,7 +110,8 @@ ALPHAS = np.linspace(0.0, 1.0, 11)
 
 
 def cpi_bound_loop(mdp, pi, pi_new):
-    """alpha -> 001 (59) and Kakade-Langford bounds, with g and eps computed by loops over (s, a)."""
+    """alpha -> Schulman et al. 2015, eq. (6), and Kakade-Langford bounds, with g and eps computed by loops
+    over (s, a)."""
     adv = T.advantages(mdp, pi)
     S, A = pi.shape
     eps = max(abs(sum(pi_new[s, a] * adv[s, a] for a in range(A))) for s in range(S))
@@ -281,7 +284,7 @@ def test_policy_kl_and_tv_definitions_and_the_seed_000_sign_erratum(case):
         if np.any(support & (pi_new[s] == 0)):
             assert kl[s] == np.inf
             continue
-        # KL(pi || pi') = E_{a ~ pi}[log pi / pi'] (the seed's E_pi[log pi' / pi] is its negative)
+        # KL(pi || pi') = E_{a ~ pi}[log pi / pi'] (E_pi[log pi' / pi], errata.md entry 5, is its negative)
         expected = float(np.sum(pi[s, support] * np.log(pi[s, support] / pi_new[s, support])))
         assert kl[s] == pytest.approx(expected, rel=1e-12, abs=1e-15)
         seed_000_form = float(np.sum(pi[s, support] * np.log(pi_new[s, support] / pi[s, support])))
@@ -294,8 +297,9 @@ def test_policy_kl_and_tv_definitions_and_the_seed_000_sign_erratum(case):
 
 # ---------------------------------------------------------------------------------------- errata
 def test_kakade_langford_eps_must_use_the_target_policy_seed_000():
-    # 000 defines eps with the mixture pi_alpha, alpha times smaller than 001 (58)'s eps over the
-    # target policy. The correct bound holds on every case below; the 000 form fails on some.
+    # errata.md entry 1: eps with the mixture pi_alpha is alpha times smaller than the eps of
+    # Schulman et al. 2015, eq. (6), over the
+    # target policy. The correct bound holds on every case below; the mixture form fails on some.
     violations = []
     for seed in range(20):
         mdp = T.random_mdp(seed, num_states=4, num_actions=3, gamma=0.5)
@@ -352,7 +356,7 @@ def test_bad_arguments_of_the_improvement_functions():
 
 @given(mdp_and_two_policies(DISCOUNTED, kind="positive"))
 def test_kl_direction_old_first_and_both_directions_bound_tv(case):
-    # Seeds 000 / 001 (66) / TRPO use KL(old || new), 002 KL(new || old). policy_kl's first argument
+    # TRPO uses KL(old || new), some texts KL(new || old) (errata.md entry 4). policy_kl's first argument
     # is the distribution the expectation is under (the old, data-generating policy), and Theorem 1's
     # KL form holds in the project's direction; the reverse direction also bounds TV^2 (Pinsker), so
     # the choice is about estimability from old samples, not validity (specs/mdp.md section 5).

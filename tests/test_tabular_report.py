@@ -1,6 +1,6 @@
 """``refimpl report`` runs in-process through the CLI and prints numbers that agree with
-independently computed values (BFS distances for the grid world, the seed's closed forms for
-4.1.1 / 4.1.2, a power series for the random MDP's return)."""
+independently computed values (BFS distances for the grid world, the closed forms of
+mdp.md sections 7.1 / 7.2, a power series for the random MDP's return)."""
 
 from __future__ import annotations
 

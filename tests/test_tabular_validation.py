@@ -1,5 +1,5 @@
 """Every bad input to the tabular layer raises a clear error naming the argument
-(ARCHITECTURE.md "Bad input gets a clear error"; spec: specs/mdp.md section 1)."""
+(docs/architecture.md "Bad input gets a clear error"; spec: specs/mdp.md section 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every float comparison in the suite states its absolute tolerance (issue 11; ARCHITECTURE.md
+"""Every float comparison in the suite states its absolute tolerance (issue 11; docs/architecture.md
 "Exactness"). ``pytest.approx(x, rel=R)`` still allows pytest's default absolute 1e-12, and
 ``torch.allclose`` / ``torch.isclose`` / ``np.allclose`` / ``np.isclose`` / ``Tensor.allclose`` allow an
 absolute 1e-8 unless told otherwise; ``torch.testing.assert_close`` without tolerances uses the

@@ -3,7 +3,7 @@
 Conjugate gradient against numpy.linalg.solve; Fisher-vector products against
 tabular.fisher_matrix; the natural gradient against its closed form (Kakade 2001) and the NPG rate
 of Agarwal, Kakade, Lee and Mahajan; TRPO's line search against an independent re-computation of
-its backtracking sequence with tabular.mean_kl; the natural-step erratum of seeds 000/002.
+its backtracking sequence with tabular.mean_kl; the natural-step erratum (errata.md entry 9).
 
 Tolerances (float64, u = 2^-53 = 1.1e-16; they must hold on any CPU and thread count):
 - a product or sum of a few O(1) terms (F v, the mean KL, a quadratic form): a few u per term,
@@ -241,7 +241,8 @@ def occupancy(mdp: tabular.MDP, theta: np.ndarray) -> torch.Tensor:
 
 
 def exact_surrogate_fn(mdp: tabular.MDP, theta: np.ndarray):
-    """``theta' -> L_theta(theta') - J(theta)`` of seed 001 (65) with exact d and A of pi_theta:
+    """``theta' -> L_theta(theta') - J(theta)`` of Schulman et al. 2015, section 4, with exact d and A of
+    pi_theta:
     ``sum_s d(s) sum_a pi_theta'(a|s) A(s, a) / (1 - gamma)`` (its gradient at theta is grad J)."""
     pi = tabular.softmax_policy(theta)
     d = t64(tabular.state_occupancy(mdp, pi, normalized=True))
@@ -486,8 +487,10 @@ def test_trpo_improves_j_on_200_random_mdps_and_never_breaks_the_kl_limit():
 # ----------------------------------------------------------------------------- natural-step erratum
 @given(data=st.data(), delta=st.sampled_from([1e-3, 0.01, 0.1]))
 def test_natural_step_erratum_of_seeds_000_and_002(data, delta):
-    # 000/002: theta' = theta + alpha F^-1 g with alpha = sqrt(2 delta / (g^T F g)). Its quadratic KL
-    # 0.5 alpha^2 (F^-1 g)^T F (F^-1 g) = delta (g^T F^-1 g) / (g^T F g), not delta; 001 (74)'s
+    # errata.md entry 9: theta' = theta + alpha F^-1 g with alpha = sqrt(2 delta / (g^T F g)). Its quadratic
+    # KL
+    # 0.5 alpha^2 (F^-1 g)^T F (F^-1 g) = delta (g^T F^-1 g) / (g^T F g), not delta; the step of
+    # Schulman et al. 2015, Appendix C,
     # beta = sqrt(2 delta / (s^T F s)) with s = F^-1 g gives exactly delta.
     mdp = data.draw(seeded_random_mdps())
     S, A = mdp.num_states, mdp.num_actions
@@ -514,7 +517,7 @@ def test_natural_step_erratum_differs_from_delta_on_a_fixed_case():
     fisher = tabular.fisher_matrix(mdp, theta)
     s = tabular.natural_gradient(mdp, theta).reshape(-1)
     ratio = float(g @ s) / float(g @ fisher @ g)  # the erratum's KL is delta * ratio
-    assert ratio > 2.0  # the small Fisher eigenvalues make 000/002's step overshoot delta
+    assert ratio > 2.0  # the small Fisher eigenvalues make the erratum's step overshoot delta
 
 
 # ----------------------------------------------------------------------------- masks, devices, errors
@@ -1066,7 +1069,8 @@ def test_trpo_kl_limit_is_inclusive_and_the_improvement_strict():
     _, below = tr.trpo_step(surrogate, policy, theta0, w, float(np.nextafter(kl_saturated, 0.0)))
     assert below.accepted and below.backtracks == 1 and below.candidates[0].kl > below.max_kl
     # A surrogate whose value cannot change in float64 (an offset of 1e20) has a gradient but an
-    # improvement of exactly 0 at every candidate: no step is accepted (001 4.6.4 with strict >).
+    # improvement of exactly 0 at every candidate: no step is accepted (Schulman et al. 2015, Appendix C, with
+    # strict >).
     _, flat = tr.trpo_step(lambda th: surrogate(th) + 1e20, policy, theta0, w, kl_saturated, max_backtracks=2)
     assert flat.status == "no_acceptable_step" and all(c.improvement == 0.0 for c in flat.candidates)
 

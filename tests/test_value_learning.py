@@ -100,7 +100,7 @@ def test_dqn_end_to_end_reaches_near_optimal_policy():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dqn_with_polyak_target_reaches_q_star(seed):
-    """With the soft target update of seed 003's text (tau = 0.1 after every gradient step) the same
+    """With the soft target update of Lillicrap et al. 2016 (tau = 0.1 after every gradient step) the same
     budget reaches the fixed point: the learned Q is within 0.15 of the exact Q* in sup norm
     (measured 0.04-0.08 on seeds 0-4). A wrong discount (0.89 for 0.9) moves Q* by about
     0.01 |V| / (1 - gamma) ~ 0.5, a missing bootstrap by far more."""
@@ -299,7 +299,7 @@ def module_params(net) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("tau, target_period", [(0.25, 1), (1.0, 2)])
 def test_dqn_first_updates_equal_an_independent_replay(tau, target_period):
-    """Three Adam steps with the soft (Polyak, seed 003's text) and the hard (seed 003's code)
+    """Three Adam steps with the soft (Polyak, Lillicrap et al. 2016) and the hard (Mnih et al. 2015)
     target update: network and target network equal the numpy replay. Tolerance: a gradient
     coordinate carries an absolute rounding error of ~1e-15, which Adam's normalisation
     g / (|g| + 1e-8) can amplify to lr * 1e-15 / 1e-8 = 3e-10 per step."""

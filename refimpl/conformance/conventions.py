@@ -296,10 +296,10 @@ FLAG_REASONS: dict[str, str] = {
     "adv_scale": "GRPO divides the centred reward by the group std; Dr. GRPO does not (verl's "
     "norm_adv_by_std_in_grpo=False, TRL's scale_rewards='none'); TRL's scale_rewards='batch' "
     "divides by the std of all rewards of the batch ('batch_rewards', advantages.md eq. (14)).",
-    "adv_std": "torch.std is the sample (Bessel, n - 1) std; GRPO's formula (seed 001 (90)) is the "
+    "adv_std": "torch.std is the sample (Bessel, n - 1) std; GRPO's formula (Shao et al. 2024) is the "
     "population std.",
     "adv_eps": "epsilon keeps zero-variance groups finite; TRL adds 1e-4, verl 1e-6.",
-    "adv_eps_inside_sqrt": "sqrt(var + eps) (seed 001 (91)) or std + eps (TRL, verl).",
+    "adv_eps_inside_sqrt": "sqrt(var + eps) (advantages.md eq. (4)) or std + eps (TRL, verl).",
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
     "kl_gradient": "verl's kl_loss_type with a '+' (k1+, k3+) keeps the estimator's value but "

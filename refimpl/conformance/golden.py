@@ -2,7 +2,7 @@
 
 ``specs/vectors/policy_loss.json`` holds inputs and 50-digit expected values generated from the
 sympy specs (``python -m specs.golden``; schema in ``specs/vectors/SCHEMA.md``). Code in
-``refimpl`` may read these plain data files but never imports ``specs`` (ARCHITECTURE.md), so the
+``refimpl`` may read these plain data files but never imports ``specs`` (docs/architecture.md), so the
 file is located on disk: next to this package in a source checkout, else through the installed
 ``specs`` package's location (``importlib.util.find_spec`` finds it without importing it).
 """

@@ -56,9 +56,10 @@ class RolloutBatch:
 
 
 def group_advantages_for(rewards: torch.Tensor, group_ids: torch.Tensor, scale: str) -> torch.Tensor:
-    """The trainer's advantage convention: group-centred rewards (seed 001 (90)-(91)), divided by
+    """The trainer's advantage convention: group-centred rewards (Shao et al. 2024, section 4.1.2), divided by
     the population std with eps inside the square root (``scale="group"``, GRPO), by the batch std
-    (``"batch"``, Magistral) or not at all (``"none"``, Dr. GRPO (98)). Zero-variance groups get
+    (``"batch"``, Magistral) or not at all (``"none"``, Dr. GRPO, Liu et al. 2025 (Dr. GRPO), section 3.2).
+    Zero-variance groups get
     advantage 0 (they carry no signal); groups of one sample (never formed here) too."""
     if scale == "none":
         return adv_lib.group_advantages(rewards, group_ids, scale="none", singleton="zero")
@@ -80,7 +81,7 @@ def minibatch_std_normalise(
     all_reduce_max=lambda t: t,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Magistral's advantage normalisation (seed 002): ``A_i / sqrt(var_B + eps)`` with var_B the
+    """Magistral's advantage normalisation (Mistral AI 2025): ``A_i / sqrt(var_B + eps)`` with var_B the
     population variance of the centred advantages of the minibatch B, whose sequences may lie
     on several ranks (the sums are all-reduced, so every rank divides by the same number). All
     values of B equal: advantage 0 (the trainer's zero-variance rule). On one rank with B the

@@ -64,7 +64,7 @@ def autocast(device: torch.device, amp: bool):
 @torch.no_grad()
 def sample_groups(model: GPT, task: Task, problems: Problems, config, recipe: Recipe, generator) -> Groups:
     """``group_size`` responses per problem at the training temperature / top-k, scored by the
-    task's reward (``config.reward``) plus DAPO's soft overlong penalty (seed 001 (102))."""
+    task's reward (``config.reward``) plus DAPO's soft overlong penalty (Yu et al. 2025, section 3.4)."""
     c = config
     device = problems.prompts.device
     prompts = problems.prompts.repeat_interleave(c.group_size, dim=0)
@@ -94,7 +94,7 @@ def sample_groups(model: GPT, task: Task, problems: Problems, config, recipe: Re
 
 
 def draw_groups(draw: Callable[[], Groups], config, recipe: Recipe) -> Drawn:
-    """``draw()`` once; with dynamic sampling (DAPO, seed 001 (101)), rounds of ``draw()`` until
+    """``draw()`` once; with dynamic sampling (DAPO, Yu et al. 2025, section 3.2), rounds of ``draw()`` until
     ``prompts_per_step`` groups with non-zero reward variance are kept (at most
     ``max_sampling_rounds``; the groups of later rounds get new ids)."""
     c = config
@@ -130,7 +130,7 @@ def draw_groups(draw: Callable[[], Groups], config, recipe: Recipe) -> Drawn:
 @torch.no_grad()
 def score(model: GPT, ref_model: GPT | None, ro: Rollout, config, rlhf: bool) -> Scores:
     """Old-policy (and reference) log-probs recomputed by the trainer's forward pass, in the
-    micro-batch size the update uses, so on-policy ratios are 1 (seed 001 (95)); with ``rlhf``
+    micro-batch size the update uses, so on-policy ratios are 1 (Shao et al. 2024, eq. (3)); with ``rlhf``
     the value head's values too."""
     c = config
     device = ro.prompts.device
@@ -164,7 +164,8 @@ def rlhf_advantages(
     ro: Rollout, rewards: torch.Tensor, scores: Scores, mask: torch.Tensor, config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO-RLHF: per-token reward ``-beta (log pi_old - log pi_ref)`` plus the sequence reward at
-    the last sampled token (seed 001 (87)), then token-level GAE (001 (80)); advantages are
+    the last sampled token (Ouyang et al. 2022, eq. (2)), then token-level GAE (Schulman et al. 2016,
+    eq. (16)); advantages are
     whitened over the tokens of all ranks. Returns ``(advantages [N, L], returns [N, L])``."""
     c = config
     token_rewards, last = kl_shaped_token_rewards(

@@ -33,14 +33,18 @@ __all__ = [
 class Recipe:
     """One trainer loss: the policy-loss ``variant`` and the settings it trains with.
 
-    ``advantage_scale``: group-centred rewards divided by the group std ("group", GRPO, seed 001
-    (90)-(91)), by the std of each optimizer minibatch ("batch", Magistral, seed 002) or not at
-    all ("none", Dr. GRPO 001 (98)). ``dynamic_sampling`` / ``overlong_cache_len``: DAPO's
-    zero-variance group filter and soft overlong penalty (001 (101)-(102)). ``ref_reset_every``:
+    ``advantage_scale``: group-centred rewards divided by the group std ("group", GRPO, Shao et al. 2024,
+    section 4.1.2), by the std of each optimizer minibatch ("batch", Mistral AI 2025) or not at
+    all ("none", Dr. GRPO, Liu et al. 2025 (Dr. GRPO)). ``dynamic_sampling`` / ``overlong_cache_len``: DAPO's
+    zero-variance group filter and soft overlong penalty (Yu et al. 2025, sections 3.2 and 3.4).
+    ``ref_reset_every``:
     ProRL's hard reset of the reference policy and the optimizer state every this many RL steps
-    (0 = never). ``rlhf``: PPO-RLHF (value head, KL folded into the per-token reward 001 (87),
-    token-level GAE 001 (80)); its variant's ``kl_coef`` is 0 (the KL is in the reward).
-    ``upweight_zero_signal``: dynamic sampling's alternative (seeds 000, 002; advantages.md eq.
+    (0 = never). ``rlhf``: PPO-RLHF (value head, KL folded into the per-token reward (Ouyang et al. 2022,
+    eq. (2)),
+    token-level GAE (Schulman et al. 2016, eq. (16))); its variant's ``kl_coef`` is 0 (the KL is in the
+    reward).
+    ``upweight_zero_signal``: dynamic sampling's alternative (an alternative to DAPO's oversampling;
+    advantages.md eq.
     (16)): no resampling; the zero-signal groups are filtered out and the rest upweighted by
     1/(1 - f) (never together with ``dynamic_sampling``; ``zero_signal`` names the three ways)."""
 
@@ -72,13 +76,13 @@ RECIPES: dict[str, Recipe] = {
     "cispo": Recipe(losses.get_preset("cispo")),
     # PPO-RLHF's clipped loss is the "ppo" preset; the trainer's name says it is more than that loss
     "ppo_rlhf": Recipe(dataclasses.replace(losses.get_preset("ppo"), kl_coef=0.0), rlhf=True),
-    # ProRL (seed 002 "ProRL"; 000 on clip-higher and the KL term): DAPO's clip-higher with
+    # ProRL (Liu et al. 2025 (ProRL)): DAPO's clip-higher with
     # eps_high = 0.4 and its token-level loss (token_mean), GRPO's group-std advantages, and a KL
     # term that is kept, with the reference hard-reset to the current policy and the optimizer state
     # re-initialised periodically. The seeds give neither the KL weight nor the period, so both are
     # choices, not tuned (one value each, one run): kl_coef = 0.01 with k3 (GRPO's estimator), a
     # quarter of GRPO's common 0.04, because this tiny policy moves far per step (in the seed-0 run
-    # the per-token k3 KL to a reference up to 50 steps old reaches 0.1-0.25) and the seed says the
+    # the per-token k3 KL to a reference up to 50 steps old reaches 0.1-0.25) and the usual advice is that the
     # resets exist so that the penalty does not dominate; ref_reset_every = 50, four segments in the
     # default 200-step run (ProRL resets a few times in runs of 2000+ steps). Seed 0 reaches 99.0 %
     # held-out greedy accuracy with these values.
@@ -86,7 +90,7 @@ RECIPES: dict[str, Recipe] = {
         dataclasses.replace(losses.get_preset("dapo"), eps_high=0.4, kl_coef=0.01, kl_estimator="k3"),
         ref_reset_every=50,
     ),
-    # Magistral (seed 002 "Magistral"; 000 on clip-higher): all of DAPO's extensions (token-level
+    # Magistral (Mistral AI 2025): all of DAPO's extensions (token-level
     # loss, dynamic sampling, soft overlong penalty, no KL) with eps_high = 0.25, and advantages
     # centred per group, then divided by the std of each optimizer minibatch (all ranks' together).
     "magistral": Recipe(

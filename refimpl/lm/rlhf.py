@@ -23,7 +23,8 @@ def kl_shaped_token_rewards(
     """r_t = -beta (log pi_old(a_t | s_t) - log pi_ref(a_t | s_t)) on counted tokens, plus the
     sequence reward at the last sampled token t = L - 1.
 
-    spec: seed 001 (87) (the KL folded into the per-token reward of PPO-RLHF).
+    spec: Ouyang et al. 2022, eq. (2); Shao et al. 2024, eq. (2) (the KL folded into the per-token reward of
+    PPO-RLHF).
     Shapes: ``rewards [N]``, ``lengths [N]`` (sampled tokens, >= 1), ``logp`` / ``ref_logp`` /
     ``mask [N, L]``. Returns ``(token_rewards [N, L], last [N, L] bool: the last sampled token)``.
     """

@@ -62,7 +62,7 @@ def policy_logprobs(
     """Log-probs of ``tokens [N, T]`` and entropies, both ``[N, T]`` float32, under the sampling
     policy of ``logits [N, T, V]``: ``softmax(logits / temperature)`` restricted to and
     renormalised over ``topk_indices [N, T, k]`` when given (see the module docstring).
-    spec: seed 001 (86), the per-token factors of pi_theta(y | x)."""
+    spec: kl.md section 1 (Ouyang et al. 2022), the per-token factors of pi_theta(y | x)."""
     if logits.shape[:2] != tokens.shape:
         raise ValueError(f"tokens: expected shape {tuple(logits.shape[:2])}, got {tuple(tokens.shape)}")
     z = _scaled(logits, temperature)

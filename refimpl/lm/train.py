@@ -1,6 +1,6 @@
 """The tiny-LM trainer: a supervised warm-up, then RL with any verified policy-loss preset.
 
-Follows the recipe of seed 001 section 5.3.2 (``refimpl.lm.run`` drives the phases):
+Follows the recipe of Shao et al. 2024, Algorithm 1 (``refimpl.lm.run`` drives the phases):
 
 1. **Warm-up** (``Trainer.sft_step_once``, repeated by ``run.warmup_phase``): next-token training
    on generated solutions until held-out *sampled* accuracy reaches ``sft_target_accuracy``, so
@@ -200,7 +200,7 @@ class Trainer:
     # ------------------------------------------------------------------ the RL step
 
     def rl_step(self) -> dict:
-        """One iteration of seed 001 5.3.2: (ProRL's periodic reset,) collect, then update.
+        """One iteration of Shao et al. 2024, Algorithm 1: (ProRL's periodic reset,) collect, then update.
         Returns the step's metrics."""
         reset_every = self.recipe.ref_reset_every
         if reset_every and self.step > 0 and self.step % reset_every == 0:
@@ -298,7 +298,7 @@ class Trainer:
 
     @staticmethod
     def _zero_signal_filter(rewards, group_ids, mask) -> tuple[torch.Tensor, int, int]:
-        """Dynamic sampling's alternative (``zero_signal="upweight"``; seeds 000, 002;
+        """Dynamic sampling's alternative (``zero_signal="upweight"``, an alternative to DAPO's oversampling;
         advantages.md eq. (16)): the samples of groups with signal (``dynamic_sampling_mask``), and
         the step's counts over all ranks of the non-empty rows of ``mask`` kept and in all, so that
         ``1 - f = kept / rows`` (``refimpl.losses.upweighted_normalizer``'s f). Collective."""
@@ -327,7 +327,7 @@ class Trainer:
         return metrics.record()
 
     def _minibatch_normalised(self, batch: RolloutBatch, idx: torch.Tensor) -> RolloutBatch:
-        """Magistral (``advantage_scale="batch"``, seed 002): the centred advantages of the
+        """Magistral (``advantage_scale="batch"``, Mistral AI 2025): the centred advantages of the
         minibatch ``idx`` (all ranks' together) divided by their std; ``batch`` itself for
         every other scale. Collective: every rank calls it for every minibatch."""
         if self.recipe.rlhf or self.recipe.advantage_scale != "batch":
@@ -394,7 +394,7 @@ class Trainer:
             entropy=entropy,
             normalizer=normalizer,
         )
-        if rlhf:  # 1/2 (V - V_targ)^2, seed 001 (82)
+        if rlhf:  # 1/2 (V - V_targ)^2 (Schulman et al. 2017, eq. (9), with a factor 1/2)
             value, _ = losses.value_loss(values.float(), batch.returns[idx], mask, normalizer=normalizer)
             loss = loss + (c.value_coef * 0.5) * value
         kl = None if ref_logp is None else kl_k3(logp.detach(), ref_logp, check_finite=False)

@@ -1,4 +1,5 @@
-"""Preference losses: DPO and the Bradley-Terry reward-model loss (spec: kl.md section 5; seed 003
+"""Preference losses: DPO and the Bradley-Terry reward-model loss (spec: kl.md section 5;
+Rafailov et al. 2023;
 "Reward Modeling", "Direct Preference Optimization").
 
 Bradley-Terry: ``P(y_w > y_l) = sigma(r(y_w) - r(y_l))``; the reward model minimises
@@ -66,7 +67,8 @@ def _preference_metrics(margin: torch.Tensor, weights: torch.Tensor | None) -> d
 def bradley_terry_loss(
     chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, *, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Reward-model loss ``-log sigma(r_w - r_l)`` (seed 003 "Reward Modeling"), weighted mean over pairs.
+    """Reward-model loss ``-log sigma(r_w - r_l)`` (Ouyang et al. 2022, eq. (1); Bradley & Terry 1952),
+    weighted mean over pairs.
 
     Args:
         chosen_rewards, rejected_rewards: ``[B]`` scalar rewards of the preferred / rejected responses.
@@ -92,7 +94,8 @@ def dpo_loss(
     beta: float,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """DPO loss ``-log sigma(beta (log pi(y_w)/pi_ref(y_w) - log pi(y_l)/pi_ref(y_l)))`` (seed 003 "DPO").
+    """DPO loss ``-log sigma(beta (log pi(y_w)/pi_ref(y_w) - log pi(y_l)/pi_ref(y_l)))``
+    (Rafailov et al. 2023, eq. (7)).
 
     Args:
         policy_chosen_logps, policy_rejected_logps: ``[B]`` sequence log-probabilities

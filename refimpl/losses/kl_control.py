@@ -2,13 +2,13 @@
 
 Small stateful objects that update the weight of a KL penalty between policy updates:
 
-- ``AdaptiveKLController``: seed 000 "PPO" (Schulman et al. 2017, PPO with adaptive KL penalty):
+- ``AdaptiveKLController``: Schulman et al. 2017, section 4 (PPO with adaptive KL penalty):
   after an update with mean KL ``d`` and target ``delta``, ``beta <- 2 beta`` if
   ``d > 1.5 delta``, ``beta <- beta / 2`` if ``d < delta / 1.5``, unchanged otherwise (md eq. (20)).
-- ``DualAscentKLController``: seed 002 "PPO": ``lambda <- lambda + alpha (KL - eps)`` (dual
+- ``DualAscentKLController``: ``lambda <- lambda + alpha (KL - eps)`` (dual
   ascent on the multiplier of the constraint ``KL <= eps``), projected onto ``lambda >= 0``
-  because the multiplier of an inequality constraint is non-negative (md eq. (21); the seed
-  writes the unprojected step).
+  because the multiplier of an inequality constraint is non-negative (md eq. (21); a plain
+  dual step is unprojected).
 
 Both hold a Python float (the update is a host-side decision between optimisation phases; reading
 the measured KL synchronises once per update, never inside a loss).
@@ -36,13 +36,14 @@ def _as_float(value: float | torch.Tensor, name: str) -> float:
 
 
 class AdaptiveKLController:
-    """Doubling / halving rule for the KL coefficient beta (seed 000 "PPO"; md eq. (20)).
+    """Doubling / halving rule for the KL coefficient beta (Schulman et al. 2017, section 4; md eq. (20)).
 
     Args:
         beta: initial coefficient (> 0).
         target_kl: the target delta (> 0).
-        factor: the multiplicative step (2 in the seed; > 1).
-        band: the tolerance ratio (1.5 in the seed; > 1): increase above ``band * delta``, decrease
+        factor: the multiplicative step (2 in Schulman et al. 2017; > 1).
+        band: the tolerance ratio (1.5 in Schulman et al. 2017; > 1): increase above ``band * delta``,
+            decrease
             below ``delta / band``.
     """
 
@@ -71,7 +72,7 @@ class AdaptiveKLController:
 
 
 class DualAscentKLController:
-    """Projected dual ascent on the KL multiplier (seed 002 "PPO"; md eq. (21)):
+    """Projected dual ascent on the KL multiplier (md eq. (21)):
     ``lambda <- max(0, lambda + lr (KL - target_kl))``.
 
     Args:

@@ -12,7 +12,7 @@ the logits: 16 bytes per token for ``token_logprobs`` (int64 token, float32 row 
 float32 ``sum_{v != y} exp(x_v - max)``; 24 with float64 logits) and 4 for ``token_entropy`` (its
 float32 value; the backward recomputes the surprisal). Both keep their relative accuracy on
 confident rows: no ``x_y - logsumexp(x)`` cancellation (see ``_surprisal``).
-(spec: policy_losses.md, "log-probabilities"; kl.md section 6; seed 003 ``get_log_probs``.)"""
+(spec: policy_losses.md, "log-probabilities"; kl.md section 6; the usual ``log_softmax`` + ``gather``.)"""
 
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, chunk_elements
                    check_finite: bool = True, backend: str = "auto") -> torch.Tensor:
     """``log softmax(logits)[..., tokens]`` per token, memory-lean for backward.
 
-    spec: kl.md eq. (14)-(15); policy_losses.md "log-probabilities"; seed 003 ``get_log_probs``
+    spec: kl.md eq. (14)-(15); policy_losses.md "log-probabilities"; the usual ``log_softmax`` + ``gather``
     (before its masking and summation). Equals ``torch.log_softmax(logits, -1).gather(-1,
     tokens[..., None])[..., 0]`` computed in ``promote_types(logits.dtype, float32)``, but to a few
     units of relative rounding where that formula keeps only ``u max|x|`` absolute accuracy:
@@ -362,7 +362,7 @@ def token_entropy(logits: torch.Tensor, *, chunk_elements: int | None = None,
                   check_finite: bool = True) -> torch.Tensor:
     """Entropy ``H = -sum_v p_v log p_v`` of ``softmax(logits)`` over the last dim, memory-lean.
 
-    spec: policy_losses.md "entropy bonus"; seed 004 (entropy bonus). ``-inf`` logits are
+    spec: policy_losses.md "entropy bonus"; Schulman et al. 2017, eq. (9). ``-inf`` logits are
     zero-probability entries (``0 log 0 = 0``). Gradient ``dH/dx_v = -p_v (log p_v + H)``.
     Shapes: logits ``[..., V]``; returns ``[...]`` in ``promote_types(logits.dtype, float32)``.
     Autograd saves the logits plus 4 bytes per row (the float32 entropy). The surprisal

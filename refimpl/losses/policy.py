@@ -1,29 +1,31 @@
 """The composable policy-loss family: one loss, orthogonal parts, named presets as values.
 
-spec: specs/policy_losses.md (equation numbers below refer to it); seed 001 (76)-(79), (92)-(122).
+spec: specs/policy_losses.md (equation numbers below refer to it); Schulman et al. 2017; Shao et al. 2024;
+Liu et al. 2025 (Dr. GRPO); Yu et al. 2025;
+Zheng et al. 2025; Gao et al. 2025; MiniMax 2025.
 
 ``policy_loss(logp, old_logp, advantages, mask, variant, *, ref_logp=None, behavior_logp=None,
-entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (ARCHITECTURE.md, contract). A
+entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (docs/architecture.md, contract). A
 ``PolicyLossVariant`` is a frozen dataclass with orthogonal parts:
 
-- ratio level: ``"token"`` (PPO/GRPO/DAPO, seed 001 (95)), ``"sequence_mean"`` (GSPO's
-  geometric-mean sequence ratio, (107)), ``"gspo_token"`` (per-token ratio
+- ratio level: ``"token"`` (PPO/GRPO/DAPO, Shao et al. 2024, eq. (3)), ``"sequence_mean"`` (GSPO's
+  geometric-mean sequence ratio, md eq. (3)), ``"gspo_token"`` (per-token ratio
   ``exp(logp - sg(logp) + sg(log s))``: GSPO's value with per-token gradients) and
-  ``"sequence_product"`` (the exact sequence IS weight (105));
+  ``"sequence_product"`` (the exact sequence IS weight, md eq. (4));
 - gate: ``"clip"`` (hard clip with eps_low / eps_high, optional dual-clip constant, inclusive
-  gates of seed 001 (116)), ``"sapo"`` (soft sigmoid gate (117)-(118)), ``"cispo"``
+  gates of md eq. (6)), ``"sapo"`` (soft sigmoid gate, md eq. (8), Gao et al. 2025), ``"cispo"``
   (``sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp``), ``"none"`` (``r * A``) or ``"log_clip"``
   (GMPO: each token's log-ratio clipped to ``[-eps_low, eps_high]`` on the pessimistic side before
   the ratio level forms the unit ratio, then ``r' * A``);
-- aggregation: ``"seq_mean_token_mean"`` (GRPO (97)), ``"token_mean"`` (DAPO (102), BNPO, PPO
-  (79)), ``"seq_sum"`` (Dr. GRPO (100): sum over tokens / (sequences x ``max_length``)),
-  ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO (109)) and
+- aggregation: ``"seq_mean_token_mean"`` (GRPO), ``"token_mean"`` (DAPO, BNPO, PPO),
+  ``"seq_sum"`` (Dr. GRPO: sum over tokens / (sequences x ``max_length``)),
+  ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO) and
   ``"seq_sqrt_token_mean"`` (GRPO's per-sequence token means summed over each group of
-  ``group_size`` G and divided by sqrt(G) instead of G; seed 000 "Potential Extension");
+  ``group_size`` G and divided by sqrt(G) instead of G; policy_losses.md eq. (10), (27));
 - regularisers: KL to a reference (``kl_estimator`` k1/k2/k3 of ``refimpl.kl`` from ``ref_logp``,
   or the exact per-token ``kl``), scaled per token like the policy term (``kl_scale="token"``) or
-  as the sequence KL, a sum over tokens averaged over sequences (``"sequence"``, seed 001 (97),
-  (100), (102)); entropy bonus from ``entropy``;
+  as the sequence KL, a sum over tokens averaged over sequences (``"sequence"``, Shao et al. 2024,
+  eq. (3)); entropy bonus from ``entropy``;
 - behaviour correction: a detached truncated (``"truncate"``) or masked (``"mask"``) importance
   weight ``exp(old_logp - behavior_logp)`` capped at ``behavior_cap``;
 - normaliser: the aggregation's denominator, local by default, or ``normalizer=`` given globally
@@ -105,7 +107,7 @@ class PolicyLossVariant:
         eps_low, eps_high: clip bounds ``[1 - eps_low, 1 + eps_high]`` for the "clip" and "cispo"
             gates; ``None`` removes that side (md eq. (6)). eps_low must be in [0, 1).
         dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
-        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (seed 001 (118)); >= 1e-30.
+        tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (Gao et al. 2025); >= 1e-30.
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
         max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
         group_size: G of the "seq_sqrt_token_mean" aggregation (a config constant: the number of
@@ -114,10 +116,11 @@ class PolicyLossVariant:
         kl_coef: weight beta >= 0 of the KL regulariser (needs ``ref_logp`` or ``kl`` when > 0).
         kl_estimator: "k1", "k2" or "k3" (refimpl.kl) used on ``ref_logp``; ignored when ``kl``
             (an exact per-token KL) is given.
-        kl_scale: "token" (the per-token KL aggregated like the policy term, md eq. (12); 003,
-            004, TRL, verl) or "sequence" (beta times the sequence KL, the sum of the per-token KL
+        kl_scale: "token" (the per-token KL aggregated like the policy term, md eq. (12); Shao et al. 2024,
+            TRL, verl) or "sequence" (beta times the sequence KL, the sum of the per-token KL
             over each response, averaged over the non-empty sequences whatever the aggregation:
-            seed 001 (97), (100), (102); md eq. (19)). Not to be confused with the conformance
+            Shao et al. 2024, eq. (3); Liu et al. 2025 (Dr. GRPO), section 3.2; Yu et al. 2025, section 3; md
+            eq. (19)). Not to be confused with the conformance
             kit's ``Convention.kl_aggregation``, a framework's deviation from the variant.
         entropy_coef: weight >= 0 of the entropy bonus (needs ``entropy`` when > 0).
         behavior_correction: "none", "truncate" (``min(w, cap)``) or "mask" (``w`` if ``w <= cap``
@@ -317,7 +320,8 @@ def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Ten
 
 
 def upweighted_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, keep: torch.Tensor) -> torch.Tensor:
-    """Dynamic sampling without oversampling (seeds 000, 002; advantages.md eq. (16)): the
+    """Dynamic sampling without oversampling (an alternative to DAPO's oversampling; advantages.md eq. (16)):
+    the
     denominator ``(1 - f) * loss_normalizer(mask, variant)`` with f the fraction of the non-empty
     rows of ``mask`` that ``keep`` drops. ``policy_loss(..., mask & keep[:, None],
     normalizer=upweighted_normalizer(mask, variant, keep))`` filters the rows ``~keep`` and
@@ -410,7 +414,7 @@ def _hard_clip_surrogate(log_ratio: torch.Tensor, ratio: torch.Tensor, adv: torc
                          positive: torch.Tensor, variant: PolicyLossVariant
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, with ``max(., c A)`` for A < 0 under
-    dual clip, written as ``r A`` where the gate of seed 001 (116) is open and ``bound * A``
+    dual clip, written as ``r A`` where the gate of md eq. (6) is open and ``bound * A``
     elsewhere, so that the gradient on a boundary follows the inclusive gate (md eqs. (6)-(7)).
     ``ratio`` is the detached ``exp(log_ratio)``; ``positive`` is ``A > 0`` (broadcastable).
     Returns (term, gate open)."""
@@ -446,7 +450,7 @@ def _log_clip(log_ratio: torch.Tensor, positive: torch.Tensor, variant: PolicyLo
 
 def _sapo_surrogate(log_ratio: torch.Tensor, adv: torch.Tensor, positive: torch.Tensor,
                     variant: PolicyLossVariant) -> torch.Tensor:
-    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (seed 001 (117)-(119)).
+    """``f(r) A = 4 / tau * sigmoid(tau (r - 1)) A`` with tau by the sign of A (Gao et al. 2025; md eq. (8)).
 
     The log-ratio is capped at ``log(finfo.max) - 1``, where exp still fits the dtype: beyond it
     the gate is saturated (tau (r - 1) > 1e-30 * 1e38 >> 40, so sigmoid rounds to 1 in float32
@@ -520,8 +524,9 @@ def policy_loss(
     kl: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Policy loss of ``variant`` to minimise (spec: policy_losses.md eq. (12); seed 001 (79), (97),
-    (100), (102), (109), (119)).
+    """Policy loss of ``variant`` to minimise (spec: policy_losses.md eq. (12); Schulman et al. 2017, eq. (7);
+    Shao et al. 2024, eq. (3); Liu et al. 2025 (Dr. GRPO), section 3.2; Yu et al. 2025, section 3;
+    Zheng et al. 2025, section 4.1; Gao et al. 2025).
 
     ``loss = (1 / D) * sum_i c_i`` with per-sequence contributions ``c_i`` of the per-unit term
     ``-w * surrogate + kl_coef * KL - entropy_coef * H`` (md eqs. (10)-(12)) and the denominator

@@ -1,12 +1,13 @@
-"""Value loss (plain and clipped), entropy bonus and the combined PPO objective (85) as a loss.
+"""Value loss (plain and clipped), entropy bonus and the combined PPO objective as a loss.
 
-spec: policy_losses.md section 10; seed 001 (81)-(85).
+spec: policy_losses.md section 10; Schulman et al. 2017, eq. (9); Schulman et al. 2016.
 
-- ``value_loss``: ``(V - V_targ)^2`` per sample (seed 001 (82), no factor 1/2), or the clipped form
+- ``value_loss``: ``(V - V_targ)^2`` per sample (Schulman et al. 2017, eq. (9), no factor 1/2), or the clipped
+  form
   ``max((V - V_targ)^2, (V_old + clip(V - V_old, -eps, eps) - V_targ)^2)`` (md eq. (23)), averaged
   over the masked samples (or divided by a global ``normalizer``).
 - ``entropy_bonus_loss``: ``-mean H`` (the bonus is maximised, so its loss is minus the mean).
-- ``ppo_combined_loss``: ``-(85) = policy loss + c1 * value loss - c2 * mean H``, all three with
+- ``ppo_combined_loss``: ``-L^{CLIP+VF+S} = policy loss + c1 * value loss - c2 * mean H``, all three with
   the same token-mean aggregation over the same samples (md eq. (24)).
 """
 
@@ -39,11 +40,11 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
                old_values: torch.Tensor | None = None, clip_eps: float | None = None,
                normalizer: float | torch.Tensor | None = None
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Squared-error value loss, plain (seed 001 (82)) or clipped (md eq. (23)), masked mean.
+    """Squared-error value loss, plain (Schulman et al. 2017, eq. (9)) or clipped (md eq. (23)), masked mean.
 
     Args:
         values: V_phi(s) for every sample, any shape (e.g. [N, T]); gradients flow.
-        returns: the targets V_targ (seed 001 (81)), same shape; detached.
+        returns: the targets V_targ (Schulman et al. 2016), same shape; detached.
         mask: bool or 0/1 of the same shape.
         old_values: V_phi_old(s), same shape; required exactly when ``clip_eps`` is given.
         clip_eps: the value clip range (> 0), or None for the plain loss.
@@ -93,7 +94,7 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
 def entropy_bonus_loss(entropy: torch.Tensor, mask: torch.Tensor, *,
                        normalizer: float | torch.Tensor | None = None
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``-mean H`` over the masked samples (seed 001 (83), (85)): minimising it raises entropy.
+    """``-mean H`` over the masked samples (Schulman et al. 2017, eq. (9)): minimising it raises entropy.
 
     ``entropy`` is the per-sample entropy (e.g. ``token_entropy(logits)``), any shape, gradients
     flow; returns ``(loss, {"entropy": mean H})``.
@@ -115,11 +116,12 @@ def ppo_combined_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
                       old_values: torch.Tensor | None = None, value_clip_eps: float | None = None,
                       normalizer: float | torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Minus the combined PPO objective (seed 001 (85); md eq. (24)):
+    """Minus the combined PPO objective (Schulman et al. 2017, eq. (9); md eq. (24)):
     ``L = policy_loss(variant) + c1 * value_loss - c2 * mean H``.
 
     All inputs share ``mask``'s shape (``[N, T]``; advantages may be [N]); ``variant`` must use
-    the token-mean aggregation (seed 001 (85) averages over the m samples) and no entropy or KL
+    the token-mean aggregation (Schulman et al. 2017, eq. (9), averages over the m samples) and no entropy or
+    KL
     term of its own (the entropy enters here, once). Returns ``(loss, metrics)`` with the three
     parts' metrics and ``policy_loss``, ``value_loss``, ``entropy_loss``.
     """
@@ -127,7 +129,7 @@ def ppo_combined_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
         raise TypeError(f"variant must be a PolicyLossVariant, got {type(variant).__name__}")
     if variant.aggregation != "token_mean" or variant.entropy_coef != 0 or variant.kl_coef != 0:
         raise ValueError("variant must have aggregation='token_mean', entropy_coef=0 and kl_coef=0 "
-                         f"(seed 001 (85)), got {variant}")
+                         f"(Schulman et al. 2017, eq. (9)), got {variant}")
     for c, name in ((value_coef, "value_coef"), (entropy_coef, "entropy_coef")):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0:
             raise ValueError(f"{name} must be a number >= 0, got {c!r}")

@@ -271,7 +271,7 @@ PROFILE = {
 #: behaviours of verl 0.9.1 the profiles do not reproduce (stated, not silently approximated)
 NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
-    "gradient in half; the kit follows the inclusive gate of seed 001 (116) (no float64 "
+    "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
     "log-ratio has exp exactly 3.0, so no case reaches the tie).",
     "loss_scale_factor=None": "verl's default Dr. GRPO constant is the micro-batch's padded "
     "width (flag seq_sum_width='padded_width'); the profile sets loss_scale_factor = L_max.",
