@@ -45,7 +45,7 @@ from types import ModuleType
 
 __all__ = ["FRAMEWORKS", "KINDS", "Mode", "distribution_version", "load_driver", "source_hash"]
 
-FRAMEWORKS = ("trl", "verl", "openrlhf")
+FRAMEWORKS = ("trl", "verl", "openrlhf", "liger", "skyrl", "areal")
 KINDS = ("policy_loss", "kl", "group_advantages")
 
 
