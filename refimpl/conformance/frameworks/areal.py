@@ -31,8 +31,6 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .compat import check_shape, find_mode, previous_interface, target_arguments, warn_other_version
-from .compat import mode_variant as _variant_of
 from .sources import (
     installed_files,
     load_failure,
@@ -51,14 +49,9 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
-    "FLOAT32_WEIGHT",
     "availability",
-    "installed_version",
     "source_files",
-    "modes",
-    "unsupported_modes",
     "loss_kwargs",
-    "mode_variant",
     "target",
 ]
 
@@ -69,18 +62,16 @@ _PRIVATE = "_refimpl_areal"
 _SOURCES = ("utils/functional/functional.py", "trainer/ppo/actor.py", "engine/fsdp_engine.py")
 _INSTALL = "pip install --no-deps areal==1.0.4"
 
-#: The departure no flag expresses yet: each micro-batch's token mean is weighted by
-#: ``count_nonzero(mask_mb) / float32(sum of counts)``, a float32 quotient (train_engine.py:54-60,
-#: fsdp_engine.py:2120): 2^-24 relative off the exact global token mean when micro-batches are used.
-FLOAT32_WEIGHT = True
-
 # The profile (flags of conventions.Convention, as data):
 # * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss);
 # * masked_nonfinite "propagate": ppo_actor_loss_fn masks the ratio with torch.where *after* exp, so
 #   a NaN / inf log-prob at a masked position makes exp's gradient NaN (0 * NaN) there, and
 #   sapo_loss_fn exponentiates every position;
-# * no log-ratio clamp anywhere (exp(logp - proximal_logp) as is).
-_COMMON = {"compute_dtype": "input", "masked_nonfinite": "propagate"}
+# * no log-ratio clamp anywhere (exp(logp - proximal_logp) as is);
+# * normalizer_rounding "float32_weight": each micro-batch's token mean is weighted by
+#   count_nonzero(mask_mb) / float32(sum of counts), a float32 quotient (train_engine.py:54-60,
+#   fsdp_engine.py:2120): up to 2^-24 relative off the exact global token mean with micro-batches.
+_COMMON = {"compute_dtype": "input", "masked_nonfinite": "propagate", "normalizer_rounding": "float32_weight"}
 
 MODES = (
     Mode("ppo", preset="ppo", framework_config={"actor.eps_clip": 0.2}, convention=_COMMON,
@@ -89,7 +80,8 @@ MODES = (
          framework_config={"actor.eps_clip": 0.2, "actor.eps_clip_higher": 0.28},
          convention=_COMMON, description="eps_clip 0.2, eps_clip_higher 0.28 (DAPO's decoupled clip)"),
     Mode("ppo/dual-clip", preset="ppo", variant_overrides={"dual_clip": 3.0},
-         framework_config={"actor.eps_clip": 0.2, "actor.c_clip": 3.0}, convention=_COMMON,
+         framework_config={"actor.eps_clip": 0.2, "actor.c_clip": 3.0},
+         convention={**_COMMON, "dual_clip_tie": "half"},
          description="dual clip c_clip 3.0: min(loss, sign(A) c A) = c |A| for A < 0"),
     Mode("gspo", preset="gspo", variant_overrides={"aggregation": "token_mean"},
          framework_config={"actor.eps_clip": 3e-4, "actor.eps_clip_higher": 4e-4,
@@ -133,14 +125,7 @@ UNSUPPORTED = {
 # preset -> the mode whose flags are ``--convention areal --preset P``
 PROFILE = {"ppo": ("ppo",), "bnpo": ("ppo",), "dapo": ("ppo/clip-higher",), "gspo": ("gspo",),
            "sapo": ("sapo",)}
-NOTES = {
-    "float32 micro-batch weight": "the FSDP engine weighs each micro-batch's token mean by "
-    "count_nonzero(mask_mb) / float32(total count) (train_engine.py:54-60, fsdp_engine.py:2120): 2^-24 "
-    "relative off the global token mean with micro-batches. No flag states it yet (proposed "
-    "normalizer_rounding='float32_weight'): the micro_batch class departs by that much.",
-}
-
-modes, unsupported_modes, installed_version = previous_interface(MODES, UNSUPPORTED, DISTRIBUTION)
+NOTES: dict[str, str] = {}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,12 +169,12 @@ def availability() -> str | None:
 
 
 def _mode(mode: str | Mode) -> Mode:
-    return find_mode(MODES, UNSUPPORTED, "policy_loss", mode, "AReaL")
-
-
-def mode_variant(mode: str | Mode):
-    """The PolicyLossVariant of ``mode``: its preset with ``variant_overrides``."""
-    return _variant_of(_mode(mode))
+    if isinstance(mode, Mode):
+        return mode
+    found = [m for m in MODES if m.name == mode]
+    if not found:
+        raise ValueError(f"mode {mode!r} is not an AReaL policy_loss mode; modes: {[m.name for m in MODES]}")
+    return found[0]
 
 
 def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
@@ -197,7 +182,7 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     (ValueError for a variant AReaL cannot express there)."""
     m = _mode(mode)
     v = variant
-    check_shape(m, v, "AReaL")
+    m.check_shape(v, "AReaL")
     if v.kl_coef > 0 or v.entropy_coef or v.behavior_correction != "none":
         raise ValueError("variant.kl_coef / entropy_coef / behavior_correction: not in AReaL's actor loss")
     if v.gate == "sapo":
@@ -254,12 +239,9 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
     return fn, adapter
 
 
-def target(mode, variant=None, legacy_variant=None) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` for ``target(mode, variant)`` (or the earlier ``target(kind, mode, variant)``):
-    ``fn`` is AReaL's ``ppo_actor_loss_fn`` (``sapo_loss_fn`` for sapo) and ``adapter(fn, call)`` its
-    micro-batch loss scaled as the FSDP engine scales it."""
-    m, variant = target_arguments(mode, variant, legacy_variant, modes=MODES, name="AReaL")
-    if m.kind != "policy_loss":
-        raise ValueError(f"AReaL has no {m.kind} mode in scope: {UNSUPPORTED[m.kind]}")
-    warn_other_version(NAME, installed_version(), PINNED_VERSION)
-    return _policy_target(m, mode_variant(m) if variant is None else variant)
+def target(mode: Mode, variant) -> tuple[Callable, Callable]:
+    """``(fn, adapter)``: ``fn`` is AReaL's ``ppo_actor_loss_fn`` (``sapo_loss_fn`` for sapo) and
+    ``adapter(fn, call)`` its micro-batch loss scaled as the FSDP engine scales it."""
+    if mode.kind != "policy_loss":
+        raise ValueError(f"AReaL has no {mode.kind} mode in scope: {UNSUPPORTED[mode.kind]}")
+    return _policy_target(mode, variant)

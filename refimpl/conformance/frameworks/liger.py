@@ -26,8 +26,8 @@ Numerics (the profile): Liger computes in float32 whatever the inputs (``chunk_f
 float32; ``_compute_loss_from_logps`` casts old and reference log-probs with ``.float()``; the loss
 accumulator is a float32 zero, fused_linear_ppo.py:251, 530-531). bf16 / fp16 inputs are thus computed
 in float32 (the spec's ``compute_dtype="float32_min"``), but float64 inputs are rounded to float32:
-no convention flag expresses that yet (``FLOAT32_ONLY``, proposed flag ``compute_dtype="float32"``),
-so the float64 case classes pass only at a float32 tolerance (tests/test_framework_liger.py).
+the profile's ``compute_dtype="float32"`` (float32's tolerance for every case) and
+``ratio_dtype="float32_gate"`` (the ratio, and its ties with the clip bounds, as float32 makes them).
 Micro-batches: dapo / cispo divide by ``num_items_in_batch`` (the step's global token count, which
 the adapter passes, TRL's convention); every other loss_type divides by the call's own rows or tokens,
 and the adapter divides its loss by the number of micro-batches, as a trainer with gradient
@@ -41,8 +41,6 @@ import functools
 from collections.abc import Callable, Iterator
 
 from . import Mode
-from .compat import check_shape, find_mode, previous_interface, target_arguments, warn_other_version
-from .compat import mode_variant as _variant_of
 from .sources import (
     installed_files,
     load_failure,
@@ -60,14 +58,9 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
-    "FLOAT32_ONLY",
     "availability",
-    "installed_version",
     "source_files",
-    "modes",
-    "unsupported_modes",
     "loss_kwargs",
-    "mode_variant",
     "target",
 ]
 
@@ -78,18 +71,20 @@ _PRIVATE = "_refimpl_liger"
 _SOURCES = ("chunked_loss/fused_linear_ppo.py", "chunked_loss/grpo_loss.py")
 _INSTALL = "pip install --no-deps liger-kernel==0.8.5"
 
-#: The departure no flag expresses yet: every Liger loss is computed in float32 (float64 inputs
-#: rounded), fused_linear_ppo.py:32 (float32 log-probs), :251 (float32 accumulator), :530-531
-#: (``.float()`` on old / reference log-probs). A flag ``compute_dtype="float32"`` would state it.
-FLOAT32_ONLY = True
-
 # The profile (flags of conventions.Convention, as data), shared by every mode:
 # * masked_nonfinite "propagate": ppo_loss_fn reduces (per_token_loss * attention_mask).sum(), so a
 #   NaN / inf at a masked position reaches the loss;
 # * empty_rows "keep" / seq_sum_rows "all": grpo / sapo divide the sum of row means by
 #   full_attention_mask.shape[0] (every row) and dr_grpo by shape[0] * max_completion_length;
-# * kl_k3_form "naive" and kl_compute_dtype "float32": k3_loss_fn is exp(x) - x - 1 on float32 log-probs.
+# * kl_k3_form "naive" and kl_compute_dtype "float32": k3_loss_fn is exp(x) - x - 1 on float32 log-probs;
+# * compute_dtype "float32" and ratio_dtype "float32_gate": every loss is computed in float32 whatever the
+#   inputs (fused_linear_ppo.py:32 float32 log-probs, :251 a float32 accumulator, :530-531 .float() on
+#   old / reference log-probs), so float64 inputs are rounded and the ratio's ties are float32's (at
+#   delta = 3 the float32 ratio of a float64 log-ratio near log 3 is exactly 3.0, where clamp passes
+#   the gradient).
 _COMMON = {
+    "compute_dtype": "float32",
+    "ratio_dtype": "float32_gate",
     "masked_nonfinite": "propagate",
     "empty_rows": "keep",
     "seq_sum_rows": "all",
@@ -169,18 +164,14 @@ UNSUPPORTED = {
 # preset -> the mode whose flags are ``--convention liger --preset P``
 PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gspo")}
 NOTES = {
-    "float32 arithmetic": "every loss is computed in float32 (float32 log-probs from the fused "
-    "log-softmax, .float() on old / reference log-probs, a float32 loss accumulator: "
-    "fused_linear_ppo.py:32, 251, 530-531); float64 inputs are rounded. No flag states it yet "
-    "(proposed compute_dtype='float32'): float64 classes pass at float32's tolerance only.",
     "delta tie": "float32(exp(float32(log 3))) is exactly 3.0 = delta: clamp(coef_1, max=delta) passes "
-    "the gradient at the tie, where the spec's inclusive dual-clip gate (and float64) give 0.",
+    "the gradient at the tie (the spec's inclusive gate at the float32 ratio; in float64 the ratio is "
+    "just above 3 and the gradient 0): flags compute_dtype 'float32', ratio_dtype 'float32_gate'.",
     "bias-corrected KL gradient": "with use_bias_correction_kl=True the gradient of k3 * r is a "
     "difference of two terms of size exp(ref - old); in float32 it is lost when |ref - logp| is large "
-    "(kit case kl_penalty/0, |log r| up to 24: the gradient is off by its own size).",
+    "(kit case kl_penalty/0, |log r| up to 24): the float32 tolerance bounds it by those terms' size "
+    "(tolerance.kl_gradient_slack).",
 }
-
-modes, unsupported_modes, installed_version = previous_interface(MODES, UNSUPPORTED, DISTRIBUTION)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,12 +209,12 @@ def availability() -> str | None:
 
 
 def _mode(mode: str | Mode) -> Mode:
-    return find_mode(MODES, UNSUPPORTED, "policy_loss", mode, "Liger")
-
-
-def mode_variant(mode: str | Mode):
-    """The PolicyLossVariant of ``mode``: its preset with ``variant_overrides``."""
-    return _variant_of(_mode(mode))
+    if isinstance(mode, Mode):
+        return mode
+    found = [m for m in MODES if m.name == mode]
+    if not found:
+        raise ValueError(f"mode {mode!r} is not a Liger policy_loss mode; modes: {[m.name for m in MODES]}")
+    return found[0]
 
 
 def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
@@ -233,7 +224,7 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     clip of A < 0); ``beta`` weighs the k3 term; ``max_completion_length`` is Dr. GRPO's L_max."""
     m = _mode(mode)
     v = variant
-    check_shape(m, v, "Liger")
+    m.check_shape(v, "Liger")
     if v.kl_coef > 0 and v.kl_estimator != "k3":
         raise ValueError(f"variant.kl_estimator: Liger's only KL is k3, got {v.kl_estimator!r}")
     if v.entropy_coef or v.behavior_correction != "none":
@@ -321,17 +312,10 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
     return loss_fn, adapter
 
 
-def target(mode, variant=None, legacy_variant=None) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` for ``target(mode, variant)`` (or the earlier ``target(kind, mode, variant)``):
-    ``fn`` is a constructed ``LigerFusedLinearGRPOLoss`` for the mode and ``variant`` (None: the
-    mode's own), ``adapter(fn, call)`` its loss of that (micro-)batch, already scaled for gradient
+def target(mode: Mode, variant) -> tuple[Callable, Callable]:
+    """``(fn, adapter)``: ``fn`` is a constructed ``LigerFusedLinearGRPOLoss`` for ``mode`` and
+    ``variant``, ``adapter(fn, call)`` its loss of that (micro-)batch, already scaled for gradient
     accumulation."""
-    m, variant = target_arguments(mode, variant, legacy_variant, modes=MODES, name="Liger")
-    if m.kind != "policy_loss":
-        raise ValueError(f"Liger has no {m.kind} mode: {next(iter(UNSUPPORTED[m.kind].values()))}")
-    warn_other_version(NAME, installed_version(), PINNED_VERSION)
-    if variant is None:
-        from refimpl.conformance.checks import resolve_preset
-
-        variant = resolve_preset(mode_variant(m))[1]
-    return _policy_target(m, variant)
+    if mode.kind != "policy_loss":
+        raise ValueError(f"Liger has no {mode.kind} mode: {next(iter(UNSUPPORTED[mode.kind].values()))}")
+    return _policy_target(mode, variant)

@@ -30,8 +30,6 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .compat import check_shape, find_mode, previous_interface, target_arguments, warn_other_version
-from .compat import mode_variant as _variant_of
 from .sources import (
     installed_files,
     load_failure,
@@ -52,12 +50,9 @@ __all__ = [
     "NOTES",
     "STUBBED",
     "availability",
-    "installed_version",
     "source_files",
-    "modes",
-    "unsupported_modes",
     "algorithm_config",
-    "mode_variant",
+    "config_keys",
     "target",
 ]
 
@@ -76,15 +71,18 @@ STUBBED: list[str] = []  # the import-only dependencies a stand-in served while 
 # * empty_rows "keep" (sequence_mean: masked_mean(dim=-1) gives an empty row 0, .mean() counts it) and
 #   seq_sum_rows "all" (seq_mean_token_sum_norm: torch.mean over every row);
 # * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss), except
-#   the ratio of the regular / dual_clip / cispo losses, see _FLOAT32_RATIO.
+#   the ratio of the regular / dual_clip / cispo losses, see _SAFE_EXP.
 _COMMON = {"micro_batch": "local_mean", "masked_nonfinite": "propagate", "compute_dtype": "input",
            "empty_rows": "keep", "seq_sum_rows": "all"}
 # regular / dual_clip / cispo take the ratio from _safe_exp_delta (ppo_utils.py:547-552):
 # clamp(delta.to(float32), -20, 20).exp().to(log_probs.dtype): the +-20 clamp (log_ratio_clamp) and a
-# ratio evaluated in float32 whatever the inputs' dtype, a departure no flag expresses yet
-# (proposed: ratio_dtype="float32"); the float64 case classes then pass at float32's tolerance only.
-_SAFE_EXP = {"log_ratio_clamp": 20.0}
-_FLOAT32_RATIO_LOSSES = ("regular", "dual_clip", "cispo")
+# ratio evaluated in float32 whatever the inputs' dtype (ratio_dtype "float32").
+_SAFE_EXP = {"log_ratio_clamp": 20.0, "ratio_dtype": "float32"}
+# dual_clip: torch.min(-A c, loss) at r == c (float32 r = 3.0) halves the gradient (ppo_utils.py:584)
+_TIE = {"dual_clip_tie": "half"}
+# the KL loss (use_kl_loss, worker.py:679-692): compute_approx_kl under @torch.no_grad() (ppo_utils.py:91),
+# k3 with log r clamped to +-20 and the value to +-10, exp(log r) - log r - 1 evaluated directly
+_KL_FLAGS = {"kl_gradient": "none", "kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
 
 
 def _cfg(loss: str, reduction: str, **keys) -> dict:
@@ -108,7 +106,7 @@ _POLICY_MODES = (
          description="Dr. GRPO: each row's token sum / max_seq_len, mean over every row"),
     Mode("dual_clip/token_mean", preset="ppo", variant_overrides={"dual_clip": 3.0},
          framework_config=_cfg("dual_clip", "token_mean", clip_ratio_c=3.0),
-         convention={**_COMMON, **_SAFE_EXP},
+         convention={**_COMMON, **_SAFE_EXP, **_TIE},
          description="dual-clip PPO (clip_ratio_c 3.0) for A < 0, token mean"),
     Mode("gspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_mean"},
          framework_config=_cfg("gspo", "sequence_mean"),
@@ -117,9 +115,16 @@ _POLICY_MODES = (
     Mode("sapo", preset="sapo", framework_config=_cfg("sapo", "sequence_mean"),
          convention={**_COMMON, "log_ratio_clamp": 20.0},
          description="sapo_policy_loss: sigmoid gate, log-ratio clamped to +-20, sequence_mean"),
-    Mode("cispo", preset="cispo", variant_overrides={"eps_low": 0.0, "eps_high": 5.0},
-         framework_config=_cfg("cispo", "token_mean"),
-         convention={**_COMMON, **_SAFE_EXP},
+    Mode("regular/sequence_mean+kl/k3", preset="grpo",
+         variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
+         framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
+                               kl_estimator_type="k3"),
+         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS},
+         description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean(): a KL value without "
+         "a gradient (use_kl_loss, the default config)"),
+    Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
+         framework_config=_cfg("cispo", "token_mean", **{"cispo.cispo_eps_clip_low": 0.0}),
+         convention={**_COMMON, **_SAFE_EXP, "cispo_clip_low": 0.0},
          description="compute_policy_loss_cispo with SkyRL's defaults: sg(clamp(r, 1 - 0, 1 + 5)) A logp: "
          "a ratio below 1 is raised to 1"),
     Mode("cispo/upper-only", preset="cispo", variant_overrides={"eps_high": 5.0},
@@ -145,17 +150,20 @@ _ADV_MODES = (
          description="compute_rloo_outcome_advantage: leave-one-out baseline, a singleton gets 0"),
 )
 
-#: SkyRL's KL term has no gradient: compute_approx_kl is decorated @torch.no_grad() (ppo_utils.py:91),
-#: and forward_backward adds kl_loss_coef * masked_mean(kl, mask, dim=-1).mean() of it to the loss
-#: (worker.py:679-691; megatron_model_wrapper.py:241-251 alike). No flag expresses a KL term that
-#: contributes to the value only (proposed: kl_gradient="none").
-KL_HAS_NO_GRADIENT = True
+# compute_approx_kl alone (kind "kl"): value, no gradient (kl_gradient "none")
+_KL_MODES = tuple(
+    Mode(f"kl/{k}", kind="kl", variant_overrides={"kl_estimator": k},
+         framework_config={"kl_estimator_type": k},
+         convention={"kl_gradient": "none", **({k: v for k, v in _KL_FLAGS.items()} if k == "k3" else {})},
+         description=f"compute_approx_kl(kl_estimator_type={k!r}) under @torch.no_grad()")
+    for k in ("k1", "k2", "k3")
+)
 
 UNSUPPORTED = {
     "policy_loss": {
-        "use_kl_loss (kl_estimator_type k1 / k2 / k3 / abs)": "the KL term carries no gradient "
-        "(compute_approx_kl is @torch.no_grad(), ppo_utils.py:91): its value enters the loss, its "
-        "gradient is 0; no convention flag says so (tests/test_framework_skyrl.py shows it).",
+        "use_kl_loss with token_mean / seq_mean_token_sum_norm": "the KL loss is always a mean of row means "
+        "over every row (worker.py:686), which the kit's KL term follows only with sequence_mean (the KL "
+        "loss is driven with regular/sequence_mean).",
         "use_tis (truncated importance sampling)": "needs the rollout log-probs, which the kit's calls do "
         "not carry.",
         "clip_cov / kl_cov": "pick tokens by a covariance ranking (clip_cov at random, torch.randperm); no "
@@ -165,8 +173,7 @@ UNSUPPORTED = {
         "use_entropy_loss": "the entropy comes from the model's logits.",
     },
     "kl": {
-        "k1 / k2 / k3 / abs": "compute_approx_kl runs under torch.no_grad(): it has a value and no "
-        "gradient, which the KL check requires (it is the loss's KL term, see policy_loss).",
+        "abs": "|logp - ref_logp| is not a KL estimator of kl.md.",
     },
     "group_advantages": {
         "gae / reinforce++": "per-token returns over the response (values, gamma, lambda), not a group "
@@ -175,7 +182,7 @@ UNSUPPORTED = {
 }
 
 
-MODES = _POLICY_MODES + _ADV_MODES
+MODES = _POLICY_MODES + _KL_MODES + _ADV_MODES
 # preset -> the modes whose flags, merged, are ``--convention skyrl --preset P`` (advantages first)
 PROFILE = {
     "ppo": ("grpo", "regular/token_mean"),
@@ -185,25 +192,13 @@ PROFILE = {
     "dr_grpo": ("grpo/no_std", "regular/seq_mean_token_sum_norm"),
     "gspo": ("grpo", "gspo"),
     "sapo": ("grpo", "sapo"),
-    "cispo": ("grpo", "cispo/upper-only"),
+    "cispo": ("grpo", "cispo"),
 }
 NOTES = {
-    "float32 ratio": "regular / dual_clip / cispo take the ratio from _safe_exp_delta "
-    "(ppo_utils.py:547-552): exp of the log-ratio clamped to +-20 is evaluated in float32 and cast back. "
-    "No flag states it yet (proposed ratio_dtype='float32'): float64 classes pass at float32's "
-    "tolerance only.",
-    "dual-clip tie": "float32(exp(log 3)) is exactly 3.0 = clip_ratio_c, so a float64 log-ratio within "
-    "~1e-7 of log 3 reaches torch.min's tie in dual_clip (ppo_utils.py:584): the gradient is halved "
-    "(kit case on_boundary/1).",
-    "KL loss without gradient": "compute_approx_kl is @torch.no_grad() (ppo_utils.py:91): with "
-    "use_kl_loss (the default config) the KL term adds kl_loss_coef * KL to the loss value and nothing "
-    "to its gradient (worker.py:679-692).",
     "cispo defaults": "cispo_eps_clip_low defaults to 0: the ratio is clamped to [1, 6], raising every "
-    "ratio below 1 to 1 (mode cispo); the paper's one-sided cap is cispo_eps_clip_low = 1 "
-    "(mode cispo/upper-only).",
+    "ratio below 1 to 1 (mode cispo, flag cispo_clip_low=0.0); the paper's one-sided cap is "
+    "cispo_eps_clip_low = 1 (mode cispo/upper-only).",
 }
-
-modes, unsupported_modes, installed_version = previous_interface(MODES, UNSUPPORTED, DISTRIBUTION)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,12 +254,13 @@ def algorithm_config(keys: dict):
 
 
 def _mode(kind: str, mode: str | Mode) -> Mode:
-    return find_mode(MODES, UNSUPPORTED, kind, mode, "SkyRL")
-
-
-def mode_variant(mode: str | Mode):
-    """The PolicyLossVariant of a policy-loss ``mode``: its preset with ``variant_overrides``."""
-    return _variant_of(_mode("policy_loss", mode))
+    if isinstance(mode, Mode):
+        return mode
+    found = [m for m in MODES if m.kind == kind and m.name == mode]
+    if not found:
+        raise ValueError(f"mode {mode!r} is not a SkyRL {kind} mode; modes: "
+                         f"{[m.name for m in MODES if m.kind == kind]}")
+    return found[0]
 
 
 def config_keys(mode: str | Mode, variant) -> dict[str, object]:
@@ -272,9 +268,10 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     cannot express there)."""
     m = _mode("policy_loss", mode)
     v = variant
-    check_shape(m, v, "SkyRL")
-    if v.kl_coef > 0:
-        raise ValueError("variant.kl_coef: SkyRL's KL loss has no gradient (see unsupported_modes)")
+    m.check_shape(v, "SkyRL")
+    if v.kl_coef > 0 and (v.aggregation != "seq_mean_token_mean" or v.kl_estimator not in ("k1", "k2", "k3")):
+        raise ValueError("variant.kl_coef: SkyRL's KL loss (a mean of row means) is driven with "
+                         "sequence_mean and k1 / k2 / k3")
     if v.entropy_coef or v.behavior_correction != "none":
         raise ValueError("variant.entropy_coef / behavior_correction: not driven for SkyRL")
     keys = dict(m.framework_config)
@@ -284,8 +281,10 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     elif loss == "cispo":
         if v.eps_high is None:
             raise ValueError("variant.eps_high: SkyRL's cispo needs an upper bound")
-        keys.update({"cispo.cispo_eps_clip_low": 1.0 if v.eps_low is None else v.eps_low,
-                     "cispo.cispo_eps_clip_high": v.eps_high})
+        # the paper's one-sided cap is cispo_eps_clip_low = 1 (bound 0); the mode's flag cispo_clip_low
+        # is SkyRL's default lower clip
+        low = m.convention.get("cispo_clip_low", 1.0) if v.eps_low is None else v.eps_low
+        keys.update({"cispo.cispo_eps_clip_low": low, "cispo.cispo_eps_clip_high": v.eps_high})
     else:
         if v.eps_low is None or v.eps_high is None:
             raise ValueError(f"variant.eps_low / eps_high: SkyRL's {loss} clips on both sides")
@@ -299,6 +298,7 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
             raise ValueError("variant.max_length (SkyRL's max_seq_len) is required by "
                              "seq_mean_token_sum_norm")
         keys["max_seq_len"] = int(v.max_length)
+    keys.update(use_kl_loss=v.kl_coef > 0, kl_loss_coef=float(v.kl_coef), kl_estimator_type=v.kl_estimator)
     return keys
 
 
@@ -318,6 +318,10 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
             advantages = advantages.unsqueeze(-1).expand_as(call.logp)
         mask = call.mask.to(call.logp.dtype)  # the float loss_mask of SkyRL's batches
         loss, _clip_ratio = fn(call.logp, call.old_logp, advantages, config=config, loss_mask=mask)
+        if config.use_kl_loss:  # forward_backward (worker.py:679-692)
+            kl = module.compute_approx_kl(call.logp, call.ref_logp, loss_mask=mask,
+                                          kl_estimator_type=config.kl_estimator_type)
+            loss = loss + module.masked_mean(kl, mask, dim=-1).mean() * config.kl_loss_coef
         # forward_backward: loss / accumulation_steps
         return loss / int(getattr(call, "micro_batch_count", 1) or 1)
 
@@ -343,20 +347,25 @@ def _advantage_target(m: Mode) -> tuple[Callable, Callable]:
     return estimator, adapter
 
 
-def target(mode, variant=None, legacy_variant=None) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` driving SkyRL's own registered function for ``target(mode, variant)`` (or the
-    earlier ``target(kind, mode, variant)``).
+def _kl_target(m: Mode) -> tuple[Callable, Callable]:
+    estimator = m.framework_config["kl_estimator_type"]
+
+    def adapter(fn, logp, ref_logp):
+        return fn(logp, ref_logp, kl_estimator_type=estimator)
+
+    return _ppo_utils().compute_approx_kl, adapter
+
+
+def target(mode: Mode, variant) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` driving SkyRL's own registered function for ``mode``.
 
     policy_loss: ``fn`` is the registry's loss, ``adapter(fn, call)`` its loss of the (micro-)batch
-    divided by the accumulation steps. group_advantages: ``fn`` is the registry's estimator,
+    (with the KL loss of ``use_kl_loss``) divided by the accumulation steps. kl: ``fn`` is
+    ``compute_approx_kl``. group_advantages: ``fn`` is the registry's estimator,
     ``adapter(fn, rewards, group_ids)`` the advantages ``[N]``.
     """
-    m, variant = target_arguments(mode, variant, legacy_variant, modes=MODES, name="SkyRL")
-    warn_other_version(NAME, installed_version(), PINNED_VERSION)
-    if m.kind == "policy_loss":
-        if variant is None:
-            from refimpl.conformance.checks import resolve_preset
-
-            variant = resolve_preset(mode_variant(m))[1]
-        return _policy_target(m, variant)
-    return _advantage_target(m)
+    if mode.kind == "policy_loss":
+        return _policy_target(mode, variant)
+    if mode.kind == "kl":
+        return _kl_target(mode)
+    return _advantage_target(mode)
