@@ -45,6 +45,9 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
 	$(BIN)/refimpl check --framework verl --preset grpo
 	$(BIN)/refimpl check --framework openrlhf --preset dapo
+	$(BIN)/refimpl check --framework liger --preset dapo
+	$(BIN)/refimpl check --framework skyrl --preset grpo
+	$(BIN)/refimpl check --framework areal --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
 
 # SEED=n picks the run's seed (default 0): make run SEED=1

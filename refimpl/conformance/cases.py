@@ -89,6 +89,10 @@ def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
         case("zero_variance_group", 0, [0.5, 0.5, 0.5, 1.0, 0.0, 1.0], [0, 0, 0, 1, 1, 1]),
         case("singleton_group", 0, [1.0, 0.0, 1.0, 0.25], [0, 1, 1, 2]),
         case("two_samples", 0, [0.0, 1.0, 3.0, -1.0], [0, 0, 1, 1]),
+        # rewards near 1000.1-1000.3: differences of ~0.1 on a large offset, which float32 rounds
+        # (ulp(1000) = 6e-5): a float32 mean / variance moves the advantages by ~1e-4
+        case("large_offset_rewards", 0, [1000.1, 1000.3, 1000.2, 1000.25, 1000.15, 1000.1],
+             [0, 0, 0, 1, 1, 1]),
     ]
 
 

@@ -73,7 +73,9 @@ class AdvantageFlags:
     "batch_rewards" (TRL ``scale_rewards="batch"``, eq. (14)); ``adv_std``, ``adv_eps``,
     ``adv_eps_inside_sqrt``, ``adv_zero_variance``, ``adv_singleton`` (incl. verl's "raw", eq. (15))
     and ``adv_leave_one_out`` are ``group_advantages``' arguments; ``adv_singleton_float32``: with
-    ``adv_singleton="raw"`` and ``adv_scale="group"`` the singleton's divisor ``1 + eps`` is float32."""
+    ``adv_singleton="raw"`` and ``adv_scale="group"`` the singleton's divisor ``1 + eps`` is float32;
+    ``adv_compute_dtype`` "float32": rewards, group means and variances in float32 (verl's
+    ``group_mean_std``)."""
 
     adv_scale: str = "group"
     adv_std: str = "population"
@@ -83,8 +85,10 @@ class AdvantageFlags:
     adv_singleton: str = "zero"
     adv_leave_one_out: bool = False
     adv_singleton_float32: bool = False
+    adv_compute_dtype: str = "float64"
 
     def __post_init__(self) -> None:
+        _choice(self, "adv_compute_dtype", ("float64", "float32"))
         _choice(self, "adv_std", ("population", "sample"))
         _choice(self, "adv_zero_variance", ("zero", "formula"))
         _choice(self, "adv_singleton", ("zero", "error", "raw"))
@@ -225,7 +229,7 @@ FLAGS: tuple[str, ...] = (
     "normalizer_rounding", "kl_compute_dtype", "kl_k3_form", "kl_log_ratio_max", "kl_value_clamp_scope",
     "kl_aggregation", "sapo_tau_float32", "kl_importance_weight", "compute_dtype", "masked_nonfinite",
     "adv_leave_one_out", "kl_gradient", "adv_singleton_float32", "ratio_dtype", "dual_clip_tie",
-    "cispo_clip_low", "fixed_aggregation", "empty_step",
+    "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype",
 )
 #: the group of each flag
 FLAG_GROUP: dict[str, str] = {
@@ -386,6 +390,9 @@ FLAG_REASONS: dict[str, str] = {
     "actor.loss_agg_mode says (core_algos.py:1689).",
     "empty_step": "a step whose every row is padding: the spec's loss is 0 (the normaliser is at least 1); "
     "OpenRLHF divides by the step's token count, 0, so the loss and gradient are 0 / 0 = NaN.",
+    "adv_compute_dtype": "verl's grpo_vectorized (group_mean_std, utils/groupwise.py:191) rounds the scores "
+    "to float32 and forms the group means and variances there: on rewards near 1000.1-1000.3 its "
+    "advantages differ from grpo's float64 ones by ~2e-4.",
     "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
     "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
 }

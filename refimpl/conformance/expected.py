@@ -341,6 +341,8 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     """``group_advantages`` with the convention's flags, float64 (raises where the convention does):
     ``adv_scale`` "group" or "batch_rewards" (advantages.md eq. (5), (14)), ``adv_singleton`` incl.
     verl's "raw" (eq. (15))."""
+    if convention.adv_compute_dtype == "float32":
+        return _float32_group_advantages(case, convention)
     loo = {"leave_one_out": True} if convention.adv_leave_one_out else {}
     if convention.adv_scale == "none":
         return group_advantages(
@@ -359,6 +361,34 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     )
     if convention.adv_singleton_float32 and convention.adv_singleton == "raw":
         advantages = _float32_singleton_divisor(case, advantages, convention)
+    return advantages
+
+
+def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> torch.Tensor:
+    """Group advantages (advantages.md eq. (5) with the convention's sample / population std and
+    ``std + eps``) whose group statistics are float32 (flag ``adv_compute_dtype``): rewards rounded
+    to float32, per-group sums accumulated in index order, ``mean = sum / n``, the variance from the
+    centred rewards, a singleton's mean 0 and std 1 (``adv_singleton="raw"``); then
+    ``(R - mean) / float32(std + eps)`` on the unrounded rewards."""
+    if convention.adv_leave_one_out or convention.adv_scale != "group" or convention.adv_eps_inside_sqrt:
+        raise ValueError("adv_compute_dtype='float32' is defined for adv_scale 'group' with std + eps")
+    scores = case.rewards.to(torch.float32)
+    _, index = torch.unique(case.group_ids, return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    zeros = torch.zeros(groups, dtype=torch.float32)
+    count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
+    mean = zeros.clone().index_add_(0, index, scores) / count.clamp_min(1.0)
+    centred = scores - mean[index]
+    squares = zeros.clone().index_add_(0, index, centred * centred)
+    divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
+    std = torch.sqrt(squares / divisor)
+    single = count <= 1.0
+    if convention.adv_singleton == "raw":
+        mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+    rewards = case.rewards.double()  # the advantage itself is formed in the rewards' dtype
+    advantages = (rewards - mean[index].double()) / (std[index] + convention.adv_eps).double()
+    if convention.adv_singleton == "zero":
+        advantages = torch.where(single[index], 0.0, advantages)
     return advantages
 
 
