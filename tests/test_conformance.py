@@ -321,3 +321,17 @@ def test_a_function_that_raises_is_reported_not_crashed():
     # one golden vector is bfloat16
     assert report.failing_classes() == ["bf16", "fp16", "half_overflow", "golden_vectors"]
     assert "RuntimeError: only float64 supported" in report.render()
+
+
+def test_a_case_line_is_python_that_rebuilds_the_case_and_its_numbers():
+    """``case_line``: the inputs and the extra numbers (expected / got loss) as one line of Python;
+    floats stay numbers (non-finite ones too), other values their repr."""
+    from refimpl.conformance.engine import case_line
+
+    case = policy_loss_cases(get_preset("dapo"), Convention(), classes=("ragged",))[0]
+    line = case_line(case, {"expected_loss": 0.25, "got_loss": float("nan"), "worst": -math.inf, "note": "x"})
+    namespace: dict = {}
+    exec("import torch\n" + line, namespace)
+    assert torch.equal(namespace["logp"], case.logp) and torch.equal(namespace["mask"], case.mask)
+    assert namespace["expected_loss"] == 0.25 and math.isnan(namespace["got_loss"])
+    assert namespace["worst"] == -math.inf and namespace["note"] == "x"

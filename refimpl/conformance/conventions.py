@@ -389,7 +389,8 @@ FLAG_REASONS: dict[str, str] = {
     "fixed_aggregation": "verl's compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever "
     "actor.loss_agg_mode says (core_algos.py:1689).",
     "empty_step": "a step whose every row is padding: the spec's loss is 0 (the normaliser is at least 1); "
-    "OpenRLHF divides by the step's token count, 0, so the loss and gradient are 0 / 0 = NaN.",
+    "OpenRLHF, and verl's token-mean losses (geo_mean's token-mean KL loss too), divide by the step's token "
+    "count, 0, so the loss is 0 / 0 = NaN.",
     "adv_compute_dtype": "verl's grpo_vectorized (group_mean_std, utils/groupwise.py:191) rounds the scores "
     "to float32 and forms the group means and variances there: on rewards near 1000.1-1000.3 its "
     "advantages differ from grpo's float64 ones by ~2e-4.",

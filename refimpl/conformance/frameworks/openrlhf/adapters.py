@@ -204,11 +204,6 @@ def target(kind: str, mode: str | Mode, variant=None) -> tuple[Callable, Callabl
     """
     _check_kind(kind)
     m = _mode(kind, mode)
-    version = installed_version()
-    if version != PINNED_VERSION:
-        warnings.warn(
-            f"OpenRLHF {version} is installed; the openrlhf profiles describe {PINNED_VERSION}", stacklevel=2
-        )
     if kind == "policy_loss":
         return _policy_target(_mode_variant(m) if variant is None else variant)
     if kind == "kl":

@@ -198,7 +198,6 @@ def target(kind: str, mode: str, variant) -> tuple[Callable, Callable]:
     reason = availability()
     if reason is not None:
         raise RuntimeError(reason)
-    _warn_version()
     m = _mode(mode)
     if variant is None:
         from refimpl.conformance.presets import resolve_preset

@@ -49,16 +49,11 @@ def source_files() -> list[pathlib.Path]:
 
 
 def _core_algos():
-    """``verl.trainer.ppo.core_algos``, imported with the stubs in place (warns on another version)."""
+    """``verl.trainer.ppo.core_algos``, imported with the stubs in place (another installed version
+    is warned about once, by the driver layer: ``Driver.target``)."""
     with stubbed_imports(_STUBBED):
         module = importlib.import_module("verl.trainer.ppo.core_algos")
         importlib.import_module("verl.workers.config")
-    version = installed_version()
-    if version != PINNED_VERSION:
-        warnings.warn(
-            f"verl {version} is installed; the verl profiles describe verl {PINNED_VERSION}",
-            stacklevel=3,
-        )
     return module
 
 

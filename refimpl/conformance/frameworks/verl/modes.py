@@ -154,6 +154,8 @@ def _policy_modes() -> dict[str, Mode]:
             **_KL_LOSS,
             # the policy term ignores loss_agg_mode; ppo_loss's KL loss uses it: a global token mean
             "kl_aggregation": "token_mean",
+            # and that token mean divides by the step's 0 tokens on an empty step: 0 / 0 (with a KL term)
+            "empty_step": "nan",
             "empty_rows": "keep",
             "micro_batch": "local_sum",
             "compute_dtype": "input",
