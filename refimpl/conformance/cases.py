@@ -66,7 +66,8 @@ def kl_cases(*, seed: int = 0) -> list[KLCase]:
     cases.append(KLCase("zero_log_ratio", 0, logp.clone(), logp.clone()))
     # a token the policy gives probability 0 (logp = -inf: log r = +inf) and one the reference gives 0
     # (ref = -inf: log r = -inf); exp(log r) - log r - 1 is inf - inf = NaN at log r = +inf unless the
-    # log-ratio is clamped first (verl's low_var_kl clamps it to [-20, 20])
+    # log-ratio is clamped first (verl's low_var_kl clamps it to [-20, 20]). The expected value is the
+    # limit (k3 -> +inf); an estimator that refuses the input with a one-line ValueError passes, named.
     inf_logp, inf_ref = logp.clone(), logp + _uniform(g, (4, 6), -1.0, 1.0)
     inf_logp[0, 0] = inf_logp[1, 2] = -math.inf
     inf_ref[2, 3] = -math.inf

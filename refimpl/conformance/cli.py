@@ -59,11 +59,12 @@ REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
 
 
 def conventions_text() -> str:
-    """Every flag with its value in each shipped profile (for the grpo preset) and the reason."""
+    """Every flag with its value in each shipped profile (for the grpo preset, or the framework's
+    first where it has none) and the reason."""
     from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
-    from refimpl.conformance.profiles import PROFILE_NAMES, profile
+    from refimpl.conformance.profiles import PROFILE_NAMES, listing_profile
 
-    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    profiles = [listing_profile(name) for name in PROFILE_NAMES]
     lines = []
     for flag in FLAGS:
         values = ", ".join(f"{p.name}={getattr(p, flag)!r}" for p in profiles)
@@ -74,9 +75,9 @@ def conventions_text() -> str:
 def conventions_data() -> dict[str, dict]:
     """``{flag: {"reason": ..., profile: value, ...}}`` (``--list-conventions --json``)."""
     from refimpl.conformance.conventions import FLAG_REASONS, FLAGS
-    from refimpl.conformance.profiles import PROFILE_NAMES, profile
+    from refimpl.conformance.profiles import PROFILE_NAMES, listing_profile
 
-    profiles = [profile(name, "grpo") for name in PROFILE_NAMES]
+    profiles = [listing_profile(name) for name in PROFILE_NAMES]
     return {flag: {"reason": FLAG_REASONS.get(flag, ""), **{p.name: getattr(p, flag) for p in profiles}}
             for flag in FLAGS}
 
