@@ -452,3 +452,52 @@ def test_verls_vanilla_loss_matches_the_dual_clip_vectors(vector):
     assert vector["variant"]["dual_clip"] == 3.0
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     assert not mismatches(vector, loss, grad, mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# the generic --convention verl on verl's own loss, driven by a hand-written adapter (not the driver)
+
+
+def _hand_written_verl_adapter(fill_global_batch_info: bool):
+    """What a person checking verl's compute_policy_loss_vanilla writes: verl's own ActorConfig at the
+    grpo preset (clip 0.2, verl's default clip_ratio_c 3), advantages on the row's tokens and, as
+    verl's trainer does (ppo_loss), ``config.global_batch_info`` from the whole batch: its tokens
+    and all its rows (PolicyLossCall.global_tokens / global_rows)."""
+    driver._core_algos()  # verl imported once with the driver's import-only stubs
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_torch_compile=False,
+        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+        loss_agg_mode="seq-mean-token-mean", policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+    )
+
+    def adapter(fn, call):
+        mask = call.mask.bool()
+        adv = torch.where(mask, call.advantages.unsqueeze(-1), torch.zeros((), dtype=call.advantages.dtype))
+        config.global_batch_info.clear()
+        if fill_global_batch_info:
+            config.global_batch_info.update(dp_size=1, batch_num_tokens=call.global_tokens,
+                                            global_batch_size=call.global_rows)
+        loss, _ = fn(old_log_prob=call.old_logp, log_prob=call.logp, advantages=adv, response_mask=mask,
+                     loss_agg_mode="seq-mean-token-mean", config=config)
+        return loss
+
+    return adapter
+
+
+def test_the_generic_verl_convention_passes_verls_own_vanilla_loss_through_a_hand_written_adapter():
+    """`--convention verl --preset grpo` (the profile of mode vanilla/seq-mean-token-mean) passes verl
+    0.9.1's compute_policy_loss_vanilla called as verl's trainer calls it: global_batch_size counts
+    every row of the batch (empty_rows='keep'). Called without global_batch_info, agg_loss divides
+    by this call's non-empty rows instead (core_algos.py agg_loss: global_batch_size = seq_mask.sum()),
+    which the empty-row, micro-batch and empty-step classes catch; that is not how verl trains."""
+    fn = driver._core_algos().compute_policy_loss_vanilla
+    report = checks.check_policy_loss(fn, "grpo", convention="verl", adapter=_hand_written_verl_adapter(True))
+    assert report.ok, report.render()
+    assert profile("verl", "grpo").empty_rows == "keep"
+    plain = checks.check_policy_loss(fn, "grpo", convention="verl", adapter=_hand_written_verl_adapter(False))
+    # (and a step without a token is 0 / 0 there: no non-empty row)
+    failing = set(plain.failing_classes())
+    assert {"empty_rows", "micro_batch", "empty_step"} <= failing, failing
+    assert failing <= {"empty_rows", "micro_batch", "padding_micro_batch", "empty_step"}, failing

@@ -31,6 +31,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
+from .driver import find_mode
 from .sources import (
     installed_files,
     load_failure,
@@ -168,19 +169,10 @@ def availability() -> str | None:
 # Modes
 
 
-def _mode(mode: str | Mode) -> Mode:
-    if isinstance(mode, Mode):
-        return mode
-    found = [m for m in MODES if m.name == mode]
-    if not found:
-        raise ValueError(f"mode {mode!r} is not an AReaL policy_loss mode; modes: {[m.name for m in MODES]}")
-    return found[0]
-
-
 def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     """Keyword arguments of ``ppo_actor_loss_fn`` / ``sapo_loss_fn`` that run ``variant`` in ``mode``
     (ValueError for a variant AReaL cannot express there)."""
-    m = _mode(mode)
+    m = find_mode(MODES, mode, "AReaL")
     v = variant
     m.check_shape(v, "AReaL")
     if v.kl_coef > 0 or v.entropy_coef or v.behavior_correction != "none":

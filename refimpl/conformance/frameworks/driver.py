@@ -38,7 +38,7 @@ from refimpl.losses import PolicyLossVariant
 
 from ..presets import preset_key, resolve_preset, with_default_max_length
 
-__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "source_hash"]
+__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
 
 KINDS = ("policy_loss", "kl", "group_advantages")
 #: the PolicyLossVariant fields a mode of each kind determines itself (``Mode.fixed`` default)
@@ -100,6 +100,18 @@ class Mode:
                 raise ValueError(f"variant.{name}: {framework} mode {self.name!r} runs "
                                  f"{getattr(want, name)!r}, "
                                  f"got {getattr(variant, name)!r}")
+
+
+def find_mode(modes, mode: str | Mode, framework: str, kind: str = "policy_loss") -> Mode:
+    """``mode`` itself, or the mode of ``kind`` named ``mode`` among ``modes`` (a driver's ``MODES``);
+    ValueError naming the framework's modes of that kind."""
+    if isinstance(mode, Mode):
+        return mode
+    found = [m for m in modes if m.kind == kind and m.name == mode]
+    if not found:
+        raise ValueError(f"mode {mode!r} is not a {framework} {kind} mode; modes: "
+                         f"{[m.name for m in modes if m.kind == kind]}")
+    return found[0]
 
 
 def source_hash(files: list[pathlib.Path]) -> str:

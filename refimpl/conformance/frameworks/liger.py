@@ -41,6 +41,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 from . import Mode
+from .driver import find_mode
 from .sources import (
     installed_files,
     load_failure,
@@ -208,21 +209,12 @@ def availability() -> str | None:
 # Modes
 
 
-def _mode(mode: str | Mode) -> Mode:
-    if isinstance(mode, Mode):
-        return mode
-    found = [m for m in MODES if m.name == mode]
-    if not found:
-        raise ValueError(f"mode {mode!r} is not a Liger policy_loss mode; modes: {[m.name for m in MODES]}")
-    return found[0]
-
-
 def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     """``LigerFusedLinearGRPOLoss(...)`` arguments that run ``variant`` in ``mode`` (ValueError for a
     variant Liger cannot express there). Liger's clip is ``[1 - epsilon_low, 1 + epsilon_high]``
     except for cispo, whose ``epsilon_high`` is the cap itself; ``delta`` caps the ratio (the dual
     clip of A < 0); ``beta`` weighs the k3 term; ``max_completion_length`` is Dr. GRPO's L_max."""
-    m = _mode(mode)
+    m = find_mode(MODES, mode, "Liger")
     v = variant
     m.check_shape(v, "Liger")
     if v.kl_coef > 0 and v.kl_estimator != "k3":

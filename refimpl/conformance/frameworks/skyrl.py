@@ -30,6 +30,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
+from .driver import find_mode
 from .sources import (
     installed_files,
     load_failure,
@@ -253,20 +254,10 @@ def algorithm_config(keys: dict):
 # Modes
 
 
-def _mode(kind: str, mode: str | Mode) -> Mode:
-    if isinstance(mode, Mode):
-        return mode
-    found = [m for m in MODES if m.kind == kind and m.name == mode]
-    if not found:
-        raise ValueError(f"mode {mode!r} is not a SkyRL {kind} mode; modes: "
-                         f"{[m.name for m in MODES if m.kind == kind]}")
-    return found[0]
-
-
 def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     """The ``trainer.algorithm`` keys that run ``variant`` in ``mode`` (ValueError for a variant SkyRL
     cannot express there)."""
-    m = _mode("policy_loss", mode)
+    m = find_mode(MODES, mode, "SkyRL")
     v = variant
     m.check_shape(v, "SkyRL")
     if v.kl_coef > 0 and (v.aggregation != "seq_mean_token_mean" or v.kl_estimator not in ("k1", "k2", "k3")):
