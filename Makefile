@@ -21,7 +21,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The real frameworks the conformance drivers run (refimpl check --framework, refimpl matrix):
-# TRL 1.16.0, verl 0.9.1 and OpenRLHF 0.11.2 at the versions their profiles describe. Their own
+# TRL 1.16.0, verl 0.9.1, OpenRLHF 0.11.2, Liger-Kernel 0.8.5, SkyRL-train 0.3.1 and AReaL 1.0.4 at
+# the versions their profiles describe (SkyRL-train declares Python 3.12 only, hence
+# --ignore-requires-python: its loss code runs on 3.11). Their own
 # dependency pins cannot all hold at once (OpenRLHF pins deepspeed and flash-attn, CUDA source
 # builds, and a transformers that verl excludes), so each is installed with --no-deps plus the few
 # packages its loss code imports (requirements/frameworks-*.txt); the drivers stub the import-only
@@ -30,7 +32,7 @@ FRAMEWORKS_STAMP := $(VENV)/.frameworks
 $(FRAMEWORKS_STAMP): $(STAMP) requirements/frameworks.txt $(wildcard requirements/frameworks-*.txt)
 	$(BIN)/pip freeze | grep -iE '^(torch|numpy|sympy)==' > $(VENV)/constraints.txt
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -r requirements/frameworks.txt
-	$(BIN)/pip install -q --no-deps -c $(VENV)/constraints.txt \
+	$(BIN)/pip install -q --no-deps --ignore-requires-python -c $(VENV)/constraints.txt \
 	  $(foreach f,$(wildcard requirements/frameworks-*.txt),-r $(f))
 	touch $(FRAMEWORKS_STAMP)
 
@@ -43,6 +45,9 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
 	$(BIN)/refimpl check --framework verl --preset grpo
 	$(BIN)/refimpl check --framework openrlhf --preset dapo
+	$(BIN)/refimpl check --framework liger --preset dapo
+	$(BIN)/refimpl check --framework skyrl --preset grpo
+	$(BIN)/refimpl check --framework areal --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
 
 # SEED=n picks the run's seed (default 0): make run SEED=1

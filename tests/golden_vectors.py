@@ -5,6 +5,7 @@ it, ``refimpl.conformance.frameworks``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,6 +42,13 @@ def close(got: float, expected: float, scale: float) -> bool:
     return abs(got - expected) <= 1e-10 * abs(expected) + 1e-12 * scale + FLOOR
 
 
+# A CISPO weight without a lower clip, for a framework whose default clips it below (verl:
+# cispo_clip_low): eps_low = 1 - 2^-40 puts the bound at 2^-40 = 9.1e-13, under every weight
+# exp(clamp(log r, -20, 20)) >= exp(-20) = 2.1e-9 verl can form, so the clip never acts (eps_low = 1,
+# the bound 0, is not a valid variant).
+NO_LOWER_CLIP = 1.0 - 2.0**-40
+
+
 def framework_on_vector(driver, mode: str, vector: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
     """(loss, d loss / d logp, mask) of the framework's own loss (``driver.target("policy_loss",
     mode, variant)`` with the vector's variant) on a convention vector's inputs, one batch (no
@@ -51,6 +59,10 @@ def framework_on_vector(driver, mode: str, vector: dict) -> tuple[float, torch.T
     ref = None if inputs["ref_logp"] is None else padded(inputs["ref_logp"], -3.0)[0]
     adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
     variant = PolicyLossVariant(**vector["variant"])
+    if variant.gate == "cispo" and variant.eps_low is None and "cispo_clip_low" not in vector.get(
+        "convention_flags", {}
+    ):
+        variant = dataclasses.replace(variant, eps_low=NO_LOWER_CLIP)
     fn, adapter = driver.target("policy_loss", mode, variant)
     x = logp.requires_grad_(True)
     call = PolicyLossCall(

@@ -8,6 +8,7 @@ failing case in full."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -30,6 +31,7 @@ from refimpl.conformance import (
     resolve_preset,
 )
 from refimpl.conformance.golden import golden_cases
+from refimpl.conformance.simple_checks import REFUSES_INFINITE
 from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import GRPO, get_preset
 from refimpl.losses.logprobs import token_logprobs
@@ -49,6 +51,7 @@ REQUIRED_CLASSES = {
     "masked_nonfinite",
     "padding_micro_batch",
     "half_overflow",
+    "empty_step",
 }
 SUPPORTED = [
     (p, c)
@@ -66,7 +69,11 @@ def test_our_presets_pass_every_case_class_under_every_shipped_convention(preset
     )
     assert report.ok, report.render()
     golden = {"golden_vectors"} if convention == "reference" else set()
-    assert {c.case_class for c in report.by_class()} == REQUIRED_CLASSES | golden
+    # float32 ratios exactly at the dual clip: no preset has one, verl's profile adds clip_ratio_c = 3
+    # to its token-ratio clip presets
+    clipped = convention == "verl" and preset in ("ppo", "grpo", "dr_grpo", "dapo", "bnpo")
+    tie = {"dual_clip_tie"} if clipped else set()
+    assert {c.case_class for c in report.by_class()} == REQUIRED_CLASSES | golden | tie
 
 
 def test_grpo_with_kl_passes_under_every_convention_including_the_kl_class():
@@ -128,7 +135,8 @@ def test_case_classes_cover_their_edges():
     by_class = {}
     for case in policy_loss_cases(dataclasses.replace(variant, kl_coef=0.04), Convention()):
         by_class.setdefault(case.case_class, []).append(case)
-    assert set(by_class) == set(POLICY_CASE_CLASSES) - {"golden_vectors"}  # read from specs/vectors
+    # golden vectors are read from specs/vectors; dual_clip_tie needs a dual clip (below)
+    assert set(by_class) == set(POLICY_CASE_CLASSES) - {"golden_vectors", "dual_clip_tie"}
     extreme = max(float(((c.logp - c.old_logp) * c.mask).abs().max()) for c in by_class["extreme_log_ratio"])
     assert extreme == 50.0
     assert any(bool((~c.mask.any(-1)).any()) for c in by_class["empty_rows"])
@@ -142,6 +150,15 @@ def test_case_classes_cover_their_edges():
     )
     kl = by_class["kl_penalty"][0]
     assert float(((kl.ref_logp - kl.logp) * kl.mask).abs().max()) >= 22.0
+    assert by_class["empty_step"] and not any(bool(c.mask.any()) for c in by_class["empty_step"])
+    assert any(c.micro_batches for c in by_class["empty_step"])
+    # with a dual clip c = 3: float32 inputs whose float32 ratio is exactly 3 on a token with A < 0
+    dual = dataclasses.replace(variant, dual_clip=3.0)
+    (tie,) = policy_loss_cases(dual, Convention(), classes=("dual_clip_tie",))
+    assert tie.logp.dtype == torch.float32
+    ratio = torch.exp(tie.logp - tie.old_logp)
+    at_c = (ratio == 3.0) & tie.mask & (tie.advantages < 0).unsqueeze(-1)
+    assert bool(at_c.any()) and float(torch.exp((tie.logp - tie.old_logp).double()).max()) != 3.0
 
 
 def test_cases_are_deterministic():
@@ -177,16 +194,23 @@ def test_trl_differences_are_the_documented_ones():
 def test_verl_differences_are_the_documented_ones():
     """The verl profile (the driver's mode flags) departs from the spec only where its flags say:
     the +-20 log-ratio clamp and dual clip 3 (boundary / extreme classes), empty rows counted in the
-    row means (the trainer's global_batch_size), none for CISPO."""
+    row means (the trainer's global_batch_size), CISPO's default lower clip."""
     # the kit's newer classes where they exist: NaN at masked positions propagates, and the dual
     # clip / the clamps bound fp16 ratios that overflow in the spec's view
     def existing(*classes):
         return [c for c in classes if c in POLICY_CASE_CLASSES]
 
+    # dual_clip_tie: verl's torch.min with clip_ratio_c A halves the gradient at r == 3 (dual_clip_tie='half')
     assert convention_differences("dapo", "verl").failing_classes() == existing(
-        "on_boundary", "extreme_log_ratio", "masked_nonfinite", "half_overflow"
+        "on_boundary", "extreme_log_ratio", "masked_nonfinite", "half_overflow", "dual_clip_tie"
     )
-    assert convention_differences("cispo", "verl").failing_classes() == existing("masked_nonfinite")
+    # CISPO: verl clips the weight below at 1 - 0.2 (cispo_clip_low, M2), which every class with a
+    # ratio below 0.8 shows; without that flag only the NaN at masked positions remains
+    assert {"outside_clip", "extreme_log_ratio", "ragged"} <= set(
+        convention_differences("cispo", "verl").failing_classes()
+    )
+    no_low = dataclasses.replace(profile("verl", "cispo"), cispo_clip_low=None)
+    assert convention_differences("cispo", no_low).failing_classes() == existing("masked_nonfinite")
     assert convention_differences("gspo", "verl").failing_classes() == existing(
         "extreme_log_ratio", "empty_rows", "micro_batch", "masked_nonfinite", "padding_micro_batch",
         "half_overflow",
@@ -208,8 +232,31 @@ def test_verl_differences_are_the_documented_ones():
 
 
 def test_kl_estimators_pass():
+    """Our estimators pass every class; by default they refuse an infinite log-probability in one line
+    (check_finite), which the infinite_log_ratio class accepts as a named departure. Without the check
+    k1 and k2 pass it on their values; k3 = expm1(log r) - log r is inf - inf = NaN at log r = +inf
+    (outside its documented finite range), where the kit expects the limit, +inf."""
     for name, fn in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
-        assert check_kl(fn, name).ok
+        report = check_kl(functools.partial(fn, check_finite=False), name)
+        assert "infinite_log_ratio" in {c.case_class for c in report.by_class()}
+        if name == "k3":
+            (row,) = [r for r in report.results if r.case_class == "infinite_log_ratio"]
+            assert report.failing_classes() == ["infinite_log_ratio"] and row.grad_ok and not row.value_ok
+        else:
+            assert report.ok, report.render()
+        report = check_kl(fn, name)
+        assert report.ok, report.render()
+        assert [(r.case_class, r.departure) for r in report.departures()] == [
+            ("infinite_log_ratio", REFUSES_INFINITE)
+        ]
+    # another exception on the infinite class is a failure
+
+    def breaks_on_infinity(logp, ref_logp):
+        if bool(torch.isinf(logp).any() | torch.isinf(ref_logp).any()):
+            raise RuntimeError("inf")
+        return kl_k3(logp, ref_logp)
+
+    assert check_kl(breaks_on_infinity, "k3").failing_classes() == ["infinite_log_ratio"]
     assert not check_kl(kl_k1, "k3").ok
 
 
@@ -321,3 +368,17 @@ def test_a_function_that_raises_is_reported_not_crashed():
     # one golden vector is bfloat16
     assert report.failing_classes() == ["bf16", "fp16", "half_overflow", "golden_vectors"]
     assert "RuntimeError: only float64 supported" in report.render()
+
+
+def test_a_case_line_is_python_that_rebuilds_the_case_and_its_numbers():
+    """``case_line``: the inputs and the extra numbers (expected / got loss) as one line of Python;
+    floats stay numbers (non-finite ones too), other values their repr."""
+    from refimpl.conformance.engine import case_line
+
+    case = policy_loss_cases(get_preset("dapo"), Convention(), classes=("ragged",))[0]
+    line = case_line(case, {"expected_loss": 0.25, "got_loss": float("nan"), "worst": -math.inf, "note": "x"})
+    namespace: dict = {}
+    exec("import torch\n" + line, namespace)
+    assert torch.equal(namespace["logp"], case.logp) and torch.equal(namespace["mask"], case.mask)
+    assert namespace["expected_loss"] == 0.25 and math.isnan(namespace["got_loss"])
+    assert namespace["worst"] == -math.inf and namespace["note"] == "x"

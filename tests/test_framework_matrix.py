@@ -17,6 +17,7 @@ import pytest
 
 from refimpl.conformance.checks import check_framework_mode
 from refimpl.conformance.cli import main
+from refimpl.conformance.cli_args import UserError
 from refimpl.conformance.frameworks import FRAMEWORKS, KINDS, load_driver
 from refimpl.conformance.matrix import LINE_WIDTH, matrix_markdown, matrix_summary, normalised
 
@@ -174,10 +175,17 @@ def test_preset_selects_the_profiles_mode_and_runs_that_preset():
 
     mode = select_mode(load_driver("verl"), "policy_loss", None, "dapo")
     assert (mode.name, mode.preset, mode.variant().eps_high) == ("vanilla/token-mean", "dapo", 0.28)
+    missing = set()
     for name in FRAMEWORKS:
         driver = load_driver(name)
         for preset in ("grpo", "dapo", "gspo"):
+            if preset not in driver.profile_table:
+                with pytest.raises(UserError, match=f"{name} has no policy_loss mode for preset {preset!r}"):
+                    select_mode(driver, "policy_loss", None, preset)
+                missing.add((name, preset))
+                continue
             mode = select_mode(driver, "policy_loss", None, preset)
             assert mode.preset == preset
             own, prof = convention_from_flags(name, mode.convention), profile(name, preset)
             assert all(getattr(prof, k) == getattr(own, k) for k in mode.convention if k != "name")
+    assert missing == {("areal", "grpo")}  # AReaL's loss is a global token mean: no seq-mean-token-mean

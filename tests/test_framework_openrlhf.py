@@ -113,8 +113,10 @@ def test_driver_loads_the_installed_sources_without_leaving_stubs():
 
 def test_another_installed_version_warns(monkeypatch):
     monkeypatch.setattr(driver.module, "installed_version", lambda: "0.0.1")
-    with pytest.warns(UserWarning, match="OpenRLHF 0.0.1 is installed; the openrlhf profiles describe"):
+    expected = "openrlhf 0.0.1 is installed; the openrlhf profiles describe 0.11.2"
+    with pytest.warns(UserWarning, match=expected) as seen:
         driver.target("policy_loss", "gspo")
+    assert len(seen) == 1, [str(w.message) for w in seen]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +141,11 @@ def test_policy_mode_passes_every_case_class_under_its_profile(mode_name):
                                rtol=FLOAT64_RTOL)
     assert report.ok, report.render()
     without_kl = {"kl_penalty"} if v.kl_coef == 0 else set()
-    assert {r.case_class for r in report.results} == set(_classes()) - without_kl
+    # float32 ratios exactly at the dual clip: only the dual-clip modes have them
+    tie = v.dual_clip is not None and v.gate == "clip" and v.ratio == "token"
+    without_tie = set() if tie else {"dual_clip_tie"}
+    assert without_tie == (set() if "dual" in mode_name else {"dual_clip_tie"})
+    assert {r.case_class for r in report.results} == set(_classes()) - without_kl - without_tie
 
 
 @pytest.mark.parametrize("mode_name", _POLICY_MODES)
@@ -199,12 +205,14 @@ def test_reference_convention_departures_are_the_flagged_classes():
     # under the spec the installed code departs only where a profile flag says so
     explained = {"extreme_log_ratio": "log_ratio_clamp", "bf16": "compute_dtype", "fp16": "compute_dtype",
                  "half_overflow": "compute_dtype", "masked_nonfinite": "masked_nonfinite",
-                 "micro_batch": "normalizer_rounding", "padding_micro_batch": "normalizer_rounding"}
+                 "micro_batch": "normalizer_rounding", "padding_micro_batch": "normalizer_rounding",
+                 "empty_step": "empty_step"}
     fn, adapter = driver.target("policy_loss", "ppo/seq-mean-token-mean")
     report = check_policy_loss(fn, "grpo", adapter=adapter)
     failing = report.failing_classes()
     assert "extreme_log_ratio" in failing and set(failing) <= {*explained, "golden_vectors"}, failing
     assert "micro_batch" in failing  # 5 sequences in 3 micro-batches: float32(5 / 3)
+    assert "empty_step" in failing  # 0 / 0 on a step without a token (M3)
     # the golden vectors that fail are the extreme-ratio and bf16 ones (the detail names its origin),
     # and the step without any token: OpenRLHF's 0/0 = NaN where the spec's loss is 0 (a candidate bug
     # of docs/conformance.md, not a profile flag)

@@ -31,7 +31,9 @@ trl = load_driver("trl")
 pytestmark = pytest.mark.framework
 
 MODES = sorted(trl.modes())
-HALF_CLASSES = ("bf16", "fp16", "half_overflow")  # checked to the half-precision bound (compute_dtype)
+# checked to the half-precision bound (compute_dtype); dual_clip_tie's inputs are float32 and judged as
+# computed in float32 (a class only with a dual clip, GRPOConfig.delta)
+HALF_CLASSES = ("bf16", "fp16", "half_overflow", "dual_clip_tie")
 CLASSES = tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors")
 # float64 classes with finite inputs: TRL reproduces the profile there to float64 rounding. The
 # masked_nonfinite class (NaN / inf at masked positions) passes only as the named departure
@@ -84,7 +86,8 @@ def departures(report) -> dict[str, str]:
 def test_trl_passes_every_case_class_under_its_profile(installed, mode):
     report = check_mode(mode)
     assert report.ok, report.render()
-    assert {c.case_class for c in report.by_class()} == set(CLASSES) - {"kl_penalty"}
+    # no TRL mode has a dual clip (delta None): the dual_clip_tie class is empty
+    assert {c.case_class for c in report.by_class()} == set(CLASSES) - {"kl_penalty", "dual_clip_tie"}
     # and reproduces the profile to float64 rounding, far inside the kit's 1e-8
     assert max(max_errors(report)) <= EXACT, max_errors(report)
     # the only departures are the NaN losses of masked_nonfinite (every case of the class) and
@@ -183,8 +186,9 @@ def test_trl_kl_penalty_class_within_its_rounding(installed, mode):
     ("mode", "kl", "flag", "classes"),
     [
         ("sapo", None, "sapo_tau_float32", {"inside_clip", "outside_clip", "extreme_log_ratio", "ragged"}),
-        ("grpo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty"}),
-        ("gspo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty"}),
+        # an empty step has no token, hence no KL term to weight
+        ("grpo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty", "empty_step"}),
+        ("gspo", 0.1, "kl_importance_weight", set(FLOAT64_CLASSES) - {"kl_penalty", "empty_step"}),
         ("grpo", None, "empty_rows", {"empty_rows", "micro_batch"}),
         ("sapo", None, "empty_rows", {"empty_rows", "micro_batch"}),
         ("gspo", None, "empty_rows", {"empty_rows", "micro_batch"}),
@@ -213,6 +217,14 @@ def test_trl_delta_is_the_dual_clip(installed, mode):
     loose = dataclasses.replace(variant, dual_clip=None)
     report = check_policy_loss(fn, loose, convention=conv, adapter=adapter, classes=("extreme_log_ratio",))
     assert not report.ok
+    if variant.ratio == "token":
+        # float32 r exactly delta (A < 0): torch.clamp passes the whole gradient at its bound, as the
+        # spec's inclusive gate does (dual_clip_tie='inclusive', TRL's profile leaves it unset)
+        report = check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=("dual_clip_tie",))
+        assert report.ok and report.by_class() and not report.departures(), report.render()
+        half = dataclasses.replace(conv, dual_clip_tie="half")
+        report = check_policy_loss(fn, variant, convention=half, adapter=adapter, classes=("dual_clip_tie",))
+        assert report.failing_classes() == ["dual_clip_tie"]
 
 
 def test_sapo_float32_temperature_is_the_whole_departure(installed):
@@ -331,8 +343,10 @@ def test_every_loss_type_of_the_installed_grpo_config_is_a_mode_or_unsupported(i
 
 def test_modes_cover_the_scope_and_the_profile_is_their_data():
     modes = trl.modes()
-    assert set(modes) == {"grpo", "dr_grpo", "dapo", "bnpo", "sapo", "cispo", "gspo", "luspo"}
+    assert set(modes) == {"grpo", "dr_grpo", "dapo", "bnpo", "sapo", "sapo/sequence", "cispo", "gspo",
+                          "luspo"}
     assert modes["gspo"].framework_config["importance_sampling_level"] == "sequence"
+    assert modes["sapo/sequence"].framework_config["importance_sampling_level"] == "sequence"
     for name, mode in modes.items():
         assert isinstance(mode, Mode) and mode.kind == "policy_loss" and mode.preset in PRESETS
         if name == "luspo":  # a variant of the gspo preset, not a preset's own mode
@@ -388,13 +402,11 @@ def test_driver_reports_version_and_source_hash(installed):
 
 
 def test_another_installed_version_gives_a_warning(installed, monkeypatch):
+    """One warning, the driver layer's (frameworks/driver.py), names both versions."""
     monkeypatch.setattr(trl.module, "installed_version", lambda: "9.9.9")
-    trl._warn_version.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match="describe TRL 1.16.0; TRL 9.9.9 is installed"):
-            trl.target("policy_loss", "grpo", variant_of("grpo"))
-    finally:
-        trl._warn_version.cache_clear()
+    with pytest.warns(UserWarning, match="trl 9.9.9 is installed; the trl profiles describe 1.16.0") as seen:
+        trl.target("policy_loss", "grpo", variant_of("grpo"))
+    assert len(seen) == 1, [str(w.message) for w in seen]
 
 
 def test_target_refuses_what_trl_cannot_run(installed):

@@ -18,10 +18,11 @@ import torch
 from refimpl.conformance import checks
 from refimpl.conformance.cases import POLICY_CASE_CLASSES, kl_cases, policy_loss_cases
 from refimpl.conformance.conventions import Convention, convention_from_flags
-from refimpl.conformance.expected import expected_kl
+from refimpl.conformance.expected import effective_variant, expected_kl
 from refimpl.conformance.frameworks import load_driver, source_hash
 from refimpl.conformance.profiles import framework_config, profile
-from tests.golden_vectors import framework_on_vector, load_vectors, mismatches
+from refimpl.losses import PRESETS
+from tests.golden_vectors import NO_LOWER_CLIP, framework_on_vector, load_vectors, mismatches
 
 pytestmark = pytest.mark.framework
 
@@ -61,7 +62,12 @@ def test_every_policy_mode_passes_every_case_class_under_its_profile(mode):
     report = check_mode(mode, rtol=FLOAT64_RTOL)
     assert report.ok, report.render()
     ran = {c.case_class for c in report.by_class()}
-    assert ran == set(_CLASSES) - {"kl_penalty", "golden_vectors"}
+    v = effective_variant(driver.mode_variant(mode), convention_of(driver.modes()[mode].convention, mode))
+    # float32 ratios exactly at the dual clip (verl's clip_ratio_c, flag dual_clip): only a token-ratio
+    # clip gate with a dual clip has them
+    tie = v.dual_clip is not None and v.ratio == "token" and v.gate == "clip"
+    assert ran == set(_CLASSES) - {"kl_penalty", "golden_vectors"} - (set() if tie else {"dual_clip_tie"})
+    assert tie == mode.startswith("vanilla/")
 
 
 @pytest.mark.parametrize(("mode", "estimator"), [("vanilla/seq-mean-token-mean", "k3"),
@@ -254,11 +260,15 @@ def test_verls_low_var_kl_is_the_naive_k3_form():
 
 
 @pytest.mark.parametrize(("mode", "flag", "failing"), [
-    ("low_var_kl", "kl_value_clamp", ["large_log_ratio", "extreme_log_ratio"]),
+    ("low_var_kl", "kl_value_clamp", ["large_log_ratio", "extreme_log_ratio", "infinite_log_ratio"]),
+    # the +-20 clamp of the log-ratio (core_algos.py kl_penalty_forward) shows only where |log r| is
+    # infinite: a finite k3 beyond 20 is clamped at 10 anyway (kl_value_clamp)
+    ("low_var_kl", "kl_log_ratio_clamp", ["infinite_log_ratio"]),
     # k3's gradient 1 - exp(log r) is k2's -log r to first order: only the tiny / zero cases agree
-    ("k3+", "kl_gradient", ["small_log_ratio", "moderate_log_ratio", "large_log_ratio", "extreme_log_ratio"]),
+    ("k3+", "kl_gradient", ["small_log_ratio", "moderate_log_ratio", "large_log_ratio", "extreme_log_ratio",
+                            "infinite_log_ratio"]),
     ("k1+", "kl_gradient", ["tiny_log_ratio", "small_log_ratio", "moderate_log_ratio", "large_log_ratio",
-                            "extreme_log_ratio", "zero_log_ratio"]),
+                            "extreme_log_ratio", "zero_log_ratio", "infinite_log_ratio"]),
 ])
 def test_each_kl_flag_is_needed(mode, flag, failing):
     m = driver.modes("kl")[mode]
@@ -314,8 +324,9 @@ def test_version_and_source_hash_are_reported():
 
 def test_another_installed_version_warns(monkeypatch):
     monkeypatch.setattr(driver.module, "installed_version", lambda: "0.0.1")
-    with pytest.warns(UserWarning, match="verl 0.0.1 is installed; the verl profiles describe verl 0.9.1"):
+    with pytest.warns(UserWarning, match="verl 0.0.1 is installed; the verl profiles describe 0.9.1") as seen:
         driver.target("kl", "k3")
+    assert len(seen) == 1, [str(w.message) for w in seen]
 
 
 def test_every_registered_mode_is_in_scope_or_unsupported_with_a_reason():
@@ -351,7 +362,9 @@ def test_the_verl_profile_is_the_drivers_mode_data():
         assert config["actor.policy_loss.loss_mode"] == mode.partition("/")[0]
         assert config["actor.loss_agg_mode"] == (mode.partition("/")[2] or config["actor.loss_agg_mode"])
     assert profile("verl", "dr_grpo").adv_scale == "none"
-    assert framework_config("verl", "cispo")["actor.clip_ratio_low"] == 1.0  # our CISPO: no lower clip
+    # verl's default lower clip of the CISPO weight (actor.py:159), which the preset lacks: the flag
+    assert framework_config("verl", "cispo")["actor.clip_ratio_low"] == 0.2
+    assert profile("verl", "cispo").cispo_clip_low == 0.2 and PRESETS["cispo"].eps_low is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -389,11 +402,12 @@ def test_verls_cispo_clamps_the_log_ratio_inside_its_detached_weight_only():
 
 
 def test_the_cispo_clamp_flag_is_needed_where_the_weight_has_no_lower_clip():
-    """With clip_ratio_low = 1 (the spec's CISPO: no lower clip) the +-20 clamp decides the weight of
-    a token whose log-ratio is below -20: without the flag the extreme_log_ratio class is off by
-    2.7e-9 and 6.8e-9 (normalised loss error), which a 1e-8 tolerance cannot see; at FLOAT64_RTOL
-    (the float64 evaluation of both sides agrees to 5e-16 here) it fails, with the flag it passes."""
-    variant = dataclasses.replace(driver.mode_variant("cispo"), eps_low=None)
+    """Without a lower clip (eps_low = NO_LOWER_CLIP, the spec's CISPO) the +-20 clamp decides the
+    weight of a token whose log-ratio is below -20: without the flag the extreme_log_ratio class is
+    off by ~2.7e-9 and ~6.8e-9 (normalised loss error), which a 1e-8 tolerance cannot see; at
+    FLOAT64_RTOL (the float64 evaluation of both sides agrees to 5e-16 here) it fails, with the flag
+    it passes. (verl's default clip_ratio_low 0.2 raises such a weight to 0.8: flag cispo_clip_low.)"""
+    variant = dataclasses.replace(driver.mode_variant("cispo"), eps_low=NO_LOWER_CLIP)
     flags = dict(driver.modes()["cispo"].convention)
     fn, adapter = driver.target("policy_loss", "cispo", variant)
 
@@ -438,3 +452,52 @@ def test_verls_vanilla_loss_matches_the_dual_clip_vectors(vector):
     assert vector["variant"]["dual_clip"] == 3.0
     loss, grad, mask = framework_on_vector(driver, mode, vector)
     assert not mismatches(vector, loss, grad, mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# the generic --convention verl on verl's own loss, driven by a hand-written adapter (not the driver)
+
+
+def _hand_written_verl_adapter(fill_global_batch_info: bool):
+    """What a person checking verl's compute_policy_loss_vanilla writes: verl's own ActorConfig at the
+    grpo preset (clip 0.2, verl's default clip_ratio_c 3), advantages on the row's tokens and, as
+    verl's trainer does (ppo_loss), ``config.global_batch_info`` from the whole batch: its tokens
+    and all its rows (PolicyLossCall.global_tokens / global_rows)."""
+    driver._core_algos()  # verl imported once with the driver's import-only stubs
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    config = ActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_torch_compile=False,
+        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
+        loss_agg_mode="seq-mean-token-mean", policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+    )
+
+    def adapter(fn, call):
+        mask = call.mask.bool()
+        adv = torch.where(mask, call.advantages.unsqueeze(-1), torch.zeros((), dtype=call.advantages.dtype))
+        config.global_batch_info.clear()
+        if fill_global_batch_info:
+            config.global_batch_info.update(dp_size=1, batch_num_tokens=call.global_tokens,
+                                            global_batch_size=call.global_rows)
+        loss, _ = fn(old_log_prob=call.old_logp, log_prob=call.logp, advantages=adv, response_mask=mask,
+                     loss_agg_mode="seq-mean-token-mean", config=config)
+        return loss
+
+    return adapter
+
+
+def test_the_generic_verl_convention_passes_verls_own_vanilla_loss_through_a_hand_written_adapter():
+    """`--convention verl --preset grpo` (the profile of mode vanilla/seq-mean-token-mean) passes verl
+    0.9.1's compute_policy_loss_vanilla called as verl's trainer calls it: global_batch_size counts
+    every row of the batch (empty_rows='keep'). Called without global_batch_info, agg_loss divides
+    by this call's non-empty rows instead (core_algos.py agg_loss: global_batch_size = seq_mask.sum()),
+    which the empty-row, micro-batch and empty-step classes catch; that is not how verl trains."""
+    fn = driver._core_algos().compute_policy_loss_vanilla
+    report = checks.check_policy_loss(fn, "grpo", convention="verl", adapter=_hand_written_verl_adapter(True))
+    assert report.ok, report.render()
+    assert profile("verl", "grpo").empty_rows == "keep"
+    plain = checks.check_policy_loss(fn, "grpo", convention="verl", adapter=_hand_written_verl_adapter(False))
+    # (and a step without a token is 0 / 0 there: no non-empty row)
+    failing = set(plain.failing_classes())
+    assert {"empty_rows", "micro_batch", "empty_step"} <= failing, failing
+    assert failing <= {"empty_rows", "micro_batch", "padding_micro_batch", "empty_step"}, failing

@@ -107,6 +107,8 @@ POLICY_CASE_CLASSES = (
     "masked_nonfinite",
     "padding_micro_batch",
     "half_overflow",
+    "dual_clip_tie",
+    "empty_step",
     "golden_vectors",
 )
 

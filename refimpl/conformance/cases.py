@@ -64,6 +64,14 @@ def kl_cases(*, seed: int = 0) -> list[KLCase]:
         x[0, 0], x[0, 1] = span, -span
         cases.append(KLCase(name, 0, logp.clone(), logp + x))
     cases.append(KLCase("zero_log_ratio", 0, logp.clone(), logp.clone()))
+    # a token the policy gives probability 0 (logp = -inf: log r = +inf) and one the reference gives 0
+    # (ref = -inf: log r = -inf); exp(log r) - log r - 1 is inf - inf = NaN at log r = +inf unless the
+    # log-ratio is clamped first (verl's low_var_kl clamps it to [-20, 20]). The expected value is the
+    # limit (k3 -> +inf); an estimator that refuses the input with a one-line ValueError passes, named.
+    inf_logp, inf_ref = logp.clone(), logp + _uniform(g, (4, 6), -1.0, 1.0)
+    inf_logp[0, 0] = inf_logp[1, 2] = -math.inf
+    inf_ref[2, 3] = -math.inf
+    cases.append(KLCase("infinite_log_ratio", 0, inf_logp, inf_ref))
     return cases
 
 
@@ -82,6 +90,10 @@ def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
         case("zero_variance_group", 0, [0.5, 0.5, 0.5, 1.0, 0.0, 1.0], [0, 0, 0, 1, 1, 1]),
         case("singleton_group", 0, [1.0, 0.0, 1.0, 0.25], [0, 1, 1, 2]),
         case("two_samples", 0, [0.0, 1.0, 3.0, -1.0], [0, 0, 1, 1]),
+        # rewards near 1000.1-1000.3: differences of ~0.1 on a large offset, which float32 rounds
+        # (ulp(1000) = 6e-5): a float32 mean / variance moves the advantages by ~1e-4
+        case("large_offset_rewards", 0, [1000.1, 1000.3, 1000.2, 1000.25, 1000.15, 1000.1],
+             [0, 0, 0, 1, 1, 1]),
     ]
 
 

@@ -73,7 +73,9 @@ class AdvantageFlags:
     "batch_rewards" (TRL ``scale_rewards="batch"``, eq. (14)); ``adv_std``, ``adv_eps``,
     ``adv_eps_inside_sqrt``, ``adv_zero_variance``, ``adv_singleton`` (incl. verl's "raw", eq. (15))
     and ``adv_leave_one_out`` are ``group_advantages``' arguments; ``adv_singleton_float32``: with
-    ``adv_singleton="raw"`` and ``adv_scale="group"`` the singleton's divisor ``1 + eps`` is float32."""
+    ``adv_singleton="raw"`` and ``adv_scale="group"`` the singleton's divisor ``1 + eps`` is float32;
+    ``adv_compute_dtype`` "float32": rewards, group means and variances in float32 (verl's
+    ``group_mean_std``)."""
 
     adv_scale: str = "group"
     adv_std: str = "population"
@@ -83,8 +85,10 @@ class AdvantageFlags:
     adv_singleton: str = "zero"
     adv_leave_one_out: bool = False
     adv_singleton_float32: bool = False
+    adv_compute_dtype: str = "float64"
 
     def __post_init__(self) -> None:
+        _choice(self, "adv_compute_dtype", ("float64", "float32"))
         _choice(self, "adv_std", ("population", "sample"))
         _choice(self, "adv_zero_variance", ("zero", "formula"))
         _choice(self, "adv_singleton", ("zero", "error", "raw"))
@@ -105,7 +109,8 @@ class KLFlags:
     expm1 form, eq. (4), or "naive" ``exp(log r) - 1 - log r``), ``kl_compute_dtype`` ("input" or
     "float32"), ``kl_aggregation`` (like the "policy" term, or a global "token_mean"),
     ``kl_importance_weight`` (times the unit's differentiated ratio: TRL's bias-corrected KL),
-    ``kl_gradient`` (its own "estimator" gradient or verl's straight-through "k2")."""
+    ``kl_gradient`` (its own "estimator" gradient, verl's straight-through "k2", or "none": the term
+    adds its value and no gradient, SkyRL's ``@torch.no_grad()`` ``compute_approx_kl``)."""
 
     kl_log_ratio_clamp: float | None = None
     kl_value_clamp: float | None = None
@@ -122,7 +127,7 @@ class KLFlags:
         _choice(self, "kl_k3_form", ("accurate", "naive"))
         _choice(self, "kl_value_clamp_scope", ("k3", "all"))
         _choice(self, "kl_aggregation", ("policy", "token_mean"))
-        _choice(self, "kl_gradient", ("estimator", "k2"))
+        _choice(self, "kl_gradient", ("estimator", "k2", "none"))
         _positive_or_none(self, "kl_log_ratio_clamp", "kl_value_clamp", "kl_log_ratio_max")
         _bool(self, "kl_importance_weight")
 
@@ -132,20 +137,25 @@ class NormaliserFlags:
     """The aggregation's denominator (policy_losses.md eq. (11)): ``empty_rows`` "drop" / "keep";
     Dr. GRPO's ``seq_sum_width`` ("max_length" L_max or the "padded_width" T) and ``seq_sum_rows``
     ("nonempty", "all", or "none": verl's token-sum); ``micro_batch`` "global" / "local_mean" /
-    "local_sum"; ``normalizer_rounding`` "exact" or OpenRLHF's "float32_per_micro_batch"."""
+    "local_sum"; ``normalizer_rounding`` "exact", OpenRLHF's "float32_per_micro_batch" or AReaL's
+    "float32_weight" (each micro-batch's mean weighted by ``float32(own / total)``);
+    ``fixed_aggregation`` (None, or the aggregation the policy term uses whatever the configuration
+    says: verl's sapo always "seq_mean_token_mean")."""
 
     empty_rows: str = "drop"
     seq_sum_width: str = "max_length"
     seq_sum_rows: str = "nonempty"
     micro_batch: str = "global"
     normalizer_rounding: str = "exact"
+    fixed_aggregation: str | None = None
 
     def __post_init__(self) -> None:
+        _choice(self, "fixed_aggregation", (None, "token_mean", "seq_mean_token_mean", "seq_mean"))
         _choice(self, "empty_rows", ("drop", "keep"))
         _choice(self, "seq_sum_width", ("max_length", "padded_width"))
         _choice(self, "seq_sum_rows", ("nonempty", "all", "none"))
         _choice(self, "micro_batch", ("global", "local_mean", "local_sum"))
-        _choice(self, "normalizer_rounding", ("exact", "float32_per_micro_batch"))
+        _choice(self, "normalizer_rounding", ("exact", "float32_per_micro_batch", "float32_weight"))
 
 
 @dataclass(frozen=True)
@@ -154,34 +164,53 @@ class RatioFlags:
     ``logp - old_logp`` to [-c, c] before exp; for CISPO inside its detached weight only),
     ``sequence_log_ratio_cap`` (GSPO-token's ``log s`` capped above), ``dual_clip`` (applied to every
     token-level hard clip), ``sequence_ratio_gradient`` (GSPO's exact "sequence" gradient or the
-    GSPO-token "token" form)."""
+    GSPO-token "token" form), ``ratio_dtype`` ("input"; "float32": the token ratio ``exp(x)``
+    evaluated in float32 and cast back, SkyRL's ``_safe_exp_delta``; "float32_gate": the ratio and
+    the clip bounds it meets in float32, Liger; ``refimpl.conformance.evaluated_ratio``), ``dual_clip_tie``
+    ("inclusive": the spec's gate keeps the gradient at ``r == c``; "half": ``torch.min`` /
+    ``torch.max`` of the dual-clip bound splits it in two), ``cispo_clip_low`` (None, or a lower clip
+    ``1 - eps`` of CISPO's weight that the preset does not have: verl's default ``clip_ratio_low``,
+    SkyRL's ``cispo_eps_clip_low``)."""
 
     log_ratio_clamp: float | None = None
     sequence_log_ratio_cap: float | None = None
     dual_clip: float | None = None
     sequence_ratio_gradient: str = "sequence"
+    ratio_dtype: str = "input"
+    dual_clip_tie: str = "inclusive"
+    cispo_clip_low: float | None = None
 
     def __post_init__(self) -> None:
         _choice(self, "sequence_ratio_gradient", ("sequence", "token"))
+        _choice(self, "ratio_dtype", ("input", "float32", "float32_gate"))
+        _choice(self, "dual_clip_tie", ("inclusive", "half"))
         _positive_or_none(self, "log_ratio_clamp", "sequence_log_ratio_cap", "dual_clip")
+        low = self.cispo_clip_low
+        number = isinstance(low, (int, float)) and not isinstance(low, bool)
+        if low is not None and (not number or not 0 <= low <= 1):
+            raise ValueError(f"convention.cispo_clip_low must be None or a number in [0, 1], got {low!r}")
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ValueError(f"convention.dual_clip must be > 1, got {self.dual_clip}")
 
 
 @dataclass(frozen=True)
 class NumericsFlags:
-    """Arithmetic: ``compute_dtype`` ("float32_min": the spec, or the "input" dtype, which sets the
-    half-precision tolerance, ``tolerance.half_tolerance``), ``masked_nonfinite`` ("ignore" or
-    "propagate": NaN / inf at masked positions may reach the loss), ``sapo_tau_float32`` (SAPO's
-    temperatures rounded to float32)."""
+    """Arithmetic: ``compute_dtype`` ("float32_min": the spec; the "input" dtype, which sets the
+    half-precision tolerance, ``tolerance.half_tolerance``; "float32": every input rounded to and
+    computed in float32, float64 included, Liger's fused loss), ``masked_nonfinite`` ("ignore" or
+    "propagate": NaN / inf at masked positions may reach the loss), ``empty_step`` ("zero": a step
+    without a token has loss 0, the spec's ``max(count, 1)``; "nan": ``0 / 0``),
+    ``sapo_tau_float32`` (SAPO's temperatures rounded to float32)."""
 
     compute_dtype: str = "float32_min"
     masked_nonfinite: str = "ignore"
     sapo_tau_float32: bool = False
+    empty_step: str = "zero"
 
     def __post_init__(self) -> None:
-        _choice(self, "compute_dtype", ("float32_min", "input"))
+        _choice(self, "compute_dtype", ("float32_min", "input", "float32"))
         _choice(self, "masked_nonfinite", ("ignore", "propagate"))
+        _choice(self, "empty_step", ("zero", "nan"))
         _bool(self, "sapo_tau_float32")
 
 
@@ -199,7 +228,8 @@ FLAGS: tuple[str, ...] = (
     "adv_std", "adv_eps", "adv_eps_inside_sqrt", "adv_zero_variance", "adv_singleton",
     "normalizer_rounding", "kl_compute_dtype", "kl_k3_form", "kl_log_ratio_max", "kl_value_clamp_scope",
     "kl_aggregation", "sapo_tau_float32", "kl_importance_weight", "compute_dtype", "masked_nonfinite",
-    "adv_leave_one_out", "kl_gradient", "adv_singleton_float32",
+    "adv_leave_one_out", "kl_gradient", "adv_singleton_float32", "ratio_dtype", "dual_clip_tie",
+    "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype",
 )
 #: the group of each flag
 FLAG_GROUP: dict[str, str] = {
@@ -303,7 +333,9 @@ FLAG_REASONS: dict[str, str] = {
     "adv_zero_variance": "a group whose rewards are all equal gets exactly 0 (spec) or the formula "
     "(R - mean) / eps, 0 up to the rounding of the mean (TRL, verl).",
     "kl_gradient": "verl's kl_loss_type with a '+' (k1+, k3+) keeps the estimator's value but "
-    "back-propagates the k2 gradient (logp - ref_logp), whose expectation is the KL's gradient.",
+    "back-propagates the k2 gradient (logp - ref_logp), whose expectation is the KL's gradient ('k2'); "
+    "SkyRL's compute_approx_kl runs under @torch.no_grad() (ppo_utils.py:91), so its KL loss adds a "
+    "value and no gradient ('none').",
     "adv_singleton_float32": "verl's GRPO gives a singleton group mean torch.tensor(0.0) and std "
     "torch.tensor(1.0), float32 tensors: std + eps is float32(1 + 1e-6), so a singleton's "
     "advantage is R / 1.00000095..., 4.6e-8 away from R / (1 + 1e-6).",
@@ -313,7 +345,9 @@ FLAG_REASONS: dict[str, str] = {
     "normalizer_rounding": "OpenRLHF's _optimizer_step_loss_norm stores the step's global token / "
     "sequence count divided by the gradient-accumulation steps as a float32 tensor and DeepSpeed "
     "divides each micro-batch loss by those steps again: the denominator is "
-    "gas * float32(count / gas), off by up to 2^-24 relative when gas does not divide the count.",
+    "gas * float32(count / gas), off by up to 2^-24 relative when gas does not divide the count "
+    "('float32_per_micro_batch'); AReaL's engine weighs each micro-batch's token mean by "
+    "count / float32(total) (train_engine.py:54-60, fsdp_engine.py:2120: 'float32_weight').",
     "kl_compute_dtype": "OpenRLHF's compute_approx_kl casts both log-probs to float32 (.float()) "
     "before the log-ratio, so float64 inputs are evaluated in float32.",
     "kl_k3_form": "k3 = r - 1 - log r evaluated directly (OpenRLHF, verl, TRL) cancels for |log r| << 1 "
@@ -337,10 +371,29 @@ FLAG_REASONS: dict[str, str] = {
     "compute_dtype": "the spec computes the loss in at least float32 ('float32_min'); TRL, verl and "
     "OpenRLHF compute it in the log-probs' own dtype ('input'), so bf16 / fp16 inputs give a loss with "
     "bf16 / fp16 rounding (checked against a bound from the dtype's unit roundoff and the reduction "
-    "length instead of float32's).",
+    "length instead of float32's); Liger computes in float32 whatever the inputs ('float32': float64 "
+    "inputs are rounded, fused_linear_ppo.py:32, 251, 530-531).",
     "masked_nonfinite": "the spec never lets a value at a masked position reach the loss ('ignore': "
     "torch.where before any arithmetic); '(x * mask).sum()' turns a NaN or inf there into a NaN loss "
     "('propagate': a hazard, reported as this named departure).",
+    "ratio_dtype": "SkyRL's _safe_exp_delta (ppo_utils.py:547-552) evaluates the ratio as "
+    "exp(clamp(delta.float(), -20, 20)).to(dtype): a float32 ratio whatever the inputs' dtype (float64 "
+    "inputs lose their last 29 bits of the ratio; a float64 log-ratio within ~1e-7 of log 3 gives exactly "
+    "3.0); Liger's fused loss likewise (compute_dtype='float32').",
+    "dual_clip_tie": "at r == c exactly (float32 r = 3.0 = clip_ratio_c, A < 0) torch.min / torch.max of "
+    "the clipped term and c A is a tie, whose gradient torch splits in half (OpenRLHF loss.py:210, SkyRL "
+    "ppo_utils.py:584, verl's vanilla loss): the spec's inclusive gate keeps all of it.",
+    "cispo_clip_low": "CISPO (MiniMax 2025) caps its detached weight above only; verl's compute_policy_loss_"
+    "cispo also clips below at 1 - clip_ratio_low (0.2 by default, actor.py:159, core_algos.py:2079) and "
+    "SkyRL at 1 - cispo_eps_clip_low (0 by default: every ratio below 1 is raised to 1).",
+    "fixed_aggregation": "verl's compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever "
+    "actor.loss_agg_mode says (core_algos.py:1689).",
+    "empty_step": "a step whose every row is padding: the spec's loss is 0 (the normaliser is at least 1); "
+    "OpenRLHF, and verl's token-mean losses (geo_mean's token-mean KL loss too), divide by the step's token "
+    "count, 0, so the loss is 0 / 0 = NaN.",
+    "adv_compute_dtype": "verl's grpo_vectorized (group_mean_std, utils/groupwise.py:191) rounds the scores "
+    "to float32 and forms the group means and variances there: on rewards near 1000.1-1000.3 its "
+    "advantages differ from grpo's float64 ones by ~2e-4.",
     "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
     "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
 }

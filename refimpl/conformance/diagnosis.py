@@ -2,10 +2,12 @@
 
 For the smallest failing case of each failing class, the alternatives are tried in order: the
 flags of a framework mode's profile (``explain``: one at a time, then all together), the other
-aggregations, and, for a user's function (``explain`` None), common framework flags and the
-``candidates`` the caller adds (the shipped profiles). The first whose expected loss and gradient
-pass the check's own judgement is named in ``CaseResult.explanation``. For kinds without a
-per-case diagnosis ``explained_by_rerun`` reruns the check with each flag.
+aggregations, and, for a user's function (``explain`` None), the common mistakes (``mistakes``: no
+clip-higher, float32 arithmetic, a missing KL term or another estimator; then a flipped sign of the
+loss or of the advantages), common framework flags and the ``candidates`` the caller adds (the
+shipped profiles). The first whose expected loss and gradient pass the check's own judgement is
+named in ``CaseResult.explanation``. For kinds without a per-case diagnosis ``explained_by_rerun``
+reruns the check with each flag.
 """
 
 from __future__ import annotations
@@ -18,7 +20,27 @@ from .conventions import Convention
 from .expected import effective_variant, expected_policy_loss
 from .report import CaseResult
 
-__all__ = ["diagnosis_candidates", "explain_case", "with_explanations", "explained_by_rerun"]
+__all__ = ["diagnosis_candidates", "mistakes", "explain_case", "with_explanations", "explained_by_rerun"]
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def mistakes(v: PolicyLossVariant, conv: Convention) -> list:
+    """(label, variant, convention) of the common mistakes in writing ``v`` (the variant changed to
+    what the mistaken code computes): clip-higher missing (eps_high = eps_low; DAPO, Yu et al. 2025),
+    the loss computed in float32 whatever the inputs, the KL term missing or of another estimator
+    (kl.md eqs. (2)-(4))."""
+    out = []
+    if v.gate == "clip" and None not in (v.eps_low, v.eps_high) and v.eps_high != v.eps_low:
+        out.append(("eps_high = eps_low (no clip-higher)", dataclasses.replace(v, eps_high=v.eps_low), conv))
+    if conv.compute_dtype != "float32":
+        out.append(("float32 arithmetic (flag compute_dtype='float32')", v,
+                    dataclasses.replace(conv, compute_dtype="float32")))
+    if v.kl_coef > 0:
+        out.append(("no KL term (kl_coef 0)", dataclasses.replace(v, kl_coef=0.0), conv))
+        out.extend((f"the KL estimator {k!r}", dataclasses.replace(v, kl_estimator=k), conv)
+                   for k in KL_ESTIMATORS if k != v.kl_estimator)
+    return out
 
 
 def diagnosis_candidates(
@@ -47,6 +69,7 @@ def diagnosis_candidates(
         except ValueError:
             continue
     if explain is None:
+        out.extend(mistakes(v, conv))
         generic = {
             "empty_rows": "keep",
             "seq_sum_width": "padded_width",
@@ -79,6 +102,10 @@ def explain_case(case, got_loss, got_grad, v, conv, rtol, explain, candidates, j
         )
         if value_ok and grad_ok:
             return f"matches {label}"
+    if explain is None:
+        flipped = _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge)
+        if flipped:
+            return flipped
     if case.micro_batches and conv.micro_batch == "global":
         # the kit passed the global normaliser and summed the parts: a function that ignores
         # ``normalizer`` returns the sum of the micro-batches' local means
@@ -92,6 +119,27 @@ def explain_case(case, got_loss, got_grad, v, conv, rtol, explain, candidates, j
             return "matches local means per micro-batch: the normalizer argument is ignored"
     return None
 
+
+def _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge) -> str | None:
+    """A flipped sign: of the whole loss (expected loss and gradient negated) or of the advantages
+    (the expected value of the case with -A); inside the clip the two agree, and the label says so."""
+    def passes(c, loss, grad):
+        _, _, value_ok, grad_ok, _ = judge(c, got_loss, got_grad, loss, grad, v, conv, rtol)
+        return value_ok and grad_ok
+
+    try:
+        exp_loss, exp_grad = expected_policy_loss(case, v, conv)
+        negated = dataclasses.replace(case, advantages=-case.advantages)
+        adv_loss, adv_grad = expected_policy_loss(negated, v, conv)
+    except (ValueError, TypeError, RuntimeError):
+        return None
+    loss_flip = passes(case, -exp_loss, -exp_grad)
+    adv_flip = passes(negated, adv_loss, adv_grad)
+    if loss_flip and adv_flip:
+        return "matches a flipped sign (of the advantages or of the loss: the same on this case)"
+    if adv_flip:
+        return "matches the advantages' sign flipped"
+    return "matches the loss's sign flipped" if loss_flip else None
 
 
 def with_explanations(

@@ -117,9 +117,8 @@ def case_line(case, extra: dict[str, object] | None = None) -> str:
     if getattr(case, "micro_batches", None):
         parts.append(f"micro_batches = {case.micro_batches}")
     for key, value in (extra or {}).items():
-        parts.append(f"{key} = {_number_text(value) if isinstance(value, float) else value!r}")
+        parts.append(f"{key} = {(_number_text(value) if isinstance(value, float) else repr(value))}")
     return "; ".join(parts)
-
 
 
 def value_only(case, value_error: float, ok: bool, detail: str, error: str | None = None) -> CaseResult:

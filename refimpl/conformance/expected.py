@@ -55,6 +55,7 @@ from refimpl.losses import PolicyLossVariant, policy_loss
 
 from .case_types import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
 from .conventions import Convention
+from .evaluated_ratio import evaluated_ratio_logp, evaluated_weight_old
 
 __all__ = [
     "effective_variant",
@@ -73,6 +74,10 @@ _KL = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 def effective_variant(variant: PolicyLossVariant, convention: Convention) -> PolicyLossVariant:
     """The variant a framework with ``convention`` actually runs for ``variant``."""
     v = variant
+    if convention.fixed_aggregation is not None and v.aggregation != convention.fixed_aggregation:
+        v = dataclasses.replace(v, aggregation=convention.fixed_aggregation)
+    if convention.cispo_clip_low is not None and v.gate == "cispo" and v.eps_low is None:
+        v = dataclasses.replace(v, eps_low=float(convention.cispo_clip_low))
     if convention.dual_clip is not None and v.gate == "clip" and v.ratio == "token" and v.dual_clip is None:
         v = dataclasses.replace(v, dual_clip=max(convention.dual_clip, 1.0 + (v.eps_high or 0.0)))
     if convention.sapo_tau_float32 and v.gate == "sapo":
@@ -121,18 +126,27 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
 def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -> tuple[float, int]:
     """(per-step token count, micro-batches) of a token-mean KL term: exact ``(tokens, 1)`` or,
     under ``normalizer_rounding="float32_per_micro_batch"``, ``(float32(tokens) / mb, mb)``."""
-    if convention.normalizer_rounding == "exact":
+    if convention.normalizer_rounding != "float32_per_micro_batch":
         return tokens, 1
     return float(torch.tensor(tokens, dtype=torch.float32) / micro_batches), micro_batches
 
 
-def rounded_normalizer(denominator: float, micro_batches: int, convention: Convention) -> float:
-    """The denominator a framework effectively divides by (flag ``normalizer_rounding``): exact, or
+def rounded_normalizer(
+    denominator: float, micro_batches: int, convention: Convention, own: float | None = None
+) -> float:
+    """The denominator a framework effectively divides by (flag ``normalizer_rounding``): exact;
     ``micro_batches * float32(float32(denominator) / micro_batches)`` (OpenRLHF's
     ``_optimizer_step_loss_norm`` divides the float32 count by the accumulation steps, DeepSpeed
-    divides each micro-batch loss by them again)."""
+    divides each micro-batch loss by them again); or, for a micro-batch whose own normaliser is
+    ``own``, ``own / float32(own / denominator)`` (AReaL: its local mean times the float32 weight
+    ``own / total``)."""
     if convention.normalizer_rounding == "exact":
         return denominator
+    if convention.normalizer_rounding == "float32_weight":
+        if not own or not denominator:
+            return denominator
+        weight = torch.tensor(own, dtype=torch.float32) / torch.tensor(denominator, dtype=torch.float32)
+        return own / float(weight)
     per_step = torch.tensor(denominator, dtype=torch.float32) / micro_batches
     return micro_batches * float(per_step)
 
@@ -197,13 +211,27 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
         if convention.kl_log_ratio_max is not None:
             log_r = log_r.clamp(max=convention.kl_log_ratio_max)
         value = _k3_of_log_ratio(log_r, convention.kl_k3_form)
+    elif k3:
+        value = _k3_accurate(logp_m, ref_m)
     else:
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
     if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
     if convention.kl_gradient == "k2":
         value = _k2_straight_through(value, logp_m, ref_m)
+    elif convention.kl_gradient == "none":
+        value = value.detach()
     return value
+
+
+def _k3_accurate(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """k3 (kl.md eq. (4)) by ``refimpl.kl.kl_k3``, and at ``log r = ref - logp = +inf`` (a token the
+    policy gives probability 0) its limit: value ``exp(log r) = inf``, gradient ``-inf``."""
+    infinite = torch.isposinf(ref - logp)
+    if not bool(infinite.any()):
+        return kl_k3(logp, ref, check_finite=False)
+    finite = kl_k3(torch.where(infinite, ref, logp), ref, check_finite=False)
+    return torch.where(infinite, torch.exp(torch.where(infinite, ref - logp, 0.0)), finite)
 
 
 def _k2_straight_through(value: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -223,21 +251,28 @@ def _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) ->
 
 
 def convention_loss(
-    logp, old, adv, mask, ref, variant, convention, normalizer, kl_denominator=None
+    logp, old, adv, mask, ref, variant, convention, normalizer, kl_denominator=None,
+    input_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """The loss of one (micro-)batch under ``convention`` with denominator ``normalizer`` (md eq. (12)
     with the flags of the module docstring); ``variant`` is already effective. ``kl_denominator``
-    (per-step token count, micro-batches) is the KL term's under ``kl_aggregation="token_mean"``."""
+    (per-step token count, micro-batches) is the KL term's under ``kl_aggregation="token_mean"``;
+    ``input_dtype`` the case's (float32 inputs have their ratio evaluated in float32)."""
     if ref is not None and variant.kl_coef > 0 and convention.kl_aggregation == "token_mean":
         policy = convention_loss(
-            logp, old, adv, mask, None, dataclasses.replace(variant, kl_coef=0.0), convention, normalizer
+            logp, old, adv, mask, None, dataclasses.replace(variant, kl_coef=0.0), convention, normalizer,
+            input_dtype=input_dtype,
         )
         return policy + _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator)
     clamped_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
     # CISPO: the clamp acts inside the detached weight only; A * logp keeps logp and its gradient
     cispo = variant.gate == "cispo"
+    if not cispo:
+        clamped_logp = evaluated_ratio_logp(clamped_logp, old, adv, mask, variant, convention, input_dtype)
     ratio_logp = logp if cispo else clamped_logp
     ratio_old = _clamped_weight_old(logp, old, convention.log_ratio_clamp) if cispo else old
+    if cispo:
+        ratio_old = evaluated_weight_old(logp, ratio_old, mask, convention, input_dtype)
     if variant.ratio == "gspo_token":
         ratio_logp = _capped_sequence_logp(ratio_logp, old, mask, convention.sequence_log_ratio_cap)
     clamps_kl = (
@@ -282,7 +317,7 @@ def expected_policy_loss(
     total = torch.zeros((), dtype=torch.float64)
     for i, own, own_tokens in zip(index, local, tokens, strict=True):
         denominator = sum(local) if convention.micro_batch == "global" else own
-        denominator = rounded_normalizer(denominator, len(parts), convention)
+        denominator = rounded_normalizer(denominator, len(parts), convention, own)
         total = total + convention_loss(
             logp[i],
             old[i],
@@ -294,6 +329,7 @@ def expected_policy_loss(
             denominator,
             _kl_denominator(own_tokens if convention.micro_batch == "local_mean" else sum(tokens), len(parts),
                             convention),
+            input_dtype=case.logp.dtype,
         )
     if convention.micro_batch == "local_mean":
         total = total / len(parts)
@@ -305,6 +341,8 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     """``group_advantages`` with the convention's flags, float64 (raises where the convention does):
     ``adv_scale`` "group" or "batch_rewards" (advantages.md eq. (5), (14)), ``adv_singleton`` incl.
     verl's "raw" (eq. (15))."""
+    if convention.adv_compute_dtype == "float32":
+        return _float32_group_advantages(case, convention)
     loo = {"leave_one_out": True} if convention.adv_leave_one_out else {}
     if convention.adv_scale == "none":
         return group_advantages(
@@ -323,6 +361,34 @@ def expected_group_advantages(case: AdvantageCase, convention: Convention) -> to
     )
     if convention.adv_singleton_float32 and convention.adv_singleton == "raw":
         advantages = _float32_singleton_divisor(case, advantages, convention)
+    return advantages
+
+
+def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> torch.Tensor:
+    """Group advantages (advantages.md eq. (5) with the convention's sample / population std and
+    ``std + eps``) whose group statistics are float32 (flag ``adv_compute_dtype``): rewards rounded
+    to float32, per-group sums accumulated in index order, ``mean = sum / n``, the variance from the
+    centred rewards, a singleton's mean 0 and std 1 (``adv_singleton="raw"``); then
+    ``(R - mean) / float32(std + eps)`` on the unrounded rewards."""
+    if convention.adv_leave_one_out or convention.adv_scale != "group" or convention.adv_eps_inside_sqrt:
+        raise ValueError("adv_compute_dtype='float32' is defined for adv_scale 'group' with std + eps")
+    scores = case.rewards.to(torch.float32)
+    _, index = torch.unique(case.group_ids, return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    zeros = torch.zeros(groups, dtype=torch.float32)
+    count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
+    mean = zeros.clone().index_add_(0, index, scores) / count.clamp_min(1.0)
+    centred = scores - mean[index]
+    squares = zeros.clone().index_add_(0, index, centred * centred)
+    divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
+    std = torch.sqrt(squares / divisor)
+    single = count <= 1.0
+    if convention.adv_singleton == "raw":
+        mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
+    rewards = case.rewards.double()  # the advantage itself is formed in the rewards' dtype
+    advantages = (rewards - mean[index].double()) / (std[index] + convention.adv_eps).double()
+    if convention.adv_singleton == "zero":
+        advantages = torch.where(single[index], 0.0, advantages)
     return advantages
 
 
@@ -354,6 +420,8 @@ def expected_kl(case: KLCase, estimator: str, convention: Convention) -> tuple[t
     mask = torch.ones_like(logp, dtype=torch.bool)
     variant = PolicyLossVariant(kl_estimator=estimator)
     value = _kl_tokens(logp, ref, variant, convention, mask)
+    if not value.requires_grad:  # kl_gradient="none"
+        return value.detach(), torch.zeros_like(logp)
     (grad,) = torch.autograd.grad(value.sum(), logp)
     return value.detach(), grad
 

@@ -15,8 +15,6 @@ from refimpl.advantages import group_advantages
 from refimpl.losses import PolicyLossVariant
 
 from .case_types import (
-    _JUNK_LOGP,
-    _JUNK_OLD,
     _JUNK_REF,
     POLICY_CASE_CLASSES,
     PolicyLossCase,
@@ -27,6 +25,7 @@ from .case_types import (
     _uniform,
     clip_bounds,
 )
+from .edge_cases import dual_clip_tie_cases, empty_step_cases, half_overflow_cases
 
 __all__ = ["policy_loss_cases"]
 
@@ -329,82 +328,6 @@ def _padding_micro(variant, seq, g, index):
     return [first, second]
 
 
-def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g):
-    """A case from explicit per-row (old_logp, logp) values, exactly representable in ``dtype``."""
-    n, width = len(rows_old), max(len(r) for r in rows_old)
-    old = torch.full((n, width), _JUNK_OLD, dtype=torch.float64)
-    logp = torch.full((n, width), _JUNK_LOGP, dtype=torch.float64)
-    mask = torch.zeros((n, width), dtype=torch.bool)
-    for i, (o_row, l_row) in enumerate(zip(rows_old, rows_logp, strict=True)):
-        old[i, : len(o_row)] = torch.tensor(o_row, dtype=torch.float64)
-        logp[i, : len(l_row)] = torch.tensor(l_row, dtype=torch.float64)
-        mask[i, : len(o_row)] = True
-    for x in (old, logp):
-        if not torch.equal(x.to(dtype).double(), x):
-            raise RuntimeError(f"{case_class}/{index}: inputs are not exact in {dtype}")
-    a = torch.tensor(adv, dtype=torch.float64)
-    return PolicyLossCase(
-        case_class,
-        index,
-        logp.to(dtype),
-        old.to(dtype),
-        a.to(dtype),
-        mask,
-        a,
-        torch.tensor([i // 2 for i in range(n)]),
-        None,
-        None,
-        note,
-    )
-
-
-def _half_overflow(variant, seq, g, index):
-    """Half-precision inputs near the overflow range (values exact in their dtype):
-
-    0: fp16 log-ratios up to 10.875 (ratios up to 52 839, near fp16's largest 65 504) with negative
-       advantages, every term and every partial sum representable in fp16; old_logp = -14, whose
-       ``exp`` is subnormal in fp16 (a ratio formed as ``exp(logp) / exp(old_logp)`` loses it).
-    1: fp16 terms of ~46 630 each: their sum overflows fp16 although the mean does not (a loss that
-       sums in fp16 returns inf; computed in float32 it is finite).
-    2: bf16 log-probs of magnitude 70-120 (bf16 spacing 0.5 there) with log-ratios of +-0.5 to
-       +-1.5: ``exp(logp)`` underflows to 0 in bf16 and float32.
-    """
-    f16, bf16 = torch.float16, torch.bfloat16
-    big = [
-        _exact_case(
-            "half_overflow",
-            index,
-            [[-14.0, -1.0, -0.5], [-14.0, -2.0], [-1.5, -0.75, -2.25, -0.25]],
-            [[-3.125, -0.875, 0.125], [-3.5, -2.375], [-1.4375, -0.125, -2.625, 0.0625]],
-            [-0.5, -0.5, 0.75],
-            f16,
-            "fp16 log-ratios up to 10.875 (ratio 52839)",
-            g,
-        ),
-        _exact_case(
-            "half_overflow",
-            index + 1,
-            [[-14.0, -14.0], [-14.0, -14.0]],
-            [[-3.25, -3.25], [-3.25, -3.25]],
-            [-1.0, -1.0],
-            f16,
-            "fp16 terms of 46630: their sum overflows fp16, their mean does not",
-            g,
-        ),
-        _exact_case(
-            "half_overflow",
-            index + 2,
-            [[-100.0, -75.5, -110.0], [-90.0, -120.0], [-80.0, -70.5, -95.0, -101.5]],
-            [[-99.5, -74.5, -110.5], [-91.0, -120.5], [-78.5, -70.0, -94.0, -102.5]],
-            [0.8, -1.1, 1.4],
-            bf16,
-            "bf16 log-probs of magnitude 70-120",
-            g,
-        ),
-    ]
-    return big
-
-
 def policy_loss_cases(
     variant: PolicyLossVariant, convention, *, seed: int = 0, classes: tuple[str, ...] | None = None
 ) -> list[PolicyLossCase]:
@@ -430,7 +353,9 @@ def policy_loss_cases(
         "kl_penalty": lambda g: _kl(variant, seq, g, 0),
         "masked_nonfinite": lambda g: _masked_nonfinite(variant, seq, g, 0),
         "padding_micro_batch": lambda g: _padding_micro(variant, seq, g, 0),
-        "half_overflow": lambda g: _half_overflow(variant, seq, g, 0),
+        "half_overflow": lambda g: half_overflow_cases(variant, seq, g, 0),
+        "dual_clip_tie": lambda g: dual_clip_tie_cases(variant, seq, g, 0),
+        "empty_step": lambda g: empty_step_cases(variant, seq, g, 0),
         "golden_vectors": lambda g: [],  # read from specs/vectors by the checker (refimpl.conformance.golden)
     }
     cases = []

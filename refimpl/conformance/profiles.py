@@ -20,6 +20,7 @@ from .presets import preset_key, resolve_preset
 __all__ = [
     "PROFILE_NAMES",
     "profile",
+    "listing_profile",
     "profile_flags",
     "framework_config",
     "unsupported_flags",
@@ -58,6 +59,15 @@ def profile(name: str | Convention, preset: str = "grpo", *, scale_rewards: str 
     if scale_rewards is not None:
         conv = dataclasses.replace(conv, adv_scale=load_driver("trl").SCALE_REWARDS[scale_rewards])
     return conv
+
+
+def listing_profile(name: str) -> Convention:
+    """The profile that stands for ``name`` in a listing of every flag (``refimpl conventions``): its
+    grpo profile, or that of its first preset where the framework has no grpo (AReaL's loss is a
+    global token mean: no seq-mean-token-mean)."""
+    if name == "reference" or "grpo" in load_driver(name).profile_table:
+        return profile(name, "grpo")
+    return profile(name, next(iter(load_driver(name).profile_table)))
 
 
 def framework_config(

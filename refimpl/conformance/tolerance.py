@@ -36,6 +36,7 @@ __all__ = [
     "relative_error",
     "fixed_tolerances",
     "half_tolerance",
+    "kl_gradient_slack",
     "is_half",
 ]
 
@@ -59,12 +60,12 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor, floor: float) -> f
     if tuple(got.shape) != tuple(expected.shape):
         return math.inf
     g, e = got.detach().cpu().double(), expected.cpu().double()
-    both_inf = torch.isinf(e) & (g == e)
+    both_inf = (torch.isinf(e) & (g == e)) | (torch.isnan(e) & torch.isnan(g))
     if bool((~torch.isfinite(g) & ~both_inf).any()):
         return math.inf
     diff = torch.where(both_inf, torch.zeros_like(e), g - e).abs()
     scale = (
-        torch.where(torch.isinf(e), torch.zeros_like(e), e).abs().max() if e.numel() else torch.tensor(0.0)
+        torch.where(torch.isfinite(e), e, torch.zeros_like(e)).abs().max() if e.numel() else torch.tensor(0.0)
     )
     return float(diff.max() / (scale + floor)) if e.numel() else 0.0
 
@@ -128,13 +129,45 @@ def _term_magnitudes(case, variant: PolicyLossVariant, conv: Convention) -> dict
         kl_weight = (1.0 / (lengths.clamp(min=1.0).unsqueeze(-1) if per_row else 1.0)) / denominator
         s_abs += float((kl_weight * kl_terms).sum())
         total += float(kl_terms.sum())
+    kl_grad = 0.0
+    inputs = torch.where(mask, logp.abs() + old.abs(), zero)
+    if variant.kl_coef > 0 and case.ref_logp is not None:
+        kl_grad = float((kl_weight * kl_terms).max()) if kl_terms.numel() else 0.0
+        inputs = torch.maximum(inputs, torch.where(mask, logp.abs() + case.ref_logp.double().abs(), zero))
     finite_x = unit_x[valid]
     return {
         "S": s_abs,
         "sum": total,
         "kappa": float(finite_x.abs().max()) if finite_x.numel() else 0.0,
         "max_ratio": float(ratio[valid].max()) if finite_x.numel() else 1.0,
+        "kl_grad": kl_grad,
+        "inputs": float(inputs[torch.isfinite(inputs)].max()) if bool(torch.isfinite(inputs).any()) else 0.0,
     }
+
+
+def _compute_roundoff(dtype: torch.dtype, conv: Convention) -> tuple[float, float]:
+    """(u of the dtype the loss is computed in, u of the gradient returned): the input dtype under
+    ``compute_dtype="input"``, float32 under "float32_min" (half inputs), and float32 for every input
+    under "float32" (float64 inputs are rounded: their gradient carries float32's roundoff too)."""
+    u32 = UNIT_ROUNDOFF[torch.float32]
+    u_in = UNIT_ROUNDOFF[dtype]
+    if conv.compute_dtype == "float32":
+        return u32, max(u_in, u32)
+    return (u_in if conv.compute_dtype == "input" else u32), u_in
+
+
+def kl_gradient_slack(case, variant: PolicyLossVariant, conv: Convention) -> float:
+    """An absolute bound on the rounding of a KL term's gradient in a reduced compute dtype: k3's
+    gradient ``1 - exp(log r)`` (times the ratio under ``kl_importance_weight``) is a difference of
+    terms of size ``exp(|log r|)``, so its error is ``(K + kappa + 2) u`` times their largest weighted
+    size (kl.md eq. (4)), however small the difference; 0 without a KL term or in float64."""
+    if variant.kl_coef == 0 or case.ref_logp is None:
+        return 0.0
+    u, _ = _compute_roundoff(case.logp.dtype, conv)
+    if u == UNIT_ROUNDOFF[torch.float64]:
+        return 0.0
+    m = _term_magnitudes(case, variant, conv)
+    return (ELEMENTWISE_ROUNDINGS + m["kappa"] + 2) * u * m["kl_grad"]
 
 
 def half_tolerance(
@@ -160,13 +193,16 @@ def half_tolerance(
     """
     m = _term_magnitudes(case, variant, conv)
     u32 = UNIT_ROUNDOFF[torch.float32]
-    u_in = UNIT_ROUNDOFF[case.logp.dtype]
-    u = u_in if conv.compute_dtype == "input" else u32
+    u, u_in = _compute_roundoff(case.logp.dtype, conv)
     n = case.logp.numel() + case.logp.shape[0]
     gamma = n * u32 / (1 - n * u32)
     k = ELEMENTWISE_ROUNDINGS + m["kappa"]
+    if conv.compute_dtype == "float32" and case.logp.dtype == torch.float64:
+        k += m["inputs"]  # log-probs rounded to float32: the log-ratio moves by u (|logp| + |old|)
     value = (k * u + gamma) * m["S"] + u * abs(expected_loss)
     grad = (k + 2) * u_in if conv.compute_dtype == "input" else 2 * u_in + k * u32
+    if conv.compute_dtype == "float32" and case.logp.dtype == torch.float64:
+        grad += m["inputs"] * u32
     fmax = torch.finfo(case.logp.dtype).max
     overflow = conv.compute_dtype == "input" and (m["sum"] > fmax or m["max_ratio"] > fmax)
     return value, grad, overflow

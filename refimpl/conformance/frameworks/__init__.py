@@ -28,7 +28,7 @@ __all__ = [
     "source_hash",
 ]
 
-FRAMEWORKS = ("trl", "verl", "openrlhf")
+FRAMEWORKS = ("trl", "verl", "openrlhf", "liger", "skyrl", "areal")
 
 
 def load_driver(name: str) -> Driver:

@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import pathlib
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -37,7 +38,7 @@ from refimpl.losses import PolicyLossVariant
 
 from ..presets import preset_key, resolve_preset, with_default_max_length
 
-__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "source_hash"]
+__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
 
 KINDS = ("policy_loss", "kl", "group_advantages")
 #: the PolicyLossVariant fields a mode of each kind determines itself (``Mode.fixed`` default)
@@ -89,6 +90,28 @@ class Mode:
 
     def fixed_fields(self) -> tuple[str, ...]:
         return self.fixed if self.fixed is not None else DEFAULT_FIXED.get(self.kind, _VARIANT_FIELDS)
+
+    def check_shape(self, variant: PolicyLossVariant, framework: str) -> None:
+        """ValueError (one line) unless ``variant`` has this policy-loss mode's ratio level, gate and
+        aggregation (a driver's own guard for variants given to it directly)."""
+        want = self.variant()
+        for name in ("ratio", "gate", "aggregation"):
+            if getattr(variant, name) != getattr(want, name):
+                raise ValueError(f"variant.{name}: {framework} mode {self.name!r} runs "
+                                 f"{getattr(want, name)!r}, "
+                                 f"got {getattr(variant, name)!r}")
+
+
+def find_mode(modes, mode: str | Mode, framework: str, kind: str = "policy_loss") -> Mode:
+    """``mode`` itself, or the mode of ``kind`` named ``mode`` among ``modes`` (a driver's ``MODES``);
+    ValueError naming the framework's modes of that kind."""
+    if isinstance(mode, Mode):
+        return mode
+    found = [m for m in modes if m.kind == kind and m.name == mode]
+    if not found:
+        raise ValueError(f"mode {mode!r} is not a {framework} {kind} mode; modes: "
+                         f"{[m.name for m in modes if m.kind == kind]}")
+    return found[0]
 
 
 def source_hash(files: list[pathlib.Path]) -> str:
@@ -189,6 +212,10 @@ class Driver:
             raise ValueError(f"{self.name} mode {name!r} is not supported: {unsupported[name]}")
         raise ValueError(f"{self.name} has no {kind} mode {name!r}; modes: {', '.join(modes)}")
 
+    def mode_variant(self, mode: str | Mode, kind: str = "policy_loss") -> PolicyLossVariant:
+        """The variant of the mode ``mode`` (a name of ``kind``, or a ``Mode``) runs."""
+        return self.mode(kind, mode).variant()
+
     def variant(self, mode: Mode, overrides: dict | None = None) -> PolicyLossVariant:
         """The variant ``mode`` runs with the user's ``overrides`` (PolicyLossVariant fields).
         Raises ``VariantRefused`` (one line) when an override changes a field the mode fixes."""
@@ -220,6 +247,10 @@ class Driver:
         else:
             kind, m = kind_or_mode, self.mode(kind_or_mode, mode)
         variant = m.variant() if variant is None else variant
+        version = self.installed_version()
+        if version != self.pinned_version:
+            warnings.warn(f"{self.name} {version} is installed; the {self.name} profiles describe "
+                          f"{self.pinned_version}", stacklevel=2)
         if self._legacy:
             return self.module.target(kind, m, variant)
         return self.module.target(m, variant)

@@ -1,72 +1,10 @@
-"""Driver for the installed OpenRLHF (0.11.2): its own ``PolicyLoss``, ``aggregate_loss``,
-``compute_approx_kl`` and optimizer-step loss normalisers, called by the conformance kit.
-
-How OpenRLHF is imported. OpenRLHF pins ``deepspeed`` and ``flash-attn`` (CUDA source builds) and
-a ``transformers`` the other frameworks exclude, so it is installed with ``--no-deps``. Its package
-``__init__`` chain (``openrlhf.models`` imports ``actor``/``model``: peft, flash_attn, deepspeed,
-transformers' DeepSpeed integration) cannot be imported without them. The driver therefore does
-NOT import ``openrlhf.models``: it loads the three installed source files it runs,
-``openrlhf/models/utils.py``, ``openrlhf/models/loss.py`` and ``openrlhf/utils/loss_utils.py``,
-unchanged, as submodules of two private packages (``_refimpl_openrlhf_models`` and
-``_refimpl_openrlhf_utils``, whose ``__path__`` is the installed folder, so ``loss.py``'s
-``from .utils import masked_mean`` resolves to the installed ``utils.py``). The one import-only
-dependency on that path is ``import deepspeed`` at the top of ``models/utils.py`` (used only by
-``set_z3_leaf_modules``, which the losses never call): when the real ``deepspeed`` is absent a
-stub module stands in for it *while those files execute* and is removed from ``sys.modules``
-afterwards, so nothing else in the process sees a fake ``deepspeed``. While they load,
-``torch.compile`` is also the identity (``compute_entropy``'s decorator; it is never called and
-would import ``torch._dynamo``, ~8 s). Nothing in site-packages is edited and no other stub is
-needed (``torch.distributed`` is only queried, never initialised).
-
-What a call does (``training_step`` of ``trainer/ray/ppo_actor.py``, single data-parallel rank):
-``PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, token_level_loss, policy_loss_type)`` is
-called with per-token advantages (OpenRLHF broadcasts the sequence advantage to every token), the
-integer ``action_mask`` of its sample generator, ``dp_size=1`` and the optimizer step's
-``batch_num_tokens`` / ``global_batch_size`` from OpenRLHF's own ``_optimizer_step_loss_norm``
-(``iter_grad_accum_global_norm``: global counts divided by the gradient-accumulation steps
-``gas``). DeepSpeed (not installed) then scales every micro-batch loss by ``1 / gas`` before
-backward; the adapter applies that division, the only arithmetic here that is not OpenRLHF's.
-With a KL loss (``algo.kl.use_loss``, fixed controller ``kl_ctl = init_coef``) the adapter adds
-``aggregate_loss(compute_approx_kl(logp, ref_logp, log_probs_old=old_logp, kl_estimator=...),
-action_mask, **loss_batch_info) * kl_coef`` as ``training_step`` does. The KL estimators are also
-driven alone (kind "kl").
-"""
+"""OpenRLHF 0.11.2: the modes as data (profiles, variants, config keys, modes out of scope)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import pathlib
-import sys
-import types
-import warnings
-from collections.abc import Callable
 
-from . import Mode, distribution_version
-from .stubs import plain_torch_compile, stubbed_imports
-
-__all__ = [
-    "NAME",
-    "PINNED_VERSION",
-    "availability",
-    "installed_version",
-    "source_files",
-    "modes",
-    "unsupported_modes",
-    "mode_for_preset",
-    "policy_loss_kwargs",
-    "config_for_variant",
-    "target",
-    "STUBBED",
-]
-
-NAME = "openrlhf"
-PINNED_VERSION = "0.11.2"
-
-_MODELS_PKG = "_refimpl_openrlhf_models"
-_UTILS_PKG = "_refimpl_openrlhf_utils"
-_SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py")
+from .. import Mode
 
 # The profile (flags of conventions.Convention, as data). Every mode carries the KL flags, since
 # OpenRLHF computes every KL (reward penalty or loss) with compute_approx_kl (models/utils.py):
@@ -75,13 +13,15 @@ _SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py")
 # * kl_log_ratio_max 10: k3 clamps x = logp - ref below at -10 (log r = -x above at 10);
 # * kl_value_clamp 10 with scope "all": every estimator's value is clamped to [-10, 10].
 _KL_PROFILE = {
-    "name": NAME,
+    "name": "openrlhf",
     "kl_compute_dtype": "float32",
     "kl_k3_form": "naive",
     "kl_log_ratio_max": 10.0,
     "kl_value_clamp": 10.0,
     "kl_value_clamp_scope": "all",
 }
+
+
 # PolicyLoss modes add:
 # * compute_dtype "input" (kit flag): bf16/fp16 log-probs are never upcast (the surrogate is formed
 #   in the input dtype; aggregate_loss divides by OpenRLHF's float32 normalisers);
@@ -97,8 +37,19 @@ _POLICY_PROFILE = {
     "masked_nonfinite": "propagate",
     "normalizer_rounding": "float32_per_micro_batch",
     "kl_aggregation": "token_mean",
+    # a step without tokens: the step's float32 count is 0 and the loss 0 / 0 = NaN (M3)
+    "empty_step": "nan",
 }
+
+
 _PPO_PROFILE = {**_POLICY_PROFILE, "log_ratio_clamp": 20.0}
+
+
+# dual_clip: torch.max(clip1, dual_clip * A) at float32 r == dual_clip is a tie whose gradient torch
+# halves (loss.py:210: r = 3.0, A = -1 gives 1.5)
+_DUAL_PROFILE = {**_PPO_PROFILE, "dual_clip_tie": "half"}
+
+
 # GSPO (policy_loss_type "gspo") exponentiates the masked mean log-ratio without a clamp.
 _GSPO_PROFILE = dict(_POLICY_PROFILE)
 
@@ -140,7 +91,7 @@ _POLICY_MODES = (
         preset="ppo",
         variant_overrides={"dual_clip": 3.0},
         framework_config=_ppo_config(0.2, 0.2, "token-mean", 3.0),
-        convention=_PPO_PROFILE,
+        convention=_DUAL_PROFILE,
         description="dual-clip PPO (dual_clip=3.0), global token mean",
     ),
     Mode(
@@ -155,7 +106,7 @@ _POLICY_MODES = (
         preset="grpo",
         variant_overrides={"dual_clip": 3.0},
         framework_config=_ppo_config(0.2, 0.2, "seq-mean-token-mean", 3.0),
-        convention=_PPO_PROFILE,
+        convention=_DUAL_PROFILE,
         description="dual-clip PPO (dual_clip=3.0), sequence mean of token means",
     ),
     Mode(
@@ -199,6 +150,7 @@ _POLICY_MODES = (
     ),
 )
 
+
 _KL_MODES = tuple(
     Mode(
         f"kl/{k}",
@@ -211,6 +163,7 @@ _KL_MODES = tuple(
     for k in ("k1", "k2", "k3")
 )
 
+
 #: preset -> the mode whose flags are ``--convention openrlhf --preset P`` (bnpo's loss is PPO's token mean)
 PROFILE = {
     "ppo": ("ppo/token-mean",),
@@ -219,6 +172,7 @@ PROFILE = {
     "grpo": ("ppo/seq-mean-token-mean",),
     "gspo": ("gspo",),
 }
+
 
 _UNSUPPORTED = {
     "policy_loss": {
@@ -255,40 +209,6 @@ _UNSUPPORTED = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Import
-
-
-def _package_dir() -> pathlib.Path | None:
-    spec = importlib.util.find_spec("openrlhf")  # finds the package without executing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return pathlib.Path(next(iter(spec.submodule_search_locations)))
-
-
-def installed_version() -> str | None:
-    """The installed OpenRLHF version, or None."""
-    return distribution_version("openrlhf")
-
-
-def source_files() -> list[pathlib.Path]:
-    """The installed files whose code the driver runs (for ``source_hash``); [] when absent."""
-    root = _package_dir()
-    return [] if root is None else [root / rel for rel in _SOURCES]
-
-
-class _HostTorch:
-    """``torch`` as the driver's copy of ``utils/loss_utils.py`` sees it: ``torch.cuda.is_available()``
-    is False (``NOTES["device"]``); every other attribute is torch's own."""
-
-    def __init__(self, torch_module) -> None:
-        self._torch = torch_module
-        self.cuda = types.SimpleNamespace(is_available=lambda: False)
-
-    def __getattr__(self, name: str):
-        return getattr(self._torch, name)
-
-
 #: what the driver fixes (printed in the matrix): the device of the step normalisers
 NOTES = {
     "device": "OpenRLHF's _optimizer_step_loss_norm (utils/loss_utils.py) builds the step's float32 token / "
@@ -299,52 +219,6 @@ NOTES = {
     "profile (normalizer_rounding='float32_per_micro_batch') and the matrix describe that arithmetic "
     "on every machine; OpenRLHF's GPU arithmetic is not checked.",
 }
-
-_LOADED: dict[str, types.ModuleType] = {}
-STUBBED: list[str] = []  # which import-only dependencies were stubbed when the sources were loaded
-
-
-def _private_package(name: str, folder: pathlib.Path) -> None:
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(folder)]
-        sys.modules[name] = pkg
-
-
-def _modules() -> dict[str, types.ModuleType]:
-    """``{"loss", "utils", "loss_utils"}`` loaded from the installed files (see module docstring)."""
-    if _LOADED:
-        return _LOADED
-    root = _package_dir()
-    if root is None:
-        raise ModuleNotFoundError("OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)")
-    _private_package(_MODELS_PKG, root / "models")
-    _private_package(_UTILS_PKG, root / "utils")
-    with stubbed_imports(("deepspeed",)) as stubbed, plain_torch_compile():
-        utils = importlib.import_module(f"{_MODELS_PKG}.utils")
-        loss = importlib.import_module(f"{_MODELS_PKG}.loss")
-    loss_utils = importlib.import_module(f"{_UTILS_PKG}.loss_utils")
-    loss_utils.torch = _HostTorch(loss_utils.torch)  # NOTES["device"]: the normalisers on the CPU
-    STUBBED[:] = stubbed
-    _LOADED.update(loss=loss, utils=utils, loss_utils=loss_utils)
-    return _LOADED
-
-
-def availability() -> str | None:
-    """None when the installed OpenRLHF loss code can be driven, else a one-line reason."""
-    if _package_dir() is None:
-        return "OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _modules()
-    except Exception as exc:  # any import failure is reported, not raised
-        return f"OpenRLHF's loss code cannot be imported: {type(exc).__name__}: {exc}"
-    return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Modes
 
 
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
@@ -428,10 +302,6 @@ def policy_loss_kwargs(variant) -> dict[str, object]:
     raise ValueError(f"variant.ratio: OpenRLHF has 'token' (ppo) and 'sequence_mean' (gspo), got {v.ratio!r}")
 
 
-# ----------------------------------------------------------------------------------------------
-# Targets
-
-
 def config_for_variant(variant) -> dict[str, object]:
     """OpenRLHF's own options (``train_ppo_ray.py``) that run ``variant`` (a ``PolicyLossVariant``;
     raises ValueError where ``policy_loss_kwargs`` does)."""
@@ -452,111 +322,3 @@ def config_for_variant(variant) -> dict[str, object]:
 def framework_config(mode: Mode, variant) -> dict[str, object]:
     """OpenRLHF's own options that run ``variant`` (``config_for_variant``)."""
     return config_for_variant(variant) if mode.kind == "policy_loss" else dict(mode.framework_config)
-
-
-def _step_counts(call, token_level: bool) -> tuple[int, int]:
-    """(tokens, sequences) of the optimizer step the call's micro-batch belongs to.
-
-    The count of the loss's own aggregation is the call's ``normalizer`` when given (the kit's
-    global denominator, or one imposed as in the golden vectors); otherwise, and for the other
-    count (the KL loss is always a token mean), the kit's ``global_tokens`` / ``global_sequences``,
-    else the call's own counts.
-    """
-    mask = call.mask
-    tokens = getattr(call, "global_tokens", None)
-    sequences = getattr(call, "global_sequences", None)
-    tokens = int(mask.sum()) if tokens is None else tokens
-    sequences = int(mask.any(dim=-1).sum()) if sequences is None else sequences
-    if call.normalizer is not None:
-        if call.normalizer != round(call.normalizer):
-            raise ValueError(
-                f"call.normalizer: OpenRLHF counts whole tokens / sequences, got {call.normalizer}"
-            )
-        if token_level:
-            tokens = int(round(call.normalizer))
-        else:
-            sequences = int(round(call.normalizer))
-    return int(tokens), int(sequences)
-
-
-def _loss_batch_info(call, loss_utils, token_level: bool) -> tuple[dict, int]:
-    """(``loss_batch_info``, gas) for one micro-batch from OpenRLHF's ``_optimizer_step_loss_norm``
-    (``iter_grad_accum_global_norm``'s normalisers: the step's token and non-empty-sequence counts
-    summed over its micro-batch masks and divided by ``gas``, the kit's ``micro_batch_count``, in
-    float32). It is given masks that carry the step's counts (``_step_counts``): one row of
-    ``tokens`` ones for ``batch_num_tokens``, ``sequences`` one-token rows for ``global_batch_size``.
-    """
-    import torch
-
-    gas = int(getattr(call, "micro_batch_count", 1) or 1)
-    tokens, sequences = _step_counts(call, token_level)
-
-    def norm(rows: int, cols: int, key: str):
-        carrier = torch.ones((rows, cols), dtype=torch.long) if rows and cols else torch.zeros((1, 1))
-        return loss_utils._optimizer_step_loss_norm([carrier], None, 1, gas)[key].to(call.logp.device)
-
-    info = {
-        "dp_size": 1,
-        "batch_num_tokens": norm(1, tokens, "batch_num_tokens"),
-        "global_batch_size": norm(sequences, 1, "global_batch_size"),
-    }
-    return info, gas
-
-
-def _policy_target(variant) -> tuple[Callable, Callable]:
-    mods = _modules()
-    kwargs = policy_loss_kwargs(variant)
-    loss_fn = mods["loss"].PolicyLoss(**kwargs)
-    kl_coef, estimator = float(variant.kl_coef), variant.kl_estimator
-
-    def adapter(fn, call):
-        import torch
-
-        action_mask = call.mask.to(torch.long)  # the sample generator's integer action_mask
-        advantages = call.advantages
-        if advantages.ndim == 1:  # OpenRLHF's advantages are per token
-            advantages = advantages.unsqueeze(-1).expand_as(call.logp)
-        info, gas = _loss_batch_info(call, mods["loss_utils"], kwargs.get("token_level_loss", False))
-        loss = fn(call.logp, call.old_logp, advantages, action_mask=action_mask, **info)[0]
-        if kl_coef > 0:  # training_step with algo.kl.use_loss: loss = actor_loss + kl_loss * kl_ctl
-            if call.ref_logp is None:
-                raise ValueError("call.ref_logp is required when variant.kl_coef > 0")
-            kl = mods["utils"].compute_approx_kl(
-                call.logp, call.ref_logp, log_probs_old=call.old_logp, kl_estimator=estimator
-            )
-            loss = loss + mods["loss"].aggregate_loss(kl, action_mask, **info) * kl_coef
-        # DeepSpeed engine.backward -> _scale_loss_by_gas: loss / gradient_accumulation_steps()
-        return loss / gas
-
-    return loss_fn, adapter
-
-
-def _kl_target(mode: Mode) -> tuple[Callable, Callable]:
-    mods = _modules()
-    estimator = mode.variant_overrides["kl_estimator"]
-
-    def adapter(fn, logp, ref_logp):
-        return fn(logp, ref_logp, kl_estimator=estimator)
-
-    return mods["utils"].compute_approx_kl, adapter
-
-
-def target(kind: str, mode: str | Mode, variant=None) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` driving OpenRLHF's own code for ``mode`` of ``kind``.
-
-    policy_loss: ``fn`` is a constructed ``PolicyLoss`` module (for ``variant``, default the mode's
-    preset with its overrides) and ``adapter(fn, call)`` returns the micro-batch's share of the
-    loss. kl: ``fn`` is ``compute_approx_kl`` and ``adapter(fn, logp, ref_logp)`` the per-token value.
-    """
-    _check_kind(kind)
-    m = _mode(kind, mode)
-    version = installed_version()
-    if version != PINNED_VERSION:
-        warnings.warn(
-            f"OpenRLHF {version} is installed; the openrlhf profiles describe {PINNED_VERSION}", stacklevel=2
-        )
-    if kind == "policy_loss":
-        return _policy_target(_mode_variant(m) if variant is None else variant)
-    if kind == "kl":
-        return _kl_target(m)
-    raise ValueError(f"kind {kind!r}: {unsupported_modes(kind)}")

@@ -1,68 +1,12 @@
-"""Driver for the installed verl (0.9.1): its own policy losses, ``agg_loss``, ``kl_penalty`` and
-outcome-advantage estimators from ``verl/trainer/ppo/core_algos.py``, called with verl's own config
-objects. Nothing of verl's math is transcribed here.
-
-How verl is driven (the glue of ``verl.workers.utils.losses.ppo_loss`` and the FSDP engine, which
-this driver mirrors rather than imports, since they need tensordict and a model):
-
-* one ``ActorConfig`` per target (``clip_ratio_low/high``, ``clip_ratio_c``, ``loss_agg_mode``,
-  ``loss_scale_factor``, ``tau_pos/neg``, ``policy_loss.loss_mode``, ``kl_loss_type/coef``);
-* per micro-batch, ``config.global_batch_info`` is filled as ``ppo_loss`` fills it from the
-  engine's data: ``dp_size=1``, ``batch_num_tokens`` = tokens of the whole (mini-)batch,
-  ``global_batch_size`` = *all* rows of the whole batch (the trainer's ``ppo_mini_batch_size x n``,
-  empty rows included) and ``loss_scale_factor`` from the config;
-* advantages are per token, ``A_i`` on the row's tokens and 0 elsewhere (as verl's estimators
-  return them), the mask is bool;
-* the loss is the registered ``get_policy_loss_fn(loss_mode)`` plus, when ``kl_coef > 0``,
-  ``agg_loss(kl_penalty(logp, ref, kl_loss_type), mask, loss_agg_mode, **global_batch_info) *
-  kl_loss_coef``; the engine sums the micro-batch losses (``loss.backward()`` per micro-batch,
-  no rescaling), as the kit does.
-
-Import-only dependencies that verl's package ``__init__`` files pull in but the loss code never calls
-(``ray``, ``tensordict``, ``orjson``) are replaced by inert stubs, only when they are not installed
-and only while verl is being imported (they are removed from ``sys.modules`` afterwards). The
-loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
-``verl.utils.profiler``): requirements/frameworks-verl.txt.
-"""
+"""verl 0.9.1's modes as data: which refimpl variant each mode runs, the convention flags of its
+profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's own config keys
+(``framework_config``). Evidence for each flag: tests/test_framework_verl.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import pathlib
-import warnings
+from .. import Mode
 
-import torch
-
-from . import Mode, distribution_version
-from .stubs import stubbed_imports
-
-__all__ = [
-    "NAME",
-    "PINNED_VERSION",
-    "availability",
-    "installed_version",
-    "source_files",
-    "modes",
-    "unsupported_modes",
-    "target",
-]
-
-NAME = "verl"
-PINNED_VERSION = "0.9.1"
-
-_STUBBED = ("ray", "tensordict", "orjson")  # imported by verl's package __init__s, never called by losses
-_SOURCES = (
-    "trainer/ppo/core_algos.py",
-    "utils/torch_functional.py",
-    "workers/config/actor.py",
-    "workers/utils/losses.py",
-)
-
-# ------------------------------------------------------------------------------------------------
-# modes: data (which refimpl variant each verl mode is, and the convention flags of its profile)
+__all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
 # Flags every vanilla mode shares (each explained in conventions.FLAG_REASONS; evidence in
 # tests/test_framework_verl.py and the report of this driver's introduction):
@@ -82,6 +26,8 @@ _VANILLA = {
     "seq_sum_rows": "all",  # the trainer's global_batch_size: every row of the mini-batch
     "micro_batch": "global",
     "compute_dtype": "input",
+    # torch.min(-A c, loss) at r == c (float32 r = 3.0) splits the gradient in half
+    "dual_clip_tie": "half",
 }
 # NaN / inf at masked positions (measured, see tests/test_framework_verl.py): agg_loss's token modes
 # mask the value with torch.where, but its sequence modes sum loss_mat * loss_mask, and NaN * 0 is
@@ -95,7 +41,8 @@ _PROPAGATES = {"masked_nonfinite": "propagate"}
 _ROW_MEAN = {"empty_rows": "keep"}
 _AGG_MODES = {
     # loss_agg_mode: (our aggregation, variant overrides, convention flags)
-    "token-mean": ("token_mean", {}, _PROPAGATES),  # through an mse KL loss's gradient only
+    # a step without tokens: agg_loss divides by batch_num_tokens = 0 (0 / 0)
+    "token-mean": ("token_mean", {}, {**_PROPAGATES, "empty_step": "nan"}),  # NaN: via an mse KL only
     "seq-mean-token-mean": ("seq_mean_token_mean", {}, {**_ROW_MEAN, **_PROPAGATES}),
     # sum over the row's tokens, mean over all rows of the batch: Dr. GRPO's form with L_max = 1
     "seq-mean-token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "all", **_PROPAGATES}),
@@ -164,11 +111,18 @@ def _policy_modes() -> dict[str, Mode]:
         },
         description="compute_policy_loss_sapo (always seq-mean-token-mean)",
     )
+    out["sapo/token-mean"] = Mode(
+        name="sapo/token-mean",
+        preset="sapo",
+        variant_overrides={"aggregation": "token_mean"},
+        framework_config={"actor.policy_loss.loss_mode": "sapo", "actor.loss_agg_mode": "token-mean"},
+        convention={**out["sapo"].convention, "fixed_aggregation": "seq_mean_token_mean"},
+        description="compute_policy_loss_sapo with loss_agg_mode='token-mean', which it ignores "
+        "(core_algos.py:1689: always seq-mean-token-mean)",
+    )
     out["cispo"] = Mode(
         name="cispo",
         preset="cispo",
-        # verl's default config clips the weight below too (clip_ratio_low 0.2); our preset does not
-        variant_overrides={"eps_low": 0.2},
         framework_config={
             "actor.policy_loss.loss_mode": "cispo",
             "actor.loss_agg_mode": "token-mean",
@@ -178,6 +132,10 @@ def _policy_modes() -> dict[str, Mode]:
             **_KL_LOSS,
             # log_prob - old_log_prob clamped to +-20 before exp, inside the detached weight only
             "log_ratio_clamp": 20.0,
+            # the default config clips the weight below too (clip_ratio_low 0.2, actor.py:159,
+            # core_algos.py:2079): CISPO's preset caps it above only
+            "cispo_clip_low": 0.2,
+            "empty_step": "nan",
             "micro_batch": "global",
             "compute_dtype": "input",
             **_PROPAGATES,  # NaN at a masked position: the value is masked, its gradient -sg(NaN) A is NaN
@@ -196,6 +154,8 @@ def _policy_modes() -> dict[str, Mode]:
             **_KL_LOSS,
             # the policy term ignores loss_agg_mode; ppo_loss's KL loss uses it: a global token mean
             "kl_aggregation": "token_mean",
+            # and that token mean divides by the step's 0 tokens on an empty step: 0 / 0 (with a KL term)
+            "empty_step": "nan",
             "empty_rows": "keep",
             "micro_batch": "local_sum",
             "compute_dtype": "input",
@@ -216,8 +176,9 @@ _KL_MODES = {
     "k3": ("k3", dict(_K3)),
     "kl+": ("k1", {"kl_gradient": "k2"}),
     "k1+": ("k1", {"kl_gradient": "k2"}),
-    "mse+": ("k2", {}),
-    "k2+": ("k2", {}),
+    # k2's own gradient, through the straight-through form (inf - inf = NaN at an infinite log-ratio)
+    "mse+": ("k2", {"kl_gradient": "k2"}),
+    "k2+": ("k2", {"kl_gradient": "k2"}),
     "low_var_kl+": ("k3", {**_K3, "kl_gradient": "k2"}),
     "k3+": ("k3", {**_K3, "kl_gradient": "k2"}),
 }
@@ -243,6 +204,12 @@ _ADV_MODES = {
         "compute_rloo_outcome_advantage",
         {},
         {"adv_scale": "none", "adv_leave_one_out": True, "adv_singleton": "raw"},
+    ),
+    "grpo_vectorized": (
+        "compute_grpo_vectorized_outcome_advantage",
+        {"norm_adv_by_std_in_grpo": True},
+        # group_mean_std (utils/groupwise.py:191): scores, mean and variance in float32
+        {**_GRPO_ADV, "adv_compute_dtype": "float32"},
     ),
     "rloo_vectorized": (
         "compute_rloo_vectorized_outcome_advantage",
@@ -293,7 +260,8 @@ def framework_config(mode: Mode, variant) -> dict[str, object]:
     return {
         "actor.policy_loss.loss_mode": loss_mode,
         # a side without a clip: 1 - 1 = 0 and 1 + inf (what the verl driver passes)
-        "actor.clip_ratio_low": 1.0 if v.eps_low is None else v.eps_low,
+        "actor.clip_ratio_low": (mode.convention.get("cispo_clip_low", 1.0) if v.eps_low is None
+                                 else v.eps_low),
         "actor.clip_ratio_high": float("inf") if v.eps_high is None else v.eps_high,
         "actor.clip_ratio_c": dual_clip if dual_clip is not None else (v.dual_clip or 3.0),
         "actor.loss_agg_mode": agg,
@@ -371,192 +339,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "opo": "length-weighted group mean baseline: needs response lengths",
             "grpo_passk": "pass@k advantage: only the best response of a group gets a non-zero value",
             "gpg": "GPG's rescaling by the batch's fraction of valid groups",
-            "grpo_vectorized": "the same estimator as grpo via group_mean_std; not separately driven",
             "gdpo": "multi-reward decoupled normalisation: needs several reward channels",
             "optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",
             "tir_optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",
         }
     raise ValueError(f"kind must be one of ('policy_loss', 'kl', 'group_advantages'), got {kind!r}")
-
-
-# ------------------------------------------------------------------------------------------------
-# installation facts
-
-
-def installed_version() -> str | None:
-    """The installed verl version, or None."""
-    return distribution_version("verl")
-
-
-def _package_dir() -> pathlib.Path | None:
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return pathlib.Path(next(iter(spec.submodule_search_locations)))
-
-
-def source_files() -> list[pathlib.Path]:
-    """verl's files whose code the driver runs or mirrors (for ``source_hash``)."""
-    root = _package_dir()
-    return [] if root is None else [root / name for name in _SOURCES if (root / name).exists()]
-
-
-def _core_algos():
-    """``verl.trainer.ppo.core_algos``, imported with the stubs in place (warns on another version)."""
-    with stubbed_imports(_STUBBED):
-        module = importlib.import_module("verl.trainer.ppo.core_algos")
-        importlib.import_module("verl.workers.config")
-    version = installed_version()
-    if version != PINNED_VERSION:
-        warnings.warn(
-            f"verl {version} is installed; the verl profiles describe verl {PINNED_VERSION}",
-            stacklevel=3,
-        )
-    return module
-
-
-def availability() -> str | None:
-    """None when verl's loss code can be imported and driven, else a one-line reason."""
-    if _package_dir() is None:
-        return "verl is not installed (pip install --no-deps verl==0.9.1; requirements/frameworks-verl.txt)"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _core_algos()
-    except Exception as exc:  # any import failure makes the framework unavailable, with the reason
-        return f"verl is installed but its loss code cannot be imported: {type(exc).__name__}: {exc}"
-    return None
-
-
-# ------------------------------------------------------------------------------------------------
-# targets
-
-
-def _actor_config(mode: str, variant) -> object:
-    """verl's own ``ActorConfig`` for ``mode`` with the variant's parameters."""
-    from verl.workers.config import ActorConfig, PolicyLossConfig
-
-    loss_mode, _, agg = mode.partition("/")
-    agg = agg or ("seq-mean-token-mean" if loss_mode in ("gspo", "sapo") else "token-mean")
-    # a side without a clip: 1 - 1 = 0 (a ratio is >= 0) and 1 + inf; geo_mean clips the log-ratio
-    # itself to [-low, high], so there a missing side is inf
-    low = (float("inf") if loss_mode == "geo_mean" else 1.0) if variant.eps_low is None else variant.eps_low
-    high = float("inf") if variant.eps_high is None else variant.eps_high
-    return ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=1,
-        use_torch_compile=False,
-        clip_ratio=low,
-        clip_ratio_low=low,
-        clip_ratio_high=high,
-        clip_ratio_c=3.0 if variant.dual_clip is None else variant.dual_clip,
-        loss_agg_mode=agg,
-        loss_scale_factor=variant.max_length if agg == "seq-mean-token-sum-norm" else None,
-        tau_pos=variant.tau_pos,
-        tau_neg=variant.tau_neg,
-        use_kl_loss=variant.kl_coef > 0,
-        kl_loss_coef=variant.kl_coef,
-        kl_loss_type={"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[variant.kl_estimator],
-        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
-    )
-
-
-def _global_batch_info(call, config) -> dict:
-    """``ppo_loss``'s global batch info for one micro-batch: global tokens and all global rows (the
-    kit's PolicyLossCall fields; a call without them, or with 0 rows, is a whole batch)."""
-    mask = call.mask
-    tokens = getattr(call, "global_tokens", None)
-    rows = getattr(call, "global_rows", None)
-    if not rows:  # not given: this call is the whole batch
-        tokens, rows = int(mask.sum()), int(mask.shape[0])
-    return {
-        "dp_size": 1,
-        "batch_num_tokens": int(tokens),
-        "global_batch_size": int(rows),
-        "loss_scale_factor": config.loss_scale_factor,
-    }
-
-
-def _policy_adapter(core, config):
-    def adapter(fn, call):
-        mask = call.mask.bool()
-        adv = call.advantages
-        if adv.ndim == 1:  # verl's estimators return A_i on the row's tokens, 0 elsewhere
-            adv = torch.where(mask, adv.unsqueeze(-1), torch.zeros((), dtype=adv.dtype, device=adv.device))
-        config.global_batch_info.clear()
-        config.global_batch_info.update(_global_batch_info(call, config))
-        loss, _ = fn(
-            old_log_prob=call.old_logp,
-            log_prob=call.logp,
-            advantages=adv,
-            response_mask=mask,
-            loss_agg_mode=config.loss_agg_mode,
-            config=config,
-            rollout_is_weights=None,
-        )
-        if config.use_kl_loss:
-            kld = core.kl_penalty(call.logp, call.ref_logp, config.kl_loss_type)
-            kl_loss = core.agg_loss(
-                loss_mat=kld, loss_mask=mask, loss_agg_mode=config.loss_agg_mode, **config.global_batch_info
-            )
-            loss = loss + kl_loss * config.kl_loss_coef
-        return loss
-
-    return adapter
-
-
-def _kl_adapter(name: str):
-    def adapter(fn, logp, ref_logp):
-        return fn(logp, ref_logp, name)
-
-    return adapter
-
-
-def _advantage_adapter(kwargs: dict):
-    def adapter(fn, rewards, group_ids):
-        import numpy as np
-
-        token_rewards = rewards.reshape(-1, 1)  # one token carries the outcome reward
-        mask = torch.ones_like(token_rewards)
-        index = np.asarray(group_ids.cpu().numpy())
-        advantages, _ = fn(token_level_rewards=token_rewards, response_mask=mask, index=index, **kwargs)
-        return advantages.reshape(-1)
-
-    return adapter
-
-
-def target(kind: str, mode, variant=None):
-    """``(fn, adapter)`` for verl's ``mode`` (its name or its ``Mode``) of ``kind``: ``fn`` is verl's
-    own function.
-
-    policy_loss: ``variant`` (a PolicyLossVariant; default the mode's preset with its overrides)
-    fills the ActorConfig; ``adapter(fn, call)`` returns the scalar loss of one micro-batch.
-    kl: ``adapter(fn, logp, ref_logp)`` returns verl's per-token ``kl_penalty``.
-    group_advantages: ``adapter(fn, rewards, group_ids)`` returns the advantages ``[N]``.
-    """
-    table = modes(kind)
-    mode = getattr(mode, "name", mode)
-    if mode not in table:
-        raise ValueError(
-            f"verl has no {kind} mode {mode!r} in scope; modes: {', '.join(table)}"
-            + (f"; unsupported: {', '.join(unsupported_modes(kind))}" if unsupported_modes(kind) else "")
-        )
-    core = _core_algos()
-    if kind == "policy_loss":
-        if variant is None:
-            variant = mode_variant(mode)
-        fn = core.get_policy_loss_fn(mode.partition("/")[0])
-        return fn, _policy_adapter(core, _actor_config(mode, variant))
-    if kind == "kl":
-        return core.kl_penalty, _kl_adapter(mode)
-    function, kwargs, _ = _ADV_MODES[mode]
-    return getattr(core, function), _advantage_adapter(kwargs)
-
-
-def mode_variant(mode: str):
-    """The PolicyLossVariant a policy-loss mode corresponds to (its preset with its overrides)."""
-    from refimpl.losses import get_preset
-
-    m = modes("policy_loss")[mode]
-    return dataclasses.replace(get_preset(m.preset), **m.variant_overrides)

@@ -1,0 +1,313 @@
+"""Driver for the installed Liger-Kernel (0.8.5): its fused-linear, chunked GRPO loss
+``LigerFusedLinearGRPOLoss`` (liger_kernel/chunked_loss/grpo_loss.py, fused_linear_ppo.py), called
+by the conformance kit for each ``loss_type``.
+
+How Liger is imported. ``import liger_kernel`` runs ``liger_kernel.functional``, which imports every
+Triton kernel module (triton is a 641 MB install that the chunked loss never calls). The driver
+therefore executes the two installed files it runs, unchanged, as private modules
+(``_refimpl_liger.fused_linear_ppo`` and ``_refimpl_liger.grpo_loss``, ``sources.load_source``);
+``grpo_loss.py``'s ``from liger_kernel.chunked_loss.fused_linear_ppo import LigerFusedLinearPPOBase``
+is served by the private module while that file executes, unless the real package is already
+imported (then the real module is used). Nothing else is needed: both files import only torch.
+
+What a call does. ``LigerFusedLinearGRPOLoss(compiled=False, chunk_size=1, ...)(_input, lin_weight,
+selected_token_ids, attention_mask, advantages, old_per_token_logps=..., ref_per_token_logps=...,
+num_items_in_batch=...)``: Liger splits the batch into chunks of rows, computes each chunk's log-probs
+of the selected tokens with ``LigerFusedLinearPPOBase.chunk_forward`` (a float32 log-softmax over the
+vocabulary of ``_input @ lin_weight.T``), the chunk's loss with ``ppo_loss_fn`` and its gradient at
+once, and sums the chunk losses into a float32 accumulator. The kit hands log-probs, not hidden
+states: while the call runs, ``chunk_forward`` returns the kit's log-probs (carried as
+``_input[..., 0]``, a hidden size of 1) converted to float32, as Liger's own log-softmax returns
+them, so every other line (chunking, the loss, its gradient w.r.t. ``_input``, the accumulation) is
+Liger's. ``compiled=False`` runs ``ppo_loss_fn`` eagerly (Liger's default wraps the same function in
+``torch.compile``, whose fused float32 kernels may round differently; not checked here).
+
+Numerics (the profile): Liger computes in float32 whatever the inputs (``chunk_forward`` returns
+float32; ``_compute_loss_from_logps`` casts old and reference log-probs with ``.float()``; the loss
+accumulator is a float32 zero, fused_linear_ppo.py:251, 530-531). bf16 / fp16 inputs are thus computed
+in float32 (the spec's ``compute_dtype="float32_min"``), but float64 inputs are rounded to float32:
+the profile's ``compute_dtype="float32"`` (float32's tolerance for every case) and
+``ratio_dtype="float32_gate"`` (the ratio, and its ties with the clip bounds, as float32 makes them).
+Micro-batches: dapo / cispo divide by ``num_items_in_batch`` (the step's global token count, which
+the adapter passes, TRL's convention); every other loss_type divides by the call's own rows or tokens,
+and the adapter divides its loss by the number of micro-batches, as a trainer with gradient
+accumulation does (``micro_batch="local_mean"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+
+from . import Mode
+from .driver import find_mode
+from .sources import (
+    installed_files,
+    load_failure,
+    load_source,
+    package_dir,
+    private_package,
+    temporary_modules,
+)
+
+__all__ = [
+    "NAME",
+    "PINNED_VERSION",
+    "DISTRIBUTION",
+    "MODES",
+    "UNSUPPORTED",
+    "PROFILE",
+    "NOTES",
+    "availability",
+    "source_files",
+    "loss_kwargs",
+    "target",
+]
+
+NAME = "liger"
+PINNED_VERSION = "0.8.5"
+DISTRIBUTION = "liger-kernel"
+_PRIVATE = "_refimpl_liger"
+_SOURCES = ("chunked_loss/fused_linear_ppo.py", "chunked_loss/grpo_loss.py")
+_INSTALL = "pip install --no-deps liger-kernel==0.8.5"
+
+# The profile (flags of conventions.Convention, as data), shared by every mode:
+# * masked_nonfinite "propagate": ppo_loss_fn reduces (per_token_loss * attention_mask).sum(), so a
+#   NaN / inf at a masked position reaches the loss;
+# * empty_rows "keep" / seq_sum_rows "all": grpo / sapo divide the sum of row means by
+#   full_attention_mask.shape[0] (every row) and dr_grpo by shape[0] * max_completion_length;
+# * kl_k3_form "naive" and kl_compute_dtype "float32": k3_loss_fn is exp(x) - x - 1 on float32 log-probs;
+# * compute_dtype "float32" and ratio_dtype "float32_gate": every loss is computed in float32 whatever the
+#   inputs (fused_linear_ppo.py:32 float32 log-probs, :251 a float32 accumulator, :530-531 .float() on
+#   old / reference log-probs), so float64 inputs are rounded and the ratio's ties are float32's (at
+#   delta = 3 the float32 ratio of a float64 log-ratio near log 3 is exactly 3.0, where clamp passes
+#   the gradient).
+_COMMON = {
+    "compute_dtype": "float32",
+    "ratio_dtype": "float32_gate",
+    "masked_nonfinite": "propagate",
+    "empty_rows": "keep",
+    "seq_sum_rows": "all",
+    "kl_k3_form": "naive",
+    "kl_compute_dtype": "float32",
+}
+_LOCAL = {**_COMMON, "micro_batch": "local_mean"}
+_GLOBAL = dict(_COMMON)
+
+
+_KL = {"kl_coef": 0.04, "kl_estimator": "k3"}
+
+
+MODES = (
+    Mode("grpo", preset="grpo", framework_config={"loss_type": "grpo"}, convention=_LOCAL,
+         description="loss_type='grpo': token ratio, hard clip, mean of each row, sum / all rows"),
+    Mode("bnpo", preset="bnpo", framework_config={"loss_type": "bnpo"}, convention=_LOCAL,
+         description="loss_type='bnpo': token mean over the call's tokens"),
+    Mode("dr_grpo", preset="dr_grpo", framework_config={"loss_type": "dr_grpo"}, convention=_LOCAL,
+         description="loss_type='dr_grpo': token sum / (all rows x max_completion_length)"),
+    Mode("dapo", preset="dapo", framework_config={"loss_type": "dapo"}, convention=_GLOBAL,
+         description="loss_type='dapo': token sum / num_items_in_batch (the step's tokens)"),
+    Mode("dapo/delta", preset="dapo", variant_overrides={"dual_clip": 3.0},
+         framework_config={"loss_type": "dapo", "delta": 3.0}, convention=_GLOBAL,
+         description="dapo with delta=3.0 (INTELLECT-2's cap on the ratio: dual clip for A < 0)"),
+    Mode("cispo", preset="cispo", framework_config={"loss_type": "cispo"}, convention=_GLOBAL,
+         description="loss_type='cispo': -sg(min(r, epsilon_high)) A logp / num_items_in_batch"),
+    Mode("sapo", preset="sapo", framework_config={"loss_type": "sapo"}, convention=_LOCAL,
+         description="loss_type='sapo': sigmoid gate 4/tau sigmoid(tau (r - 1)), grpo's aggregation"),
+    Mode("gspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_mean"},
+         framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
+         convention=_LOCAL,
+         description="importance_sampling_level='sequence', loss_type='grpo' (GSPO's sequence ratio)"),
+    Mode("luspo", preset="gspo", variant_overrides={"aggregation": "seq_sum", "max_length": 1},
+         framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
+         convention=_LOCAL,
+         description="loss_type='luspo': sequence ratio, each row's loss times its length, mean over rows"),
+    Mode("grpo+kl", preset="grpo", variant_overrides=_KL,
+         framework_config={"loss_type": "grpo", "beta": 0.04}, convention=_LOCAL,
+         description="grpo + 0.04 * k3 (beta), the KL per token inside each row's mean"),
+    Mode("dapo+kl", preset="dapo", variant_overrides=_KL,
+         framework_config={"loss_type": "dapo", "beta": 0.04}, convention=_GLOBAL,
+         description="dapo + 0.04 * k3 (beta), global token mean"),
+    Mode("dapo+kl/bias-correction", preset="dapo", variant_overrides=_KL,
+         framework_config={"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": True},
+         convention={**_GLOBAL, "kl_importance_weight": True},
+         description="dapo + 0.04 * k3 times the differentiated ratio (use_bias_correction_kl=True)"),
+)
+
+_UNSUPPORTED_LOSS = {
+    "vespo": "loss_type='vespo': its Gamma weighting of the sequence ratio (get_gamma_weights) has no "
+    "gate in refimpl's policy-loss family.",
+    "triton_grpo_loss (liger_kernel.transformers.grpo_loss)": "the Triton kernel takes logits [B, L+1, V] "
+    "and needs triton (641 MB installed); it runs on CPU tensors only under TRITON_INTERPRET=1 set before "
+    "liger_kernel.ops is imported. Its per-token terms are the chunked loss's, in float32.",
+    "importance_sampling_level='sequence' with bnpo / dr_grpo / dapo": "sequence ratios with a token "
+    "aggregation (length-weighted GSPO) are not a preset; the sequence level is driven with grpo and luspo.",
+    "luspo + beta > 0": "with a KL term per_token_loss becomes [B, T] and luspo's mean counts the masked "
+    "positions (weighted.shape[1] = T): not a spec aggregation.",
+    "vllm_is_ratio": "the behaviour importance ratio comes from vLLM's log-probs, which the kit's calls "
+    "do not carry.",
+    "compiled=True": "Liger's default compiles ppo_loss_fn with torch.compile (Inductor needs a C compiler "
+    "on the CPU); the same function is run eagerly.",
+    "temperature != 1": "divides the logits of the fused log-softmax, which the driver replaces by the "
+    "kit's log-probs.",
+    "ref_input / ref_weight (use_ref_model without ref_per_token_logps)": "reference log-probs from a "
+    "second lm_head; the kit gives reference log-probs directly.",
+}
+
+
+UNSUPPORTED = {
+    "policy_loss": _UNSUPPORTED_LOSS,
+    "kl": {"k3": "Liger has no standalone KL function: k3_loss_fn is inline in ppo_loss_fn (checked as "
+                 "the policy_loss modes with beta > 0)."},
+    "group_advantages": {"group": "Liger computes no advantages: its loss takes them as input."},
+}
+# preset -> the mode whose flags are ``--convention liger --preset P``
+PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gspo")}
+NOTES = {
+    "delta tie": "float32(exp(float32(log 3))) is exactly 3.0 = delta: clamp(coef_1, max=delta) passes "
+    "the gradient at the tie (the spec's inclusive gate at the float32 ratio; in float64 the ratio is "
+    "just above 3 and the gradient 0): flags compute_dtype 'float32', ratio_dtype 'float32_gate'.",
+    "bias-corrected KL gradient": "with use_bias_correction_kl=True the gradient of k3 * r is a "
+    "difference of two terms of size exp(ref - old); in float32 it is lost when |ref - logp| is large "
+    "(kit case kl_penalty/0, |log r| up to 24): the float32 tolerance bounds it by those terms' size "
+    "(tolerance.kl_gradient_slack).",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Import
+
+
+def source_files() -> list:
+    """The installed files whose code the driver runs (for ``source_hash``); [] when absent."""
+    return installed_files("liger_kernel", _SOURCES)
+
+
+@functools.cache
+def _modules() -> dict:
+    """``{"ppo": fused_linear_ppo, "grpo": grpo_loss}`` executed from the installed files."""
+    import sys
+
+    root = package_dir("liger_kernel")
+    if root is None:
+        raise ModuleNotFoundError(f"Liger-Kernel is not installed ({_INSTALL})")
+    private_package(_PRIVATE)
+    real = sys.modules.get("liger_kernel.chunked_loss.fused_linear_ppo")
+    ppo = real or load_source(f"{_PRIVATE}.fused_linear_ppo", root / _SOURCES[0])
+    with temporary_modules({"liger_kernel.chunked_loss.fused_linear_ppo": ppo}, only_if_missing=False):
+        grpo = load_source(f"{_PRIVATE}.grpo_loss", root / _SOURCES[1])
+    return {"ppo": ppo, "grpo": grpo}
+
+
+def availability() -> str | None:
+    """None when the installed Liger GRPO loss can be driven, else a one-line reason."""
+    return load_failure("liger_kernel", _INSTALL, _modules)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modes
+
+
+def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
+    """``LigerFusedLinearGRPOLoss(...)`` arguments that run ``variant`` in ``mode`` (ValueError for a
+    variant Liger cannot express there). Liger's clip is ``[1 - epsilon_low, 1 + epsilon_high]``
+    except for cispo, whose ``epsilon_high`` is the cap itself; ``delta`` caps the ratio (the dual
+    clip of A < 0); ``beta`` weighs the k3 term; ``max_completion_length`` is Dr. GRPO's L_max."""
+    m = find_mode(MODES, mode, "Liger")
+    v = variant
+    m.check_shape(v, "Liger")
+    if v.kl_coef > 0 and v.kl_estimator != "k3":
+        raise ValueError(f"variant.kl_estimator: Liger's only KL is k3, got {v.kl_estimator!r}")
+    if v.entropy_coef or v.behavior_correction != "none":
+        raise ValueError("variant.entropy_coef / behavior_correction: not in Liger's GRPO loss")
+    config = m.framework_config
+    loss_type = config["loss_type"]
+    kwargs: dict[str, object] = {
+        "loss_type": loss_type,
+        "importance_sampling_level": config.get("importance_sampling_level", "token"),
+        "beta": float(v.kl_coef),
+        "use_bias_correction_kl": bool(config.get("use_bias_correction_kl", False)),
+    }
+    if loss_type == "cispo":
+        if v.eps_low is not None or v.eps_high is None:
+            raise ValueError("variant.eps_low / eps_high: Liger's cispo caps the ratio above only")
+        kwargs.update(epsilon_low=0.0, epsilon_high=1.0 + v.eps_high)
+    elif loss_type == "sapo":
+        kwargs.update(sapo_temperature_pos=v.tau_pos, sapo_temperature_neg=v.tau_neg)
+    else:
+        if v.eps_low is None or v.eps_high is None:
+            raise ValueError(f"variant.eps_low / eps_high: Liger's {loss_type} clips on both sides")
+        kwargs.update(epsilon_low=v.eps_low, epsilon_high=v.eps_high, delta=v.dual_clip)
+    if loss_type == "dr_grpo":
+        if v.max_length is None:
+            raise ValueError("variant.max_length (Liger's max_completion_length) is required by dr_grpo")
+        kwargs["max_completion_length"] = int(v.max_length)
+    if loss_type == "luspo" and (v.max_length != 1 or v.kl_coef > 0):
+        raise ValueError("variant: Liger's luspo is seq_sum with L_max = 1 and no KL term")
+    return kwargs
+
+
+# ----------------------------------------------------------------------------------------------
+# Target
+
+
+@contextlib.contextmanager
+def _given_logprobs(base) -> Iterator[None]:
+    """While the block runs, ``base.chunk_forward(input_chunk, weight, ids, ...)`` returns
+    ``input_chunk[..., 0]`` in float32: the log-probs the kit gives, in the dtype of Liger's own
+    ``_ChunkedSelectiveLogProbFunction``; the gradient flows back to ``input_chunk``."""
+    import torch
+
+    original = base.__dict__["chunk_forward"]
+
+    def given(input_chunk, weight, selected_token_ids, bias=None, temperature=1.0):
+        return input_chunk[..., 0].to(torch.float32)
+
+    base.chunk_forward = staticmethod(given)
+    try:
+        yield
+    finally:
+        base.chunk_forward = original
+
+
+def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
+    import torch
+
+    mods = _modules()
+    kwargs = loss_kwargs(m, variant)
+    loss_fn = mods["grpo"].LigerFusedLinearGRPOLoss(compiled=False, chunk_size=1,
+                                                   use_ref_model=variant.kl_coef > 0,
+                                                   **kwargs)
+    base = mods["grpo"].LigerFusedLinearPPOBase
+    global_tokens = kwargs["loss_type"] in ("dapo", "cispo")
+
+    def adapter(fn, call):
+        n, width = call.mask.shape
+        hidden = call.logp.unsqueeze(-1)  # [N, T, 1]: the log-probs as a hidden size of 1
+        weight = torch.zeros((1, 1), dtype=call.logp.dtype, device=call.logp.device)
+        ids = torch.zeros((n, width), dtype=torch.long, device=call.logp.device)
+        count = int(getattr(call, "micro_batch_count", 1) or 1)
+        tokens = getattr(call, "global_tokens", 0) or int(call.mask.sum())
+        if call.normalizer is not None:
+            tokens = call.normalizer
+        with _given_logprobs(base):
+            loss, _metrics = fn(
+                hidden, weight, ids, call.mask.to(torch.long), call.advantages,
+                ref_per_token_logps=call.ref_logp if variant.kl_coef > 0 else None,
+                old_per_token_logps=call.old_logp,
+                num_items_in_batch=tokens if global_tokens else None,
+            )
+        return loss if global_tokens else loss / count
+
+    adapter.scaled_for_accumulation = True
+    return loss_fn, adapter
+
+
+def target(mode: Mode, variant) -> tuple[Callable, Callable]:
+    """``(fn, adapter)``: ``fn`` is a constructed ``LigerFusedLinearGRPOLoss`` for ``mode`` and
+    ``variant``, ``adapter(fn, call)`` its loss of that (micro-)batch, already scaled for gradient
+    accumulation."""
+    if mode.kind != "policy_loss":
+        raise ValueError(f"Liger has no {mode.kind} mode: {next(iter(UNSUPPORTED[mode.kind].values()))}")
+    return _policy_target(mode, variant)

@@ -1,0 +1,153 @@
+"""Driver for the installed OpenRLHF (0.11.2): its own ``PolicyLoss``, ``aggregate_loss``,
+``compute_approx_kl`` and optimizer-step loss normalisers, called by the conformance kit.
+
+How OpenRLHF is imported. OpenRLHF pins ``deepspeed`` and ``flash-attn`` (CUDA source builds) and
+a ``transformers`` the other frameworks exclude, so it is installed with ``--no-deps``. Its package
+``__init__`` chain (``openrlhf.models`` imports ``actor``/``model``: peft, flash_attn, deepspeed,
+transformers' DeepSpeed integration) cannot be imported without them. The driver therefore does
+NOT import ``openrlhf.models``: it loads the three installed source files it runs,
+``openrlhf/models/utils.py``, ``openrlhf/models/loss.py`` and ``openrlhf/utils/loss_utils.py``,
+unchanged, as submodules of two private packages (``_refimpl_openrlhf_models`` and
+``_refimpl_openrlhf_utils``, whose ``__path__`` is the installed folder, so ``loss.py``'s
+``from .utils import masked_mean`` resolves to the installed ``utils.py``). The one import-only
+dependency on that path is ``import deepspeed`` at the top of ``models/utils.py`` (used only by
+``set_z3_leaf_modules``, which the losses never call): when the real ``deepspeed`` is absent a
+stub module stands in for it *while those files execute* and is removed from ``sys.modules``
+afterwards, so nothing else in the process sees a fake ``deepspeed``. While they load,
+``torch.compile`` is also the identity (``compute_entropy``'s decorator; it is never called and
+would import ``torch._dynamo``, ~8 s). Nothing in site-packages is edited and no other stub is
+needed (``torch.distributed`` is only queried, never initialised).
+
+What a call does (``training_step`` of ``trainer/ray/ppo_actor.py``, single data-parallel rank):
+``PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, token_level_loss, policy_loss_type)`` is
+called with per-token advantages (OpenRLHF broadcasts the sequence advantage to every token), the
+integer ``action_mask`` of its sample generator, ``dp_size=1`` and the optimizer step's
+``batch_num_tokens`` / ``global_batch_size`` from OpenRLHF's own ``_optimizer_step_loss_norm``
+(``iter_grad_accum_global_norm``: global counts divided by the gradient-accumulation steps
+``gas``). DeepSpeed (not installed) then scales every micro-batch loss by ``1 / gas`` before
+backward; the adapter applies that division, the only arithmetic here that is not OpenRLHF's.
+With a KL loss (``algo.kl.use_loss``, fixed controller ``kl_ctl = init_coef``) the adapter adds
+``aggregate_loss(compute_approx_kl(logp, ref_logp, log_probs_old=old_logp, kl_estimator=...),
+action_mask, **loss_batch_info) * kl_coef`` as ``training_step`` does. The KL estimators are also
+driven alone (kind "kl").
+"""
+
+from __future__ import annotations
+
+from .adapters import (
+    _LOADED as _LOADED,
+)
+from .adapters import (
+    _MODELS_PKG as _MODELS_PKG,
+)
+from .adapters import (
+    _SOURCES as _SOURCES,
+)
+from .adapters import (
+    _UTILS_PKG as _UTILS_PKG,
+)
+from .adapters import (
+    STUBBED as STUBBED,
+)
+from .adapters import (
+    _HostTorch as _HostTorch,
+)
+from .adapters import (
+    _kl_target as _kl_target,
+)
+from .adapters import (
+    _loss_batch_info as _loss_batch_info,
+)
+from .adapters import (
+    _modules as _modules,
+)
+from .adapters import (
+    _package_dir as _package_dir,
+)
+from .adapters import (
+    _policy_target as _policy_target,
+)
+from .adapters import (
+    _private_package as _private_package,
+)
+from .adapters import (
+    _step_counts as _step_counts,
+)
+from .adapters import (
+    availability as availability,
+)
+from .adapters import (
+    installed_version as installed_version,
+)
+from .adapters import (
+    source_files as source_files,
+)
+from .adapters import (
+    target as target,
+)
+from .modes import (
+    _DUAL_PROFILE as _DUAL_PROFILE,
+)
+from .modes import (
+    _GSPO_PROFILE as _GSPO_PROFILE,
+)
+from .modes import (
+    _KL_MODES as _KL_MODES,
+)
+from .modes import (
+    _KL_PROFILE as _KL_PROFILE,
+)
+from .modes import (
+    _POLICY_MODES as _POLICY_MODES,
+)
+from .modes import (
+    _POLICY_PROFILE as _POLICY_PROFILE,
+)
+from .modes import (
+    _PPO_PROFILE as _PPO_PROFILE,
+)
+from .modes import (
+    _UNSUPPORTED as _UNSUPPORTED,
+)
+from .modes import (
+    NOTES as NOTES,
+)
+from .modes import (
+    PROFILE as PROFILE,
+)
+from .modes import (
+    _check_kind as _check_kind,
+)
+from .modes import (
+    _kl_loss_config as _kl_loss_config,
+)
+from .modes import (
+    _mode as _mode,
+)
+from .modes import (
+    _mode_variant as _mode_variant,
+)
+from .modes import (
+    _ppo_config as _ppo_config,
+)
+from .modes import (
+    config_for_variant as config_for_variant,
+)
+from .modes import (
+    framework_config as framework_config,
+)
+from .modes import (
+    mode_for_preset as mode_for_preset,
+)
+from .modes import (
+    modes as modes,
+)
+from .modes import (
+    policy_loss_kwargs as policy_loss_kwargs,
+)
+from .modes import (
+    unsupported_modes as unsupported_modes,
+)
+
+NAME = 'openrlhf'
+PINNED_VERSION = '0.11.2'

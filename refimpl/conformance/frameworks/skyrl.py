@@ -1,0 +1,362 @@
+"""Driver for the installed SkyRL-train (0.3.1): the policy losses of its ``PolicyLossRegistry`` and
+the outcome advantage estimators of its ``AdvantageEstimatorRegistry``
+(skyrl_train/utils/ppo_utils.py), called by the conformance kit.
+
+How SkyRL is imported. SkyRL-train declares Python 3.12 only and depends on ray, vllm, flash-attn...;
+it is installed with ``--no-deps --ignore-requires-python`` (its loss code runs on 3.11).
+``skyrl_train.utils``'s ``__init__`` imports ray's placement groups, fsspec and s3fs, so the driver
+executes the one installed file it runs, ``utils/ppo_utils.py``, unchanged, as the private module
+``_refimpl_skyrl.ppo_utils`` (``sources.load_source``). Its imports: torch, numpy, omegaconf,
+jaxtyping and loguru (installed, requirements/frameworks-skyrl.txt), ``skyrl_train.training_batch``
+(plain), and ``ray``, used at import time only as the decorator ``@ray.remote`` of the registry's
+actor class and, in the registries, as ``ray.is_initialized()``: when ray is not installed a stand-in
+(``remote`` the identity, ``is_initialized`` False: SkyRL's own behaviour before ``ray.init``) serves
+the import and is removed from ``sys.modules`` afterwards. The registries are the module's own,
+filled by its decorators; the driver takes each loss and estimator from them by name.
+
+What a call does (``PolicyWorkerBase.forward_backward``, workers/worker.py:625-692, one rank):
+``policy_loss_fn(log_probs, old_log_probs, advantages, config=cfg.trainer.algorithm,
+loss_mask=loss_mask)`` with per-token advantages (SkyRL's estimators broadcast the sequence's
+advantage to its tokens), the float loss mask, and the ``trainer.algorithm`` section of the installed
+``config/ppo_base_config.yaml`` with the mode's keys; ``max_seq_len`` (set by the trainer from the
+generator's lengths) is L_max. The worker divides each micro-batch loss by the accumulation steps
+before backward; the adapter applies that division (``micro_batch="local_mean"``: every reduction is
+local to the micro-batch), the only arithmetic here that is not SkyRL's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from . import Mode
+from .driver import find_mode
+from .sources import (
+    installed_files,
+    load_failure,
+    load_source,
+    package_dir,
+    private_package,
+    stand_in,
+    temporary_modules,
+)
+
+__all__ = [
+    "NAME",
+    "PINNED_VERSION",
+    "DISTRIBUTION",
+    "MODES",
+    "UNSUPPORTED",
+    "PROFILE",
+    "NOTES",
+    "STUBBED",
+    "availability",
+    "source_files",
+    "algorithm_config",
+    "config_keys",
+    "target",
+]
+
+NAME = "skyrl"
+PINNED_VERSION = "0.3.1"
+DISTRIBUTION = "skyrl-train"
+_PRIVATE = "_refimpl_skyrl"
+_SOURCES = ("utils/ppo_utils.py", "config/ppo_base_config.yaml", "workers/worker.py")
+_INSTALL = "pip install --no-deps --ignore-requires-python skyrl-train==0.3.1"
+STUBBED: list[str] = []  # the import-only dependencies a stand-in served while ppo_utils.py loaded
+
+# The profile (flags of conventions.Convention, as data):
+# * micro_batch "local_mean": every reduce_loss mode is local to the call, the worker divides by the
+#   accumulation steps;
+# * masked_nonfinite "propagate": masked_mean and reduce_loss multiply by the mask;
+# * empty_rows "keep" (sequence_mean: masked_mean(dim=-1) gives an empty row 0, .mean() counts it) and
+#   seq_sum_rows "all" (seq_mean_token_sum_norm: torch.mean over every row);
+# * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss), except
+#   the ratio of the regular / dual_clip / cispo losses, see _SAFE_EXP.
+_COMMON = {"micro_batch": "local_mean", "masked_nonfinite": "propagate", "compute_dtype": "input",
+           "empty_rows": "keep", "seq_sum_rows": "all"}
+# regular / dual_clip / cispo take the ratio from _safe_exp_delta (ppo_utils.py:547-552):
+# clamp(delta.to(float32), -20, 20).exp().to(log_probs.dtype): the +-20 clamp (log_ratio_clamp) and a
+# ratio evaluated in float32 whatever the inputs' dtype (ratio_dtype "float32").
+_SAFE_EXP = {"log_ratio_clamp": 20.0, "ratio_dtype": "float32"}
+# dual_clip: torch.min(-A c, loss) at r == c (float32 r = 3.0) halves the gradient (ppo_utils.py:584)
+_TIE = {"dual_clip_tie": "half"}
+# the KL loss (use_kl_loss, worker.py:679-692): compute_approx_kl under @torch.no_grad() (ppo_utils.py:91),
+# k3 with log r clamped to +-20 and the value to +-10, exp(log r) - log r - 1 evaluated directly
+_KL_FLAGS = {"kl_gradient": "none", "kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
+
+
+def _cfg(loss: str, reduction: str, **keys) -> dict:
+    return {"policy_loss_type": loss, "loss_reduction": reduction, **keys}
+
+
+_POLICY_MODES = (
+    Mode("regular/token_mean", preset="ppo", framework_config=_cfg("regular", "token_mean"),
+         convention={**_COMMON, **_SAFE_EXP},
+         description="ppo_policy_loss: clipped surrogate, token mean of the micro-batch"),
+    Mode("regular/token_mean/clip-higher", preset="dapo",
+         framework_config=_cfg("regular", "token_mean", eps_clip_high=0.28),
+         convention={**_COMMON, **_SAFE_EXP},
+         description="eps_clip_low 0.2, eps_clip_high 0.28 (DAPO's clip-higher), token mean"),
+    Mode("regular/sequence_mean", preset="grpo", framework_config=_cfg("regular", "sequence_mean"),
+         convention={**_COMMON, **_SAFE_EXP},
+         description="clipped surrogate, mean of each row, mean over every row"),
+    Mode("regular/seq_mean_token_sum_norm", preset="dr_grpo", variant_overrides={"max_length": 16},
+         framework_config=_cfg("regular", "seq_mean_token_sum_norm", max_seq_len=16),
+         convention={**_COMMON, **_SAFE_EXP},
+         description="Dr. GRPO: each row's token sum / max_seq_len, mean over every row"),
+    Mode("dual_clip/token_mean", preset="ppo", variant_overrides={"dual_clip": 3.0},
+         framework_config=_cfg("dual_clip", "token_mean", clip_ratio_c=3.0),
+         convention={**_COMMON, **_SAFE_EXP, **_TIE},
+         description="dual-clip PPO (clip_ratio_c 3.0) for A < 0, token mean"),
+    Mode("gspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_mean"},
+         framework_config=_cfg("gspo", "sequence_mean"),
+         convention={**_COMMON, "sequence_ratio_gradient": "token", "sequence_log_ratio_cap": 10.0},
+         description="gspo_policy_loss: GSPO-token ratio (log cap 10), sequence_mean"),
+    Mode("sapo", preset="sapo", framework_config=_cfg("sapo", "sequence_mean"),
+         convention={**_COMMON, "log_ratio_clamp": 20.0},
+         description="sapo_policy_loss: sigmoid gate, log-ratio clamped to +-20, sequence_mean"),
+    Mode("regular/sequence_mean+kl/k3", preset="grpo",
+         variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
+         framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
+                               kl_estimator_type="k3"),
+         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS},
+         description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean(): a KL value without "
+         "a gradient (use_kl_loss, the default config)"),
+    Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
+         framework_config=_cfg("cispo", "token_mean", **{"cispo.cispo_eps_clip_low": 0.0}),
+         convention={**_COMMON, **_SAFE_EXP, "cispo_clip_low": 0.0},
+         description="compute_policy_loss_cispo with SkyRL's defaults: sg(clamp(r, 1 - 0, 1 + 5)) A logp: "
+         "a ratio below 1 is raised to 1"),
+    Mode("cispo/upper-only", preset="cispo", variant_overrides={"eps_high": 5.0},
+         framework_config=_cfg("cispo", "token_mean", **{"cispo.cispo_eps_clip_low": 1.0}),
+         convention={**_COMMON, **_SAFE_EXP},
+         description="cispo with cispo_eps_clip_low 1 (lower bound 0: the one-sided cap of the paper)"),
+)
+
+# GRPO's estimator is verl's (ppo_utils.py: "ported from verl"): sample std, std + eps, (R - mean) / eps
+# for a constant group; a singleton gets mean torch.tensor(0.0) / std torch.tensor(1.0), float32.
+_GRPO = {"adv_std": "sample", "adv_eps": 1e-6, "adv_eps_inside_sqrt": False, "adv_zero_variance": "formula",
+         "adv_singleton": "raw", "adv_singleton_float32": True}
+_ADV_MODES = (
+    Mode("grpo", kind="group_advantages",
+         framework_config={"advantage_estimator": "grpo", "grpo_norm_by_std": True},
+         convention=_GRPO, description="compute_grpo_outcome_advantage(grpo_norm_by_std=True)"),
+    Mode("grpo/no_std", kind="group_advantages",
+         framework_config={"advantage_estimator": "grpo", "grpo_norm_by_std": False},
+         convention={**_GRPO, "adv_scale": "none"},
+         description="compute_grpo_outcome_advantage(grpo_norm_by_std=False): Dr. GRPO's mean-centring"),
+    Mode("rloo", kind="group_advantages", framework_config={"advantage_estimator": "rloo"},
+         convention={"adv_scale": "none", "adv_leave_one_out": True},
+         description="compute_rloo_outcome_advantage: leave-one-out baseline, a singleton gets 0"),
+)
+
+# compute_approx_kl alone (kind "kl"): value, no gradient (kl_gradient "none")
+_KL_MODES = tuple(
+    Mode(f"kl/{k}", kind="kl", variant_overrides={"kl_estimator": k},
+         framework_config={"kl_estimator_type": k},
+         convention={"kl_gradient": "none", **({k: v for k, v in _KL_FLAGS.items()} if k == "k3" else {})},
+         description=f"compute_approx_kl(kl_estimator_type={k!r}) under @torch.no_grad()")
+    for k in ("k1", "k2", "k3")
+)
+
+UNSUPPORTED = {
+    "policy_loss": {
+        "use_kl_loss with token_mean / seq_mean_token_sum_norm": "the KL loss is always a mean of row means "
+        "over every row (worker.py:686), which the kit's KL term follows only with sequence_mean (the KL "
+        "loss is driven with regular/sequence_mean).",
+        "use_tis (truncated importance sampling)": "needs the rollout log-probs, which the kit's calls do "
+        "not carry.",
+        "clip_cov / kl_cov": "pick tokens by a covariance ranking (clip_cov at random, torch.randperm); no "
+        "spec variant.",
+        "gspo with token_mean / seq_mean_token_sum_norm": "SkyRL warns against it; GSPO's sequence ratio "
+        "is driven with sequence_mean.",
+        "use_entropy_loss": "the entropy comes from the model's logits.",
+    },
+    "kl": {
+        "abs": "|logp - ref_logp| is not a KL estimator of kl.md.",
+    },
+    "group_advantages": {
+        "gae / reinforce++": "per-token returns over the response (values, gamma, lambda), not a group "
+        "estimator of outcome rewards.",
+    },
+}
+
+
+MODES = _POLICY_MODES + _KL_MODES + _ADV_MODES
+# preset -> the modes whose flags, merged, are ``--convention skyrl --preset P`` (advantages first)
+PROFILE = {
+    "ppo": ("grpo", "regular/token_mean"),
+    "bnpo": ("grpo", "regular/token_mean"),
+    "dapo": ("grpo", "regular/token_mean/clip-higher"),
+    "grpo": ("grpo", "regular/sequence_mean"),
+    "dr_grpo": ("grpo/no_std", "regular/seq_mean_token_sum_norm"),
+    "gspo": ("grpo", "gspo"),
+    "sapo": ("grpo", "sapo"),
+    "cispo": ("grpo", "cispo"),
+}
+NOTES = {
+    "cispo defaults": "cispo_eps_clip_low defaults to 0: the ratio is clamped to [1, 6], raising every "
+    "ratio below 1 to 1 (mode cispo, flag cispo_clip_low=0.0); the paper's one-sided cap is "
+    "cispo_eps_clip_low = 1 (mode cispo/upper-only).",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Import
+
+
+def source_files() -> list:
+    """The installed files whose code (or defaults) the driver runs; [] when absent."""
+    return installed_files("skyrl_train", _SOURCES)
+
+
+def _ray_stand_in():
+    def remote(cls=None, **_options):
+        return cls if cls is not None else (lambda c: c)
+
+    return stand_in("ray", remote=remote, is_initialized=lambda: False)
+
+
+@functools.cache
+def _ppo_utils():
+    """``utils/ppo_utils.py`` executed from the installed file (see the module docstring)."""
+    root = package_dir("skyrl_train")
+    if root is None:
+        raise ModuleNotFoundError(f"SkyRL-train is not installed ({_INSTALL})")
+    private_package(_PRIVATE)
+    with temporary_modules({"ray": _ray_stand_in()}) as placed:
+        module = load_source(f"{_PRIVATE}.ppo_utils", root / _SOURCES[0])
+    STUBBED[:] = placed
+    return module
+
+
+def availability() -> str | None:
+    """None when SkyRL's loss code can be driven, else a one-line reason."""
+    return load_failure("skyrl_train", _INSTALL, _ppo_utils)
+
+
+def algorithm_config(keys: dict):
+    """``trainer.algorithm`` of the installed ppo_base_config.yaml with ``keys`` (dotted) set: the
+    DictConfig SkyRL's losses receive as ``config``."""
+    from omegaconf import OmegaConf, open_dict
+
+    root = package_dir("skyrl_train")
+    config = OmegaConf.load(root / _SOURCES[1]).trainer.algorithm
+    with open_dict(config):
+        config.max_seq_len = None
+        for key, value in keys.items():
+            OmegaConf.update(config, key, value, force_add=True)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------
+# Modes
+
+
+def config_keys(mode: str | Mode, variant) -> dict[str, object]:
+    """The ``trainer.algorithm`` keys that run ``variant`` in ``mode`` (ValueError for a variant SkyRL
+    cannot express there)."""
+    m = find_mode(MODES, mode, "SkyRL")
+    v = variant
+    m.check_shape(v, "SkyRL")
+    if v.kl_coef > 0 and (v.aggregation != "seq_mean_token_mean" or v.kl_estimator not in ("k1", "k2", "k3")):
+        raise ValueError("variant.kl_coef: SkyRL's KL loss (a mean of row means) is driven with "
+                         "sequence_mean and k1 / k2 / k3")
+    if v.entropy_coef or v.behavior_correction != "none":
+        raise ValueError("variant.entropy_coef / behavior_correction: not driven for SkyRL")
+    keys = dict(m.framework_config)
+    loss = keys["policy_loss_type"]
+    if loss == "sapo":
+        keys.update({"sapo.tau_pos": v.tau_pos, "sapo.tau_neg": v.tau_neg})
+    elif loss == "cispo":
+        if v.eps_high is None:
+            raise ValueError("variant.eps_high: SkyRL's cispo needs an upper bound")
+        # the paper's one-sided cap is cispo_eps_clip_low = 1 (bound 0); the mode's flag cispo_clip_low
+        # is SkyRL's default lower clip
+        low = m.convention.get("cispo_clip_low", 1.0) if v.eps_low is None else v.eps_low
+        keys.update({"cispo.cispo_eps_clip_low": low, "cispo.cispo_eps_clip_high": v.eps_high})
+    else:
+        if v.eps_low is None or v.eps_high is None:
+            raise ValueError(f"variant.eps_low / eps_high: SkyRL's {loss} clips on both sides")
+        keys.update(eps_clip_low=v.eps_low, eps_clip_high=v.eps_high)
+        if (loss == "dual_clip") != (v.dual_clip is not None):
+            raise ValueError("variant.dual_clip: set exactly for policy_loss_type 'dual_clip'")
+        if v.dual_clip is not None:
+            keys["clip_ratio_c"] = v.dual_clip
+    if keys["loss_reduction"] == "seq_mean_token_sum_norm":
+        if v.max_length is None:
+            raise ValueError("variant.max_length (SkyRL's max_seq_len) is required by "
+                             "seq_mean_token_sum_norm")
+        keys["max_seq_len"] = int(v.max_length)
+    keys.update(use_kl_loss=v.kl_coef > 0, kl_loss_coef=float(v.kl_coef), kl_estimator_type=v.kl_estimator)
+    return keys
+
+
+# ----------------------------------------------------------------------------------------------
+# Targets
+
+
+def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
+    module = _ppo_utils()
+    keys = config_keys(m, variant)
+    config = algorithm_config(keys)
+    loss_fn = module.PolicyLossRegistry.get(keys["policy_loss_type"])
+
+    def adapter(fn, call):
+        advantages = call.advantages
+        if advantages.ndim == 1:  # SkyRL's advantages are per token
+            advantages = advantages.unsqueeze(-1).expand_as(call.logp)
+        mask = call.mask.to(call.logp.dtype)  # the float loss_mask of SkyRL's batches
+        loss, _clip_ratio = fn(call.logp, call.old_logp, advantages, config=config, loss_mask=mask)
+        if config.use_kl_loss:  # forward_backward (worker.py:679-692)
+            kl = module.compute_approx_kl(call.logp, call.ref_logp, loss_mask=mask,
+                                          kl_estimator_type=config.kl_estimator_type)
+            loss = loss + module.masked_mean(kl, mask, dim=-1).mean() * config.kl_loss_coef
+        # forward_backward: loss / accumulation_steps
+        return loss / int(getattr(call, "micro_batch_count", 1) or 1)
+
+    adapter.scaled_for_accumulation = True
+    return loss_fn, adapter
+
+
+def _advantage_target(m: Mode) -> tuple[Callable, Callable]:
+    module = _ppo_utils()
+    config = dict(m.framework_config)
+    estimator = module.AdvantageEstimatorRegistry.get(config.pop("advantage_estimator"))
+
+    def adapter(fn, rewards, group_ids):
+        import numpy as np
+        import torch
+
+        token_rewards = rewards.reshape(-1, 1).clone()  # one token carries the outcome reward
+        mask = torch.ones_like(token_rewards)
+        advantages, _returns = fn(token_level_rewards=token_rewards, response_mask=mask,
+                                  index=np.asarray(group_ids.cpu().numpy()), **config)
+        return advantages.reshape(-1)
+
+    return estimator, adapter
+
+
+def _kl_target(m: Mode) -> tuple[Callable, Callable]:
+    estimator = m.framework_config["kl_estimator_type"]
+
+    def adapter(fn, logp, ref_logp):
+        return fn(logp, ref_logp, kl_estimator_type=estimator)
+
+    return _ppo_utils().compute_approx_kl, adapter
+
+
+def target(mode: Mode, variant) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` driving SkyRL's own registered function for ``mode``.
+
+    policy_loss: ``fn`` is the registry's loss, ``adapter(fn, call)`` its loss of the (micro-)batch
+    (with the KL loss of ``use_kl_loss``) divided by the accumulation steps. kl: ``fn`` is
+    ``compute_approx_kl``. group_advantages: ``fn`` is the registry's estimator,
+    ``adapter(fn, rewards, group_ids)`` the advantages ``[N]``.
+    """
+    if mode.kind == "policy_loss":
+        return _policy_target(mode, variant)
+    if mode.kind == "kl":
+        return _kl_target(mode)
+    return _advantage_target(mode)

@@ -1,0 +1,275 @@
+"""TRL 1.16.0: the modes as data (profiles, variants, GRPOConfig keys, modes out of scope)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import Mode
+
+#: Flags every TRL mode carries (see conventions.FLAG_REASONS), besides the row counting below:
+#: - compute_dtype "input": TRL's loss runs in the dtype of the log-probs it is given;
+#: - masked_nonfinite "propagate": TRL masks by multiplication, ``(per_token_loss * mask).sum()``, so a
+#:   NaN / inf at a masked position reaches the loss (and every gradient);
+#: - kl_importance_weight: ``use_bias_correction_kl=True`` (TRL's default) multiplies the k3 term by the
+#:   differentiated importance ratio ``coef_1``;
+#: - kl_k3_form "naive": the k3 term is ``exp(log r) - log r - 1`` evaluated directly (in float64 its
+#:   absolute rounding u (e^|log r| + |log r| + 1) is all of the value when |log r| < 1e-8);
+#: - the adv_* flags: TRL's inline advantage code (``_generate_and_score_completions``), read from the
+#:   source (nanstd is Bessel-corrected, ``/ (std + 1e-4)``, no zero-variance special case, and
+#:   ``num_generations >= 2`` is enforced by GRPOConfig). That code cannot run without a model, so these
+#:   flags only shape the inputs of the group case classes.
+_COMMON = {
+    # TRL counts every row: an empty row is a 0 in grpo's / sapo's mean over rows and a row of
+    # dr_grpo's / luspo's per_token_loss.size(0) (the flags change nothing in token-mean modes)
+    "empty_rows": "keep",
+    "seq_sum_rows": "all",
+    "compute_dtype": "input",
+    "masked_nonfinite": "propagate",
+    "kl_importance_weight": True,
+    "kl_k3_form": "naive",
+    "adv_std": "sample",
+    "adv_eps": 1e-4,
+    "adv_eps_inside_sqrt": False,
+    "adv_zero_variance": "formula",
+    "adv_singleton": "error",
+}
+
+
+# Micro-batches. grpo / sapo / gspo (``(per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)``,
+# mean over rows), bnpo (local token mean), dr_grpo (``/ (per_token_loss.size(0) * max_completion_length)``)
+# and luspo (row sums, mean over rows) divide their local value by current_gradient_accumulation_steps:
+# the mean of micro-batch means. dapo / cispo divide the sum by num_items_in_batch (the global token
+# count): the reference.
+_LOCAL_MEAN = {"micro_batch": "local_mean"}
+
+
+_GLOBAL_TOKENS: dict = {}
+
+
+_MODES = {
+    "grpo": Mode(
+        "grpo",
+        preset="grpo",
+        framework_config={"loss_type": "grpo", "importance_sampling_level": "token"},
+        convention={**_COMMON, **_LOCAL_MEAN},
+        description="GRPO: token ratio, hard clip, mean over each row, mean over rows (empty rows count)",
+    ),
+    "dr_grpo": Mode(
+        "dr_grpo",
+        preset="dr_grpo",
+        framework_config={
+            "loss_type": "dr_grpo", "importance_sampling_level": "token", "scale_rewards": "none"
+        },
+        convention={**_COMMON, **_LOCAL_MEAN, "adv_scale": "none"},
+        description="Dr. GRPO: token sum / (all rows x max_completion_length)",
+    ),
+    "dapo": Mode(
+        "dapo",
+        preset="dapo",
+        framework_config={"loss_type": "dapo", "importance_sampling_level": "token"},
+        convention={**_COMMON, **_GLOBAL_TOKENS},
+        description="DAPO: token mean over the global batch (num_items_in_batch)",
+    ),
+    "bnpo": Mode(
+        "bnpo",
+        preset="bnpo",
+        framework_config={"loss_type": "bnpo", "importance_sampling_level": "token"},
+        convention={**_COMMON, **_LOCAL_MEAN},
+        description="BNPO: token mean over the local (micro-)batch",
+    ),
+    "sapo": Mode(
+        "sapo",
+        preset="sapo",
+        framework_config={"loss_type": "sapo", "importance_sampling_level": "token"},
+        convention={**_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
+        description="SAPO: soft sigmoid gate (temperatures in float32), GRPO's aggregation",
+    ),
+    "sapo/sequence": Mode(
+        "sapo/sequence",
+        preset="sapo",
+        # the sigmoid gate on GSPO's sequence ratio, each row's token mean (grpo's aggregation)
+        variant_overrides={"ratio": "sequence_mean"},
+        framework_config={"loss_type": "sapo", "importance_sampling_level": "sequence"},
+        convention={**_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
+        description="SAPO on the sequence ratio (importance_sampling_level='sequence', which TRL accepts "
+        "for sapo without a warning, grpo_trainer.py:928)",
+    ),
+    "cispo": Mode(
+        "cispo",
+        preset="cispo",
+        framework_config={"loss_type": "cispo", "importance_sampling_level": "token"},
+        convention={**_COMMON, **_GLOBAL_TOKENS},
+        description="CISPO: sg(min(r, epsilon_high)) A logp, token mean over the global batch",
+    ),
+    "gspo": Mode(
+        "gspo",
+        preset="gspo",
+        # TRL's grpo aggregation is a token mean per row: with a sequence ratio the policy term is the
+        # same as GSPO's per-sequence mean, and the KL term (per token) is averaged per row.
+        variant_overrides={"aggregation": "seq_mean_token_mean"},
+        framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
+        convention={**_COMMON, **_LOCAL_MEAN},
+        description="GSPO: importance_sampling_level='sequence' with loss_type='grpo'",
+    ),
+    "luspo": Mode(
+        "luspo",
+        preset="gspo",
+        # ``(per_token_loss * mask).sum(-1).mean()``: each row's token sum (a sequence ratio counted once per
+        # token, i.e. scaled by the length), mean over all rows: Dr. GRPO's seq_sum with L_max = 1.
+        variant_overrides={"aggregation": "seq_sum", "max_length": 1},
+        framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        convention={**_COMMON, **_LOCAL_MEAN},
+        description="LUSPO: GSPO's sequence ratio, each row's loss scaled by its length, mean over rows",
+    ),
+}
+
+
+#: preset -> the modes whose flags are ``--convention trl --preset P`` (ppo's variant equals bnpo's)
+PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")} | {"ppo": ("bnpo",)}
+
+
+#: TRL GRPOConfig.scale_rewards -> the profile's adv_scale (advantages.md eq. (5), (14))
+SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
+
+
+_UNSUPPORTED = {
+    "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
+    "no gate in refimpl's policy-loss family.",
+    "importance_sampling_level='sequence' with bnpo / dr_grpo / dapo / cispo": "TRL warns against it "
+    "(grpo_trainer.py:928: length-weighted sequence ratios); not a mode of the matrix.",
+    "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
+    "(kl_importance_weight=False).",
+    "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
+    "does not provide.",
+    "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies.",
+    "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
+    "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
+    "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none.",
+    "router_aux_loss_coef": "the MoE auxiliary loss comes from the model's router logits.",
+    "tool_mask": "multi-turn tool masks only change the mask, which the kit supplies directly.",
+    "eval mode": "model.training=False drops the gradient-accumulation scaling; not a training loss.",
+    "num_processes > 1": "the driver runs TRL on one process; ranks are micro-batches of the global batch.",
+}
+
+
+def modes(kind: str = "policy_loss") -> dict[str, Mode]:
+    """TRL's loss modes in scope for ``kind`` (only ``"policy_loss"`` has any)."""
+    _check_kind(kind)
+    return dict(_MODES) if kind == "policy_loss" else {}
+
+
+def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
+    """TRL 1.16.0's modes and options outside the driver, with the reason."""
+    _check_kind(kind)
+    if kind == "kl":
+        return {"k3": "TRL has no standalone KL function: its k3 term is inline in _compute_loss "
+                      "(checked as policy_loss with beta > 0)."}
+    if kind == "group_advantages":
+        return {"group": "TRL's advantages are inline in _generate_and_score_completions (they need a "
+                         "model, generation and reward functions) and assume contiguous equal-size groups "
+                         "(rewards.view(-1, num_generations)); they cannot be called on their own."}
+    return dict(_UNSUPPORTED)
+
+
+def _check_kind(kind: str) -> None:
+    from .. import KINDS
+
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def grpo_config_kwargs(mode: str | Mode, variant) -> dict[str, object]:
+    """The ``GRPOConfig`` keys that make TRL run ``variant`` (a PolicyLossVariant) in ``mode``.
+
+    TRL's clip bounds are ``[1 - epsilon, 1 + epsilon_high]``, but its cispo clamps the ratio at
+    ``epsilon_high`` itself; ``delta`` caps the ratio (refimpl's dual clip for A < 0); ``beta`` is the
+    k3 KL weight; ``max_completion_length`` is Dr. GRPO's L_max.
+    Raises ValueError for a variant TRL cannot express in that mode.
+    """
+    m = _mode(mode)
+    _check_shape(m, variant)
+    loss_type = m.framework_config["loss_type"]
+    if variant.kl_coef > 0 and variant.kl_estimator != "k3":
+        raise ValueError(f"variant.kl_estimator must be 'k3' for TRL (its only KL), "
+                         f"got {variant.kl_estimator!r}")
+    if variant.entropy_coef or variant.behavior_correction != "none":
+        raise ValueError("variant.entropy_coef / behavior_correction are not driven for TRL "
+                         "(see unsupported_modes)")
+    keys = dict(m.framework_config)
+    if loss_type == "cispo":
+        if variant.eps_low is not None or variant.eps_high is None:
+            raise ValueError("TRL's cispo clamps only above: variant.eps_low must be None and eps_high set")
+        keys.update(epsilon_high=1.0 + variant.eps_high)
+    elif loss_type != "sapo":
+        if variant.eps_low is None or variant.eps_high is None:
+            raise ValueError(f"TRL's {loss_type} clips on both sides: variant.eps_low and eps_high "
+                             "must be set")
+        keys.update(epsilon=variant.eps_low, epsilon_high=variant.eps_high, delta=variant.dual_clip)
+    else:
+        keys.update(sapo_temperature_pos=variant.tau_pos, sapo_temperature_neg=variant.tau_neg)
+    keys.update(beta=variant.kl_coef, use_bias_correction_kl=True)
+    if loss_type == "luspo" and variant.max_length != 1:
+        raise ValueError(f"TRL's luspo is seq_sum with L_max = 1: variant.max_length must be 1, "
+                         f"got {variant.max_length!r}")
+    if loss_type == "dr_grpo":
+        if variant.max_length is None:
+            raise ValueError("variant.max_length (TRL's max_completion_length) is required by dr_grpo")
+        keys["max_completion_length"] = variant.max_length
+    return keys
+
+
+_SHAPE_FIELDS = ("ratio", "gate", "aggregation")
+
+
+def _shape(variant) -> tuple:
+    return tuple(getattr(variant, f) for f in _SHAPE_FIELDS)
+
+
+def _check_shape(m: Mode, variant) -> None:
+    """The variant must have the mode's ratio level, gate and aggregation (GSPO's per-sequence mean
+    ``seq_mean`` equals TRL's per-row token mean when there is no per-token KL term)."""
+    want, got = _shape(mode_variant(m)), _shape(variant)
+    gspo_alias = (m.name == "gspo" and variant.kl_coef == 0 and got == (want[0], want[1], "seq_mean"))
+    if got != want and not gspo_alias:
+        shown = ", ".join(f"{f}={v!r}" for f, v in zip(_SHAPE_FIELDS, want, strict=True))
+        raise ValueError(f"TRL mode {m.name!r} runs {shown}; the variant has "
+                         + ", ".join(f"{f}={v!r}" for f, v in zip(_SHAPE_FIELDS, got, strict=True)))
+
+
+def mode_of_variant(variant) -> Mode:
+    """The TRL mode whose ratio level, gate and aggregation are the variant's (ValueError if none)."""
+    for m in _MODES.values():
+        try:
+            _check_shape(m, variant)
+        except ValueError:
+            continue
+        return m
+    raise ValueError(f"no TRL mode runs ratio={variant.ratio!r}, gate={variant.gate!r}, "
+                     f"aggregation={variant.aggregation!r}")
+
+
+def _mode(mode: str | Mode) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    if mode not in _MODES:
+        raise ValueError(f"TRL mode must be one of {sorted(_MODES)}, got {mode!r}")
+    return _MODES[mode]
+
+
+def framework_config(mode: str | Mode, variant) -> dict[str, object]:
+    """TRL's own ``GRPOConfig`` keys that run ``variant`` in ``mode`` (with the mode's scale_rewards)."""
+    from refimpl.conformance.presets import resolve_preset
+
+    m = _mode(mode)
+    variant = resolve_preset(variant)[1]  # a seq_sum variant without L_max gets the kit's L_max
+    adv_scale = m.convention.get("adv_scale", "group")
+    scale_rewards = {ours: theirs for theirs, ours in SCALE_REWARDS.items()}[adv_scale]
+    return {**grpo_config_kwargs(m, variant), "scale_rewards": scale_rewards}
+
+
+def mode_variant(mode: str | Mode):
+    """The PolicyLossVariant of ``mode``: its preset with ``variant_overrides``."""
+    from refimpl.losses import get_preset
+
+    m = _mode(mode)
+    return dataclasses.replace(get_preset(m.preset), **m.variant_overrides)

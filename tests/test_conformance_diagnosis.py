@@ -1,0 +1,81 @@
+"""Diagnosis of the common mistakes: a DAPO loss written as a new user would, with one mistake
+planted at a time, fails the check and gets a ``diagnosis:`` that names the mistake (another
+aggregation or normaliser, a flipped sign, eps_high = eps_low, float32 arithmetic, a missing KL
+term, a KL of the wrong estimator). The correct loss passes, so each diagnosis is of the mistake."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from refimpl.conformance import check_policy_loss
+from refimpl.losses import get_preset
+
+DAPO_KL = dataclasses.replace(get_preset("dapo"), kl_coef=0.04, kl_estimator="k3")
+
+
+def user_dapo_loss(*, eps_high=0.28, float32=False, adv_sign=1.0, loss_sign=1.0, seq_mean=False,
+                   ignore_normalizer=False, kl="k3", beta=0.0):
+    """DAPO (Yu et al. 2025): clip [0.8, 1 + eps_high], token mean over the batch (or the kit's
+    normaliser), plus beta times a per-token KL estimate of log r = ref - logp (kl.md eqs. (2)-(4))."""
+
+    def loss(logp, old_logp, advantages, mask, *, ref_logp=None, normalizer=None):
+        mask = mask.bool()
+        dtype = torch.float32 if float32 else torch.promote_types(logp.dtype, torch.float32)
+        x = logp.to(dtype)
+        ratio = torch.exp(torch.where(mask, x - old_logp.to(dtype), 0.0))
+        a = adv_sign * advantages.to(dtype).unsqueeze(-1)
+        per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.0 + eps_high) * a)
+        if beta and kl is not None:
+            log_r = torch.where(mask, ref_logp.to(dtype) - x, 0.0)
+            k = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": torch.expm1(log_r) - log_r}[kl]
+            per_token = per_token + beta * k
+        per_token = torch.where(mask, per_token, 0.0)
+        if seq_mean:
+            rows = mask.any(-1)
+            means = per_token.sum(-1)[rows] / mask.sum(-1)[rows]
+            out = means.mean() if bool(rows.any()) else per_token.sum()
+        else:
+            denom = mask.sum().clamp(min=1) if (normalizer is None or ignore_normalizer) else normalizer
+            out = per_token.sum() / denom
+        return loss_sign * out
+
+    return loss
+
+
+def diagnoses(report) -> set[str]:
+    return {r.explanation for r in report.results if r.explanation}
+
+
+def test_the_correct_loss_passes():
+    assert check_policy_loss(user_dapo_loss(), "dapo").ok
+    assert check_policy_loss(user_dapo_loss(beta=0.04), DAPO_KL).ok
+
+
+@pytest.mark.parametrize(
+    ("planted", "preset", "diagnosis"),
+    [
+        ({"eps_high": 0.2}, "dapo", "matches eps_high = eps_low (no clip-higher)"),
+        ({"float32": True}, "dapo", "matches float32 arithmetic (flag compute_dtype='float32')"),
+        ({"adv_sign": -1.0}, "dapo", "matches the advantages' sign flipped"),
+        ({"loss_sign": -1.0}, "dapo", "matches the loss's sign flipped"),
+        ({"seq_mean": True}, "dapo", "matches aggregation 'seq_mean_token_mean'"),
+        ({"ignore_normalizer": True}, "dapo",
+         "matches local means per micro-batch: the normalizer argument is ignored"),
+        ({"beta": 0.0}, DAPO_KL, "matches no KL term (kl_coef 0)"),
+        ({"beta": 0.04, "kl": "k1"}, DAPO_KL, "matches the KL estimator 'k1'"),
+        ({"beta": 0.04, "kl": "k2"}, DAPO_KL, "matches the KL estimator 'k2'"),
+    ],
+    ids=lambda p: p if isinstance(p, str) else None,
+)
+def test_a_planted_mistake_gets_its_diagnosis(planted, preset, diagnosis):
+    report = check_policy_loss(user_dapo_loss(**planted), preset)
+    assert not report.ok
+    assert diagnosis in diagnoses(report), (diagnoses(report), report.render())
+    # the one diagnosis the report prints (the smallest failing case's) names the same mistake,
+    # or, for a flipped sign inside the clip, both signs
+    shown = [line.strip() for line in report.render().splitlines() if line.strip().startswith("diagnosis:")]
+    assert shown, report.render()
+    assert shown[0] == f"diagnosis: {diagnosis}" or "flipped sign" in shown[0], shown

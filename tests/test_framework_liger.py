@@ -1,0 +1,134 @@
+"""The Liger driver against the installed Liger-Kernel (0.8.5): every mode of its fused-linear
+chunked GRPO loss passes every case class under its own profile (compute_dtype="float32": Liger
+computes in float32 whatever the inputs; ratio_dtype="float32_gate": its ratio and clip bounds in
+float32); each flag is needed (the float32 arithmetic, the delta tie, the row counts); the loading
+leaves no stand-in and no patch behind.
+
+Expected values come from our reference with the profile's flags, never from running Liger.
+Skipped with a message when Liger-Kernel is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import pytest
+import torch
+
+from refimpl.conformance import POLICY_CASE_CLASSES, Convention, check_policy_loss, policy_loss_cases
+from refimpl.conformance.checks import DEFAULT_RTOL, resolve_preset
+from refimpl.conformance.conventions import convention_from_flags
+from refimpl.conformance.frameworks import load_driver, source_hash
+
+pytestmark = pytest.mark.framework
+
+driver = load_driver("liger")
+_WHY = driver.availability()
+if _WHY is not None:
+    pytest.skip(f"Liger driver unavailable: {_WHY}", allow_module_level=True)
+
+_MODES = sorted(driver.modes("policy_loss"))
+_CLASSES = tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors")
+_HALF = ("bf16", "fp16", "half_overflow")
+
+
+def _conv(mode) -> Convention:
+    return convention_from_flags("liger", mode.convention)
+
+
+def _variant(mode):
+    return resolve_preset(driver.mode_variant(mode))[1]
+
+
+def _check(name, *, classes=_CLASSES, rtol=DEFAULT_RTOL, **flags):
+    mode = driver.modes()[name]
+    fn, adapter = driver.target("policy_loss", name)
+    conv = dataclasses.replace(_conv(mode), **flags)
+    return check_policy_loss(fn, _variant(mode), convention=conv, adapter=adapter, classes=classes, rtol=rtol)
+
+
+def test_driver_loads_the_installed_sources_and_restores_what_it_patches():
+    files = driver.source_files()
+    assert [f.name for f in files] == ["fused_linear_ppo.py", "grpo_loss.py"]
+    assert all(f.is_file() for f in files)
+    assert len(source_hash(files)) == 12
+    fn, adapter = driver.target("policy_loss", "dapo")
+    assert type(fn).__name__ == "LigerFusedLinearGRPOLoss"
+    assert sys.modules[type(fn).__module__].__file__ == str(files[1])
+    base = sys.modules[type(fn).__module__].LigerFusedLinearPPOBase
+    before = base.__dict__["chunk_forward"]
+    case = policy_loss_cases(_variant(driver.modes()["dapo"]), Convention(), classes=("inside_clip",))[0]
+    call = type("Call", (), dict(logp=case.logp.requires_grad_(True), old_logp=case.old_logp,
+                                 advantages=case.advantages, mask=case.mask, ref_logp=None, normalizer=None))
+    loss = adapter(fn, call)
+    assert loss.dtype == torch.float32  # Liger's float32 accumulator, whatever the inputs
+    assert base.__dict__["chunk_forward"] is before
+    # no stand-in for the liger_kernel package is left (triton is never imported by the driver)
+    assert "liger_kernel.chunked_loss.fused_linear_ppo" not in sys.modules or "liger_kernel" in sys.modules
+
+
+@pytest.mark.parametrize("name", _MODES)
+def test_mode_passes_every_case_class_under_its_profile(name):
+    report = _check(name)
+    assert report.ok, report.render()
+    variant = driver.mode_variant(driver.modes()[name])
+    absent = {"kl_penalty"} if variant.kl_coef == 0 else set()
+    absent |= {"dual_clip_tie"} if variant.dual_clip is None else set()
+    assert {r.case_class for r in report.results} == set(_CLASSES) - absent
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "sapo", "cispo", "gspo"])
+def test_half_precision_is_computed_in_float32_and_float64_is_rounded_to_it(name):
+    # bf16 / fp16 inputs pass the spec's compute_dtype="float32_min" bound; float64 inputs do not pass
+    # float64's: Liger rounds them to float32 (compute_dtype="float32")
+    assert _check(name, classes=_HALF, compute_dtype="float32_min").ok
+    failing = _check(name, classes=("inside_clip", "ragged"), compute_dtype="float32_min").failing_classes()
+    assert {"inside_clip", "ragged"} <= set(failing)
+
+
+@pytest.mark.parametrize(("name", "flag", "failing"), [
+    ("grpo", {"empty_rows": "drop"}, {"empty_rows"}),
+    ("dr_grpo", {"seq_sum_rows": "nonempty"}, {"empty_rows"}),
+    ("bnpo", {"micro_batch": "global"}, {"micro_batch"}),
+    ("dapo", {"masked_nonfinite": "ignore"}, {"masked_nonfinite"}),
+])
+def test_each_flag_is_needed(name, flag, failing):
+    classes = ("inside_clip", *sorted(failing))
+    assert set(_check(name, classes=classes, **flag).failing_classes()) == failing
+
+
+def test_delta_tie_the_float32_ratio_lands_exactly_on_delta():
+    # the on_boundary case puts a ratio exactly at the dual-clip constant 3 (log-ratio = log 3): in
+    # float32 exp(log 3) rounds to 3.0 = delta, where clamp(coef_1, max=delta) passes the gradient;
+    # in float64 it is 3.0000000000000004 (clipped, gradient 0, the spec's inclusive gate)
+    assert torch.exp(torch.tensor(math.log(3.0), dtype=torch.float32)).item() == 3.0
+    assert torch.exp(torch.tensor(math.log(3.0), dtype=torch.float64)).item() > 3.0
+    report = _check("dapo/delta", classes=("on_boundary",), ratio_dtype="input")
+    bad = [r for r in report.results if not r.ok]
+    assert bad and all(r.value_ok and r.grad_error > 0.5 for r in bad)
+    assert _check("dapo/delta", classes=("on_boundary",)).ok  # ratio_dtype="float32_gate": the tie
+
+
+def test_bias_corrected_kl_gradient_is_lost_in_float32():
+    # d/dlogp [k3(ref - logp) exp(logp - old)] subtracts two terms of size exp(ref - old): with
+    # |ref - logp| up to 24 in the kl_penalty case their float32 difference keeps no correct digit: the
+    # float32 bound covers it through those terms' size (tolerance.kl_gradient_slack)
+    report = _check("dapo+kl/bias-correction", classes=("kl_penalty",))
+    (case,) = report.results
+    assert report.ok and case.grad_error > 0.5
+    # without the importance weight the same KL term is fine to float32's own bound
+    (plain,) = _check("dapo+kl", classes=("kl_penalty",)).results
+    assert plain.ok and plain.grad_error < 1e-4
+
+
+def test_variants_liger_cannot_express_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="variant.aggregation"):
+        driver.loss_kwargs("dapo", resolve_preset("grpo")[1])
+    with pytest.raises(ValueError, match="variant.kl_estimator"):
+        k2 = dataclasses.replace(resolve_preset("dapo")[1], kl_coef=0.1, kl_estimator="k2")
+        driver.loss_kwargs("dapo", k2)
+    assert driver.loss_kwargs("cispo", resolve_preset("cispo")[1])["epsilon_high"] == 1.28
+    assert {"vespo", "compiled=True"} <= set(driver.unsupported_modes("policy_loss"))
+    assert driver.modes("kl") == {} and driver.unsupported_modes("kl")
