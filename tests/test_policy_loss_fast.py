@@ -115,8 +115,20 @@ def _kit_calls(v, golden_inputs_only: bool = False):
 
 def _kit_variants(name: str):
     """The preset as the kit runs it (with the golden vectors), and with a KL term (the kl_penalty
-    class; reference log-probs in every case)."""
-    return [resolve_preset(name)[1], resolve_preset(name, kl_coef=0.1)[1]]
+    class; reference log-probs in every case); for ppo also with a dual clip c = 3 (the
+    dual_clip_tie class, which exists only where a token-level clip has a dual clip)."""
+    variants = [resolve_preset(name)[1], resolve_preset(name, kl_coef=0.1)[1]]
+    if name == "ppo":
+        variants.append(dataclasses.replace(variants[0], dual_clip=3.0))
+    return variants
+
+
+def _expected_classes(variants) -> set[str]:
+    """Every case class of the kit, less dual_clip_tie where no variant has a dual clip."""
+    classes = set(POLICY_CASE_CLASSES)
+    if all(v.dual_clip is None for v in variants):
+        classes.discard("dual_clip_tie")
+    return classes
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -126,7 +138,7 @@ def test_fast_path_equals_the_reference_on_every_case_class(name):
         for case_class, inputs, kwargs in _kit_calls(v):
             assert_same_as_reference(v, *inputs, **kwargs)
             seen.add(case_class)
-    assert seen == set(POLICY_CASE_CLASSES)
+    assert seen == _expected_classes(_kit_variants(name))
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -245,11 +257,12 @@ def test_compiled_fast_path_equals_the_reference_on_every_case_class(name):
     """Two graphs per variant in CI (float64, and float32 for the bf16 / fp16 classes): GRPO with a
     KL term on the inputs of every class; every preset with and without it when thorough."""
     seen = set()
-    for v in _kit_variants(name)[0 if THOROUGH else 1:]:
+    variants = _kit_variants(name)[0 if THOROUGH else 1:]
+    for v in variants:
         for case_class, inputs, kwargs in _kit_calls(v, golden_inputs_only=not THOROUGH):
             assert_same_as_reference(v, *inputs, compile=True, **kwargs)
             seen.add(case_class)
-    assert seen == set(POLICY_CASE_CLASSES)
+    assert seen == _expected_classes(variants)
 
 
 def test_a_seq_sum_max_length_below_a_sequence_length_raises():
