@@ -32,6 +32,18 @@ import sympy as sp
 from specs._exact import decisions, enclose, sign, to_digits, to_float64
 from specs.advantages import _std, group_advantages_exact
 from specs.golden_flags import FLAGS, RESULTS
+from specs.golden_values import (  # noqa: F401 (re-exported: the vector files' shared primitives)
+    _GRID,
+    DIGITS,
+    NAN,
+    NEG_INF,
+    POS_INF,
+    _digits,
+    _dyadic,
+    _num,
+    _subnormal,
+    vector,
+)
 from specs.kl import k_estimator
 from specs.policy_losses import (
     LossSpec,
@@ -63,7 +75,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 2
-DIGITS = 50
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors"
 
 #: The presets of policy_losses.md table 2 (L_max = 16 for Dr. GRPO's seq_sum).
@@ -119,47 +130,6 @@ ADVANTAGE_CONVENTIONS: dict[str, dict[str, object]] = {
     "dr_grpo": dict(scale="none", singleton="zero"),
     "rloo": dict(scale="none", singleton="zero", leave_one_out=True),
 }
-
-_GRID = 1024  # inputs are multiples of 1 / _GRID
-NAN, POS_INF, NEG_INF = "NaN", "Infinity", "-Infinity"  # non-finite inputs (parse in Python and JS)
-
-
-def _dyadic(rng: random.Random, low: float, high: float) -> Fraction:
-    return Fraction(rng.randint(int(low * _GRID), int(high * _GRID)), _GRID)
-
-
-def _num(x) -> str:
-    """A number as a decimal string: inputs exactly (dyadic: the shortest round-trip repr of the
-    float64), outputs at DIGITS significant digits, the non-finite strings unchanged."""
-    if isinstance(x, str):
-        return x
-    if isinstance(x, float):
-        x = Fraction(x)
-    if isinstance(x, (Fraction, int)):
-        if Fraction(float(x)) != Fraction(x):
-            raise ValueError(f"input {x} is not exactly a float64")
-        return repr(float(x))
-    return str(sp.Float(x, DIGITS))
-
-
-def _digits(expr, evaluators: dict | None = None) -> str:
-    """The exact value of ``expr`` as a 50-digit string ("0.0" for an exact zero, as in version 1)."""
-    value = to_digits(expr, DIGITS, evaluators)
-    return "0.0" if value == 0 else _num(value)
-
-
-def vector(vid: str, flags, result: str = "valid", reason: str | None = None, **fields) -> dict:
-    """One schema-2 vector: ``id``, ``flags`` (sorted, from ``FLAGS``), ``result`` and ``reason``
-    (null for valid vectors), plus the family's fields."""
-    unknown = sorted(set(flags) - set(FLAGS))
-    if unknown:
-        raise ValueError(f"vector {vid}: unknown flags {unknown}")
-    if result not in RESULTS:
-        raise ValueError(f"vector {vid}: result must be one of {RESULTS}, got {result!r}")
-    if (result == "valid") != (reason is None):
-        raise ValueError(f"vector {vid}: reason is required exactly for invalid / acceptable vectors")
-    return {"id": vid, "flags": sorted(set(flags)), "result": result, "reason": reason, **fields}
-
 
 # ---------------------------------------------------------------------------------------------
 # policy loss (policy_losses.md)
@@ -333,10 +303,6 @@ def _policy_inputs_json(b: _Batch) -> dict:
         "normalizer": None if b.normalizer is None else _num(b.normalizer),
         "padding_value": b.padding_value,
     }
-
-
-def _subnormal(values: list[str]) -> bool:
-    return any(0 < abs(float(v)) < 2.0**-1022 or (v not in ("0", "0.0") and float(v) == 0.0) for v in values)
 
 
 def _policy_vector(name: str, spec: LossSpec, b: _Batch) -> dict:

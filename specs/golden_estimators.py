@@ -28,7 +28,7 @@ from specs.estimators import (
     trajectory_is_expr,
     trajectory_weight_expr,
 )
-from specs.golden import NAN, NEG_INF, POS_INF, _digits, _dyadic, _num, _subnormal, vector
+from specs.golden_values import NAN, NEG_INF, POS_INF, _digits, _dyadic, _num, _subnormal, vector
 from specs.kl import token_logprob_exprs
 
 __all__ = ["returns_vectors", "importance_vectors", "logprob_vectors"]
