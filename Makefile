@@ -67,9 +67,12 @@ results: $(STAMP)
 report: $(STAMP)
 	$(BIN)/refimpl report
 
+# TEST_JOBS pytest-xdist workers (each test file in one worker: --dist loadfile keeps a module's
+# expensive fixtures, e.g. the conformance matrix, built once); TEST_JOBS=0 runs in this process.
+TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # The tests whose numerics depend on the intra-op thread count (marked ``threads`` by
 # tests/conftest.py from tests/thread_survey.py's measurement, docs/ci.md), at two threads; idle
