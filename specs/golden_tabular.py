@@ -80,8 +80,8 @@ absolute (u = 2^-53, n = S + A); ``tests/test_mdp_spec.py`` states the exact con
   counting terminal states at gamma = 1, whose occupancy is 0 by convention).
 - ``tie_in_optimal_policy``: a non-terminal state has more than one optimal action.
 - ``identical_policies``: pi' = pi (expected advantage and difference exactly 0).
-- ``seed_example``: the distribution-shift example of mdp.md section 7.1 (eq. (38): J(pi) = 8091/10^8, J(pi')
-= -90).
+- ``worked_example``: the distribution-shift example of mdp.md section 7.1 (eq. (38):
+  J(pi) = 8091/10^8, J(pi') = -90).
 
 **Reasons** (``result = "invalid"``): ``P_row_sum_not_one``, ``P_negative_probability``,
 ``pi_row_sum_not_one``, ``pi_negative_probability``, ``rho0_sum_not_one``, ``gamma_above_one``,
@@ -142,7 +142,7 @@ FLAGS = (
     "unreachable_state",
     "tie_in_optimal_policy",
     "identical_policies",
-    "seed_example",
+    "worked_example",
 )
 REASONS = (
     "P_row_sum_not_one",
@@ -169,7 +169,7 @@ class TabularCase:
     """One small MDP with the policies its vectors use (exact Fractions; nested lists).
 
     ``quantities``: the vectors made from it; ``extra_flags``: flags not derivable from the data
-    (``seed_example``); ``purpose``: why the case exists."""
+    (``worked_example``); ``purpose``: why the case exists."""
 
     name: str
     purpose: str
@@ -362,7 +362,7 @@ def _seed_001_distribution_shift() -> TabularCase:
         pi=[[1 - eta, eta], [1 - eta2, eta2], [F(1, 2), F(1, 2)]],
         pi_new=[[0, 1], [0, 1], [1, 0]],
         terminal=[False, False, True],
-        extra_flags=("seed_example",),
+        extra_flags=("worked_example",),
     )
 
 

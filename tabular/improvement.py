@@ -148,23 +148,23 @@ def cpi_epsilon(mdp: MDP, pi, pi_new) -> float:
     return float(np.max(np.abs(expected_advantage(mdp, pi, pi_new))))
 
 
-def cpi_lower_bound(mdp: MDP, pi, pi_new, alpha: float, form: str = "001") -> float:
+def cpi_lower_bound(mdp: MDP, pi, pi_new, alpha: float, form: str = "schulman2015") -> float:
     """Lower bound on ``J(mixture(pi, pi_new, alpha))`` (mdp.md eq. (27)).
 
-    ``form="001"``: the form of Schulman et al. 2015, eq. (6), ``J(pi) + alpha g - 2 gamma eps alpha^2 / (1 -
-    gamma)^2``.
+    ``form="schulman2015"`` (the default): the form of Schulman et al. 2015, eq. (6),
+    ``J(pi) + alpha g - 2 gamma eps alpha^2 / (1 - gamma)^2``.
     ``form="kakade_langford"``: the tighter exact form of Kakade & Langford (2002) Thm 4.1,
     ``J(pi) + alpha g - 2 gamma eps alpha^2 / ((1 - gamma)(1 - gamma (1 - alpha)))``.
     ``g`` from :func:`cpi_gain`, ``eps`` from :func:`cpi_epsilon` (target policy). Raises at gamma = 1.
     """
     _require_discounted(mdp, "cpi_lower_bound")
-    if form not in ("001", "kakade_langford"):
-        raise ValueError(f"form must be '001' or 'kakade_langford', got {form!r}")
+    if form not in ("schulman2015", "kakade_langford"):
+        raise ValueError(f"form must be 'schulman2015' or 'kakade_langford', got {form!r}")
     mixture(pi, pi_new, alpha)  # validates alpha and the policies
     gamma = mdp.gamma
     g = cpi_gain(mdp, pi, pi_new)
     eps = cpi_epsilon(mdp, pi, pi_new)
-    if form == "001":
+    if form == "schulman2015":
         penalty = 2.0 * gamma * eps * alpha**2 / (1.0 - gamma) ** 2
     else:
         penalty = 2.0 * gamma * eps * alpha**2 / ((1.0 - gamma) * (1.0 - gamma * (1.0 - alpha)))

@@ -134,11 +134,11 @@ def test_cpi_bound_holds_for_every_alpha_001_59(case, drawn_alpha):
     reference = cpi_bound_loop(mdp, pi, pi_new)
     for alpha in [*ALPHAS, drawn_alpha]:
         J_mix = T.expected_return(mdp, T.mixture(pi, pi_new, alpha))
-        b001 = T.cpi_lower_bound(mdp, pi, pi_new, alpha)
+        bound_schulman = T.cpi_lower_bound(mdp, pi, pi_new, alpha)
         bkl = T.cpi_lower_bound(mdp, pi, pi_new, alpha, form="kakade_langford")
         assert J_mix >= bkl - slack
-        assert bkl >= b001 - slack  # Kakade-Langford's exact form is the tighter one
-        assert (b001, bkl) == approx(reference(alpha), mdp)
+        assert bkl >= bound_schulman - slack  # Kakade-Langford's exact form is the tighter one
+        assert (bound_schulman, bkl) == approx(reference(alpha), mdp)
     assert T.cpi_lower_bound(mdp, pi, pi_new, 0.0) == approx(T.expected_return(mdp, pi), mdp)
 
 
