@@ -18,6 +18,8 @@ the result is computed and returned in ``promote_types(input dtypes, float32)``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from refimpl._checks import check_float_tensor
@@ -106,8 +108,10 @@ def _exp_minus_one_minus_identity(x: torch.Tensor) -> torch.Tensor:
     for inverse_factorial in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5):
         poly = inverse_factorial + xs * poly
     series = xs * xs * poly
-    xl = torch.where(small, torch.ones_like(x), x)  # keeps expm1's gradient free of the small branch
-    direct = torch.expm1(xl) - xl
+    # keeps expm1's gradient free of the small branch, and inf - inf out of the value at x = +inf,
+    # where the limit exp(x) - 1 - x -> +inf is the value
+    xl = torch.where(small | (x == math.inf), torch.ones_like(x), x)
+    direct = torch.where(x == math.inf, x, torch.expm1(xl) - xl)
     return torch.where(small, series, direct)
 
 

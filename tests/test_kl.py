@@ -299,6 +299,17 @@ def test_k3_beyond_the_dtypes_range_raises_instead_of_returning_inf(dtype, log_r
         assert math.isclose(float(kl_k3(logp.double(), ref.double())), exact, rel_tol=1e-15)
 
 
+def test_k3_at_an_infinite_log_ratio_is_its_limit_without_check():
+    """log r = +inf (ref_logp finite, logp = -inf) and -inf: k3 = exp(x) - 1 - x tends to +inf at
+    both ends; with check_finite=False both are +inf (inf - inf gave NaN at +inf), with the check
+    the infinite log-probability is refused."""
+    logp = torch.tensor([-math.inf, 0.0], dtype=F64)
+    ref = torch.tensor([0.0, -math.inf], dtype=F64)
+    assert kl_k3(logp, ref, check_finite=False).tolist() == [math.inf, math.inf]
+    with pytest.raises(ValueError):
+        kl_k3(logp, ref)
+
+
 def test_k1_k2_raise_where_their_exact_value_overflows():
     big = torch.tensor([3e38], dtype=torch.float32)  # log r = -6e38 overflows float32 itself
     for estimator, name in ((kl_k1, "k1"), (kl_k2, "k2")):

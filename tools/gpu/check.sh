@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue 21 in one command, for a machine with one CUDA GPU (docs/results.md
+# "GPU" and docs/ci.md "On a GPU" say how it is called and what its figures mean).
+#
+#   bash tools/gpu/check.sh [PART ...]     PART: env tests suite frameworks losses logprobs train
+#                                          (default: all, in that order; about 9 minutes on an H100)
+#
+# Run from the repository root. Each part writes one file to $OUT (default ./gpu-out): at most 8 files
+# in all, so that a remote runner that returns a few files brings every log back. Each part has its
+# own time limit and goes on after a failure; the exit status is that of the first failed part.
+# Needs torch with CUDA (and its triton), pytest, pytest-xdist and hypothesis. Wheels in .whl/ (made by
+# tools/gpu/wheels.sh: the frameworks for `check framework` and the benchmarks' framework columns)
+# are installed into /tmp/site first when present.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+REFIMPL=($PY -m refimpl)
+status=0
+run() {  # run NAME SECONDS COMMAND...: the command's output into $OUT/NAME, with its time and exit code
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $name: $*" | tee -a "$OUT/$name"
+  timeout "$limit" "$@" >>"$OUT/$name" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/$name"
+  [ $rc -ne 0 ] && [ $status -eq 0 ] && status=$rc
+  return 0
+}
+part_env() {
+  run env.txt 60 $PY -c "import torch, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(), 'host cores', __import__('os').cpu_count(), platform.python_version())"
+  run env.txt 60 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+}
+part_tests() {  # the CUDA module first, with whole tracebacks
+  run cuda_tests.log 240 $PY -m pytest -p no:cacheprovider -q -rfE --tb=long tests/test_cuda.py
+}
+part_suite() {  # the whole suite with CUDA visible (failures listed with short tracebacks)
+  run suite.log 360 $PY -m pytest -p no:cacheprovider -q -rfE --tb=short -n 14 --durations=15
+}
+part_frameworks() {  # every mode of every framework, expected values on the GPU too
+  local f
+  for f in trl verl openrlhf liger skyrl areal; do
+    run frameworks.txt 120 "${REFIMPL[@]}" check framework "$f" --device cuda
+  done
+}
+part_losses() {  # the fast path against the floor and the frameworks (graphs compiled first, in parallel)
+  timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets ppo grpo dr_grpo --no-frameworks &
+  timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets dapo bnpo gspo --no-frameworks &
+  timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets gspo_token sapo cispo --no-frameworks &
+  timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets >/dev/null 2>&1 &
+  wait
+  run losses.txt 240 $PY benchmarks/losses.py --device cuda --rounds 7
+}
+part_logprobs() {
+  run logprobs.txt 180 $PY benchmarks/logprobs.py --device cuda
+}
+part_train() {  # the default run on the GPU, eager and compiled, then seconds per RL step
+  local dir
+  dir=$(mktemp -d)
+  run train.txt 240 "${REFIMPL[@]}" train --device cuda --out "$dir/eager"
+  run train.txt 300 "${REFIMPL[@]}" train --device cuda --compile true --out "$dir/compiled"
+  run train.txt 300 $PY benchmarks/trainer.py --steps --device cuda --repeats 3
+}
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(env tests suite frameworks losses logprobs train)
+for p in "${parts[@]}"; do
+  case $p in
+    env|tests|suite|frameworks|losses|logprobs|train) "part_$p" ;;
+    *) echo "unknown part $p (env tests suite frameworks losses logprobs train)" >&2; exit 2 ;;
+  esac
+done
+exit $status
