@@ -32,9 +32,9 @@ import torch
 from refimpl.kl import _exp_minus_one_minus_identity, kl_k1, kl_k2, kl_k3
 from refimpl.losses.policy import (
     PolicyLossVariant,
-    _check_tensor,
     _normalizer_from_lengths,
     _sequence_kl_weight,
+    check_policy_inputs,
     policy_loss,
 )
 
@@ -401,19 +401,6 @@ class _FusedPolicyLoss(torch.autograd.Function):
 # the entry point
 
 
-def _checked_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The mask's type, shape and device (its 0/1 values are a flag of the fused function)."""
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if tuple(mask.shape) != shape:
-        raise ValueError(f"mask must have shape {shape} like logp, got {tuple(mask.shape)}")
-    if mask.device != device:
-        raise ValueError(f"mask must be on device {device}, got {mask.device}")
-    if mask.is_complex():
-        raise TypeError(f"mask must be bool or real 0/1, got dtype {mask.dtype}")
-    return mask
-
-
 def _normalizer_tensor(normalizer: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     if normalizer is None:
         return None
@@ -444,18 +431,8 @@ def _detached(x: torch.Tensor | None) -> torch.Tensor | None:
 @functools.cache
 def _plan(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, behavior: bool, entropy: bool,
           kl: bool, bool_mask: bool, global_normalizer: bool) -> _Plan:
-    """The plan, after the checks of the variant against the inputs given (the reference's
-    messages; cached, so they run once per plan)."""
-    if ref and kl:
-        raise ValueError("give either ref_logp (KL via variant.kl_estimator) or kl (exact), not both")
-    if variant.kl_coef > 0 and not (ref or kl):
-        raise ValueError(f"variant.kl_coef={variant.kl_coef} > 0 needs ref_logp or kl")
-    if variant.entropy_coef > 0 and not entropy:
-        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0 needs entropy")
-    if behavior != (variant.behavior_correction != "none"):
-        raise ValueError(f"behavior_logp must be given exactly when variant.behavior_correction != 'none' "
-                         f"(got behavior_correction={variant.behavior_correction!r}, behavior_logp "
-                         f"{'given' if behavior else 'missing'})")
+    """The plan, after the aggregation's checks of the variant (the reference's messages; cached, so
+    they run once per plan)."""
     empty = torch.zeros(0)  # the aggregation's own checks (max_length, group_size, the sequence KL)
     local = _normalizer_from_lengths(empty, variant)
     if variant.kl_scale == "sequence" and (ref or kl) and variant.kl_coef > 0:
@@ -488,25 +465,8 @@ def fused_policy_loss(
     elements is passed to the reference. Where several inputs are wrong at once, the error named
     first may differ from the reference's (the value checks are read together, after the others).
     """
-    if not isinstance(variant, PolicyLossVariant):
-        raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
-                        f"{type(variant).__name__}")
-    _check_tensor(logp, "logp", None, None)
-    if logp.ndim != 2:
-        raise ValueError(f"logp must be 2-D [N, T], got shape {tuple(logp.shape)}")
-    shape, device = tuple(logp.shape), logp.device
-    _check_tensor(old_logp, "old_logp", shape, device)
-    _check_tensor(advantages, "advantages", None, device)
-    if tuple(advantages.shape) not in (shape[:1], shape):
-        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
-    if advantages.ndim == 2 and variant.sequence_level:
-        raise ValueError(f"variant.ratio={variant.ratio!r} is sequence-level and needs advantages of "
-                         f"shape {shape[:1]}, got {tuple(advantages.shape)}")
-    mask = _checked_mask(mask, shape, device)
     optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
-    for name, value in optional.items():
-        if value is not None:
-            _check_tensor(value, name, shape, device)
+    shape, device = check_policy_inputs(logp, old_logp, advantages, mask, variant, optional)
     if logp.numel() == 0:  # nothing to fuse (a shape fact, no host sync)
         return policy_loss(logp, old_logp, advantages, mask, variant, normalizer=normalizer, **optional)
     plan = _plan(variant, advantages.ndim == 2, ref_logp is not None, behavior_logp is not None,

@@ -250,19 +250,71 @@ def _check_tensor(x: object, name: str, shape: tuple[int, ...] | None, device: t
         raise ValueError(f"{name} must be on device {device}, got {x.device}")
 
 
-def _as_bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def _check_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> None:
+    """The mask's type, shape and device (its 0/1 values are checked where they are read)."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
     if tuple(mask.shape) != shape:
         raise ValueError(f"mask must have shape {shape} like logp, got {tuple(mask.shape)}")
     if mask.device != device:
         raise ValueError(f"mask must be on device {device}, got {mask.device}")
-    if mask.dtype == torch.bool:
-        return mask
     if mask.is_complex():
         raise TypeError(f"mask must be bool or real 0/1, got dtype {mask.dtype}")
+
+
+def _as_bool_mask(mask: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    _check_mask(mask, shape, device)
+    if mask.dtype == torch.bool:
+        return mask
     _check_value(((mask == 0) | (mask == 1)).all(), "mask must contain only 0 and 1")
     return mask != 0
+
+
+def check_policy_inputs(logp: object, old_logp: object, advantages: object, mask: object, variant: object,
+                        optional: dict[str, object]) -> tuple[tuple[int, ...], torch.device]:
+    """The checks of ``policy_loss``'s arguments that read no values: types, shapes and devices of the
+    tensors (``optional``: ``ref_logp``, ``behavior_logp``, ``entropy``, ``kl``, each None or a tensor)
+    and which of them the variant needs (``check_optional_inputs``). Returns ``(shape, device)`` of
+    ``logp``. Shared by ``policy_loss`` and ``refimpl.losses.fused_policy.fused_policy_loss`` (the same
+    errors, in the same order)."""
+    if not isinstance(variant, PolicyLossVariant):
+        raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
+                        f"{type(variant).__name__}")
+    _check_tensor(logp, "logp", None, None)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be 2-D [N, T], got shape {tuple(logp.shape)}")
+    shape, device = tuple(logp.shape), logp.device
+    _check_tensor(old_logp, "old_logp", shape, device)
+    _check_tensor(advantages, "advantages", None, device)
+    if tuple(advantages.shape) not in (shape[:1], shape):
+        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
+    if advantages.ndim == 2 and variant.sequence_level:
+        raise ValueError(f"variant.ratio={variant.ratio!r} is sequence-level and needs advantages of "
+                         f"shape {shape[:1]}, got {tuple(advantages.shape)}")
+    _check_mask(mask, shape, device)
+    for name, value in optional.items():
+        if value is not None:
+            _check_tensor(value, name, shape, device)
+    check_optional_inputs(variant, *(optional[k] is not None for k in ("ref_logp", "behavior_logp",
+                                                                       "entropy", "kl")))
+    return shape, device
+
+
+def check_optional_inputs(variant: PolicyLossVariant, ref: bool, behavior: bool, entropy: bool,
+                          kl: bool) -> None:
+    """The optional inputs given (``ref_logp``, ``behavior_logp``, ``entropy``, ``kl``) against the
+    variant's needs: not both KL sources, a KL source when kl_coef > 0, entropy when entropy_coef > 0,
+    behaviour log-probs exactly with a behaviour correction (md eqs. (12)-(13))."""
+    if ref and kl:
+        raise ValueError("give either ref_logp (KL via variant.kl_estimator) or kl (exact), not both")
+    if variant.kl_coef > 0 and not (ref or kl):
+        raise ValueError(f"variant.kl_coef={variant.kl_coef} > 0 needs ref_logp or kl")
+    if variant.entropy_coef > 0 and not entropy:
+        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0 needs entropy")
+    if behavior != (variant.behavior_correction != "none"):
+        raise ValueError(f"behavior_logp must be given exactly when variant.behavior_correction != 'none' "
+                         f"(got behavior_correction={variant.behavior_correction!r}, behavior_logp "
+                         f"{'given' if behavior else 'missing'})")
 
 
 def _check_finite(summed: list[torch.Tensor], named: dict[str, torch.Tensor]) -> None:
@@ -561,35 +613,9 @@ def policy_loss(
     (open gate, A != 0), a KL term, or their sum exceeds the dtype's range, no finite answer
     exists and ValueError("the loss overflows ...") is raised; ratio metrics may then be +inf.
     """
-    if not isinstance(variant, PolicyLossVariant):
-        raise TypeError(f"variant must be a PolicyLossVariant (e.g. get_preset('grpo')), got "
-                        f"{type(variant).__name__}")
-    _check_tensor(logp, "logp", None, None)
-    if logp.ndim != 2:
-        raise ValueError(f"logp must be 2-D [N, T], got shape {tuple(logp.shape)}")
-    shape, device = tuple(logp.shape), logp.device
-    _check_tensor(old_logp, "old_logp", shape, device)
-    _check_tensor(advantages, "advantages", None, device)
-    if tuple(advantages.shape) not in (shape[:1], shape):
-        raise ValueError(f"advantages must have shape {shape[:1]} or {shape}, got {tuple(advantages.shape)}")
-    if advantages.ndim == 2 and variant.sequence_level:
-        raise ValueError(f"variant.ratio={variant.ratio!r} is sequence-level and needs advantages of "
-                         f"shape {shape[:1]}, got {tuple(advantages.shape)}")
-    mask = _as_bool_mask(mask, shape, device)
     optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
-    for name, value in optional.items():
-        if value is not None:
-            _check_tensor(value, name, shape, device)
-    if ref_logp is not None and kl is not None:
-        raise ValueError("give either ref_logp (KL via variant.kl_estimator) or kl (exact), not both")
-    if variant.kl_coef > 0 and ref_logp is None and kl is None:
-        raise ValueError(f"variant.kl_coef={variant.kl_coef} > 0 needs ref_logp or kl")
-    if variant.entropy_coef > 0 and entropy is None:
-        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0 needs entropy")
-    if (behavior_logp is None) != (variant.behavior_correction == "none"):
-        raise ValueError(f"behavior_logp must be given exactly when variant.behavior_correction != 'none' "
-                         f"(got behavior_correction={variant.behavior_correction!r}, behavior_logp "
-                         f"{'missing' if behavior_logp is None else 'given'})")
+    shape, device = check_policy_inputs(logp, old_logp, advantages, mask, variant, optional)
+    mask = _as_bool_mask(mask, shape, device)
     dtype = torch.promote_types(logp.dtype, torch.float32)
     lengths = mask.sum(dim=-1, dtype=dtype)
     local = _normalizer_from_lengths(lengths, variant)
