@@ -33,7 +33,7 @@ import weakref
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
 from torch.utils import _pytree as pytree
 
 from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
@@ -81,14 +81,17 @@ class OnDevice(TorchFunctionMode):
     def __enter__(self):
         # A custom autograd.Function's apply is no torch operation the mode sees: its arguments would
         # reach forward (and be saved for backward, which runs outside the mode) on the CPU. Move them
-        # as any operation's, so forward, its saved tensors and backward all live on the device.
+        # as any operation's, so forward, its saved tensors and backward all live on the device; forward
+        # then runs without the mode, as backward does (a tensor it makes on the wrong device fails
+        # as it would on the device, and a torch.compile inside it traces no mode).
         raw = torch.autograd.Function.__dict__["apply"]
         self._apply = raw
         mode = self
 
         def apply(cls, *args, **kwargs):
             args, kwargs = pytree.tree_map(mode._move, (args, kwargs))
-            out = raw.__func__(cls, *args, **kwargs)
+            with _pop_mode_temporarily():
+                out = raw.__func__(cls, *args, **kwargs)
             pytree.tree_map(mode._mark, out)
             return out
 

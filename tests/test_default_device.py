@@ -17,6 +17,7 @@ exemption is listed with its reason).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -65,6 +66,7 @@ from refimpl.losses import (
     bradley_terry_loss,
     dpo_loss,
     entropy_bonus_loss,
+    fused_policy_loss,
     lm_head_logprobs,
     loss_normalizer,
     policy_loss,
@@ -411,7 +413,7 @@ def _policy_batch(dtype, n: int = 4, t: int = 5):
 
 
 def _policy_case(variant, *, extras=(), token_advantages=False, float_mask=False, normalizer=None,
-                 tensor_normalizer=None, n=4):
+                 tensor_normalizer=None, n=4, loss=policy_loss):
     def build(dtype):
         logp, old, adv, mask = _policy_batch(dtype, n=n)
         if token_advantages:
@@ -430,7 +432,7 @@ def _policy_case(variant, *, extras=(), token_advantages=False, float_mask=False
         if tensor_normalizer is not None:
             kwargs["normalizer"] = torch.tensor(tensor_normalizer, dtype=dtype)
         m = mask.to(dtype) if float_mask else mask
-        return lambda: policy_loss(logp, old, adv, m, variant, **kwargs), tuple(grads)
+        return lambda: loss(logp, old, adv, m, variant, **kwargs), tuple(grads)
     return build
 
 
@@ -468,6 +470,13 @@ POLICY_CASES = {
 }
 for _name, (_variant, _options) in POLICY_CASES.items():
     case("refimpl.losses.policy_loss", _name)(_policy_case(_variant, **_options))
+    # the fast path's formulas op by op on every case; compiled (inductor on the CPU, Triton on CUDA)
+    # on one, since each compiled graph costs seconds
+    case("refimpl.losses.fused_policy_loss", _name)(
+        _policy_case(_variant, loss=functools.partial(fused_policy_loss, compile=False), **_options))
+case("refimpl.losses.fused_policy_loss", "compiled, kl k3, entropy")(
+    _policy_case(replace(GRPO, kl_coef=0.1, entropy_coef=0.01), extras=("ref_logp", "entropy"),
+                 loss=fused_policy_loss))
 
 
 @case("refimpl.losses.loss_normalizer")

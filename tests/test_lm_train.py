@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from refimpl import losses
+from refimpl.lm import train as train_module
 from refimpl.lm.checkpoint import load_checkpoint
 from refimpl.lm.model import GPT, KVCache
 from refimpl.lm.recipes import RECIPES
@@ -65,24 +66,27 @@ def flat_grad(model) -> torch.Tensor:
 
 
 class PolicyLossSpy:
-    """Records the arguments of every policy_loss call made by the trainer."""
+    """Records the arguments of every policy-loss call made by the trainer: ``policy_loss``, or the
+    fast path ``fused_policy_loss`` that compiled runs take."""
 
     def __init__(self, monkeypatch):
         self.calls = []
-        self.real = losses.policy_loss
-        monkeypatch.setattr(losses, "policy_loss", self)
+        for owner, name in ((losses, "policy_loss"), (train_module, "fused_policy_loss")):
+            monkeypatch.setattr(owner, name, self._recording(getattr(owner, name)))
 
-    def __call__(self, logp, old_logp, advantages, mask, variant, **kw):
-        self.calls.append(
-            dict(
-                logp=logp.detach().clone(),
-                old_logp=old_logp.clone(),
-                mask=mask.clone(),
-                variant=variant,
-                **{k: v for k, v in kw.items()},
+    def _recording(self, real):
+        def call(logp, old_logp, advantages, mask, variant, **kw):
+            self.calls.append(
+                dict(
+                    logp=logp.detach().clone(),
+                    old_logp=old_logp.clone(),
+                    mask=mask.clone(),
+                    variant=variant,
+                    **{k: v for k, v in kw.items()},
+                )
             )
-        )
-        return self.real(logp, old_logp, advantages, mask, variant, **kw)
+            return real(logp, old_logp, advantages, mask, variant, **kw)
+        return call
 
 
 @pytest.mark.parametrize("loss", LOSS_NAMES)

@@ -433,7 +433,8 @@ def _plan(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, beh
           kl: bool, bool_mask: bool, global_normalizer: bool) -> _Plan:
     """The plan, after the aggregation's checks of the variant (the reference's messages; cached, so
     they run once per plan)."""
-    empty = torch.zeros(0)  # the aggregation's own checks (max_length, group_size, the sequence KL)
+    # the aggregation's own checks (max_length, group_size, the sequence KL)
+    empty = torch.zeros(0, device="cpu")
     local = _normalizer_from_lengths(empty, variant)
     if variant.kl_scale == "sequence" and (ref or kl) and variant.kl_coef > 0:
         _sequence_kl_weight(variant, local, empty, global_normalizer)
