@@ -108,10 +108,9 @@ def _exp_minus_one_minus_identity(x: torch.Tensor) -> torch.Tensor:
     for inverse_factorial in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5):
         poly = inverse_factorial + xs * poly
     series = xs * xs * poly
-    # keeps expm1's gradient free of the small branch, and inf - inf out of the value at x = +inf,
-    # where the limit exp(x) - 1 - x -> +inf is the value
-    xl = torch.where(small | (x == math.inf), torch.ones_like(x), x)
-    direct = torch.where(x == math.inf, x, torch.expm1(xl) - xl)
+    xl = torch.where(small, torch.ones_like(x), x)  # keeps expm1's gradient free of the small branch
+    # at x = +inf the value and slope are their limits, +inf (expm1(x) - x would be inf - inf = NaN)
+    direct = torch.expm1(xl) - torch.where(x == math.inf, 0.0, xl)
     return torch.where(small, series, direct)
 
 

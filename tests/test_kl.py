@@ -301,11 +301,15 @@ def test_k3_beyond_the_dtypes_range_raises_instead_of_returning_inf(dtype, log_r
 
 def test_k3_at_an_infinite_log_ratio_is_its_limit_without_check():
     """log r = +inf (ref_logp finite, logp = -inf) and -inf: k3 = exp(x) - 1 - x tends to +inf at
-    both ends; with check_finite=False both are +inf (inf - inf gave NaN at +inf), with the check
-    the infinite log-probability is refused."""
-    logp = torch.tensor([-math.inf, 0.0], dtype=F64)
+    both ends; with check_finite=False both are +inf (inf - inf gave NaN at +inf), and the slope
+    d k3 / d logp = 1 - r its limit too (-inf at r = +inf, 1 at r = 0); with the check the infinite
+    log-probability is refused."""
+    logp = torch.tensor([-math.inf, 0.0], dtype=F64, requires_grad=True)
     ref = torch.tensor([0.0, -math.inf], dtype=F64)
-    assert kl_k3(logp, ref, check_finite=False).tolist() == [math.inf, math.inf]
+    k3 = kl_k3(logp, ref, check_finite=False)
+    assert k3.tolist() == [math.inf, math.inf]
+    (grad,) = torch.autograd.grad(k3.sum(), logp)
+    assert grad.tolist() == [-math.inf, 1.0]
     with pytest.raises(ValueError):
         kl_k3(logp, ref)
 

@@ -211,9 +211,7 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
         if convention.kl_log_ratio_max is not None:
             log_r = log_r.clamp(max=convention.kl_log_ratio_max)
         value = _k3_of_log_ratio(log_r, convention.kl_k3_form)
-    elif k3:
-        value = _k3_accurate(logp_m, ref_m)
-    else:
+    else:  # k3 at log r = +inf (a token the policy gives probability 0): its limits, value inf, slope -inf
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
     if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
@@ -222,16 +220,6 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
     elif convention.kl_gradient == "none":
         value = value.detach()
     return value
-
-
-def _k3_accurate(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """k3 (kl.md eq. (4)) by ``refimpl.kl.kl_k3``, and at ``log r = ref - logp = +inf`` (a token the
-    policy gives probability 0) its limit: value ``exp(log r) = inf``, gradient ``-inf``."""
-    infinite = torch.isposinf(ref - logp)
-    if not bool(infinite.any()):
-        return kl_k3(logp, ref, check_finite=False)
-    finite = kl_k3(torch.where(infinite, ref, logp), ref, check_finite=False)
-    return torch.where(infinite, torch.exp(torch.where(infinite, ref - logp, 0.0)), finite)
 
 
 def _k2_straight_through(value: torch.Tensor, logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
