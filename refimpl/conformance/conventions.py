@@ -289,12 +289,12 @@ class Convention:
 
 
 def convention_from_flags(name: str, flags: dict) -> Convention:
-    """A ``Convention`` called ``name`` from a flat flag dict (a driver's ``Mode.convention``; a
-    "name" key there is ignored). Raises ValueError naming unknown flags."""
-    unknown = set(flags) - set(FLAG_GROUP) - {"name"}
+    """A ``Convention`` called ``name`` from a flat flag dict (a driver's ``Mode.convention``). Raises
+    ValueError naming unknown flags."""
+    unknown = set(flags) - set(FLAG_GROUP)
     if unknown:
         raise ValueError(f"unknown convention flags {sorted(unknown)}; known: {sorted(FLAG_GROUP)}")
-    return Convention(name=name, **{k: v for k, v in flags.items() if k != "name"})
+    return Convention(name=name, **flags)
 
 
 #: Why a framework might choose each flag (printed by ``refimpl conventions``).

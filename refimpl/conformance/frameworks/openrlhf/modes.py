@@ -13,7 +13,6 @@ from .. import Mode
 # * kl_log_ratio_max 10: k3 clamps x = logp - ref below at -10 (log r = -x above at 10);
 # * kl_value_clamp 10 with scope "all": every estimator's value is clamped to [-10, 10].
 _KL_PROFILE = {
-    "name": "openrlhf",
     "kl_compute_dtype": "float32",
     "kl_k3_form": "naive",
     "kl_log_ratio_max": 10.0,
