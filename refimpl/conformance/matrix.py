@@ -225,7 +225,7 @@ def _number(x) -> str:
 
 
 def _flag_list(flags: dict) -> str:
-    return ", ".join(f"`{k}={v!r}`" for k, v in flags.items() if k != "name")
+    return ", ".join(f"`{k}={v!r}`" for k, v in flags.items())
 
 
 def _summary_lines(summary: dict) -> list[str]:
@@ -279,7 +279,7 @@ def _mode_lines(m: dict, common: dict, bugs: dict) -> list[str]:
     lines = [f"### {m['kind']} `{m['mode']}`", ""]
     if m.get("description"):
         lines += _wrap(m["description"]) + [""]
-    own_flags = {k: v for k, v in m["profile"].items() if k != "name" and common.get(k, object()) != v}
+    own_flags = {k: v for k, v in m["profile"].items() if common.get(k, object()) != v}
     profile = "the framework's flags" if common else "(the spec)"
     if own_flags:
         profile = (profile + ", and " if common else "") + _flag_list(own_flags)
@@ -309,7 +309,7 @@ def _framework_lines(fw: dict) -> list[str]:
     warn = "" if fw["version"] == fw["pinned_version"] else f" (profiles describe {fw['pinned_version']})"
     lines += _wrap(f"Version {fw['version']}{warn}, source sha256 `{fw['source_hash']}`; {len(fw['modes'])} "
                    f"modes in scope, {len(fw['unsupported'])} unsupported.") + [""]
-    profiles = [{k: v for k, v in m["profile"].items() if k != "name"} for m in fw["modes"]]
+    profiles = [m["profile"] for m in fw["modes"]]
     common = {k: v for k, v in profiles[0].items() if all(p.get(k, object()) == v for p in profiles)} \
         if len(profiles) > 1 else {}
     if common:
