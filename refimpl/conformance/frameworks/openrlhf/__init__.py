@@ -35,119 +35,42 @@ driven alone (kind "kl").
 from __future__ import annotations
 
 from .adapters import (
-    _LOADED as _LOADED,
-)
-from .adapters import (
-    _MODELS_PKG as _MODELS_PKG,
-)
-from .adapters import (
-    _SOURCES as _SOURCES,
-)
-from .adapters import (
-    _UTILS_PKG as _UTILS_PKG,
-)
-from .adapters import (
-    STUBBED as STUBBED,
-)
-from .adapters import (
-    _HostTorch as _HostTorch,
-)
-from .adapters import (
-    _kl_target as _kl_target,
-)
-from .adapters import (
-    _loss_batch_info as _loss_batch_info,
-)
-from .adapters import (
-    _modules as _modules,
-)
-from .adapters import (
-    _package_dir as _package_dir,
-)
-from .adapters import (
-    _policy_target as _policy_target,
-)
-from .adapters import (
-    _private_package as _private_package,
-)
-from .adapters import (
-    _step_counts as _step_counts,
-)
-from .adapters import (
-    availability as availability,
-)
-from .adapters import (
-    installed_version as installed_version,
-)
-from .adapters import (
-    source_files as source_files,
-)
-from .adapters import (
-    target as target,
+    STUBBED,
+    _modules,
+    availability,
+    installed_version,
+    source_files,
+    target,
 )
 from .modes import (
-    _DUAL_PROFILE as _DUAL_PROFILE,
-)
-from .modes import (
-    _GSPO_PROFILE as _GSPO_PROFILE,
-)
-from .modes import (
-    _KL_MODES as _KL_MODES,
-)
-from .modes import (
-    _KL_PROFILE as _KL_PROFILE,
-)
-from .modes import (
-    _POLICY_MODES as _POLICY_MODES,
-)
-from .modes import (
-    _POLICY_PROFILE as _POLICY_PROFILE,
-)
-from .modes import (
-    _PPO_PROFILE as _PPO_PROFILE,
-)
-from .modes import (
-    _UNSUPPORTED as _UNSUPPORTED,
-)
-from .modes import (
-    NOTES as NOTES,
-)
-from .modes import (
-    PROFILE as PROFILE,
-)
-from .modes import (
-    _check_kind as _check_kind,
-)
-from .modes import (
-    _kl_loss_config as _kl_loss_config,
-)
-from .modes import (
-    _mode as _mode,
-)
-from .modes import (
-    _mode_variant as _mode_variant,
-)
-from .modes import (
-    _ppo_config as _ppo_config,
-)
-from .modes import (
-    config_for_variant as config_for_variant,
-)
-from .modes import (
-    framework_config as framework_config,
-)
-from .modes import (
-    mode_for_preset as mode_for_preset,
-)
-from .modes import (
-    modes as modes,
-)
-from .modes import (
-    policy_loss_kwargs as policy_loss_kwargs,
-)
-from .modes import (
-    unsupported_modes as unsupported_modes,
+    NOTES,
+    PROFILE,
+    config_for_variant,
+    framework_config,
+    mode_for_preset,
+    modes,
+    policy_loss_kwargs,
+    unsupported_modes,
 )
 
-NAME = 'openrlhf'
-PINNED_VERSION = '0.11.2'
+__all__ = [
+    "NAME",
+    "PINNED_VERSION",
+    "STUBBED",
+    "availability",
+    "installed_version",
+    "source_files",
+    "target",
+    "NOTES",
+    "PROFILE",
+    "config_for_variant",
+    "framework_config",
+    "mode_for_preset",
+    "modes",
+    "policy_loss_kwargs",
+    "unsupported_modes",
+    "_modules",
+]
+
+NAME = "openrlhf"
+PINNED_VERSION = "0.11.2"

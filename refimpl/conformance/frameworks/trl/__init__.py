@@ -26,98 +26,48 @@ TRL is imported lazily (``import refimpl`` never imports it). Its import chain n
 from __future__ import annotations
 
 from .adapters import (
-    _grpo_config as _grpo_config,
-)
-from .adapters import (
-    _SingleProcess as _SingleProcess,
-)
-from .adapters import (
-    _stand_in_trainer as _stand_in_trainer,
-)
-from .adapters import (
-    _trl as _trl,
-)
-from .adapters import (
-    _trl_path as _trl_path,
-)
-from .adapters import (
-    _warn_version as _warn_version,
-)
-from .adapters import (
-    availability as availability,
-)
-from .adapters import (
-    installed_version as installed_version,
-)
-from .adapters import (
-    loss_step as loss_step,
-)
-from .adapters import (
-    source_files as source_files,
-)
-from .adapters import (
-    target as target,
-)
-from .adapters import (
-    time_loss as time_loss,
-)
-from .adapters import (
-    trl_policy_loss as trl_policy_loss,
+    _grpo_config,
+    _trl,
+    availability,
+    installed_version,
+    loss_step,
+    source_files,
+    target,
+    time_loss,
+    trl_policy_loss,
 )
 from .modes import (
-    _COMMON as _COMMON,
-)
-from .modes import (
-    _GLOBAL_TOKENS as _GLOBAL_TOKENS,
-)
-from .modes import (
-    _LOCAL_MEAN as _LOCAL_MEAN,
-)
-from .modes import (
-    _MODES as _MODES,
-)
-from .modes import (
-    _SHAPE_FIELDS as _SHAPE_FIELDS,
-)
-from .modes import (
-    _UNSUPPORTED as _UNSUPPORTED,
-)
-from .modes import (
-    PROFILE as PROFILE,
-)
-from .modes import (
-    SCALE_REWARDS as SCALE_REWARDS,
-)
-from .modes import (
-    _check_kind as _check_kind,
-)
-from .modes import (
-    _check_shape as _check_shape,
-)
-from .modes import (
-    _mode as _mode,
-)
-from .modes import (
-    _shape as _shape,
-)
-from .modes import (
-    framework_config as framework_config,
-)
-from .modes import (
-    grpo_config_kwargs as grpo_config_kwargs,
-)
-from .modes import (
-    mode_of_variant as mode_of_variant,
-)
-from .modes import (
-    mode_variant as mode_variant,
-)
-from .modes import (
-    modes as modes,
-)
-from .modes import (
-    unsupported_modes as unsupported_modes,
+    PROFILE,
+    SCALE_REWARDS,
+    framework_config,
+    grpo_config_kwargs,
+    mode_of_variant,
+    mode_variant,
+    modes,
+    unsupported_modes,
 )
 
-NAME = 'trl'
-PINNED_VERSION = '1.16.0'
+__all__ = [
+    "NAME",
+    "PINNED_VERSION",
+    "availability",
+    "installed_version",
+    "loss_step",
+    "source_files",
+    "target",
+    "time_loss",
+    "trl_policy_loss",
+    "PROFILE",
+    "SCALE_REWARDS",
+    "framework_config",
+    "grpo_config_kwargs",
+    "mode_of_variant",
+    "mode_variant",
+    "modes",
+    "unsupported_modes",
+    "_grpo_config",
+    "_trl",
+]
+
+NAME = "trl"
+PINNED_VERSION = "1.16.0"
