@@ -189,3 +189,12 @@ def test_preset_selects_the_profiles_mode_and_runs_that_preset():
             own, prof = convention_from_flags(name, mode.convention), profile(name, preset)
             assert all(getattr(prof, k) == getattr(own, k) for k in mode.convention if k != "name")
     assert missing == {("areal", "grpo")}  # AReaL's loss is a global token mean: no seq-mean-token-mean
+
+
+@pytest.mark.parametrize("name", FRAMEWORKS)
+def test_every_candidate_bug_of_a_driver_is_shown_by_a_mode(name, real_matrix):
+    """A driver's ``CANDIDATE_BUGS`` name departures its modes show under the reference (a key that
+    no mode departs by is a stale or misspelt entry)."""
+    installed(name)
+    bugs = [b for b in real_matrix(None)["summary"]["candidate_bugs"] if b["framework"] == name]
+    assert [b["key"] for b in bugs if not b["modes"]] == []

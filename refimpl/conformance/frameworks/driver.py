@@ -15,6 +15,9 @@ framework (docs/conformance.md, "Adding a framework"):
                                                #   right, are ``--convention NAME --preset preset``
     NOTES = {topic: text}                      # optional: what the profile does not reproduce, or
                                                #   what the driver fixes (printed in the matrix)
+    CANDIDATE_BUGS = {key: text}               # optional: departures the framework would likely
+                                               #   want to change (key: a flag, flag=value or a
+                                               #   case class; the matrix lists the modes showing it)
     framework_config(mode, variant) -> dict    # optional: the framework's own config keys
 
 Modules written against the earlier interface (``modes(kind)``, ``unsupported_modes(kind)``,

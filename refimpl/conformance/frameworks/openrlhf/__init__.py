@@ -43,6 +43,7 @@ from .adapters import (
     target,
 )
 from .modes import (
+    CANDIDATE_BUGS,
     NOTES,
     PROFILE,
     config_for_variant,
@@ -62,6 +63,7 @@ __all__ = [
     "source_files",
     "target",
     "NOTES",
+    "CANDIDATE_BUGS",
     "PROFILE",
     "config_for_variant",
     "framework_config",

@@ -209,6 +209,15 @@ _UNSUPPORTED = {
 
 
 #: what the driver fixes (printed in the matrix): the device of the step normalisers
+#: Departures OpenRLHF would likely want to change (the matrix lists them with the modes that show them).
+CANDIDATE_BUGS = {
+    "empty_step": "a step with no token (every row padding) gives the loss 0 / 0 = NaN: "
+    "_optimizer_step_loss_norm's float32 token count is 0; the spec's loss is 0 with zero gradient.",
+    "dual_clip_tie": "at a float32 ratio exactly on dual_clip (r = 3.0, A < 0) torch.max in loss.py:210 ties "
+    "and autograd splits the gradient: A r / 2, where the spec's inclusive gate keeps A r.",
+}
+
+
 NOTES = {
     "device": "OpenRLHF's _optimizer_step_loss_norm (utils/loss_utils.py) builds the step's float32 token / "
     "sequence counts on torch.cuda.current_device() whenever CUDA is available, and divides them by the "
