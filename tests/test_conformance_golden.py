@@ -207,7 +207,8 @@ def test_refimpl_group_advantages_matches_vector(vector):
 
 def test_regeneration_is_bit_identical_on_a_subset():
     """The KL file in full, and a subset of every other file (one preset's version-1 and boundary
-    policy vectors, the dual-clip ones, two frameworks' presets, one estimator, the log-probs),
+    policy vectors, the dual-clip ones, a token-sum point, two frameworks' presets and TRL's luspo,
+    one estimator, the log-probs),
     regenerate to the same bytes as the stored files (the command writes the same canonical JSON)."""
     from specs import golden_estimators
 
@@ -217,10 +218,12 @@ def test_regeneration_is_bit_identical_on_a_subset():
     ).read_text()
     subsets = {
         "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip"))
-        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active")),
-        # OpenRLHF's float32-exact KL vectors and verl GSPO's log-ratio cap
+        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active"))
+        + golden.policy_loss_vectors(("gspo+token_sum",), case_classes=("mixed", "ragged_empty_row")),
+        # OpenRLHF's float32-exact KL vectors, verl GSPO's log-ratio cap, TRL's luspo
         "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",))
-        + golden.convention_vectors(("verl",), ("gspo",)),
+        + golden.convention_vectors(("verl",), ("gspo",))
+        + golden.convention_vectors(("trl",), ("gspo+token_sum",)),
         "advantages.json": golden.advantage_vectors()[:15],
         "returns.json": golden_estimators.returns_vectors(estimators=("td_errors",)),
         "importance.json": golden_estimators.importance_vectors(),

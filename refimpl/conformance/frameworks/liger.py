@@ -76,7 +76,8 @@ _INSTALL = "pip install --no-deps liger-kernel==0.8.5"
 # * masked_nonfinite "propagate": ppo_loss_fn reduces (per_token_loss * attention_mask).sum(), so a
 #   NaN / inf at a masked position reaches the loss;
 # * empty_rows "keep" / token_sum_rows "all": grpo / sapo divide the sum of row means by
-#   full_attention_mask.shape[0] (every row) and dr_grpo by shape[0] * max_completion_length;
+#   full_attention_mask.shape[0] (every row), dr_grpo by shape[0] * max_completion_length and luspo
+#   (aggregation seq_mean_token_sum) its length-weighted row terms by shape[0] (grpo_loss.py:242-245);
 # * kl_k3_form "naive" and kl_compute_dtype "float32": k3_loss_fn is exp(x) - x - 1 on float32 log-probs;
 # * compute_dtype "float32" and ratio_dtype "float32_gate": every loss is computed in float32 whatever the
 #   inputs (fused_linear_ppo.py:32 float32 log-probs, :251 a float32 accumulator, :530-531 .float() on
