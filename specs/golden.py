@@ -59,6 +59,9 @@ __all__ = [
     "DIGITS",
     "FLAGS",
     "GOLDEN_PRESETS",
+    "GOLDEN_VARIANTS",
+    "GOLDEN_POINTS",
+    "VARIANT_MODES",
     "ADVANTAGE_CONVENTIONS",
     "CONVENTION_FLAGS",
     "vector",
@@ -91,6 +94,19 @@ GOLDEN_PRESETS: dict[str, LossSpec] = {
     "sapo": LossSpec(gate="sapo", eps_low=None, eps_high=None, aggregation="seq_mean_token_mean"),
     "cispo": LossSpec(gate="cispo", eps_low=None, eps_high=0.28, aggregation="token_mean"),
 }
+
+#: Points of the family beyond table 2 that get the same case classes: a preset with the aggregation
+#: seq_mean_token_sum (each sequence's token sum averaged over the sequences, policy_losses.md
+#: eqs. (10)-(11)), at the token level (Dr. GRPO's ratio and clip; verl's seq-mean-token-sum) and the
+#: sequence level (GSPO's ratio, its term once per token; TRL's and Liger-Kernel's luspo).
+GOLDEN_VARIANTS: dict[str, LossSpec] = {
+    "dr_grpo+token_sum": dataclasses.replace(
+        GOLDEN_PRESETS["dr_grpo"], aggregation="seq_mean_token_sum", max_length=None
+    ),
+    "gspo+token_sum": dataclasses.replace(GOLDEN_PRESETS["gspo"], aggregation="seq_mean_token_sum"),
+}
+#: every point of the family the vectors cover, by the name in their ``preset`` field
+GOLDEN_POINTS: dict[str, LossSpec] = {**GOLDEN_PRESETS, **GOLDEN_VARIANTS}
 
 #: group_advantages conventions of the advantage vectors (the kit's profiles; ``trl_batch`` is TRL's
 #: ``scale_rewards="batch"``, advantages.md eq. (14)).
@@ -586,10 +602,10 @@ def policy_loss_vectors(
     with a global normaliser, bfloat16-exact inputs, k3 KL), the KL penalty with each estimator, a
     single token, all rows empty, zero advantages, ratio 1, a ratio within one rounding of each clip
     bound (``acceptable``), subnormal results, NaN / -inf padding, five invalid inputs, and (ppo, grpo,
-    dapo) the dual-clip classes of ``_dual_clip_batches``."""
+    dapo) the dual-clip classes of ``_dual_clip_batches``; also for the points of ``GOLDEN_VARIANTS``."""
     out = []
-    for name in presets or tuple(GOLDEN_PRESETS):
-        spec = GOLDEN_PRESETS[name]
+    for name in presets or tuple(GOLDEN_POINTS):
+        spec = GOLDEN_POINTS[name]
         batches = _v1_batches(name, spec, seed) + _new_batches(name, spec, seed)
         for b in batches + _dual_clip_batches(name, spec, seed):
             if case_classes is not None and b.case_class not in case_classes:
@@ -686,7 +702,7 @@ _TRL = dict(
     kl_value_clamp=None,
     empty_rows="keep",
     seq_sum_width="max_length",
-    seq_sum_rows="all",
+    token_sum_rows="all",
     kl_importance_weight=True,
     sapo_tau_float32=False,
     sequence_ratio_gradient="sequence",
@@ -699,7 +715,7 @@ _VERL = dict(
     kl_value_clamp=10.0,
     empty_rows="drop",
     seq_sum_width="max_length",
-    seq_sum_rows="all",
+    token_sum_rows="all",
     kl_importance_weight=False,
     sapo_tau_float32=False,
     sequence_ratio_gradient="sequence",
@@ -710,7 +726,7 @@ _VERL_GSPO = dict(
     log_ratio_clamp=None,
     dual_clip=None,
     empty_rows="keep",
-    seq_sum_rows="nonempty",
+    token_sum_rows="nonempty",
     sequence_ratio_gradient="token",
     sequence_log_ratio_cap=10.0,
 )
@@ -721,7 +737,7 @@ _OPENRLHF = dict(
     kl_value_clamp=10.0,
     empty_rows="drop",
     seq_sum_width="max_length",
-    seq_sum_rows="nonempty",
+    token_sum_rows="nonempty",
     kl_importance_weight=False,
     sapo_tau_float32=False,
     sequence_ratio_gradient="sequence",
@@ -734,16 +750,17 @@ CONVENTION_FLAGS: dict[str, dict[str, dict[str, object]]] = {
     "trl": {
         **{p: dict(_TRL) for p in ("ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "cispo")},
         "sapo": dict(_TRL, sapo_tau_float32=True),
+        "gspo+token_sum": dict(_TRL),
     },
     # verl 0.9.1 as its trainer drives it: global_batch_size counts every row (empty ones too),
     # Dr. GRPO's loss_scale_factor set to L_max (refimpl.conformance.frameworks.verl)
     "verl": {
-        **{p: dict(_VERL) for p in ("ppo", "bnpo", "dapo", "dr_grpo")},
+        **{p: dict(_VERL) for p in ("ppo", "bnpo", "dapo", "dr_grpo", "dr_grpo+token_sum")},
         "grpo": dict(_VERL, empty_rows="keep"),
         "gspo": dict(_VERL_GSPO),
         "gspo_token": dict(_VERL_GSPO),
-        "sapo": dict(_VERL, dual_clip=None, empty_rows="keep", seq_sum_rows="nonempty"),
-        "cispo": dict(_VERL, dual_clip=None, seq_sum_rows="nonempty"),
+        "sapo": dict(_VERL, dual_clip=None, empty_rows="keep", token_sum_rows="nonempty"),
+        "cispo": dict(_VERL, dual_clip=None, token_sum_rows="nonempty"),
     },
     # OpenRLHF 0.11.2: its KL is evaluated in float32 (flag kl_compute_dtype); its KL vectors use inputs
     # on which that is exact and carry CONVENTION_KL_FLAGS
@@ -751,6 +768,14 @@ CONVENTION_FLAGS: dict[str, dict[str, dict[str, object]]] = {
         **{p: dict(_OPENRLHF) for p in ("ppo", "bnpo", "dapo", "grpo")},
         "gspo": dict(_OPENRLHF, log_ratio_clamp=None),
     },
+}
+
+#: The framework mode whose profile a point of ``GOLDEN_VARIANTS`` has in ``CONVENTION_FLAGS`` (a
+#: preset's is the framework's profile for the preset): TRL's loss_type="luspo", verl's
+#: loss_agg_mode="seq-mean-token-sum" (refimpl.conformance.frameworks).
+VARIANT_MODES: dict[str, dict[str, str]] = {
+    "trl": {"gspo+token_sum": "luspo"},
+    "verl": {"dr_grpo+token_sum": "vanilla/seq-mean-token-sum"},
 }
 
 #: Frameworks whose k3 KL term the exact spec describes at any inputs (the kl_penalty class).
@@ -830,16 +855,18 @@ def _convention_spec(spec: LossSpec, flags: dict) -> LossSpec:
 
 
 def _convention_denominator(spec: LossSpec, lengths, flags) -> sp.Expr:
-    """policy_losses.md eq. (11) with the flags: empty rows kept or dropped from sequence means; Dr.
-    GRPO over all or non-empty rows times L_max or the padded width (= the longest row here)."""
+    """policy_losses.md eq. (11) with the flags: empty rows kept or dropped from sequence means; the
+    token sums (seq_sum, seq_mean_token_sum) over all, the non-empty or no rows, Dr. GRPO's times
+    L_max or the padded width (= the longest row here)."""
     nonempty, rows = sum(1 for n in lengths if n), len(lengths)
     if spec.aggregation == "token_mean":
         return sp.Integer(max(sum(lengths), 1))
+    if spec.aggregation not in ("seq_sum", "seq_mean_token_sum"):
+        return sp.Integer(max(rows if flags["empty_rows"] == "keep" else nonempty, 1))
+    count = {"all": rows, "nonempty": nonempty, "none": 1}[flags["token_sum_rows"]]
     if spec.aggregation == "seq_sum":
-        width = spec.max_length if flags["seq_sum_width"] == "max_length" else max(lengths)
-        count = {"all": rows, "nonempty": nonempty, "none": 1}[flags["seq_sum_rows"]]
-        return sp.Integer(max(count * width, 1))
-    return sp.Integer(max(rows if flags["empty_rows"] == "keep" else nonempty, 1))
+        count *= spec.max_length if flags["seq_sum_width"] == "max_length" else max(lengths)
+    return sp.Integer(max(count, 1))
 
 
 def _row_log_ratios(b: _Batch) -> list[Fraction | None]:
@@ -906,7 +933,7 @@ def _convention_vector(name: str, convention: str, b: _Batch) -> dict:
     and value clamps (substituted into the exact-KL symbols), times the unit's ratio under
     ``kl_importance_weight``, differentiated after substitution."""
     flags = CONVENTION_FLAGS[convention][name]
-    spec = _convention_spec(GOLDEN_PRESETS[name], flags)
+    spec = _convention_spec(GOLDEN_POINTS[name], flags)
     if b.ref is not None:
         flags = {**flags, **CONVENTION_KL_FLAGS.get(convention, {})}
         spec = dataclasses.replace(spec, kl_coef=0.0625, kl_estimator=b.kl_estimator)
@@ -1014,7 +1041,7 @@ def _v1_convention_batches(convention: str, seed: int) -> dict[tuple[str, str], 
 def _convention_batches(convention: str, name: str, seed: int) -> list[_Batch]:
     v1 = _v1_convention_batches(convention, seed) if convention in ("trl", "verl") else {}
     rng = random.Random(f"{seed}/{convention}/{name}")
-    band = _band(GOLDEN_PRESETS[name])
+    band = _band(GOLDEN_POINTS[name])
     out = []
     lengths = [4, 0, 2, 3]
     logp, old, _ = _ragged_inputs(rng, lengths, (band[0] * 1.6, band[1] * 1.6), False)
@@ -1061,7 +1088,7 @@ def _float32_exact_kl_batches(convention: str, name: str, seed: int) -> list[_Ba
     where OpenRLHF's bound of log r at 10 acts). Rows [3, 0, 1, 4]: 8 tokens, so the token mean
     divides exactly."""
     rng = random.Random(f"{seed}/{convention}/{name}/kl")
-    band = _band(GOLDEN_PRESETS[name])
+    band = _band(GOLDEN_POINTS[name])
     lengths = [3, 0, 1, 4]
 
     def grid() -> Fraction:
@@ -1121,7 +1148,7 @@ def _sequence_cap_batches(convention: str, name: str, seed: int) -> list[_Batch]
     no per-token clamp), and a row exactly on the cap (log s = 10, exact in float64 too: the
     clamp passes the gradient on its bound)."""
     rng = random.Random(f"{seed}/{convention}/{name}/sequence_cap")
-    band = _band(GOLDEN_PRESETS[name])
+    band = _band(GOLDEN_POINTS[name])
 
     def row(shifts: list[Fraction]) -> tuple[list[Fraction], list[Fraction]]:
         old = [_dyadic(rng, -3.0, -0.125) for _ in shifts]
@@ -1163,7 +1190,8 @@ def convention_vectors(
     seed: int = 20251121,
 ) -> list[dict]:
     """Policy vectors under each framework's profile (``CONVENTION_FLAGS``: TRL, verl, OpenRLHF) for
-    every preset the framework profiles: an empty row with ragged lengths, mixed ratios, log-ratios of
+    every preset the framework profiles and the token-sum points of its modes (``VARIANT_MODES``): an
+    empty row with ragged lengths, mixed ratios, log-ratios of
     +-50 and +-24 (beyond verl's / OpenRLHF's +-20 clamps), (TRL, verl) a k3 KL with |log r| > 20,
     (verl GSPO) rows beyond and on its cap of log s (``_sequence_cap_batches``) and (OpenRLHF) a KL
     with each estimator on inputs where its float32 KL is exact (``_float32_exact_kl_batches``)."""

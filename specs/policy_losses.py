@@ -42,6 +42,10 @@ __all__ = [
 ]
 
 
+#: the aggregations of md eq. (10) under which a sequence-level term counts once per token
+_PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
+
+
 @dataclass(frozen=True)
 class LossSpec:
     """The parts of md table 1 (same field names as refimpl's PolicyLossVariant)."""
@@ -243,8 +247,9 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
     global_normalizer: use the symbol ``normalizer`` as D instead of md eq. (11)'s local value.
     The KL (entropy) term enters only when kl_coef (entropy_coef) > 0. With ``spec.kl_scale ==
     "sequence"`` the KL is md eq. (19): ``beta (1/S) sum_i sum_t KL_{i,t}``, S the number of
-    non-empty sequences, given globally as D (sequence means), D / L_max (seq_sum) or
-    D (seq_sqrt_token_mean counts sequences); with token_mean it needs the local S.
+    non-empty sequences, given globally as D (sequence means, seq_mean_token_sum), D / L_max
+    (seq_sum) or D (seq_sqrt_token_mean counts sequences); with token_mean it needs the local S.
+    seq_sum's L_max must bound every length (md eq. (11)); ValueError otherwise.
     """
     lp, lp_sg, old = _ragged("lp", lengths), _ragged("lpsg", lengths), _ragged("old", lengths)
     ref, beh = _ragged("ref", lengths), _ragged("beh", lengths)
@@ -277,22 +282,25 @@ def build_policy_loss(spec: LossSpec, lengths: tuple[int, ...], per_token_advant
             token_values = [v - alpha * ent[i][t] for t, v in enumerate(token_values)]
         token_sum = sum(token_values, sp.Integer(0))
         c_i = token_sum / n if agg in ("seq_mean_token_mean", "seq_sqrt_token_mean") else token_sum
-        if level == "sequence":  # a sequence term counts once per token under token_mean / seq_sum
-            c_i += -terms[i] * (n if agg in ("token_mean", "seq_sum") else 1)
+        if level == "sequence":  # a sequence term counts once per token (md eq. (10))
+            c_i += -terms[i] * (n if agg in _PER_TOKEN_COPIES else 1)
         if agg == "seq_sqrt_token_mean":  # each group's sum over sqrt(G), not G (md eq. (10), (27))
             if spec.group_size is None:
                 raise ValueError("spec.group_size is required by aggregation 'seq_sqrt_token_mean'")
             c_i *= sp.sqrt(spec.group_size)
         contributions.append(c_i)
     nonempty = sum(1 for n in lengths if n > 0)
+    if agg == "seq_sum" and spec.max_length is None:
+        raise ValueError("spec.max_length is required by aggregation 'seq_sum'")
+    if agg == "seq_sum" and max(lengths, default=0) > spec.max_length:
+        raise ValueError(f"spec.max_length (L_max = {spec.max_length}) must be >= every length, got "
+                         f"{max(lengths)}: for no L_max use aggregation 'seq_mean_token_sum'")
     normalizer = sp.Symbol("D", positive=True)
     if global_normalizer:
         denominator = normalizer
     elif agg == "token_mean":
         denominator = sp.Integer(max(sum(lengths), 1))
     elif agg == "seq_sum":
-        if spec.max_length is None:
-            raise ValueError("spec.max_length is required by aggregation 'seq_sum'")
         denominator = sp.Integer(max(nonempty * spec.max_length, 1))
     else:
         denominator = sp.Integer(max(nonempty, 1))
@@ -491,8 +499,8 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
     behaviour correction and per-sequence advantages A_i, the gradient of every surrogate w.r.t.
     logp[i][t] is ``-A_i * u_i / D`` (the policy-gradient term: ``-A grad log pi`` with the
     aggregation weight ``u_i``: 1/T_i (seq_mean_token_mean; GSPO-token), 1 (token_mean, seq_sum,
-    token-level seq_mean), 1/T_i for GSPO's sequence ratio under seq_mean, 1 for the sequence
-    product under seq_mean). Symbolic in A_i and old_logp; needs eps_low, eps_high >= 0."""
+    seq_mean_token_sum, token-level seq_mean), 1/T_i for GSPO's sequence ratio under seq_mean, 1 for
+    the sequence product under seq_mean). Symbolic in A_i and old_logp; needs eps_low, eps_high >= 0."""
     built = build_policy_loss(spec, lengths)
     subs = {s: o for row_l, row_s, row_o in zip(built.logp, built.logp_sg, built.old_logp, strict=True)
             for lsym, ssym, o in zip(row_l, row_s, row_o, strict=True) for s in (lsym, ssym)}
@@ -502,7 +510,7 @@ def prove_gradient_at_ratio_one(spec: LossSpec, lengths: tuple[int, ...] = (2, 1
     for i, n in enumerate(lengths):
         for t in range(n):
             a = built.advantages[i]
-            copies = n if agg in ("token_mean", "seq_sum") else 1  # a sequence term counts per token
+            copies = n if agg in _PER_TOKEN_COPIES else 1  # a sequence term counts per token
             if spec.ratio == "sequence_mean":
                 weight = sp.Rational(copies, n)
             elif spec.ratio == "sequence_product":

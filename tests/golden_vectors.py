@@ -89,3 +89,13 @@ def mismatches(vector: dict, loss: float, grad: torch.Tensor, mask: torch.Tensor
     if bool((grad[~mask] != 0).any()):
         out.append("gradient at padded positions")
     return out
+
+
+def vector_mode(driver, vector: dict) -> str:
+    """The framework mode a convention vector stands for: that of a point beyond the presets
+    (``specs.golden.VARIANT_MODES``), else the policy-loss mode of the framework's profile for the
+    vector's preset."""
+    from specs import golden
+
+    named = golden.VARIANT_MODES.get(driver.name, {}).get(vector["preset"])
+    return named or driver.profile_table[vector["preset"]][-1]

@@ -25,18 +25,28 @@ ONE_LINE = r"[^\n]*$"
 
 
 # ----------------------------------------------------------------------------- policy_loss
-def test_dr_grpo_max_length_below_a_sequence_s_length_raises():
+@pytest.mark.parametrize("max_length", [1, 2, 4])
+def test_dr_grpo_max_length_below_a_sequence_s_length_raises(max_length):
     # Dr. GRPO divides by sequences x L_max, L_max the bound on every length: rows of 5 tokens
-    # with L_max = 2 used to give a finite loss normalised by N x 2.
-    variant = dataclasses.replace(get_preset("dr_grpo"), max_length=2)
+    # with L_max = 2 used to give a finite loss normalised by N x 2, and L_max = 1 was exempt (it
+    # stood for the token sum averaged over sequences, now aggregation 'seq_mean_token_sum').
+    variant = dataclasses.replace(get_preset("dr_grpo"), max_length=max_length)
     logp = torch.zeros(3, 5, dtype=torch.float64)
     mask = torch.ones(3, 5, dtype=torch.bool)
-    message = r"^variant\.max_length \(L_max = 2\) must be >= every sequence's length .*, or 1 for" + ONE_LINE
+    mask[1, 1:] = False  # one row of 1 token: only the longest row decides
+    message = (rf"^variant\.max_length \(L_max = {max_length}\) must be >= every sequence's length .*"
+               r"use aggregation='seq_mean_token_sum'" + ONE_LINE)
     with pytest.raises(ValueError, match=message):
         policy_loss(logp, logp, torch.ones(3, dtype=torch.float64), mask, variant)
     with pytest.raises(ValueError, match=message):
         loss_normalizer(mask, variant)
-    # At the bound (and for padding beyond it) the loss is defined: L_max = 5, one row of 5 tokens.
+
+
+def test_dr_grpo_max_length_at_or_above_the_lengths_and_the_token_sum_are_defined():
+    variant = dataclasses.replace(get_preset("dr_grpo"), max_length=2)
+    logp = torch.zeros(3, 5, dtype=torch.float64)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    # At the bound (and for padding beyond it) the loss is defined: L_max = 5, rows of 5 tokens.
     at_bound = dataclasses.replace(variant, max_length=5)
     loss, _ = policy_loss(logp, logp, torch.ones(3, dtype=torch.float64), mask, at_bound)
     assert float(loss) == -1.0  # 3 rows x 5 tokens x A = 1 at ratio 1, over 3 x 5
@@ -44,12 +54,17 @@ def test_dr_grpo_max_length_below_a_sequence_s_length_raises():
     short[:, 2:] = False  # rows of 2 tokens in a padded width of 5: L_max = 2 is fine
     loss, _ = policy_loss(logp, logp, torch.ones(3, dtype=torch.float64), short, variant)
     assert float(loss) == -1.0
+    one = mask.clone()
+    one[:, 1:] = False  # L_max = 1 on one-token rows
+    one_token = dataclasses.replace(variant, max_length=1)
+    loss, _ = policy_loss(logp, logp, torch.ones(3, dtype=torch.float64), one, one_token)
+    assert float(loss) == -1.0
     empty = torch.zeros(3, 5, dtype=torch.bool)
     assert float(loss_normalizer(empty, variant)) == 0.0
-    # L_max = 1 is the documented un-normalised token sum (verl's seq-mean-token-sum): any length.
-    token_sum = dataclasses.replace(variant, max_length=1)
+    # the token sum averaged over the sequences, at any length (verl's seq-mean-token-sum)
+    token_sum = dataclasses.replace(variant, aggregation="seq_mean_token_sum", max_length=None)
     loss, _ = policy_loss(logp, logp, torch.ones(3, dtype=torch.float64), mask, token_sum)
-    assert float(loss) == -5.0  # 15 tokens x A = 1 over 3 rows x 1
+    assert float(loss) == -5.0  # 15 tokens x A = 1 over 3 sequences
 
 
 # ----------------------------------------------------------------------------- estimators

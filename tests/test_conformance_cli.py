@@ -184,12 +184,14 @@ def test_a_failure_matching_another_aggregation_says_which(user, capsys):
 
 
 def test_variant_checks_any_point_of_the_family(user, capsys):
-    # verl's seq-mean-token-sum = Dr. GRPO's seq_sum with L_max = 1
+    # verl's seq-mean-token-sum: the aggregation seq_mean_token_sum
     args = ("loss", "user_losses:seq_mean_token_sum", "--preset", "dr_grpo")
-    code, out, _ = check(capsys, *args, "--variant", "max_length=1")
+    code, out, _ = check(capsys, *args, "--variant", "aggregation=seq_mean_token_sum")
     assert code == 0, out
-    assert "max_length=1" in out.splitlines()[0]
-    assert check(capsys, *args)[0] == 1  # L_max = 16 by default
+    assert "aggregation=seq_mean_token_sum" in out.splitlines()[0]
+    code, out, _ = check(capsys, *args)
+    assert code == 1  # Dr. GRPO's seq_sum, L_max = 16 by default
+    assert "diagnosis: matches aggregation 'seq_mean_token_sum'" in out
     code, out, _ = check(
         capsys,
         "loss",

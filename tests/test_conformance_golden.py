@@ -80,7 +80,7 @@ def run_vector(vector: dict, dtype=torch.float64):
 
 
 def test_vector_files_cover_every_preset_and_case_class():
-    assert {v["preset"] for v in POLICY} == set(PRESETS)
+    assert {v["preset"] for v in POLICY} == set(PRESETS) | set(golden.GOLDEN_VARIANTS)
     classes = {v["case_class"] for v in POLICY}
     assert {
         "mixed",
@@ -159,6 +159,12 @@ def test_golden_presets_equal_refimpl_presets():
         if name == "dr_grpo":
             assert theirs.pop("max_length") == 16 and ours.pop("max_length") is None
         assert ours == theirs, name
+    # the points beyond table 2: '<preset>+token_sum' is the preset with the token-sum aggregation
+    for name, spec in golden.GOLDEN_VARIANTS.items():
+        preset, _, point = name.partition("+")
+        assert point == "token_sum", name
+        ours = dataclasses.replace(PRESETS[preset], aggregation="seq_mean_token_sum")
+        assert dataclasses.asdict(ours) == dataclasses.asdict(spec), name
 
 
 KL = load("kl.json")["vectors"]
@@ -201,7 +207,8 @@ def test_refimpl_group_advantages_matches_vector(vector):
 
 def test_regeneration_is_bit_identical_on_a_subset():
     """The KL file in full, and a subset of every other file (one preset's version-1 and boundary
-    policy vectors, the dual-clip ones, two frameworks' presets, one estimator, the log-probs),
+    policy vectors, the dual-clip ones, a token-sum point, two frameworks' presets and TRL's luspo,
+    one estimator, the log-probs),
     regenerate to the same bytes as the stored files (the command writes the same canonical JSON)."""
     from specs import golden_estimators
 
@@ -211,10 +218,12 @@ def test_regeneration_is_bit_identical_on_a_subset():
     ).read_text()
     subsets = {
         "policy_loss.json": golden.policy_loss_vectors(("cispo",), case_classes=("mixed", "on_upper_clip"))
-        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active")),
-        # OpenRLHF's float32-exact KL vectors and verl GSPO's log-ratio cap
+        + golden.policy_loss_vectors(("ppo",), case_classes=("dual_clip_on_bound", "dual_clip_active"))
+        + golden.policy_loss_vectors(("gspo+token_sum",), case_classes=("mixed", "ragged_empty_row")),
+        # OpenRLHF's float32-exact KL vectors, verl GSPO's log-ratio cap, TRL's luspo
         "policy_loss_conventions.json": golden.convention_vectors(("openrlhf",), ("dapo",))
-        + golden.convention_vectors(("verl",), ("gspo",)),
+        + golden.convention_vectors(("verl",), ("gspo",))
+        + golden.convention_vectors(("trl",), ("gspo+token_sum",)),
         "advantages.json": golden.advantage_vectors()[:15],
         "returns.json": golden_estimators.returns_vectors(estimators=("td_errors",)),
         "importance.json": golden_estimators.importance_vectors(),
@@ -288,12 +297,18 @@ CONVENTIONS = load("policy_loss_conventions.json")["vectors"]
 def test_convention_flags_of_the_vectors_are_the_kits_profiles():
     from refimpl.conformance import Convention, profile
     from refimpl.conformance.frameworks import load_driver
+    from refimpl.conformance.profiles import mode_convention
 
     for name, presets in golden.CONVENTION_FLAGS.items():
-        # every preset the framework profiles
-        assert set(presets) == set(load_driver(name).profile_table), name
+        # every preset the framework profiles, and the token-sum points of its modes
+        driver = load_driver(name)
+        named = golden.VARIANT_MODES.get(name, {})
+        assert set(presets) == set(driver.profile_table) | set(named), name
         for preset, flags in presets.items():
-            conv = profile(name, preset)
+            if preset in named:
+                conv = mode_convention(driver.mode("policy_loss", named[preset]), name)
+            else:
+                conv = profile(name, preset)
             assert {k: getattr(conv, k) for k in flags} == flags, (name, preset)
             kl_flags = golden.CONVENTION_KL_FLAGS.get(name, {})
             assert {k: getattr(conv, k) for k in kl_flags} == kl_flags, (name, preset)
@@ -311,15 +326,23 @@ def test_kit_expected_values_match_convention_vector(vector):
     framework's clamps and denominators substituted, at 50 digits."""
     from refimpl.conformance import effective_variant, expected_policy_loss, profile, resolve_preset
     from refimpl.conformance.cases import PolicyLossCase
+    from refimpl.conformance.frameworks import load_driver
+    from refimpl.conformance.profiles import mode_convention
 
     inputs = vector["inputs"]
     logp, mask = padded(inputs["logp"])
     old, _ = padded(inputs["old_logp"])
     ref = None if inputs["ref_logp"] is None else padded(inputs["ref_logp"])[0]
     adv = torch.tensor([float(a) for a in inputs["advantages"]], dtype=torch.float64)
-    _, variant = resolve_preset(vector["preset"], kl_coef=vector["variant"]["kl_coef"] or None)
-    variant = dataclasses.replace(variant, kl_estimator=vector["variant"]["kl_estimator"])
-    conv = profile(vector["convention"], vector["preset"])
+    named = golden.VARIANT_MODES.get(vector["convention"], {}).get(vector["preset"])
+    if named:  # a token-sum point: the variant and flags of the framework's mode
+        mode = load_driver(vector["convention"]).mode("policy_loss", named)
+        variant, conv = mode.variant(), mode_convention(mode, vector["convention"])
+    else:
+        _, variant = resolve_preset(vector["preset"])
+        conv = profile(vector["convention"], vector["preset"])
+    variant = dataclasses.replace(variant, kl_coef=vector["variant"]["kl_coef"],
+                                  kl_estimator=vector["variant"]["kl_estimator"])
     if conv.cispo_clip_low is not None and "cispo_clip_low" not in vector["convention_flags"]:
         # verl's CISPO vectors run its loss without the default lower clip of the weight
         # (clip_ratio_low = 1, as golden.CONVENTION_FLAGS has no cispo_clip_low): the profile less that flag

@@ -90,7 +90,7 @@ def test_half_precision_is_computed_in_float32_and_float64_is_rounded_to_it(name
 
 @pytest.mark.parametrize(("name", "flag", "failing"), [
     ("grpo", {"empty_rows": "drop"}, {"empty_rows"}),
-    ("dr_grpo", {"seq_sum_rows": "nonempty"}, {"empty_rows"}),
+    ("dr_grpo", {"token_sum_rows": "nonempty"}, {"empty_rows"}),
     ("bnpo", {"micro_batch": "global"}, {"micro_batch"}),
     ("dapo", {"masked_nonfinite": "ignore"}, {"masked_nonfinite"}),
 ])

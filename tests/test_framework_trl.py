@@ -192,9 +192,9 @@ def test_trl_kl_penalty_class_within_its_rounding(installed, mode):
         ("grpo", None, "empty_rows", {"empty_rows", "micro_batch"}),
         ("sapo", None, "empty_rows", {"empty_rows", "micro_batch"}),
         ("gspo", None, "empty_rows", {"empty_rows", "micro_batch"}),
-        ("dr_grpo", None, "seq_sum_rows", {"empty_rows", "micro_batch"}),
+        ("dr_grpo", None, "token_sum_rows", {"empty_rows", "micro_batch"}),
         ("bnpo", None, "micro_batch", {"micro_batch"}),
-        ("luspo", None, "seq_sum_rows", {"empty_rows", "micro_batch"}),
+        ("luspo", None, "token_sum_rows", {"empty_rows", "micro_batch"}),
     ],
 )
 def test_each_trl_flag_is_needed(installed, mode, kl, flag, classes):

@@ -22,7 +22,7 @@ from refimpl.conformance.expected import effective_variant, expected_kl
 from refimpl.conformance.frameworks import load_driver, source_hash
 from refimpl.conformance.profiles import framework_config, profile
 from refimpl.losses import PRESETS
-from tests.golden_vectors import NO_LOWER_CLIP, framework_on_vector, load_vectors, mismatches
+from tests.golden_vectors import NO_LOWER_CLIP, framework_on_vector, load_vectors, mismatches, vector_mode
 
 pytestmark = pytest.mark.framework
 
@@ -117,9 +117,9 @@ NEEDED = [
     ("vanilla/token-mean", "dual_clip", {"extreme_log_ratio"}),
     ("vanilla/seq-mean-token-mean", "dual_clip", {"extreme_log_ratio"}),
     ("vanilla/seq-mean-token-mean", "empty_rows", {"empty_rows"}),
-    ("vanilla/seq-mean-token-sum", "seq_sum_rows", {"empty_rows"}),
-    ("vanilla/seq-mean-token-sum-norm", "seq_sum_rows", {"empty_rows"}),
-    ("vanilla/token-sum", "seq_sum_rows", {"inside_clip", "ragged"}),
+    ("vanilla/seq-mean-token-sum", "token_sum_rows", {"empty_rows"}),
+    ("vanilla/seq-mean-token-sum-norm", "token_sum_rows", {"empty_rows"}),
+    ("vanilla/token-sum", "token_sum_rows", {"inside_clip", "ragged"}),
     ("gspo", "sequence_log_ratio_cap", {"extreme_log_ratio"}),
     # the cap is realised on the GSPO-token form (equal to GSPO in value and gradient otherwise)
     ("gspo", "sequence_ratio_gradient", {"extreme_log_ratio"}),
@@ -134,8 +134,8 @@ NEEDED = [
 def test_each_profile_flag_is_needed(mode, flag, failing):
     flags = dict(driver.modes()[mode].convention)
     del flags[flag]
-    if flag == "seq_sum_rows" and mode == "vanilla/token-sum":
-        flags.pop("micro_batch")  # 'local_sum' is the token-sum's pair of seq_sum_rows='none'
+    if flag == "token_sum_rows" and mode == "vanilla/token-sum":
+        flags.pop("micro_batch")  # 'local_sum' is the token-sum's pair of token_sum_rows='none'
     report = check_mode(mode, flags, classes=tuple(sorted(failing)))
     assert set(report.failing_classes()) == failing, report.render()
 
@@ -192,7 +192,7 @@ def test_verls_global_batch_info_makes_micro_batches_sum_to_the_full_batch(mode)
         split[1], full[1], rtol=1e-12, atol=1e-14)
     flags = driver.modes()[mode].convention
     # token-sum has no denominator: its 'local_sum' micro-batches are the full batch too
-    assert same == (flags["micro_batch"] == "global" or flags.get("seq_sum_rows") == "none")
+    assert same == (flags["micro_batch"] == "global" or flags.get("token_sum_rows") == "none")
 
 
 # modes whose loss lets a masked NaN through without the KL term: agg_loss's sequence modes and
@@ -379,8 +379,7 @@ def test_verls_own_loss_matches_every_verl_convention_vector(vector):
     (effective) variant, gives the vector's 50-digit loss and gradient within SCHEMA.md's float64
     tolerance; among them the GSPO cap of log s at 10 (sequence_log_ratio_cap) beyond and exactly on
     the cap, and CISPO's +-20 clamp inside its detached weight (extreme_log_ratio)."""
-    mode = driver.profile_table[vector["preset"]][-1]
-    loss, grad, mask = framework_on_vector(driver, mode, vector)
+    loss, grad, mask = framework_on_vector(driver, vector_mode(driver, vector), vector)
     missed = mismatches(vector, loss, grad, mask)
     assert not missed, missed
 

@@ -72,13 +72,14 @@ def test_the_js_policy_loss_kl_and_gae_pass_every_vector():
         result.stdout
     )
     assert {v["preset"] for v in POLICY} == {
-        "ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo"
+        "ppo", "grpo", "dr_grpo", "dapo", "bnpo", "gspo", "gspo_token", "sapo", "cispo",
+        "dr_grpo+token_sum", "gspo+token_sum",
     }
 
 
 def test_planted_bug_clip_higher_fails_the_presets_with_eps_high_above_eps_low():
     failures = failing("clip_higher")
-    assert {i.split("/")[1] for i, _ in failures} == {"dapo", "cispo", "gspo", "gspo_token"}
+    assert {i.split("/")[1] for i, _ in failures} == {"dapo", "cispo", "gspo", "gspo_token", "gspo+token_sum"}
     assert all(i.startswith("policy_loss/") for i, _ in failures)
     assert any("ratio_above_upper_clip" in f for _, f in failures)
 
@@ -86,7 +87,9 @@ def test_planted_bug_clip_higher_fails_the_presets_with_eps_high_above_eps_low()
 def test_planted_bug_empty_rows_fails_only_sequence_means_with_an_empty_row():
     failures = failing("empty_rows")
     assert failures and all("empty_row" in f for _, f in failures)
-    assert {i.split("/")[1] for i, _ in failures} <= {"grpo", "dr_grpo", "gspo", "gspo_token", "sapo"}
+    assert {i.split("/")[1] for i, _ in failures} <= {
+        "grpo", "dr_grpo", "gspo", "gspo_token", "sapo", "dr_grpo+token_sum", "gspo+token_sum"
+    }
 
 
 def test_planted_bug_sapo_one_temperature_fails_sapo_only():

@@ -226,7 +226,7 @@ def test_planted_bug_policy_loss_upper_clip_uses_eps_low():
     report = check("policy_loss.json", policy_loss=buggy)
     failing = {f.id.split("/")[1] for f in report.failures}
     # the presets with eps_high != eps_low (CISPO has no eps_low: its weight loses its upper clip)
-    assert failing == {"dapo", "cispo", "gspo", "gspo_token"}
+    assert failing == {"dapo", "cispo", "gspo", "gspo_token", "gspo+token_sum"}
     assert "ratio_above_upper_clip" in report.failing_flags()
 
 
@@ -485,7 +485,7 @@ def test_a_stub_that_raises_value_error_passes_exactly_the_invalid_vectors():
     report = consumer.check_directory(VECTORS, _raising(ValueError))
     passed = {v["id"] for v in ALL_VECTORS} - {f.id for f in report.failures}
     assert report.checked == len(ALL_VECTORS)
-    assert passed == INVALID and report.checked - len(report.failures) == len(INVALID) == 132
+    assert passed == INVALID and report.checked - len(report.failures) == len(INVALID) == 142
     assert all(f.message == "raised ValueError: stub" for f in report.failures)
 
 
@@ -550,7 +550,7 @@ def test_the_command_line_from_another_directory(tmp_path):
     (tmp_path / "my_kl.py").write_text(MY_KL)
     result = launch("my_kl", cwd=tmp_path)  # the shipped vectors by default, a module from the cwd
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("PASS: 159 vectors checked, 1021 skipped, 0 failed")
+    assert result.stdout.startswith("PASS: 159 vectors checked, 1077 skipped, 0 failed")
     result = launch(str(VECTORS), str(tmp_path / "my_kl.py"), "--only", "k3,k2", cwd=ROOT)  # a file path
     assert result.returncode == 0 and result.stdout.startswith("PASS: 106 vectors checked, 0 skipped")
     naive = MY_KL.replace("small = np.abs(x) < 1e-2", "small = np.abs(x) < 0")

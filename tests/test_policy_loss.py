@@ -72,6 +72,13 @@ BOUNDARY_SAFE = {
                                             kl_estimator="k2", kl_scale="sequence"),
     "gspo_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11, kl_coef=0.125,
                                             kl_scale="sequence", aggregation="token_mean"),
+    # each sequence's token sum averaged over the sequences (md eqs. (10)-(11)): Dr. GRPO's ratio,
+    # and GSPO's sequence ratio counted once per token (TRL's luspo) with the sequence KL
+    "dr_grpo_token_sum": dataclasses.replace(DR_GRPO, eps_low=0.25, eps_high=0.25, kl_coef=0.125,
+                                             kl_estimator="k1", aggregation="seq_mean_token_sum"),
+    "gspo_token_sum_sequence_kl": dataclasses.replace(GSPO, eps_low=2.0**-12, eps_high=2.0**-11,
+                                                      aggregation="seq_mean_token_sum", kl_coef=0.25,
+                                                      kl_scale="sequence"),
     # "larger G, divide by sqrt(G)" (md eq. (10))
     "grpo_sqrt_g": dataclasses.replace(GRPO, eps_low=0.25, eps_high=0.25, aggregation="seq_sqrt_token_mean",
                                        group_size=3, kl_coef=0.0625),

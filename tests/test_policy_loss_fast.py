@@ -266,13 +266,17 @@ def test_compiled_fast_path_equals_the_reference_on_every_case_class(name):
 
 
 def test_a_seq_sum_max_length_below_a_sequence_length_raises():
-    """Dr. GRPO's L_max bounds every length (md eq. (11)); 1 is the un-normalised token sum."""
+    """Dr. GRPO's L_max bounds every length (md eq. (11)), 1 included; the token sum without L_max is
+    seq_mean_token_sum."""
     old = torch.zeros(2, 3, dtype=torch.float64)
     mask = torch.tensor([[True, True, True], [True, False, False]])
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    short = dataclasses.replace(PRESETS["dr_grpo"], max_length=2)
-    with pytest.raises(ValueError, match=r"variant.max_length \(L_max = 2\) must be >= every sequence's"):
-        fused_policy_loss(old, old, adv, mask, short, compile=False)
-    for max_length in (1, 3):
-        v = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length)
+    for max_length in (1, 2):
+        short = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length)
+        message = rf"^variant.max_length \(L_max = {max_length}\) must be >= every sequence's length"
+        with pytest.raises(ValueError, match=message):
+            fused_policy_loss(old, old, adv, mask, short, compile=False)
+        assert_same_as_reference(short, old + 0.1, old, adv, mask)  # the same error
+    for v in (dataclasses.replace(PRESETS["dr_grpo"], max_length=3),
+              dataclasses.replace(PRESETS["dr_grpo"], aggregation="seq_mean_token_sum")):
         assert_same_as_reference(v, old + 0.1, old, adv, mask)

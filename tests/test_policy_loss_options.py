@@ -251,12 +251,66 @@ def test_sqrt_g_aggregation_needs_group_size_counts_sequences_and_multiplies_by_
     assert float(loss) == pytest.approx(-(2**0.5), rel=1e-15, abs=0.0)
 
 
+# each sequence's token sum averaged over the sequences (md eqs. (10)-(11)), by hand: rows of 2, 0
+# and 3 tokens, eps 0.25 (bounds 0.75 and 1.25), every unit either at ratio 1 (its term A, slope A)
+# or far outside the band on its clipped side (its term the bound times A, slope 0), KL k1 values
+# k = logp - ref: every number is dyadic, so the float64 results are exact.
+_TOKEN_SUM_OLD = [[-1.0, -2.0, 0.0], [0.0, 0.0, 0.0], [-1.5, -1.0, -2.0]]
+_TOKEN_SUM_MASK = [[True, True, False], [False, False, False], [True, True, True]]
+_TOKEN_SUM_K1 = [[0.25, -0.5, 0.0], [0.0, 0.0, 0.0], [1.0, 0.5, 0.25]]  # sum 1.5
+# (ratio, log-ratios, advantages, loss without KL, gradient without KL)
+_TOKEN_SUM_CASES = {
+    # token ratio: row 0 terms 1.5 (r = 1) + 1.25 x 1.5 (r = e, A > 0), row 2 -0.5 + 0.75 x (-0.5)
+    # (r = 1/e, A < 0) - 0.5: loss -(3.375 - 1.375) / 2 sequences; slope A / 2 at ratio 1, 0 if clipped
+    "token": ([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, -1.0, 0.0]], [1.5, 7.0, -0.5], -1.0,
+              [[-0.75, 0.0, 0.0], [0.0, 0.0, 0.0], [0.25, 0.0, 0.25]]),
+    # GSPO's sequence ratio counted once per token: row 0 s = exp(0) = 1, c = -2 x 1.5; row 2
+    # s = e > 1.25 with A > 0, c = -3 x 1.25 x 0.5: loss (-3 - 1.875) / 2; row 0's slope
+    # -T s A / (T D) = -0.75 per token, row 2 clipped
+    "sequence_mean": ([[0.5, -0.5, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], [1.5, 7.0, 0.5], -2.4375,
+                      [[-0.75, -0.75, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+}
+
+
+@pytest.mark.parametrize("kl_scale", [None, "token", "sequence"])
+@pytest.mark.parametrize("ratio", sorted(_TOKEN_SUM_CASES))
+def test_seq_mean_token_sum_by_hand(ratio, kl_scale):
+    """The KL under either scale adds beta (1/S) sum_i sum_t k1 = 0.5 x 1.5 / 2 = 0.375 and beta / S
+    = 0.25 to every token's gradient (md eq. (19) with u = D / S = 1: the two scales coincide); the
+    reference, the fast path and the normaliser (2 sequences) agree exactly."""
+    from refimpl.losses.fused_policy import fused_policy_loss
+
+    x, adv, loss_by_hand, grad_by_hand = _TOKEN_SUM_CASES[ratio]
+    base = get_preset("dr_grpo" if ratio == "token" else "gspo")
+    v = dataclasses.replace(base, eps_low=0.25, eps_high=0.25, aggregation="seq_mean_token_sum")
+    mask = torch.tensor(_TOKEN_SUM_MASK)
+    old = torch.tensor(_TOKEN_SUM_OLD, dtype=F64)
+    logp = old + torch.tensor(x, dtype=F64)
+    kwargs = {}
+    if kl_scale is not None:
+        v = dataclasses.replace(v, kl_coef=0.5, kl_estimator="k1", kl_scale=kl_scale)
+        kwargs["ref_logp"] = logp - torch.tensor(_TOKEN_SUM_K1, dtype=F64)
+        loss_by_hand += 0.375
+        grad_by_hand = [[g + 0.25 if m else 0.0 for g, m in zip(gr, mr, strict=True)]
+                        for gr, mr in zip(grad_by_hand, _TOKEN_SUM_MASK, strict=True)]
+    assert float(loss_normalizer(mask, v)) == 2.0
+    for fn in (policy_loss, lambda *a, **k: fused_policy_loss(*a, compile=False, **k)):
+        leaf = logp.clone().requires_grad_(True)
+        loss, _ = fn(leaf, old, torch.tensor(adv, dtype=F64), mask, v, **kwargs)
+        (grad,) = torch.autograd.grad(loss, leaf)
+        assert float(loss.detach()) == loss_by_hand
+        assert grad.tolist() == grad_by_hand
+
+
 @pytest.mark.parametrize("preset,total", [("grpo", 5.0), ("dr_grpo", 5.0 * L_MAX), ("dapo", 13.0),
-                                          ("gspo", 5.0)])
+                                          ("gspo", 5.0), ("token_sum", 5.0)])
 def test_upweighted_normalizer_is_1_minus_f_times_the_whole_batch_s(preset, total):
     """advantages.md eq. (16): (1 - f) D over the non-empty rows of the mask (an empty row is no
     sequence, whatever keep says); D itself when every row is dropped."""
-    v = dataclasses.replace(get_preset(preset), max_length=L_MAX if preset == "dr_grpo" else None)
+    if preset == "token_sum":
+        v = dataclasses.replace(get_preset("dr_grpo"), aggregation="seq_mean_token_sum")
+    else:
+        v = dataclasses.replace(get_preset(preset), max_length=L_MAX if preset == "dr_grpo" else None)
     mask = torch.zeros(6, 4, dtype=torch.bool)
     for i, n in enumerate([4, 1, 0, 3, 2, 3]):  # 13 tokens in 5 non-empty rows
         mask[i, :n] = True
@@ -376,8 +430,9 @@ def test_upweighted_normalizer_rejects_bad_input():
 
 
 def test_the_two_kl_scales_coincide_under_seq_mean_and_differ_elsewhere():
-    """md eq. (12) vs (19): GSPO's seq_mean already sums the KL over each sequence and averages over
-    sequences; the other aggregations divide it by T_i, L_max or the mean length."""
+    """md eq. (12) vs (19): GSPO's seq_mean and seq_mean_token_sum already sum the KL over each
+    sequence and average over sequences; the other aggregations divide it by T_i, L_max or the mean
+    length."""
     b = _batch(4)
     x = b["logp"].clone().requires_grad_(True)
     for aggregation in AGGREGATIONS:
@@ -386,7 +441,7 @@ def test_the_two_kl_scales_coincide_under_seq_mean_and_differ_elsewhere():
         losses = [policy_loss(x, b["old_logp"], b["advantages"], b["mask"], v, ref_logp=b["ref_logp"])[0]
                   for v in (token, sequence)]
         grads = [torch.autograd.grad(loss, x)[0] for loss in losses]
-        same = aggregation == "seq_mean"
+        same = aggregation in ("seq_mean", "seq_mean_token_sum")
         assert (abs(float(losses[0].detach()) - float(losses[1].detach())) <= 1e-15) == same, aggregation
         assert torch.allclose(grads[0], grads[1], rtol=1e-14, atol=1e-16) == same, aggregation
 

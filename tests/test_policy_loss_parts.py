@@ -254,7 +254,8 @@ def test_inputs_on_another_device_are_rejected_by_name():
 def test_loss_normalizer_is_a_float32_count():
     """md eq. (11): tokens, non-empty sequences, or sequences x L_max, as a float32 scalar."""
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]], dtype=torch.int64)
-    expected = {"token_mean": 4.0, "seq_mean_token_mean": 2.0, "seq_mean": 2.0, "seq_sum": 14.0}
+    expected = {"token_mean": 4.0, "seq_mean_token_mean": 2.0, "seq_mean": 2.0, "seq_sum": 14.0,
+                "seq_mean_token_sum": 2.0}
     for aggregation, value in expected.items():
         v = dataclasses.replace(PPO, aggregation=aggregation, max_length=7)
         d = loss_normalizer(mask, v)
@@ -267,7 +268,8 @@ def test_loss_normalizer_is_a_float32_count():
 
 def test_variant_accepts_its_edge_values():
     """Inclusive lower bounds are inclusive (eps 0, dual clip exactly 1 + eps_high, tau 1e-30,
-    coefficients 0, max_length 1); exclusive ones are not tested here (see below)."""
+    coefficients 0, max_length 1: a legal L_max, which seq_sum then requires of every sequence's
+    length, tests/test_bad_inputs.py); exclusive ones are not tested here (see below)."""
     v = dataclasses.replace(PPO, eps_low=0.0, eps_high=0.0, dual_clip=1.0 + 0.0 + 1e-12, kl_coef=0.0,
                             entropy_coef=0.0, max_length=1, behavior_cap=1e-300)
     assert v.eps_low == 0.0 and v.max_length == 1

@@ -132,7 +132,7 @@ def loop_reference(logp, old_logp, advantages, mask, v: PolicyLossVariant, *, re
         if v.aggregation in ("seq_mean_token_mean", "seq_sqrt_token_mean"):
             c = c / n
         if seq_term is not None:
-            c = c - seq_term * (n if v.aggregation in ("token_mean", "seq_sum") else 1)
+            c = c - seq_term * (n if v.aggregation in ("token_mean", "seq_sum", "seq_mean_token_sum") else 1)
         if v.aggregation == "seq_sqrt_token_mean":
             c = c * math.sqrt(v.group_size)
         contributions.append(c)

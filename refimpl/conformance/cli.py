@@ -1,7 +1,7 @@
 """``refimpl check``, ``refimpl conventions`` and ``refimpl matrix``: the kit from the command line.
 
     refimpl check loss MODULE:FUNCTION --preset dapo [--convention reference|trl|verl|openrlhf|...]
-    refimpl check loss MODULE:FUNCTION --preset grpo --variant aggregation=seq_sum --variant max_length=1
+    refimpl check loss MODULE:FUNCTION --preset grpo --variant aggregation=seq_mean_token_sum
     refimpl check loss ../elsewhere/losses.py:dapo_loss --preset dapo     (MODULE may be a file path)
     refimpl check kl MODULE:FUNCTION [--estimator k3]
     refimpl check advantages MODULE:FUNCTION --convention trl [--preset dr_grpo]

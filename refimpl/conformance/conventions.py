@@ -134,9 +134,11 @@ class KLFlags:
 
 @dataclass(frozen=True)
 class NormaliserFlags:
-    """The aggregation's denominator (policy_losses.md eq. (11)): ``empty_rows`` "drop" / "keep";
-    Dr. GRPO's ``seq_sum_width`` ("max_length" L_max or the "padded_width" T) and ``seq_sum_rows``
-    ("nonempty", "all", or "none": verl's token-sum); ``micro_batch`` "global" / "local_mean" /
+    """The aggregation's denominator (policy_losses.md eq. (11)): ``empty_rows`` "drop" / "keep" (the
+    sequence means of token means and seq_mean); Dr. GRPO's ``seq_sum_width`` ("max_length" L_max or
+    the "padded_width" T); ``token_sum_rows``, the rows the token-sum aggregations (seq_sum,
+    seq_mean_token_sum) count: "nonempty", "all", or "none" (no denominator: verl's token-sum);
+    ``micro_batch`` "global" / "local_mean" /
     "local_sum"; ``normalizer_rounding`` "exact", OpenRLHF's "float32_per_micro_batch" or AReaL's
     "float32_weight" (each micro-batch's mean weighted by ``float32(own / total)``);
     ``fixed_aggregation`` (None, or the aggregation the policy term uses whatever the configuration
@@ -144,7 +146,7 @@ class NormaliserFlags:
 
     empty_rows: str = "drop"
     seq_sum_width: str = "max_length"
-    seq_sum_rows: str = "nonempty"
+    token_sum_rows: str = "nonempty"
     micro_batch: str = "global"
     normalizer_rounding: str = "exact"
     fixed_aggregation: str | None = None
@@ -153,7 +155,7 @@ class NormaliserFlags:
         _choice(self, "fixed_aggregation", (None, "token_mean", "seq_mean_token_mean", "seq_mean"))
         _choice(self, "empty_rows", ("drop", "keep"))
         _choice(self, "seq_sum_width", ("max_length", "padded_width"))
-        _choice(self, "seq_sum_rows", ("nonempty", "all", "none"))
+        _choice(self, "token_sum_rows", ("nonempty", "all", "none"))
         _choice(self, "micro_batch", ("global", "local_mean", "local_sum"))
         _choice(self, "normalizer_rounding", ("exact", "float32_per_micro_batch", "float32_weight"))
 
@@ -224,7 +226,7 @@ _GROUPS = {
 #: every flag in its documented order (``refimpl conventions`` lists them so)
 FLAGS: tuple[str, ...] = (
     "log_ratio_clamp", "sequence_log_ratio_cap", "dual_clip", "kl_log_ratio_clamp", "kl_value_clamp",
-    "empty_rows", "seq_sum_width", "seq_sum_rows", "sequence_ratio_gradient", "micro_batch", "adv_scale",
+    "empty_rows", "seq_sum_width", "token_sum_rows", "sequence_ratio_gradient", "micro_batch", "adv_scale",
     "adv_std", "adv_eps", "adv_eps_inside_sqrt", "adv_zero_variance", "adv_singleton",
     "normalizer_rounding", "kl_compute_dtype", "kl_k3_form", "kl_log_ratio_max", "kl_value_clamp_scope",
     "kl_aggregation", "sapo_tau_float32", "kl_importance_weight", "compute_dtype", "masked_nonfinite",
@@ -312,9 +314,10 @@ FLAG_REASONS: dict[str, str] = {
     "mean (spec) or counts as a zero in a mean over the padded batch (TRL divides by N).",
     "seq_sum_width": "Dr. GRPO divides by a constant L_max; frameworks without one use the padded "
     "width, which changes with the batch (verl's seq-mean-token-sum-norm).",
-    "seq_sum_rows": "Dr. GRPO divides by (sequences x L_max): the spec counts non-empty sequences, "
-    "TRL (per_token_loss.size(0)) and verl (global batch size) count every row; 'none' "
-    "divides by nothing (verl's loss_agg_mode='token-sum', with max_length=1).",
+    "token_sum_rows": "the token-sum aggregations divide by sequences (seq_mean_token_sum) or "
+    "sequences x L_max (seq_sum, Dr. GRPO): the spec counts non-empty sequences, TRL "
+    "(per_token_loss.size(0)) and verl (global batch size) count every row; 'none' divides by "
+    "nothing (verl's loss_agg_mode='token-sum', aggregation seq_mean_token_sum).",
     "sequence_ratio_gradient": "GSPO's sequence ratio s_i can be back-propagated exactly or through the "
     "GSPO-token form exp(logp - sg(logp) + sg(log s)) that allows per-token "
     "advantages (verl); the two agree for per-sequence advantages.",

@@ -73,7 +73,7 @@ def diagnosis_candidates(
         generic = {
             "empty_rows": "keep",
             "seq_sum_width": "padded_width",
-            "seq_sum_rows": "all",
+            "token_sum_rows": "all",
             "micro_batch": "local_mean" if conv.micro_batch == "global" else "global",
             "log_ratio_clamp": 20.0,
             "dual_clip": 3.0,

@@ -23,8 +23,9 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
   the KL's compute dtype, also under ``micro_batch="local_sum"``; a local one under "local_mean",
   whose micro-batch losses are averaged) added to the policy term of the variant's own aggregation;
-* ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_rows`` / ``micro_batch``: the denominator
-  passed as ``normalizer=``;
+* ``empty_rows`` / ``seq_sum_width`` / ``token_sum_rows`` / ``micro_batch``: the denominator
+  passed as ``normalizer=`` (``token_sum_rows`` for seq_sum and seq_mean_token_sum, ``empty_rows``
+  for the other sequence means);
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
   aggregation (the GSPO-token form of the same value);
 * ``sapo_tau_float32``: the variant's SAPO temperatures rounded to float32 (``effective_variant``);
@@ -109,18 +110,20 @@ def _importance_weighted_kl(kl_tokens, logp, old, mask, variant: PolicyLossVaria
 
 def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, convention: Convention) -> float:
     """The local denominator of ``variant.aggregation`` under ``convention`` (md eq. (11) with the
-    ``empty_rows`` and ``seq_sum_width`` flags). ``mask`` is ``[n, T]`` bool."""
+    ``empty_rows``, ``token_sum_rows`` and ``seq_sum_width`` flags). ``mask`` is ``[n, T]`` bool."""
     if variant.aggregation == "token_mean":
         return float(mask.sum())
     nonempty, every = float(mask.any(dim=-1).sum()), float(mask.shape[0])
-    if variant.aggregation == "seq_sum":
-        width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
-        if width is None:
-            raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
-        if convention.seq_sum_rows == "none":  # verl's token-sum (max_length 1): no denominator
-            return float(width)
-        return (nonempty if convention.seq_sum_rows == "nonempty" else every) * width
-    return nonempty if convention.empty_rows == "drop" else every
+    if variant.aggregation not in ("seq_sum", "seq_mean_token_sum"):
+        return nonempty if convention.empty_rows == "drop" else every
+    # the rows the token sums count ("none": verl's token-sum, no denominator)
+    rows = {"nonempty": nonempty, "all": every, "none": 1.0}[convention.token_sum_rows]
+    if variant.aggregation == "seq_mean_token_sum":
+        return rows
+    width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
+    if width is None:
+        raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
+    return rows * width
 
 
 def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -> tuple[float, int]:

@@ -93,8 +93,7 @@ def _term_magnitudes(case, variant: PolicyLossVariant, conv: Convention) -> dict
         unit_x = x.sum(-1) / (lengths.clamp(min=1.0) if variant.ratio == "sequence_mean" else 1.0)
         unit_logp = torch.where(mask, logp, zero).sum(-1) / lengths.clamp(min=1.0)
         unit_adv = adv
-        copies = variant.aggregation in ("token_mean", "seq_sum")
-        weight = (lengths if copies else torch.ones_like(lengths)) / denominator
+        weight = (lengths if variant.per_token_copies else torch.ones_like(lengths)) / denominator
     else:
         valid = mask
         unit_x = x

@@ -32,6 +32,7 @@ import torch
 from refimpl.kl import _exp_minus_one_minus_identity, kl_k1, kl_k2, kl_k3
 from refimpl.losses.policy import (
     PolicyLossVariant,
+    _max_length_message,
     _normalizer_from_lengths,
     _sequence_kl_weight,
     check_policy_inputs,
@@ -112,11 +113,6 @@ def _gate(plan: _Plan, u: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, 
         return slope * unit_logp, slope, None
     term = torch.exp(torch.where(adv != 0, u, 0.0)) * adv  # "none" / "log_clip": r A, its own slope
     return term, term, None
-
-
-def _bounds_lengths(v: PolicyLossVariant) -> bool:
-    """seq_sum's L_max bounds every length, unless it is 1 (the un-normalised token sum)."""
-    return v.aggregation == "seq_sum" and v.max_length > 1
 
 
 def _local_normalizer(lengths: torch.Tensor, v: PolicyLossVariant) -> torch.Tensor:
@@ -208,9 +204,8 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
     ones = torch.ones_like(lengths)
     if v.sequence_level:
         units_sum = term
-        per_token_copies = v.aggregation in ("token_mean", "seq_sum")
-        policy_rows = term * lengths if per_token_copies else term
-        row_factor = lengths if per_token_copies else ones
+        policy_rows = term * lengths if v.per_token_copies else term
+        row_factor = lengths if v.per_token_copies else ones
     else:
         units_sum = term.sum(dim=-1)
         policy_rows = units_sum / length1 if per_sequence_mean else units_sum
@@ -289,7 +284,7 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
     if ent is not None:
         metrics.append(_reduce(ent, torch.sum) / tokens)
     normalizer_ok = ~use_normalizer | (torch.isfinite(normalizer) & (normalizer > 0))
-    max_length_ok = (lengths.max() <= v.max_length) if _bounds_lengths(v) else m.new_ones(())
+    max_length_ok = (lengths.max() <= v.max_length) if v.aggregation == "seq_sum" else m.new_ones(())
     flags = torch.stack([mask_ok, max_length_ok, *finite, normalizer_ok, torch.isfinite(loss)])
     flags = torch.cat([flags, flags.all().unsqueeze(0)])  # the last: all passed (one assertion on CUDA)
     return loss, torch.stack(metrics), flags, grad_logp, grad_entropy, grad_kl
@@ -348,9 +343,7 @@ def _flag_messages(plan: _Plan, dtype: torch.dtype) -> list[str]:
                                    ("entropy", plan.entropy), ("kl", plan.kl)) if present]
     hint = "" if dtype == torch.float64 else "; pass float64 logp"
     return ["mask must contain only 0 and 1",
-            f"variant.max_length (L_max = {plan.variant.max_length}) must be >= every sequence's length "
-            f"(its tokens in mask), or 1 for an un-normalised token sum: seq_sum divides by sequences x "
-            f"L_max, the bound on the lengths",
+            _max_length_message(plan.variant.max_length),
             *(f"{name} contains NaN or inf at unmasked positions" for name in names),
             "normalizer must be finite and > 0",
             f"the loss overflows {dtype} (a ratio exp(logp - old_logp), a KL term from ref_logp / kl, or "

@@ -19,6 +19,8 @@ entropy=None, kl=None, normalizer=None) -> (loss, metrics)`` (docs/architecture.
   the ratio level forms the unit ratio, then ``r' * A``);
 - aggregation: ``"seq_mean_token_mean"`` (GRPO), ``"token_mean"`` (DAPO, BNPO, PPO),
   ``"seq_sum"`` (Dr. GRPO: sum over tokens / (sequences x ``max_length``)),
+  ``"seq_mean_token_sum"`` (each sequence's token sum, mean over sequences: Dr. GRPO without L_max,
+  verl's ``seq-mean-token-sum``; a sequence-level term counts once per token),
   ``"seq_mean"`` (sum over each sequence's units, mean over sequences; GSPO) and
   ``"seq_sqrt_token_mean"`` (GRPO's per-sequence token means summed over each group of
   ``group_size`` G and divided by sqrt(G) instead of G; policy_losses.md eq. (10), (27));
@@ -73,11 +75,16 @@ __all__ = [
 
 RATIO_LEVELS = ("token", "sequence_mean", "gspo_token", "sequence_product")
 GATES = ("clip", "sapo", "cispo", "none", "log_clip")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean", "seq_sqrt_token_mean")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_sum", "seq_mean_token_sum", "seq_mean",
+                "seq_sqrt_token_mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_SCALES = ("token", "sequence")
 BEHAVIOR_CORRECTIONS = ("none", "truncate", "mask")
 _SEQUENCE_LEVELS = ("sequence_mean", "sequence_product")
+# the aggregations whose contribution sums a sequence's tokens, a sequence-level term once per token
+# (md eq. (10)), and those whose denominator is the number of non-empty sequences (md eq. (11))
+_PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
+_SEQUENCE_COUNTS = ("seq_mean_token_mean", "seq_mean_token_sum", "seq_mean", "seq_sqrt_token_mean")
 _KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 _MIN_TAU = 1e-30  # smallest SAPO temperature (see _sapo_surrogate)
 
@@ -109,7 +116,9 @@ class PolicyLossVariant:
         dual_clip: dual-clip constant c > 1 for negative advantages ("clip" gate only; md eq. (7)).
         tau_pos, tau_neg: SAPO temperatures for A > 0 and A <= 0 (Gao et al. 2025); >= 1e-30.
         aggregation: one of AGGREGATIONS (md eqs. (10)-(11)).
-        max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width).
+        max_length: L_max of the "seq_sum" aggregation (a config constant, never the padded width;
+            it must bound every sequence's length: for no length normalisation use
+            "seq_mean_token_sum").
         group_size: G of the "seq_sqrt_token_mean" aggregation (a config constant: the number of
             responses per prompt; each contribution is multiplied by sqrt(G) over the sequence
             count, so each group's sum is divided by sqrt(G) instead of G, md eqs. (10)-(11)).
@@ -184,6 +193,12 @@ class PolicyLossVariant:
     def sequence_level(self) -> bool:
         """True when the surrogate has one unit per sequence (GSPO, sequence product)."""
         return self.ratio in _SEQUENCE_LEVELS
+
+    @property
+    def per_token_copies(self) -> bool:
+        """True when the aggregation sums over a sequence's tokens, so that a sequence-level term
+        counts once per token (token_mean, seq_sum, seq_mean_token_sum; md eq. (10))."""
+        return self.aggregation in _PER_TOKEN_COPIES
 
 
 # Presets (spec: policy_losses.md table 2). Each is a plain value; vary with dataclasses.replace.
@@ -357,10 +372,11 @@ def _resolve_normalizer(normalizer: object, local: torch.Tensor) -> torch.Tensor
 def loss_normalizer(mask: torch.Tensor, variant: PolicyLossVariant) -> torch.Tensor:
     """The local denominator of ``variant.aggregation`` (spec: policy_losses.md eq. (11)).
 
-    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean``,
-    ``seq_sqrt_token_mean``: its sqrt(G) is a factor of each contribution), or non-empty sequences
-    x ``max_length`` (``seq_sum``). Summed over micro-batches / ranks (e.g. ``all_reduce``) and
-    passed as ``normalizer=``, the parts' losses sum to the full-batch loss.
+    tokens (``token_mean``), non-empty sequences (``seq_mean_token_mean``, ``seq_mean_token_sum``,
+    ``seq_mean``, ``seq_sqrt_token_mean``: its sqrt(G) is a factor of each contribution), or non-empty
+    sequences x ``max_length`` (``seq_sum``; ValueError when a sequence is longer than L_max).
+    Summed over micro-batches / ranks (e.g. ``all_reduce``) and passed as ``normalizer=``, the
+    parts' losses sum to the full-batch loss.
     Returns a float32 scalar tensor on mask's device (0 for an empty mask).
     """
     if not isinstance(variant, PolicyLossVariant):
@@ -416,23 +432,29 @@ def _normalizer_from_lengths(lengths: torch.Tensor, variant: PolicyLossVariant) 
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
     if variant.aggregation != "seq_sum":
         return sequences
-    # L_max is Dr. GRPO's bound on every length (md eq. (11)), or 1: the un-normalised token sum
-    # (verl's seq-mean-token-sum and token-sum, refimpl.conformance).
-    if variant.max_length > 1 and lengths.numel():
-        _check_value(lengths.max() <= variant.max_length,
-                     f"variant.max_length (L_max = {variant.max_length}) must be >= every sequence's length "
-                     f"(its tokens in mask), or 1 for an un-normalised token sum: seq_sum divides by "
-                     f"sequences x L_max, the bound on the lengths")
+    # L_max is Dr. GRPO's bound on every length (md eq. (11)); the token sum without it is
+    # seq_mean_token_sum
+    if lengths.numel():
+        _check_value(lengths.max() <= variant.max_length, _max_length_message(variant.max_length))
     return sequences * variant.max_length
+
+
+def _max_length_message(max_length: int) -> str:
+    """The one-line error of a seq_sum L_max below a sequence's length (under 255 characters: the
+    message of a device assertion)."""
+    return (f"variant.max_length (L_max = {max_length}) must be >= every sequence's length (its tokens in "
+            f"mask): seq_sum divides by sequences x L_max; for each sequence's token sum averaged over "
+            f"the sequences use aggregation='seq_mean_token_sum'")
 
 
 def _sequence_kl_weight(variant: PolicyLossVariant, local: torch.Tensor, lengths: torch.Tensor,
                         global_normalizer: bool) -> float | torch.Tensor:
     """The factor u with ``(1/D) sum_i u KL_i = (1/S) sum_i KL_i``, S the number of non-empty
-    sequences (``kl_scale="sequence"``, md eq. (19)): D / S is a constant of the aggregation for the
-    sequence-counting ones, and the local token count / S under token_mean (which then needs the
-    local denominator: a token normaliser does not carry the batch's sequence count)."""
-    if variant.aggregation in ("seq_mean_token_mean", "seq_mean", "seq_sqrt_token_mean"):
+    sequences (``kl_scale="sequence"``, md eq. (19)): u = D / S, 1 for the aggregations that count
+    sequences (D = S), L_max under seq_sum (D = S L_max), and the local token count / S under
+    token_mean (which then needs the local denominator: a token normaliser does not carry the
+    batch's sequence count)."""
+    if variant.aggregation in _SEQUENCE_COUNTS:
         return 1.0
     if variant.aggregation == "seq_sum":
         return float(variant.max_length)
@@ -661,8 +683,7 @@ def policy_loss(
     per_sequence_mean = variant.aggregation in ("seq_mean_token_mean", "seq_sqrt_token_mean")
     if variant.sequence_level:
         surrogate_units = surrogate
-        per_token_copies = variant.aggregation in ("token_mean", "seq_sum")
-        policy_rows = surrogate * lengths if per_token_copies else surrogate
+        policy_rows = surrogate * lengths if variant.per_token_copies else surrogate
     else:
         surrogate_units = surrogate.sum(dim=-1)
         policy_rows = surrogate_units / lengths.clamp(min=1.0) if per_sequence_mean else surrogate_units

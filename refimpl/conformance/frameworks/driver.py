@@ -37,9 +37,9 @@ import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from refimpl.losses import PolicyLossVariant
+from refimpl.losses import PolicyLossVariant, get_preset
 
-from ..presets import preset_key, resolve_preset, with_default_max_length
+from ..presets import preset_key, with_default_max_length
 
 __all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
 
@@ -86,8 +86,9 @@ class Mode:
 
     def variant(self) -> PolicyLossVariant:
         """The variant this mode runs: its preset (``PolicyLossVariant()`` without one) with its
-        ``variant_overrides`` and the L_max default. The one home of mode -> variant."""
-        variant = resolve_preset(self.preset)[1] if self.preset else PolicyLossVariant()
+        ``variant_overrides`` and the L_max default (after the overrides: only a seq_sum variant
+        has an L_max). The one home of mode -> variant."""
+        variant = get_preset(self.preset) if self.preset else PolicyLossVariant()
         fields = {k: v for k, v in self.variant_overrides.items() if k in _VARIANT_FIELDS}
         return with_default_max_length(dataclasses.replace(variant, **fields))
 

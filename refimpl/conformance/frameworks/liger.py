@@ -75,8 +75,9 @@ _INSTALL = "pip install --no-deps liger-kernel==0.8.5"
 # The profile (flags of conventions.Convention, as data), shared by every mode:
 # * masked_nonfinite "propagate": ppo_loss_fn reduces (per_token_loss * attention_mask).sum(), so a
 #   NaN / inf at a masked position reaches the loss;
-# * empty_rows "keep" / seq_sum_rows "all": grpo / sapo divide the sum of row means by
-#   full_attention_mask.shape[0] (every row) and dr_grpo by shape[0] * max_completion_length;
+# * empty_rows "keep" / token_sum_rows "all": grpo / sapo divide the sum of row means by
+#   full_attention_mask.shape[0] (every row), dr_grpo by shape[0] * max_completion_length and luspo
+#   (aggregation seq_mean_token_sum) its length-weighted row terms by shape[0] (grpo_loss.py:242-245);
 # * kl_k3_form "naive" and kl_compute_dtype "float32": k3_loss_fn is exp(x) - x - 1 on float32 log-probs;
 # * compute_dtype "float32" and ratio_dtype "float32_gate": every loss is computed in float32 whatever the
 #   inputs (fused_linear_ppo.py:32 float32 log-probs, :251 a float32 accumulator, :530-531 .float() on
@@ -88,7 +89,7 @@ _COMMON = {
     "ratio_dtype": "float32_gate",
     "masked_nonfinite": "propagate",
     "empty_rows": "keep",
-    "seq_sum_rows": "all",
+    "token_sum_rows": "all",
     "kl_k3_form": "naive",
     "kl_compute_dtype": "float32",
 }
@@ -119,7 +120,7 @@ MODES = (
          framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
          convention=_LOCAL,
          description="importance_sampling_level='sequence', loss_type='grpo' (GSPO's sequence ratio)"),
-    Mode("luspo", preset="gspo", variant_overrides={"aggregation": "seq_sum", "max_length": 1},
+    Mode("luspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_sum"},
          framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
          convention=_LOCAL,
          description="loss_type='luspo': sequence ratio, each row's loss times its length, mean over rows"),
@@ -243,8 +244,8 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
         if v.max_length is None:
             raise ValueError("variant.max_length (Liger's max_completion_length) is required by dr_grpo")
         kwargs["max_completion_length"] = int(v.max_length)
-    if loss_type == "luspo" and (v.max_length != 1 or v.kl_coef > 0):
-        raise ValueError("variant: Liger's luspo is seq_sum with L_max = 1 and no KL term")
+    if loss_type == "luspo" and (v.aggregation != "seq_mean_token_sum" or v.kl_coef > 0):
+        raise ValueError("variant: Liger's luspo is aggregation 'seq_mean_token_sum' with no KL term")
     return kwargs
 
 

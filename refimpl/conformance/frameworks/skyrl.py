@@ -70,11 +70,11 @@ STUBBED: list[str] = []  # the import-only dependencies a stand-in served while 
 #   accumulation steps;
 # * masked_nonfinite "propagate": masked_mean and reduce_loss multiply by the mask;
 # * empty_rows "keep" (sequence_mean: masked_mean(dim=-1) gives an empty row 0, .mean() counts it) and
-#   seq_sum_rows "all" (seq_mean_token_sum_norm: torch.mean over every row);
+#   token_sum_rows "all" (seq_mean_token_sum_norm: torch.mean over every row);
 # * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss), except
 #   the ratio of the regular / dual_clip / cispo losses, see _SAFE_EXP.
 _COMMON = {"micro_batch": "local_mean", "masked_nonfinite": "propagate", "compute_dtype": "input",
-           "empty_rows": "keep", "seq_sum_rows": "all"}
+           "empty_rows": "keep", "token_sum_rows": "all"}
 # regular / dual_clip / cispo take the ratio from _safe_exp_delta (ppo_utils.py:547-552):
 # clamp(delta.to(float32), -20, 20).exp().to(log_probs.dtype): the +-20 clamp (log_ratio_clamp) and a
 # ratio evaluated in float32 whatever the inputs' dtype (ratio_dtype "float32").

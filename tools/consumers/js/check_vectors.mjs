@@ -1,7 +1,8 @@
 // A JavaScript consumer of the golden vectors (specs/vectors/*.json, schema version 2), and the
 // example a non-Python author copies: the policy-loss family (every preset of policy_loss.json:
-// ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token, sapo, cispo, with dual clip and the k1 / k2 / k3
-// KL penalty), the KL estimators and GAE, written from the specs (policy_losses.md eqs. (1)-(12),
+// ppo, grpo, dr_grpo, dapo, bnpo, gspo, gspo_token, sapo, cispo, and the aggregation seq_mean_token_sum
+// (dr_grpo+token_sum, gspo+token_sum), with dual clip and the k1 / k2 / k3 KL penalty), the KL
+// estimators and GAE, written from the specs (policy_losses.md eqs. (1)-(12),
 // kl.md eqs. (2)-(4), estimators.md eqs. (4)-(5)) in plain float64, checked against every
 // policy_loss vector, every kl vector and every gae_advantages vector. Node.js >= 20, no packages.
 //
@@ -133,9 +134,12 @@ export function policyLoss(logp, oldLogp, advantages, mask, variant, { refLogp =
     throw new RangeError("normalizer must be finite and > 0");
   }
   const agg = variant.aggregation;
+  if (agg === "seq_sum" && !(Math.max(0, ...lengths) <= variant.max_length)) { // L_max bounds every length
+    throw new RangeError(`max_length (L_max = ${variant.max_length}) must be >= every sequence's length`);
+  }
   const rows = bugs.has("empty_rows") ? n : lengths.filter((T) => T > 0).length;
   const local = { token_mean: lengths.reduce((x, y) => x + y, 0), seq_mean_token_mean: rows, seq_mean: rows,
-    seq_sum: rows * variant.max_length }[agg]; // eq. (11)
+    seq_mean_token_sum: rows, seq_sum: rows * variant.max_length }[agg]; // eq. (11)
   if (local === undefined || Number.isNaN(local)) throw new RangeError(`unsupported aggregation ${agg}`);
   const D = normalizer ?? Math.max(local, 1);
   let total = 0;
@@ -165,7 +169,7 @@ export function policyLoss(logp, oldLogp, advantages, mask, variant, { refLogp =
       const r = Math.exp(l.reduce((x, y) => x + y, 0) * scale);
       const unitLogp = cols.reduce((x, t) => x + logp[i][t], 0) * scale;
       const [f, dfdr, dfdlp] = gate(variant, r, a, unitLogp, bugs);
-      const times = agg === "token_mean" || agg === "seq_sum" ? T : 1; // a sequence term per token
+      const times = ["token_mean", "seq_sum", "seq_mean_token_sum"].includes(agg) ? T : 1; // per token
       c -= times * f;
       cols.forEach((_, k) => { g[k] -= times * (dfdr * r + dfdlp) * scale; });
     }

@@ -22,7 +22,7 @@ _COMMON = {
     # TRL counts every row: an empty row is a 0 in grpo's / sapo's mean over rows and a row of
     # dr_grpo's / luspo's per_token_loss.size(0) (the flags change nothing in token-mean modes)
     "empty_rows": "keep",
-    "seq_sum_rows": "all",
+    "token_sum_rows": "all",
     "compute_dtype": "input",
     "masked_nonfinite": "propagate",
     "kl_importance_weight": True,
@@ -115,8 +115,8 @@ _MODES = {
         "luspo",
         preset="gspo",
         # ``(per_token_loss * mask).sum(-1).mean()``: each row's token sum (a sequence ratio counted once per
-        # token, i.e. scaled by the length), mean over all rows: Dr. GRPO's seq_sum with L_max = 1.
-        variant_overrides={"aggregation": "seq_sum", "max_length": 1},
+        # token, i.e. scaled by the length), mean over all rows: seq_mean_token_sum.
+        variant_overrides={"aggregation": "seq_mean_token_sum"},
         framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
         convention={**_COMMON, **_LOCAL_MEAN},
         description="LUSPO: GSPO's sequence ratio, each row's loss scaled by its length, mean over rows",
@@ -208,9 +208,6 @@ def grpo_config_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     else:
         keys.update(sapo_temperature_pos=variant.tau_pos, sapo_temperature_neg=variant.tau_neg)
     keys.update(beta=variant.kl_coef, use_bias_correction_kl=True)
-    if loss_type == "luspo" and variant.max_length != 1:
-        raise ValueError(f"TRL's luspo is seq_sum with L_max = 1: variant.max_length must be 1, "
-                         f"got {variant.max_length!r}")
     if loss_type == "dr_grpo":
         if variant.max_length is None:
             raise ValueError("variant.max_length (TRL's max_completion_length) is required by dr_grpo")

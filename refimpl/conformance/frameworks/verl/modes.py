@@ -23,7 +23,7 @@ _VANILLA = {
     **_KL_LOSS,
     "log_ratio_clamp": 20.0,
     "dual_clip": 3.0,
-    "seq_sum_rows": "all",  # the trainer's global_batch_size: every row of the mini-batch
+    "token_sum_rows": "all",  # the trainer's global_batch_size: every row of the mini-batch
     "micro_batch": "global",
     "compute_dtype": "input",
     # torch.min(-A c, loss) at r == c (float32 r = 3.0) splits the gradient in half
@@ -44,15 +44,15 @@ _AGG_MODES = {
     # a step without tokens: agg_loss divides by batch_num_tokens = 0 (0 / 0)
     "token-mean": ("token_mean", {}, {**_PROPAGATES, "empty_step": "nan"}),  # NaN: via an mse KL only
     "seq-mean-token-mean": ("seq_mean_token_mean", {}, {**_ROW_MEAN, **_PROPAGATES}),
-    # sum over the row's tokens, mean over all rows of the batch: Dr. GRPO's form with L_max = 1
-    "seq-mean-token-sum": ("seq_sum", {"max_length": 1}, {"seq_sum_rows": "all", **_PROPAGATES}),
+    # sum over the row's tokens, mean over all rows of the batch (policy_losses.md eq. (11))
+    "seq-mean-token-sum": ("seq_mean_token_sum", {}, {"token_sum_rows": "all", **_PROPAGATES}),
     # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max
-    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"seq_sum_rows": "all", **_PROPAGATES}),
+    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"token_sum_rows": "all", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
     "token-sum": (
-        "seq_sum",
-        {"max_length": 1},
-        {"seq_sum_rows": "none", "micro_batch": "local_sum", **_PROPAGATES},  # through an mse KL only
+        "seq_mean_token_sum",
+        {},
+        {"token_sum_rows": "none", "micro_batch": "local_sum", **_PROPAGATES},  # through an mse KL only
     ),
 }
 _SEQ_MEAN = "seq-mean-token-mean"
