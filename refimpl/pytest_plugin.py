@@ -122,6 +122,7 @@ def kl_tests(
     classes: Sequence[str] | None = None,
     rtol: float | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Callable:
     """Tests of a per-token KL estimator ``fn(logp, ref_logp) -> [N, T]`` (k1 / k2 / k3), one per
     case class (``refimpl.conformance.check_kl``); arguments as ``loss_tests``."""
@@ -134,7 +135,7 @@ def kl_tests(
     def run(fn, adapter_fn, case_class):
         return check_kl(
             fn, estimator, convention=convention, adapter=adapter_fn, rtol=_rtol(rtol), seed=seed,
-            classes=(case_class,),
+            classes=(case_class,), device=device,
         )
 
     return _case_class_tests(target, adapter, _chosen(classes, case_classes("kl"), "kl"), run)
@@ -149,6 +150,7 @@ def advantage_tests(
     classes: Sequence[str] | None = None,
     rtol: float | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Callable:
     """Tests of group advantages ``fn(rewards [N], group_ids [N]) -> [N]``, one per case class
     (``refimpl.conformance.check_advantages``; ``preset`` picks the convention's advantage flags
@@ -161,7 +163,7 @@ def advantage_tests(
     def run(fn, adapter_fn, case_class):
         return check_advantages(
             fn, convention=convention, preset=preset, adapter=adapter_fn, rtol=_rtol(rtol), seed=seed,
-            classes=(case_class,),
+            classes=(case_class,), device=device,
         )
 
     kind = "group_advantages"
@@ -175,13 +177,16 @@ def logprob_tests(
     classes: Sequence[str] | None = None,
     rtol: float | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Callable:
     """Tests of token log-probs ``fn(logits [N, T, V], tokens [N, T]) -> [N, T]``, one per case
     class (``refimpl.conformance.check_logprobs``); arguments as ``loss_tests``."""
     from refimpl.conformance import case_classes, check_logprobs
 
     def run(fn, adapter_fn, case_class):
-        return check_logprobs(fn, adapter=adapter_fn, rtol=_rtol(rtol), seed=seed, classes=(case_class,))
+        return check_logprobs(
+            fn, adapter=adapter_fn, rtol=_rtol(rtol), seed=seed, classes=(case_class,), device=device
+        )
 
     kind = "token_logprobs"
     return _case_class_tests(target, adapter, _chosen(classes, case_classes(kind), kind), run)

@@ -292,7 +292,7 @@ MISTAKES = [
 MISFITS = [
     ("kl", "--preset", "dapo"),
     ("kl", "--kl-coef", "0.1"),
-    ("kl", "--device", "cpu"),
+    ("kl", "--mode", "x"),
     ("kl", "--variant", "eps_low=0.1"),
     ("advantages", "--variant", "eps_low=0.1"),
     ("advantages", "--estimator", "k2"),
@@ -366,20 +366,31 @@ def test_a_target_given_as_a_path_outside_the_current_directory(user, capsys, mo
     assert sys.modules["json"] is json
 
 
-def test_device_reaches_the_check_and_cuda_where_there_is_none_is_one_line(user, capsys, monkeypatch):
+@pytest.mark.parametrize(("word", "checker"), [("loss", "check_policy_loss"), ("kl", "check_kl"),
+                                               ("advantages", "check_group_advantages"),
+                                               ("logprobs", "check_token_logprobs")])
+def test_device_reaches_the_check_of_every_kind(user, capsys, monkeypatch, word, checker):
     import torch
 
     from refimpl.conformance import checks
+    from refimpl.conformance.report import CheckReport
 
-    seen, real = [], checks.check_policy_loss  # what the CLI passes on
+    seen = []  # what the CLI passes on
 
     def spy(*args, **kwargs):
         seen.append(kwargs["device"])
-        return real(*args, **kwargs)
+        return CheckReport(checker, (), ())
 
-    monkeypatch.setattr(checks, "check_policy_loss", spy)
-    assert check(capsys, *LOSS, "--device", "cpu")[0] == 0
-    assert seen == [torch.device("cpu")]
+    monkeypatch.setattr(checks, checker, spy)
+    preset = ("--preset", "dapo") if word == "loss" else ()
+    assert check(capsys, word, "user_losses:dapo_loss", *preset, "--device", "cpu")[0] == 0
+    assert check(capsys, word, "user_losses:dapo_loss", *preset)[0] == 0
+    assert seen == [torch.device("cpu")] * 2
+
+
+def test_cuda_where_there_is_none_is_one_line(user, capsys, monkeypatch):
+    import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, out, err = check(capsys, *LOSS, "--device", "cuda")
     assert (code, out, err) == (2, "", "refimpl check loss: --device cuda: CUDA is not available here\n")
@@ -443,7 +454,7 @@ def test_variant_parses_the_integer_fields_that_default_to_none():
 
 def test_framework_checks_infer_the_kind_and_take_a_device(capsys, monkeypatch):
     """``check framework F --mode M`` finds M's kind (``--kind`` only where the name is ambiguous);
-    ``--device`` reaches a policy-loss mode's check and is refused, in one line, for other kinds."""
+    ``--device`` reaches the check of a mode of any kind."""
     import torch
 
     from refimpl.conformance import checks
@@ -452,19 +463,20 @@ def test_framework_checks_infer_the_kind_and_take_a_device(capsys, monkeypatch):
     fake_framework.install(monkeypatch)
     assert main(["check", "framework", "trl", "--mode", "low_var_kl"]) == 0
     assert "KL estimator" in capsys.readouterr().out
-    seen, real = [], checks.check_policy_loss
+    seen = []
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["device"])
-        return real(*args, **kwargs)
+    def spy(real):
+        def checker(*args, **kwargs):
+            seen.append(kwargs["device"])
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(checks, "check_policy_loss", spy)
+        return checker
+
+    monkeypatch.setattr(checks, "check_policy_loss", spy(checks.check_policy_loss))
+    monkeypatch.setattr(checks, "run_kl_check", spy(checks.run_kl_check))
     assert main(["check", "--framework", "trl", "--preset", "dapo", "--device", "cpu"]) == 0
-    assert seen == [torch.device("cpu")]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before anything runs
-    assert main(["check", "framework", "trl", "--mode", "low_var_kl", "--device", "cuda"]) == 2
-    err = capsys.readouterr().err
-    assert err == "refimpl check framework: --device applies to policy-loss modes; trl low_var_kl is kl\n"
+    assert main(["check", "framework", "trl", "--mode", "low_var_kl", "--device", "cpu"]) == 0
+    assert seen == [torch.device("cpu")] * 2
 
 
 def test_a_framework_without_mode_or_preset_runs_every_mode(capsys, monkeypatch):

@@ -8,6 +8,8 @@
 * The trainer for a few RL steps with bfloat16 autocast, with and without ``torch.compile``.
 * A checkpoint written on CUDA evaluated on the CPU, and the reverse; resuming it across device
   types is refused in one line (exact resume needs the generator it sampled with).
+* Every mode of every installed framework (``refimpl check framework F --device cuda``) passes
+  under its own profile, its expected values computed on the device too.
 * Two-rank data parallelism over NCCL, where two GPUs exist.
 
 Tolerances (``_tolerance``): a device computes in another reduction order and with other last-bit
@@ -36,6 +38,8 @@ import torch
 from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
 from torch.utils import _pytree as pytree
 
+from refimpl.conformance.checks import check_framework_mode
+from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
 from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
 from refimpl.lm.run import RunError, run_training
 from refimpl.lm.saved import evaluate_checkpoint, load_run_state
@@ -337,6 +341,26 @@ def test_a_checkpoint_moves_between_the_cpu_and_the_device(where, tmp_path):
                                                                                      "device": other}})
         with pytest.raises(RunError, match="^--resume: checkpoint: its sampling generator ran on "):
             run_training(None, tmp_path / "resumed", resume=elsewhere, progress=False, plot=False)
+
+
+# ------------------------------------------------------------------------------------ the kit
+@on_device  # not marked ``framework``: RL_ORACLE_REQUIRE_FRAMEWORKS=1 would fail its skip without CUDA
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_mode_of_an_installed_framework_passes_its_profile_on_the_device(framework):
+    """``check_framework_mode(..., device=DEVICE)`` for every mode of every kind: the framework's
+    code runs on the device and the expected values are computed in float64 there (a GPU's ``exp``
+    rounds some ratios of ``on_boundary`` a unit in the last place off the CPU's), so each mode
+    passes under its own profile as on the CPU. Skipped for a framework not drivable here."""
+    driver = load_driver(framework)
+    reason = driver.availability()
+    if reason is not None:
+        pytest.skip(f"{framework} is not drivable here: {reason}")
+    failing = {}
+    for mode in driver.all_modes():
+        report = check_framework_mode(driver, mode, reference=False, device=DEVICE)
+        if not report.ok:
+            failing[(mode.kind, mode.name)] = report.render()
+    assert not failing, "\n\n".join(failing.values())
 
 
 # ------------------------------------------------------------------------------------ NCCL

@@ -1,11 +1,12 @@
 """The case types of the conformance kit and the helpers every case class is built with.
 
-). Inputs are
-built in float64 from a fixed seed (``torch.Generator``), so a case id such as
-``"on_boundary/2"`` always denotes the same tensors. Masked positions hold finite junk (the loss
+Inputs are built in float64 from a fixed seed (``torch.Generator``), on the CPU, so a case id such
+as ``"on_boundary/2"`` always denotes the same tensors. Masked positions hold finite junk (the loss
 must ignore them), except in ``masked_nonfinite`` (NaN, +inf, -inf there); ratios "exactly on a
-boundary" are float64 log-ratios whose ``exp`` equals the
-boundary exactly, so an implementation that computes ``exp(logp - old_logp)`` sees the tie.
+boundary" are float64 log-ratios whose ``exp`` (the CPU's) equals the boundary exactly, so an
+implementation that computes ``exp(logp - old_logp)`` sees the tie. Another device's ``exp`` may
+round them a unit in the last place off the boundary: a check on a device computes its expected
+values there (``case.to(device)``), so that the reference sees the ratio the function sees.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ class _Identified:
     @property
     def size(self) -> int:
         return int(getattr(self, dataclasses.fields(self)[2].name).numel())
+
+    def to(self, device: torch.device | str):
+        """The same case with every tensor on ``device`` (values, dtypes and the case id unchanged; a
+        tensor already there is not copied): where a check runs on a device, its expected values are
+        computed from this (``engine.run_cases``)."""
+        moved = {
+            f.name: value.to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
 
 
 @dataclass(frozen=True)

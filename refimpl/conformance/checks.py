@@ -115,8 +115,10 @@ def check_policy_loss(
         classes: restrict to these case classes (default: all that apply; ``case_classes()``).
         kl_coef: override the preset's KL weight (> 0 adds the ``kl_penalty`` class).
         rtol: float64 tolerance (``refimpl.conformance.tolerance``).
-        device: where the user's function runs (inputs are moved there; expected values are
-            computed on the CPU in float64).
+        device: where the check runs (e.g. "cuda"): the function's inputs are moved there, and the
+            expected values are computed in float64 on the same device (its ``exp`` and ``log``,
+            so that a ratio it rounds off a clip bound is off it in the reference too); both are
+            judged on the CPU.
         explain: convention flags ({flag: value}, e.g. a framework mode's profile) tried first on
             each failing class's smallest case: a flag (or all of them together) that reproduces
             the function's loss and gradient is named in ``CaseResult.explanation``; None tries
@@ -169,15 +171,17 @@ def check_group_advantages(
     preset: str | None = None,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Check ``fn(rewards [N], group_ids [N]) -> advantages [N]`` (or ``adapter(fn, rewards,
     group_ids)``) against ``group_advantages`` with the convention's advantage flags. ``preset``
     selects the profile's flags for that preset (under the reference ``dr_grpo`` sets
     ``adv_scale="none"``). A case where the convention raises (e.g. TRL's singleton groups) expects
-    the function to raise too. Values only. Raises SignatureError as ``check_policy_loss``."""
+    the function to raise too. Values only. ``device`` as in ``check_policy_loss``. Raises
+    SignatureError as ``check_policy_loss``."""
     conv = advantage_convention(convention, preset)
     return run_advantage_check(
-        fn, conv, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header
+        fn, conv, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header, device=device
     )
 
 
@@ -191,15 +195,18 @@ def check_kl(
     seed: int = 0,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Check a per-token KL estimator ``fn(logp, ref_logp) -> [N, T]`` (or ``adapter(fn, logp,
     ref_logp)``; k1 / k2 / k3 of kl.md with ``log r = ref_logp - logp``; the convention's KL flags)
-    by value and by its gradient in logp. Raises SignatureError as ``check_policy_loss``."""
+    by value and by its gradient in logp. ``device`` as in ``check_policy_loss``. Raises
+    SignatureError as ``check_policy_loss``."""
     if estimator not in ("k1", "k2", "k3"):
         raise ValueError(f"estimator must be 'k1', 'k2' or 'k3', got {estimator!r}")
     conv = profile(convention)
     return run_kl_check(
-        fn, estimator, conv, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header
+        fn, estimator, conv, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header,
+        device=device,
     )
 
 
@@ -211,11 +218,15 @@ def check_token_logprobs(
     seed: int = 0,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """Check ``fn(logits [N, T, V], tokens [N, T]) -> [N, T]`` (or ``adapter(fn, logits, tokens)``)
     against the float64 ``log_softmax(logits).gather(tokens)`` and its gradient in the logits (for a
-    fixed cotangent). Raises SignatureError as ``check_policy_loss``."""
-    return run_logprob_check(fn, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header)
+    fixed cotangent). ``device`` as in ``check_policy_loss``. Raises SignatureError as
+    ``check_policy_loss``."""
+    return run_logprob_check(
+        fn, adapter=adapter, rtol=rtol, seed=seed, classes=classes, header=header, device=device
+    )
 
 
 check_loss = check_policy_loss
@@ -289,12 +300,13 @@ def framework_header(driver: Driver, mode: Mode) -> tuple[str, ...]:
 
 def check_framework_mode(
     driver: Driver, mode: Mode, *, reference: bool, variant_overrides=None, flag_overrides=None, rtol=None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str = "cpu", classes: tuple[str, ...] | None = None,
 ) -> CheckReport:
     """Run the kit on one framework mode under its profile (or the reference, with every departure
     explained by the mode's flags or ``unexplained``). ``variant_overrides`` go through
-    ``Driver.variant`` (a field the mode fixes is refused: ``VariantRefused``). ``device``: where a
-    policy-loss mode's inputs are put (other kinds run on the CPU; ValueError for another device)."""
+    ``Driver.variant`` (a field the mode fixes is refused: ``VariantRefused``). ``device``: where the
+    mode runs and its expected values are computed (``check_policy_loss``); ``classes``: only these
+    case classes (default: all; under the reference never the golden vectors)."""
     rtol = DEFAULT_RTOL if rtol is None else rtol
     variant = driver.variant(mode, variant_overrides)
     conv = Convention() if reference else mode_convention(mode, driver.name)
@@ -302,8 +314,9 @@ def check_framework_mode(
         conv = dataclasses.replace(conv, **flag_overrides)
     fn, adapter = driver.target(mode.kind, mode, variant)
     header = framework_header(driver, mode)
-    if mode.kind != "policy_loss" and torch.device(device).type != "cpu":
-        raise ValueError(f"device applies to policy-loss modes; {driver.name} {mode.name} is {mode.kind}")
+    if reference and mode.kind == "policy_loss":  # departures are named on the generated classes (the
+        # golden vectors repeat them with 1e12 magnitudes and a normaliser of their own)
+        classes = tuple(c for c in (classes or _GENERATED_CLASSES) if c != "golden_vectors")
     if mode.kind == "policy_loss":
         return check_policy_loss(
             fn,
@@ -313,21 +326,24 @@ def check_framework_mode(
             rtol=rtol,
             device=device,
             explain=dict(mode.convention) if reference else None,
-            # under the reference, departures are named on the generated classes (the golden vectors
-            # repeat them with 1e12 magnitudes and a normaliser of their own)
-            classes=_GENERATED_CLASSES if reference else None,
+            classes=classes,
             framework_config=dict(mode.framework_config),
             header=header,
         )
     if mode.kind == "kl":
 
         def run(c):
-            return run_kl_check(fn, variant.kl_estimator, c, adapter=adapter, rtol=rtol, header=header)
+            return run_kl_check(
+                fn, variant.kl_estimator, c, adapter=adapter, rtol=rtol, header=header, device=device,
+                classes=classes,
+            )
 
     elif mode.kind == "group_advantages":
 
         def run(c):
-            return run_advantage_check(fn, c, adapter=adapter, rtol=rtol, header=header)
+            return run_advantage_check(
+                fn, c, adapter=adapter, rtol=rtol, header=header, device=device, classes=classes
+            )
 
     else:
         raise ValueError(f"mode {mode.name!r} has kind {mode.kind!r}, which no checker takes")
@@ -352,9 +368,10 @@ def check_framework(
     """Check an installed framework's own code (``refimpl check --framework``): ``mode`` of
     ``kind`` (or the mode of ``preset``) under its own profile, or under the spec with each
     departure named (``reference=True``). ``variant``: PolicyLossVariant fields to change (those
-    the mode fixes are refused); ``flags``: Convention flags to change; ``device``: where a policy
-    loss mode runs (e.g. "cuda"; expected values stay float64 on the CPU). Raises ValueError (one
-    line) when the framework is unknown or not drivable here, or the mode is out of scope."""
+    the mode fixes are refused); ``flags``: Convention flags to change; ``device``: where the mode
+    runs (e.g. "cuda"; the expected values are computed in float64 on the same device). Raises
+    ValueError (one line) when the framework is unknown or not drivable here, or the mode is out of
+    scope."""
     driver = load_driver(framework)
     reason = driver.availability()
     if reason is not None:

@@ -165,23 +165,22 @@ def run_function(args: argparse.Namespace) -> int:
     # the adapter first: it may stub import-only dependencies of the target's package
     adapter = load_object(args.adapter, "--adapter") if args.adapter else None
     fn = load_object(args.target, "FUNCTION")
+    common = {"adapter": adapter, "rtol": rtol, "device": _device(args)}
     if args.kind == "token_logprobs":
-        report = checks.check_token_logprobs(fn, adapter=adapter, rtol=rtol)
+        report = checks.check_token_logprobs(fn, **common)
     elif args.kind == "kl":
-        report = checks.check_kl(fn, args.estimator, convention=_convention(args), adapter=adapter, rtol=rtol)
+        report = checks.check_kl(fn, args.estimator, convention=_convention(args), **common)
     elif args.kind == "group_advantages":
-        report = checks.check_group_advantages(fn, convention=_convention(args), adapter=adapter, rtol=rtol)
+        report = checks.check_group_advantages(fn, convention=_convention(args), **common)
     else:
-        conv, (_, variant), device = _convention(args), _variant(args), _device(args)
-        report = checks.check_policy_loss(
-            fn, variant, convention=conv, adapter=adapter, rtol=rtol, device=device
-        )
+        conv, (_, variant) = _convention(args), _variant(args)
+        report = checks.check_policy_loss(fn, variant, convention=conv, **common)
     return _emit(report, args.json)
 
 
 def run_framework(args: argparse.Namespace) -> int:
     """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``); without
-    either, every mode of the framework (of ``--kind``; policy losses only on another device)."""
+    either, every mode of the framework (of ``--kind``)."""
     driver = load_framework(args.framework)
     if args.convention not in (None, "reference", driver.name):
         raise UserError("with --framework the convention is the mode's own profile, or --convention "
@@ -192,8 +191,6 @@ def run_framework(args: argparse.Namespace) -> int:
     ):
         return _run_every_mode(driver, args, device)
     mode = select_mode(driver, args.kind or mode_kind(driver, args.mode), args.mode, args.preset)
-    if device.type != "cpu" and mode.kind != "policy_loss":
-        raise UserError(f"--device applies to policy-loss modes; {driver.name} {mode.name} is {mode.kind}")
     return _emit(_framework_report(driver, mode, args, device), args.json)
 
 
@@ -222,10 +219,6 @@ def _run_every_mode(driver, args: argparse.Namespace, device) -> int:
     if args.variant or args.flag:
         raise UserError("--variant / --flag change one mode: give --mode or --preset")
     modes = [m for m in driver.all_modes() if args.kind in (None, m.kind)]
-    if device.type != "cpu":
-        if args.kind not in (None, "policy_loss"):
-            raise UserError(f"--device applies to policy-loss modes, not --kind {args.kind}")
-        modes = [m for m in modes if m.kind == "policy_loss"]
     reports = [(m, _framework_report(driver, m, args, device)) for m in modes]
     ok = all(r.ok for _, r in reports)
     if args.json:
@@ -233,7 +226,7 @@ def _run_every_mode(driver, args: argparse.Namespace, device) -> int:
                               "modes": [{"kind": m.kind, "mode": m.name, "report": r.to_dict()}
                                         for m, r in reports]}, indent=1))
         return 0 if ok else 1
-    where = "" if device.type == "cpu" else f", on {device} (policy losses only)"
+    where = "" if device.type == "cpu" else f", on {device}"
     lines = [f"framework {driver.name} {driver.installed_version()} (source sha256 {driver.source_hash()}): "
              f"{len(reports)} modes{where}, " + ("under the reference" if args.convention == "reference"
                                                   else "each under its own profile"), ""]

@@ -294,7 +294,9 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
         "kl_coef": ("--kl-coef", {"type": positive_float, "help": "KL weight (adds the kl_penalty class)"}),
         "estimator": ("--estimator", {"choices": ("k1", "k2", "k3"), "default": "k3",
                                       "help": "the KL estimator (default k3)"}),
-        "device": ("--device", {"help": "device the loss runs on (e.g. cuda; default cpu)"}),
+        "device": ("--device", {"help": "device the check runs on (e.g. cuda; default cpu): the inputs are "
+                                "moved there and the expected values are computed in float64 on the same "
+                                "device"}),
         "rtol": ("--rtol", {"type": positive_float, "help": "float64 tolerance (default 1e-8)"}),
         "json": ("--json", {"action": "store_true", "help": "print the report as JSON"}),
         "mode": ("--mode", {"help": "the framework's loss mode (refimpl matrix lists them)"}),
@@ -303,11 +305,11 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
 
 
 _FUNCTION = "MODULE:FUNCTION"
-_CHECKED = ("adapter", "rtol", "json")
+_CHECKED = ("adapter", "device", "rtol", "json")
 #: subcommand -> (help, positional, options); a trailing "!" marks a required option
 CHECK_SUBCOMMANDS = {
     "loss": ("a policy loss fn(logp, old_logp, advantages, mask, *, normalizer=None) -> scalar", _FUNCTION,
-             ("preset!", "variant", "convention", "flag", "scale_rewards", "kl_coef", "device", *_CHECKED)),
+             ("preset!", "variant", "convention", "flag", "scale_rewards", "kl_coef", *_CHECKED)),
     "kl": ("a per-token KL estimator fn(logp, ref_logp) -> [N, T]", _FUNCTION,
            ("estimator", "convention", "flag", *_CHECKED)),
     "advantages": ("group advantages fn(rewards, group_ids) -> [N]", _FUNCTION,

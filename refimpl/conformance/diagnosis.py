@@ -7,7 +7,8 @@ clip-higher, float32 arithmetic, a missing KL term or another estimator; then a 
 loss or of the advantages), common framework flags and the ``candidates`` the caller adds (the
 shipped profiles). The first whose expected loss and gradient pass the check's own judgement is
 named in ``CaseResult.explanation``. For kinds without a per-case diagnosis ``explained_by_rerun``
-reruns the check with each flag.
+reruns the check with each flag. The alternatives' expected values are computed on the check's
+device, as the check's own (``engine.expected_on``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 from refimpl.losses import AGGREGATIONS, PolicyLossVariant
 
 from .conventions import Convention
+from .engine import expected_on
 from .expected import effective_variant, expected_policy_loss
 from .report import CaseResult
 
@@ -88,13 +90,16 @@ def diagnosis_candidates(
     return out
 
 
-def explain_case(case, got_loss, got_grad, v, conv, rtol, explain, candidates, judge) -> str | None:
+def explain_case(
+    case, got_loss, got_grad, v, conv, rtol, explain, candidates, judge, device="cpu"
+) -> str | None:
     """Which alternative (a convention flag, another aggregation, a shipped profile) reproduces the
-    failing case's loss and gradient to the check's tolerance; None when none does."""
+    failing case's loss and gradient to the check's tolerance; None when none does. Expected values
+    are computed on ``device`` (the check's)."""
     for label, variant, candidate in diagnosis_candidates(v, conv, explain, candidates):
         try:
             ev = effective_variant(variant, candidate)
-            exp_loss, exp_grad = expected_policy_loss(case, ev, candidate)
+            exp_loss, exp_grad = expected_on(device, expected_policy_loss, case, ev, candidate)
         except (ValueError, TypeError, RuntimeError):
             continue
         _, _, value_ok, grad_ok, _ = judge(
@@ -103,14 +108,14 @@ def explain_case(case, got_loss, got_grad, v, conv, rtol, explain, candidates, j
         if value_ok and grad_ok:
             return f"matches {label}"
     if explain is None:
-        flipped = _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge)
+        flipped = _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge, device)
         if flipped:
             return flipped
     if case.micro_batches and conv.micro_batch == "global":
         # the kit passed the global normaliser and summed the parts: a function that ignores
         # ``normalizer`` returns the sum of the micro-batches' local means
         local = dataclasses.replace(conv, micro_batch="local_mean")
-        exp_loss, exp_grad = expected_policy_loss(case, v, local)
+        exp_loss, exp_grad = expected_on(device, expected_policy_loss, case, v, local)
         parts = len(case.micro_batches)
         _, _, value_ok, grad_ok, _ = judge(
             case, got_loss, got_grad, exp_loss * parts, exp_grad * parts, v, local, rtol
@@ -120,7 +125,7 @@ def explain_case(case, got_loss, got_grad, v, conv, rtol, explain, candidates, j
     return None
 
 
-def _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge) -> str | None:
+def _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge, device) -> str | None:
     """A flipped sign: of the whole loss (expected loss and gradient negated) or of the advantages
     (the expected value of the case with -A); inside the clip the two agree, and the label says so."""
     def passes(c, loss, grad):
@@ -128,9 +133,9 @@ def _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge) -> str | None:
         return value_ok and grad_ok
 
     try:
-        exp_loss, exp_grad = expected_policy_loss(case, v, conv)
+        exp_loss, exp_grad = expected_on(device, expected_policy_loss, case, v, conv)
         negated = dataclasses.replace(case, advantages=-case.advantages)
-        adv_loss, adv_grad = expected_policy_loss(negated, v, conv)
+        adv_loss, adv_grad = expected_on(device, expected_policy_loss, negated, v, conv)
     except (ValueError, TypeError, RuntimeError):
         return None
     loss_flip = passes(case, -exp_loss, -exp_grad)
@@ -143,9 +148,9 @@ def _sign_flip(case, got_loss, got_grad, v, conv, rtol, judge) -> str | None:
 
 
 def with_explanations(
-    results, got_by_id, v, conv, name, rtol, explain, candidates, judge
+    results, got_by_id, v, conv, name, rtol, explain, candidates, judge, device="cpu"
 ) -> list[CaseResult]:
-    """Diagnose the smallest failing case of each failing class (see ``_explain``)."""
+    """Diagnose the smallest failing case of each failing class (``explain_case``, on ``device``)."""
     smallest: dict[str, CaseResult] = {}
     for r in results:
         if not r.ok and r.case_id in got_by_id and r.case_class != "golden_vectors":
@@ -158,7 +163,7 @@ def with_explanations(
     for r in smallest.values():
         case, got_loss, got_grad = got_by_id[r.case_id]
         explained[r.case_id] = explain_case(
-            case, got_loss, got_grad, v, conv, rtol, explain, candidates, judge
+            case, got_loss, got_grad, v, conv, rtol, explain, candidates, judge, device
         ) or (
             "unexplained" if explain is not None else None
         )

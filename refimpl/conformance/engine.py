@@ -5,6 +5,13 @@ Every checker (``policy_check``, ``simple_checks``) is this loop with four funct
 exception is caught and reported on that case), ``judge(item, expected, got, error)`` the
 ``CaseResult``; ``run_cases`` returns one ``Outcome`` per item, in order. The helpers below turn a
 case into text (``case_text``: the report's detail; ``case_line``: one pasteable line of Python).
+
+The device: a check runs on one ``device``. ``run_cases`` gives ``expect`` and ``call`` the item
+with its case on that device (``to_device``) and brings what they return back to the CPU
+(``on_cpu``), where ``judge`` sees the item as made. So the expected values are computed in float64
+on the same device as the checked function, with its ``exp`` and ``log``: a ratio the device rounds
+a unit in the last place off a clip bound is off it in the reference too (``expected_on``; the
+diagnosis uses it as well). On the CPU nothing moves.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from dataclasses import dataclass
 from .contract import SIGNATURES, SignatureError
 from .report import CaseResult, nested_text, tensor_text
 
-__all__ = ["Outcome", "run_cases", "run_user", "case_text", "case_line", "preflight", "raised", "judged",
-           "value_only"]
+__all__ = ["Outcome", "run_cases", "run_user", "to_device", "on_cpu", "expected_on", "case_text", "case_line",
+           "preflight", "raised", "judged", "value_only"]
 
 _INPUTS = ("logp", "old_logp", "ref_logp", "advantages", "mask", "rewards", "group_ids", "logits", "tokens")
 
@@ -35,14 +42,42 @@ class Outcome:
     result: CaseResult
 
 
-def run_cases(items: Iterable, *, expect: Callable, call: Callable, judge: Callable) -> list[Outcome]:
-    """The loop (see the module docstring)."""
+def run_cases(
+    items: Iterable, *, expect: Callable, call: Callable, judge: Callable, device: object = "cpu"
+) -> list[Outcome]:
+    """The loop (see the module docstring): ``expect`` and ``call`` on ``device``, ``judge`` on the
+    CPU."""
     outcomes = []
     for item in items:
-        expected = expect(item)
-        got, error = run_user(lambda item=item: call(item))
+        there = to_device(item, device)
+        expected = on_cpu(expect(there))
+        got, error = run_user(lambda there=there: on_cpu(call(there)))
         outcomes.append(Outcome(item, expected, got, error, judge(item, expected, got, error)))
     return outcomes
+
+
+def to_device(item, device):
+    """``item`` on ``device``: a case (``case_types``: its ``to``) or a tensor moved, a tuple item
+    by item, anything else (a number, None, a golden vector's stored values) as it is."""
+    if isinstance(item, tuple):
+        return tuple(to_device(x, device) for x in item)
+    to = getattr(item, "to", None)
+    return to(device) if callable(to) else item
+
+
+def on_cpu(value):
+    """``value`` with every tensor (also inside tuples and lists) on the CPU; the same tensors where
+    they are there already."""
+    if type(value) in (tuple, list):
+        return type(value)(on_cpu(x) for x in value)
+    to = getattr(value, "cpu", None)
+    return to() if callable(to) else value
+
+
+def expected_on(device, expect: Callable, case, *args):
+    """``expect(case, *args)`` computed on ``device`` (the case moved there), returned on the CPU: the
+    expected values of a check on a device (see the module docstring)."""
+    return on_cpu(expect(to_device(case, device), *args))
 
 
 def run_user(compute: Callable) -> tuple[object, str | None]:
@@ -73,11 +108,14 @@ def preflight(kind: str, fn, compute: Callable, shape: tuple[int, ...]) -> None:
         raise SignatureError(f"{name} returned {got}, expected a tensor of shape {shape}: {SIGNATURES[kind]}")
 
 
-def preflight_first(kind: str, fn, adapter, case, inputs: tuple[str, ...], shape_of: str) -> None:
-    """``preflight`` of ``fn`` (through ``adapter``) on the case's ``inputs`` (cloned), whose output
-    must have the shape of its ``shape_of`` field."""
+def preflight_first(
+    kind: str, fn, adapter, case, inputs: tuple[str, ...], shape_of: str, device: object = "cpu"
+) -> None:
+    """``preflight`` of ``fn`` (through ``adapter``) on the case's ``inputs`` (cloned, on ``device``),
+    whose output must have the shape of its ``shape_of`` field."""
     from .contract import call
 
+    case = to_device(case, device)
     preflight(
         kind,
         fn,

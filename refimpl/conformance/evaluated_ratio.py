@@ -86,7 +86,7 @@ def _ties_on_open_side(target, old, ratio, usable, adv, variant, float32_bounds:
     mask of the ties with the dual clip."""
 
     def rounded(bound: float) -> float:
-        return float(torch.tensor(bound, dtype=torch.float32)) if float32_bounds else bound
+        return float(torch.tensor(bound, dtype=torch.float32, device="cpu")) if float32_bounds else bound
 
     lower = 1.0 - (0.0 if variant.eps_low is None else variant.eps_low)
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high

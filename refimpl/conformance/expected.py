@@ -3,7 +3,13 @@
 One interpreter turns a ``Convention`` (data) into calls of the verified building blocks:
 ``policy_loss`` (with ``normalizer=`` and ``kl=``), ``group_advantages``, ``kl_k1/k2/k3`` and a
 float64 ``log_softmax``. Every expected value is computed in float64 from the case's inputs
-(half-precision inputs are first rounded, then upcast), with the gradient by autograd.
+(half-precision inputs are first rounded, then upcast), with the gradient by autograd, on the
+device the case's tensors are on: a check on a device computes its expected values in float64 on
+the same device (``engine.run_cases`` moves the case there and the values back to the CPU), so the
+reference evaluates ``exp`` where the checked function does, e.g. a ratio that the device's ``exp``
+rounds a unit in the last place past a clip bound is past it in both. Every tensor made here
+follows its inputs' device; the normalisers and float32-rounded constants are host numbers, which
+every device rounds alike (IEEE division and rounding to nearest).
 
 How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 
@@ -89,15 +95,20 @@ def effective_variant(variant: PolicyLossVariant, convention: Convention) -> Pol
     return v
 
 
+def _host32(x: float) -> torch.Tensor:
+    """``x`` as a float32 host number (a CPU tensor, whatever torch's default device)."""
+    return torch.tensor(x, dtype=torch.float32, device="cpu")
+
+
 def _float32(x: float) -> float:
     """``x`` rounded to the nearest float32 (TRL's temperatures, ``sapo_tau_float32``)."""
-    return float(torch.tensor(x, dtype=torch.float32))
+    return float(_host32(x))
 
 
 def _importance_weighted_kl(kl_tokens, logp, old, mask, variant: PolicyLossVariant) -> torch.Tensor:
     """``kl_tokens * r`` with the unit's differentiated importance ratio ``r`` (``kl_importance_weight``):
     ``exp(logp - old)`` per token, or GSPO's ``exp(mean_t (logp - old))`` on every token of the row."""
-    zero = torch.zeros((), dtype=logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(mask, logp - old, zero)
     if variant.ratio == "sequence_mean":
         lengths = mask.sum(-1, dtype=logp.dtype).clamp(min=1.0)
@@ -131,7 +142,7 @@ def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -
     under ``normalizer_rounding="float32_per_micro_batch"``, ``(float32(tokens) / mb, mb)``."""
     if convention.normalizer_rounding != "float32_per_micro_batch":
         return tokens, 1
-    return float(torch.tensor(tokens, dtype=torch.float32) / micro_batches), micro_batches
+    return float(_host32(tokens) / micro_batches), micro_batches
 
 
 def rounded_normalizer(
@@ -148,9 +159,9 @@ def rounded_normalizer(
     if convention.normalizer_rounding == "float32_weight":
         if not own or not denominator:
             return denominator
-        weight = torch.tensor(own, dtype=torch.float32) / torch.tensor(denominator, dtype=torch.float32)
+        weight = _host32(own) / _host32(denominator)
         return own / float(weight)
-    per_step = torch.tensor(denominator, dtype=torch.float32) / micro_batches
+    per_step = _host32(denominator) / micro_batches
     return micro_batches * float(per_step)
 
 
@@ -197,7 +208,7 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
     """Per-token KL estimate with the KL flags: ``kl_compute_dtype`` (float32 inputs),
     ``kl_log_ratio_clamp`` / ``kl_log_ratio_max`` / ``kl_k3_form`` (k3 only) and
     ``kl_value_clamp`` (k3 only or every estimator, ``kl_value_clamp_scope``)."""
-    zero = torch.zeros((), dtype=logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp_m = torch.where(mask, logp, zero)
     ref_m = torch.where(mask, ref, zero)
     if convention.kl_compute_dtype == "float32":
@@ -237,7 +248,8 @@ def _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) ->
     (flag ``kl_aggregation="token_mean"``)."""
     kl = _kl_tokens(logp, ref, variant, convention, mask)
     per_step, micro_batches = kl_denominator if kl_denominator is not None else (float(mask.sum()), 1)
-    term = (kl * mask).sum() / torch.tensor(per_step if per_step > 0 else 1.0, dtype=kl.dtype)
+    denominator = torch.tensor(per_step if per_step > 0 else 1.0, dtype=kl.dtype, device=kl.device)
+    term = (kl * mask).sum() / denominator
     return (term * variant.kl_coef).to(torch.float64) / micro_batches
 
 
@@ -302,10 +314,10 @@ def expected_policy_loss(
     adv = case.advantages.to(torch.float64)
     ref = None if case.ref_logp is None else case.ref_logp.to(torch.float64)
     parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
-    index = [torch.tensor(p, dtype=torch.long) for p in parts]
+    index = [torch.tensor(p, dtype=torch.long, device=logp.device) for p in parts]
     local = [convention_normalizer(case.mask[i], variant, convention) for i in index]
     tokens = [float(case.mask[i].sum()) for i in index]
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=logp.device)
     for i, own, own_tokens in zip(index, local, tokens, strict=True):
         denominator = sum(local) if convention.micro_batch == "global" else own
         denominator = rounded_normalizer(denominator, len(parts), convention, own)
@@ -366,7 +378,7 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     scores = case.rewards.to(torch.float32)
     _, index = torch.unique(case.group_ids, return_inverse=True)
     groups = int(index.max()) + 1 if index.numel() else 0
-    zeros = torch.zeros(groups, dtype=torch.float32)
+    zeros = torch.zeros(groups, dtype=torch.float32, device=scores.device)
     count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
     mean = zeros.clone().index_add_(0, index, scores) / count.clamp_min(1.0)
     centred = scores - mean[index]
@@ -388,7 +400,7 @@ def _float32_singleton_divisor(case: AdvantageCase, advantages: torch.Tensor, co
     divisor rounded to float32, as verl's float32 std tensor makes it)."""
     _, inverse, counts = torch.unique(case.group_ids, return_inverse=True, return_counts=True)
     singleton = counts[inverse] == 1
-    one = torch.ones((), dtype=torch.float32)
+    one = torch.ones((), dtype=torch.float32, device=case.rewards.device)
     divisor = (torch.sqrt(one + convention.adv_eps) if convention.adv_eps_inside_sqrt
                else one + convention.adv_eps).double()
     return torch.where(singleton, case.rewards.double() / divisor, advantages)

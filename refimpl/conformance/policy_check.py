@@ -182,15 +182,19 @@ def run_policy_check(
     config = {**dataclasses.asdict(v), "preset": name, "convention": {"name": conv.name, **conv.flags()}}
     config["framework_config"] = dict(framework_config or {})
     _preflight(fn, adapter, v, conv, config, device)
-    jobs = [
-        (case, *expected_policy_loss(case, v, conv), None)
-        for case in _cases.policy_loss_cases(v, conv, seed=seed, classes=classes)
-    ]
+    # a job: (case, its normaliser, its golden vector); the golden vectors' expected values are stored
+    jobs = [(case, None, None) for case in _cases.policy_loss_cases(v, conv, seed=seed, classes=classes)]
     if conv == Convention() and (classes is None or "golden_vectors" in classes):
-        jobs += [(g.case, g.expected_loss, g.expected_grad, g.normalizer) for g in golden_cases(v)]
+        jobs += [(g.case, g.normalizer, g) for g in golden_cases(v)]
+
+    def expect(job):
+        case, _, golden = job
+        if golden is not None:
+            return golden.expected_loss, golden.expected_grad
+        return expected_policy_loss(case, v, conv)
 
     def judge(job, expected, got, error):
-        case, normalizer = job[0], job[3]
+        case, normalizer = job[0], job[1]
         exp_loss, exp_grad = expected
         base = {"dtype": str(case.logp.dtype).replace("torch.", ""), "expected": float(exp_loss)}
         if got is None:
@@ -217,13 +221,15 @@ def run_policy_check(
 
     outcomes = run_cases(
         jobs,
-        expect=lambda job: (job[1], job[2]),
-        call=lambda job: user_policy_loss(fn, adapter, job[0], v, conv, config, job[3], device),
+        expect=expect,
+        call=lambda job: user_policy_loss(fn, adapter, job[0], v, conv, config, job[1], device),
         judge=judge,
+        device=device,
     )
     got_by_id = {o.item[0].case_id: (o.item[0], *o.got) for o in outcomes if o.got is not None}
     results = with_explanations(
-        [o.result for o in outcomes], got_by_id, v, conv, name, rtol, explain, candidates, judge_policy
+        [o.result for o in outcomes], got_by_id, v, conv, name, rtol, explain, candidates, judge_policy,
+        device,
     )
     notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]
     title = (

@@ -1,8 +1,9 @@
 """The checkers of the kinds without a variant: group advantages, KL estimators, token log-probs.
 
 Each is the engine's loop (``engine.run_cases``) with the kind's expected value, call and
-judgement; each takes a ``Convention`` value (``checks`` resolves profile names) and may be
-restricted to some case classes (``classes``).
+judgement; each takes a ``Convention`` value (``checks`` resolves profile names), may be
+restricted to some case classes (``classes``) and runs on a ``device`` (the function's inputs and
+the float64 expected values computed there, judged on the CPU).
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ def run_advantage_check(
     seed: int = 0,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """``fn(rewards [N], group_ids [N]) -> advantages [N]`` against ``group_advantages`` with the
     convention's advantage flags (see ``checks.check_group_advantages``)."""
     all_cases = _cases.advantage_cases(seed=seed)
-    preflight_first("group_advantages", fn, adapter, all_cases[0], ("rewards", "group_ids"), "rewards")
+    preflight_first(
+        "group_advantages", fn, adapter, all_cases[0], ("rewards", "group_ids"), "rewards", device
+    )
 
     def expect(case):
         try:
@@ -84,6 +88,7 @@ def run_advantage_check(
         expect=expect,
         call=lambda case: call(fn, adapter, case.rewards.clone(), case.group_ids.clone()),
         judge=judge,
+        device=device,
     )
     title = (
         f"group advantages: convention {conv.name} (std={conv.adv_std}, eps={conv.adv_eps}, "
@@ -103,11 +108,12 @@ def run_kl_check(
     seed: int = 0,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """A per-token KL estimator ``fn(logp, ref_logp) -> [N, T]`` by value and gradient in logp
     (see ``checks.check_kl``)."""
     all_cases = _cases.kl_cases(seed=seed)
-    preflight_first("kl", fn, adapter, all_cases[0], ("logp", "ref_logp"), "logp")
+    preflight_first("kl", fn, adapter, all_cases[0], ("logp", "ref_logp"), "logp", device)
 
     def compute(case):
         logp = case.logp.clone().requires_grad_(True)
@@ -149,6 +155,7 @@ def run_kl_check(
         expect=lambda case: expected_kl(case, estimator, conv),
         call=compute,
         judge=judge,
+        device=device,
     )
     return CheckReport(
         f"KL estimator {estimator}: convention {conv.name}",
@@ -166,11 +173,12 @@ def run_logprob_check(
     seed: int = 0,
     classes: tuple[str, ...] | None = None,
     header: tuple[str, ...] = (),
+    device: torch.device | str = "cpu",
 ) -> CheckReport:
     """``fn(logits [N, T, V], tokens [N, T]) -> [N, T]`` against the float64 log-softmax and its
     gradient (see ``checks.check_token_logprobs``)."""
     all_cases = _cases.logprob_cases(seed=seed)
-    preflight_first("token_logprobs", fn, adapter, all_cases[0], ("logits", "tokens"), "tokens")
+    preflight_first("token_logprobs", fn, adapter, all_cases[0], ("logits", "tokens"), "tokens", device)
 
     def compute(case):
         logits = case.logits.clone().requires_grad_(True)
@@ -197,5 +205,6 @@ def run_logprob_check(
         expect=expected_token_logprobs,
         call=compute,
         judge=judge,
+        device=device,
     )
     return CheckReport("token_logprobs", tuple(o.result for o in outcomes), (), tuple(header))
