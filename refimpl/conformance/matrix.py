@@ -270,7 +270,8 @@ def _summary_lines(summary: dict) -> list[str]:
                    + (":" if bugs else ": none listed."))
     lines.append("")
     for b in bugs:
-        where = f"{len(b['modes'])} modes" if b["modes"] else "no mode departs by it here"
+        count = len(b["modes"])
+        where = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
         lines += _item(f"{b['framework']}, `{b['key']}` ({where}): {b['text']}")
     return lines + ([""] if bugs else [])
 

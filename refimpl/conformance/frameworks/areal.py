@@ -50,6 +50,7 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
+    "CANDIDATE_BUGS",
     "availability",
     "source_files",
     "loss_kwargs",
@@ -126,6 +127,15 @@ UNSUPPORTED = {
 # preset -> the mode whose flags are ``--convention areal --preset P``
 PROFILE = {"ppo": ("ppo",), "bnpo": ("ppo",), "dapo": ("ppo/clip-higher",), "gspo": ("gspo",),
            "sapo": ("sapo",)}
+
+
+#: Departures AReaL would likely want to change (the matrix lists them with the modes that show them).
+CANDIDATE_BUGS = {
+    "dual_clip_tie": "ppo_actor_loss_fn with c_clip: the gradient at a ratio exactly on the dual "
+    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+}
+
+
 NOTES: dict[str, str] = {}
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
+    "CANDIDATE_BUGS",
     "STUBBED",
     "availability",
     "source_files",
@@ -195,6 +196,17 @@ PROFILE = {
     "sapo": ("grpo", "sapo"),
     "cispo": ("grpo", "cispo"),
 }
+#: Departures SkyRL would likely want to change (the matrix lists them with the modes that show them).
+CANDIDATE_BUGS = {
+    "kl_gradient": "compute_approx_kl runs under @torch.no_grad() (ppo_utils.py:91): with use_kl_loss the KL "
+    "term adds its value to the loss and no gradient, so it does not regularise the policy.",
+    "cispo_clip_low": "the CISPO weight is clipped below at 1 - cispo_eps_clip_low, 0 by default: every "
+    "ratio below 1 is raised to 1 in the weight; CISPO (MiniMax 2025) caps the weight above only.",
+    "dual_clip_tie": "ppo_utils.py:584: the gradient at a ratio exactly on the dual "
+    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+}
+
+
 NOTES = {
     "cispo defaults": "cispo_eps_clip_low defaults to 0: the ratio is clamped to [1, 6], raising every "
     "ratio below 1 to 1 (mode cispo, flag cispo_clip_low=0.0); the paper's one-sided cap is "

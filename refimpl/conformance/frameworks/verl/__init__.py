@@ -36,13 +36,14 @@ from .adapters import (
     source_files,
     target,
 )
-from .modes import NOTES, PROFILE, framework_config, modes, unsupported_modes
+from .modes import CANDIDATE_BUGS, NOTES, PROFILE, framework_config, modes, unsupported_modes
 
 __all__ = [
     "NAME",
     "PINNED_VERSION",
     "PROFILE",
     "NOTES",
+    "CANDIDATE_BUGS",
     "availability",
     "installed_version",
     "source_files",

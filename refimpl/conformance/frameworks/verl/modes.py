@@ -236,6 +236,19 @@ PROFILE = {
     p: ("grpo",) + (("grpo/no_std",) if p == "dr_grpo" else ()) + (m,) for p, m in _PRESET_POLICY_MODE.items()
 }
 #: behaviours of verl 0.9.1 the profiles do not reproduce (stated, not silently approximated)
+#: Departures verl would likely want to change (the matrix lists them with the modes that show them).
+CANDIDATE_BUGS = {
+    "fixed_aggregation": "compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever "
+    "actor.loss_agg_mode says (core_algos.py:1689): the configured aggregation is ignored without a word.",
+    "cispo_clip_low": "compute_policy_loss_cispo also clips its detached weight below, at 1 - "
+    "clip_ratio_low (0.2 by default); CISPO (MiniMax 2025) caps the weight above only.",
+    "dual_clip_tie": "the vanilla loss with clip_ratio_c: the gradient at a ratio exactly on the dual "
+    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+    "empty_step": "the token-mean losses divide by the step's token count: a step with no token gives "
+    "the loss 0 / 0 = NaN; the spec's loss is 0 with zero gradient.",
+}
+
+
 NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
     "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
