@@ -44,7 +44,8 @@ from refimpl.lm.checkpoint import load_checkpoint, save_checkpoint
 from refimpl.lm.run import RunError, run_training
 from refimpl.lm.saved import evaluate_checkpoint, load_run_state
 from refimpl.lm.train import Trainer
-from tests.test_default_device import CASES, _run
+from refimpl.losses import fused_policy_loss
+from tests.test_default_device import CASES, FLOATS, POLICY_CASES, _policy_case, _run
 from tests.test_lm_train import PolicyLossSpy, tiny
 
 DRY_RUN = os.environ.get("RL_ORACLE_CUDA_DRY_RUN") == "1"
@@ -235,6 +236,22 @@ CASE_PARAMS = [
 @pytest.mark.parametrize(("name", "dtype"), CASE_PARAMS)
 def test_every_public_function_on_the_device_matches_the_cpu_in_float64(name, dtype):
     _, dtypes, build = CASES[name]
+    _check_on_device(build, dtypes, dtype)
+
+
+@on_device
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", ["preset grpo", "preset gspo", "preset sapo", "kl k3, entropy",
+                                  "behavior truncate", "exact kl", "float normalizer"])
+def test_the_compiled_fast_path_on_the_device_matches_the_cpu_in_float64(name, dtype):
+    """``fused_policy_loss`` compiled (Triton kernels on CUDA) on cases of the policy-loss family, as the
+    test above (whose cases run its formulas op by op)."""
+    variant, options = POLICY_CASES[name]
+    _check_on_device(_policy_case(variant, loss=fused_policy_loss, **options), FLOATS, dtype)
+
+
+def _check_on_device(build, dtypes, dtype) -> None:
+    """The case ``build`` on the device against the same call on the CPU in float64 (``_compare``)."""
     cpu = _outcome(build, dtype, None)
     mover = OnDevice(DEVICE)
     got = _outcome(build, dtype, mover)

@@ -470,13 +470,10 @@ POLICY_CASES = {
 }
 for _name, (_variant, _options) in POLICY_CASES.items():
     case("refimpl.losses.policy_loss", _name)(_policy_case(_variant, **_options))
-    # the fast path's formulas op by op on every case; compiled (inductor on the CPU, Triton on CUDA)
-    # on one, since each compiled graph costs seconds
+    # the fast path's formulas op by op on every case (compiled: tests/test_policy_loss_fast.py, and on
+    # CUDA tests/test_cuda.py; each compiled graph costs seconds)
     case("refimpl.losses.fused_policy_loss", _name)(
         _policy_case(_variant, loss=functools.partial(fused_policy_loss, compile=False), **_options))
-case("refimpl.losses.fused_policy_loss", "compiled, kl k3, entropy")(
-    _policy_case(replace(GRPO, kl_coef=0.1, entropy_coef=0.01), extras=("ref_logp", "entropy"),
-                 loss=fused_policy_loss))
 
 
 @case("refimpl.losses.loss_normalizer")
