@@ -145,3 +145,62 @@ def test_bad_inputs_raise_naming_the_argument():
     bad[1, 0] = math.nan
     with pytest.raises(ValueError, match=r"^logits contains NaN or \+inf"):
         lm_head_logprobs(hidden + 1, bad, tokens)
+
+
+def test_more_bad_inputs_and_a_single_token():
+    """A non-tensor weight and a 0-d hidden are refused by name; one token ([d] hidden, 0-d token) is
+    a batch like any other; the weight's expected d is hidden's last dimension (not its second)."""
+    hidden, tokens = torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"^hidden must be a floating-point torch.Tensor \[\.\.\., d\]$"):
+        lm_head_logprobs(torch.tensor(1.0), torch.zeros(4, 1), torch.tensor(0))
+    with pytest.raises(ValueError, match=r"^weight must be \[V, d=3\], got list$"):
+        lm_head_logprobs(hidden, [[0.0] * 3] * 4, tokens)
+    with pytest.raises(ValueError, match=r"^weight must be \[V, d=5\], got \(4, 2\)$"):
+        lm_head_logprobs(torch.zeros(2, 3, 5), torch.zeros(4, 2), torch.zeros(2, 3, dtype=torch.long))
+    gen = torch.Generator().manual_seed(5)
+    one, weight = torch.randn(3, generator=gen, dtype=torch.float64), torch.randn(4, 3, generator=gen,
+                                                                                  dtype=torch.float64)
+    got = lm_head_logprobs(one, weight, torch.tensor(2))
+    assert got.shape == () and torch.equal(got, plain(one[None], weight, torch.tensor([2]))[0])
+
+
+def test_the_backend_reaches_the_kernel_choice():
+    """backend='triton' on CPU tensors: refused for the device (triton installed, not interpreting)
+    or for the missing package, the same message as token_logprobs's."""
+    hidden, weight, tokens = torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError) as raised:
+        lm_head_logprobs(hidden, weight, tokens, backend="triton")
+    with pytest.raises(ValueError) as same:
+        token_logprobs(hidden @ weight.T, tokens, backend="triton")
+    assert str(raised.value) == str(same.value)
+    assert "runs on CUDA tensors" in str(raised.value) or "needs the triton package" in str(raised.value)
+
+
+def test_the_chunk_rules(monkeypatch):
+    """Tokens per chunk (``lm_head_chunk_rows``) from the token count (not d), the bound's arithmetic
+    with V = 1; the eager statistics' sub-chunks (``_stats_rows``: the chunk's own size as the memory
+    bound, at least one row); the forward forms ceil(N / chunk_rows) chunks."""
+    from refimpl.losses import lm_head
+
+    assert lm_head.lm_head_chunk_rows(8, 1, torch.float32, budget_bytes=64) == 8  # 64 // (2 * 1 * 4)
+    assert lm_head.lm_head_chunk_rows(8, 1, torch.float32, budget_bytes=32) == 4
+    # one [64, 1000] float32 chunk: its 256000 bytes over 4 temporaries of 4 bytes -> 16000 elements
+    assert lm_head._stats_rows(torch.empty(64, 1000)) == 16
+    assert lm_head._stats_rows(torch.empty(1, 1000)) == 1
+    seen = []
+    real_apply = lm_head._LMHeadLogprobs.apply
+
+    def spy(*args):
+        seen.append(args[3])
+        return real_apply(*args)
+
+    monkeypatch.setattr(lm_head._LMHeadLogprobs, "apply", spy)
+    gen = torch.Generator().manual_seed(6)
+    hidden, weight = torch.randn(64, 4, generator=gen), torch.randn(6, 4, generator=gen)
+    lm_head_logprobs(hidden, weight, torch.zeros(64, dtype=torch.long))
+    assert seen == [lm_head.lm_head_chunk_rows(64, 6, torch.float32)] == [8]
+    calls = []
+    real_stats = lm_head.logprob_stats
+    monkeypatch.setattr(lm_head, "logprob_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
+    lm_head_logprobs(hidden[:10], weight, torch.zeros(10, dtype=torch.long), chunk_rows=3)
+    assert len(calls) == 4

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("refimpl", "tabular", "specs")
+PACKAGES = ("refimpl", "tabular", "specs", "benchmarks")  # benchmarks: tests import their measuring code
 # Tests written to kill mutants (any topic) run for every module: mutmut only runs, for a mutant,
 # the tests that called the mutated function, so extra files cost only the stats collection.
 KILL_TESTS = "tests/test_mutation_kills_*.py"
@@ -75,6 +75,7 @@ MODULES: dict[str, list[str]] = {
     "refimpl/losses/kl_control.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py",
                                      DEFAULT_DEVICE],
     "refimpl/losses/logprobs.py": ["tests/test_logprobs.py", "tests/test_losses_parts.py", DEFAULT_DEVICE],
+    "refimpl/losses/lm_head.py": ["tests/test_lm_head.py", "tests/test_logprobs_chunks.py", DEFAULT_DEVICE],
     "refimpl/losses/policy.py": ["tests/test_policy_loss*.py", "tests/test_losses_parts.py", DEFAULT_DEVICE],
     "refimpl/losses/value.py": ["tests/test_policy_loss_value_kl.py", "tests/test_losses_parts.py",
                                 DEFAULT_DEVICE],
