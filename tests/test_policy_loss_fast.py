@@ -280,3 +280,16 @@ def test_a_seq_sum_max_length_below_a_sequence_length_raises():
     for v in (dataclasses.replace(PRESETS["dr_grpo"], max_length=3),
               dataclasses.replace(PRESETS["dr_grpo"], aggregation="seq_mean_token_sum")):
         assert_same_as_reference(v, old + 0.1, old, adv, mask)
+
+
+def test_inductor_runs_scalar_loops_on_a_cpu_without_a_vector_instruction_set(monkeypatch):
+    """Where inductor finds no vector ISA (``ATEN_CPU_CAPABILITY=default``, as ``make test-portable``
+    runs) its C++ backend emitted vector reductions that did not compile: the fast path asks for
+    scalar loops there (``cpp.simdlen`` 1), and for inductor's defaults elsewhere."""
+    from torch._inductor import cpu_vec_isa
+
+    from refimpl.losses import fused_policy
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", cpu_vec_isa.InvalidVecISA)
+    assert fused_policy._inductor_options("cpu") == {"cpp.simdlen": 1}
+    assert fused_policy._inductor_options("cuda") is None

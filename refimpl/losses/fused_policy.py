@@ -303,13 +303,13 @@ class _Compiled:
     object: dynamo keeps graphs, and its limit on recompilations, per code object, so plans do not
     evict each other's graphs."""
 
-    def __init__(self, plan: _Plan):
+    def __init__(self, plan: _Plan, device_type: str):
         def fused(*inputs):  # the plan a closure variable: its floats are constants to dynamo
             return _fused(*inputs, plan=plan)
 
         code = fused.__code__.replace()
         copy = types.FunctionType(code, fused.__globals__, "fused", None, fused.__closure__)
-        self.fn = torch.compile(copy, fullgraph=True)
+        self.fn = torch.compile(copy, fullgraph=True, options=_inductor_options(device_type))
         self.traced = False
 
     def __call__(self, *inputs):  # the [N, T] / [N] tensors, then the normaliser and its flag ([1])
@@ -317,6 +317,20 @@ class _Compiled:
             inputs = tuple(None if x is None else _dynamic(x.detach()) for x in inputs[:8]) + inputs[8:]
             self.traced = True
         return self.fn(*inputs)
+
+
+def _inductor_options(device_type: str) -> dict | None:
+    """Inductor settings: scalar C++ loops (``cpp.simdlen`` 1) on a CPU where inductor finds no vector
+    instruction set (e.g. ``ATEN_CPU_CAPABILITY=default``): there torch 2.13's C++ backend still emits
+    16-lane ``at::vec`` reductions for dynamic shapes, without their header, and the compilation
+    fails. None (the defaults) elsewhere."""
+    if device_type != "cpu":
+        return None
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    except ImportError:  # another torch: its defaults
+        return None
+    return None if pick_vec_isa() else {"cpp.simdlen": 1}
 
 
 def _dynamic(x: torch.Tensor) -> torch.Tensor:
@@ -327,7 +341,7 @@ def _dynamic(x: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def _kernel(plan: _Plan, dtype: torch.dtype, mask_dtype: torch.dtype, device_type: str, compiled: bool):
     """The fused function for one plan, compiled or not."""
-    return _Compiled(plan) if compiled else functools.partial(_fused, plan=plan)
+    return _Compiled(plan, device_type) if compiled else functools.partial(_fused, plan=plan)
 
 
 @functools.cache
