@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import importlib.util
 import os
 import pathlib
 import sys
@@ -85,17 +84,9 @@ def _import_module_or_file(module_name: str, what: str):
                         f"loaded (from {where}); rename the file")
     if folder not in sys.path:
         sys.path.insert(0, folder)  # as ``python path/to/script.py``: its siblings are importable
-    spec = importlib.util.spec_from_file_location(
-        name, found, submodule_search_locations=[str(found.parent)] if is_package else None
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    from refimpl.conformance.frameworks.sources import load_source
+
+    return load_source(name, found, package=is_package)
 
 
 def one_line(exc: BaseException) -> str:

@@ -31,12 +31,14 @@ def package_dir(package: str) -> pathlib.Path | None:
     return pathlib.Path(next(iter(spec.submodule_search_locations)))
 
 
-def load_source(name: str, path: pathlib.Path) -> types.ModuleType:
-    """Execute the file ``path`` as module ``name`` (registered in ``sys.modules``; a second call
-    returns the module already loaded)."""
+def load_source(name: str, path: pathlib.Path, *, package: bool = False) -> types.ModuleType:
+    """Execute the file ``path`` as module ``name`` (registered in ``sys.modules``, removed again if
+    it raises; a second call returns the module already loaded); ``package``: ``path`` is a
+    package's ``__init__.py``, whose folder holds its submodules."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    locations = [str(pathlib.Path(path).parent)] if package else None
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=locations)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path} as {name}")
     module = importlib.util.module_from_spec(spec)
