@@ -31,7 +31,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .driver import find_mode
+from .driver import find_mode, halved_tie_bug
 from .sources import (
     installed_files,
     load_failure,
@@ -131,8 +131,7 @@ PROFILE = {"ppo": ("ppo",), "bnpo": ("ppo",), "dapo": ("ppo/clip-higher",), "gsp
 
 #: Departures AReaL would likely want to change (the matrix lists them with the modes that show them).
 CANDIDATE_BUGS = {
-    "dual_clip_tie": "ppo_actor_loss_fn with c_clip: the gradient at a ratio exactly on the dual "
-    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+    "dual_clip_tie": halved_tie_bug("ppo_actor_loss_fn with c_clip"),
 }
 
 

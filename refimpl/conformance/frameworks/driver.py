@@ -41,7 +41,8 @@ from refimpl.losses import PolicyLossVariant, get_preset
 
 from ..presets import preset_key, with_default_max_length
 
-__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
+__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash",
+           "halved_tie_bug"]
 
 KINDS = ("policy_loss", "kl", "group_advantages")
 #: the PolicyLossVariant fields a mode of each kind determines itself (``Mode.fixed`` default)
@@ -104,6 +105,13 @@ class Mode:
                 raise ValueError(f"variant.{name}: {framework} mode {self.name!r} runs "
                                  f"{getattr(want, name)!r}, "
                                  f"got {getattr(variant, name)!r}")
+
+
+def halved_tie_bug(where: str) -> str:
+    """The ``CANDIDATE_BUGS`` text of ``dual_clip_tie="half"`` (the flag's reason:
+    ``conventions.FLAG_REASONS``), found at ``where`` in a framework's code."""
+    return (f"{where}: the gradient at a ratio exactly on the dual clip (A < 0) is halved, A r / 2 where "
+            "the spec keeps A r (a torch.max tie; see `refimpl conventions`).")
 
 
 def find_mode(modes, mode: str | Mode, framework: str, kind: str = "policy_loss") -> Mode:

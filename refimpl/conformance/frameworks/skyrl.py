@@ -30,7 +30,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .driver import find_mode
+from .driver import find_mode, halved_tie_bug
 from .sources import (
     installed_files,
     load_failure,
@@ -202,8 +202,7 @@ CANDIDATE_BUGS = {
     "term adds its value to the loss and no gradient, so it does not regularise the policy.",
     "cispo_clip_low": "the CISPO weight is clipped below at 1 - cispo_eps_clip_low, 0 by default: every "
     "ratio below 1 is raised to 1 in the weight; CISPO (MiniMax 2025) caps the weight above only.",
-    "dual_clip_tie": "ppo_utils.py:584: the gradient at a ratio exactly on the dual "
-    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+    "dual_clip_tie": halved_tie_bug("ppo_utils.py:584"),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
+from ..driver import halved_tie_bug
 
 # The profile (flags of conventions.Convention, as data). Every mode carries the KL flags, since
 # OpenRLHF computes every KL (reward penalty or loss) with compute_approx_kl (models/utils.py):
@@ -213,8 +214,7 @@ _UNSUPPORTED = {
 CANDIDATE_BUGS = {
     "empty_step": "a step with no token (every row padding) gives the loss 0 / 0 = NaN: "
     "_optimizer_step_loss_norm's float32 token count is 0; the spec's loss is 0 with zero gradient.",
-    "dual_clip_tie": "at a float32 ratio exactly on dual_clip (r = 3.0, A < 0) torch.max in loss.py:210 ties "
-    "and autograd splits the gradient: A r / 2, where the spec's inclusive gate keeps A r.",
+    "dual_clip_tie": halved_tie_bug("loss.py:210 (torch.max of clip1 and dual_clip * A; float32 r = 3.0)"),
 }
 
 

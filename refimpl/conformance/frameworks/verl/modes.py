@@ -5,6 +5,7 @@ profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's
 from __future__ import annotations
 
 from .. import Mode
+from ..driver import halved_tie_bug
 
 __all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
@@ -242,8 +243,7 @@ CANDIDATE_BUGS = {
     "actor.loss_agg_mode says (core_algos.py:1689): the configured aggregation is ignored without a word.",
     "cispo_clip_low": "compute_policy_loss_cispo also clips its detached weight below, at 1 - "
     "clip_ratio_low (0.2 by default); CISPO (MiniMax 2025) caps the weight above only.",
-    "dual_clip_tie": "the vanilla loss with clip_ratio_c: the gradient at a ratio exactly on the dual "
-    "clip (A < 0) is halved, A r / 2 where the spec keeps A r (a torch.max tie; see `refimpl conventions`).",
+    "dual_clip_tie": halved_tie_bug("the vanilla loss with clip_ratio_c"),
     "empty_step": "the token-mean losses divide by the step's token count: a step with no token gives "
     "the loss 0 / 0 = NaN; the spec's loss is 0 with zero gradient.",
 }
