@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks check-frameworks run results report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
+.PHONY: install frameworks check-frameworks run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,20 +20,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The real frameworks the conformance drivers run (refimpl check --framework, refimpl matrix):
-# TRL 1.16.0, verl 0.9.1, OpenRLHF 0.11.2, Liger-Kernel 0.8.5, SkyRL-train 0.3.1 and AReaL 1.0.4 at
-# the versions their profiles describe (SkyRL-train declares Python 3.12 only, hence
-# --ignore-requires-python: its loss code runs on 3.11). Their own
-# dependency pins cannot all hold at once (OpenRLHF pins deepspeed and flash-attn, CUDA source
-# builds, and a transformers that verl excludes), so each is installed with --no-deps plus the few
-# packages its loss code imports (requirements/frameworks-*.txt); the drivers stub the import-only
-# rest. The constraints keep the torch, numpy and sympy already installed.
+# The real frameworks the conformance drivers run (refimpl check framework, refimpl matrix) at the
+# releases their profiles describe: `refimpl frameworks install` (refimpl/conformance/frameworks/install.py)
+# installs the project's `frameworks` extra with its dependencies, then each framework (its driver's
+# PINNED_VERSION) and the few packages its loss code imports (its driver's REQUIREMENTS) with --no-deps:
+# their own pins cannot all hold at once (OpenRLHF pins deepspeed and flash-attn, CUDA source builds;
+# SkyRL-train declares Python 3.12 only). A constraints file keeps the torch, numpy and sympy already
+# installed; the drivers stub the import-only rest.
 FRAMEWORKS_STAMP := $(VENV)/.frameworks
-$(FRAMEWORKS_STAMP): $(STAMP) requirements/frameworks.txt $(wildcard requirements/frameworks-*.txt)
-	$(BIN)/pip freeze | grep -iE '^(torch|numpy|sympy)==' > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -r requirements/frameworks.txt
-	$(BIN)/pip install -q --no-deps --ignore-requires-python -c $(VENV)/constraints.txt \
-	  $(foreach f,$(wildcard requirements/frameworks-*.txt),-r $(f))
+$(FRAMEWORKS_STAMP): $(STAMP) $(wildcard refimpl/conformance/frameworks/*.py refimpl/conformance/frameworks/*/__init__.py)
+	$(BIN)/refimpl frameworks install
 	touch $(FRAMEWORKS_STAMP)
 
 frameworks: $(FRAMEWORKS_STAMP)
@@ -63,6 +59,11 @@ run: $(STAMP)
 # About 2.5 min of one core per run on the 2-core development machine; runs already done are kept.
 results: $(STAMP)
 	$(BIN)/python tools/results.py
+
+# A fresh `make run SEED=0`-equivalent run of dapo against docs/results.md's dapo row, widened by the
+# row's spread over the seeds (tools/results.py --check; about 4 minutes of one core, so not in CI).
+results-check: $(STAMP)
+	$(BIN)/python tools/results.py --check dapo
 
 report: $(STAMP)
 	$(BIN)/refimpl report

@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 # Modules inside refimpl that provide subcommands (added as the layers grow).
-BUILTIN_COMMANDS: tuple[str, ...] = ("refimpl.lm.cli", "refimpl.conformance.cli")
+BUILTIN_COMMANDS: tuple[str, ...] = (
+    "refimpl.lm.cli", "refimpl.conformance.cli", "refimpl.conformance.frameworks.install",
+)
 
 
 def _providers() -> list[Callable[[argparse._SubParsersAction], None]]:

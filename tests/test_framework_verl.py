@@ -3,7 +3,7 @@
 our reference with the mode's convention flags (data), and each flag is needed (the check without
 it fails). The framework's output is never the expected value.
 
-Skipped with a message when verl is not importable (requirements/frameworks-verl.txt).
+Skipped with a message when verl is not importable (refimpl frameworks install verl).
 """
 
 from __future__ import annotations

@@ -64,3 +64,25 @@ def test_table_only_reads_existing_summaries(results, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| grpo | 1 | 98.0 | 80.0 | 35 | 150 | 140 |" in out
     assert "| dapo |" not in out  # no run, no row
+
+
+def test_check_reads_the_committed_row_and_widens_it_by_its_spread(results):
+    text = ("| preset | seeds | greedy % | sampled % | warm-up steps | wall s | CPU s |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+            "| grpo | 3 | 97.5 (97.1-97.9) | 75.1 (70.1-78.7) | 503 (430-550) | 389 (268-500) "
+            "| 117 (113-123) |\n"
+            "| dapo | 1 | 96.0 | 75.0 | 42 | 120 | 110 |\n")
+    row = results.committed_row("grpo", text)
+    assert row == {"greedy %": (97.1, 97.9), "sampled %": (70.1, 78.7), "warm-up steps": (430.0, 550.0)}
+    assert results.committed_row("dapo", text)["warm-up steps"] == (42.0, 42.0)
+    with pytest.raises(ValueError, match="no row for preset 'sapo'"):
+        results.committed_row("sapo", text)
+    inside = results.row_values(_summary(0.9631, 0.617, 670, 1.0, 1.0))  # each just inside the widened band
+    assert results.check_against_row(inside, row) == []
+    # the measured drift of issue 26: 620 warm-up steps and 91.6 % sampled against the old dapo row
+    old_dapo = {"greedy %": (97.3, 97.9), "sampled %": (75.0, 80.5), "warm-up steps": (430.0, 550.0)}
+    problems = results.check_against_row(results.row_values(_summary(0.978, 0.916, 620, 205, 205)), old_dapo)
+    assert [p.split(" ", 2)[:2] for p in problems] == [["sampled", "%"]]
+    assert "91.6 outside [69.5, 86]" in problems[0]
+    outside = results.row_values(_summary(0.9629, 0.601, 671, 1.0, 1.0))  # each just outside
+    assert len(results.check_against_row(outside, row)) == 3

@@ -11,6 +11,14 @@ on the CPU and the thread count.
     python tools/results.py --presets grpo dapo --seeds 0
     python tools/results.py --table-only             # re-read the summaries of an earlier run
     python tools/results.py --presets grpo --seeds 0 -- --steps 2 --sft-max-steps 5   # extra train flags
+    python tools/results.py --check dapo             # make results-check: a fresh seed-0 run vs the table
+
+``--check PRESET`` trains PRESET with seed 0 anew (``runs/results-check/``, the trainer's defaults, as
+``make run SEED=0`` does) and fails (exit 1) when its held-out greedy or sampled accuracy or its warm-up
+length lies outside the committed row of docs/results.md widened by the row's own spread over the seeds
+(``[min - (max - min), max + (max - min)]``): another CPU kind or thread count takes another trajectory,
+so the fresh run is compared with the seeds' spread, not with seed 0's digits; a change of the code that
+moves the trainer beyond that spread means the table is stale (regenerate it with ``make results``).
 
 A run whose ``summary.json`` already exists is not repeated (delete its folder to redo it), so an
 interrupted invocation continues where it stopped.
@@ -22,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -31,6 +40,10 @@ from pathlib import Path
 
 SEEDS = (0, 1, 2)
 COLUMNS = ("greedy %", "sampled %", "warm-up steps", "wall s", "CPU s")
+#: the columns ``--check`` compares (the times depend on the machine and its load)
+CHECKED = ("greedy %", "sampled %", "warm-up steps")
+RESULTS_DOC = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+_CELL = re.compile(r"^\s*(-?[\d.]+)(?:\s*\((-?[\d.]+)-(-?[\d.]+)\))?\s*$")
 
 
 def default_presets() -> list[str]:
@@ -113,6 +126,54 @@ def machine_line() -> str:
             f"load average at the end {load}")
 
 
+def committed_row(preset: str, text: str) -> dict[str, tuple[float, float]]:
+    """(min, max) of each ``CHECKED`` column in ``preset``'s row of the results table ``text``."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 + len(COLUMNS) and cells[0] == preset:
+            out = {}
+            for name, cell in zip(COLUMNS, cells[2:], strict=True):
+                match = _CELL.match(cell)
+                if match is None:
+                    raise ValueError(f"results.md: {preset} row, column {name!r}: cannot read {cell!r}")
+                low, high = (match.group(2), match.group(3)) if match.group(2) else (match.group(1),) * 2
+                out[name] = (float(low), float(high))
+            return {name: out[name] for name in CHECKED}
+    raise ValueError(f"results.md has no row for preset {preset!r}")
+
+
+def check_against_row(fresh: tuple[float, ...], row: dict[str, tuple[float, float]]) -> list[str]:
+    """The ``CHECKED`` columns of a fresh run (``row_values``) outside the row's widened spread."""
+    out = []
+    for name in CHECKED:
+        low, high = row[name]
+        spread = high - low
+        value = fresh[COLUMNS.index(name)]
+        if not low - spread <= value <= high + spread:
+            out.append(f"{name} {value:g} outside [{low - spread:g}, {high + spread:g}] "
+                       f"(the row: {low:g}-{high:g})")
+    return out
+
+
+def run_check(preset: str, extra: Sequence[str]) -> int:
+    """``--check PRESET``: a fresh seed-0 run against the committed row (module docstring)."""
+    row = committed_row(preset, RESULTS_DOC.read_text())
+    folder = run_folder(Path("runs/results-check"), preset, 0)
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)  # the check's own scratch run, never a user's
+    fresh = row_values(run_one(preset, 0, folder.parent, extra))
+    problems = check_against_row(fresh, row)
+    shown = ", ".join(f"{name} {fresh[COLUMNS.index(name)]:g}" for name in CHECKED)
+    if problems:
+        print(f"results-check: {preset} seed 0 ({shown}) disagrees with docs/results.md: "
+              + "; ".join(problems) + "; regenerate the table (make results)", file=sys.stderr)
+        return 1
+    print(f"results-check: {preset} seed 0 ({shown}) within the seeds' spread of docs/results.md")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -124,7 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="default: 0 1 2")
     parser.add_argument("--out", type=Path, default=Path("runs/results"), help="default: runs/results")
     parser.add_argument("--table-only", action="store_true", help="only read the existing summaries")
+    parser.add_argument("--check", metavar="PRESET", help="a fresh seed-0 run of PRESET against its row")
     args = parser.parse_args(argv)
+    if args.check:
+        if args.check not in default_presets():
+            parser.error(f"--check: unknown loss name {args.check!r}; expected one of {default_presets()}")
+        return run_check(args.check, extra)
     presets = args.presets or default_presets()
     unknown = sorted(set(presets) - set(default_presets()) - {"ppo"})
     if unknown:

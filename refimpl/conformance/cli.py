@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from .cli_args import (
     KIND_WORDS,
-    REQUIRE_FRAMEWORKS_ENV,
     FrameworkMissing,
     UserError,
     add_check_subcommands,
@@ -49,6 +47,7 @@ from .cli_args import (
     replace_fields,
     select_mode,
 )
+from .matrix_check import run_matrix
 
 __all__ = [
     "register",
@@ -286,65 +285,6 @@ def guarded(func, prog: str):
     return run
 
 
-def _json_text(data) -> str:
-    """The normalised JSON text compared by ``refimpl matrix --check`` (NaN equals NaN there)."""
-    from refimpl.conformance.matrix import normalised
-
-    return json.dumps(normalised(data), sort_keys=True)
-
-
-def run_matrix(args: argparse.Namespace) -> int:
-    """The ``func`` of the ``matrix`` subcommand."""
-    from refimpl.conformance.matrix import build_matrix, matrix_markdown, normalised
-
-    try:
-        frameworks = args.framework or None
-        matrix = build_matrix(frameworks)
-    except (UserError, ValueError) as exc:
-        print(f"refimpl matrix: {exc}", file=sys.stderr)
-        return 2
-    text = matrix_markdown(matrix)
-    if args.check:
-        if not args.out:
-            print("refimpl matrix: --check needs --out (the committed matrix to compare)", file=sys.stderr)
-            return 2
-        regenerate = f"refimpl matrix --out {args.out}" + (f" --json {args.json}" if args.json else "")
-        try:
-            with open(args.out) as handle:
-                committed = handle.read()
-            committed_json = None
-            if args.json:
-                with open(args.json) as handle:
-                    committed_json = json.load(handle)
-        except (OSError, ValueError) as exc:
-            print(f"refimpl matrix: cannot read the committed matrix: {one_line(exc)}", file=sys.stderr)
-            return 2
-        stale = [args.out] if normalised(committed) != normalised(text) else []
-        if args.json and _json_text(committed_json) != _json_text(json.loads(json.dumps(matrix))):
-            stale.append(args.json)
-        if stale:
-            stale_text = " and ".join(stale)
-            print(f"refimpl matrix: {stale_text} out of date; regenerate: {regenerate}", file=sys.stderr)
-            return 1
-        print(f"{' and '.join([args.out] + ([args.json] if args.json else []))} up to date")
-        return 0
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
-    else:
-        print(text)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(matrix, handle, indent=1)
-            handle.write("\n")
-    missing = [f["framework"] for f in matrix["frameworks"] if not f["available"]]
-    if missing and os.environ.get(REQUIRE_FRAMEWORKS_ENV) == "1":
-        print(f"refimpl matrix: required frameworks not installed: {', '.join(missing)}", file=sys.stderr)
-        return 1
-    return 0
-
-
-
 def _check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``refimpl check``: a subcommand per thing to check; earlier spellings are rewritten to the
     current ones before parsing, with a one-line note on stderr (``cli_args.earlier_spelling``)."""
@@ -402,6 +342,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     matrix.add_argument("--framework", action="append", help="only these frameworks (repeatable)")
     matrix.add_argument(
         "--check", action="store_true", help="compare with --out instead of writing it (CI: exit 1 on drift)"
+    )
+    matrix.add_argument(
+        "--partial", action="store_true",
+        help="write what was measured even where a framework is not installed or --out holds more",
     )
     matrix.set_defaults(func=run_matrix)
 

@@ -96,6 +96,7 @@ def mode_entry(driver, mode) -> dict:
                 "explanation": explanation,
                 "expected": smallest.expected,
                 "got": smallest.got,
+                "dtype": smallest.dtype,
                 "case": smallest.case_line,
             }
         )

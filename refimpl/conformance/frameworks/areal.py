@@ -62,7 +62,7 @@ PINNED_VERSION = "1.0.4"
 DISTRIBUTION = "areal"
 _PRIVATE = "_refimpl_areal"
 _SOURCES = ("utils/functional/functional.py", "trainer/ppo/actor.py", "engine/fsdp_engine.py")
-_INSTALL = "pip install --no-deps areal==1.0.4"
+_INSTALL = "refimpl frameworks install areal"
 
 # The profile (flags of conventions.Convention, as data):
 # * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss);

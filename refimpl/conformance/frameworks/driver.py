@@ -10,6 +10,9 @@ framework (docs/conformance.md, "Adding a framework"):
     source_files() -> list[pathlib.Path]       # required: the files whose code the driver runs
     target(mode, variant) -> (fn, adapter)     # required (adapter None: fn takes the kit's inputs)
     DISTRIBUTION = NAME                        # optional: pip's name, for the installed version
+    REQUIREMENTS = ("pkg==1.0", ...)            # optional: what the loss code imports, pinned
+    INSTALL_OPTIONS = ("--ignore-...", ...)     # optional: pip options of its --no-deps step
+                                               #   (``refimpl frameworks install``, install.py)
     UNSUPPORTED = {kind: {mode: reason}}       # optional: out of scope, with the reason
     PROFILE = {preset: (mode names, ...)}      # optional: the modes whose flags, merged left to
                                                #   right, are ``--convention NAME --preset preset``

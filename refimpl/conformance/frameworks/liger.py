@@ -70,7 +70,7 @@ PINNED_VERSION = "0.8.5"
 DISTRIBUTION = "liger-kernel"
 _PRIVATE = "_refimpl_liger"
 _SOURCES = ("chunked_loss/fused_linear_ppo.py", "chunked_loss/grpo_loss.py")
-_INSTALL = "pip install --no-deps liger-kernel==0.8.5"
+_INSTALL = "refimpl frameworks install liger"
 
 # The profile (flags of conventions.Convention, as data), shared by every mode:
 # * masked_nonfinite "propagate": ppo_loss_fn reduces (per_token_loss * attention_mask).sum(), so a

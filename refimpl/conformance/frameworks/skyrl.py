@@ -7,7 +7,7 @@ it is installed with ``--no-deps --ignore-requires-python`` (its loss code runs 
 ``skyrl_train.utils``'s ``__init__`` imports ray's placement groups, fsspec and s3fs, so the driver
 executes the one installed file it runs, ``utils/ppo_utils.py``, unchanged, as the private module
 ``_refimpl_skyrl.ppo_utils`` (``sources.load_source``). Its imports: torch, numpy, omegaconf,
-jaxtyping and loguru (installed, requirements/frameworks-skyrl.txt), ``skyrl_train.training_batch``
+jaxtyping and loguru (installed: ``REQUIREMENTS``), ``skyrl_train.training_batch``
 (plain), and ``ray``, used at import time only as the decorator ``@ray.remote`` of the registry's
 actor class and, in the registries, as ``ray.is_initialized()``: when ray is not installed a stand-in
 (``remote`` the identity, ``is_initialized`` False: SkyRL's own behaviour before ``ray.init``) serves
@@ -61,9 +61,13 @@ __all__ = [
 NAME = "skyrl"
 PINNED_VERSION = "0.3.1"
 DISTRIBUTION = "skyrl-train"
+#: ppo_utils.py imports omegaconf, jaxtyping (with wadler-lindig) and loguru; ray is stubbed
+REQUIREMENTS = ("omegaconf==2.4.0", "loguru==0.7.3", "jaxtyping==0.3.11", "wadler-lindig==0.1.8")
+#: SkyRL-train declares Requires-Python ==3.12.*; its loss code runs on 3.10+
+INSTALL_OPTIONS = ("--ignore-requires-python",)
 _PRIVATE = "_refimpl_skyrl"
 _SOURCES = ("utils/ppo_utils.py", "config/ppo_base_config.yaml", "workers/worker.py")
-_INSTALL = "pip install --no-deps --ignore-requires-python skyrl-train==0.3.1"
+_INSTALL = "refimpl frameworks install skyrl"
 STUBBED: list[str] = []  # the import-only dependencies a stand-in served while ppo_utils.py loaded
 
 # The profile (flags of conventions.Convention, as data):

@@ -82,7 +82,7 @@ def _modules() -> dict[str, types.ModuleType]:
         return _LOADED
     root = _package_dir()
     if root is None:
-        raise ModuleNotFoundError("OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)")
+        raise ModuleNotFoundError("OpenRLHF is not installed (refimpl frameworks install openrlhf)")
     _private_package(_MODELS_PKG, root / "models")
     _private_package(_UTILS_PKG, root / "utils")
     with stubbed_imports(("deepspeed",)) as stubbed, plain_torch_compile():
@@ -98,7 +98,7 @@ def _modules() -> dict[str, types.ModuleType]:
 def availability() -> str | None:
     """None when the installed OpenRLHF loss code can be driven, else a one-line reason."""
     if _package_dir() is None:
-        return "OpenRLHF is not installed (pip install --no-deps openrlhf==0.11.2)"
+        return "OpenRLHF is not installed (refimpl frameworks install openrlhf)"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

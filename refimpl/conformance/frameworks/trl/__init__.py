@@ -20,7 +20,7 @@ returned loss is float32 except for dr_grpo (divided by a Python int: the input 
 float32 temperatures promote its gate to float32 (profile flag ``compute_dtype="input"``).
 
 TRL is imported lazily (``import refimpl`` never imports it). Its import chain needs ``pandas`` and
-``datasets`` (requirements/frameworks-trl.txt); nothing is stubbed and site-packages is never edited.
+``datasets`` (``REQUIREMENTS``); nothing is stubbed and site-packages is never edited.
 """
 
 from __future__ import annotations
@@ -71,3 +71,7 @@ __all__ = [
 
 NAME = "trl"
 PINNED_VERSION = "1.16.0"
+#: trl imports pandas and datasets at module level (trl/trainer/grpo_trainer.py); datasets imports
+#: pyarrow, dill, multiprocess and xxhash, pandas python-dateutil and tzdata. None is called by the loss.
+REQUIREMENTS = ("pandas==3.1.1", "datasets==5.2.0", "pyarrow==26.0.1", "dill==0.4.1", "multiprocess==0.70.19",
+                "xxhash==4.1.0", "python-dateutil==4.0.0", "tzdata==2026.6")

@@ -57,13 +57,13 @@ def _trl():
 def availability() -> str | None:
     """None when TRL's GRPOTrainer can be imported, else a one-line reason."""
     if installed_version() is None:
-        return "TRL is not installed (install requirements/frameworks-trl.txt with --no-deps)"
+        return "TRL is not installed (refimpl frameworks install trl)"
     try:
         _trl()
     except Exception as exc:  # an absent import-time dependency: say which
         first_line = (str(exc).splitlines() or [""])[0]
         return (f"TRL {installed_version()} cannot be imported ({type(exc).__name__}: {first_line}); "
-                "install requirements/frameworks-trl.txt with --no-deps")
+                "refimpl frameworks install trl")
     return None
 
 

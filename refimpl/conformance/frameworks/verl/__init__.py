@@ -22,7 +22,7 @@ Import-only dependencies that verl's package ``__init__`` files pull in but the 
 (``ray``, ``tensordict``, ``orjson``) are replaced by inert stubs, only when they are not installed
 and only while verl is being imported (they are removed from ``sys.modules`` afterwards). The
 loss code really needs ``omegaconf`` (configs) and ``codetiming`` (imported by
-``verl.utils.profiler``): requirements/frameworks-verl.txt.
+``verl.utils.profiler``): its ``REQUIREMENTS``.
 """
 
 from __future__ import annotations
@@ -58,3 +58,5 @@ __all__ = [
 
 NAME = "verl"
 PINNED_VERSION = "0.9.1"
+#: verl's import chain needs omegaconf and codetiming (ray, tensordict and orjson are stubbed)
+REQUIREMENTS = ("omegaconf==2.4.0", "codetiming==1.4.0")

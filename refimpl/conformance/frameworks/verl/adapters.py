@@ -60,7 +60,7 @@ def _core_algos():
 def availability() -> str | None:
     """None when verl's loss code can be imported and driven, else a one-line reason."""
     if _package_dir() is None:
-        return "verl is not installed (pip install --no-deps verl==0.9.1; requirements/frameworks-verl.txt)"
+        return "verl is not installed (refimpl frameworks install verl)"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
