@@ -4,7 +4,8 @@ A framework's profile for a preset is ``convention_from_flags(name, flags)`` of 
 driver lists for that preset (the driver's ``PROFILE``; ``Driver.profile_flags``): one source, kept
 with the driver, proven against the installed framework by tests/test_framework_<name>.py and
 ``refimpl check --framework NAME`` (docs/conformance-matrix.md). ``profile("trl", preset,
-scale_rewards="batch")`` selects TRL's batch std (advantages.md eq. (14)).
+scale_rewards="batch")`` selects TRL's batch std (advantages.md eq. (14)). ``conventions_table()``
+is the table of docs/conformance.md section 5: per flag, the values of every framework's modes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import dataclasses
 
 from refimpl.losses import get_preset
 
-from .conventions import Convention, convention_from_flags
-from .frameworks import FRAMEWORKS, load_driver
+from .conventions import FLAG_GROUP, FLAGS, Convention, convention_from_flags
+from .frameworks import FRAMEWORKS, KINDS, load_driver
 from .presets import preset_key, resolve_preset
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "unsupported_flags",
     "advantage_convention",
     "mode_convention",
+    "flag_values",
+    "conventions_table",
 ]
 
 PROFILE_NAMES = ("reference", *FRAMEWORKS)
@@ -118,3 +121,49 @@ def advantage_convention(convention: str | Convention, preset: str | None) -> Co
 def mode_convention(mode, framework: str) -> Convention:
     """The profile of one driver mode: its flags, named ``framework:mode``."""
     return convention_from_flags(f"{framework}:{mode.name}", mode.convention)
+
+
+#: the flag groups only some modes exercise, with the mode kind that always does
+_GROUP_KIND = {"advantages": "group_advantages", "kl": "kl"}
+
+
+def flag_values(name: str, flag: str) -> list[object] | None:
+    """The values ``flag`` takes over framework ``name``'s modes (every kind), in the order of its
+    modes; None where no mode exercises the flag's group: advantage (KL) flags count only in the
+    advantage (KL) modes and in the modes that set one of the group's flags (TRL's inline
+    advantages, a policy loss with a KL term)."""
+    driver, group = load_driver(name), FLAG_GROUP[flag]
+    values: list[object] = []
+    for kind in KINDS:
+        for mode in driver.modes(kind).values():
+            sets_group = any(FLAG_GROUP[f] == group for f in mode.convention)
+            if group in _GROUP_KIND and kind != _GROUP_KIND[group] and not sets_group:
+                continue
+            if group not in _GROUP_KIND and kind != "policy_loss" and not sets_group:
+                continue
+            value = mode_convention(mode, name).flags()[flag]
+            if value not in values:
+                values.append(value)
+    return values or None
+
+
+def _cell(values: list[object] | None) -> str:
+    if values is None:
+        return "(not driven)"
+    return ", ".join("none" if v is None else f"`{v}`" for v in values)
+
+
+def conventions_table() -> str:
+    """The Markdown table of docs/conformance.md section 5: one row per flag on which some
+    framework's mode departs from the spec, its value under the spec (``reference``) and, per
+    framework of ``FRAMEWORKS``, the values its modes take (the union; "(not driven)": no mode
+    exercises the flag's group). Generated, so that a new framework or profile change shows."""
+    reference = Convention().flags()
+    header = ["flag", "spec (`reference`)", *(f"`{name}`" for name in FRAMEWORKS)]
+    rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for flag in FLAGS:
+        cells = [flag_values(name, flag) for name in FRAMEWORKS]
+        if all(c is None or c == [reference[flag]] for c in cells):
+            continue
+        rows.append("| " + " | ".join([f"`{flag}`", _cell([reference[flag]]), *map(_cell, cells)]) + " |")
+    return "\n".join(rows)

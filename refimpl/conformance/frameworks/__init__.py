@@ -8,7 +8,11 @@ the installed package is never edited.
 
 The interface a driver module follows, and the ``Driver`` object through which every layer above
 uses it, are in ``refimpl.conformance.frameworks.driver`` (docs/conformance.md, "Adding a
-framework"). Adding a framework = its module + its name in ``FRAMEWORKS``.
+framework"). Adding a framework = its module + its name and display name in ``DISPLAY_NAMES``.
+
+``DISPLAY_NAMES`` is the one list of the driven frameworks: ``FRAMEWORKS`` is its keys, and every
+doc that names the frameworks writes ``framework_list()`` between markers, checked by
+tests/test_docs_frameworks.py.
 """
 
 from __future__ import annotations
@@ -23,12 +27,24 @@ __all__ = [
     "Driver",
     "Mode",
     "VariantRefused",
+    "DISPLAY_NAMES",
     "distribution_version",
+    "framework_list",
     "load_driver",
     "source_hash",
 ]
 
-FRAMEWORKS = ("trl", "verl", "openrlhf", "liger", "skyrl", "areal")
+#: every driven framework, in the kit's order: its driver module's name -> the name its docs use
+#: (the project's own spelling of the distribution: pip's name is the driver's ``DISTRIBUTION``)
+DISPLAY_NAMES: dict[str, str] = {
+    "trl": "TRL",
+    "verl": "verl",
+    "openrlhf": "OpenRLHF",
+    "liger": "Liger-Kernel",
+    "skyrl": "SkyRL-train",
+    "areal": "AReaL",
+}
+FRAMEWORKS: tuple[str, ...] = tuple(DISPLAY_NAMES)
 
 
 def load_driver(name: str) -> Driver:
@@ -36,3 +52,14 @@ def load_driver(name: str) -> Driver:
     if name not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {FRAMEWORKS}, got {name!r}")
     return Driver(importlib.import_module(f"{__name__}.{name}"))
+
+
+def framework_list(versions: bool = False, *, conjunction: str = "and") -> str:
+    """The driven frameworks as the docs write them: "TRL, verl, ... and AReaL", with ``versions``
+    each followed by its driver's ``PINNED_VERSION`` ("TRL 1.16.0, verl 0.9.1, ..."). Reads the
+    driver modules only; imports no framework."""
+    names = [
+        f"{DISPLAY_NAMES[name]} {load_driver(name).pinned_version}" if versions else DISPLAY_NAMES[name]
+        for name in FRAMEWORKS
+    ]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {conjunction} {names[-1]}"
