@@ -96,8 +96,8 @@ def loss_of(out, fn=None) -> torch.Tensor:
         got = "an empty tuple" if not out else f"a tuple whose first element is {_kind(first)}"
     else:
         got = _kind(out)
-    raise SignatureError(f"{name} must return a scalar loss tensor (or a tuple whose first element is "
-                         f"one), got {got}; expected {POLICY_LOSS_SIGNATURE}")
+    raise SignatureError(f"{name} must return a scalar loss tensor, got {got}; expected "
+                         f"{POLICY_LOSS_SIGNATURE} (a tuple whose first element is the loss also fits)")
 
 
 def _kind(x) -> str:
