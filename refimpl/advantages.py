@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from refimpl._checks import as_int, as_real
+
 __all__ = [
     "group_advantages",
     "oversampled_advantages",
@@ -143,8 +145,9 @@ def _validate_scale_arguments(scale, std, eps, eps_inside_sqrt, zero_variance) -
                         "(frameworks differ on each; none is chosen silently)")
     if std not in _STDS:
         raise ValueError(f"std must be one of {_STDS}, got {std!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+    if as_real(eps) is None or not math.isfinite(as_real(eps)) or as_real(eps) < 0:
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    eps = as_real(eps)
     if not isinstance(eps_inside_sqrt, bool):
         raise TypeError(f"eps_inside_sqrt must be a bool, got {eps_inside_sqrt!r}")
     if zero_variance not in _ZERO_VARIANCE:
@@ -389,8 +392,9 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> tor
     if lengths.ndim != 1:
         raise ValueError(f"lengths must have shape [N], got {tuple(lengths.shape)}")
     for value, name in ((max_len, "max_len"), (cache_len, "cache_len")):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if as_int(value) is None:
             raise TypeError(f"{name} must be an int, got {value!r}")
+    max_len, cache_len = as_int(max_len), as_int(cache_len)
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if not 1 <= cache_len <= max_len:

@@ -48,9 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    """Parse and run a subcommand; a Ctrl-C anywhere (also while the providers import) ends with one
+    line and exit status 130, as a shell reports an interrupted command."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("refimpl: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from refimpl._checks import check_discount, check_float_tensor, check_rows_stochastic
+from refimpl._checks import as_real, check_discount, check_float_tensor, check_rows_stochastic
 
 __all__ = [
     "greedy_policy",
@@ -111,9 +111,13 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
     give 1: the penalty term of eq. (14) vanishes.
     """
     gamma = check_discount(gamma, allow_one=False, why=_CPI_GAMMA)
+    values = []
     for value, name in ((g, "g"), (eps, "eps")):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        number = as_real(value)
+        if number is None or not math.isfinite(number):
             raise ValueError(f"{name} must be a finite real number, got {value!r}")
+        values.append(number)
+    g, eps = values
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps!r}")
     if g <= 0.0:
@@ -144,8 +148,9 @@ def mixture_policy(policy: torch.Tensor, target_policy: torch.Tensor, alpha: flo
     if policy.device != target_policy.device:
         raise ValueError(f"policy and target_policy must be on one device, got {policy.device} "
                          f"and {target_policy.device}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+    if as_real(alpha) is None or not 0.0 <= as_real(alpha) <= 1.0:
         raise ValueError(f"alpha must be a real number in [0, 1], got {alpha!r}")
+    alpha = as_real(alpha)
     dtype = _dtype(policy, target_policy)
     return (1.0 - alpha) * policy.to(dtype) + alpha * target_policy.to(dtype)
 
@@ -188,8 +193,9 @@ def cpi_step(
                          f"got {tuple(advantages.shape)}")
     target = greedy_policy(advantages)
     g, eps = cpi_bound_parameters(target, advantages, state_weights, gamma)
-    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not min_gain >= 0.0:
+    if as_real(min_gain) is None or not as_real(min_gain) >= 0.0:
         raise ValueError(f"min_gain must be a real number >= 0, got {min_gain!r}")
+    min_gain = as_real(min_gain)
     alpha = cpi_step_size(g, eps, gamma) if g > min_gain else 0.0
     if alpha == 0.0:
         return CPIStep(policy.to(_dtype(policy)).clone(), target, 0.0, g, eps, 0.0, True)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from refimpl._checks import check_discount
+from refimpl._checks import as_int, check_discount
 
 __all__ = [
     "GAEOutput",
@@ -172,8 +172,9 @@ def n_step_returns(rewards, next_values, terminated, truncated, gamma: float, n:
     nv = _float_2d(next_values, "next_values", shape)
     term, trunc = _episode_flags(rewards, terminated, truncated)
     gamma = check_discount(gamma)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if as_int(n) is None or as_int(n) < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    n = as_int(n)
     dt = _compute_dtype(rewards)
     N, T = shape
     dev = rewards.device
@@ -304,9 +305,10 @@ def _check_samples(f, weights, dim: int):
         raise ValueError(f"f {tuple(f.shape)} and weights {tuple(weights.shape)} must have the same shape")
     if f.ndim == 0:
         raise ValueError("f must have at least one dimension (the samples)")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -f.ndim <= dim < f.ndim:
+    if as_int(dim) is None or not -f.ndim <= as_int(dim) < f.ndim:
         raise ValueError(f"dim must be an int in [{-f.ndim}, {f.ndim}) for f of shape {tuple(f.shape)}, "
                          f"got {dim!r}")
+    dim = as_int(dim)
     if f.shape[dim] == 0:
         raise ValueError(f"f, weights: no samples along dim {dim} (shape {tuple(f.shape)}): an estimate "
                          f"from N = 0 samples is undefined")

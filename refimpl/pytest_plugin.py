@@ -19,7 +19,11 @@ plugin (entry point ``pytest11`` named ``rl_oracle``, loaded by every pytest run
 where rl-oracle is installed) only registers the ``rl_oracle`` marker and prints these failures as
 their message, without a traceback into the kit. This module imports nothing but pytest, so a test
 run that does not use it pays nothing; the kit (and torch) is imported when a test module calls a
-helper, and a target given as ``"module:function"`` is imported when its tests run.
+helper, and so is a target (or adapter) given as ``"module:function"``: one that cannot be imported
+or has no such attribute is one collection error of the test module naming it (the reason in one
+line), not a failure of every case class. The import and every call of the checked code go through
+the kit's ``refimpl.conformance.user_code`` (``sys.exit`` or a hang in it fails a case, never the
+run).
 """
 
 from __future__ import annotations
@@ -221,10 +225,27 @@ def _label(target: str | Callable) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
 
 
-def _resolve(target: str | Callable) -> Callable:
-    """The function of ``"module:function"`` (``pkgutil.resolve_name``: import errors propagate
-    with their traceback), or ``target`` itself."""
-    return pkgutil.resolve_name(target) if isinstance(target, str) else target
+def _resolve(target: str | Callable, what: str) -> Callable:
+    """The function of ``"module:function"`` (``pkgutil.resolve_name``, its import run as user code),
+    or ``target`` itself. One that cannot be imported or resolved fails the collection of the test
+    module in one line naming it (``pytest.fail(..., pytrace=False)``)."""
+    if not isinstance(target, str):
+        return target
+    from refimpl.conformance.user_code import UserCodeFailure, guarded
+
+    reason = None
+    try:
+        found = guarded(lambda: pkgutil.resolve_name(target), "its import")
+    except UserCodeFailure as exc:  # sys.exit, a hang...
+        reason = str(exc)
+    except Exception as exc:  # ImportError, AttributeError, ValueError (a malformed name)...
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if reason is not None:  # outside the except clause: no chained traceback in pytest's report
+        pytest.fail(f"rl-oracle: the {what} {target!r} cannot be resolved: {reason}", pytrace=False)
+    if not callable(found):
+        pytest.fail(f"rl-oracle: the {what} {target!r} is not callable (a {type(found).__name__})",
+                    pytrace=False)
+    return found
 
 
 def _hidden_unless_skipped(excinfo: pytest.ExceptionInfo) -> bool:
@@ -239,6 +260,7 @@ def _case_class_tests(target, adapter, classes: list[str], run: Callable) -> Cal
         if not (value is None and what == "adapter") and not (isinstance(value, str) or callable(value)):
             raise TypeError(f"{what} must be a callable or 'module:function', got {type(value).__name__}")
     label = _label(target)
+    fn, adapter_fn = _resolve(target, "target"), None if adapter is None else _resolve(adapter, "adapter")
 
     @pytest.mark.rl_oracle
     @pytest.mark.parametrize("case_class", classes)
@@ -247,8 +269,6 @@ def _case_class_tests(target, adapter, classes: list[str], run: Callable) -> Cal
         from refimpl import __version__
         from refimpl.conformance import SignatureError
 
-        fn = _resolve(target)
-        adapter_fn = None if adapter is None else _resolve(adapter)
         try:
             report = run(fn, adapter_fn, case_class)
         except SignatureError as exc:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from refimpl._checks import as_int
 from refimpl.envs import Rollout, TabularEnv
 from refimpl.estimators import gae_advantages
 from refimpl.losses import PPO, policy_loss, ppo_combined_loss
@@ -119,7 +120,7 @@ def softmax_log_policy(theta: torch.Tensor) -> torch.Tensor:
 def _check_config_ints(config, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if as_int(value) is None or as_int(value) < 1:
             raise ValueError(f"config.{name} must be a positive int, got {value!r}")
 
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import torch
 
-from refimpl._checks import check_float_tensor
+from refimpl._checks import as_int, check_float_tensor, check_real
 from refimpl.kl import categorical_kl
 
 __all__ = [
@@ -62,17 +62,16 @@ def _dot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _check_positive_int(x, name: str, minimum: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
+    if as_int(x) is None:
         raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    x = as_int(x)
     if x < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {x}")
     return x
 
 
 def _check_nonnegative_real(x, name: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    x = float(x)
+    x = check_real(x, name)
     if not math.isfinite(x) or x < 0.0:
         raise ValueError(f"{name} must be finite and >= 0, got {x!r}")
     return x

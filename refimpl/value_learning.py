@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from refimpl._checks import as_int, as_real
 from refimpl.envs import TabularEnv, sample_categorical
 from refimpl.estimators import discounted_returns, gae_advantages
 
@@ -92,7 +93,7 @@ def _check_learner_args(env: TabularEnv, **positive_ints) -> None:
     if not isinstance(env, TabularEnv):
         raise TypeError(f"env must be a TabularEnv, got {type(env).__name__}")
     for name, v in positive_ints.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if v is not None and (as_int(v) is None or as_int(v) < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
@@ -280,9 +281,10 @@ def a2c(env: TabularEnv, generator: torch.Generator, *, num_envs: int = 256, rol
 
 
 def _check_tau(tau) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 < tau <= 1.0:
+    value = as_real(tau)
+    if value is None or not 0.0 < value <= 1.0:
         raise ValueError(f"tau must be a number in (0, 1] (1 = hard copy), got {tau!r}")
-    return float(tau)
+    return value
 
 
 @torch.no_grad()

@@ -9,9 +9,12 @@ from this project: copy it anywhere, or run it from the installed package.
 
 ``MODULE`` (a module importable from the current directory, or a ``.py`` file) defines functions
 under the names of ``SIGNATURES`` (a missing one skips its vectors); ``VECTORS`` is a vector
-directory or one file (default: the ``vectors`` directory beside this file). Exit status 0 when
-every checked vector passes, 1 when one fails, 2 on a usage or schema error or when no vector is
-checked. From Python: ``check_directory(path, {"kl": my_kl, ...}).summary()``.
+directory or one file (default: the ``vectors`` directory beside this file). Every file is checked
+against the schema (``validate``) before any vector runs. Exit status 0 when every checked vector
+passes, 1 when one fails, 2 on a usage error or when no vector is checked, 3 when a vector file is
+invalid (one line each, naming the file, the vector and the field; the valid files are still
+checked). ``--skip-unsupported``: a function raising NotImplementedError skips that vector (counted
+and listed). From Python: ``check_directory(path, {"kl": my_kl, ...}).summary()``.
 
 Each vector's ``result`` says what to check (SCHEMA.md): ``valid``: the values match ``expected``
 within the tolerance of the compute dtype; ``invalid``: the call must raise ``ValueError`` (a
@@ -61,6 +64,7 @@ __all__ = [
     "main",
     "register",
     "selects",
+    "validate",
 ]
 
 SCHEMA = "rl-oracle-golden-vectors"
@@ -132,13 +136,20 @@ class Failure:
 
 @dataclasses.dataclass
 class Report:
+    """What a run found: ``checked`` vectors (``failures`` among them: the implementation's),
+    ``skipped`` ones (no function, or a dtype that cannot hold the inputs), ``unsupported`` ones
+    (``--skip-unsupported``: the function raised NotImplementedError) and ``invalid_files`` (one
+    line each: a vector file that breaks the schema, none of whose vectors ran)."""
+
     checked: int = 0
     skipped: int = 0
     failures: list[Failure] = dataclasses.field(default_factory=list)
+    unsupported: list[Failure] = dataclasses.field(default_factory=list)
+    invalid_files: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.invalid_files
 
     def failing_flags(self) -> set[str]:
         return {f for failure in self.failures for f in failure.flags}
@@ -147,21 +158,34 @@ class Report:
         self.checked += other.checked
         self.skipped += other.skipped
         self.failures += other.failures
+        self.unsupported += other.unsupported
+        self.invalid_files += other.invalid_files
 
     def summary(self) -> str:
-        lines = [
-            f"{'PASS' if self.ok else 'FAIL'}: {self.checked} vectors checked, {self.skipped} skipped, "
-            f"{len(self.failures)} failed"
-        ]
-        lines += [f"  {f.id} [{', '.join(f.flags)}]: {f.message}" for f in self.failures[:20]]
-        if len(self.failures) > 20:
-            lines.append(f"  ... and {len(self.failures) - 20} more")
+        first = (f"{'PASS' if self.ok else 'FAIL'}: {self.checked} vectors checked, {self.skipped} skipped, "
+                 f"{len(self.failures)} failed")
+        if self.unsupported:
+            first += f", {len(self.unsupported)} unsupported (skipped)"
+        if self.invalid_files:
+            first += f", {len(self.invalid_files)} vector file{'s' * (len(self.invalid_files) > 1)} invalid"
+        lines = [first] + [f"  invalid vector file: {text}" for text in self.invalid_files]
+        for what, items in (("", self.failures), ("unsupported: ", self.unsupported)):
+            lines += [f"  {what}{f.id} [{', '.join(f.flags)}]: {f.message}" for f in items[:20]]
+            if len(items) > 20:
+                lines.append(f"  ... and {len(items) - 20} more {what.rstrip(': ')}".rstrip())
         return "\n".join(lines)
 
 
 def load(path: str | Path) -> dict:
-    """A vector file, after checking its schema and version (SchemaError, one line, otherwise)."""
-    document = json.loads(Path(path).read_text())
+    """A vector file, after checking its schema, its version and every vector against SCHEMA.md
+    (``validate``): a SchemaError of one line naming the file (and the vector and field) otherwise,
+    unreadable and truncated files included."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise SchemaError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise SchemaError(f"{path}: not valid JSON ({' '.join(str(exc).split())})") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise SchemaError(f"{path}: not a golden-vector file (schema {SCHEMA!r} expected)")
     version = document.get("schema_version")
@@ -170,7 +194,205 @@ def load(path: str | Path) -> dict:
             f"{path}: unsupported schema_version {version} (this consumer reads version "
             f"{SCHEMA_VERSION}; see specs/vectors/SCHEMA.md)"
         )
+    problems = validate(document)
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise SchemaError(f"{path}: {problems[0]}{more}")
     return document
+
+
+# ------------------------------------------------------------------------------------------ the schema
+#
+# What every vector of a kind must hold (SCHEMA.md), checked before any vector runs, so that a
+# corrupted file is reported as such and never passes or fails an implementation: the vector's own
+# keys, its input keys (per estimator / quantity where they differ) and, for valid and acceptable
+# vectors, its expected keys, each leaf a number (a decimal string, or "p/q" in tabular files).
+
+_RESULTS = ("valid", "invalid", "acceptable")
+_POLICY_INPUTS = ("logp", "old_logp", "advantages", "ref_logp", "padding_value")
+_VECTOR_KEYS = {
+    "policy_loss": ("variant",), "policy_loss_conventions": ("variant", "convention", "convention_flags"),
+    "kl": ("estimator",), "advantages": ("arguments",), "logprobs": (), "returns": ("estimator", "arguments"),
+    "importance": ("estimator",), "tabular": ("quantity",),
+}
+_IMPORTANCE_INPUTS = {
+    "importance_weights": ("target_logp", "behavior_logp"),
+    "is_estimate": ("f", "weights"),
+    "snis_estimate": ("f", "weights"),
+    "trajectory_importance_weights": ("target_logp", "behavior_logp", "mask"),
+    "trajectory_is": ("rewards", "target_logp", "behavior_logp", "mask"),
+    "per_decision_is": ("rewards", "target_logp", "behavior_logp", "mask"),
+}
+_IMPORTANCE_EXPECTED = {"importance_weights": "weights", "trajectory_importance_weights": "weights",
+                        "is_estimate": "estimate", "snis_estimate": "estimate", "trajectory_is": "estimates",
+                        "per_decision_is": "estimates"}
+_RETURNS_EXPECTED = {"discounted_returns": ("returns",), "n_step_returns": ("returns",),
+                     "lambda_returns": ("returns",), "td_errors": ("td_errors",),
+                     "gae_advantages": ("advantages", "returns")}
+
+
+def _keys(kind: str, vector: dict) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple]]:
+    """(input keys, expected keys, numeric arguments {key: required}) of a vector of ``kind``;
+    ValueError naming the field when its estimator or quantity is unknown."""
+    scale = ("abs_scale",)
+    if kind in ("policy_loss", "policy_loss_conventions"):
+        inputs = _POLICY_INPUTS + (("normalizer",) if kind == "policy_loss" else ())
+        other = ("grad_logp_other_side",) if vector.get("result") == "acceptable" else ()
+        return inputs, ("loss", "grad_logp", *other) + scale, {}
+    if kind == "kl":
+        return ("logp", "ref_logp"), ("value", "d_value_d_logp") + scale, {}
+    if kind == "advantages":
+        return ("rewards", "group_ids"), ("advantages",) + scale, {}
+    if kind == "logprobs":
+        return ("logits", "tokens"), ("logp", "grad_logits") + scale, {}
+    estimator, quantity = vector.get("estimator"), vector.get("quantity")
+    if kind == "returns":
+        if estimator not in _RETURNS_EXPECTED:
+            raise ValueError(f"estimator: unknown returns estimator {estimator!r}")
+        arguments = {"gamma": True, "n": estimator == "n_step_returns", "lam": estimator in ("lambda_returns",
+                                                                                       "gae_advantages")}
+        inputs = ("rewards", "values", "next_values", "terminated", "truncated")
+        return inputs, _RETURNS_EXPECTED[estimator] + scale, arguments
+    if kind == "importance":
+        if estimator not in _IMPORTANCE_INPUTS:
+            raise ValueError(f"estimator: unknown importance estimator {estimator!r}")
+        gamma = {"gamma": True} if estimator in ("trajectory_is", "per_decision_is") else {}
+        return _IMPORTANCE_INPUTS[estimator], (_IMPORTANCE_EXPECTED[estimator],) + scale, gamma
+    if quantity == "performance_difference":
+        return ("P", "R", "gamma", "rho0", "terminal", "pi", "pi_new"), _PDL_KEYS, {}
+    if quantity == "optimal":
+        return ("P", "R", "gamma", "rho0", "terminal"), _TABULAR_KEYS[quantity] + ("optimal_actions",), {}
+    if quantity not in _TABULAR_KEYS:
+        raise ValueError(f"quantity: unknown tabular quantity {quantity!r}")
+    return ("P", "R", "gamma", "rho0", "terminal", "pi"), _TABULAR_KEYS[quantity], {}
+
+
+_FLAG_INPUTS = ("terminal", "terminated", "truncated", "mask")  # true / false or 0 / 1
+
+
+def _number_problem(x, rational: bool, flag: bool = False) -> str | None:
+    """None when ``x`` is a number of the schema (a JSON number or a decimal string; ``"p/q"``
+    where ``rational``; true / false where ``flag``), else what it is."""
+    if isinstance(x, bool) and flag:
+        return None
+    if isinstance(x, bool) or x is None or isinstance(x, (dict, list)):
+        return f"{json.dumps(x)[:40]} is not a number"
+    if isinstance(x, (int, float)):
+        return None
+    if isinstance(x, str):
+        try:
+            float(x)
+            return None
+        except ValueError:
+            if rational and "/" in x:
+                try:
+                    Fraction(x)
+                    return None
+                except (ValueError, ZeroDivisionError):
+                    pass
+    return f"{json.dumps(x)[:40]} is not a number"
+
+
+def _leaf_problem(x, field: str, rational: bool, flag: bool = False) -> str | None:
+    """The first leaf of the nested lists / dicts ``x`` that is not a number, as ``field[i][j]: ...``."""
+    if isinstance(x, list):
+        for i, item in enumerate(x):
+            problem = _leaf_problem(item, f"{field}[{i}]", rational, flag)
+            if problem:
+                return problem
+        return None
+    if isinstance(x, dict):
+        for key, item in x.items():
+            problem = _leaf_problem(item, f"{field}.{key}", rational, flag)
+            if problem:
+                return problem
+        return None
+    problem = _number_problem(x, rational, flag)
+    return f"{field}: {problem}" if problem else None
+
+
+def _vector_problem(kind: str, vector) -> str | None:
+    """The first way ``vector`` breaks the schema of ``kind`` (``field: problem``), or None."""
+    if not isinstance(vector, dict):
+        return f"is a {type(vector).__name__}, not an object"
+    if not isinstance(vector.get("id"), str) or not vector["id"]:
+        return "id: missing or not a non-empty string"
+    flags = vector.get("flags")
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        return "flags: missing or not a list of names"
+    result = vector.get("result")
+    if result not in _RESULTS:
+        return f"result: {json.dumps(result)} is not one of {', '.join(_RESULTS)}"
+    if result != "valid" and not isinstance(vector.get("reason"), str):
+        return f"reason: a {result} vector needs a reason (a string)"
+    if kind not in _FAMILIES:
+        return None  # a kind this consumer does not know: its vectors are skipped
+    for key in _VECTOR_KEYS[kind]:
+        if key not in vector:
+            return f"{key}: missing"
+    inputs = vector.get("inputs")
+    if not isinstance(inputs, dict):
+        return "inputs: missing or not an object"
+    try:
+        input_keys, expected_keys, arguments = _keys(kind, vector)
+    except ValueError as exc:
+        return str(exc)
+    rational = kind == "tabular"
+    for key in input_keys:
+        if key not in inputs:
+            return f"inputs.{key}: missing"
+        if inputs[key] is not None:
+            problem = _leaf_problem(inputs[key], f"inputs.{key}", rational, key in _FLAG_INPUTS)
+            if problem:
+                return problem
+    args = vector.get("arguments", {})
+    if not isinstance(args, dict):
+        return "arguments: not an object"
+    for key, required in arguments.items():
+        if args.get(key) is None:
+            if required:
+                return f"arguments.{key}: missing"
+            continue
+        problem = _number_problem(args[key], False)
+        if problem or isinstance(args[key], str):
+            return f"arguments.{key}: {problem or 'a number must be a JSON number here'}"
+    try:  # the arguments the implementation would receive (ragged where a grid belongs, ...)
+        _FAMILIES[kind][0](vector, np.float64)
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError) as exc:
+        reason = " ".join(str(exc).split())
+        return f"inputs: cannot be read as the {kind} arguments ({type(exc).__name__}: {reason})"
+    if result == "invalid":
+        return None
+    expected = vector.get("expected")
+    if not isinstance(expected, dict):
+        return f"expected: missing or not an object (a {result} vector compares with it)"
+    for key in expected_keys:
+        if key not in expected:
+            return f"expected.{key}: missing"
+    return _leaf_problem(expected, "expected", rational)
+
+
+def validate(document: dict) -> list[str]:
+    """Every way a loaded file breaks the schema (SCHEMA.md), one line each (``vector ID: field:
+    problem``); empty when every vector can be checked. A file with no vector is invalid (it could
+    only pass by checking nothing), and so is a repeated id."""
+    kind, vectors = document.get("kind"), document.get("vectors")
+    if not isinstance(kind, str):
+        return ["kind: missing or not a string"]
+    if not isinstance(vectors, list) or not vectors:
+        return [f"vectors: {'an empty list' if vectors == [] else 'missing or not a list'} (a file must hold "
+                "at least one vector)"]
+    problems, seen = [], set()
+    for index, vector in enumerate(vectors):
+        vid = vector.get("id") if isinstance(vector, dict) else None
+        where = f"vector {vid}" if isinstance(vid, str) and vid else f"vector #{index} (no id)"
+        problem = _vector_problem(kind, vector)
+        if problem is None and vid in seen:
+            problem = "id: repeated (ids are unique within a file)"
+        if problem:
+            problems.append(f"{where}: {problem}")
+        seen.add(vid)
+    return problems
 
 
 def _numbers(x):
@@ -539,8 +761,15 @@ def _selected(only: Iterable[str] | None, kind: str, vector: dict) -> bool:
 # ------------------------------------------------------------------------------------------- checking
 
 
-def _check_vector(fn: Callable, arguments: Callable, compare: Callable, vector: dict, dtype) -> str | None:
-    """None when the vector passes, else the failure's message."""
+class _Unsupported(str):
+    """The message of a vector whose function raised NotImplementedError under --skip-unsupported."""
+
+
+def _check_vector(
+    fn: Callable, arguments: Callable, compare: Callable, vector: dict, dtype, skip_unsupported: bool = False
+) -> str | None:
+    """None when the vector passes, else the failure's message (an ``_Unsupported`` one when the
+    function raised NotImplementedError and ``skip_unsupported`` is set)."""
     args, kwargs = arguments(vector, dtype)
     invalid = vector["result"] == "invalid"
     try:
@@ -548,6 +777,11 @@ def _check_vector(fn: Callable, arguments: Callable, compare: Callable, vector: 
             out = fn(*args, **kwargs)
     except REJECTION as exc:
         return None if invalid else f"raised {type(exc).__name__}: {exc}"
+    except NotImplementedError as exc:
+        what = f"raised NotImplementedError: {exc}" if str(exc) else "raised NotImplementedError"
+        if skip_unsupported:
+            return _Unsupported(what)
+        return f"{what}, not ValueError ({vector['reason']})" if invalid else what
     except Exception as exc:  # noqa: BLE001 (the implementation's failure is reported, not raised)
         what = f"raised {type(exc).__name__}: {exc}"
         return f"{what}, not ValueError ({vector['reason']})" if invalid else what
@@ -565,11 +799,18 @@ def check_document(
     implementation: dict[str, Callable],
     dtype: str = "float64",
     only: Iterable[str] | None = None,
+    skip_unsupported: bool = False,
 ) -> Report:
     """Check every vector of a loaded file (those that ``only``'s selectors select, when given)
-    against the implementation's functions."""
+    against the implementation's functions. A document that breaks the schema raises SchemaError
+    (``validate``) before any vector runs. ``skip_unsupported``: a function that raises
+    NotImplementedError on a vector (a variant it does not implement) skips that vector, counted in
+    ``Report.unsupported``, instead of failing it."""
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype must be one of {tuple(TOLERANCES)}, got {dtype!r}")
+    problems = validate(document)
+    if problems:
+        raise SchemaError(problems[0])
     only = None if only is None else list(only)
     report = Report()
     kind = document["kind"]
@@ -588,17 +829,22 @@ def check_document(
         if fn is None or inexact:
             report.skipped += 1
             continue
+        message = _check_vector(fn, arguments, compare, vector, np_dtype, skip_unsupported)
+        if isinstance(message, _Unsupported):
+            report.unsupported.append(Failure(vector["id"], flags, str(message)))
+            continue
         report.checked += 1
-        message = _check_vector(fn, arguments, compare, vector, np_dtype)
         if message:
             report.failures.append(Failure(vector["id"], flags, message))
     return report
 
 
 def check_file(
-    path: str | Path, implementation: dict[str, Callable], dtype: str = "float64", only=None
+    path: str | Path, implementation: dict[str, Callable], dtype: str = "float64", only=None,
+    skip_unsupported: bool = False,
 ) -> Report:
-    return check_document(load(path), implementation, dtype, only)
+    """Every vector of one file (``load``: a file that breaks the schema raises SchemaError)."""
+    return check_document(load(path), implementation, dtype, only, skip_unsupported)
 
 
 def _files(path: str | Path) -> list[Path]:
@@ -607,12 +853,20 @@ def _files(path: str | Path) -> list[Path]:
 
 
 def check_directory(
-    directory: str | Path, implementation: dict[str, Callable], dtype: str = "float64", only=None
+    directory: str | Path, implementation: dict[str, Callable], dtype: str = "float64", only=None,
+    skip_unsupported: bool = False,
 ) -> Report:
-    """Every ``*.json`` vector file of a directory."""
+    """Every ``*.json`` vector file of a directory; a file that breaks the schema is one line of
+    ``Report.invalid_files`` (and ``report.ok`` is False), the other files are still checked."""
     report = Report()
+    documents = []
     for path in _files(directory):
-        report.merge(check_file(path, implementation, dtype, only))
+        try:
+            documents.append(load(path))
+        except SchemaError as exc:
+            report.invalid_files.append(str(exc))
+    for document in documents:
+        report.merge(check_document(document, implementation, dtype, only, skip_unsupported))
     return report
 
 
@@ -654,8 +908,18 @@ compute dtype, per-token ones [N, T] padded, with the bool mask marking real tok
 invalid vectors pass only when the call raises ValueError (a subclass counts);
 NotImplementedError or any other exception fails them (specs/vectors/SCHEMA.md).
 
-exit status: 0 every checked vector passes, 1 one fails, 2 a usage or schema error, a
-module that cannot be imported, or no vector checked."""
+--skip-unsupported: a function that raises NotImplementedError on a vector (a variant it does not
+implement) skips it, counted and listed as unsupported; without it that vector fails.
+
+Every file is checked against the schema (specs/vectors/SCHEMA.md) before any vector runs: a file
+that breaks it (not JSON, truncated, another schema version, a vector without id, result, inputs,
+flags or an expected value, a non-numeric number, no vectors) is one line naming the file, the
+vector and the field, and none of its vectors run; the other files are still checked.
+
+exit status: 0 every checked vector passes, 1 one fails, 2 a usage error (an unknown option, a
+module that cannot be imported or defines none of the functions, a selector that selects nothing)
+or no vector checked, 3 a vector file is invalid (before 1: the run did not check what it was
+asked to)."""
 
 
 def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -692,6 +956,12 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="the dtype MODULE computes in: its tolerance (SCHEMA.md); float32 skips the vectors "
         "whose inputs float32 cannot hold, and the tabular ones (default float64)",
     )
+    parser.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="a function raising NotImplementedError on a vector skips it (counted and listed as "
+        "unsupported) instead of failing it",
+    )
     parser.set_defaults(func=_run)
     return parser
 
@@ -704,32 +974,44 @@ expected to raise ValueError."""
 
 def _run(args: argparse.Namespace) -> int:
     only = None if args.only is None else [s for text in args.only for s in text.split(",") if s]
+    report, documents = Report(), []
     try:
         files = _files(args.vectors)
-        if not files or not all(p.is_file() for p in files):
+        if not files or not any(p.is_file() for p in files):
             raise OSError(f"no vector files at {args.vectors}")
-        documents = [load(p) for p in files]
-        if only is not None:
+        for path in files:  # every file against the schema before any vector runs
+            try:
+                documents.append(load(path))
+            except SchemaError as exc:
+                report.invalid_files.append(str(exc))
+        if only is not None and not report.invalid_files:
             unmatched = [
                 s for s in only if not any(selects(s, d["kind"], v) for d in documents for v in d["vectors"])
             ]
             if unmatched:
                 raise ValueError(f"--only {unmatched[0]} selects no vector (see --help for selectors)")
         module = _load_module(args.module)
-    except (ImportError, OSError, ValueError) as exc:  # SchemaError is a ValueError
-        print(f"error: {exc}", file=sys.stderr)
+    except (ImportError, OSError, ValueError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 (the module raised while importing: one line, not a traceback)
+        print(f"error: importing {args.module} raised {type(exc).__name__}: {' '.join(str(exc).split())}",
+              file=sys.stderr)
         return 2
     implementation = {name: getattr(module, name) for name in FUNCTIONS if hasattr(module, name)}
     if not implementation:
         print(f"error: {args.module} defines none of the functions {', '.join(FUNCTIONS)}", file=sys.stderr)
         return 2
-    report = Report()
     for document in documents:
-        report.merge(check_document(document, implementation, args.dtype, only))
+        report.merge(check_document(document, implementation, args.dtype, only, args.skip_unsupported))
     print(report.summary())
+    if report.invalid_files:
+        print(f"error: {len(report.invalid_files)} invalid vector file(s), listed above: none of their "
+              "vectors ran", file=sys.stderr)
+        return 3
     if report.checked == 0:
-        print("error: no vector checked (every selected vector's function is missing or skipped)",
-              file=sys.stderr)
+        print("error: no vector checked (every selected vector's function is missing, skipped or "
+              "unsupported)", file=sys.stderr)
         return 2
     return 0 if report.ok else 1
 

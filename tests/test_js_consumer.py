@@ -131,15 +131,16 @@ def test_another_schema_version_is_a_clear_error(tmp_path):
         document["schema_version"] = 1
         (tmp_path / name).write_text(json.dumps(document))
     result = run(str(tmp_path))
-    assert result.returncode == 2
-    assert "unsupported schema_version 1 (this consumer reads version 2" in result.stderr
+    assert result.returncode == 3  # an invalid vector file (issue 28): its own exit status
+    assert "unsupported schema_version 1 (this consumer reads version 2" in result.stdout
 
 
 def test_help_documents_the_options_the_bugs_and_the_exit_status():
     result = run("--help")
     assert result.returncode == 0 and result.stdout.startswith("usage: node check_vectors.mjs")
     assert "--only=SELECTOR" in result.stdout and "throws RangeError" in result.stdout
-    assert "exit status: 0 every checked vector passes, 1 one fails, 2 a usage or schema" in result.stdout
+    assert "exit status: 0 every checked vector passes, 1 one fails, 2 a usage error, 3 a vector file is" in (
+        result.stdout)
     for bug in ("clip_higher", "empty_rows", "sapo_one_tau", "no_dual_clip", "naive_k3", "gae_truncation"):
         assert f"{bug}: " in result.stdout
     assert run("-h").stdout == result.stdout

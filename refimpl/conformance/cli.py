@@ -264,14 +264,27 @@ def _no_subcommand(args: argparse.Namespace) -> int:
 
 
 def guarded(func, prog: str):
-    """``func`` returning its exit code, with a user error as one line on stderr (exit 2) and a
-    required framework that is missing as one line (exit 1)."""
+    """``func`` returning its exit code, with a user error as one line on stderr (exit 2), a
+    required framework that is missing as one line (exit 1) and a Ctrl-C as one line (exit 130).
+    The checked code runs under ``user_code``'s settings: ``--timeout`` per call, the hard stop of
+    a call stuck in compiled code, and a progress line per case class on stderr when stderr is a
+    terminal and ``--json`` is off."""
 
     def run(args: argparse.Namespace) -> int:
+        from refimpl.conformance import user_code
         from refimpl.conformance.checks import SignatureError
 
+        def note(line: str) -> None:
+            print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+        show = sys.stderr.isatty() and not getattr(args, "json", False)
+        timeout = getattr(args, "timeout", None) or user_code.DEFAULT_TIMEOUT
         try:
-            return func(args)
+            with user_code.settings(timeout=timeout, hard_stop=True, progress=note if show else None):
+                return func(args)
+        except KeyboardInterrupt:  # Ctrl-C (a KeyboardInterrupt of the checked code fails its case)
+            print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            return 130
         except (UserError, SignatureError) as exc:
             print(f"{prog}: {one_line(exc)}", file=sys.stderr)
             return 2

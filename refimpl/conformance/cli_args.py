@@ -32,10 +32,14 @@ def load_object(spec: str, what: str) -> Callable:
     module_name, _, attr = spec.rpartition(":")  # rpartition: a Windows path has a colon of its own
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        obj = _import_module_or_file(module_name, what)
+    from .user_code import UserCodeFailure, guarded
+
+    try:  # the module's own code runs at import: as user code (sys.exit, prints, a hang)
+        obj = guarded(lambda: _import_module_or_file(module_name, what), f"importing {module_name!r}")
     except UserError:
         raise
+    except UserCodeFailure as exc:
+        raise UserError(f"{what}: {exc}") from None
     except ModuleNotFoundError as exc:
         raise UserError(f"{what}: cannot import module {module_name!r} ({exc})") from None
     except Exception as exc:  # the module itself raised while importing
@@ -289,6 +293,9 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
                                 "moved there and the expected values are computed in float64 on the same "
                                 "device"}),
         "rtol": ("--rtol", {"type": positive_float, "help": "float64 tolerance (default 1e-8)"}),
+        "timeout": ("--timeout", {"type": positive_float, "metavar": "SECONDS",
+                                  "help": "time limit of one call of the checked code: a call past it fails "
+                                  "its case (default 60)"}),
         "json": ("--json", {"action": "store_true", "help": "print the report as JSON"}),
         "mode": ("--mode", {"help": "the framework's loss mode (refimpl matrix lists them)"}),
         "kind": ("--kind", {"choices": kinds, "help": "the mode's kind, where its name alone is ambiguous"}),
@@ -296,7 +303,7 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
 
 
 _FUNCTION = "MODULE:FUNCTION"
-_CHECKED = ("adapter", "device", "rtol", "json")
+_CHECKED = ("adapter", "device", "rtol", "timeout", "json")
 #: subcommand -> (help, positional, options); a trailing "!" marks a required option
 CHECK_SUBCOMMANDS = {
     "loss": ("a policy loss fn(logp, old_logp, advantages, mask, *, normalizer=None) -> scalar", _FUNCTION,
@@ -307,7 +314,8 @@ CHECK_SUBCOMMANDS = {
                    ("preset", "convention", "flag", "scale_rewards", *_CHECKED)),
     "logprobs": ("token log-probabilities fn(logits, tokens) -> [N, T]", _FUNCTION, _CHECKED),
     "framework": ("an installed framework's own code (its mode, or the mode of --preset)", "FRAMEWORK",
-                  ("mode", "kind", "preset", "convention", "variant", "flag", "device", "rtol", "json")),
+                  ("mode", "kind", "preset", "convention", "variant", "flag", "device", "rtol", "timeout",
+                   "json")),
     "differences": ("where a convention's numerics differ from the spec for --preset", None,
                     ("preset!", "convention", "variant", "flag", "scale_rewards", "kl_coef", "rtol", "json")),
 }

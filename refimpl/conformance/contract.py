@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .user_code import guarded
+
 __all__ = [
     "POLICY_LOSS_SIGNATURE",
     "SIGNATURES",
     "SignatureError",
     "PolicyLossCall",
     "contract_adapter",
+    "loss_of",
     "call",
 ]
 
@@ -78,9 +81,29 @@ def contract_adapter(fn: Callable, call: PolicyLossCall) -> torch.Tensor:
         kwargs["ref_logp"] = call.ref_logp
     if call.normalizer is not None:
         kwargs["normalizer"] = call.normalizer
-    out = fn(call.logp, call.old_logp, call.advantages, call.mask, **kwargs)
-    return out[0] if isinstance(out, (tuple, list)) else out
+    return loss_of(fn(call.logp, call.old_logp, call.advantages, call.mask, **kwargs), fn)
 
+
+def loss_of(out, fn=None) -> torch.Tensor:
+    """The loss in what a loss function returned: a one-element tensor, or a tuple whose first
+    element is one (``(loss, metrics)``); anything else (a list, an empty tuple, a tuple of
+    something else, None) is a one-line ``SignatureError``."""
+    first = out[0] if isinstance(out, tuple) and out else out
+    if isinstance(first, torch.Tensor) and first.numel() == 1:
+        return first
+    name = getattr(fn, "__qualname__", type(fn).__name__) if fn is not None else "the function"
+    if isinstance(out, tuple):
+        got = "an empty tuple" if not out else f"a tuple whose first element is {_kind(first)}"
+    else:
+        got = _kind(out)
+    raise SignatureError(f"{name} must return a scalar loss tensor, got {got}; expected "
+                         f"{POLICY_LOSS_SIGNATURE} (a tuple whose first element is the loss also fits)")
+
+
+def _kind(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"Tensor of shape {tuple(x.shape)}"
+    return "None" if x is None else type(x).__name__
 
 
 #: the contract signature of each kind without an adapter, and the adapter's (one API for every kind:
@@ -96,5 +119,7 @@ SIGNATURES = {
 
 
 def call(fn, adapter, *inputs):
-    return adapter(fn, *inputs) if adapter is not None else fn(*inputs)
+    """``adapter(fn, *inputs)`` (or ``fn(*inputs)``) as user code (``user_code.guarded``)."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return guarded(lambda: adapter(fn, *inputs) if adapter is not None else fn(*inputs), name)
 

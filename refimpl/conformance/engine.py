@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from . import user_code
 from .contract import SIGNATURES, SignatureError
 from .report import CaseResult, nested_text, tensor_text
 
@@ -43,17 +44,34 @@ class Outcome:
 
 
 def run_cases(
-    items: Iterable, *, expect: Callable, call: Callable, judge: Callable, device: object = "cpu"
+    items: Iterable,
+    *,
+    expect: Callable,
+    call: Callable,
+    judge: Callable,
+    device: object = "cpu",
+    what: str = "the function",
 ) -> list[Outcome]:
     """The loop (see the module docstring): ``expect`` and ``call`` on ``device``, ``judge`` on the
-    CPU."""
+    CPU. ``call`` runs as user code (``user_code.guarded``: whatever it raises, a time limit, torch's
+    state restored; ``what`` names it in a failure); a line per case class goes to the progress
+    writer when one is configured."""
+    items = list(items)
+    done = user_code.progress(items, _case_class)
     outcomes = []
-    for item in items:
+    for i, item in enumerate(items):
         there = to_device(item, device)
         expected = on_cpu(expect(there))
-        got, error = run_user(lambda there=there: on_cpu(call(there)))
+        got, error = run_user(lambda there=there: on_cpu(user_code.guarded(lambda: call(there), what)))
         outcomes.append(Outcome(item, expected, got, error, judge(item, expected, got, error)))
+        done(i)
     return outcomes
+
+
+def _case_class(item) -> str:
+    """The case class of a loop item: a case, or a tuple whose first element is one."""
+    case = item[0] if isinstance(item, tuple) else item
+    return getattr(case, "case_class", "cases")
 
 
 def to_device(item, device):
@@ -81,12 +99,14 @@ def expected_on(device, expect: Callable, case, *args):
 
 
 def run_user(compute: Callable) -> tuple[object, str | None]:
-    """``(compute(), None)``, or ``(None, one line)`` when the function raised (a SignatureError
-    stops the whole check)."""
+    """``(compute(), None)``, or ``(None, one line)`` when the function raised or ended otherwise
+    (``user_code.UserCodeFailure``: its message); a SignatureError stops the whole check."""
     try:
         return compute(), None
     except SignatureError:
         raise
+    except user_code.UserCodeFailure as exc:
+        return None, str(exc)
     except Exception as exc:  # the user's function may fail on an edge case: report it
         return None, f"{type(exc).__name__}: {exc} ({traceback.extract_tb(exc.__traceback__)[-1].name})"
 
@@ -98,7 +118,11 @@ def preflight(kind: str, fn, compute: Callable, shape: tuple[int, ...]) -> None:
 
     name = getattr(fn, "__qualname__", type(fn).__name__)
     try:
-        out = compute()
+        out = user_code.guarded(compute, name)
+    except SignatureError:
+        raise
+    except user_code.UserCodeFailure as exc:
+        raise SignatureError(f"{exc} on the plainest case") from None
     except Exception as exc:
         raise SignatureError(
             f"{name} fails on the plainest case with {type(exc).__name__}: {exc}; expected {SIGNATURES[kind]}"

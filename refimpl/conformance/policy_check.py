@@ -27,6 +27,7 @@ from .expected import (
 from .golden import golden_cases
 from .report import CaseResult, CheckReport, tensor_text
 from .tolerance import fixed_tolerances, half_tolerance, kl_gradient_slack, relative_error
+from .user_code import UserCodeFailure, guarded
 
 __all__ = ["run_policy_check", "judge_policy", "user_policy_loss", "describe_variant", "differences_report"]
 
@@ -74,7 +75,7 @@ def user_policy_loss(
             micro_batch_count=len(parts),
             **counts,
         )
-        part = adapter(fn, call)
+        part = guarded(lambda call=call: adapter(fn, call), _name(fn))
         if not isinstance(part, torch.Tensor) or part.numel() != 1:
             shape = f" of shape {tuple(part.shape)}" if isinstance(part, torch.Tensor) else ""
             raise SignatureError(
@@ -91,6 +92,10 @@ def user_policy_loss(
     return loss.detach().cpu(), (torch.zeros_like(logp) if grad is None else grad).cpu()
 
 
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
 def _counts_from_normalizer(normalizer: float, variant: PolicyLossVariant, counts: dict) -> dict:
     """The global counts of the batch a given normaliser describes (policy_losses.md eq. (11)):
     tokens for token_mean, sequences (= rows) for the sequence means, sequences x L_max for seq_sum."""
@@ -105,12 +110,14 @@ def _preflight(fn, adapter, variant, conv, config, device) -> None:
     exception or a non-scalar return stops the check here with the expected signature, instead of
     a table of failures."""
     case = _cases.policy_loss_cases(variant, conv, classes=("inside_clip",))[0]
+    name = _name(fn)
     try:
-        user_policy_loss(fn, adapter, case, variant, conv, config, None, device)
+        guarded(lambda: user_policy_loss(fn, adapter, case, variant, conv, config, None, device), name)
     except SignatureError:
         raise
+    except UserCodeFailure as exc:
+        raise SignatureError(f"{exc} on the plainest case inside_clip/0") from None
     except Exception as exc:
-        name = getattr(fn, "__qualname__", type(fn).__name__)
         raise SignatureError(
             f"{name} fails on the plainest case inside_clip/0 with {type(exc).__name__}: {exc}; "
             f"expected {POLICY_LOSS_SIGNATURE}"
@@ -225,6 +232,7 @@ def run_policy_check(
         call=lambda job: user_policy_loss(fn, adapter, job[0], v, conv, config, job[1], device),
         judge=judge,
         device=device,
+        what=_name(fn),
     )
     got_by_id = {o.item[0].case_id: (o.item[0], *o.got) for o in outcomes if o.got is not None}
     results = with_explanations(

@@ -14,7 +14,7 @@ import math
 import torch
 
 from . import cases as _cases
-from .contract import call
+from .contract import SIGNATURES, call
 from .conventions import Convention
 from .engine import case_line, case_text, judged, preflight_first, raised, run_cases, value_only
 from .expected import expected_group_advantages, expected_kl, expected_token_logprobs
@@ -36,6 +36,14 @@ def select_classes(cases: list, classes: tuple[str, ...] | None, kind: str) -> l
     if unknown:
         raise ValueError(f"unknown case classes {unknown}; valid: {known}")
     return [c for c in cases if c.case_class in classes]
+
+
+def _tensor(out, kind: str) -> torch.Tensor:
+    """``out`` when it is a tensor, else a one-line TypeError (the case's failure) with the contract."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"returned {'None' if out is None else 'a ' + type(out).__name__}, expected "
+                        f"{SIGNATURES[kind]}")
+    return out
 
 
 def _notes(conv: Convention) -> tuple[str, ...]:
@@ -89,6 +97,7 @@ def run_advantage_check(
         call=lambda case: call(fn, adapter, case.rewards.clone(), case.group_ids.clone()),
         judge=judge,
         device=device,
+        what=getattr(fn, "__qualname__", type(fn).__name__),
     )
     title = (
         f"group advantages: convention {conv.name} (std={conv.adv_std}, eps={conv.adv_eps}, "
@@ -117,7 +126,7 @@ def run_kl_check(
 
     def compute(case):
         logp = case.logp.clone().requires_grad_(True)
-        out = call(fn, adapter, logp, case.ref_logp.clone())
+        out = _tensor(call(fn, adapter, logp, case.ref_logp.clone()), "kl")
         if not out.requires_grad:
             return out.detach(), torch.zeros_like(logp)
         (grad,) = torch.autograd.grad(out.sum(), logp, allow_unused=True)
@@ -156,6 +165,7 @@ def run_kl_check(
         call=compute,
         judge=judge,
         device=device,
+        what=getattr(fn, "__qualname__", type(fn).__name__),
     )
     return CheckReport(
         f"KL estimator {estimator}: convention {conv.name}",
@@ -182,7 +192,7 @@ def run_logprob_check(
 
     def compute(case):
         logits = case.logits.clone().requires_grad_(True)
-        out = call(fn, adapter, logits, case.tokens.clone())
+        out = _tensor(call(fn, adapter, logits, case.tokens.clone()), "token_logprobs")
         (grad,) = torch.autograd.grad((out.double() * case.weights).sum(), logits)
         return out.detach(), grad
 
@@ -206,5 +216,6 @@ def run_logprob_check(
         call=compute,
         judge=judge,
         device=device,
+        what=getattr(fn, "__qualname__", type(fn).__name__),
     )
     return CheckReport("token_logprobs", tuple(o.result for o in outcomes), (), tuple(header))

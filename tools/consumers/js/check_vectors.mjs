@@ -8,12 +8,14 @@
 //
 //   node tools/consumers/js/check_vectors.mjs [VECTOR_DIR] [--only=SELECTOR,...] [--plant-bug[=NAME,...]]
 //
-// Exit 0 when every vector passes, 1 when one fails, 2 on a usage or schema error. --plant-bug
+// Exit 0 when every vector passes, 1 when one fails, 2 on a usage error, 3 when a vector file is
+// invalid (validate: one line naming the file, the vector and the field; the other files are still
+// checked). --plant-bug
 // swaps in classic bugs (all of them, or those named; BUGS lists them), which the vectors must catch.
 // An invalid vector passes only when the code throws RangeError (SCHEMA.md, "Rejecting an invalid
 // vector"); --help prints the usage (HELP).
 
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -24,14 +26,139 @@ const RTOL = 1e-10, ATOL = 1e-12, FLOOR = 2 ** -1068;
 
 class SchemaError extends Error {}
 
+// A vector file after checking it against SCHEMA.md (validate): a SchemaError of one line naming
+// the file, the vector and the field otherwise (unreadable, truncated JSON, another version...).
 export function load(path) {
-  const doc = JSON.parse(readFileSync(path, "utf8"));
-  if (doc.schema !== SCHEMA) throw new SchemaError(`${path}: not a golden-vector file`);
+  let doc;
+  try {
+    doc = JSON.parse(readFileSync(path, "utf8"));
+  } catch (err) {
+    throw new SchemaError(`${path}: ${err.code ? `cannot be read (${err.code})` : `not valid JSON (${err.message})`}`);
+  }
+  if (doc === null || typeof doc !== "object" || doc.schema !== SCHEMA) {
+    throw new SchemaError(`${path}: not a golden-vector file`);
+  }
   if (doc.schema_version !== SCHEMA_VERSION) {
     throw new SchemaError(`${path}: unsupported schema_version ${doc.schema_version} ` +
       `(this consumer reads version ${SCHEMA_VERSION}; see specs/vectors/SCHEMA.md)`);
   }
+  const problems = validate(doc);
+  if (problems.length) {
+    const more = problems.length > 1 ? ` (and ${problems.length - 1} more problems)` : "";
+    throw new SchemaError(`${path}: ${problems[0]}${more}`);
+  }
   return doc;
+}
+
+// ----------------------------------------------------------------------------------------- schema
+
+// What each vector of the kinds read here must hold (SCHEMA.md), so that a corrupted file is
+// reported as such before any vector runs and never passes or fails the implementation.
+const RESULTS = ["valid", "invalid", "acceptable"];
+const POLICY_INPUTS = ["logp", "old_logp", "advantages", "ref_logp", "normalizer", "padding_value"];
+const SCHEMAS = {
+  policy_loss: { keys: ["variant"], inputs: () => POLICY_INPUTS, expected: (v) => ["loss", "grad_logp",
+    ...(v.result === "acceptable" ? ["grad_logp_other_side"] : [])] },
+  kl: { keys: ["estimator"], inputs: () => ["logp", "ref_logp"], expected: () => ["value", "d_value_d_logp"] },
+  returns: { keys: ["estimator", "arguments"],
+    inputs: () => ["rewards", "values", "next_values", "terminated", "truncated"],
+    expected: (v) => ({ gae_advantages: ["advantages", "returns"], td_errors: ["td_errors"] }[v.estimator]
+      ?? ["returns"]) },
+};
+const FLAG_INPUTS = new Set(["terminated", "truncated"]); // 0 / 1 (or true / false)
+// how deep each field's lists nest (0: a number): a ragged [N][T_i] is 2, a token 0
+const DEPTHS = {
+  policy_loss: { logp: 2, old_logp: 2, ref_logp: 2, advantages: 1, normalizer: 0, padding_value: 0, loss: 0,
+    grad_logp: 2, grad_logp_other_side: 2, abs_scale: 0 },
+  kl: { logp: 0, ref_logp: 0, value: 0, d_value_d_logp: 0, abs_scale: 0 },
+  returns: { rewards: 2, values: 2, next_values: 2, terminated: 2, truncated: 2, advantages: 2, returns: 2,
+    td_errors: 2, abs_scale: 0 },
+};
+
+function depthProblem(x, depth, field) {
+  if (depth === 0) return Array.isArray(x) ? `${field}: a list where a number belongs` : null;
+  if (!Array.isArray(x)) return `${field}: ${JSON.stringify(x)} where a list belongs`;
+  for (let i = 0; i < x.length; i++) {
+    const problem = depthProblem(x[i], depth - 1, `${field}[${i}]`);
+    if (problem) return problem;
+  }
+  return null;
+}
+
+const isNumber = (x, flag) => (typeof x === "number" && Number.isFinite(x)) || (flag && typeof x === "boolean") ||
+  (typeof x === "string" && x.trim() !== "" && !Number.isNaN(Number(x))) || x === "NaN";
+
+// The first leaf under x that is not a number, as "field[i][j]: problem"; null when all are.
+function leafProblem(x, field, flag = false) {
+  if (Array.isArray(x)) {
+    for (let i = 0; i < x.length; i++) {
+      const problem = leafProblem(x[i], `${field}[${i}]`, flag);
+      if (problem) return problem;
+    }
+    return null;
+  }
+  if (x !== null && typeof x === "object") {
+    for (const [key, item] of Object.entries(x)) {
+      const problem = leafProblem(item, `${field}.${key}`, flag);
+      if (problem) return problem;
+    }
+    return null;
+  }
+  return isNumber(x, flag) ? null : `${field}: ${JSON.stringify(x)} is not a number`;
+}
+
+function vectorProblem(kind, v) {
+  if (v === null || typeof v !== "object" || Array.isArray(v)) return "is not an object";
+  if (typeof v.id !== "string" || !v.id) return "id: missing or not a non-empty string";
+  if (!Array.isArray(v.flags) || !v.flags.every((f) => typeof f === "string")) return "flags: missing or not a list of names";
+  if (!RESULTS.includes(v.result)) return `result: ${JSON.stringify(v.result)} is not one of ${RESULTS.join(", ")}`;
+  if (v.result !== "valid" && typeof v.reason !== "string") return `reason: a ${v.result} vector needs a reason (a string)`;
+  const schema = SCHEMAS[kind];
+  if (!schema) return null;
+  for (const key of schema.keys) if (!(key in v)) return `${key}: missing`;
+  if (v.inputs === null || typeof v.inputs !== "object" || Array.isArray(v.inputs)) return "inputs: missing or not an object";
+  for (const key of schema.inputs(v)) {
+    if (!(key in v.inputs)) return `inputs.${key}: missing`;
+    if (v.inputs[key] !== null) {
+      const problem = leafProblem(v.inputs[key], `inputs.${key}`, FLAG_INPUTS.has(key)) ||
+        depthProblem(v.inputs[key], DEPTHS[kind][key], `inputs.${key}`);
+      if (problem) return problem;
+    }
+  }
+  if (kind === "returns") {
+    for (const key of ["gamma", ...(v.estimator === "gae_advantages" ? ["lam"] : [])]) {
+      if (typeof v.arguments?.[key] !== "number") return `arguments.${key}: missing or not a JSON number`;
+    }
+  }
+  if (kind === "policy_loss" && (v.variant === null || typeof v.variant !== "object")) return "variant: not an object";
+  if (v.result === "invalid") return null;
+  const e = v.expected;
+  if (e === null || typeof e !== "object" || Array.isArray(e)) return `expected: missing or not an object`;
+  for (const key of [...schema.expected(v), "abs_scale"]) {
+    if (!(key in e)) return `expected.${key}: missing`;
+    const problem = depthProblem(e[key], DEPTHS[kind][key], `expected.${key}`);
+    if (problem) return problem;
+  }
+  return leafProblem(e, "expected");
+}
+
+// Every way a parsed file breaks the schema, one line each ("vector ID: field: problem"); a file
+// with no vector is invalid (it could only pass by checking nothing), and so is a repeated id.
+export function validate(doc) {
+  if (typeof doc.kind !== "string") return ["kind: missing or not a string"];
+  if (!Array.isArray(doc.vectors) || doc.vectors.length === 0) {
+    return [`vectors: ${Array.isArray(doc.vectors) ? "an empty list" : "missing or not a list"} ` +
+      "(a file must hold at least one vector)"];
+  }
+  const problems = [], seen = new Set();
+  doc.vectors.forEach((v, index) => {
+    const id = v && typeof v.id === "string" && v.id ? v.id : null;
+    let problem = vectorProblem(doc.kind, v);
+    if (!problem && seen.has(id)) problem = "id: repeated (ids are unique within a file)";
+    if (problem) problems.push(`${id ? `vector ${id}` : `vector #${index} (no id)`}: ${problem}`);
+    seen.add(id);
+  });
+  return problems;
 }
 
 const num = (s) => Number(s); // decimal strings; "NaN", "Infinity", "-Infinity" parse too
@@ -310,10 +437,21 @@ export function selects(selector, kind, v) {
   return [kind, v.preset, v.estimator, v.case_class].includes(selector);
 }
 
+// Every file is loaded and validated before any vector runs; an invalid file is one line of
+// invalidFiles and none of its vectors run, the other files are still checked.
 export function run(vectorDir, { bugs = new Set(), only = null } = {}) {
-  const policy = load(join(vectorDir, "policy_loss.json"));
-  const kls = load(join(vectorDir, "kl.json"));
-  const returns = load(join(vectorDir, "returns.json"));
+  if (!existsSync(vectorDir)) throw new UsageError(`no vector directory ${vectorDir}`);
+  const invalidFiles = [];
+  const read = (name) => {
+    try {
+      return load(join(vectorDir, name));
+    } catch (err) {
+      if (!(err instanceof SchemaError)) throw err;
+      invalidFiles.push(err.message);
+      return { vectors: [] };
+    }
+  };
+  const policy = read("policy_loss.json"), kls = read("kl.json"), returns = read("returns.json");
   let jobs = [
     ...policy.vectors.map((v) => [v, checkPolicy, "policy_loss"]),
     ...kls.vectors.map((v) => [v, checkKl, "kl"]),
@@ -321,7 +459,9 @@ export function run(vectorDir, { bugs = new Set(), only = null } = {}) {
   ];
   if (only !== null) {
     const unmatched = only.filter((s) => !jobs.some(([v, , kind]) => selects(s, kind, v)));
-    if (unmatched.length) throw new UsageError(`--only ${unmatched[0]} selects no vector (see --help)`);
+    if (unmatched.length && !invalidFiles.length) {
+      throw new UsageError(`--only ${unmatched[0]} selects no vector (see --help)`);
+    }
     jobs = jobs.filter(([v, , kind]) => only.some((s) => selects(s, kind, v)));
   }
   const failures = [];
@@ -329,7 +469,7 @@ export function run(vectorDir, { bugs = new Set(), only = null } = {}) {
     const message = checkVector(v, check, bugs);
     if (message) failures.push(`${v.id} [${v.flags.join(", ")}]: ${message}`);
   }
-  return { checked: jobs.length, failures };
+  return { checked: jobs.length, failures, invalidFiles };
 }
 
 function plantedBugs(argv) {
@@ -364,7 +504,13 @@ arguments:
 ${Object.entries(BUGS).map(([name, what]) => `                           ${name}: ${what}`).join("\n")}
   -h, --help             show this help
 
-exit status: 0 every checked vector passes, 1 one fails, 2 a usage or schema error.
+Every file is checked against the schema (SCHEMA.md) before any vector runs: an invalid file (not
+JSON, truncated, another schema version, a vector without id, result, inputs, flags or expected
+value, a non-numeric number, no vectors) is one line naming the file, the vector and the field;
+none of its vectors run and the other files are still checked.
+
+exit status: 0 every checked vector passes, 1 one fails, 2 a usage error, 3 a vector file is
+invalid (before 1).
 Node.js >= 20, no packages. tools/consumers/README.md has more.`;
 
 function onlyOption(argv) {
@@ -401,11 +547,17 @@ function main(argv) {
     }
     throw err;
   }
-  const { checked, failures } = result;
-  console.log(`${failures.length ? "FAIL" : "PASS"}: ${checked} vectors checked (${FAMILIES}), ` +
-    `${failures.length} failed${bugs.size ? ` (planted bugs: ${[...bugs].join(", ")})` : ""}`);
+  const { checked, failures, invalidFiles } = result;
+  const invalid = invalidFiles.length ? `, ${invalidFiles.length} vector file${invalidFiles.length > 1 ? "s" : ""} invalid` : "";
+  console.log(`${failures.length || invalidFiles.length ? "FAIL" : "PASS"}: ${checked} vectors checked (${FAMILIES}), ` +
+    `${failures.length} failed${invalid}${bugs.size ? ` (planted bugs: ${[...bugs].join(", ")})` : ""}`);
+  for (const line of invalidFiles) console.log(`  invalid vector file: ${line}`);
   for (const line of failures.slice(0, 20)) console.log(`  ${line}`);
   if (failures.length > 20) console.log(`  ... and ${failures.length - 20} more`);
+  if (invalidFiles.length) {
+    console.error(`error: ${invalidFiles.length} invalid vector file(s), listed above: none of their vectors ran`);
+    return 3;
+  }
   return failures.length ? 1 : 0;
 }
 
