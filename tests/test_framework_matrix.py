@@ -19,6 +19,7 @@ from refimpl.conformance.checks import check_framework_mode
 from refimpl.conformance.cli import main
 from refimpl.conformance.cli_args import UserError
 from refimpl.conformance.frameworks import FRAMEWORKS, KINDS, load_driver
+from refimpl.conformance.frameworks.findings import Finding
 from refimpl.conformance.matrix import LINE_WIDTH, matrix_markdown, matrix_summary, normalised
 from refimpl.conformance.matrix_check import compare_matrices
 
@@ -101,7 +102,7 @@ SIX = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 
 
 def made_up_matrix() -> dict:
-    """Six frameworks, long texts, a departure per flag combination, a candidate bug and an error."""
+    """Six frameworks, long texts, a departure per flag combination, findings and an error."""
     long = "a description long enough to need wrapping " * 8
     departures = [
         {"case_class": "empty_rows", "case_id": "empty_rows/0", "explanation": "flag empty_rows='keep'",
@@ -130,13 +131,16 @@ def made_up_matrix() -> dict:
         frameworks.append({"framework": name, "available": True, "pinned_version": "1.0", "version": "1.0",
                            "source_hash": "0" * 12, "modes": modes, "notes": {"device": long},
                            "unsupported": [{"kind": "kl", "mode": "k9", "reason": long}],
-                           "candidate_bugs": {"masked_nonfinite='propagate'": "NaN in the padding: " + long}})
+                           "findings": [
+                               Finding("masked_nonfinite='propagate'", "bug", "NaN in the padding: " + long,
+                                       where="loss.py:7", quote="x", affected="1.0").to_dict(),
+                               Finding("empty_rows", "subgradient", "a kink").to_dict()]})
     matrix = {"frameworks": frameworks}
     matrix["summary"] = matrix_summary(matrix)
     return matrix
 
 
-def test_the_summary_counts_modes_departures_by_flag_and_candidate_bugs():
+def test_the_summary_counts_modes_departures_by_flag_and_findings():
     summary = made_up_matrix()["summary"]
     rows = {r["framework"]: r for r in summary["frameworks"]}
     assert rows["zeta"] == {"framework": "zeta", "available": False}
@@ -144,13 +148,15 @@ def test_the_summary_counts_modes_departures_by_flag_and_candidate_bugs():
     assert [rows[n]["modes"] for n in SIX[:5]] == [1, 3, 3, 1, 2]
     assert rows["beta"]["errors"] == 1 and rows["beta"]["pass"] == 2 and rows["beta"]["departing"] == 2
     assert [rows[n]["unexplained"] for n in SIX[:5]] == [0, 0, 1, 0, 0]
-    assert [rows[n]["candidate_bugs"] for n in SIX[:5]] == [0, 1, 1, 0, 1]
+    assert [rows[n]["bugs"] for n in SIX[:5]] == [0, 1, 1, 0, 1]  # bugs only: not the subgradient
     by_flag = summary["departures_by_flag"]
     assert by_flag["empty_rows"] == {"alpha": 1, "beta": 2, "gamma": 3, "delta": 1, "epsilon": 2}
     assert by_flag["masked_nonfinite"] == by_flag["compute_dtype"] == {"beta": 1, "gamma": 2, "epsilon": 1}
     assert by_flag["unexplained"] == {"gamma": 1} and "name" not in by_flag
-    gamma_bug = next(b for b in summary["candidate_bugs"] if b["framework"] == "gamma")
-    assert gamma_bug["modes"] == ["m1", "m2"]
+    gamma_bug = next(b for b in summary["findings"] if b["framework"] == "gamma" and b["kind"] == "bug")
+    assert gamma_bug["modes"] == ["m1", "m2"] and gamma_bug["where"] == "loss.py:7"
+    kink = next(b for b in summary["findings"] if b["framework"] == "gamma" and b["kind"] == "subgradient")
+    assert kink["modes"] == ["m0", "m1", "m2"]
 
 
 def test_the_markdown_of_six_frameworks_keeps_every_line_within_the_width():
@@ -162,7 +168,10 @@ def test_the_markdown_of_six_frameworks_keeps_every_line_within_the_width():
     assert header == "| flag | " + " | ".join(SIX) + " |"
     assert "| [zeta](#zeta) | not installed |" in text
     assert "- `masked_nonfinite`: flags name='x', masked_nonfinite='propagate', compute_dtype='input'" in text
-    assert "candidate bug `masked_nonfinite='propagate'`" in text and "got nan" in text
+    flat = " ".join(text.split())
+    assert "finding `masked_nonfinite='propagate'` (bug)" in flat and "got nan" in flat
+    assert "`empty_rows` (subgradient)" in flat and "**subgradient**" in flat
+    assert "a valid subgradient at a kink, not a bug" in flat and "NaN in the padding: a description" in flat
     assert "- error: RuntimeError: a description" in text and "- kl `k9`: a description" in text
 
 
@@ -192,9 +201,9 @@ def test_preset_selects_the_profiles_mode_and_runs_that_preset():
 
 
 @pytest.mark.parametrize("name", FRAMEWORKS)
-def test_every_candidate_bug_of_a_driver_is_shown_by_a_mode(name, real_matrix):
-    """A driver's ``CANDIDATE_BUGS`` name departures its modes show under the reference (a key that
-    no mode departs by is a stale or misspelt entry)."""
+def test_every_finding_of_a_driver_is_shown_by_a_mode(name, real_matrix):
+    """A driver's ``FINDINGS`` name departures its modes show under the reference (a key that no mode
+    departs by is a stale or misspelt entry)."""
     installed(name)
-    bugs = [b for b in real_matrix(None)["summary"]["candidate_bugs"] if b["framework"] == name]
+    bugs = [b for b in real_matrix(None)["summary"]["findings"] if b["framework"] == name]
     assert [b["key"] for b in bugs if not b["modes"]] == []

@@ -136,8 +136,8 @@ def test_installed_in_reads_the_summary_rows():
         {"framework": "verl", "available": False, "reason": "not installed: x", "pinned_version": "0.9.1"},
     ], "summary": {"frameworks": [
         {"framework": "trl", "available": True, "version": "1.0.0", "modes": 0, "pass": 0, "errors": 0,
-         "departing": 0, "unexplained": 0, "unsupported": 0, "candidate_bugs": 0},
-        {"framework": "verl", "available": False}], "departures_by_flag": {}, "candidate_bugs": []}})
+         "departing": 0, "unexplained": 0, "unsupported": 0, "bugs": 0},
+        {"framework": "verl", "available": False}], "departures_by_flag": {}, "findings": []}})
     assert installed_in(text) == {"trl"}
 
 

@@ -180,6 +180,8 @@ def run_function(args: argparse.Namespace) -> int:
 def run_framework(args: argparse.Namespace) -> int:
     """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``); without
     either, every mode of the framework (of ``--kind``)."""
+    if getattr(args, "repro", None):
+        return _write_repros(args.framework, args.repro)
     driver = load_framework(args.framework)
     if args.convention not in (None, "reference", driver.name):
         raise UserError("with --framework the convention is the mode's own profile, or --convention "
@@ -191,6 +193,25 @@ def run_framework(args: argparse.Namespace) -> int:
         return _run_every_mode(driver, args, device)
     mode = select_mode(driver, args.kind or mode_kind(driver, args.mode), args.mode, args.preset)
     return _emit(_framework_report(driver, mode, args, device), args.json)
+
+
+def _write_repros(framework: str, directory: str) -> int:
+    """``refimpl check framework F --repro DIR``: one standalone script per bug finding of F (they
+    need the framework only when run, not to be written)."""
+    from refimpl.conformance.frameworks import FRAMEWORKS
+    from refimpl.conformance.frameworks.repro import write_repros
+
+    if framework not in FRAMEWORKS:
+        raise UserError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    try:
+        paths = write_repros(framework, directory)
+    except (FileExistsError, OSError) as exc:
+        raise UserError(one_line(exc)) from None
+    for path in paths:
+        print(path)
+    if not paths:
+        print(f"{framework}: no bug finding to reproduce (refimpl matrix lists every finding)")
+    return 0
 
 
 def _framework_report(driver, mode, args: argparse.Namespace, device):

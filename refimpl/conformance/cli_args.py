@@ -299,6 +299,8 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
         "json": ("--json", {"action": "store_true", "help": "print the report as JSON"}),
         "mode": ("--mode", {"help": "the framework's loss mode (refimpl matrix lists them)"}),
         "kind": ("--kind", {"choices": kinds, "help": "the mode's kind, where its name alone is ambiguous"}),
+        "repro": ("--repro", {"metavar": "DIR", "help": "write a standalone script per bug finding of the "
+                              "framework into DIR (imports only torch and the framework); run no check"}),
     }
 
 
@@ -315,7 +317,7 @@ CHECK_SUBCOMMANDS = {
     "logprobs": ("token log-probabilities fn(logits, tokens) -> [N, T]", _FUNCTION, _CHECKED),
     "framework": ("an installed framework's own code (its mode, or the mode of --preset)", "FRAMEWORK",
                   ("mode", "kind", "preset", "convention", "variant", "flag", "device", "rtol", "timeout",
-                   "json")),
+                   "json", "repro")),
     "differences": ("where a convention's numerics differ from the spec for --preset", None,
                     ("preset!", "convention", "variant", "flag", "scale_rewards", "kl_coef", "rtol", "json")),
 }

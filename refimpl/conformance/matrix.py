@@ -12,12 +12,13 @@ a profile is data applied to the reference implementation.
 
 The data (``build_matrix``; docs/conformance-matrix.json) holds every framework's modes and a
 ``summary``: per framework the counts (modes, passing under their profile, departing from the spec,
-unexplained, unsupported, candidate bugs), per flag the number of modes of each framework whose
-departures it explains, and the candidate bugs: the departures a driver lists in its optional
-``CANDIDATE_BUGS = {key: one line}`` (key: a flag, ``flag=value`` as the matrix writes it, or a case
-class) with the modes that show them. ``matrix_markdown`` renders it (docs/conformance-matrix.md):
-the summary on one screen, then one section per framework, every line at most ``LINE_WIDTH``
-characters (each departure's pasteable minimal case stays in the JSON).
+unexplained, unsupported, bugs), per flag the number of modes of each framework whose departures it
+explains, and the findings: what a driver lists in its optional ``FINDINGS`` (frameworks/findings.py:
+each with its class, bug, value only, documented default or subgradient at a kink, its verified line,
+the releases affected, where it is fixed and the upstream thread; key: a flag, ``flag=value`` as the
+matrix writes it, or a case class) with the modes that show them. ``matrix_markdown`` renders it
+(docs/conformance-matrix.md): the summary on one screen, then one section per framework, every line
+at most ``LINE_WIDTH`` characters (each departure's pasteable minimal case stays in the JSON).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import textwrap
 
 from .checks import check_framework_mode
 from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
+from .frameworks.findings import FINDING_KINDS
 
 __all__ = ["LINE_WIDTH", "build_matrix", "matrix_markdown", "matrix_summary", "mode_entry", "normalised"]
 
@@ -134,9 +136,9 @@ def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
         )
         if driver.notes:
             row["notes"] = dict(driver.notes)
-        candidate_bugs = getattr(driver, "CANDIDATE_BUGS", None)
-        if candidate_bugs:
-            row["candidate_bugs"] = dict(candidate_bugs)
+        findings = driver.findings()
+        if findings:
+            row["findings"] = [f.to_dict() for f in findings]
         for kind in KINDS:
             for mode in driver.modes(kind).values():
                 row["modes"].append(mode_entry(driver, dataclasses.replace(mode, kind=kind)))
@@ -148,7 +150,7 @@ def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# the summary: counts per framework, departures by flag, candidate bugs
+# the summary: counts per framework, departures by flag, findings
 
 
 def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -182,11 +184,11 @@ def matrix_summary(matrix: dict) -> dict:
                 by_flag.setdefault(flag, {}).setdefault(name, 0)
                 by_flag[flag][name] += 1
         shown = []
-        for key, text in fw.get("candidate_bugs", {}).items():
+        for finding in fw.get("findings", []):
             modes = [m["mode"] for m in departing
-                     if any(_shows(key, d) for d in m["reference"]["departures"])]
-            bugs.append({"framework": name, "key": key, "text": text, "modes": modes})
-            shown += [key] if modes else []
+                     if any(_shows(finding["key"], d) for d in m["reference"]["departures"])]
+            bugs.append({"framework": name, **finding, "modes": modes})
+            shown += [finding["key"]] if modes and finding["kind"] == "bug" else []
         rows.append({
             "framework": name,
             "available": True,
@@ -198,9 +200,9 @@ def matrix_summary(matrix: dict) -> dict:
             "unexplained": sum(1 for m in departing if any(
                 d["explanation"] == "unexplained" for d in m["reference"]["departures"])),
             "unsupported": len(fw["unsupported"]),
-            "candidate_bugs": len(shown),
+            "bugs": len(shown),
         })
-    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())), "candidate_bugs": bugs}
+    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())), "findings": bugs}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,7 +237,7 @@ def _summary_lines(summary: dict) -> list[str]:
         "## Summary",
         "",
         "| framework | version | modes | pass | departing | unexplained | errors | unsupported "
-        "| candidate bugs |",
+        "| bugs |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in summary["frameworks"]:
@@ -244,7 +246,7 @@ def _summary_lines(summary: dict) -> list[str]:
             lines.append(f"| {link} | not installed | | | | | | | |")
             continue
         cells = (r["modes"], r["pass"], r["departing"], r["unexplained"], r["errors"], r["unsupported"],
-                 r["candidate_bugs"])
+                 r["bugs"])
         lines.append(f"| {link} | {r['version']} | " + " | ".join(map(str, cells)) + " |")
     lines += [
         "",
@@ -265,19 +267,42 @@ def _summary_lines(summary: dict) -> list[str]:
             label = flag if flag.startswith("other: ") else f"`{flag}`"
             lines.append(f"| {label} | " + " | ".join(str(counts.get(n, "")) for n in names) + " |")
         lines.append("")
-    bugs = summary["candidate_bugs"]
-    lines += _wrap("Candidate bugs: departures the drivers list (`CANDIDATE_BUGS`) because the framework "
-                   "would likely want to change them, with the modes that show them"
-                   + (":" if bugs else ": none listed."))
+    findings = summary["findings"]
+    lines += _wrap("Findings: what the drivers found in the frameworks' code (`FINDINGS`; each in full in "
+                   "its framework's section), by class: "
+                   + "; ".join(f"*{k}*: {v}" for k, v in FINDING_KINDS.items())
+                   + (":" if findings else ": none listed."))
     lines.append("")
-    for b in bugs:
-        count = len(b["modes"])
-        where = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
-        lines += _item(f"{b['framework']}, `{b['key']}` ({where}): {b['text']}")
-    return lines + ([""] if bugs else [])
+    for f in findings:
+        lines += _item(_finding_head(f))
+    return lines + ([""] if findings else [])
 
 
-def _mode_lines(m: dict, common: dict, bugs: dict) -> list[str]:
+def _finding_head(f: dict) -> str:
+    """A finding in one item: framework, key, class, the modes showing it, line, fix, upstream."""
+    count = len(f["modes"])
+    shown = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
+    facts = [f"`{f['where']}`" if f.get("where") else "",
+             f"fixed in {f['fixed_in']}" if f.get("fixed_in") else "",
+             f"upstream: {f['upstream']}" if f.get("upstream") else ""]
+    facts_text = "; ".join(x for x in facts if x)
+    head = f"{f['framework']} `{f['key']}`, **{f['kind']}** ({shown})"
+    return head + (f": {facts_text}" if facts_text else "")
+
+
+def _finding_lines(fw: dict, summary_findings: list[dict]) -> list[str]:
+    """The framework section's findings, each in full."""
+    rows = [f for f in summary_findings if f["framework"] == fw["framework"]]
+    if not rows:
+        return []
+    lines = ["Findings (the summary gives each one's line, fix and upstream thread):", ""]
+    for f in rows:
+        lines += _item(f"`{f['key']}`, **{f['kind']}**: {f['text']}"
+                       + (f" Affected: {f['affected']}." if f.get("affected") else ""))
+    return lines + [""]
+
+
+def _mode_lines(m: dict, common: dict, findings: list[dict]) -> list[str]:
     lines = [f"### {m['kind']} `{m['mode']}`", ""]
     if m.get("description"):
         lines += _wrap(m["description"]) + [""]
@@ -297,14 +322,14 @@ def _mode_lines(m: dict, common: dict, bugs: dict) -> list[str]:
     departures = m["reference"]["departures"]
     lines += _item("departures under the reference:" + ("" if departures else " none"))
     for d in departures:
-        flagged = [k for k in bugs if _shows(k, d)]
-        mark = f"; candidate bug `{'`, `'.join(flagged)}`" if flagged else ""
+        flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d)]
+        mark = f"; finding {', '.join(flagged)}" if flagged else ""
         lines += _item(f"`{d['case_class']}`: {d['explanation']} (case `{d['case_id']}`: expected "
                        f"{_number(d['expected'])}, got {_number(d['got'])}{mark})", 1)
     return lines + [""]
 
 
-def _framework_lines(fw: dict) -> list[str]:
+def _framework_lines(fw: dict, summary_findings: list[dict]) -> list[str]:
     lines = [f"## {fw['framework']}", ""]
     if not fw["available"]:
         return lines + _wrap(f"{fw['reason']} (profiles describe {fw.get('pinned_version', '?')}).") + [""]
@@ -316,9 +341,9 @@ def _framework_lines(fw: dict) -> list[str]:
         if len(profiles) > 1 else {}
     if common:
         lines += _wrap(f"The framework's flags (in every mode's profile): {_flag_list(common)}.") + [""]
-    bugs = fw.get("candidate_bugs", {})
     for m in fw["modes"]:
-        lines += _mode_lines(m, common, bugs)
+        lines += _mode_lines(m, common, fw.get("findings", []))
+    lines += _finding_lines(fw, summary_findings)
     if fw.get("notes"):
         lines += ["Notes (what the profile does not reproduce, or what the driver fixes):", ""]
         for topic, text in fw["notes"].items():
@@ -346,7 +371,8 @@ def matrix_markdown(matrix: dict) -> str:
         "--framework F --mode M --convention reference` prints those cases in full."
     )
     lines.append("")
-    lines += _summary_lines(matrix.get("summary") or matrix_summary(matrix))
+    summary = matrix.get("summary") or matrix_summary(matrix)
+    lines += _summary_lines(summary)
     for fw in matrix["frameworks"]:
-        lines += _framework_lines(fw)
+        lines += _framework_lines(fw, summary["findings"])
     return "\n".join(lines).rstrip() + "\n"

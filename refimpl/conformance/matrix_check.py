@@ -2,7 +2,7 @@
 
 What ``--check`` compares (docs/conformance.md, section 7): everything the kit decides (frameworks,
 versions, source hashes, modes, profiles, verdicts per case class, departures, their explanations,
-case ids and inputs, expected values, candidate bugs, notes) exactly, with decimals rounded to 10
+case ids and inputs, expected values, findings, notes) exactly, with decimals rounded to 10
 significant digits (``matrix.normalised``: the kit's expected values are float64, whose last digits
 depend on the CPU's vectorised kernels); and the values the *frameworks* return (a departure's
 ``got``, the ``got_loss`` of its case line) within ``measured_tolerance``: a framework computes in

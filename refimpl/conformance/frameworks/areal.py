@@ -31,7 +31,8 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .driver import find_mode, halved_tie_bug
+from .driver import find_mode
+from .findings import dual_clip_tie_finding
 from .sources import (
     installed_files,
     load_failure,
@@ -50,7 +51,7 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
-    "CANDIDATE_BUGS",
+    "FINDINGS",
     "availability",
     "source_files",
     "loss_kwargs",
@@ -130,9 +131,10 @@ PROFILE = {"ppo": ("ppo",), "bnpo": ("ppo",), "dapo": ("ppo/clip-higher",), "gsp
 
 
 #: Departures AReaL would likely want to change (the matrix lists them with the modes that show them).
-CANDIDATE_BUGS = {
-    "dual_clip_tie": halved_tie_bug("ppo_actor_loss_fn with c_clip"),
-}
+FINDINGS = (
+    dual_clip_tie_finding("utils/functional/functional.py:530", "pg_loss = torch.min(pg_loss, pg_loss3)",
+                          "areal 1.0.4"),
+)
 
 
 NOTES: dict[str, str] = {}

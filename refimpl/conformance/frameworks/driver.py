@@ -18,9 +18,11 @@ framework (docs/conformance.md, "Adding a framework"):
                                                #   right, are ``--convention NAME --preset preset``
     NOTES = {topic: text}                      # optional: what the profile does not reproduce, or
                                                #   what the driver fixes (printed in the matrix)
-    CANDIDATE_BUGS = {key: text}               # optional: departures the framework would likely
-                                               #   want to change (key: a flag, flag=value or a
-                                               #   case class; the matrix lists the modes showing it)
+    FINDINGS = (Finding(key, kind, text, ...),)  # optional: what the driver found in the code, each
+                                               #   with its class (bug, value_only, documented_default,
+                                               #   subgradient) and the verified line (findings.py); the
+                                               #   key (a flag, flag=value or a case class) ties it to
+                                               #   the departures that show it
     framework_config(mode, variant) -> dict    # optional: the framework's own config keys
 
 Modules written against the earlier interface (``modes(kind)``, ``unsupported_modes(kind)``,
@@ -43,9 +45,9 @@ from types import ModuleType
 from refimpl.losses import PolicyLossVariant, get_preset
 
 from ..presets import preset_key, with_default_max_length
+from .findings import Finding, as_findings
 
-__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash",
-           "halved_tie_bug"]
+__all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
 
 KINDS = ("policy_loss", "kl", "group_advantages")
 #: the PolicyLossVariant fields a mode of each kind determines itself (``Mode.fixed`` default)
@@ -108,13 +110,6 @@ class Mode:
                 raise ValueError(f"variant.{name}: {framework} mode {self.name!r} runs "
                                  f"{getattr(want, name)!r}, "
                                  f"got {getattr(variant, name)!r}")
-
-
-def halved_tie_bug(where: str) -> str:
-    """The ``CANDIDATE_BUGS`` text of ``dual_clip_tie="half"`` (the flag's reason:
-    ``conventions.FLAG_REASONS``), found at ``where`` in a framework's code."""
-    return (f"{where}: the gradient at a ratio exactly on the dual clip (A < 0) is halved, A r / 2 where "
-            "the spec keeps A r (a torch.max tie; see `refimpl conventions`).")
 
 
 def find_mode(modes, mode: str | Mode, framework: str, kind: str = "policy_loss") -> Mode:
@@ -193,6 +188,10 @@ class Driver:
 
     def source_hash(self) -> str:
         return source_hash(self.source_files())
+
+    def findings(self) -> tuple[Finding, ...]:
+        """The module's ``FINDINGS`` (its earlier ``CANDIDATE_BUGS`` read as bugs)."""
+        return as_findings(self.module)
 
     # ---------------------------------------------------------------------------------------------
     # modes

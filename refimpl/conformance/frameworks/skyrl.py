@@ -30,7 +30,8 @@ import functools
 from collections.abc import Callable
 
 from . import Mode
-from .driver import find_mode, halved_tie_bug
+from .driver import find_mode
+from .findings import Finding, dual_clip_tie_finding
 from .sources import (
     installed_files,
     load_failure,
@@ -49,7 +50,7 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
-    "CANDIDATE_BUGS",
+    "FINDINGS",
     "STUBBED",
     "availability",
     "source_files",
@@ -201,13 +202,30 @@ PROFILE = {
     "cispo": ("grpo", "cispo"),
 }
 #: Departures SkyRL would likely want to change (the matrix lists them with the modes that show them).
-CANDIDATE_BUGS = {
-    "kl_gradient": "compute_approx_kl runs under @torch.no_grad() (ppo_utils.py:91): with use_kl_loss the KL "
-    "term adds its value to the loss and no gradient, so it does not regularise the policy.",
-    "cispo_clip_low": "the CISPO weight is clipped below at 1 - cispo_eps_clip_low, 0 by default: every "
-    "ratio below 1 is raised to 1 in the weight; CISPO (MiniMax 2025) caps the weight above only.",
-    "dual_clip_tie": halved_tie_bug("ppo_utils.py:584"),
-}
+FINDINGS = (
+    Finding(
+        "kl_gradient", "bug",
+        "compute_approx_kl runs under @torch.no_grad(): with use_kl_loss the KL term adds its value to "
+        "the loss and no gradient, so it does not regularise the policy.",
+        where="utils/ppo_utils.py:91", quote="@torch.no_grad()",
+        affected="skyrl-train 0.3.1 (its last release)",
+        fixed_in="skyrl 0.3.0, the maintained successor package (the decorator is gone)",
+        upstream="https://github.com/NovaSky-AI/SkyRL/issues/1340 (fixed by pull request 1353)",
+    ),
+    Finding(
+        "cispo_clip_low", "bug",
+        "the CISPO weight is clipped below at 1 - cispo_eps_clip_low, 0 by default: every ratio below 1 "
+        "is raised to 1 in the weight, where CISPO (MiniMax 2025; ScaleRL's clip(r, 0, eps_max)) leaves "
+        "it; the maintainers changed the default to 1 as a fix.",
+        where="utils/ppo_utils.py:744",
+        quote="clamped_ratio = torch.clamp(ratio, 1 - config.cispo.cispo_eps_clip_low",
+        affected="skyrl-train 0.3.1; skyrl 0.3.0 (default still 0.0)",
+        fixed_in="skyrl after 0.3.0 (default cispo_eps_clip_low = 1.0)",
+        upstream="https://github.com/NovaSky-AI/SkyRL/pull/1928",
+    ),
+    dual_clip_tie_finding("utils/ppo_utils.py:581",
+                          "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl-train 0.3.1"),
+)
 
 
 NOTES = {

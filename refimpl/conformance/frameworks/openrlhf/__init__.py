@@ -43,7 +43,7 @@ from .adapters import (
     target,
 )
 from .modes import (
-    CANDIDATE_BUGS,
+    FINDINGS,
     NOTES,
     PROFILE,
     config_for_variant,
@@ -63,7 +63,7 @@ __all__ = [
     "source_files",
     "target",
     "NOTES",
-    "CANDIDATE_BUGS",
+    "FINDINGS",
     "PROFILE",
     "config_for_variant",
     "framework_config",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
-from ..driver import halved_tie_bug
+from ..findings import Finding, dual_clip_tie_finding
 
 # The profile (flags of conventions.Convention, as data). Every mode carries the KL flags, since
 # OpenRLHF computes every KL (reward penalty or loss) with compute_approx_kl (models/utils.py):
@@ -211,11 +211,18 @@ _UNSUPPORTED = {
 
 #: what the driver fixes (printed in the matrix): the device of the step normalisers
 #: Departures OpenRLHF would likely want to change (the matrix lists them with the modes that show them).
-CANDIDATE_BUGS = {
-    "empty_step": "a step with no token (every row padding) gives the loss 0 / 0 = NaN: "
-    "_optimizer_step_loss_norm's float32 token count is 0; the spec's loss is 0 with zero gradient.",
-    "dual_clip_tie": halved_tie_bug("loss.py:210 (torch.max of clip1 and dual_clip * A; float32 r = 3.0)"),
-}
+FINDINGS = (
+    Finding(
+        "empty_step", "bug",
+        "a step with no token (every row padding) divides the masked sum by a token count of 0: the loss "
+        "is 0 / 0 = NaN and so is every gradient entry (d/dx of sum(x * 0) / 0), which the optimizer "
+        "step then applies; the spec's loss is 0 with zero gradient.",
+        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
+        affected="openrlhf 0.11.2",
+    ),
+    dual_clip_tie_finding("models/loss.py:210", "clip2 = torch.max(clip1, self.dual_clip * advantages)",
+                          "openrlhf 0.11.2"),
+)
 
 
 NOTES = {

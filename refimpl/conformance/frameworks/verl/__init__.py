@@ -36,14 +36,14 @@ from .adapters import (
     source_files,
     target,
 )
-from .modes import CANDIDATE_BUGS, NOTES, PROFILE, framework_config, modes, unsupported_modes
+from .modes import FINDINGS, NOTES, PROFILE, framework_config, modes, unsupported_modes
 
 __all__ = [
     "NAME",
     "PINNED_VERSION",
     "PROFILE",
     "NOTES",
-    "CANDIDATE_BUGS",
+    "FINDINGS",
     "availability",
     "installed_version",
     "source_files",

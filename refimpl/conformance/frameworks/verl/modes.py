@@ -5,7 +5,7 @@ profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's
 from __future__ import annotations
 
 from .. import Mode
-from ..driver import halved_tie_bug
+from ..findings import Finding, dual_clip_tie_finding
 
 __all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
@@ -238,15 +238,36 @@ PROFILE = {
 }
 #: behaviours of verl 0.9.1 the profiles do not reproduce (stated, not silently approximated)
 #: Departures verl would likely want to change (the matrix lists them with the modes that show them).
-CANDIDATE_BUGS = {
-    "fixed_aggregation": "compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever "
-    "actor.loss_agg_mode says (core_algos.py:1689): the configured aggregation is ignored without a word.",
-    "cispo_clip_low": "compute_policy_loss_cispo also clips its detached weight below, at 1 - "
-    "clip_ratio_low (0.2 by default); CISPO (MiniMax 2025) caps the weight above only.",
-    "dual_clip_tie": halved_tie_bug("the vanilla loss with clip_ratio_c"),
-    "empty_step": "the token-mean losses divide by the step's token count: a step with no token gives "
-    "the loss 0 / 0 = NaN; the spec's loss is 0 with zero gradient.",
-}
+FINDINGS = (
+    Finding(
+        "fixed_aggregation", "bug",
+        "compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever actor.loss_agg_mode "
+        "says: the configured aggregation (and so each token's weight in the gradient) is ignored "
+        "without a word.",
+        where="trainer/ppo/core_algos.py:1689", quote='loss_agg_mode="seq-mean-token-mean"',
+        affected="verl 0.9.1",
+    ),
+    Finding(
+        "cispo_clip_low", "documented_default",
+        "compute_policy_loss_cispo clips its detached weight on both sides, to [1 - clip_ratio_low, "
+        "1 + clip_ratio_high] (0.2 below by default): the two-sided form of the CISPO paper's general "
+        "formula, with a documented default; MiniMax's setting caps it above only (clip_ratio_low = 1).",
+        where="trainer/ppo/core_algos.py:2079",
+        quote="clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)",
+        affected="verl 0.9.1",
+    ),
+    dual_clip_tie_finding("trainer/ppo/core_algos.py:1274",
+                          "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "verl 0.9.1"),
+    Finding(
+        "empty_step", "value_only",
+        "the token-mean losses divide by the step's token count: a step with no token logs the loss "
+        "0 / 0 = NaN, while its gradient is exactly 0 (masked_sum zeroes the masked entries first), as "
+        "the spec's.",
+        where="trainer/ppo/core_algos.py:1175",
+        quote="loss = verl_F.masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size",
+        affected="verl 0.9.1",
+    ),
+)
 
 
 NOTES = {

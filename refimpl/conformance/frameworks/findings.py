@@ -1,0 +1,79 @@
+"""Findings: what a driver reports about its framework's code beyond its profile's flags, each with a
+class that says whether it matters for training, the line it sits on (verified against the installed
+source by tests/test_framework_findings.py), the releases affected and the upstream thread where one
+exists. The matrix lists them (docs/conformance-matrix.md, "Findings") with the modes that show them.
+
+The classes (``FINDING_KINDS``):
+
+* ``bug``: changes training: the optimised loss or its gradient departs from the spec in a way the
+  framework's own documentation does not choose;
+* ``value_only``: a logged value departs (e.g. NaN) while the gradient is right;
+* ``documented_default``: a documented default that departs from the paper's formula (a user who sets
+  the option gets the paper's);
+* ``subgradient``: a choice of subgradient where the loss has a kink, e.g. PyTorch's ``torch.max`` /
+  ``torch.min`` splitting the gradient at a tie: any value between the one-sided derivatives is a
+  subgradient, so it is **not a bug**; the kit names it so that nobody files it as one.
+
+A driver module lists ``FINDINGS: tuple[Finding, ...]``; ``key`` ties a finding to the departures that
+show it (a flag, ``flag=value`` as the matrix writes it, or a case class). Modules written against the
+earlier ``CANDIDATE_BUGS = {key: text}`` are read as findings of class ``bug``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["FINDING_KINDS", "Finding", "as_findings", "dual_clip_tie_finding"]
+
+FINDING_KINDS = {
+    "bug": "changes training",
+    "value_only": "a logged value departs, the gradient is right",
+    "documented_default": "a documented default departs from the paper",
+    "subgradient": "a valid subgradient at a kink, not a bug",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding (module docstring). ``where`` is ``path:LINE`` relative to the installed package's
+    folder and ``quote`` a fragment of that line, so that the line can be checked; ``affected`` the
+    releases it was verified in, ``fixed_in`` where it is fixed, ``upstream`` the thread."""
+
+    key: str
+    kind: str
+    text: str
+    where: str = ""
+    quote: str = ""
+    affected: str = ""
+    fixed_in: str = ""
+    upstream: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FINDING_KINDS:
+            raise ValueError(f"Finding.kind: expected one of {sorted(FINDING_KINDS)}, got {self.kind!r}")
+        if bool(self.where) != bool(self.quote):
+            raise ValueError(f"Finding {self.key!r}: where and quote go together (the line is checked)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def dual_clip_tie_finding(where: str, quote: str, affected: str) -> Finding:
+    """The finding of ``dual_clip_tie="half"``: a ``torch.max`` / ``torch.min`` tie at a ratio exactly on
+    the dual clip (A < 0) gives half of each branch's gradient, ``A r / 2``; the loss has a kink there
+    and every value between the one-sided derivatives (0 and ``A r``) is a subgradient."""
+    return Finding(
+        "dual_clip_tie", "subgradient",
+        "at a ratio exactly on the dual clip (A < 0) the gradient is A r / 2, the average of the two "
+        "one-sided derivatives (PyTorch's choice at a max / min tie); a valid subgradient of the kink, "
+        "not a bug (the spec's inclusive gate keeps A r).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def as_findings(module) -> tuple[Finding, ...]:
+    """A driver module's ``FINDINGS``, or its earlier ``CANDIDATE_BUGS`` read as bugs."""
+    findings = getattr(module, "FINDINGS", None)
+    if findings is not None:
+        return tuple(findings)
+    return tuple(Finding(key, "bug", text) for key, text in getattr(module, "CANDIDATE_BUGS", {}).items())
