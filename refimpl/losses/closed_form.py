@@ -111,28 +111,52 @@ def _clip(r: torch.Tensor, positive: torch.Tensor, variant) -> torch.Tensor:
     return torch.lerp(negative, r.clamp(max=upper), positive)
 
 
-def _token_units(variant, lr, r, mf, adv, positive):
-    """(term, d term / d logp) per token for token-level ratios (md eqs. (2), (6)-(9), (15)), both zero
-    at masked positions; ``adv`` is A per token (zero at masked positions) or per row ``[N, 1]``;
-    ``positive`` A > 0 as 0/1 of the same shape. Returns (term, slope, open count or None)."""
+def _token_units(variant, r, mf, adv, positive, grad_row, logp):
+    """(rows, d loss / d logp, open count or None) for token-level ratios (md eqs. (2), (6)-(9), (15)):
+    ``rows`` the per-row sums of the unit terms, the gradient already times ``grad_row`` (each row's
+    aggregation weight over the denominator, ``[N, 1]``) and zero at masked positions. ``adv`` is A per
+    token (zero at masked positions) or per row ``[N, 1]``, ``positive`` A > 0 as 0/1 of its shape.
+    Per-row A multiplies the rows and the gradient's row factor, never an ``[N, T]`` pass."""
     v = variant
+    per_token = adv.shape == r.shape
+    weight = adv if per_token else mf  # zero at masked positions, times A where A is per token
+    row_adv = None if per_token else adv.squeeze(-1)
+    grad_factor = grad_row if per_token else adv * grad_row
+    opened = None
     if v.gate == "clip":
         clipped = _clip(r, positive, v)
         slope = torch.eq(clipped, r, out=torch.empty_like(r)).mul_(mf)  # the inclusive gate, open = 1
         opened = slope.sum()
-        slope.mul_(r).mul_(adv)
-        return clipped.mul_(mf).mul_(adv), slope, opened
-    if v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
-        tau = torch.lerp(adv.new_full((), v.tau_neg), adv.new_full((), v.tau_pos), positive)
+        slope.mul_(r)
+        term = clipped
+    elif v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
+        full = adv.new_full
+        tau = torch.lerp(full((), v.tau_neg), full((), v.tau_pos), positive)
         sigma = (r - 1.0).mul_(tau).sigmoid_()
-        slope = torch.addcmul(sigma, sigma, sigma, value=-1.0).mul_(r).mul_(adv * 4.0)
-        return sigma.mul_(mf).mul_(adv * (4.0 / tau)), slope.mul_(mf), None
-    if v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
-        weight = r.clamp(min=None if v.eps_low is None else 1.0 - v.eps_low,
-                         max=None if v.eps_high is None else 1.0 + v.eps_high)
-        return None, weight.mul_(mf).mul_(adv), None
-    term = (r * mf).mul_(adv)  # "none": r A, its own slope
-    return term, term, None
+        slope = torch.addcmul(sigma, sigma, sigma, value=-1.0).mul_(r)
+        grad_factor = grad_factor * 4.0
+        # (4 / tau) A per unit, 4 / tau rounded once from the variant's floats, as the reference forms it
+        scaled_adv = torch.lerp(full((), 4.0 / v.tau_neg), full((), 4.0 / v.tau_pos), positive) * adv
+        term = sigma.mul_(scaled_adv)
+        rows = (term if per_token else term.mul_(mf)).sum(dim=-1)
+        slope.mul_(adv if per_token else mf)
+        return rows, slope.mul_(grad_factor), None
+    elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
+        slope = r.clamp(min=None if v.eps_low is None else 1.0 - v.eps_low,
+                        max=None if v.eps_high is None else 1.0 + v.eps_high).mul_(weight)
+        rows = torch.linalg.vecdot(slope, logp)  # sum_t clip(r) A logp (slope zero at masked tokens)
+        slope.mul_(grad_factor)
+        return (rows if per_token else rows * row_adv), slope, None
+    else:  # "none": r A, its own slope
+        term = slope = r * weight
+        rows = term.sum(dim=-1)
+        return (rows if per_token else rows * row_adv), slope.mul_(grad_factor), None
+    rows = term.mul_(weight).sum(dim=-1)  # the hard clip
+    if not per_token:
+        rows = rows * row_adv
+    else:
+        slope.mul_(adv)  # zero at masked positions
+    return rows, slope.mul_(grad_factor), opened
 
 
 def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
@@ -146,9 +170,11 @@ def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
         opened = (clipped == ratio).to(u.dtype)
         return clipped * adv, opened * ratio * adv, opened, ratio
     if v.gate == "sapo":
-        tau = torch.where(adv > 0, v.tau_pos, v.tau_neg).to(u.dtype)
+        full = adv.new_full
+        tau = torch.where(adv > 0, full((), v.tau_pos), full((), v.tau_neg))
+        scale = torch.where(adv > 0, full((), 4.0 / v.tau_pos), full((), 4.0 / v.tau_neg))
         sigma = torch.sigmoid(tau * (ratio - 1.0))
-        return sigma * (4.0 / tau) * adv, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
+        return sigma * scale * adv, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
     if v.gate == "cispo":
         weight = ratio.clamp(min=None if v.eps_low is None else 1.0 - v.eps_low,
                              max=None if v.eps_high is None else 1.0 + v.eps_high)
@@ -226,16 +252,12 @@ def _compute(logp, old, advantages, mf, lengths, local, denominator, variant, op
         positive = (adv > 0).to(dtype)
         unit_adv = adv if per_token_adv else adv.unsqueeze(-1)
         positive = positive if per_token_adv else positive.unsqueeze(-1)
-        term, slope, opened = _token_units(v, lr, token_ratio, mf, unit_adv, positive)
-        if v.gate == "cispo":
-            rows = torch.linalg.vecdot(slope, logp)  # sum_t clip(r) A logp (slope zero at masked tokens)
-        else:
-            rows = term.sum(dim=-1)
+        rows, grad, opened = _token_units(v, token_ratio, mf, unit_adv, positive,
+                                          (token_row * scale).unsqueeze(-1), logp)
         if opened is not None:
             closed = lengths.sum() - opened
         objective = rows.sum()
         policy = (rows * token_row).sum()
-        grad = slope.mul_((token_row * scale).unsqueeze(-1))
         units = tokens
         ratio_sum, unit_mask = sum_r - token_ratio.numel(), None
         ratio_max = token_ratio  # the units whose extremes are taken
