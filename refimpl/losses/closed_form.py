@@ -20,11 +20,10 @@ this returns None). No compiler: plain ATen ops, each a pass over ``[N, T]``, ch
   never synchronises) returns None, and the reference then gives its exact value or its error.
 
 Rounding: the same formulas in another order, within a few units of the compute dtype's roundoff u of
-the reference on the scale of each result (tests/test_policy_loss_closed_form.py), except two: SAPO's
-``r - 1`` is the rounded ratio minus one (the reference's ``expm1``: an absolute error of u in the
-gate's argument), and in float32 ``approx_kl`` is ``(sum r - count - sum log r) / tokens`` from the
-ratio sums, whose error is u times the mean ratio, not u times the KL (float64 keeps the reference's
-series, exact for tiny log-ratios).
+the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's ``r - 1``
+is the rounded ratio minus one (the reference's ``expm1``: an absolute error of u in the gate's
+argument, below u in the sigmoid); float32's ``approx_kl`` is ``expm1(l) - l`` summed in float64,
+free of cancellation for every float32 log-ratio (float64 keeps the reference's series).
 """
 
 from __future__ import annotations
@@ -111,6 +110,14 @@ def _clip(r: torch.Tensor, positive: torch.Tensor, variant) -> torch.Tensor:
     return torch.lerp(negative, r.clamp(max=upper), positive)
 
 
+def _cispo_weight(r: torch.Tensor, variant) -> torch.Tensor:
+    """CISPO's ``clip(r, 1 - eps_low, 1 + eps_high)`` on the sides given (md eq. (9)), a new tensor."""
+    if variant.eps_low is None and variant.eps_high is None:
+        return r.clone()
+    return r.clamp(min=None if variant.eps_low is None else 1.0 - variant.eps_low,
+                   max=None if variant.eps_high is None else 1.0 + variant.eps_high)
+
+
 def _token_units(variant, r, mf, adv, positive, grad_row, logp):
     """(rows, d loss / d logp, open count or None) for token-level ratios (md eqs. (2), (6)-(9), (15)):
     ``rows`` the per-row sums of the unit terms, the gradient already times ``grad_row`` (each row's
@@ -142,8 +149,7 @@ def _token_units(variant, r, mf, adv, positive, grad_row, logp):
         slope.mul_(adv if per_token else mf)
         return rows, slope.mul_(grad_factor), None
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
-        slope = r.clamp(min=None if v.eps_low is None else 1.0 - v.eps_low,
-                        max=None if v.eps_high is None else 1.0 + v.eps_high).mul_(weight)
+        slope = _cispo_weight(r, v).mul_(weight)
         rows = torch.linalg.vecdot(slope, logp)  # sum_t clip(r) A logp (slope zero at masked tokens)
         slope.mul_(grad_factor)
         return (rows if per_token else rows * row_adv), slope, None
@@ -176,9 +182,7 @@ def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
         sigma = torch.sigmoid(tau * (ratio - 1.0))
         return sigma * scale * adv, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
     if v.gate == "cispo":
-        weight = ratio.clamp(min=None if v.eps_low is None else 1.0 - v.eps_low,
-                             max=None if v.eps_high is None else 1.0 + v.eps_high)
-        return None, weight * adv, None, ratio
+        return None, _cispo_weight(ratio, v) * adv, None, ratio
     return ratio * adv, ratio * adv, None, ratio
 
 
@@ -302,8 +306,10 @@ def _compute(logp, old, advantages, mf, lengths, local, denominator, variant, op
                                            masked)
     if dtype == torch.float64:
         approx_kl = _exp_minus_one_minus_identity(lr).sum() / tokens
-    else:
-        approx_kl = (sum_r - token_ratio.numel() - sum_lr) / tokens
+    else:  # k3 = expm1(l) - l in float64: exact to float32's roundoff however small l (no series)
+        wide = lr.to(torch.float64)
+        minus = wide.sum()
+        approx_kl = ((wide.expm1_().sum() - minus) / tokens).to(dtype)
 
     contributions = -policy
     grad_entropy = grad_kl = None
