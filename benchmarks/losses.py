@@ -1,32 +1,29 @@
-"""Benchmark of the policy-loss family (spec: specs/policy_losses.md; issue 21 "A fast path for the
-losses").
+"""Benchmark of the policy-loss family against a one-pass floor and every installed framework's own loss
+(spec: specs/policy_losses.md; issues 21 and 29).
 
-Prints, in one run (ratios measured in the same process on the same tensors; on CPU the calling
-thread's CPU time with one intra-op thread, on CUDA synchronised wall time; best of rounds in which
-the compared functions run alternately, so that load from other processes affects them alike):
+Prints, for each size ``N x T`` (``--size``, repeatable; default 64x512, 256x2048 and 1024x4096), in
+one process, float32 log-probs with ragged (prefix) masks, forward + backward with metrics and guards:
 
-1. forward + backward time of every preset (metrics and guards included) on [N, T] float32
-   log-probs with ragged (prefix) masks: the eager reference ``policy_loss``, the fast path
-   ``fused_policy_loss`` (``torch.compile``: C++ loops on a CPU, Triton kernels on CUDA) and the
-   same fused formulas not compiled, each as a ratio to the one-pass floor
-   ``(exp(logp - old) * A * mask).sum() / mask.sum()`` (eager, forward and backward). Targets: the
-   fast path at most 1.5x the floor on a GPU, 2x on a CPU. ``--loop`` adds the ratio of the eager
-   reference to a per-sequence loop (``policy_loss`` row by row with the global normaliser).
-2. when TRL, verl or OpenRLHF are installed (``make frameworks``): every mode of each framework's
-   profile (the driver's ``PROFILE``) run through its conformance driver
-   (the installed framework's own loss code) on the same tensors, forward + backward, against
-   ``policy_loss`` and ``fused_policy_loss`` with the same variant: ours / theirs (target for the
-   fast path: at most 0.5).
-3. ``--logprobs``: the tables of benchmarks/logprobs.py (``token_logprobs`` against
-   ``log_softmax().gather()``; the fused lm head against the naive one and Liger-Kernel's fused
-   GRPO loss).
+1. per preset: the floor ``(exp(logp - old) * A * mask).sum() / mask.sum()`` (eager autograd, forward
+   and backward: one pass of the simplest loss), ``policy_loss`` (what users and the trainer call: the
+   eager closed form of refimpl/losses/closed_form.py), its readable reference ``reference_policy_loss``,
+   with ``--compiled`` the compiled fast path ``fused_policy_loss`` (C++ loops on a CPU, Triton on
+   CUDA; its compile time printed and left out), and the fastest installed framework on that preset;
+   each as a ratio to the floor, and ours / fastest framework;
+2. every framework's profile mode of each preset, its own function called directly on the same
+   tensors (benchmarks/peers.py: the conformance adapters' conversions run once, outside the timing;
+   Liger-Kernel's loss math on the batch), ours / theirs.
 
-The fast path compiles one graph per variant on its first call (seconds each; printed, and left
-out of the timings).
+Timing: on a CPU the calling thread's CPU time with one intra-op thread (other processes on a shared
+machine then slow both sides alike), on CUDA synchronised wall time; ``--rounds`` rounds in which every
+function runs once in turn (interleaved); each figure is the median over the rounds, and ``spread``
+is the largest interquartile range over the row's functions divided by its median. The load average
+is printed with each table. Targets (issue 29): policy_loss at most 0.5x the fastest framework and
+3x the floor at 256x2048 and 1024x4096, at most 1x the fastest at 64x512.
 
-Usage: ``python benchmarks/losses.py`` (N = 256, T = 2048), ``--quick`` for a small run (N = 64,
-T = 512), ``--device cuda``, ``--presets grpo dapo`` to time some presets only,
-``--no-frameworks``.
+Usage: ``python benchmarks/losses.py [--size 256x2048 ...] [--presets grpo dapo] [--compiled]
+[--no-frameworks] [--rounds 15] [--device cuda] [--loop] [--logprobs]``; ``--quick`` is ``--size
+64x512``.
 """
 
 from __future__ import annotations
@@ -34,15 +31,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
+import statistics
 import time
 
 import torch
 
-from refimpl.losses import DR_GRPO, PRESETS, loss_normalizer, policy_loss
+from refimpl.losses import DR_GRPO, PRESETS, loss_normalizer, policy_loss, reference_policy_loss
 from refimpl.losses.fused_policy import fused_policy_loss
-
-FUSED_EAGER = functools.partial(fused_policy_loss, compile=False)
-LOSSES = {"eager": policy_loss, "fast": fused_policy_loss, "fused, not compiled": FUSED_EAGER}
 
 
 def _sync(device: torch.device) -> None:
@@ -63,20 +59,6 @@ def _time_once(fn, device: torch.device) -> float:
     fn()
     _sync(device)
     return clock() - start
-
-
-def best_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
-    """(best, median) seconds of each fn, over ``rounds`` rounds in which every fn runs once in turn
-    (after one warm-up call each); the median / best ratio shows the noise."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(_time_once(fn, device))
-    best = {name: min(x) for name, x in samples.items()}
-    median = {name: sorted(x)[len(x) // 2] for name, x in samples.items()}
-    return best, median
 
 
 def make_batch(n: int, t: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -107,14 +89,14 @@ def loss_step(batch, variant, loss_fn=policy_loss) -> None:
     loss.backward()
 
 
-def agreement(batch, variant) -> float:
-    """Largest difference of the fast path from the eager reference on the benchmark's tensors
-    (loss, gradient and metrics), relative to each quantity's largest magnitude: a check of the
-    compiled kernels on the device measured."""
+def agreement(batch, variant, loss_fn=policy_loss) -> float:
+    """Largest difference of ``loss_fn`` from the reference on the benchmark's tensors (loss, gradient
+    and metrics), relative to each quantity's largest magnitude: a check of the path on the device
+    measured."""
     results = []
-    for loss_fn in (policy_loss, fused_policy_loss):
+    for fn in (reference_policy_loss, loss_fn):
         logp = batch["logp"].detach().requires_grad_(True)
-        loss, metrics = loss_fn(logp, batch["old_logp"], batch["advantages"], batch["mask"], variant)
+        loss, metrics = fn(logp, batch["old_logp"], batch["advantages"], batch["mask"], variant)
         loss.backward()
         results.append([loss.detach(), logp.grad, *metrics.values()])
     worst = 0.0
@@ -135,6 +117,31 @@ def loop_step(batch, variant) -> None:
     total.backward()
 
 
+
+def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
+    """(median seconds of each fn, spread) over ``rounds`` interleaved rounds (every fn once per round,
+    after one warm-up call each); spread: the largest interquartile range / median over the fns."""
+    for fn in fns.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(_time_once(fn, device))
+    median = {name: statistics.median(x) for name, x in samples.items()}
+    spread = 0.0
+    for name, x in samples.items():
+        q = statistics.quantiles(x, n=4) if len(x) > 1 else [x[0]] * 3
+        spread = max(spread, (q[2] - q[0]) / median[name])
+    return median, spread
+
+
+def _load() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - no getloadavg
+        return "load average unknown"
+
+
 def compile_fast_path(batch, variants: list, device: torch.device) -> None:
     """Compile the fast path's graph of each variant (its first call), outside the timings."""
     start = time.perf_counter()
@@ -151,104 +158,66 @@ def _preset_variants(names: list[str], t: int) -> dict:
             for name in names}
 
 
-def policy_loss_table(n: int, t: int, device: torch.device, rounds: int, names: list[str],
-                      loop: bool) -> None:
+def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[str], *, compiled: bool,
+                frameworks: bool, loop: bool) -> None:
+    """The two tables of the module docstring for one size."""
+    from peers import peer_steps  # benchmarks/peers.py, run as a script from benchmarks/
+
     batch = make_batch(n, t, device)
     variants = _preset_variants(names, t)
-    compile_fast_path(batch, list(variants.values()), device)
+    peers = peer_steps(batch, names) if frameworks else []
+    if compiled:
+        compile_fast_path(batch, list(variants.values()), device)
     what = "thread CPU time, 1 thread" if device.type == "cpu" else "wall time"
-    print(f"\npolicy_loss forward+backward (metrics and guards included), [N={n}, T={t}] float32, ragged "
-          f"masks, device {device}; best of {rounds} rounds ({what}), the floor and the three losses timed "
-          f"in turn; noise: median / best")
-    header = (f"{'preset':<12} {'floor ms':>8} {'eager ms':>9} {'fast ms':>8} {'fused ms':>9} "
-              f"{'eager/fl':>9} {'fast/fl':>8} {'fused/fl':>9} {'fast/eager':>10} {'noise':>6}")
-    print(header + f" {'rel diff':>9}" + (f" {'eager/loop':>10}" if loop else ""))
-    print("(fast: fused_policy_loss compiled; fused: the same formulas not compiled; fl: the floor; "
-          "rel diff: "
-          "the fast path's largest difference from eager in loss, gradient and metrics, relative)")
+    print(f"\n[N={n}, T={t}] float32, ragged masks, device {device}: forward + backward, medians of {rounds} "
+          f"interleaved rounds ({what}); {_load()}")
+    print("ours: policy_loss (the eager closed form); ref: reference_policy_loss; fast: fused_policy_loss "
+          "compiled; fl: the floor; best: the fastest framework on the preset; rel diff: ours against "
+          "the reference (loss, gradient, metrics)")
+    header = (f"{'preset':<11} {'floor ms':>8} {'ours ms':>8} {'ref ms':>8} " +
+              (f"{'fast ms':>8} " if compiled else "") + f"{'ours/fl':>8} {'ref/fl':>7} " +
+              (f"{'fast/fl':>8} " if compiled else "") +
+              f"{'best':>18} {'best ms':>8} {'ours/best':>9} " + (f"{'fast/best':>9} " if compiled else "") +
+              f"{'spread':>6} {'rel diff':>9}" + (f" {'ref/loop':>9}" if loop else ""))
+    print(header)
+    mode_rows = []
     for name, variant in variants.items():
-        fns = {"floor": lambda: floor_step(batch)}
-        fns.update({label: functools.partial(loss_step, batch, variant, fn) for label, fn in LOSSES.items()})
-        best, median = best_times(fns, device, rounds)
-        noise = max(median[k] / best[k] for k in best)
-        floor = best["floor"]
-        fused = best["fused, not compiled"]
-        row = (f"{name:<12} {floor * 1e3:8.2f} {best['eager'] * 1e3:9.2f} {best['fast'] * 1e3:8.2f} "
-               f"{fused * 1e3:9.2f} {best['eager'] / floor:9.2f} {best['fast'] / floor:8.2f} "
-               f"{fused / floor:9.2f} {best['fast'] / best['eager']:10.3f} {noise:6.2f} "
-               f"{agreement(batch, variant):9.1e}")
+        fns = {"floor": lambda: floor_step(batch),
+               "ours": functools.partial(loss_step, batch, variant, policy_loss),
+               "ref": functools.partial(loss_step, batch, variant, reference_policy_loss)}
+        if compiled:
+            fns["fast"] = functools.partial(loss_step, batch, variant, fused_policy_loss)
+        theirs = [p for p in peers if p.preset == name]
+        fns.update({f"peer{i}": p.step for i, p in enumerate(theirs)})
+        median, spread = median_times(fns, device, rounds)
+        floor = median["floor"]
+        row = (f"{name:<11} {floor * 1e3:8.2f} {median['ours'] * 1e3:8.2f} {median['ref'] * 1e3:8.2f} " +
+               (f"{median['fast'] * 1e3:8.2f} " if compiled else "") +
+               f"{median['ours'] / floor:8.2f} {median['ref'] / floor:7.2f} " +
+               (f"{median['fast'] / floor:8.2f} " if compiled else ""))
+        if theirs:
+            i = min(range(len(theirs)), key=lambda k: median[f"peer{k}"])
+            best = median[f"peer{i}"]
+            row += (f"{theirs[i].framework.split()[0]:>18} {best * 1e3:8.2f} {median['ours'] / best:9.2f} " +
+                    (f"{median['fast'] / best:9.2f} " if compiled else ""))
+            for k, p in enumerate(theirs):
+                mode_rows.append((p, median[f"peer{k}"], median["ours"], median.get("fast")))
+        else:
+            row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
+        row += f"{spread:6.2f} {agreement(batch, variant):9.1e}"
         if loop:
-            pair = {"eager": fns["eager"], "loop": lambda v=variant: loop_step(batch, v)}
-            looped, _ = best_times(pair, device, max(1, rounds // 3))
-            row += f" {looped['eager'] / looped['loop']:10.4f}"
+            pair = {"ref": fns["ref"], "loop": lambda v=variant: loop_step(batch, v)}
+            looped, _ = median_times(pair, device, max(1, rounds // 3))
+            row += f" {looped['ref'] / looped['loop']:9.4f}"
         print(row)
-
-
-def _mode_variant(mode, t: int):
-    """The refimpl variant a framework mode implements (its preset with the mode's overrides; a
-    Dr. GRPO L_max of the padded width ``t``, which bounds every length as L_max must)."""
-    from refimpl.losses import get_preset
-
-    variant = dataclasses.replace(get_preset(mode.preset), **mode.variant_overrides)
-    if variant.aggregation == "seq_sum" and (variant.max_length or 0) < t:
-        variant = dataclasses.replace(variant, max_length=t)
-    return variant
-
-
-def framework_step(batch, fn, adapter) -> None:
-    """One forward + backward of a framework's own loss through its conformance driver."""
-    from refimpl.conformance.checks import PolicyLossCall
-
-    logp = batch["logp"].detach().requires_grad_(True)
-    mask = batch["mask"]
-    call = PolicyLossCall(
-        logp, batch["old_logp"], batch["advantages"], mask, None, batch["advantages"],
-        torch.arange(mask.shape[0], device=mask.device), None, {},
-        global_tokens=int(mask.sum()), global_sequences=int(mask.any(-1).sum()), global_rows=mask.shape[0],
-    )
-    adapter(fn, call).backward()
-
-
-def _framework_modes(t: int) -> list:
-    """(framework label, preset, mode name, variant, fn, adapter) of every installed framework's
-    profile modes; a line for each framework that is not installed."""
-    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
-
-    rows = []
-    for name in FRAMEWORKS:
-        driver = load_driver(name)
-        reason = driver.availability()
-        if reason is not None:
-            print(f"{name:<16} skipped: {reason}")
-            continue
-        label = f"{name} {driver.installed_version()}"
-        for preset in driver.profile_table:
-            mode = next(m for m in driver.profile_modes(preset) if m.kind == "policy_loss")
-            variant = _mode_variant(mode, t)
-            fn, adapter = driver.target("policy_loss", mode.name, variant)
-            rows.append((label, preset, mode.name, variant, fn, adapter))
-    return rows
-
-
-def frameworks_table(n: int, t: int, device: torch.device, rounds: int) -> None:
-    """Ours (eager and fast) / theirs for every policy-loss mode of each installed framework's profile."""
-    batch = make_batch(n, t, device)
-    print(f"\npolicy_loss vs the installed frameworks' own loss code (conformance drivers), "
-          f"[N={n}, T={t}] float32, device {device}; best of {rounds} rounds, the three timed in turn")
-    rows = _framework_modes(t)
-    compile_fast_path(batch, list({row[3]: None for row in rows}), device)
-    print(f"{'framework':<16} {'preset':<11} {'mode':<32} {'eager ms':>9} {'fast ms':>8} {'theirs ms':>10} "
-          f"{'eager/theirs':>12} {'fast/theirs':>11} {'noise':>6}")
-    for label, preset, mode_name, variant, fn, adapter in rows:
-        best, median = best_times({
-            "theirs": lambda f=fn, a=adapter: framework_step(batch, f, a),
-            "eager": lambda v=variant: loss_step(batch, v),
-            "fast": lambda v=variant: loss_step(batch, v, fused_policy_loss),
-        }, device, rounds)
-        noise = max(median[k] / best[k] for k in best)
-        print(f"{label:<16} {preset:<11} {mode_name:<32} {best['eager'] * 1e3:9.2f} "
-              f"{best['fast'] * 1e3:8.2f} {best['theirs'] * 1e3:10.2f} "
-              f"{best['eager'] / best['theirs']:12.2f} {best['fast'] / best['theirs']:11.3f} {noise:6.2f}")
+    if mode_rows:
+        print(f"\nevery framework mode at [N={n}, T={t}] (its own function, called directly; timed in the "
+              f"rounds above)")
+        print(f"{'framework':<16} {'preset':<11} {'mode':<34} {'theirs ms':>9} {'ours/theirs':>11}" +
+              (f" {'fast/theirs':>11}" if compiled else ""))
+        for p, theirs_time, ours, fast in mode_rows:
+            print(f"{p.framework:<16} {p.preset:<11} {p.mode:<34} {theirs_time * 1e3:9.2f} "
+                  f"{ours / theirs_time:11.2f}" + (f" {fast / theirs_time:11.2f}" if compiled else ""))
 
 
 def logprobs_tables(device: torch.device, quick: bool, rounds: int) -> None:
@@ -268,36 +237,49 @@ def logprobs_tables(device: torch.device, quick: bool, rounds: int) -> None:
     logprobs_benchmark.lm_head_table(*head, torch.float32, device, max(2, rounds // 2))
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        n, t = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        message = f"a size is NxT (positive integers, e.g. 256x2048), got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    if n < 1 or t < 1:
+        raise argparse.ArgumentTypeError(f"a size is NxT with positive integers, got {text!r}")
+    return n, t
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (N = 64, T = 512)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " ").strip('"'))
+    parser.add_argument("--size", type=_size, action="append", metavar="NxT",
+                        help="a batch size N x T (repeatable; default 64x512, 256x2048 and 1024x4096)")
+    parser.add_argument("--quick", action="store_true", help="the size 64x512 only")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (medians over them)")
     parser.add_argument("--presets", nargs="*", default=list(PRESETS), choices=list(PRESETS))
-    parser.add_argument("--loop", action="store_true", help="also the per-sequence loop reference")
-    parser.add_argument("--no-frameworks", action="store_true", help="skip the frameworks table")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also the compiled fast path fused_policy_loss (compiles each preset first)")
+    parser.add_argument("--loop", action="store_true", help="also the reference against a per-sequence loop")
+    parser.add_argument("--no-frameworks", action="store_true", help="skip the frameworks")
     parser.add_argument("--logprobs", action="store_true", help="also the tables of benchmarks/logprobs.py")
     parser.add_argument("--compile-only", action="store_true",
-                        help="only compile the fast path for --presets and (unless --no-frameworks) the "
-                             "frameworks' other variants, filling torch.compile's caches for a later run")
+                        help="only compile the fast path for --presets, filling torch.compile's caches")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # see _clock: thread CPU time measures the whole computation
     torch.manual_seed(0)
-    n, t = (64, 512) if args.quick else (256, 2048)
+    sizes = args.size or ([(64, 512)] if args.quick else [(64, 512), (256, 2048), (1024, 4096)])
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    else:
+        print(f"device: CPU, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, 1 thread")
     if args.compile_only:
-        variants = list(_preset_variants(args.presets, t).values())
-        if not args.no_frameworks:
-            presets = set(_preset_variants(list(PRESETS), t).values())
-            variants += [v for v in {row[3]: None for row in _framework_modes(t)} if v not in presets]
-        compile_fast_path(make_batch(n, t, device), variants, device)
+        n, t = sizes[0]
+        compile_fast_path(make_batch(n, t, device), list(_preset_variants(args.presets, t).values()), device)
         return
-    policy_loss_table(n, t, device, args.rounds, args.presets, args.loop)
-    if not args.no_frameworks:
-        frameworks_table(n, t, device, args.rounds)
+    for n, t in sizes:
+        size_tables(n, t, device, args.rounds, args.presets, compiled=args.compiled,
+                    frameworks=not args.no_frameworks, loop=args.loop)
     if args.logprobs:
         logprobs_tables(device, args.quick, args.rounds)
 

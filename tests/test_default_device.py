@@ -71,6 +71,7 @@ from refimpl.losses import (
     loss_normalizer,
     policy_loss,
     ppo_combined_loss,
+    reference_policy_loss,
     token_entropy,
     token_logprobs,
     upweighted_normalizer,
@@ -470,6 +471,8 @@ POLICY_CASES = {
 }
 for _name, (_variant, _options) in POLICY_CASES.items():
     case("refimpl.losses.policy_loss", _name)(_policy_case(_variant, **_options))
+    case("refimpl.losses.reference_policy_loss", _name)(
+        _policy_case(_variant, loss=reference_policy_loss, **_options))
     # the fast path's formulas op by op on every case (compiled: tests/test_policy_loss_fast.py, and on
     # CUDA tests/test_cuda.py; each compiled graph costs seconds)
     case("refimpl.losses.fused_policy_loss", _name)(

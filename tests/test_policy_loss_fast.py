@@ -35,7 +35,7 @@ from refimpl.conformance.cases import POLICY_CASE_CLASSES, policy_loss_cases
 from refimpl.conformance.checks import check_policy_loss, resolve_preset
 from refimpl.conformance.conventions import Convention
 from refimpl.conformance.golden import golden_cases
-from refimpl.losses import GRPO, PRESETS, loss_normalizer, policy_loss
+from refimpl.losses import GRPO, PRESETS, loss_normalizer, policy_loss, reference_policy_loss
 from refimpl.losses.fused_policy import fused_policy_loss
 from tests.test_policy_loss import BOUNDARY_SAFE, loss_batches
 
@@ -72,9 +72,12 @@ def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str) -> No
         assert error <= _TOLERANCE_ULPS * u * scale, f"{what}: error {error / scale:.3g} x max |expected|"
 
 
-def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, **kwargs) -> None:
-    expected = _outcome(policy_loss, logp, old, adv, mask, v, **kwargs)
-    fast = lambda *a, **k: fused_policy_loss(*a, compile=compile, **k)  # noqa: E731
+def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=None, **kwargs) -> None:
+    """``fast`` (default: ``fused_policy_loss`` with ``compile``) equal to ``reference_policy_loss``
+    within the bound of the module docstring, or raising the same error."""
+    expected = _outcome(reference_policy_loss, logp, old, adv, mask, v, **kwargs)
+    if fast is None:
+        fast = lambda *a, **k: fused_policy_loss(*a, compile=compile, **k)  # noqa: E731
     got = _outcome(fast, logp, old, adv, mask, v, **kwargs)
     if expected[0] == "raises" or got[0] == "raises":
         assert got == expected

@@ -34,7 +34,9 @@ class TrainConfig:
     loss: str = "dapo"
     seed: int = 0
     device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
-    compile: bool = False  # torch.compile the training forward pass
+    # torch.compile the training forward pass and take the fused loss; off by default: on a CPU the
+    # default policy_loss (its eager closed form) is the fastest exact path (docs/results.md)
+    compile: bool = False
     amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
     # model (nanoGPT-like)
     n_layer: int = 2

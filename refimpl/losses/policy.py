@@ -48,10 +48,12 @@ from dataclasses import dataclass
 import torch
 
 from refimpl.kl import _exp_minus_one_minus_identity, kl_k1, kl_k2, kl_k3
+from refimpl.losses.closed_form import closed_form_policy_loss
 
 __all__ = [
     "PolicyLossVariant",
     "policy_loss",
+    "reference_policy_loss",
     "loss_normalizer",
     "upweighted_normalizer",
     "get_preset",
@@ -635,6 +637,32 @@ def policy_loss(
     (open gate, A != 0), a KL term, or their sum exceeds the dtype's range, no finite answer
     exists and ValueError("the loss overflows ...") is raised; ratio metrics may then be +inf.
     """
+    optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
+    check_policy_inputs(logp, old_logp, advantages, mask, variant, optional)
+    fast = closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional, normalizer)
+    if fast is not None:
+        return fast
+    return reference_policy_loss(logp, old_logp, advantages, mask, variant, ref_logp=ref_logp,
+                                 behavior_logp=behavior_logp, entropy=entropy, kl=kl, normalizer=normalizer)
+
+
+def reference_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    variant: PolicyLossVariant,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    behavior_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    kl: torch.Tensor | None = None,
+    normalizer: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``policy_loss`` as the spec states it, op by op with autograd's chain rule: the readable
+    reference (md eq. (12)) that ``policy_loss`` runs where its closed form
+    (``refimpl.losses.closed_form``) hands a batch back, and that the tests hold the closed form to.
+    Arguments, results and errors: ``policy_loss``'s."""
     optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
     shape, device = check_policy_inputs(logp, old_logp, advantages, mask, variant, optional)
     mask = _as_bool_mask(mask, shape, device)
