@@ -8,6 +8,7 @@ exit 74, the partial file removed and the last checkpoint untouched; folders mix
 before the lock are recovered by the command the refusal prints."""
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from refimpl.lm import cli
+from refimpl.lm import cli, files
+from refimpl.lm import run as run_module
 from refimpl.lm.checkpoint import load_checkpoint
 from refimpl.lm.lock import LOCK_NAME, RunLock
 from refimpl.lm.train import Trainer
@@ -247,3 +249,199 @@ def test_a_folder_without_a_checkpoint_is_not_advised_to_resume(tmp_path, capsys
     assert "--resume" not in err and "checkpoint.pt" not in err
     assert run(["train", "--out", out, *TINY, "--overwrite"]) == 0
     assert load_checkpoint(out / "checkpoint.pt")["step"] == 2
+
+
+# ------------------------------------------------------------------------------ folders mixed before the lock
+
+
+def _interleave(a: list[str], b: list[str]) -> list[str]:
+    """Lines of two writers appending at once: alternately, the rest of the longer at the end."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i : i + 1] + b[i : i + 1]
+    return out
+
+
+def test_a_folder_two_trainers_wrote_is_recovered_by_the_printed_command(whole, tmp_path, capsys):
+    """Two trainers on one --out with a version without the lock: metrics of two run ids
+    interleaved and the checkpoint of whichever saved last. Resuming in place is refused with a
+    command; that command, run as printed, continues the checkpoint's run in a fresh folder
+    (only its records), and the mixed folder is left as it was: nothing lost."""
+    other = tmp_path / "other"
+    assert run(["train", "--out", other, *TINY, "--seed", "4"]) == 0
+    mixed = tmp_path / "mixed"
+    shutil.copytree(whole, mixed)
+    ours = (whole / "metrics.jsonl").read_text().splitlines()
+    theirs = (other / "metrics.jsonl").read_text().splitlines()
+    (mixed / "metrics.jsonl").write_text("\n".join(_interleave(theirs, ours)) + "\n")
+    before = snapshot(mixed)
+    capsys.readouterr()
+    assert run(["train", "--resume", mixed / "checkpoint.pt", "--steps", "3"]) == 2
+    err = one_line(
+        capsys, f"{mixed / 'metrics.jsonl'} mixes this run's records with the records of another run"
+    )
+    command = err.split("nothing lost, with: ")[1]
+    run_id = records(whole / "metrics.jsonl")[0]["run"]
+    assert command.endswith(f"--out {tmp_path / f'mixed-{run_id}'}")
+    assert run_printed(command + " --steps 3") == 0
+    assert snapshot(mixed) == before
+    recovered = records(tmp_path / f"mixed-{run_id}" / "metrics.jsonl")
+    assert {r["run"] for r in recovered} == {run_id}
+    assert untimed(recovered[:-1]) == untimed(records(whole / "metrics.jsonl"))
+    assert [r["step"] for r in recovered if r["phase"] == "rl"] == [1, 2, 3]
+
+
+def test_a_mixed_folder_resumed_in_place_with_overwrite_drops_the_other_run(whole, tmp_path, capsys):
+    mixed = tmp_path / "mixed"
+    shutil.copytree(whole, mixed)
+    ours = (whole / "metrics.jsonl").read_text().splitlines()
+    theirs = [json.dumps({**json.loads(line), "run": "0123456789ab"}) for line in ours]
+    (mixed / "metrics.jsonl").write_text("\n".join(_interleave(ours, theirs)) + "\n")
+    capsys.readouterr()
+    assert run(["train", "--resume", mixed / "checkpoint.pt", "--overwrite"]) == 0
+    one_line(capsys, "--overwrite: dropped from", "0123456789ab (7 records)")
+    assert untimed(records(mixed / "metrics.jsonl")) == untimed(records(whole / "metrics.jsonl"))
+
+
+def test_steps_written_twice_by_two_resumes_are_kept_once(copy_of, capsys):
+    """Two resumes of one checkpoint at once (before the lock) wrote each RL step twice, equal but
+    for their timings: a resume keeps each step once and says so."""
+    lines = (copy_of / "metrics.jsonl").read_text().splitlines()
+    sft, rl = lines[:5], lines[5:]
+    twice = [json.dumps({**json.loads(line), "wall_time": 1e6}) for line in rl]
+    (copy_of / "metrics.jsonl").write_text("\n".join(sft + _interleave(rl, twice)) + "\n")
+    capsys.readouterr()
+    assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 0
+    one_line(capsys, "held 2 repeated record(s)", "each step is kept once")
+    recs = records(copy_of / "metrics.jsonl")
+    assert [r.get("sft_step", r.get("step")) for r in recs] == [1, 2, 3, 4, 5, 1, 2, 3]
+    assert [r["wall_time"] for r in recs[:7]] == [json.loads(line)["wall_time"] for line in lines]
+
+
+def test_two_different_records_of_one_step_are_one_line_naming_both(copy_of, capsys):
+    lines = (copy_of / "metrics.jsonl").read_text().splitlines()
+    other = json.dumps({**json.loads(lines[5]), "reward": -1.0})
+    (copy_of / "metrics.jsonl").write_text("\n".join([*lines, other]) + "\n")
+    before = snapshot(copy_of)
+    assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 2
+    one_line(capsys, "lines 6 and 8 are two different records of rl step 1")
+    assert snapshot(copy_of) == before
+
+
+# ------------------------------------------------------------------------------ metrics.jsonl
+
+
+def test_a_torn_last_record_is_dropped_with_a_note(copy_of, capsys):
+    """Killed in the middle of an append: the last line is part of a record, without its newline.
+    The resume drops it with one note and continues; the file is whole again."""
+    whole_text = (copy_of / "metrics.jsonl").read_text()
+    (copy_of / "metrics.jsonl").write_text(whole_text + '{"phase": "rl", "step": 3, "rew')
+    capsys.readouterr()
+    assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 0
+    one_line(capsys, f"note: {copy_of / 'metrics.jsonl'} line 8 is a torn record", "dropped")
+    text = (copy_of / "metrics.jsonl").read_text()
+    assert (
+        text.startswith(whole_text) and [r.get("step") for r in records(copy_of / "metrics.jsonl")][-1] == 3
+    )
+
+
+@pytest.mark.parametrize(
+    "damage, line",
+    [
+        (lambda lines: [lines[0], "{not json", *lines[1:]], 2),  # in the middle
+        (lambda lines: [*lines, "[1, 2]"], 8),  # a complete last line that is no record
+        (lambda lines: [lines[0][:20], *lines[1:]], 1),  # torn, but not the last: not a kill's trace
+    ],
+    ids=["middle", "last-line-complete", "torn-first-line"],
+)
+def test_damage_before_the_last_line_is_one_line_naming_it(damage, line, copy_of, capsys):
+    lines = (copy_of / "metrics.jsonl").read_text().splitlines()
+    (copy_of / "metrics.jsonl").write_text("\n".join(damage(lines)) + "\n")
+    before = snapshot(copy_of)
+    assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 2
+    one_line(capsys, f"--resume: {copy_of / 'metrics.jsonl'} line {line} is not a JSON record")
+    assert snapshot(copy_of) == before
+
+
+# ------------------------------------------------------------------------------ disk full
+
+
+def _disk_full_after(monkeypatch, budget: int) -> None:
+    """The disk fills up after ``budget`` more bytes: a write gets what fits, then ENOSPC."""
+    real, left = files._write, [budget]
+
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done = real(fd, bytes(data[: left[0]]))
+        left[0] -= done
+        return done
+
+    monkeypatch.setattr(files, "_write", write)
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(
+    whole, tmp_path, monkeypatch, capsys
+):
+    """The disk fills up in the middle of a checkpoint: one line naming the file and "No space
+    left on device", exit 74 (not 1), no partial file left, the last checkpoint byte for byte as
+    it was; once there is room the printed command finishes the run equal to the uninterrupted one."""
+    out = tmp_path / "run"
+    real_save = run_module.Run.save
+    saves = []
+
+    def save_then_fill(self):
+        saves.append(self.trainer.sft_step)
+        if len(saves) == 3:  # the third save (warm-up step 4) finds the disk nearly full
+            kept.update(bytes=(out / "checkpoint.pt").read_bytes())
+            _disk_full_after(monkeypatch, 1000)
+        real_save(self)
+
+    kept = {}
+    monkeypatch.setattr(run_module.Run, "save", save_then_fill)
+    capsys.readouterr()
+    assert run(["train", "--out", out, *WARM]) == 74
+    err = one_line(capsys, f"error: cannot write {out / 'checkpoint.pt'}: No space left on device (ENOSPC)")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.json", "metrics.jsonl"]
+    assert (out / "checkpoint.pt").read_bytes() == kept["bytes"]
+    monkeypatch.undo()
+    command = err.split("continue with: ")[1]
+    assert run_printed(command) == 0
+    assert_same_run(whole, out)
+
+
+def test_a_full_disk_while_logging_leaves_no_torn_record(copy_of, monkeypatch, capsys):
+    """The disk fills up in the middle of a metrics record: the record is cut back whole, exit 74,
+    and the printed command continues the run."""
+    before = (copy_of / "metrics.jsonl").read_text()
+    real_log = run_module.Run.log
+
+    def log_on_a_full_disk(self, record):
+        _disk_full_after(monkeypatch, 10)
+        real_log(self, record)
+
+    monkeypatch.setattr(run_module.Run, "log", log_on_a_full_disk)
+    capsys.readouterr()
+    assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 74
+    err = one_line(capsys, f"cannot write {copy_of / 'metrics.jsonl'}: No space left on device")
+    assert (copy_of / "metrics.jsonl").read_text() == before
+    monkeypatch.undo()
+    assert run_printed(err.split("continue with: ")[1] + " --steps 3") == 0
+    assert [r.get("step") for r in records(copy_of / "metrics.jsonl")][-1] == 3
+
+
+def test_a_second_ctrl_c_is_one_line_with_the_command_that_continues(copy_of, monkeypatch, capsys):
+    def ctrl_c_twice(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "rl_step", ctrl_c_twice)
+    capsys.readouterr()
+    try:
+        code = run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped the trainer (a traceback)")
+    assert code == 130
+    err = one_line(capsys, "interrupted at once", "continue with: ")
+    monkeypatch.undo()
+    assert run_printed(err.split("continue with: ")[1] + " --steps 3") == 0
+    assert not (copy_of / LOCK_NAME).exists()

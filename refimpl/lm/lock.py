@@ -60,8 +60,15 @@ def _this_process() -> dict:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else sys.executable,
+        "command": _command_line(),
     }
+
+
+def _command_line(width: int = 160) -> str:
+    """This process's command line as typed (``python -m refimpl train ...``), cut to ``width``."""
+    words = getattr(sys, "orig_argv", None) or sys.argv or [sys.executable]
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class RunLock:
@@ -96,10 +103,14 @@ class RunLock:
             os.close(fd)
         previous = _read_holder(fd)
         self.stale = previous or None
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, (json.dumps(_this_process()) + "\n").encode())
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, (json.dumps(_this_process()) + "\n").encode())
+        except OSError:  # a full disk: give the lock back, leave no half-written file
+            self.release()
+            raise
         return self
 
     def release(self) -> None:

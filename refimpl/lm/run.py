@@ -91,7 +91,10 @@ def run_training(
     given back when this returns; a folder another live trainer holds is refused (``RunError``).
     Any ``OSError`` writing the run's files (disk full) stops the run with one line naming the file
     and exit code 74; the last checkpoint stays as it was."""
-    start = check_start(config, out_dir, resume, init_from, steps_override, overwrite, program)
+    try:
+        start = check_start(config, out_dir, resume, init_from, steps_override, overwrite, program)
+    except OSError as err:  # taking the folder: nothing of the run was written
+        return stop_write_failed(None, None, err, program)
     try:
         print_notes(start.notes)
         return _train(start, progress, plot, program)
@@ -209,8 +212,8 @@ def lock_folder(folder: RunFolder) -> tuple[RunLock, list[str]]:
             f"--out: {folder.root} is in use by a running refimpl train ({describe_holder(err.holder)}); "
             "wait for it to end, or give another --out"
         ) from None
-    except OSError as err:
-        raise RunError(f"--out: cannot use {folder.root}: {err.strerror or err}") from None
+    except OSError as err:  # a full disk, a read-only folder: as any failed write (exit 74)
+        raise IOFailure(folder.lock, err) from None
     notes = []
     if lock.stale is not None:
         notes.append(
@@ -449,7 +452,9 @@ def stop_at_once(run: Run | None, folder: RunFolder, program: str | None = None)
     return EXIT_INTERRUPTED
 
 
-def stop_write_failed(run: Run | None, folder: RunFolder, err: OSError, program: str | None = None) -> int:
+def stop_write_failed(
+    run: Run | None, folder: RunFolder | None, err: OSError, program: str | None = None
+) -> int:
     """An ``OSError`` writing the run's files (disk full, quota, permissions): one line naming the
     file and the system's reason; the partial file is gone (``files.write_atomic``) and the last
     checkpoint is as it was. Exit code 74."""
@@ -457,7 +462,7 @@ def stop_write_failed(run: Run | None, folder: RunFolder, err: OSError, program:
         run.progress.close()
     if _is_main(run):
         if not isinstance(err, IOFailure):
-            err = IOFailure(err.filename or folder.root, err)
+            err = IOFailure(err.filename or (folder.root if folder else "?"), err)
         print(f"error: {err}; {_what_is_kept(folder, program)}", file=sys.stderr)
     return EXIT_WRITE_FAILED
 
@@ -466,8 +471,10 @@ def _is_main(run: Run | None) -> bool:
     return run.main if run is not None else int(os.environ.get("RANK", "0")) == 0
 
 
-def _what_is_kept(folder: RunFolder, program: str | None) -> str:
+def _what_is_kept(folder: RunFolder | None, program: str | None) -> str:
     """What a stopped run leaves, and the command that continues it."""
+    if folder is None:
+        return "nothing was started; run this command again"
     if folder.checkpoint.is_file():
         return (
             f"the last checkpoint {folder.checkpoint} is kept; continue with: "
