@@ -1,21 +1,32 @@
 """The output folder of a run (``RunFolder``: ``metrics.jsonl``, ``checkpoint.pt``, ``config.json``,
 ``summary.json``, ``curves.png``, and ``run.lock`` while a trainer owns it) and what a run starts
-with there (``prepare_folder``): the metrics a resumed run continues, the files ``--overwrite``
-replaces, and the notes to print. Every refusal is a ``RunError`` (one line) whose advice, where it
-gives a command, gives one that works as printed."""
+with there: ``lock_folder`` (its one owner) and ``prepare_folder`` (the metrics a resumed run
+continues, the files ``--overwrite`` replaces, the notes to print). Every refusal is a
+``RunError`` (one line) whose advice, where it gives a command, gives one that works as printed."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from refimpl.lm.files import IOFailure
 from refimpl.lm.history import MetricsError, other_runs, read_records, records_until
-from refimpl.lm.lock import LOCK_NAME
+from refimpl.lm.lock import LOCK_NAME, FolderInUse, RunLock, describe_holder
 
-__all__ = ["RunError", "RunFolder", "Prepared", "prepare_folder", "resume_command", "DEFAULT_OUT"]
+__all__ = [
+    "RunError",
+    "RunFolder",
+    "Prepared",
+    "prepare_folder",
+    "lock_folder",
+    "print_notes",
+    "resume_command",
+    "DEFAULT_OUT",
+]
 
 DEFAULT_OUT = "runs/train"
 
@@ -73,6 +84,41 @@ def resume_command(checkpoint: Path, program: str | None = None, out: Path | Non
     program = program or f"{shlex.quote(sys.executable)} -m refimpl"
     command = f"{program} train --resume {shlex.quote(str(checkpoint))}"
     return command if out is None else f"{command} --out {shlex.quote(str(out))}"
+
+
+def print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def lock_folder(folder: RunFolder) -> tuple[RunLock, list[str]]:
+    """Take ``folder``'s lock (rank 0 of a multi-process run; the others get an unheld one),
+    creating the folder; ``RunError`` naming the live holder if another process has it. Notes: a
+    stale lock taken over (its dead holder's pid and host) and a partial checkpoint removed (both
+    left by a process that was killed)."""
+    lock = RunLock(folder.root)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return lock, []
+    try:
+        folder.root.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except FolderInUse as err:
+        raise RunError(
+            f"--out: {folder.root} is in use by a running refimpl train ({describe_holder(err.holder)}); "
+            "wait for it to end, or give another --out"
+        ) from None
+    except OSError as err:  # a full disk, a read-only folder: as any failed write (exit 74)
+        raise IOFailure(folder.lock, err) from None
+    notes = []
+    if lock.stale is not None:
+        notes.append(
+            f"{folder.lock} was left by {describe_holder(lock.stale)}, which is no longer running "
+            "(killed?); this run takes the folder over"
+        )
+    if folder.partial_checkpoint.is_file():
+        folder.partial_checkpoint.unlink()
+        notes.append(f"removed {folder.partial_checkpoint}, the partial file of a save that was interrupted")
+    return lock, notes
 
 
 class Prepared(NamedTuple):

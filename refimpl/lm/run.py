@@ -25,11 +25,13 @@ from refimpl.lm.folder import (
     DEFAULT_OUT,
     RunError,
     RunFolder,
+    lock_folder,
     output_folder,
     prepare_folder,
+    print_notes,
     resume_command,
 )
-from refimpl.lm.lock import FolderInUse, RunLock, describe_holder
+from refimpl.lm.lock import RunLock
 from refimpl.lm.saved import (  # re-exported: the functions of a saved run
     evaluate_checkpoint,
     first_line,
@@ -83,9 +85,10 @@ def run_training(
     ``progress``: ``True`` (bar on a terminal, periodic lines otherwise), ``False`` /
     ``"quiet"`` (the closing summary only), or ``"bar"`` / ``"lines"``. ``program``: the command
     that runs ``refimpl`` in the Ctrl-C line's resume command (default ``PYTHON -m refimpl``, this
-    interpreter). Returns an exit code: 0 done, 1 non-finite loss or gradient (last good checkpoint
-    kept), 130 interrupted (checkpoint saved). A run that cannot start raises ``RunError`` before
-    any work. Wall and CPU time (metrics, summary) continue those of a resumed run.
+    interpreter). Returns an exit code (``EXIT_*``): 0 done, 1 non-finite loss or gradient (last
+    good checkpoint kept), 74 a file could not be written, 130 interrupted (checkpoint saved). A
+    run that cannot start raises ``RunError`` before any work. Wall and CPU time (metrics,
+    summary) continue those of a resumed run.
 
     The folder has one owner: its lock (``refimpl.lm.lock``) is taken before anything is read and
     given back when this returns; a folder another live trainer holds is refused (``RunError``).
@@ -189,41 +192,6 @@ def check_start(config, out_dir, resume, init_from, steps_override, overwrite=Fa
         lock,
         more,
     )
-
-
-def print_notes(notes: list[str]) -> None:
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-
-
-def lock_folder(folder: RunFolder) -> tuple[RunLock, list[str]]:
-    """Take ``folder``'s lock (rank 0 of a multi-process run; the others get an unheld one),
-    creating the folder; ``RunError`` naming the live holder if another process has it. Notes: a
-    stale lock taken over (its dead holder's pid and host) and a partial checkpoint removed (both
-    left by a process that was killed)."""
-    lock = RunLock(folder.root)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return lock, []
-    try:
-        folder.root.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
-    except FolderInUse as err:
-        raise RunError(
-            f"--out: {folder.root} is in use by a running refimpl train ({describe_holder(err.holder)}); "
-            "wait for it to end, or give another --out"
-        ) from None
-    except OSError as err:  # a full disk, a read-only folder: as any failed write (exit 74)
-        raise IOFailure(folder.lock, err) from None
-    notes = []
-    if lock.stale is not None:
-        notes.append(
-            f"{folder.lock} was left by {describe_holder(lock.stale)}, which is no longer running "
-            "(killed?); this run takes the folder over"
-        )
-    if folder.partial_checkpoint.is_file():
-        folder.partial_checkpoint.unlink()
-        notes.append(f"removed {folder.partial_checkpoint}, the partial file of a save that was interrupted")
-    return lock, notes
 
 
 def elapsed_until(state: dict, metrics_lines: list[str]) -> tuple[float, float]:
