@@ -8,6 +8,7 @@ session need around it: a metrics file, checkpoints, Ctrl-C, resume, progress ou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -171,13 +172,18 @@ def check_start(config, out_dir, resume, init_from, steps_override, overwrite=Fa
         resolve_device(config.device)
     except (RuntimeError, ValueError) as err:
         raise RunError(first_line(err)) from None  # "device: 'cuda' requested but CUDA is not available"
-    lock, notes = lock_folder(output_folder(out_dir, resume))
+    root = output_folder(out_dir, resume).root
+    existed = root.exists()
+    lock, notes = lock_folder(RunFolder(root))
     print_notes(notes)  # now: a refusal below is one more line, and the lock file is then gone
     try:
         folder, metrics_lines, replaced, more = prepare_folder(out_dir, resume, state, overwrite, program)
         elapsed = (0.0, 0.0) if state is None else elapsed_until(state, metrics_lines)
     except BaseException:
         lock.release()
+        if not existed:  # refused: leave no empty folder behind
+            with contextlib.suppress(OSError):
+                root.rmdir()
         raise
     return Start(
         config,
