@@ -127,14 +127,21 @@ def test_a_folder_in_use_is_refused_naming_the_running_trainer(how, copy_of, cap
 
 def test_the_lock_is_released_on_exit_and_a_dead_holders_lock_is_reported(copy_of, capsys):
     """A lock file whose holder died (kill -9 leaves one; its flock went with the process) is
-    taken over with a note naming the dead pid and host; the run's own lock is gone after it."""
+    taken over with a note naming the dead pid and host, and the partial checkpoint it was
+    writing is removed with another; the run's own lock is gone after it."""
     dead = {"pid": 999999, "host": "node-7", "command": "refimpl train"}
     (copy_of / LOCK_NAME).write_text(json.dumps(dead))
+    (copy_of / "checkpoint.pt.tmp").write_bytes(b"PK\x03\x04 half a checkpoint")
     capsys.readouterr()
     assert run(["train", "--resume", copy_of / "checkpoint.pt", "--steps", "3"]) == 0
-    err = one_line(capsys, "pid 999999 on host node-7", "no longer running")
-    assert err.startswith("note: ")
-    assert not (copy_of / LOCK_NAME).exists()
+    lock_note, tmp_note = capsys.readouterr().err.splitlines()
+    assert lock_note.startswith(f"note: {copy_of / LOCK_NAME} was left by pid 999999 on host node-7")
+    assert "no longer running" in lock_note
+    assert (
+        tmp_note
+        == f"note: removed {copy_of / 'checkpoint.pt.tmp'}, the partial file of a save that was interrupted"
+    )
+    assert not (copy_of / LOCK_NAME).exists() and not (copy_of / "checkpoint.pt.tmp").exists()
     assert [r["step"] for r in records(copy_of / "metrics.jsonl") if r["phase"] == "rl"] == [1, 2, 3]
 
 
@@ -210,10 +217,17 @@ def test_a_real_trainer_refuses_a_second_and_after_kill_9_resumes_bit_for_bit(tm
     proc.communicate(timeout=60)
     assert '"phase": "rl"' not in metrics.read_text()  # killed in the warm-up
     assert run(argv) == 2
-    note, refusal = capsys.readouterr().err.splitlines()
-    assert (
-        note.startswith(f"note: r/{LOCK_NAME} was left by pid {proc.pid} on host ")
-        and "no longer running" in note
+    lines = capsys.readouterr().err.splitlines()
+    notes, (refusal,) = (
+        [n for n in lines if n.startswith("note: ")],
+        [n for n in lines if not n.startswith("note: ")],
+    )
+    assert notes[0].startswith(f"note: r/{LOCK_NAME} was left by pid {proc.pid} on host ")
+    assert "no longer running" in notes[0]
+    # killed in the middle of a save, the partial file is removed and said so
+    assert notes[1:] in (
+        [],
+        ["note: removed r/checkpoint.pt.tmp, the partial file of a save that was interrupted"],
     )
     command = refusal.split("continue it with: ")[1].split(";")[0]
     assert command == f"{shlex.quote(sys.executable)} -m refimpl train --resume r/checkpoint.pt"
