@@ -119,6 +119,8 @@ class RunLock:
             return
         try:
             self.path.unlink(missing_ok=True)
+        except OSError:  # a folder gone read-only: the file stays, and reads as a stale lock
+            pass
         finally:
             os.close(self._fd)  # closing the last descriptor releases the flock
             self._fd = None
