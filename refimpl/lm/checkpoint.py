@@ -1,6 +1,8 @@
 """Checkpoints: one ``torch.save`` file holding only tensors and plain Python values, loaded with
 ``weights_only=True`` (no pickled code runs on load). Writes are atomic (temporary file, then
-rename), so an interrupted save never replaces the last good checkpoint with a broken one.
+rename: ``refimpl.lm.files.write_atomic``), so an interrupted save never replaces the last good
+checkpoint with a broken one, and a failed one (disk full) removes its partial file and raises
+``IOFailure``, one line naming the file and the system's reason.
 
 The run's state is serialised once into a byte payload, stored as a ``uint8`` tensor next to its
 SHA-256; loading recomputes the digest before deserialising, so a flipped byte anywhere in the
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from refimpl.lm.files import write_atomic
+
 __all__ = ["CHECKPOINT_FORMAT", "save_checkpoint", "load_checkpoint", "check_model_config"]
 
 CHECKPOINT_FORMAT = 2  # 2: payload + sha256 (format 1 had no checksum and is refused)
@@ -22,9 +26,7 @@ CHECKPOINT_FORMAT = 2  # 2: payload + sha256 (format 1 had no checksum and is re
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
     """Write ``state`` (tensors, dicts, lists and plain values) to ``path`` atomically, with the
-    SHA-256 of its serialised payload."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    SHA-256 of its serialised payload. ``IOFailure`` (an ``OSError``) if it cannot be written."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
@@ -33,10 +35,9 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
         "sha256": hashlib.sha256(payload).hexdigest(),
         "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(record, tmp)
-    os.replace(tmp, path)
-    return path
+    buffer = io.BytesIO()
+    torch.save(record, buffer)  # in memory: torch's own file writer turns ENOSPC into a RuntimeError
+    return write_atomic(path, buffer.getvalue())
 
 
 def _refuse(path: Path, why: str) -> ValueError:

@@ -5,6 +5,11 @@ Every ``TrainConfig`` field is an option (``--loss dapo``, ``--group-size 8``, `
 ...), its help listing the allowed values; ``--resume CKPT`` continues a run exactly in the
 checkpoint's own folder (its stored config; ``--steps`` may extend it). Every user error is one
 line on stderr and exit status 2. Multi-process: ``torchrun --nproc-per-node 2 -m refimpl train``.
+
+Exit codes of ``refimpl train`` (``refimpl.lm.run.EXIT_*``): 0 done; 1 a non-finite loss or
+gradient (the last good checkpoint kept); 2 the run cannot start (a user mistake, a folder another
+trainer holds), nothing done; 74 a file of the run could not be written (disk full, quota,
+permissions: the last checkpoint kept, the partial file removed); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -257,7 +262,9 @@ def _sample(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from refimpl.lm.files import IOFailure
     from refimpl.lm.plots import compare_runs
+    from refimpl.lm.run import EXIT_WRITE_FAILED
 
     for run_dir in args.runs:
         if not (Path(run_dir) / "metrics.jsonl").is_file():
@@ -273,8 +280,14 @@ def _compare(args: argparse.Namespace) -> int:
             f"--out: {out} is not an image file name (give one ending in .png, or any of "
             f"{', '.join('.' + f for f in formats)})"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compare_runs(args.runs, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        compare_runs(args.runs, out)
+    except OSError as err:  # a full disk: as refimpl train, one line and exit 74
+        print(f"error: {IOFailure(err.filename or out, err)}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
+    except ValueError as err:  # a damaged metrics.jsonl (MetricsError), one line naming the line
+        return _error(f"RUN_DIR: {err}")
     print(f"plot: {out}")
     return 0
 

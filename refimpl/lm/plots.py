@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
+
+from refimpl.lm.files import write_atomic
+from refimpl.lm.history import read_records
 
 __all__ = ["read_metrics", "plot_metrics", "compare_runs", "image_formats"]
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (one JSON object a line)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a ``metrics.jsonl`` (one JSON object a line; a torn last record, left by a
+    kill, is left out; damage elsewhere is a ``MetricsError`` naming the line)."""
+    records, _ = read_records(Path(path))
+    return [r.record for r in records]
+
+
+def _save(fig, path) -> None:
+    """``fig`` written to ``path`` (format from its suffix) atomically: a full disk leaves the old
+    file and no partial one, and raises ``IOFailure`` naming the file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=90, format=Path(path).suffix.lstrip(".").lower() or "png")
+    write_atomic(path, buffer.getvalue())
 
 
 def _pyplot():
@@ -79,7 +93,7 @@ def plot_metrics(metrics_path, png_path, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=90)
+    _save(fig, png_path)
     plt.close(fig)
 
 
@@ -105,7 +119,7 @@ def compare_runs(run_dirs: list, png_path, labels: list[str] | None = None) -> N
         if ax.lines:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=90)
+    _save(fig, png_path)
     plt.close(fig)
 
 

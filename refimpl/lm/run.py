@@ -8,9 +8,10 @@ session need around it: a metrics file, checkpoints, Ctrl-C, resume, progress ou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import shlex
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,18 @@ import torch
 
 from refimpl.lm import distributed as dist_lib
 from refimpl.lm.checkpoint import save_checkpoint
-from refimpl.lm.folder import DEFAULT_OUT, RunError, RunFolder, prepare_folder
+from refimpl.lm.files import IOFailure, append_line, write_atomic
+from refimpl.lm.folder import (
+    DEFAULT_OUT,
+    RunError,
+    RunFolder,
+    lock_folder,
+    output_folder,
+    prepare_folder,
+    print_notes,
+    resume_command,
+)
+from refimpl.lm.lock import RunLock
 from refimpl.lm.saved import (  # re-exported: the functions of a saved run
     evaluate_checkpoint,
     first_line,
@@ -40,7 +52,19 @@ __all__ = [
     "sample_checkpoint",
     "init_policy",
     "DEFAULT_OUT",
+    "EXIT_DONE",
+    "EXIT_TRAINING_FAILED",
+    "EXIT_CANNOT_START",
+    "EXIT_WRITE_FAILED",
+    "EXIT_INTERRUPTED",
 ]
+
+# exit codes of ``refimpl train`` (docs/usage.md)
+EXIT_DONE = 0
+EXIT_TRAINING_FAILED = 1  # a non-finite loss or gradient; the last good checkpoint is kept
+EXIT_CANNOT_START = 2  # a user mistake, a folder another trainer holds: nothing was done
+EXIT_WRITE_FAILED = 74  # an OSError writing the run's files (disk full...); the last checkpoint is kept
+EXIT_INTERRUPTED = 130  # Ctrl-C; a checkpoint was saved
 
 
 def run_training(
@@ -62,27 +86,48 @@ def run_training(
     ``progress``: ``True`` (bar on a terminal, periodic lines otherwise), ``False`` /
     ``"quiet"`` (the closing summary only), or ``"bar"`` / ``"lines"``. ``program``: the command
     that runs ``refimpl`` in the Ctrl-C line's resume command (default ``PYTHON -m refimpl``, this
-    interpreter). Returns an exit code: 0 done, 1 non-finite loss or gradient (last good checkpoint
-    kept), 130 interrupted (checkpoint saved). A run that cannot start raises ``RunError`` before
-    any work. Wall and CPU time (metrics, summary) continue those of a resumed run."""
-    start = check_start(config, out_dir, resume, init_from, steps_override, overwrite)  # before any work
+    interpreter). Returns an exit code (``EXIT_*``): 0 done, 1 non-finite loss or gradient (last
+    good checkpoint kept), 74 a file could not be written, 130 interrupted (checkpoint saved). A
+    run that cannot start raises ``RunError`` before any work. Wall and CPU time (metrics,
+    summary) continue those of a resumed run.
+
+    The folder has one owner: its lock (``refimpl.lm.lock``) is taken before anything is read and
+    given back when this returns; a folder another live trainer holds is refused (``RunError``).
+    Any ``OSError`` writing the run's files (disk full) stops the run with one line naming the file
+    and exit code 74; the last checkpoint stays as it was."""
+    try:
+        start = check_start(config, out_dir, resume, init_from, steps_override, overwrite, program)
+    except OSError as err:  # taking the folder: nothing of the run was written
+        return stop_write_failed(None, None, err, program)
+    try:
+        print_notes(start.notes)
+        return _train(start, progress, plot, program)
+    finally:
+        start.lock.release()
+
+
+def _train(start: Start, progress, plot: bool, program: str | None) -> int:
     started_here = dist_lib.init_from_env(resolve_device(start.config.device))
+    run = None
     try:
         trainer = build_trainer(start)
         with _InterruptFlag() as interrupt:
             run = Run(trainer, start.folder, _output_mode(progress), interrupt, start.elapsed)
             try:
+                begin_folder(run, start)
                 if trainer.phase == "sft":
                     warmup_phase(run)
-                elif start.init_state is not None:
-                    run.save()  # RL's start: a checkpoint even before the first step
                 rl_phase(run)
             except NonFiniteLossError as err:
                 return stop_non_finite(run, err)
             except _StopRequested:  # between steps: the state is consistent, save it
                 return stop_interrupted(run, program)
-        finish(run, plot)
-        return 0
+            finish(run, plot)
+        return EXIT_DONE
+    except OSError as err:
+        return stop_write_failed(run, start.folder, err, program)
+    except KeyboardInterrupt:
+        return stop_at_once(run, start.folder, program)
     finally:
         if started_here:
             torch.distributed.destroy_process_group()
@@ -95,8 +140,8 @@ def run_training(
 class Start(NamedTuple):
     """What ``check_start`` found: the config (the resumed one with ``--resume``), the resumed and
     ``--init-from`` states with their paths, the output folder, the metrics it starts with, the
-    files of another run it replaces (``--overwrite``) and the wall and CPU seconds already spent
-    (a resumed run's)."""
+    files of another run it replaces (``--overwrite``), the wall and CPU seconds already spent
+    (a resumed run's), the folder's lock (held) and the notes to print."""
 
     config: TrainConfig
     state: dict | None
@@ -107,12 +152,15 @@ class Start(NamedTuple):
     metrics_lines: list[str]
     replaced: list[Path]
     elapsed: tuple[float, float]
+    lock: RunLock
+    notes: list[str]
 
 
-def check_start(config, out_dir, resume, init_from, steps_override, overwrite=False) -> Start:
+def check_start(config, out_dir, resume, init_from, steps_override, overwrite=False, program=None) -> Start:
     """Everything that can refuse a run, before any work (``RunError``, one line): the resumed
-    state and config, the device, the output folder (``prepare_folder``) and the metrics lines it
-    starts with."""
+    state and config, the device, the folder's lock (``lock_folder``), the output folder
+    (``prepare_folder``) and the metrics lines it starts with. On a refusal the lock is given
+    back."""
     state = init_state = None
     if resume is not None:
         state, config = _load_for("--resume", resume)
@@ -124,9 +172,32 @@ def check_start(config, out_dir, resume, init_from, steps_override, overwrite=Fa
         resolve_device(config.device)
     except (RuntimeError, ValueError) as err:
         raise RunError(first_line(err)) from None  # "device: 'cuda' requested but CUDA is not available"
-    folder, metrics_lines, replaced = prepare_folder(out_dir, resume, state, overwrite)
-    elapsed = (0.0, 0.0) if state is None else elapsed_until(state, metrics_lines)
-    return Start(config, state, resume, init_state, init_from, folder, metrics_lines, replaced, elapsed)
+    root = output_folder(out_dir, resume).root
+    existed = root.exists()
+    lock, notes = lock_folder(RunFolder(root))
+    print_notes(notes)  # now: a refusal below is one more line, and the lock file is then gone
+    try:
+        folder, metrics_lines, replaced, more = prepare_folder(out_dir, resume, state, overwrite, program)
+        elapsed = (0.0, 0.0) if state is None else elapsed_until(state, metrics_lines)
+    except BaseException:
+        lock.release()
+        if not existed:  # refused: leave no empty folder behind
+            with contextlib.suppress(OSError):
+                root.rmdir()
+        raise
+    return Start(
+        config,
+        state,
+        resume,
+        init_state,
+        init_from,
+        folder,
+        metrics_lines,
+        replaced,
+        elapsed,
+        lock,
+        more,
+    )
 
 
 def elapsed_until(state: dict, metrics_lines: list[str]) -> tuple[float, float]:
@@ -148,8 +219,7 @@ def _load_for(option: str, path) -> tuple[dict, TrainConfig]:
 
 
 def build_trainer(start: Start) -> Trainer:
-    """The trainer, restored from ``--resume`` or started from ``--init-from``'s policy; rank 0
-    writes ``config.json`` and the metrics file the run continues."""
+    """The trainer, restored from ``--resume`` or started from ``--init-from``'s policy."""
     trainer = Trainer(start.config)
     try:
         if start.state is not None:
@@ -158,14 +228,23 @@ def build_trainer(start: Start) -> Trainer:
             init_policy(trainer, start.init_state, start.init_from)
     except ValueError as err:
         raise RunError(f"{'--resume' if start.state is not None else '--init-from'}: {err}") from None
-    if trainer.rank == 0:
-        folder = start.folder
+    return trainer
+
+
+def begin_folder(run: Run, start: Start) -> None:
+    """The folder as the run starts: another run's files deleted (``--overwrite``), a new run's
+    first checkpoint (so a kill at any later moment leaves a run to resume), ``config.json``
+    and the metrics the run continues (each written atomically)."""
+    folder = start.folder
+    if run.main:
         for path in start.replaced:  # --overwrite: the other run's files go before this run writes
             path.unlink(missing_ok=True)
         folder.root.mkdir(parents=True, exist_ok=True)
-        folder.config.write_text(json.dumps(dataclasses.asdict(start.config), indent=2) + "\n")
-        folder.metrics.write_text("".join(f"{line}\n" for line in start.metrics_lines))
-    return trainer
+    if start.state is None:  # a new run (or RL from --init-from): a checkpoint before the first step
+        run.save()
+    if run.main:
+        write_atomic(folder.config, (json.dumps(dataclasses.asdict(start.config), indent=2) + "\n").encode())
+        write_atomic(folder.metrics, "".join(f"{line}\n" for line in start.metrics_lines).encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,8 +320,7 @@ class Run:
     def log(self, record: dict) -> None:
         record = {**record, "run": self.trainer.run_id, **self.clocks()}
         if self.main:
-            with self.folder.metrics.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_line(self.folder.metrics, json.dumps(record))
 
     def save(self) -> None:
         state = self.trainer.state_dict()  # collective (gathers every rank's RNG)
@@ -256,7 +334,8 @@ class Run:
 
 def warmup_phase(run: Run) -> None:
     """Next-token steps until held-out sampled accuracy reaches the target (or the step limit),
-    then the reference is frozen and RL starts with a fresh optimizer."""
+    then the reference is frozen and RL starts with a fresh optimizer. Saved every
+    ``checkpoint_every`` warm-up steps, as RL is, and at its end."""
     trainer, c = run.trainer, run.config
     run.progress.start_warmup(trainer.sft_step, trainer.last_eval)
     while trainer.phase == "sft":
@@ -271,6 +350,8 @@ def warmup_phase(run: Run) -> None:
                 trainer.finish_warmup()
         run.progress.warmup_step(record)
         run.log(record)
+        if trainer.phase == "sft" and trainer.sft_step % c.checkpoint_every == 0:
+            run.save()
         run.check_interrupt()
     run.progress.end_warmup(trainer.sft_step, trainer.warmup_eval)
     run.save()
@@ -309,7 +390,7 @@ def finish(run: Run, plot: bool) -> dict:
         **run.clocks(),
     }
     if run.main:
-        run.folder.summary.write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(run.folder.summary, (json.dumps(summary, indent=2) + "\n").encode())
         if plot:
             plot_metrics(run.folder.metrics, run.folder.plot, title=_title(run.config))
         run.progress.summary(summary, run.folder, plot)
@@ -320,7 +401,7 @@ def stop_non_finite(run: Run, err: NonFiniteLossError) -> int:
     """A NaN or infinite loss or gradient: say so; the last good checkpoint stays. Exit code 1."""
     run.progress.close()
     print(f"error: {err}", file=sys.stderr)
-    return 1
+    return EXIT_TRAINING_FAILED
 
 
 def stop_interrupted(run: Run, program: str | None = None) -> int:
@@ -333,19 +414,51 @@ def stop_interrupted(run: Run, program: str | None = None) -> int:
             f"{resume_command(run.folder.checkpoint, program)}",
             file=sys.stderr,
         )
-    return 130
+    return EXIT_INTERRUPTED
+
+
+def stop_at_once(run: Run | None, folder: RunFolder, program: str | None = None) -> int:
+    """A second Ctrl-C (or one before the run started): stop without saving. Exit code 130."""
+    if run is not None:
+        run.progress.close()
+    if _is_main(run):
+        print(f"interrupted at once: nothing saved now; {_what_is_kept(folder, program)}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+def stop_write_failed(
+    run: Run | None, folder: RunFolder | None, err: OSError, program: str | None = None
+) -> int:
+    """An ``OSError`` writing the run's files (disk full, quota, permissions): one line naming the
+    file and the system's reason; the partial file is gone (``files.write_atomic``) and the last
+    checkpoint is as it was. Exit code 74."""
+    if run is not None:
+        run.progress.close()
+    if _is_main(run):
+        if not isinstance(err, IOFailure):
+            err = IOFailure(err.filename or (folder.root if folder else "?"), err)
+        print(f"error: {err}; {_what_is_kept(folder, program)}", file=sys.stderr)
+    return EXIT_WRITE_FAILED
+
+
+def _is_main(run: Run | None) -> bool:
+    return run.main if run is not None else int(os.environ.get("RANK", "0")) == 0
+
+
+def _what_is_kept(folder: RunFolder | None, program: str | None) -> str:
+    """What a stopped run leaves, and the command that continues it."""
+    if folder is None:
+        return "nothing was started; run this command again"
+    if folder.checkpoint.is_file():
+        return (
+            f"the last checkpoint {folder.checkpoint} is kept; continue with: "
+            f"{resume_command(folder.checkpoint, program)}"
+        )
+    return f"no checkpoint in {folder.root} yet; run this command again"
 
 
 def _title(config: TrainConfig) -> str:
     return f"{config.task}, loss {config.loss}, seed {config.seed}"
-
-
-def resume_command(checkpoint: Path, program: str | None = None) -> str:
-    """The command that continues a run from ``checkpoint`` (in the checkpoint's own folder):
-    ``program`` (the command that runs ``refimpl``; default this interpreter's ``-m refimpl``)
-    followed by ``train --resume CHECKPOINT``."""
-    program = program or f"{shlex.quote(sys.executable)} -m refimpl"
-    return f"{program} train --resume {shlex.quote(str(checkpoint))}"
 
 
 def _output_mode(progress: bool | str) -> str:
