@@ -12,6 +12,7 @@ import math
 import pytest
 
 from refimpl.conformance.cli import main
+from refimpl.conformance.cli_args import REQUIRE_FRAMEWORKS_ENV
 from refimpl.conformance.matrix import matrix_markdown
 from refimpl.conformance.matrix_check import (
     MEASURED_ULPS,
@@ -148,6 +149,7 @@ def run(capsys, *argv):
 
 
 def test_matrix_out_refuses_to_write_a_poorer_matrix(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv(REQUIRE_FRAMEWORKS_ENV, raising=False)  # CI requires the real ones: not these fakes
     fake_framework.install(monkeypatch, "trl")
     fake_framework.install(monkeypatch, "verl", available=False)
     out_md, out_json = tmp_path / "m.md", tmp_path / "m.json"
