@@ -363,3 +363,15 @@ def test_a_wrong_result_against_an_expected_value_near_zero_fails():
                         (1e-3, False), (-1e-3, False)):
             verdict = judge_policy(case, t(got), exp_grad, exp_loss, exp_grad, v, LOOSE, DEFAULT_RTOL)
             assert verdict[2] is ok, (dtype, got)
+
+
+@pytest.mark.parametrize("name", ["gspo", "dapo", "grpo_k3", "cispo_sequence"])
+def test_a_step_without_a_token_has_the_bound_of_its_rounding_alone(name):
+    """All rows padding: no term, kappa 0, S 0, ratio 1 (no overflow); the bound is u |expected|."""
+    v = {**VARIANTS, **KL}[name]
+    case = padded_case(torch.float16, ref=v.kl_coef > 0)
+    case = dataclasses.replace(case, mask=torch.zeros_like(case.mask))
+    value, grad, overflow = half_tolerance(case, v, INPUT, -0.75)
+    assert (value, grad, overflow) == (0.75 * 2.0**-11, 10 * 2.0**-11, False)
+    assert half_tolerance(case, v, LOOSE, -0.75) == (0.75 * U32, 2 * 2.0**-11 + 8 * U32, False)
+    assert kl_gradient_slack(case, v, INPUT) == 0.0

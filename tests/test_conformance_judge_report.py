@@ -1,0 +1,214 @@
+"""The kit's check loop and its report, pinned (issue 31): ``refimpl.conformance.engine`` (the loop,
+the judgements, the case as text and as one line of Python) and ``refimpl.conformance.report`` (rows
+per class, the smallest failing case, JSON, the table)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from refimpl.conformance.case_types import KLCase
+from refimpl.conformance.contract import SignatureError
+from refimpl.conformance.engine import (
+    case_line,
+    case_text,
+    judged,
+    on_cpu,
+    preflight,
+    raised,
+    run_cases,
+    run_user,
+    to_device,
+    value_only,
+)
+from refimpl.conformance.report import CaseResult, CheckReport, nested_text, tensor_text
+
+
+def kl_case(index=0, logp=(0.5, -1.25)):
+    return KLCase("cls", index, torch.tensor([list(logp)], dtype=torch.float64),
+                  torch.tensor([[0.25, math.inf]], dtype=torch.float64))
+
+
+def test_the_loop_judges_each_item_in_order_and_reports_what_raised():
+    seen = []
+
+    def call(item):
+        if item == 2:
+            raise ZeroDivisionError("two")
+        return torch.tensor(float(item))
+
+    def judge(item, expected, got, error):
+        seen.append((item, expected, None if got is None else float(got), error))
+        return item
+
+    outcomes = run_cases([1, 2, 3], expect=lambda i: i * 10, call=call, judge=judge)
+    assert [o.result for o in outcomes] == [1, 2, 3]
+    assert [(o.item, o.expected, o.error) for o in outcomes][0] == (1, 10, None)
+    assert seen[0] == (1, 10, 1.0, None) and seen[2] == (3, 30, 3.0, None)
+    assert seen[1][:3] == (2, 20, None) and seen[1][3] == "ZeroDivisionError: two (call)"
+    assert outcomes[1].got is None and outcomes[1].error == seen[1][3]
+
+
+def test_a_signature_error_stops_the_loop():
+    def call(item):
+        raise SignatureError("wrong signature")
+
+    with pytest.raises(SignatureError, match="^wrong signature$"):
+        run_user(lambda: call(1))
+    assert run_user(lambda: 5) == (5, None)
+
+
+def test_items_move_to_the_device_and_back():
+    case = kl_case()
+    moved = to_device(case, "meta")
+    assert moved.logp.device.type == "meta" and moved.case_id == "cls/0"
+    pair = to_device((case, torch.ones(2), 3, None), "meta")
+    assert pair[1].device.type == "meta" and pair[2:] == (3, None) and pair[0].logp.device.type == "meta"
+
+    class OnDevice:
+        def cpu(self):
+            return "on the cpu"
+
+    back = on_cpu([OnDevice(), (OnDevice(), 4)])
+    assert back == ["on the cpu", ("on the cpu", 4)] and type(back[1]) is tuple
+    x = torch.ones(2)
+    assert on_cpu(x) is x and on_cpu(7) == 7
+
+
+def test_preflight_stops_on_an_exception_or_a_wrong_output():
+    def fn():
+        pass
+
+    prefix = r"^test_preflight_stops_on_an_exception_or_a_wrong_output.<locals>\.fn "
+    raising = prefix + "fails on the plainest case with ValueError: bad; expected "
+    with pytest.raises(SignatureError, match=raising):
+        preflight("kl", fn, lambda: (_ for _ in ()).throw(ValueError("bad")), (2,))
+    wrong_shape = prefix + r"returned shape \(3,\), expected a tensor of shape \(2,\): "
+    with pytest.raises(SignatureError, match=wrong_shape):
+        preflight("kl", fn, lambda: torch.ones(3), (2,))
+    with pytest.raises(SignatureError, match=prefix + r"returned list, expected a tensor of shape \(2,\): "):
+        preflight("kl", fn, lambda: [1.0, 2.0], (2,))
+    preflight("kl", fn, lambda: torch.ones(2), (2,))  # passes
+
+
+def test_the_case_as_text_and_as_one_line_of_python():
+    case = kl_case()
+    assert case_text(case, ["extra line"]) == (
+        "  logp (float64, shape (1, 2)) = [[0.5, -1.25]]\n"
+        "  ref_logp (float64, shape (1, 2)) = [[0.25, inf]]\n"
+        "  extra line")
+    line = case_line(case, {"expected": 0.5, "name": "x", "bad": -math.inf})
+    assert line == ('logp = torch.tensor([[0.5, -1.25]], dtype=torch.float64); '
+                    'ref_logp = torch.tensor([[0.25, float("inf")]], dtype=torch.float64); '
+                    'expected = 0.5; name = \'x\'; bad = float("-inf")')
+    namespace = {"torch": torch}
+    exec(line, namespace)
+    assert torch.equal(namespace["ref_logp"], case.ref_logp)
+    ints = KLCase("c", 1, torch.tensor([1, 2]), torch.tensor([3, 4]))
+    assert case_line(ints) == ("logp = torch.tensor([1, 2], dtype=torch.int64); "
+                               "ref_logp = torch.tensor([3, 4], dtype=torch.int64)")
+
+
+def test_the_three_judgements():
+    case = kl_case(3)
+    ok = judged(case, 1e-9, 2e-8, 1e-8, 1e-8, "d")
+    assert (ok.case_id, ok.case_class, ok.size, ok.value_ok, ok.grad_ok, ok.detail) == (
+        "cls/3", "cls", 2, True, False, "d")
+    assert judged(case, 1e-8, 1e-8, 1e-8, 1e-8, "").ok  # on the bound: inside
+    failed = raised(case, "detail", "boom")
+    assert (failed.value_error, failed.grad_error, failed.value_ok, failed.grad_ok, failed.error) == (
+        math.inf, math.inf, False, False, "boom")
+    v = value_only(case, 0.5, True, "det", "err")
+    assert (v.value_error, v.grad_error, v.value_ok, v.grad_ok, v.detail, v.error) == (0.5, None, True, None,
+                                                                                      "det", "err")
+    assert not v.ok and value_only(case, 0.5, True, "det").ok
+
+
+def result(case_id, cls, size, ok=True, grad_ok=True, **kw):
+    return CaseResult(case_id, cls, size, kw.pop("value_error", 0.0 if ok else 1.0),
+                      kw.pop("grad_error", 0.5), ok, grad_ok, kw.pop("detail", f"detail of {case_id}"), **kw)
+
+
+def test_report_rows_failures_and_json():
+    results = (
+        result("a/0", "a", 4, value_error=1e-9),
+        result("b/0", "b", 9, ok=False, value_error=2.0, expected=1.0, got=3.0),
+        result("b/1", "b", 5, ok=False, value_error=math.inf, grad_error=math.nan, error="E: x"),
+        result("c/0", "c", 1, grad_ok=None, grad_error=None, departure="flag=1"),
+        result("m/0", "masked_nonfinite", 1, ok=False, dtype="float64"),
+        result("h/0", "h", 1, ok=False, dtype="bfloat16"),
+    )
+    report = CheckReport("title", results, ("n1",), ("head",))
+    assert not report.ok and report.classes() == ["a", "b", "c", "masked_nonfinite", "h"]
+    assert report.failing_classes() == ["b", "masked_nonfinite", "h"]
+    b = report.case_class("b")
+    assert (b.cases, b.value_ok, b.grad_ok, b.departures) == (2, False, False, ())
+    assert b.max_value_error == math.inf
+    assert b.max_grad_error == 0.5  # max(0.5, nan): the finite one
+    c = report.case_class("c")
+    assert (c.grad_ok, c.max_grad_error, c.departures, c.ok) == (None, None, ("flag=1",), True)
+    with pytest.raises(KeyError, match=r"no case of class 'z' in this report \(classes: a, b, c, "):
+        report.case_class("z")
+    with pytest.raises(KeyError, match=r"classes: none\)"):
+        CheckReport("t", ()).case_class("z")
+    # float64 finite first, then the fewest elements: b/1 (size 5) before b/0 (9), masked and bf16 later
+    assert report.smallest_failure().case_id == "b/1"
+    assert [r.case_id for r in report.departures()] == ["c/0"]
+    data = report.to_dict()
+    assert data["smallest_failure"] == "b/1" and data["ok"] is False and data["notes"] == ["n1"]
+    assert data["header"] == ["head"] and data["title"] == "title"
+    assert data["classes"][1] == {"case_class": "b", "cases": 2, "ok": False, "value_ok": False,
+                                  "grad_ok": False, "max_value_error": "inf", "max_grad_error": 0.5,
+                                  "departures": []}
+    assert data["cases"][2]["value_error"] == "inf" and data["cases"][1]["expected"] == 1.0
+    assert data["cases"][0]["value_error"] == 1e-9 and data["cases"][3]["grad_error"] is None
+    assert CheckReport("t", (result("a/0", "a", 1),)).to_dict()["smallest_failure"] is None
+    message = report.failure_message("b")
+    assert message.splitlines()[:4] == [
+        "b failed: smallest failing case b/1: the function raised E: x", "head", "title",
+        "case class b: 2 cases, value FAIL, gradient FAIL, max value err inf, max grad err 5.00e-01 "
+        "(errors relative to max|expected| + s)"]
+    assert report.failure_message("b").endswith("detail of b/1")
+    only_b0 = CheckReport("t", results[1:2])
+    first = only_b0.failure_message().splitlines()[0]
+    assert first == "b failed: smallest failing case b/0: expected 1.0, got 3.0"
+    assert report.failure_message("a") == "" and report.failure_message("c") == ""
+
+
+def test_report_table_render_and_long_lines():
+    results = (result("a/0", "a", 4, value_error=1.5e-9),
+               result("bb/0", "bb", 2, grad_ok=None, grad_error=None),
+               result("c/0", "c", 1, departure="flag=1"))
+    report = CheckReport("title", results, ("a note",), ("head",))
+    assert report.table().splitlines() == [
+        "case class  cases  value ok  gradient ok  max value err  max grad err  departure",
+        "----------  -----  --------  -----------  -------------  ------------  ---------",
+        "a           1      ok        ok           1.50e-09       5.00e-01",
+        "bb          1      ok        n/a          0.00e+00       n/a",
+        "c           1      ok        ok           0.00e+00       5.00e-01      flag=1",
+    ]
+    assert report.render().splitlines()[-3:] == [
+        "note: a note", "departure from the spec, allowed by flag=1: c/0", "PASS: 3 cases in 3 case classes"]
+    assert str(report) == report.render() and report.render().startswith("head\ntitle\n\ncase class")
+    failing = CheckReport("t", (*results, result("d/0", "d", 3, ok=False, explanation="matches x",
+                                                 error="E", detail="D")))
+    assert failing.render().splitlines()[-5:] == [
+        "FAIL: case classes d", "smallest failing case: d/0", "  the function raised: E",
+        "  diagnosis: matches x", "D"]
+    listed = CheckReport("t", failing.results, list_departures=True)
+    assert listed.render().splitlines()[-4:] == ["FAIL: case classes d", "departure d (d/0): x",
+                                                 "  the function raised: E", "D"]
+    long = CheckReport("t", (result("e/0", "e", 1, ok=False, detail="x" * 70, case_line="y" * 5),))
+    lines = long.failure_message(max_line=40).splitlines()
+    assert "x" * 40 + " ... (30 more characters: CheckReport.to_dict() has them)" in lines
+    assert lines[-2:] == ["the case as one line of Python:", "  yyyyy"]
+
+
+def test_tensors_as_text():
+    assert tensor_text("x", None) == "x = None"
+    assert tensor_text("m", torch.tensor([[True, False]])) == "m (bool, shape (1, 2)) = [[True, False]]"
+    assert tensor_text("h", torch.tensor([0.1], dtype=torch.float16)) == (
+        "h (float16, shape (1,)) = [0.0999755859375]")
+    assert nested_text([[1.0, 2], []], lambda v: f"<{v}>") == "[[<1.0>, 2], []]"
