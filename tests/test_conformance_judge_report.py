@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from refimpl.conformance.case_types import KLCase
+from refimpl.conformance.case_types import KLCase, PolicyLossCase
 from refimpl.conformance.contract import SignatureError
 from refimpl.conformance.engine import (
     case_line,
@@ -17,6 +17,7 @@ from refimpl.conformance.engine import (
     judged,
     on_cpu,
     preflight,
+    preflight_first,
     raised,
     run_cases,
     run_user,
@@ -212,3 +213,53 @@ def test_tensors_as_text():
     assert tensor_text("h", torch.tensor([0.1], dtype=torch.float16)) == (
         "h (float16, shape (1,)) = [0.0999755859375]")
     assert nested_text([[1.0, 2], []], lambda v: f"<{v}>") == "[[<1.0>, 2], []]"
+
+
+def test_preflight_first_calls_the_function_on_the_case_moved_to_the_device():
+    seen = []
+
+    def kl_fn(logp, ref_logp):
+        seen.append((logp.device.type, logp is not case.logp))
+        return logp
+
+    case = kl_case()
+    preflight_first("kl", kl_fn, None, case, ("logp", "ref_logp"), "logp")
+    preflight_first("kl", kl_fn, None, case, ("logp", "ref_logp"), "logp", "meta")
+    assert seen == [("cpu", True), ("meta", True)]  # cloned inputs, on the device asked for
+
+    def adapter(fn, logp, ref_logp):
+        return fn(logp, ref_logp)[:, :1]
+
+    with pytest.raises(SignatureError, match=r"kl_fn returned shape \(1, 1\), expected a tensor of shape "
+                                             r"\(1, 2\)"):
+        preflight_first("kl", kl_fn, adapter, case, ("logp", "ref_logp"), "logp")
+
+
+def test_the_loop_moves_each_case_to_its_device_and_the_text_of_a_policy_case():
+    case = kl_case()
+    def judge(item, expected, got, error):
+        return item is case, expected, float(got[0, 0]), error
+
+    out = run_cases([case], expect=lambda c: c.logp.device.type, call=lambda c: c.logp * 2, judge=judge)
+    assert out[0].result == (True, "cpu", 1.0, None)
+    meta = run_cases([case], expect=lambda c: c.logp.device.type, call=lambda c: c.logp.device.type,
+                     judge=lambda item, expected, got, error: (item.logp.device.type, expected, got),
+                     device="meta")
+    assert meta[0].result == ("cpu", "meta", "meta")
+    x = torch.tensor([[0.5]], dtype=torch.float64)
+    policy = PolicyLossCase("p", 2, x, x, torch.tensor([1.0]), torch.tensor([[True]]), torch.tensor([1.0]),
+                            torch.tensor([0]), None, ((0,),), "a note")
+    assert case_text(policy, ["e"]).splitlines() == [
+        "  (a note)", "  logp (float64, shape (1, 1)) = [[0.5]]",
+        "  old_logp (float64, shape (1, 1)) = [[0.5]]",
+        "  advantages (float32, shape (1,)) = [1.0]", "  mask (bool, shape (1, 1)) = [[True]]",
+        "  rewards (float32, shape (1,)) = [1.0]", "  group_ids (int64, shape (1,)) = [0]",
+        "  micro_batches = ((0,),)", "  e"]
+    assert case_line(policy).endswith("; micro_batches = ((0,),)")
+
+
+def test_every_judgement_names_its_case():
+    case = kl_case(4)
+    assert judged(case, 0.0, 3.0, 1.0, 2.0, "").grad_error == 3.0
+    for r in (judged(case, 0.0, 0.0, 1.0, 1.0, ""), raised(case, "", None), value_only(case, 0.0, True, "")):
+        assert (r.case_id, r.case_class, r.size) == ("cls/4", "cls", 2)
