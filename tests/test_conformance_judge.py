@@ -189,21 +189,23 @@ def reference_half_tolerance(case, v, conv, expected_loss):
 
 
 def padded_case(dtype, *, padding=1e4, per_token_adv=False, ref=False) -> PolicyLossCase:
-    """Three rows of lengths 4, 2, 0 (width 5) whose padding holds ``padding`` (huge, inf or NaN) in
-    logp, old_logp and ref_logp; log-ratios up to |0.9|, exact in ``dtype``."""
-    x = [[0.25, -0.5, 0.875, -0.125], [-0.9375, 0.375], []]
-    olds = [[-1.5, -0.25, -2.0, -0.75], [-3.0, -1.125], []]
-    logp = torch.full((3, 5), padding, dtype=torch.float64)
-    old = torch.full((3, 5), -padding, dtype=torch.float64)
-    ref_logp = torch.full((3, 5), padding, dtype=torch.float64)
-    mask = torch.zeros((3, 5), dtype=torch.bool)
+    """Four rows of lengths 4, 2, 0, 1 (width 5) whose padding holds ``padding`` (huge, inf or NaN) in
+    logp, old_logp and ref_logp; log-ratios up to |0.9375|, |ref_logp| > |old_logp|, exact in
+    ``dtype``."""
+    x = [[0.25, -0.5, 0.875, -0.125], [-0.9375, 0.375], [], [0.0625]]
+    olds = [[-1.5, -0.25, -2.0, -0.75], [-3.0, -1.125], [], [-0.5]]
+    logp = torch.full((4, 5), padding, dtype=torch.float64)
+    old = torch.full((4, 5), -padding, dtype=torch.float64)
+    ref_logp = torch.full((4, 5), padding, dtype=torch.float64)
+    mask = torch.zeros((4, 5), dtype=torch.bool)
     for i, (xs, os) in enumerate(zip(x, olds, strict=True)):
         for j, (xv, ov) in enumerate(zip(xs, os, strict=True)):
-            old[i, j], logp[i, j], ref_logp[i, j], mask[i, j] = ov, ov + xv, ov + 0.5 - xv / 2, True
-    adv = torch.tensor([[0.75, -0.5, 1.25, 0.5, 9.0], [-1.5, 0.25, 9.0, 9.0, 9.0], [9.0] * 5]
-                       if per_token_adv else [0.75, -1.5, 0.5], dtype=torch.float64)
+            old[i, j], logp[i, j], ref_logp[i, j], mask[i, j] = ov, ov + xv, ov - 0.5 - xv / 2, True
+    adv = torch.tensor([[0.75, -0.5, 1.25, 0.5, 9.0], [-1.5, 0.25, 9.0, 9.0, 9.0], [9.0] * 5,
+                        [0.25, 9.0, 9.0, 9.0, 9.0]]
+                       if per_token_adv else [0.75, -1.5, 0.5, 0.25], dtype=torch.float64)
     return PolicyLossCase("judge", 0, logp.to(dtype), old.to(dtype), adv.to(dtype), mask, adv,
-                          torch.tensor([0, 0, 1]), ref_logp.to(dtype) if ref else None, None, "")
+                          torch.tensor([0, 0, 1, 1]), ref_logp.to(dtype) if ref else None, None, "")
 
 
 VARIANTS = {
@@ -251,9 +253,10 @@ def _grid():
 @pytest.mark.parametrize(("variant", "conv", "dtype"), list(_grid()))
 def test_the_half_bound_is_the_documented_rule_on_every_ratio_level_and_gate(variant, conv, dtype):
     """Every ratio level x gate x aggregation x KL estimator x compute dtype the family allows, on a
-    batch with an empty row and padding holding 1e4 (its log-ratio 2e4 must not reach kappa)."""
-    for case in (padded_case(dtype, ref=variant.kl_coef > 0),
-                 padded_case(dtype, ref=variant.kl_coef > 0, per_token_adv=not variant.sequence_level)):
+    batch with an empty row, a row of one token and padding holding 1e4 (its log-ratio 2e4 must not
+    reach kappa); reference log-probs are given also without a KL term (they must not count)."""
+    for case in (padded_case(dtype, ref=True),
+                 padded_case(dtype, ref=True, per_token_adv=not variant.sequence_level)):
         expected_loss = -0.3125
         value, grad, overflow = half_tolerance(case, variant, conv, expected_loss)
         reference = reference_half_tolerance(case, variant, conv, expected_loss)
@@ -301,7 +304,8 @@ def test_a_half_loss_that_overflows_its_dtype_is_allowed_only_when_computed_in_i
     v = VARIANTS["none"]
     assert half_tolerance(big_ratio, v, INPUT, 1.0)[2] is True
     assert half_tolerance(big_ratio, v, LOOSE, 1.0)[2] is False
-    big_sum = dataclasses.replace(padded_case(torch.float16), advantages=t([3e4, -3e4, 3e4], torch.float16))
+    big_sum = dataclasses.replace(padded_case(torch.float16),
+                                  advantages=t([3e4, -3e4, 3e4, 3e4], torch.float16))
     assert half_tolerance(big_sum, v, INPUT, 1.0)[2] is True
     assert half_tolerance(big_sum, v, LOOSE, 1.0)[2] is False
     assert half_tolerance(padded_case(torch.float16), v, INPUT, 1.0)[2] is False
@@ -356,7 +360,7 @@ def test_a_wrong_result_against_an_expected_value_near_zero_fails():
     1e-3 x 1e-3 (adv scale clamped at 1e-3), float64 and half alike."""
     v = VARIANTS["dapo"]
     for dtype in (torch.float64, torch.bfloat16):
-        case = dataclasses.replace(padded_case(dtype), advantages=torch.zeros(3, dtype=dtype))
+        case = dataclasses.replace(padded_case(dtype), advantages=torch.zeros(4, dtype=dtype))
         exp_loss, exp_grad = expected_policy_loss(case, v, LOOSE)
         assert float(exp_loss) == 0.0
         for got, ok in ((1e-6 * 0.99 * DEFAULT_RTOL, True), (1e-6 * 1.01 * DEFAULT_RTOL, False),
@@ -375,3 +379,21 @@ def test_a_step_without_a_token_has_the_bound_of_its_rounding_alone(name):
     assert (value, grad, overflow) == (0.75 * 2.0**-11, 10 * 2.0**-11, False)
     assert half_tolerance(case, v, LOOSE, -0.75) == (0.75 * U32, 2 * 2.0**-11 + 8 * U32, False)
     assert kl_gradient_slack(case, v, INPUT) == 0.0
+    # no position at all (width 0): the same
+    empty = dataclasses.replace(case, logp=case.logp[:, :0], old_logp=case.old_logp[:, :0],
+                                mask=case.mask[:, :0],
+                                ref_logp=None if case.ref_logp is None else case.ref_logp[:, :0])
+    assert half_tolerance(empty, v, INPUT, -0.75) == (0.75 * 2.0**-11, 10 * 2.0**-11, False)
+    f64 = dataclasses.replace(empty, logp=empty.logp.double(), old_logp=empty.old_logp.double())
+    assert half_tolerance(f64, v, F32, 0.0) == (0.0, 2 * U32 + 8 * U32, False)
+
+
+def test_reference_log_probs_do_not_count_without_a_kl_term():
+    """A case may carry ref_logp for a variant without a KL term: even one whose k3 overflows
+    (log r = 800) leaves the bound what it is without it."""
+    case = padded_case(torch.bfloat16, ref=True)
+    far = dataclasses.replace(case, ref_logp=torch.where(case.mask, case.logp + 800.0, case.ref_logp))
+    for conv in (INPUT, LOOSE):
+        plain = half_tolerance(padded_case(torch.bfloat16), VARIANTS["grpo"], conv, 0.5)
+        assert half_tolerance(far, VARIANTS["grpo"], conv, 0.5) == plain
+        assert math.isfinite(plain[0])
