@@ -263,3 +263,36 @@ def test_every_judgement_names_its_case():
     assert judged(case, 0.0, 3.0, 1.0, 2.0, "").grad_error == 3.0
     for r in (judged(case, 0.0, 0.0, 1.0, 1.0, ""), raised(case, "", None), value_only(case, 0.0, True, "")):
         assert (r.case_id, r.case_class, r.size) == ("cls/4", "cls", 2)
+
+
+def test_a_case_result_as_json_and_the_rendering_of_long_names_and_nan():
+    r = CaseResult("k/1", "k", 3, math.nan, -math.inf, False, None, "d", "E", "flag=2", "bfloat16", 0.5,
+                   math.inf, "matches y", "line")
+    assert r.to_dict() == {"case_id": "k/1", "case_class": "k", "ok": False, "value_ok": False,
+                           "grad_ok": None, "value_error": "nan", "grad_error": "-inf", "dtype": "bfloat16",
+                           "expected": 0.5,
+                           "got": "inf", "error": "E", "departure": "flag=2", "explanation": "matches y",
+                           "case": "line"}
+    report = CheckReport("t", (result("masked_nonfinite/0", "masked_nonfinite", 1, value_error=math.nan),))
+    row = "masked_nonfinite  1      ok        ok           nan            5.00e-01"
+    assert report.table().splitlines()[2] == row
+    assert CheckReport("t", ()).table().splitlines() == [
+        "case class  cases  value ok  gradient ok  max value err  max grad err  departure",
+        "----------  -----  --------  -----------  -------------  ------------  ---------"]
+
+
+def test_the_listed_departures_take_each_class_s_most_diagnostic_case():
+    results = (result("d/0", "d", 5, ok=False, explanation="matches x"), result("d/1", "d", 2, ok=False),
+               result("e/0", "e", 1, ok=False, dtype="float16", explanation="matches z"),
+               result("e/1", "e", 9, ok=False, explanation="matches w"))
+    lines = CheckReport("t", results, list_departures=True).render().splitlines()
+    assert lines[-4:] == ["departure d (d/1): unexplained", "detail of d/1", "departure e (e/1): w",
+                          "detail of e/1"]
+
+
+def test_a_line_is_cut_only_past_the_limit():
+    exact = CheckReport("t", (result("e/0", "e", 1, ok=False, detail="x" * 4000),))
+    assert "x" * 4000 in exact.failure_message().splitlines()
+    longer = CheckReport("t", (result("e/0", "e", 1, ok=False, detail="x" * 4001),))
+    assert "x" * 4000 + " ... (1 more characters: CheckReport.to_dict() has them)" in (
+        longer.failure_message().splitlines())
