@@ -304,3 +304,73 @@ def test_float32_group_statistics_refuse_the_conventions_they_do_not_define(flag
     with pytest.raises(ValueError, match=r"^adv_compute_dtype='float32' is defined for adv_scale 'group' "
                                          r"with std \+ eps$"):
         expected_group_advantages(case, conv)
+
+
+REWARDS = [1.0, 2.0, 4.0, 3.0]  # group 0: 1, 2, 4 (mean 7/3, squared deviations 42/9); group 1: 3
+GROUPS = [0, 0, 0, 1]
+
+
+def advantages_of(**flags):
+    case = AdvantageCase("adv", 0, torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS))
+    return expected_group_advantages(case, Convention(**flags)).tolist()
+
+
+def test_group_advantages_under_each_scale_std_and_singleton_flag():
+    centred = [r - 7 / 3 for r in REWARDS[:3]]
+    close = {"rel": 1e-14, "abs": 1e-15}
+    assert advantages_of() == pytest.approx([c / math.sqrt(14 / 9 + 1e-6) for c in centred] + [0.0], **close)
+    s = math.sqrt(7 / 3) + 1e-4  # TRL: sample std + eps
+    assert advantages_of(adv_std="sample", adv_eps=1e-4, adv_eps_inside_sqrt=False) == pytest.approx(
+        [c / s for c in centred] + [0.0], **close)
+    assert advantages_of(adv_scale="none") == pytest.approx(centred + [0.0], **close)
+    assert advantages_of(adv_scale="none", adv_singleton="raw") == pytest.approx(centred + [3.0], **close)
+    # RLOO: R_i minus the mean of the group's other rewards
+    assert advantages_of(adv_scale="none", adv_leave_one_out=True) == pytest.approx([-2.0, -0.5, 2.5, 0.0],
+                                                                                   **close)
+    # TRL scale_rewards="batch": the group-centred reward over the sample std of all 4 rewards (eq. (14))
+    batch_std = math.sqrt(sum((r - 2.5) ** 2 for r in REWARDS) / 3) + 1e-4
+    assert advantages_of(adv_scale="batch_rewards", adv_std="sample", adv_eps=1e-4,
+                         adv_eps_inside_sqrt=False) == pytest.approx([c / batch_std for c in centred] + [0.0],
+                                                                     **close)
+    # verl: a singleton is R / (1 + eps), its divisor float32(1 + eps) under adv_singleton_float32
+    verl = {"adv_std": "sample", "adv_eps_inside_sqrt": False, "adv_singleton": "raw"}
+    assert advantages_of(**verl)[3] == pytest.approx(3.0 / (1 + 1e-6), rel=1e-15, abs=0.0)
+    assert advantages_of(**verl, adv_singleton_float32=True)[3] == 3.0 / float(F32(1.0) + F32(1e-6))
+    assert advantages_of(**verl, adv_singleton_float32=True)[:3] == advantages_of(**verl)[:3]
+    inside = advantages_of(adv_singleton="raw", adv_singleton_float32=True)[3]
+    assert inside == 3.0 / float(np.sqrt(F32(1.0) + F32(1e-6)))
+
+
+def test_float32_group_statistics_as_verl_forms_them():
+    """verl's group_mean_std: float32 rewards, sums accumulated in index order, mean = sum / n, the
+    centred squares summed, sample std, then (R - mean) / float32(std + eps) on the float64 rewards."""
+    rewards = [1000.1, 1000.3, 1000.2, 5.0]
+    case = AdvantageCase("adv", 0, torch.tensor(rewards, dtype=torch.float64), torch.tensor(GROUPS))
+    s = [F32(r) for r in rewards[:3]]
+    mean = ((F32(0) + s[0]) + s[1]) + s[2]
+    mean = mean / F32(3)
+    squares = [(x - mean) * (x - mean) for x in s]
+    std = np.sqrt((((F32(0) + squares[0]) + squares[1]) + squares[2]) / F32(2))
+    divisor = float(F32(std + F32(1e-6)))
+    want = [(r - float(mean)) / divisor for r in rewards[:3]]
+    for singleton, last in (("raw", 5.0 / float(F32(1.0) + F32(1e-6))), ("zero", 0.0)):
+        conv = Convention(adv_compute_dtype="float32", adv_std="sample", adv_eps_inside_sqrt=False,
+                          adv_singleton=singleton)
+        got = expected_group_advantages(case, conv).tolist()
+        assert got[:3] == pytest.approx(want, rel=1e-12, abs=0.0) and got[3] == last
+    population = Convention(adv_compute_dtype="float32", adv_eps_inside_sqrt=False)
+    got = expected_group_advantages(case, population).tolist()
+    std_pop = np.sqrt((((F32(0) + squares[0]) + squares[1]) + squares[2]) / F32(3))
+    want = [(r - float(mean)) / float(F32(std_pop + F32(1e-6))) for r in rewards[:3]]
+    assert got[:3] == pytest.approx(want, rel=1e-12, abs=0.0)
+
+
+def test_float32_constants_are_host_numbers_whatever_the_default_device():
+    """Under a meta (or CUDA) default device the float32 roundings are still host numbers."""
+    sapo = get_preset("sapo")
+    per_micro_batch = Convention(normalizer_rounding="float32_per_micro_batch")
+    weight = Convention(normalizer_rounding="float32_weight")
+    with torch.device("meta"):
+        assert rounded_normalizer(7.0, 3, per_micro_batch) == openrlhf(7)
+        assert rounded_normalizer(7.0, 3, weight, 3.0) == areal(3, 7)
+        assert effective_variant(sapo, Convention(sapo_tau_float32=True)).tau_neg == float(F32(1.05))

@@ -209,3 +209,11 @@ def test_cispo_weight_sees_the_float32_ratio():
             assert within_ulps(weight[k], ratios[k])
         assert weight[0] != math.exp(0.3)
         assert new_old[0, 2:].tolist() == [0.0, 0.0]  # overflowing in float32, masked: unchanged
+
+
+def test_the_float32_bounds_are_host_numbers_whatever_the_default_device():
+    x = float32_tie(1.2)
+    logp, old, adv, mask = batch([x], [1.0])
+    with torch.device("meta"):
+        r = evaluated_ratio(logp, old, adv, mask, PPO, LIGER, torch.float64)
+    assert r[0] <= 1.2 and within_ulps(r[0], 1.2)
