@@ -195,8 +195,8 @@ def test_one_sided_gates_have_no_tie_on_the_missing_side():
 
 
 def test_cispo_weight_sees_the_float32_ratio():
-    xs = [0.3, float32_tie(1.2), 100.0, -0.4]
-    logp, old, _, mask = batch(xs, [1.0], mask=[True, True, True, False])
+    xs = [0.3, float32_tie(1.2), 100.0, -0.4, -0.3]
+    logp, old, _, mask = batch(xs, [1.0], mask=[True, True, True, False, True])
     logp.requires_grad_(True)
     assert evaluated_weight_old(logp, old, mask, Convention(), torch.float64) is old
     ratios = f32_exp(xs)
@@ -205,10 +205,10 @@ def test_cispo_weight_sees_the_float32_ratio():
         new_old = evaluated_weight_old(logp, old, mask, conv, dtype)
         assert not new_old.requires_grad
         weight = torch.exp(logp.detach() - new_old)[0].tolist()
-        for k in (0, 1):
+        for k in (0, 1, 4):
             assert within_ulps(weight[k], ratios[k])
-        assert weight[0] != math.exp(0.3)
-        assert new_old[0, 2:].tolist() == [0.0, 0.0]  # overflowing in float32, masked: unchanged
+        assert weight[0] != math.exp(0.3) and weight[4] != math.exp(-0.3)
+        assert new_old[0, 2:4].tolist() == [0.0, 0.0]  # overflowing in float32, masked: unchanged
 
 
 def test_the_float32_bounds_are_host_numbers_whatever_the_default_device():
@@ -216,4 +216,26 @@ def test_the_float32_bounds_are_host_numbers_whatever_the_default_device():
     logp, old, adv, mask = batch([x], [1.0])
     with torch.device("meta"):
         r = evaluated_ratio(logp, old, adv, mask, PPO, LIGER, torch.float64)
+    assert r[0] <= 1.2 and within_ulps(r[0], 1.2)
+
+
+def test_a_tie_that_float64_can_hold_exactly_stays_exactly_on_the_bound():
+    """c = 4: old + log(4) has exp exactly 4.0 on this CPU (checked first), so the tie needs no move;
+    below the bound would also be inside, but it is not where the framework's ratio is."""
+    x = float32_tie(4.0)
+    logp, old, adv, mask = batch([x, 0.1], [-1.0])
+    exact = float(torch.exp(torch.tensor([math.log(4.0), 0.1], dtype=torch.float64))[0]) == 4.0
+    r = evaluated_ratio(logp, old, adv, mask, dataclasses.replace(PPO, dual_clip=4.0), SKYRL, torch.float64)
+    assert r[0] == 4.0 if exact else (r[0] <= 4.0 and within_ulps(r[0], 4.0))
+
+
+def test_the_float32_bounds_do_not_follow_the_default_dtype():
+    x = float32_tie(1.2)
+    logp, old, adv, mask = batch([x], [1.0])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        r = evaluated_ratio(logp, old, adv, mask, PPO, LIGER, torch.float64)
+    finally:
+        torch.set_default_dtype(default)
     assert r[0] <= 1.2 and within_ulps(r[0], 1.2)
