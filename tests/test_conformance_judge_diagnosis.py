@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import refimpl.conformance.diagnosis as diagnosis
 from refimpl.conformance.conventions import Convention
 from refimpl.conformance.diagnosis import (
     diagnosis_candidates,
@@ -14,6 +15,7 @@ from refimpl.conformance.diagnosis import (
     mistakes,
     with_explanations,
 )
+from refimpl.conformance.engine import expected_on
 from refimpl.conformance.expected import expected_policy_loss
 from refimpl.conformance.policy_cases import policy_loss_cases
 from refimpl.conformance.policy_check import judge_policy
@@ -159,3 +161,51 @@ def test_explained_by_rerun_names_the_first_flag_that_passes_each_class():
     out = explained_by_rerun(report, Convention(), {"empty_rows": "keep", "micro_batch": "local_mean"}, run)
     assert [r.explanation for r in out.results] == [
         "flag empty_rows='keep'", "flags empty_rows='keep', micro_batch='local_mean'", "unexplained", None]
+
+
+def test_alternatives_are_computed_on_the_checks_device(monkeypatch):
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[0]
+    loss, grad = expected_policy_loss(case, DAPO, conv)
+    wrong = (loss + 1.0, grad)
+    assert explain_case(case, *wrong, DAPO, conv, 1e-8, None, (), judge_policy, "the device") is None
+    assert devices and set(devices) == {"the device"}
+
+
+def test_a_framework_mode_is_not_diagnosed_with_a_users_mistakes_and_invalid_flags_are_skipped():
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("outside_clip",))[0]
+    got = expected_policy_loss(case, REP(DAPO, eps_high=0.2), conv)
+    assert explain_case(case, *got, DAPO, conv, 1e-8, None, (), judge_policy) == (
+        "matches eps_high = eps_low (no clip-higher)")
+    assert explain_case(case, *got, DAPO, conv, 1e-8, {}, (), judge_policy) is None
+    out = diagnosis_candidates(DAPO, conv, {"no_such_flag": 1, "empty_rows": "keep"})
+    assert labels(out)[0] == "flag empty_rows='keep'"
+
+
+def test_golden_vectors_are_not_diagnosed_and_one_flag_is_one_rerun():
+    conv = Convention()
+    (case,) = policy_loss_cases(DAPO, conv, classes=("inside_clip",))
+    golden = REP(case, case_class="golden_vectors")
+    got = expected_policy_loss(REP(case, advantages=-case.advantages), DAPO, conv)
+    results = [_result("golden_vectors/0", "golden_vectors", 1, False)]
+    got_by_id = {"golden_vectors/0": (golden, *got)}
+    out = with_explanations(results, got_by_id, DAPO, conv, "dapo", 1e-8, None, (), judge_policy)
+    assert out[0].explanation is None
+    calls = []
+
+    def run(candidate):
+        calls.append(candidate)
+        return CheckReport("t", (_result("a/0", "a", 1, True),))
+
+    report = CheckReport("t", (_result("a/0", "a", 1, False),))
+    assert explained_by_rerun(report, conv, {"empty_rows": "keep"}, run).results[0].explanation == (
+        "flag empty_rows='keep'")
+    assert calls == [Convention(empty_rows="keep")]
