@@ -374,3 +374,17 @@ def test_float32_constants_are_host_numbers_whatever_the_default_device():
         assert rounded_normalizer(7.0, 3, per_micro_batch) == openrlhf(7)
         assert rounded_normalizer(7.0, 3, weight, 3.0) == areal(3, 7)
         assert effective_variant(sapo, Convention(sapo_tau_float32=True)).tau_neg == float(F32(1.05))
+
+
+def test_cispo_weighs_with_the_ratio_the_framework_evaluates():
+    """SkyRL's CISPO on float64 inputs: sg(clip(float32 ratio, max=1.28)) A logp (its gradient the
+    float32 weight times A over the tokens), against the exact float64 ratio of the spec."""
+    rows, adv = [[0.1, -0.3, 0.7]], [0.8]
+    case = case_of(rows, adv)
+    r32 = torch.exp(torch.tensor([rows[0]], dtype=torch.float64).float()).double()[0].tolist()
+    exact = [math.exp(x) for x in rows[0]]
+    for conv, ratios in ((Convention(ratio_dtype="float32"), r32), (Convention(), exact)):
+        _, grad = expected_policy_loss(case, get_preset("cispo"), conv)
+        want = [-0.8 * min(r, 1.28) / 3 for r in ratios]
+        assert grad[0].tolist() == pytest.approx(want, rel=1e-14, abs=0.0)  # a few float64 roundings
+    assert abs(r32[0] - math.exp(0.1)) > 1e-12
