@@ -388,3 +388,66 @@ def test_cispo_weighs_with_the_ratio_the_framework_evaluates():
         want = [-0.8 * min(r, 1.28) / 3 for r in ratios]
         assert grad[0].tolist() == pytest.approx(want, rel=1e-14, abs=0.0)  # a few float64 roundings
     assert abs(r32[0] - math.exp(0.1)) > 1e-12
+
+
+def test_a_cispo_clamp_below_the_clip_sets_the_weight():
+    """log_ratio_clamp 0.1 inside CISPO's clip (e^0.1 < 1.28): the weight is e^{+-0.1}, not e^{+-0.2}."""
+    case = case_of([[0.2, -0.2, 0.05]], [0.8])
+    _, grad = expected_policy_loss(case, get_preset("cispo"), Convention(log_ratio_clamp=0.1))
+    want = [-0.8 * math.exp(x) / 3 for x in (0.1, -0.1, 0.05)]
+    assert grad[0].tolist() == pytest.approx(want, rel=1e-14, abs=0.0)
+
+
+def test_the_kl_term_with_a_value_clamp_or_a_clamped_ratio_reads_the_raw_log_probs():
+    """kl_value_clamp alone clamps each k3 term (kl.md eq. (4)); log_ratio_clamp alone moves the
+    ratio's logp but not the KL's (built from the raw logp)."""
+    rows, adv, shift = [[0.25, 1.5]], [1.0], [[3.0, 0.5]]
+    case = case_of(rows, adv, ref_shift=shift)
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k3")
+    policy = -sum(math.exp(x) for x in rows[0]) / 2
+    loss, _ = expected_policy_loss(case, v, Convention(kl_value_clamp=1.0))
+    assert float(loss) == pytest.approx(policy + 0.5 * (1.0 + k3(0.5)) / 2, rel=1e-14, abs=0.0)
+    loss, grad = expected_policy_loss(case, v, Convention(log_ratio_clamp=1.0))
+    clamped = -(math.exp(0.25) + math.e) / 2
+    assert float(loss) == pytest.approx(clamped + 0.5 * (k3(3.0) + k3(0.5)) / 2, rel=1e-14, abs=0.0)
+    # d/dlogp of k3(ref - logp) = 1 - exp(ref - logp); the clamped token has no policy gradient
+    assert float(grad[0, 1]) == pytest.approx(0.5 * (1 - math.exp(0.5)) / 2, rel=1e-14, abs=0.0)
+
+
+def test_convention_loss_without_a_kl_denominator_is_one_batch():
+    from refimpl.conformance.expected import convention_loss
+
+    case = case_of(ROWS, ADV, ref_shift=SHIFT)
+    conv = Convention(kl_aggregation="token_mean")
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k2")
+    loss = convention_loss(case.logp, case.old_logp, case.advantages, case.mask, case.ref_logp, v, conv, 7.0)
+    want = sum(part_sum((i,)) for i in range(5)) / 7 + part_kl(range(5), 0.5) / 7
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+
+
+def test_float32_inputs_have_their_ratio_evaluated_in_float32_in_every_term():
+    """float32 inputs (a token-mean KL term beside, CISPO's weight): the ratio is float32(exp(x))."""
+    rows, adv, shift = [[0.1, -0.15, 0.05]], [0.6], [[0.5, -0.25, 0.125]]
+    case64 = case_of(rows, adv, ref_shift=shift)
+    case = dataclasses.replace(case64, logp=case64.logp.float(), old_logp=case64.old_logp.float(),
+                               ref_logp=case64.ref_logp.float())
+    x = (case.logp.double() - case.old_logp.double())[0]
+    r32 = torch.exp(x.float()).double().tolist()
+    assert abs(r32[0] - math.exp(float(x[0]))) > 1e-12
+    conv = Convention(kl_aggregation="token_mean")
+    v = dataclasses.replace(get_preset("ppo"), kl_coef=0.5, kl_estimator="k2")
+    loss, _ = expected_policy_loss(case, v, conv)
+    log_r = (case.ref_logp.double() - case.logp.double())[0].tolist()
+    want = -0.6 * sum(r32) / 3 + 0.5 * sum(s * s / 2 for s in log_r) / 3
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+    _, grad = expected_policy_loss(case, get_preset("cispo"), Convention())
+    assert grad[0].tolist() == pytest.approx([-0.6 * r / 3 for r in r32], rel=1e-14, abs=0.0)
+
+
+def test_expected_values_follow_the_cases_device_not_the_default_one():
+    case = case_of(ROWS, ADV, ref_shift=SHIFT, parts=PARTS)
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k2")
+    plain = expected_policy_loss(case, v, Convention())
+    with torch.device("meta"):
+        loss, grad = expected_policy_loss(case, v, Convention())
+    assert loss.device.type == "cpu" and torch.equal(loss, plain[0]) and torch.equal(grad, plain[1])
