@@ -317,21 +317,22 @@ def advantages_of(**flags):
 
 def test_group_advantages_under_each_scale_std_and_singleton_flag():
     centred = [r - 7 / 3 for r in REWARDS[:3]]
-    close = {"rel": 1e-14, "abs": 1e-15}
-    assert advantages_of() == pytest.approx([c / math.sqrt(14 / 9 + 1e-6) for c in centred] + [0.0], **close)
+    want = [c / math.sqrt(14 / 9 + 1e-6) for c in centred] + [0.0]  # float64: a few roundings of O(1)
+    assert advantages_of() == pytest.approx(want, rel=1e-14, abs=1e-15)
     s = math.sqrt(7 / 3) + 1e-4  # TRL: sample std + eps
     assert advantages_of(adv_std="sample", adv_eps=1e-4, adv_eps_inside_sqrt=False) == pytest.approx(
-        [c / s for c in centred] + [0.0], **close)
-    assert advantages_of(adv_scale="none") == pytest.approx(centred + [0.0], **close)
-    assert advantages_of(adv_scale="none", adv_singleton="raw") == pytest.approx(centred + [3.0], **close)
+        [c / s for c in centred] + [0.0], rel=1e-14, abs=1e-15)
+    assert advantages_of(adv_scale="none") == pytest.approx(centred + [0.0], rel=1e-14, abs=1e-15)
+    assert advantages_of(adv_scale="none", adv_singleton="raw") == pytest.approx(centred + [3.0], rel=1e-14,
+                                                                                 abs=1e-15)
     # RLOO: R_i minus the mean of the group's other rewards
     assert advantages_of(adv_scale="none", adv_leave_one_out=True) == pytest.approx([-2.0, -0.5, 2.5, 0.0],
-                                                                                   **close)
+                                                                                   rel=1e-14, abs=1e-15)
     # TRL scale_rewards="batch": the group-centred reward over the sample std of all 4 rewards (eq. (14))
     batch_std = math.sqrt(sum((r - 2.5) ** 2 for r in REWARDS) / 3) + 1e-4
     assert advantages_of(adv_scale="batch_rewards", adv_std="sample", adv_eps=1e-4,
                          adv_eps_inside_sqrt=False) == pytest.approx([c / batch_std for c in centred] + [0.0],
-                                                                     **close)
+                                                                     rel=1e-14, abs=1e-15)
     # verl: a singleton is R / (1 + eps), its divisor float32(1 + eps) under adv_singleton_float32
     verl = {"adv_std": "sample", "adv_eps_inside_sqrt": False, "adv_singleton": "raw"}
     assert advantages_of(**verl)[3] == pytest.approx(3.0 / (1 + 1e-6), rel=1e-15, abs=0.0)
