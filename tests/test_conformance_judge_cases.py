@@ -197,3 +197,32 @@ def test_the_seed_draws_other_cases_and_unknown_classes_are_refused():
                                                                                              "outside_clip"]
     with pytest.raises(ValueError, match=r"^unknown case classes \['nope'\]; valid: \('inside_clip', "):
         policy_loss_cases(VARIANTS["dapo"], Convention(), classes=("nope", "ragged"))
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo"])
+def test_case_ids_count_from_zero_in_each_class_and_notes_say_what_is_special(name):
+    v = dataclasses.replace(VARIANTS[name], kl_coef=0.1)
+    by_class = {}
+    for case in policy_loss_cases(v, Convention()):
+        by_class.setdefault(case.case_class, []).append(case)
+    for cls, cases in by_class.items():
+        assert [c.index for c in cases] == list(range(len(cases))), cls
+    notes = {cls: [c.note for c in cases] for cls, cases in by_class.items()}
+    assert notes["micro_batch"] == ["3 micro-batches of 2 rows; global normaliser",
+                                    "2 micro-batches, very different token counts"]
+    assert notes["padding_micro_batch"] == ["3 micro-batches; the second is all padding",
+                                            "2 micro-batches; the last is one empty row"]
+    assert notes["kl_penalty"] == ["ref log-ratios up to |24|"]
+    assert notes["masked_nonfinite"] == [f"{label} at every masked position of logp, old_logp, ref_logp"
+                                         for label in ("NaN", "+inf", "-inf")] + [
+        "NaN at the masked positions of ref_logp only"]
+    assert notes["inside_clip"] == [""] and notes["ragged"] == ["", ""]
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo"])
+def test_the_boundary_cases_are_one_batch_with_both_advantage_signs(name):
+    first, second = cases_of(name, "on_boundary")
+    assert second.advantages.tolist() == [-a for a in first.advantages.tolist()]
+    assert torch.equal(first.mask, second.mask)
+    signs = {math.copysign(1, a) for a in first.advantages.tolist()}
+    assert signs == ({1.0, -1.0} if VARIANTS[name].sequence_level else {1.0})  # GSPO: a filler row of -A
