@@ -239,3 +239,23 @@ def test_the_float32_bounds_do_not_follow_the_default_dtype():
     finally:
         torch.set_default_dtype(default)
     assert r[0] <= 1.2 and within_ulps(r[0], 1.2)
+
+
+def test_ties_with_old_log_probs_that_are_not_zero():
+    """old_logp = -5 (logp = old + x, exact): the tie is placed relative to old; an upper bound that
+    float64 holds exactly (1 + 1.5 = 2.5 = exp(log 2.5) on this CPU, checked first) stays exactly on it."""
+    x = float32_tie(1.2)
+    old = torch.full((1, 2), -5.0, dtype=torch.float64)  # -5 + log(1.2) - -5 rounds above 1.2 (x86-64)
+    logp = old + torch.tensor([[x, 0.0625]], dtype=torch.float64)
+    assert torch.equal(logp - old, torch.tensor([[x, 0.0625]], dtype=torch.float64))
+    adv, mask = torch.tensor([0.5], dtype=torch.float64), torch.ones((1, 2), dtype=torch.bool)
+    r = evaluated_ratio(logp, old, adv, mask, PPO, LIGER, torch.float64)
+    # the ratio moves in steps of ulp(logp) ~ 2^-50 (|logp| ~ 4.8): two steps, 16 u64
+    assert r[0] <= 1.2 and within_ulps(r[0], 1.2, 16)
+    wide = dataclasses.replace(PPO, eps_high=1.5)
+    y = float32_tie(2.5)
+    exact = float(torch.exp(torch.tensor([math.log(2.5), 0.05], dtype=torch.float64))[0]) == 2.5
+    zero = torch.zeros((1, 2), dtype=torch.float64)
+    y_logp = torch.tensor([[y, 0.05]], dtype=torch.float64)
+    r = evaluated_ratio(y_logp, zero, adv, mask, wide, SKYRL, torch.float64)
+    assert r[0] == 2.5 if exact else (r[0] <= 2.5 and within_ulps(r[0], 2.5))
