@@ -245,7 +245,8 @@ def _grid():
         for conv_name, conv in CONVENTIONS.items():
             if conv_name == "importance" and (v.kl_coef == 0 or v.ratio not in ("token", "sequence_mean")):
                 continue
-            dtypes = (torch.float64,) if conv_name == "float32" else (torch.bfloat16, torch.float16)
+            half = (torch.bfloat16, torch.float16)
+            dtypes = (torch.float64, torch.bfloat16) if conv_name == "float32" else half
             for dtype in dtypes:
                 yield pytest.param(v, conv, dtype, id=f"{name}-{conv_name}-{str(dtype)[6:]}")
 
@@ -308,6 +309,17 @@ def test_a_half_loss_that_overflows_its_dtype_is_allowed_only_when_computed_in_i
                                   advantages=t([3e4, -3e4, 3e4, 3e4], torch.float16))
     assert half_tolerance(big_sum, v, INPUT, 1.0)[2] is True
     assert half_tolerance(big_sum, v, LOOSE, 1.0)[2] is False
+    # the sum of the policy and KL terms overflows, each alone does not; a large ratio of a small term
+    kl = dataclasses.replace(v, kl_coef=1.0, kl_estimator="k2")
+    base = padded_case(torch.float16, ref=True)
+    far_ref = torch.where(base.mask, base.logp - 120.0, base.ref_logp)  # k2 = 7200 per token
+    half_sum = dataclasses.replace(base, advantages=t([9e3, -9e3, 0.0, 1.0], torch.float16), ref_logp=far_ref)
+    sums = [reference_magnitudes(half_sum, w, INPUT)["sum"] for w in (v, kl)]
+    assert sums[0] < 65504.0 < sums[1]
+    assert half_tolerance(half_sum, kl, INPUT, 1.0)[2] is True
+    small = dataclasses.replace(big_ratio, advantages=t([1e-3, 1e-3, 1e-3, 1e-3], torch.float16))
+    assert reference_magnitudes(small, v, INPUT)["sum"] < 65504.0
+    assert half_tolerance(small, v, INPUT, 1.0)[2] is True
     assert half_tolerance(padded_case(torch.float16), v, INPUT, 1.0)[2] is False
 
 
