@@ -66,6 +66,10 @@ KILL_TESTS = "tests/test_mutation_kills_*.py"
 # The contract test that results follow the inputs' device, not torch's default device; it calls every
 # public function of the refimpl modules below.
 DEFAULT_DEVICE = "tests/test_default_device.py"
+# The conformance kit's fast tests (the real-framework tests are not needed to kill its mutants).
+KIT_TESTS = ["tests/test_conformance_judge*.py", "tests/test_conformance.py",
+             "tests/test_conformance_classes.py", "tests/test_conformance_diagnosis.py",
+             "tests/test_conformance_zoo.py", "tests/test_checks.py"]
 # module path -> globs of the test files that check it. mutmut runs, for each mutant, every selected
 # test that called the mutated function (until the first failure), so a widely used function (e.g.
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
@@ -90,6 +94,10 @@ MODULES: dict[str, list[str]] = {
     "tabular/gradients.py": ["tests/test_tabular_gradients.py"],
     "tabular/exact.py": ["tests/test_tabular_evaluation.py", "tests/test_tabular_examples.py",
                          "tests/test_tabular_validation.py"],
+    # the conformance kit's judge and check loop: the fast conformance tests (no framework needed)
+    **{f"refimpl/conformance/{name}.py": KIT_TESTS
+       for name in ("expected", "evaluated_ratio", "tolerance", "engine", "diagnosis", "policy_cases",
+                    "report")},
 }
 # mutmut's exit codes that mean the mutant was detected; everything else is a survivor.
 KILLED_STATUSES = {"killed", "timeout", "segfault", "suspicious"}

@@ -1,0 +1,211 @@
+"""The diagnosis's alternatives and its choice of cases, pinned (issue 31):
+``refimpl.conformance.diagnosis``. Which alternatives are tried, in which order, with which labels;
+which failing case of each class is diagnosed; and the re-run diagnosis of the kinds without one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import refimpl.conformance.diagnosis as diagnosis
+from refimpl.conformance.conventions import Convention
+from refimpl.conformance.diagnosis import (
+    diagnosis_candidates,
+    explain_case,
+    explained_by_rerun,
+    mistakes,
+    with_explanations,
+)
+from refimpl.conformance.engine import expected_on
+from refimpl.conformance.expected import expected_policy_loss
+from refimpl.conformance.policy_cases import policy_loss_cases
+from refimpl.conformance.policy_check import judge_policy
+from refimpl.conformance.report import CaseResult, CheckReport
+from refimpl.losses import get_preset
+
+DAPO = get_preset("dapo")
+REP = dataclasses.replace
+
+
+def labels(alternatives):
+    return [label for label, _, _ in alternatives]
+
+
+def test_the_common_mistakes_and_what_each_computes():
+    conv = Convention()
+    kl = REP(DAPO, kl_coef=0.1, kl_estimator="k2")
+    out = mistakes(kl, conv)
+    assert labels(out) == ["eps_high = eps_low (no clip-higher)",
+                           "float32 arithmetic (flag compute_dtype='float32')",
+                           "no KL term (kl_coef 0)", "the KL estimator 'k1'", "the KL estimator 'k3'"]
+    assert out[0][1] == REP(kl, eps_high=0.2) and out[0][2] is conv
+    assert out[1][1] is kl and out[1][2] == Convention(compute_dtype="float32")
+    assert out[2][1] == REP(kl, kl_coef=0.0)
+    assert [v.kl_estimator for _, v, _ in out[3:]] == ["k1", "k3"]
+    # no clip-higher to miss (eps_high = eps_low, or a side missing), already float32, no KL term
+    assert mistakes(get_preset("ppo"), Convention(compute_dtype="float32")) == []
+    assert mistakes(REP(DAPO, eps_low=None), Convention(compute_dtype="float32")) == []
+    assert mistakes(REP(DAPO, eps_high=None), Convention(compute_dtype="float32")) == []
+    assert labels(mistakes(get_preset("sapo"), conv)) == ["float32 arithmetic (flag compute_dtype='float32')"]
+
+
+def test_the_alternatives_of_a_framework_mode_are_its_flags_then_the_aggregations():
+    conv = Convention()
+    out = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "micro_batch": "local_mean",
+                                            "no_such_flag": 1, "dual_clip": 0.5})
+    assert labels(out)[:2] == ["flag empty_rows='keep'", "flag micro_batch='local_mean'"]
+    assert out[1][2] == Convention(micro_batch="local_mean") and out[0][1] is DAPO
+    aggregations = [v.aggregation for label, v, _ in out if label.startswith("aggregation")]
+    assert aggregations == ["seq_mean_token_mean", "seq_sum", "seq_mean_token_sum", "seq_mean",
+                            "seq_sqrt_token_mean"]
+    assert [v.max_length for label, v, _ in out if label == "aggregation 'seq_sum'"] == [16]
+    assert not any(label.startswith("flags ") for label in labels(out))  # the unknown flag spoils the set
+    both = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "token_sum_rows": "all"})
+    assert "flags empty_rows='keep', token_sum_rows='all'" in labels(both)
+    assert both[2][2] == Convention(empty_rows="keep", token_sum_rows="all")
+    one = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep"})
+    assert not any(label.startswith("flags ") for label in labels(one))
+    assert "flag dual_clip=3.0" not in labels(one)  # the generic flags are for a user's function
+    dr = diagnosis_candidates(REP(DAPO, aggregation="seq_sum", max_length=40), conv, {})
+    assert [v.max_length for _, v, _ in dr if v.aggregation == "seq_sum"] == []
+    assert "aggregation 'token_mean'" in labels(dr)
+
+
+def test_the_alternatives_of_a_users_function_add_mistakes_generic_flags_and_candidates():
+    extra = ("profile x", DAPO, Convention(name="x"))
+    out = diagnosis_candidates(DAPO, Convention(), None, (extra,))
+    generic = ["flag empty_rows='keep'", "flag seq_sum_width='padded_width'", "flag token_sum_rows='all'",
+               "flag micro_batch='local_mean'", "flag log_ratio_clamp=20.0", "flag dual_clip=3.0",
+               "flag sequence_ratio_gradient='token'", "flag masked_nonfinite='propagate'",
+               "flag compute_dtype='input'"]
+    assert labels(out)[-len(generic) - 1:] == [*generic, "profile x"]
+    assert out[-1] == extra
+    assert labels(out)[5:7] == ["eps_high = eps_low (no clip-higher)",
+                                "float32 arithmetic (flag compute_dtype='float32')"]
+    # flags already set are not tried again; the micro-batch flag toggles
+    conv = Convention(empty_rows="keep", micro_batch="local_mean", compute_dtype="input")
+    out = labels(diagnosis_candidates(DAPO, conv, None))
+    assert "flag empty_rows='keep'" not in out and "flag compute_dtype='input'" not in out
+    assert "flag micro_batch='global'" in out
+
+
+def test_explain_case_names_the_flag_the_sign_or_the_ignored_normaliser():
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[0]
+    seq = REP(DAPO, aggregation="seq_mean_token_mean")
+    got = expected_policy_loss(case, seq, conv)
+    assert explain_case(case, *got, DAPO, conv, 1e-8, {}, (), judge_policy) == (
+        "matches aggregation 'seq_mean_token_mean'")
+    got = expected_policy_loss(case, DAPO, conv)
+    neg = (-got[0], -got[1])
+    assert explain_case(case, *neg, DAPO, conv, 1e-8, None, (), judge_policy) == (
+        "matches the loss's sign flipped")
+    assert explain_case(case, *neg, DAPO, conv, 1e-8, {}, (), judge_policy) is None  # a framework: no sign
+    local = expected_policy_loss(case, DAPO, Convention(micro_batch="local_mean"))
+    parts = len(case.micro_batches)
+    summed = (local[0] * parts, local[1] * parts)
+    assert explain_case(case, *summed, DAPO, conv, 1e-8, {"empty_rows": "keep"}, (), judge_policy) == (
+        "matches local means per micro-batch: the normalizer argument is ignored")
+    # under local means the kit passes no global normaliser: nothing to ignore
+    assert explain_case(case, *summed, DAPO, Convention(micro_batch="local_mean"), 1e-8, {}, (),
+                        judge_policy) is None
+    plain = policy_loss_cases(DAPO, conv, classes=("inside_clip",))[0]
+    flipped = REP(plain, advantages=-plain.advantages)
+    got = expected_policy_loss(flipped, DAPO, conv)
+    assert explain_case(plain, *got, DAPO, conv, 1e-8, None, (), judge_policy) == (
+        "matches a flipped sign (of the advantages or of the loss: the same on this case)")
+    outside = policy_loss_cases(DAPO, conv, classes=("outside_clip",))[0]
+    got = expected_policy_loss(REP(outside, advantages=-outside.advantages), DAPO, conv)
+    assert explain_case(outside, *got, DAPO, conv, 1e-8, None, (), judge_policy) == (
+        "matches the advantages' sign flipped")
+    got = expected_policy_loss(outside, DAPO, conv)
+    assert explain_case(outside, got[0] + 1.0, got[1], DAPO, conv, 1e-8, None, (), judge_policy) is None
+
+
+def _result(case_id, cls, size, ok):
+    return CaseResult(case_id, cls, size, 0.0 if ok else 1.0, 0.0, ok, True)
+
+
+def test_with_explanations_diagnoses_the_smallest_failing_case_of_each_class():
+    conv = Convention()
+    cases = {c.case_id: c for c in policy_loss_cases(DAPO, conv, classes=("inside_clip", "outside_clip"))}
+    got = {cid: (c, *expected_policy_loss(REP(c, advantages=-c.advantages), DAPO, conv))
+           for cid, c in cases.items()}
+    results = [_result("outside_clip/0", "outside_clip", 12, False),
+               _result("outside_clip/1", "outside_clip", 12, False),
+               _result("inside_clip/0", "inside_clip", 20, True),
+               _result("golden_vectors/0", "golden_vectors", 1, False)]
+    out = with_explanations(results, got, DAPO, conv, "dapo", 1e-8, None, (), judge_policy)
+    assert [r.explanation for r in out] == ["matches the advantages' sign flipped", None, None, None]
+    framework = with_explanations(results, got, DAPO, conv, "dapo", 1e-8, {}, (), judge_policy)
+    assert [r.explanation for r in framework] == ["unexplained", None, None, None]
+    smaller = [_result("outside_clip/1", "outside_clip", 11, False), *results[:1]]
+    out = with_explanations(smaller, got, DAPO, conv, "dapo", 1e-8, None, (), judge_policy)
+    assert [r.explanation for r in out] == ["matches the advantages' sign flipped", None]
+
+
+def test_explained_by_rerun_names_the_first_flag_that_passes_each_class():
+    report = CheckReport("t", (_result("a/0", "a", 1, False), _result("b/0", "b", 1, False),
+                               _result("c/0", "c", 1, False), _result("d/0", "d", 1, True)))
+
+    def run(conv):
+        passing = {"a"} if conv.empty_rows == "keep" else set()
+        if conv.empty_rows == "keep" and conv.micro_batch == "local_mean":
+            passing |= {"b"}
+        return CheckReport("t", tuple(_result(f"{k}/0", k, 1, k in passing) for k in "abcd"))
+
+    out = explained_by_rerun(report, Convention(), {"empty_rows": "keep", "micro_batch": "local_mean",
+                                                     "bad_flag": 3}, run)
+    assert out.list_departures is True
+    assert [r.explanation for r in out.results] == ["flag empty_rows='keep'", "unexplained", "unexplained",
+                                                    None]
+    out = explained_by_rerun(report, Convention(), {"empty_rows": "keep", "micro_batch": "local_mean"}, run)
+    assert [r.explanation for r in out.results] == [
+        "flag empty_rows='keep'", "flags empty_rows='keep', micro_batch='local_mean'", "unexplained", None]
+
+
+def test_alternatives_are_computed_on_the_checks_device(monkeypatch):
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[0]
+    loss, grad = expected_policy_loss(case, DAPO, conv)
+    wrong = (loss + 1.0, grad)
+    assert explain_case(case, *wrong, DAPO, conv, 1e-8, None, (), judge_policy, "the device") is None
+    assert devices and set(devices) == {"the device"}
+
+
+def test_a_framework_mode_is_not_diagnosed_with_a_users_mistakes_and_invalid_flags_are_skipped():
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("outside_clip",))[0]
+    got = expected_policy_loss(case, REP(DAPO, eps_high=0.2), conv)
+    assert explain_case(case, *got, DAPO, conv, 1e-8, None, (), judge_policy) == (
+        "matches eps_high = eps_low (no clip-higher)")
+    assert explain_case(case, *got, DAPO, conv, 1e-8, {}, (), judge_policy) is None
+    out = diagnosis_candidates(DAPO, conv, {"no_such_flag": 1, "empty_rows": "keep"})
+    assert labels(out)[0] == "flag empty_rows='keep'"
+
+
+def test_golden_vectors_are_not_diagnosed_and_one_flag_is_one_rerun():
+    conv = Convention()
+    (case,) = policy_loss_cases(DAPO, conv, classes=("inside_clip",))
+    golden = REP(case, case_class="golden_vectors")
+    got = expected_policy_loss(REP(case, advantages=-case.advantages), DAPO, conv)
+    results = [_result("golden_vectors/0", "golden_vectors", 1, False)]
+    got_by_id = {"golden_vectors/0": (golden, *got)}
+    out = with_explanations(results, got_by_id, DAPO, conv, "dapo", 1e-8, None, (), judge_policy)
+    assert out[0].explanation is None
+    calls = []
+
+    def run(candidate):
+        calls.append(candidate)
+        return CheckReport("t", (_result("a/0", "a", 1, True),))
+
+    report = CheckReport("t", (_result("a/0", "a", 1, False),))
+    assert explained_by_rerun(report, conv, {"empty_rows": "keep"}, run).results[0].explanation == (
+        "flag empty_rows='keep'")
+    assert calls == [Convention(empty_rows="keep")]
