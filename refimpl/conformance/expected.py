@@ -1,7 +1,9 @@
 """Expected values of the kit: the spec's implementation with a convention's flags applied.
 
 One interpreter turns a ``Convention`` (data) into calls of the verified building blocks:
-``policy_loss`` (with ``normalizer=`` and ``kl=``), ``group_advantages``, ``kl_k1/k2/k3`` and a
+``reference_policy_loss`` (the spec op by op, with ``normalizer=`` and ``kl=``: the kit's expected
+values do not go through ``policy_loss``'s closed form, which is proven equal to it),
+``group_advantages``, ``kl_k1/k2/k3`` and a
 float64 ``log_softmax``. Every expected value is computed in float64 from the case's inputs
 (half-precision inputs are first rounded, then upcast), with the gradient by autograd, on the
 device the case's tensors are on: a check on a device computes its expected values in float64 on
@@ -58,7 +60,8 @@ import torch
 
 from refimpl.advantages import group_advantages
 from refimpl.kl import kl_k1, kl_k2, kl_k3
-from refimpl.losses import PolicyLossVariant, policy_loss
+from refimpl.losses import PolicyLossVariant
+from refimpl.losses.policy import reference_policy_loss
 
 from .case_types import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
 from .conventions import Convention
@@ -296,7 +299,8 @@ def convention_loss(
         else:
             kwargs["ref_logp"] = ref
     denominator = max(normalizer, 1.0)
-    loss, _ = policy_loss(ratio_logp, ratio_old, adv, mask, variant, normalizer=denominator, **kwargs)
+    loss, _ = reference_policy_loss(ratio_logp, ratio_old, adv, mask, variant, normalizer=denominator,
+                                    **kwargs)
     return loss
 
 
