@@ -31,6 +31,7 @@ from .diagnosis import explained_by_rerun
 from .expected import convention_loss, convention_normalizer, effective_variant
 from .frameworks import FRAMEWORKS, Driver, Mode, load_driver
 from .golden import golden_cases
+from .kinds import KIND_REGISTRY, attribute, run_kind_check
 from .policy_check import differences_report, run_policy_check
 from .presets import resolve_preset
 from .profiles import advantage_convention, mode_convention, profile
@@ -64,9 +65,12 @@ __all__ = [
 
 def case_classes(kind: str = "policy_loss") -> tuple[str, ...]:
     """The case classes of ``kind`` ("policy_loss", "kl", "group_advantages", "token_logprobs"), in
-    report order (for a policy loss, ``kl_penalty`` runs only with a KL term)."""
+    report order (for a policy loss, ``kl_penalty`` runs only with a KL term), or of a registry kind
+    ("gae", "value_loss", "whitening", ...: ``kinds.KIND_REGISTRY``)."""
+    if kind in KIND_REGISTRY:
+        return KIND_REGISTRY[kind].case_classes()
     if kind not in CASE_CLASSES:
-        raise ValueError(f"kind must be one of {tuple(CASE_CLASSES)}, got {kind!r}")
+        raise ValueError(f"kind must be one of {tuple(CASE_CLASSES) + tuple(KIND_REGISTRY)}, got {kind!r}")
     return CASE_CLASSES[kind]
 
 
@@ -308,6 +312,9 @@ def check_framework_mode(
     mode runs and its expected values are computed (``check_policy_loss``); ``classes``: only these
     case classes (default: all; under the reference never the golden vectors)."""
     rtol = DEFAULT_RTOL if rtol is None else rtol
+    if mode.kind in KIND_REGISTRY:
+        return check_kind_mode(driver, mode, reference=reference, flag_overrides=flag_overrides, rtol=rtol,
+                               device=device, classes=classes)
     variant = driver.variant(mode, variant_overrides)
     conv = Convention() if reference else mode_convention(mode, driver.name)
     if flag_overrides:
@@ -351,6 +358,25 @@ def check_framework_mode(
     if reference and not report.ok and not flag_overrides:
         report = explained_by_rerun(report, conv, dict(mode.convention), run)
     return report
+
+
+def check_kind_mode(driver: Driver, mode: Mode, *, reference: bool, flag_overrides=None, rtol=DEFAULT_RTOL,
+                    device: torch.device | str = "cpu", classes: tuple[str, ...] | None = None
+                    ) -> CheckReport:
+    """A mode of a registry kind (kinds/): under its profile (the mode's flags), or under the spec
+    with each failing class attributed to the smallest set of the mode's flags that reproduces it."""
+    kind = KIND_REGISTRY[mode.kind]
+    fn, adapter = driver.target(mode.kind, mode)
+    header = framework_header(driver, mode)
+
+    def run(flags: dict) -> CheckReport:
+        return run_kind_check(kind, fn, {**flags, **(flag_overrides or {})}, adapter=adapter, rtol=rtol,
+                              header=header, device=device, classes=classes)
+
+    if not reference:
+        return run(dict(mode.convention))
+    report = run({})
+    return report if report.ok or flag_overrides else attribute(report, dict(mode.convention), run)
 
 
 def check_framework(

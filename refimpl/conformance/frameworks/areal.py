@@ -56,13 +56,17 @@ __all__ = [
     "source_files",
     "loss_kwargs",
     "target",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
 ]
 
 NAME = "areal"
 PINNED_VERSION = "1.0.4"
 DISTRIBUTION = "areal"
 _PRIVATE = "_refimpl_areal"
-_SOURCES = ("utils/functional/functional.py", "trainer/ppo/actor.py", "engine/fsdp_engine.py")
+_SOURCES = ("utils/functional/functional.py", "trainer/ppo/actor.py", "engine/fsdp_engine.py",
+            "trainer/ppo/critic.py")
 _INSTALL = "refimpl frameworks install areal"
 
 # The profile (flags of conventions.Convention, as data):
@@ -248,3 +252,35 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     if mode.kind != "policy_loss":
         raise ValueError(f"AReaL has no {mode.kind} mode in scope: {UNSUPPORTED[mode.kind]}")
     return _policy_target(mode, variant)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kinds of the registry (refimpl/conformance/kinds/): the critic's value loss.
+
+KIND_MODES = (
+    Mode("ppo_critic_loss_fn", kind="value_loss", framework_config={"loss_fn_type": "mse"},
+         convention={"scale": 0.5, "empty_step": "nan", "masked_nonfinite": "nan_gradient"},
+         description="ppo_critic_loss_fn (functional.py:714) as trainer/ppo/critic.py:105 calls it: float32 "
+         "values (asserted), _mse_loss = 0.5 (x - y)^2, torch.where(loss_mask, ...) / count_nonzero"),
+)
+KIND_UNSUPPORTED = {
+    "gae": {"PPOActor._compute_advantages": "GAE runs inside the actor on the whole prompt + response "
+            "sequence (loss mask rolled by one, the KL reward and the sequence reward placed by it, the last "
+            "position's advantage fixed to 0, values[:, -1] bootstrapped for rows without an EOS); its "
+            "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
+    "whitening": {"adv_norm (Normalization)": "lives in areal/utils/data.py, which imports AReaL's "
+                  "infrastructure (see kl)."},
+}
+
+
+def kind_target(mode: Mode) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` running functional.py's ``ppo_critic_loss_fn`` (float32, as AReaL asserts)."""
+    import torch
+
+    def value(fn, values, old_values, returns, mask, *, clip):
+        loss, _stat = fn(value=values.to(torch.float32), old_value=old_values.to(torch.float32),
+                         target_value=returns.to(torch.float32), value_eps_clip=clip, loss_mask=mask.bool(),
+                         loss_fn_type=mode.framework_config["loss_fn_type"])
+        return loss
+
+    return _functional().ppo_critic_loss_fn, value

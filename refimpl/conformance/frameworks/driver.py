@@ -24,6 +24,9 @@ framework (docs/conformance.md, "Adding a framework"):
                                                #   key (a flag, flag=value or a case class) ties it to
                                                #   the departures that show it
     framework_config(mode, variant) -> dict    # optional: the framework's own config keys
+    KIND_MODES: tuple[Mode, ...]               # optional: modes of the registry's kinds (kinds/),
+    kind_target(mode) -> (fn, adapter)         #   each run by kind_target; KIND_UNSUPPORTED =
+                                               #   {kind: {mode: reason}} (a marked section of the module)
 
 Modules written against the earlier interface (``modes(kind)``, ``unsupported_modes(kind)``,
 ``installed_version()``, ``target(kind, mode, variant)``, no ``MODES``) are accepted unchanged.
@@ -44,12 +47,14 @@ from types import ModuleType
 
 from refimpl.losses import PolicyLossVariant, get_preset
 
+from ..kinds import REGISTRY_KINDS
 from ..presets import preset_key, with_default_max_length
 from .findings import Finding, as_findings
 
 __all__ = ["KINDS", "Mode", "Driver", "VariantRefused", "distribution_version", "find_mode", "source_hash"]
 
-KINDS = ("policy_loss", "kl", "group_advantages")
+#: every kind a driver's mode may have: the kinds with their own checkers, then the registry's
+KINDS = ("policy_loss", "kl", "group_advantages") + REGISTRY_KINDS
 #: the PolicyLossVariant fields a mode of each kind determines itself (``Mode.fixed`` default)
 _VARIANT_FIELDS = tuple(f.name for f in dataclasses.fields(PolicyLossVariant))
 DEFAULT_FIXED = {
@@ -199,6 +204,8 @@ class Driver:
     def modes(self, kind: str = "policy_loss") -> dict[str, Mode]:
         """The modes in scope for ``kind``, by name, each with ``kind`` set."""
         _check_kind(kind)
+        if kind in REGISTRY_KINDS:
+            return {m.name: m for m in getattr(self.module, "KIND_MODES", ()) if m.kind == kind}
         if self._legacy:
             return {n: dataclasses.replace(m, kind=kind) for n, m in self.module.modes(kind).items()}
         return {m.name: m for m in self.module.MODES if m.kind == kind}
@@ -209,6 +216,8 @@ class Driver:
 
     def unsupported_modes(self, kind: str = "policy_loss") -> dict[str, str]:
         _check_kind(kind)
+        if kind in REGISTRY_KINDS:
+            return dict(getattr(self.module, "KIND_UNSUPPORTED", {}).get(kind, {}))
         if self._legacy:
             return dict(self.module.unsupported_modes(kind))
         return dict(getattr(self.module, "UNSUPPORTED", {}).get(kind, {}))
@@ -265,6 +274,8 @@ class Driver:
         if version != self.pinned_version:
             warnings.warn(f"{self.name} {version} is installed; the {self.name} profiles describe "
                           f"{self.pinned_version}", stacklevel=2)
+        if kind in REGISTRY_KINDS:  # the registry's kinds: the module's marked kinds section
+            return self.module.kind_target(m)
         if self._legacy:
             return self.module.target(kind, m, variant)
         return self.module.target(m, variant)

@@ -57,6 +57,9 @@ __all__ = [
     "algorithm_config",
     "config_keys",
     "target",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
 ]
 
 NAME = "skyrl"
@@ -67,7 +70,7 @@ REQUIREMENTS = ("omegaconf==2.4.0", "loguru==0.7.3", "jaxtyping==0.3.11", "wadle
 #: SkyRL-train declares Requires-Python ==3.12.*; its loss code runs on 3.10+
 INSTALL_OPTIONS = ("--ignore-requires-python",)
 _PRIVATE = "_refimpl_skyrl"
-_SOURCES = ("utils/ppo_utils.py", "config/ppo_base_config.yaml", "workers/worker.py")
+_SOURCES = ("utils/ppo_utils.py", "config/ppo_base_config.yaml", "workers/worker.py", "trainer.py")
 _INSTALL = "refimpl frameworks install skyrl"
 STUBBED: list[str] = []  # the import-only dependencies a stand-in served while ppo_utils.py loaded
 
@@ -393,3 +396,57 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     if mode.kind == "kl":
         return _kl_target(mode)
     return _advantage_target(mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kinds of the registry (refimpl/conformance/kinds/): GAE, the value loss, advantage whitening.
+# Each mode runs ppo_utils.py's own function as the trainer calls it (trainer.py:721-790, 265).
+
+# masked_whiten (ppo_utils.py:169-175): masked_mean / max(count, 1) (ppo_utils.py:88, multiplying by the
+# mask), Bessel's variance, rsqrt(var + 1e-8)
+_SKYRL_WHITEN = {"std": "sample", "eps": 1e-8, "eps_placement": "variance", "masked_nonfinite": "propagate"}
+KIND_MODES = (
+    Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
+         convention={"truncation": "terminate", "padding": "used", "whiten": "masked_sample"},
+         description="compute_gae_advantage_return (ppo_utils.py:999): the recursion runs over the padded "
+         "row unmasked (values[:, t + 1] of the first padding position is bootstrapped), no bootstrap "
+         "after the last position, advantages whitened inside"),
+    Mode("value_loss", kind="value_loss", framework_config={"value_clip": 0.2},
+         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_rows": "keep",
+                     "masked_nonfinite": "propagate"},
+         description="ppo_critic_loss (ppo_utils.py:178): 0.5 * masked_mean(max(...), dim=-1).mean(), "
+         "every row counted"),
+    Mode("normalize_advantages_dict", kind="whitening", framework_config={"advantage_batch_normalize": True},
+         convention={"mean": "unmasked", "eps": 1e-8, "eps_placement": "floor"},
+         description="normalize_advantages_dict (ppo_utils.py:131): advantages.mean() over every position "
+         "of the padded batch, padding included; the variance over the response tokens"),
+    Mode("masked_whiten", kind="whitening", convention=_SKYRL_WHITEN,
+         description="masked_whiten (ppo_utils.py:169), what the GAE estimator calls"),
+)
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+
+
+def kind_target(mode: Mode) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` running ppo_utils.py's own function for a registry-kind mode."""
+    module = _ppo_utils()
+    if mode.kind == "gae":
+
+        def gae(fn, rewards, values, mask, *, gamma, lam, truncated, final_values):
+            return fn(token_level_rewards=rewards, values=values, response_mask=mask.to(values.dtype),
+                      gamma=gamma, lambd=lam)
+
+        return module.AdvantageEstimatorRegistry.get("gae"), gae
+    if mode.kind == "value_loss":
+
+        def value(fn, values, old_values, returns, mask, *, clip):
+            config = algorithm_config({"value_clip": clip})
+            return fn(values, old_values, returns, config=config, loss_mask=mask.to(values.dtype))[0]
+
+        return module.ppo_critic_loss, value
+    if mode.name == "masked_whiten":
+        return module.masked_whiten, lambda fn, x, mask: fn(x, mask.to(x.dtype))
+
+    def normalize(fn, x, mask):
+        return fn({"advantages": x, "response_mask": mask.to(x.dtype)})["advantages"]
+
+    return module.normalize_advantages_dict, normalize

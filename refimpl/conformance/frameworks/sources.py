@@ -113,3 +113,24 @@ def load_failure(package: str, install: str, load) -> str | None:
     except Exception as exc:  # any import failure is reported, not raised
         return f"{package}'s loss code cannot be loaded: {type(exc).__name__}: {exc}"
     return None
+
+
+def function_from_source(path: pathlib.Path, qualname: str, namespace: dict) -> object:
+    """The function ``qualname`` ("f" or "Class.method") of the installed file ``path``, its ``def``
+    (decorators included) executed unchanged in ``namespace`` (the names it uses: torch, typing...):
+    for a function whose module imports what the kit cannot (ray, a trainer). Its line numbers are
+    the file's (tracebacks point into the installed file)."""
+    import ast
+
+    tree = ast.parse(pathlib.Path(path).read_text(), filename=str(path))
+    body = tree.body
+    *owners, name = qualname.split(".")
+    for owner in owners:
+        body = next(n.body for n in body if isinstance(n, ast.ClassDef) and n.name == owner)
+    node = next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise AttributeError(f"{path.name} has no function {qualname}")
+    module = ast.Module(body=[node], type_ignores=[])
+    scope = dict(namespace)
+    exec(compile(module, str(path), "exec"), scope)  # noqa: S102 (the installed framework's own code)
+    return scope[name]

@@ -42,6 +42,7 @@ from .adapters import (
     source_files,
     target,
 )
+from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
 from .modes import (
     FINDINGS,
     NOTES,
@@ -72,6 +73,9 @@ __all__ = [
     "policy_loss_kwargs",
     "unsupported_modes",
     "_modules",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
 ]
 
 NAME = "openrlhf"

@@ -30,7 +30,8 @@ _MODELS_PKG = "_refimpl_openrlhf_models"
 _UTILS_PKG = "_refimpl_openrlhf_utils"
 
 
-_SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py")
+_SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py",
+            "trainer/ppo_utils/experience_maker.py")  # the last: GAE and the whitening (kinds.py)
 
 
 def _package_dir() -> pathlib.Path | None:

@@ -36,6 +36,7 @@ from .adapters import (
     source_files,
     target,
 )
+from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
 from .modes import FINDINGS, NOTES, PROFILE, framework_config, modes, unsupported_modes
 
 __all__ = [
@@ -54,6 +55,9 @@ __all__ = [
     "mode_variant",
     "_actor_config",
     "_core_algos",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
 ]
 
 NAME = "verl"

@@ -1,0 +1,100 @@
+"""The OpenRLHF driver's modes of the registry's kinds (refimpl/conformance/kinds/): GAE, the value
+loss and the batch whitening of advantages, each OpenRLHF's own code called as its trainer calls it.
+
+* gae: ``RemoteExperienceMaker.get_advantages_and_returns(values, rewards, action_mask, gamma, lambd)``
+  (trainer/ppo_utils/experience_maker.py:343). The module imports ray and the trainer's actors, so
+  the method's own ``def`` is executed from the installed file (``sources.function_from_source``); it
+  does not use ``self``.
+* value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch.
+* whitening: the batch normalisation of ``compute_advantages_and_returns``
+  (experience_maker.py:320-336, inline), run through the method itself with estimator "gae",
+  ``gamma = 0`` and zero rewards, so that the advantages it whitens are ``-values * mask``: the
+  kit's advantages on the counted tokens, 0 on padding (experience_maker.py:375-377 masks them). The
+  length penalties it calls first (off with these arguments) are not loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+from .. import Mode
+from ..sources import function_from_source, package_dir
+from .adapters import _modules
+
+__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES"]
+
+KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py",)
+
+KIND_MODES = (
+    Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
+         convention={"truncation": "terminate", "padding_nonfinite": "propagate"},
+         description="get_advantages_and_returns: values and rewards multiplied by the mask, "
+         "values[:, t + 1] "
+         "bootstrapped (0 after the last token)"),
+    Mode("value_loss/token", kind="value_loss", framework_config={"token_level_loss": True},
+         convention={"scale": 0.5, "empty_step": "nan_gradient", "masked_nonfinite": "propagate"},
+         description="ValueLoss(clip_eps, token_level_loss=True): 0.5 * token mean of max(...)"),
+    Mode("value_loss/sequence", kind="value_loss", framework_config={"token_level_loss": False},
+         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_step": "nan_gradient",
+                     "masked_nonfinite": "propagate"},
+         description="ValueLoss(clip_eps, token_level_loss=False): 0.5 * mean of the rows' token means"),
+    Mode("advantage_whitening", kind="whitening", framework_config={"advantage_estimator": "gae"},
+         convention={"eps": 1e-8, "eps_placement": "floor", "masked_nonfinite": "propagate"},
+         description="compute_advantages_and_returns: masked mean and population variance in float32, "
+         "var.clamp(min=1e-8).rsqrt()"),
+)
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+
+
+@functools.cache
+def _maker_method(name: str):
+    import itertools
+    import typing
+
+    import torch
+
+    path = package_dir("openrlhf") / KIND_SOURCES[0]
+    utils = _modules()["utils"]
+    names = {"List": "List", "Tuple": "Tuple"}  # the typing names the installed code annotates with
+    namespace = {"torch": torch, "itertools": itertools, **{k: getattr(typing, v) for k, v in names.items()},
+                 "compute_reward": utils.compute_reward, "masked_mean": utils.masked_mean,
+                 "apply_length_penalties": lambda experiences, args: None,
+                 "logger": types.SimpleNamespace(warning=lambda *a, **k: None, info=lambda *a, **k: None)}
+    return function_from_source(path, f"RemoteExperienceMaker.{name}", namespace)
+
+
+def _whiten(fn, x, mask):
+    import torch
+
+    gae = _maker_method("get_advantages_and_returns")
+    ns = types.SimpleNamespace
+    args = ns(rollout=ns(n_samples_per_prompt=1), reward=ns(clip_range=None),
+              algo=ns(advantage=ns(estimator="gae", gamma=0.0, lambd=0.0, no_std_norm=False)))
+    maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator="gae",
+               get_advantages_and_returns=lambda *a: gae(None, *a))
+    n = x.shape[0]
+    experience = ns(rewards=torch.zeros(n, dtype=x.dtype), index=list(range(n)), kl=torch.zeros_like(x),
+                    action_mask=mask, values=-x, info={})
+    fn(maker, [experience])
+    # the statistics are float32 (experience_maker.py:324, .float()): the result has float32 precision
+    return experience.advantages.to(torch.float32)
+
+
+def kind_target(mode: Mode):
+    """``(fn, adapter)`` running OpenRLHF's own code for a registry-kind mode."""
+    if mode.kind == "gae":
+
+        def gae(fn, rewards, values, mask, *, gamma, lam, truncated, final_values):
+            return fn(None, values, rewards, mask.to(values.dtype), gamma, lam)
+
+        return _maker_method("get_advantages_and_returns"), gae
+    if mode.kind == "value_loss":
+        token_level = mode.framework_config["token_level_loss"]
+
+        def value(fn, values, old_values, returns, mask, *, clip):
+            return fn(clip_eps=clip, token_level_loss=token_level)(values, old_values, returns,
+                                                                   action_mask=mask.to(values.dtype))
+
+        return _modules()["loss"].ValueLoss, value
+    return _maker_method("compute_advantages_and_returns"), _whiten

@@ -1,0 +1,72 @@
+"""The verl driver's modes of the registry's kinds (refimpl/conformance/kinds/): GAE, the clipped
+value loss and masked whitening, each verl's own function called as its trainer calls it.
+
+* gae: ``core_algos.compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma,
+  lam)`` (core_algos.py:216), the float response mask; it whitens the advantages inside
+  (``verl_F.masked_whiten``, core_algos.py:262) and has no input for a truncated response.
+* value_loss: ``core_algos.compute_value_loss(vpreds, returns, values, response_mask,
+  cliprange_value, loss_agg_mode)`` (core_algos.py:2125; ``0.5 * agg_loss``, line 2175), one
+  micro-batch, no global batch info.
+* whitening: ``verl.utils.torch_functional.masked_whiten(values, mask)`` (torch_functional.py:329),
+  what GAE and the REINFORCE++ estimators call.
+"""
+
+from __future__ import annotations
+
+from .. import Mode
+from .adapters import _core_algos
+
+__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target"]
+
+# masked_mean divides by mask.sum() + 1e-8 (torch_functional.py:308), masked_var is Bessel-corrected
+# (line 324) and masked_whiten multiplies by rsqrt(var + 1e-8) (line 343)
+_WHITEN = {"std": "sample", "eps": 1e-8, "eps_placement": "variance", "count_eps": 1e-8}
+
+KIND_MODES = (
+    Mode("gae", kind="gae", framework_config={"adv_estimator": "gae"},
+         convention={"truncation": "terminate", "padding_nonfinite": "propagate", "whiten": "masked_sample"},
+         description="compute_gae_advantage_return: values * mask carries the next value over padding "
+         "(0 * inf = NaN), no bootstrap after the last token, advantages whitened inside"),
+    Mode("value_loss/token-mean", kind="value_loss", framework_config={"loss_agg_mode": "token-mean"},
+         convention={"scale": 0.5, "empty_step": "nan", "masked_nonfinite": "nan_gradient"},
+         description="compute_value_loss: 0.5 * agg_loss(max((v - R)^2, (v_clip - R)^2)), token-mean"),
+    Mode("value_loss/seq-mean-token-mean", kind="value_loss",
+         framework_config={"loss_agg_mode": "seq-mean-token-mean"},
+         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_step": "nan",
+                     "masked_nonfinite": "propagate"},
+         description="compute_value_loss with loss_agg_mode='seq-mean-token-mean'"),
+    Mode("masked_whiten", kind="whitening", convention=_WHITEN,
+         description="verl_F.masked_whiten: masked mean, Bessel-corrected variance, rsqrt(var + 1e-8)"),
+)
+
+KIND_UNSUPPORTED = {
+    "gae": {"multi-turn masks (observation tokens inside a response)": "the kit's GAE cases have one "
+            "episode per row with a prefix mask"},
+}
+
+
+def _functional():
+    import importlib
+
+    _core_algos()
+    return importlib.import_module("verl.utils.torch_functional")
+
+
+def kind_target(mode: Mode):
+    """``(fn, adapter)`` running verl's own function for a registry-kind mode."""
+    if mode.kind == "gae":
+
+        def gae(fn, rewards, values, mask, *, gamma, lam, truncated, final_values):
+            return fn(token_level_rewards=rewards, values=values, response_mask=mask.to(values.dtype),
+                      gamma=gamma, lam=lam)
+
+        return _core_algos().compute_gae_advantage_return, gae
+    if mode.kind == "value_loss":
+        agg = mode.framework_config["loss_agg_mode"]
+
+        def value(fn, values, old_values, returns, mask, *, clip):
+            return fn(vpreds=values, returns=returns, values=old_values, response_mask=mask.to(values.dtype),
+                      cliprange_value=clip, loss_agg_mode=agg)[0]
+
+        return _core_algos().compute_value_loss, value
+    return _functional().masked_whiten, lambda fn, x, mask: fn(x, mask.to(x.dtype))

@@ -1,0 +1,131 @@
+"""Kind ``whitening``: masked batch whitening (normalisation) of per-token advantages.
+
+The function is called as ``fn(advantages [N, T], mask [N, T]) -> [N, T]`` and judged on the
+counted entries against ``refimpl.whitening.masked_whiten_reference`` (advantages.md eq. (12)-(14),
+two-pass). The spec: the token-weighted mean and population variance of the counted entries, no
+epsilon, a constant batch gives 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from refimpl.whitening import masked_whiten_reference
+
+from .base import Expected, Kind, KindCase
+
+__all__ = ["WhiteningFlags", "WHITENING", "whitening_cases", "expected_whitening"]
+
+
+@dataclass(frozen=True)
+class WhiteningFlags:
+    """How a framework whitens (defaults: the spec).
+
+    mean: "masked" | "unmasked" (the plain mean of the padded batch, padding included).
+    std: "population" | "sample" (Bessel's n / (n - 1)).
+    weighting: "token" | "sequence" (every non-empty row weighs 1).
+    eps / eps_placement: sqrt(var + eps) ("variance"), sqrt(var) + eps ("std"), sqrt(max(var, eps))
+        ("floor").
+    count_eps: added to the count in the means (verl's masked_mean: mask.sum() + 1e-8).
+    one_pass: True: the variance as E[x^2] - E[x]^2 in float32 (cancels on a large offset).
+    masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
+        makes every output NaN).
+    """
+
+    mean: str = "masked"
+    std: str = "population"
+    weighting: str = "token"
+    eps: float = 0.0
+    eps_placement: str = "variance"
+    count_eps: float = 0.0
+    one_pass: bool = False
+    masked_nonfinite: str = "ignored"
+
+
+def _exact32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to float32 and back: inputs a float32 implementation sees unchanged."""
+    return x.float().double()
+
+
+def _mask(lengths, width: int) -> torch.Tensor:
+    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def whitening_cases(seed: int = 0) -> list[KindCase]:
+    """Per-token advantages ``[4, 6]`` with a prefix mask per row, by what the whitening must get
+    right."""
+    g = torch.Generator().manual_seed(seed + 131)
+
+    def case(name, x, lengths, note="", junk=True):
+        mask = _mask(lengths, x.shape[1])
+        if junk:  # finite junk at padding: the whitening must not read it
+            junk = 7.0 + 3.0 * torch.rand(x.shape, generator=g, dtype=torch.float64)
+            x = torch.where(mask, x, _exact32(junk))
+        return KindCase(name, 0, {"advantages": _exact32(x), "mask": mask}, note=note)
+
+    base = torch.randn((4, 6), generator=g, dtype=torch.float64)
+    nonfinite = base.clone()
+    nonfinite[0, 5], nonfinite[1, 4], nonfinite[3, 2] = math.nan, math.inf, -math.inf
+    offset = 1000.0 + torch.randint(-8, 9, (4, 6), generator=g).to(torch.float64) / 64  # exact in float32
+    return [
+        case("equal_lengths", base, [6, 6, 6, 6], junk=False),
+        case("ragged", base * 2.0 + 0.5, [6, 2, 4, 1], "rows of 6, 2, 4 and 1 tokens"),
+        case("padding_junk", base, [3, 5, 2, 4], "values 7-10 at every padding position"),
+        case("empty_rows", base, [4, 0, 3, 0], "two rows without a counted token"),
+        KindCase("masked_nonfinite", 0, {"advantages": nonfinite, "mask": _mask([5, 4, 6, 2], 6)},
+                 note="NaN, +inf and -inf at padding positions"),
+        case("large_offset", offset, [6, 5, 6, 4], "1000 + k/64: a one-pass float32 variance cancels",
+             junk=False),
+        case("constant", torch.full((4, 6), 1000.125, dtype=torch.float64), [6, 3, 5, 2],
+             "every counted entry 1000.125: variance 0, the spec gives 0", junk=False),
+    ]
+
+
+def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expected]:
+    x, mask = case.inputs["advantages"], case.inputs["mask"]
+    if flags.one_pass:  # the one-pass float32 variance of the counted entries (a convention, not the spec)
+        m32, x32 = mask.to(torch.float32), torch.where(mask, x, 0.0).to(torch.float32)
+        n = m32.sum().clamp(min=1.0)
+        mu = (x32 * m32).sum() / n
+        var = ((x32 * x32 * m32).sum() / n - mu * mu).clamp(min=0.0)
+        out = ((x32 - mu) / torch.sqrt(var + flags.eps)).double()
+    else:
+        out = masked_whiten_reference(x, mask, mean=flags.mean, std=flags.std, weighting=flags.weighting,
+                                      eps=flags.eps, eps_placement=flags.eps_placement,
+                                      count_eps=flags.count_eps)
+    if flags.masked_nonfinite == "propagate" and not bool(torch.isfinite(x).all()):
+        out = torch.full_like(out, math.nan)
+    return {"advantages": Expected(out.double(), mask)}
+
+
+def float32_rtol(case: KindCase) -> float:
+    """The tolerance of a float32 whitening of ``case``: the float32 sum of n counted entries is off by
+    up to n u max|x| (u = 2^-24), the centred values by as much, and the division by the standard
+    deviation s scales that: 2 n u max|x| / s (the condition number of centring on a large offset)."""
+    x, mask = case.inputs["advantages"], case.inputs["mask"]
+    counted = x[mask & torch.isfinite(x)]
+    if counted.numel() < 2:
+        return 0.0
+    s = float(counted.std(unbiased=False))
+    return 0.0 if s == 0.0 else 2 * counted.numel() * 2.0**-24 * float(counted.abs().max()) / s
+
+
+def _call(fn, adapter, case: KindCase) -> dict:
+    x, mask = case.inputs["advantages"].clone(), case.inputs["mask"].clone()
+    out = adapter(fn, x, mask) if adapter is not None else fn(x, mask)
+    return {"advantages": out}
+
+
+WHITENING = Kind(
+    name="whitening",
+    title="advantage whitening (masked batch mean and variance)",
+    signature="fn(advantages [N, T], mask [N, T] bool) -> whitened advantages [N, T]",
+    flags=WhiteningFlags,
+    cases=lambda seed=0: whitening_cases(seed),
+    expected=expected_whitening,
+    call=_call,
+    float32_rtol=float32_rtol,
+)
