@@ -177,6 +177,24 @@ def run_function(args: argparse.Namespace) -> int:
     return _emit(report, args.json)
 
 
+def run_kind_function(args: argparse.Namespace) -> int:
+    """``refimpl check kind KIND MODULE:FUNCTION [--flag F=V]``: a function of a registry kind
+    (``kinds.KIND_REGISTRY``) against the spec, or the spec with the kind's flags changed."""
+    from refimpl.conformance import checks
+    from refimpl.conformance.kinds import get_kind, run_kind_check
+
+    kind = get_kind(args.registry_kind)
+    adapter = load_object(args.adapter, "--adapter") if args.adapter else None
+    fn = load_object(args.target, "FUNCTION")
+    flags = parse_assignments(args.flag, kind.flags(), "--flag")
+    try:
+        flags = kind.make_flags(flags)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"--flag: {one_line(exc)}") from None
+    rtol = checks.DEFAULT_RTOL if args.rtol is None else args.rtol
+    return _emit(run_kind_check(kind, fn, flags, adapter=adapter, rtol=rtol, device=_device(args)), args.json)
+
+
 def run_framework(args: argparse.Namespace) -> int:
     """``refimpl check framework F [--mode M | --preset P]`` (also ``check --framework F``); without
     either, every mode of the framework (of ``--kind``)."""
@@ -217,11 +235,18 @@ def _write_repros(framework: str, directory: str) -> int:
 def _framework_report(driver, mode, args: argparse.Namespace, device):
     from refimpl.conformance.checks import check_framework_mode
     from refimpl.conformance.frameworks import VariantRefused
+    from refimpl.conformance.kinds import KIND_REGISTRY
     from refimpl.conformance.profiles import mode_convention
     from refimpl.losses import PolicyLossVariant
 
     overrides = parse_assignments(args.variant, PolicyLossVariant(), "--variant")
-    flags = parse_assignments(args.flag, mode_convention(mode, driver.name), "--flag")
+    if mode.kind in KIND_REGISTRY:  # a registry kind: its own flags
+        if overrides:
+            raise UserError(f"--variant: a {mode.kind} mode has no PolicyLossVariant; use --flag")
+        own = KIND_REGISTRY[mode.kind].make_flags(dict(mode.convention))
+        flags = parse_assignments(args.flag, own, "--flag")
+    else:
+        flags = parse_assignments(args.flag, mode_convention(mode, driver.name), "--flag")
     try:
         return check_framework_mode(
             driver, mode, reference=args.convention == "reference", variant_overrides=overrides,
@@ -327,12 +352,14 @@ def _check_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         "check",
         help="check a loss / KL / advantages / log-probs, or an installed framework, against the reference",
         description="Run the conformance kit and print a table per case class: "
-        "refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION, refimpl check framework FRAMEWORK "
+        "refimpl check loss|kl|advantages|logprobs MODULE:FUNCTION, refimpl check kind KIND MODULE:FUNCTION "
+        "(gae, value_loss, whitening), refimpl check framework FRAMEWORK "
         "(or --framework FRAMEWORK), refimpl check differences --preset P --convention C.",
     )
     one_line_errors(parser, prog)
     funcs = {word: guarded(run_function, f"{prog} {word}") for word in KIND_WORDS}
-    funcs.update(framework=guarded(run_framework, f"{prog} framework"),
+    funcs.update(kind=guarded(run_kind_function, f"{prog} kind"),
+                 framework=guarded(run_framework, f"{prog} framework"),
                  differences=guarded(run_differences, f"{prog} differences"),
                  conventions=guarded(run_conventions, "refimpl conventions"))
     add_check_subcommands(parser, funcs, prog)

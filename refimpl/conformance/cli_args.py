@@ -315,6 +315,8 @@ CHECK_SUBCOMMANDS = {
     "advantages": ("group advantages fn(rewards, group_ids) -> [N]", _FUNCTION,
                    ("preset", "convention", "flag", "scale_rewards", *_CHECKED)),
     "logprobs": ("token log-probabilities fn(logits, tokens) -> [N, T]", _FUNCTION, _CHECKED),
+    "kind": ("a function of a kind of the registry (gae, value_loss, whitening, ...: refimpl/conformance/"
+             "kinds); --flag sets the kind's flags", "KIND", ("flag", *_CHECKED)),
     "framework": ("an installed framework's own code (its mode, or the mode of --preset)", "FRAMEWORK",
                   ("mode", "kind", "preset", "convention", "variant", "flag", "device", "rtol", "timeout",
                    "json", "repro")),
@@ -337,6 +339,12 @@ def add_check_subcommands(check: argparse.ArgumentParser, funcs: dict[str, Calla
         one_line_errors(parser, f"{prog} {word}")
         if positional == "FRAMEWORK":
             parser.add_argument("framework", metavar="FRAMEWORK", help=f"one of {', '.join(FRAMEWORKS)}")
+        elif positional == "KIND":  # refimpl check kind NAME MODULE:FUNCTION
+            from refimpl.conformance.kinds import REGISTRY_KINDS
+
+            parser.add_argument("registry_kind", metavar="KIND", choices=REGISTRY_KINDS,
+                                help=f"one of {', '.join(REGISTRY_KINDS)}")
+            parser.add_argument("target", metavar=_FUNCTION, help="the function (MODULE may be a file path)")
         elif positional:
             parser.add_argument("target", metavar=positional, help="the function (MODULE may be a file path)")
         for name in names:

@@ -259,7 +259,7 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
 
 KIND_MODES = (
     Mode("ppo_critic_loss_fn", kind="value_loss", framework_config={"loss_fn_type": "mse"},
-         convention={"scale": 0.5, "empty_step": "nan", "masked_nonfinite": "nan_gradient"},
+         convention={"value_scale": 0.5, "value_empty_step": "nan", "value_masked_nonfinite": "nan_gradient"},
          description="ppo_critic_loss_fn (functional.py:714) as trainer/ppo/critic.py:105 calls it: float32 "
          "values (asserted), _mse_loss = 0.5 (x - y)^2, torch.where(loss_mask, ...) / count_nonzero"),
 )

@@ -404,20 +404,22 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
 
 # masked_whiten (ppo_utils.py:169-175): masked_mean / max(count, 1) (ppo_utils.py:88, multiplying by the
 # mask), Bessel's variance, rsqrt(var + 1e-8)
-_SKYRL_WHITEN = {"std": "sample", "eps": 1e-8, "eps_placement": "variance", "masked_nonfinite": "propagate"}
+_SKYRL_WHITEN = {"whiten_std": "sample", "whiten_eps": 1e-8, "whiten_eps_placement": "variance",
+                 "whiten_masked_nonfinite": "propagate"}
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
-         convention={"truncation": "terminate", "padding": "used", "whiten": "masked_sample"},
+         convention={"gae_truncation": "terminate", "gae_padding": "used", "gae_whiten": "masked_sample"},
          description="compute_gae_advantage_return (ppo_utils.py:999): the recursion runs over the padded "
          "row unmasked (values[:, t + 1] of the first padding position is bootstrapped), no bootstrap "
          "after the last position, advantages whitened inside"),
     Mode("value_loss", kind="value_loss", framework_config={"value_clip": 0.2},
-         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_rows": "keep",
-                     "masked_nonfinite": "propagate"},
+         convention={"value_scale": 0.5, "value_aggregation": "seq_mean_token_mean",
+                     "value_empty_rows": "keep",
+                     "value_masked_nonfinite": "propagate"},
          description="ppo_critic_loss (ppo_utils.py:178): 0.5 * masked_mean(max(...), dim=-1).mean(), "
          "every row counted"),
     Mode("normalize_advantages_dict", kind="whitening", framework_config={"advantage_batch_normalize": True},
-         convention={"mean": "unmasked", "eps": 1e-8, "eps_placement": "floor"},
+         convention={"whiten_mean": "unmasked", "whiten_eps": 1e-8, "whiten_eps_placement": "floor"},
          description="normalize_advantages_dict (ppo_utils.py:131): advantages.mean() over every position "
          "of the padded batch, padding included; the variance over the response tokens"),
     Mode("masked_whiten", kind="whitening", convention=_SKYRL_WHITEN,

@@ -22,7 +22,8 @@ import torch
 from ..engine import run_cases
 from ..report import CaseResult, CheckReport, tensor_text
 
-__all__ = ["Kind", "KindCase", "Expected", "run_kind_check", "attribute", "flag_text", "FLOAT32_RTOL"]
+__all__ = ["Kind", "KindCase", "Expected", "run_kind_check", "attribute", "check_choices", "flag_text",
+           "FLOAT32_RTOL"]
 
 #: the tolerance of an output computed in float32 (a framework that upcasts to float32, not float64):
 #: the kinds' cases have at most 16 steps or 40 entries of magnitude <= 10 and inputs exact in float32,
@@ -117,6 +118,19 @@ class Kind:
         if unknown:
             raise ValueError(f"unknown {self.name} flags {unknown}; valid: {sorted(names)}")
         return self.flags(**(values or {}))
+
+
+def check_choices(flags, choices: dict[str, tuple]) -> None:
+    """A one-line ValueError when a flag of ``flags`` is not among its ``choices`` (a kind's flags
+    dataclass calls it in ``__post_init__``); numbers must be >= 0."""
+    for name, allowed in choices.items():
+        if getattr(flags, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(flags, name)!r}")
+    for f in dataclasses.fields(flags):
+        value = getattr(flags, f.name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if f.name not in choices and (not number or value < 0):
+            raise ValueError(f"{f.name} must be a number >= 0, got {value!r}")
 
 
 def flag_text(flags: dict) -> str:

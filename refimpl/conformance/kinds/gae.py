@@ -20,7 +20,7 @@ import torch
 from refimpl.estimators import gae_advantages
 from refimpl.whitening import masked_whiten_reference
 
-from .base import Expected, Kind, KindCase
+from .base import Expected, Kind, KindCase, check_choices
 
 __all__ = ["GAEFlags", "GAE", "gae_cases", "expected_gae"]
 
@@ -29,21 +29,26 @@ __all__ = ["GAEFlags", "GAE", "gae_cases", "expected_gae"]
 class GAEFlags:
     """How a framework computes GAE over a padded batch (defaults: the spec).
 
-    truncation: "bootstrap" | "terminate" (a truncated response is treated as ended by an EOS: the
+    gae_truncation: "bootstrap" | "terminate" (a truncated response is treated as ended by an EOS: the
         value of the state after its last token is dropped).
-    padding: "ignored" | "used" (the recursion runs over the whole padded row: the value at the first
+    gae_padding: "ignored" | "used" (the recursion runs over the whole padded row: the value at the first
         padding position is bootstrapped and padding rewards are summed in).
-    padding_nonfinite: "ignored" | "propagate" (a NaN / inf at a padding position of values or rewards
+    gae_padding_nonfinite: "ignored" | "propagate" (a NaN / inf at a padding position of values or rewards
         is multiplied by the mask, 0 * inf = NaN, and reaches every token of its row).
-    whiten: "none" | "masked_sample" (the advantages, not the returns, are whitened over the counted
+    gae_whiten: "none" | "masked_sample" (the advantages, not the returns, are whitened over the counted
         tokens: masked mean over mask.sum() + 1e-8, sample variance,
         rsqrt(var + 1e-8): verl's and SkyRL's masked_whiten).
     """
 
-    truncation: str = "bootstrap"
-    padding: str = "ignored"
-    padding_nonfinite: str = "ignored"
-    whiten: str = "none"
+    gae_truncation: str = "bootstrap"
+    gae_padding: str = "ignored"
+    gae_padding_nonfinite: str = "ignored"
+    gae_whiten: str = "none"
+
+    def __post_init__(self) -> None:
+        check_choices(self, {"gae_truncation": ("bootstrap", "terminate"), "gae_padding": ("ignored", "used"),
+                             "gae_padding_nonfinite": ("ignored", "propagate"),
+                             "gae_whiten": ("none", "masked_sample")})
 
 
 def _exact32(x: torch.Tensor) -> torch.Tensor:
@@ -93,11 +98,12 @@ def _row_gae(case: KindCase, flags: GAEFlags) -> tuple[torch.Tensor, torch.Tenso
     mask, gamma, lam = x["mask"], case.params["gamma"], case.params["lam"]
     adv, ret = torch.zeros_like(x["rewards"]), torch.zeros_like(x["rewards"])
     for i in range(mask.shape[0]):
-        length = mask.shape[1] if flags.padding == "used" else int(mask[i].sum())
+        length = mask.shape[1] if flags.gae_padding == "used" else int(mask[i].sum())
         if length == 0:
             continue
         r, v = x["rewards"][i, :length], x["values"][i, :length]
-        bootstrap = bool(x["truncated"][i]) and flags.truncation == "bootstrap" and flags.padding != "used"
+        bootstrap = (bool(x["truncated"][i]) and flags.gae_truncation == "bootstrap"
+                     and flags.gae_padding != "used")
         last = x["final_values"][i] if bootstrap else torch.zeros((), dtype=v.dtype)
         next_values = torch.cat([v[1:], last.reshape(1)])
         end = torch.zeros(length, dtype=torch.bool)
@@ -111,14 +117,14 @@ def _row_gae(case: KindCase, flags: GAEFlags) -> tuple[torch.Tensor, torch.Tenso
 def expected_gae(case: KindCase, flags: GAEFlags) -> dict[str, Expected]:
     x = case.inputs
     mask = x["mask"]
-    keep = mask if flags.padding != "used" else torch.isfinite(x["rewards"]) & torch.isfinite(x["values"])
+    keep = mask if flags.gae_padding != "used" else torch.isfinite(x["rewards"]) & torch.isfinite(x["values"])
     clean = {k: (torch.where(keep, v, 0.0) if k in ("rewards", "values") else v) for k, v in x.items()}
     adv, ret = _row_gae(KindCase(case.case_class, case.index, clean, case.params), flags)
-    if flags.padding_nonfinite == "propagate" or flags.padding == "used":
+    if flags.gae_padding_nonfinite == "propagate" or flags.gae_padding == "used":
         bad = (~torch.isfinite(x["rewards"]) | ~torch.isfinite(x["values"])) & ~mask
         rows = bad.any(dim=-1, keepdim=True).expand_as(mask)
         adv, ret = torch.where(rows, math.nan, adv), torch.where(rows, math.nan, ret)
-    if flags.whiten == "masked_sample":
+    if flags.gae_whiten == "masked_sample":
         adv = masked_whiten_reference(adv, mask, std="sample", eps=1e-8, eps_placement="variance",
                                       count_eps=1e-8)
     return {"advantages": Expected(adv, mask), "returns": Expected(ret, mask)}

@@ -16,7 +16,7 @@ import torch
 
 from refimpl.losses import value_loss
 
-from .base import Expected, Kind, KindCase
+from .base import Expected, Kind, KindCase, check_choices
 
 __all__ = ["ValueLossFlags", "VALUE_LOSS", "value_loss_cases", "expected_value_loss"]
 
@@ -25,22 +25,29 @@ __all__ = ["ValueLossFlags", "VALUE_LOSS", "value_loss_cases", "expected_value_l
 class ValueLossFlags:
     """How a framework computes the clipped value loss (defaults: the spec).
 
-    scale: 1.0 | 0.5 (0.5 (V - R)^2: the factor 1/2 of a squared error; the value coefficient
+    value_scale: 1.0 | 0.5 (0.5 (V - R)^2: the factor 1/2 of a squared error; the value coefficient
         absorbs it, a convention, but the value loss reported is halved).
-    aggregation: "token_mean" | "seq_mean_token_mean" (the mean of each row's token mean).
-    empty_rows: "skip" | "keep" (with seq_mean_token_mean: a row without a token counts as 0 in the mean).
-    empty_step: "zero" | "nan" (no counted token: 0 / 0, a NaN value whose gradient is 0: a logged
+    value_aggregation: "token_mean" | "seq_mean_token_mean" (the mean of each row's token mean).
+    value_empty_rows: "skip" | "keep" (with seq_mean_token_mean: a row without a token counts as 0 in "
+    "the mean).
+    value_empty_step: "zero" | "nan" (no counted token: 0 / 0, a NaN value whose gradient is 0: a logged
         value) | "nan_gradient" (a NaN value and a NaN gradient: the step's update is NaN).
-    masked_nonfinite: "ignored" | "propagate" (NaN / inf at padding multiplied by the mask: a NaN loss)
+    value_masked_nonfinite: "ignored" | "propagate" (NaN / inf at padding multiplied by the mask: a NaN loss)
         | "nan_gradient" (selected away with torch.where: the loss is right, the gradient at those
         padding positions is NaN).
     """
 
-    scale: float = 1.0
-    aggregation: str = "token_mean"
-    empty_rows: str = "skip"
-    empty_step: str = "zero"
-    masked_nonfinite: str = "ignored"
+    value_scale: float = 1.0
+    value_aggregation: str = "token_mean"
+    value_empty_rows: str = "skip"
+    value_empty_step: str = "zero"
+    value_masked_nonfinite: str = "ignored"
+
+    def __post_init__(self) -> None:
+        check_choices(self, {"value_aggregation": ("token_mean", "seq_mean_token_mean"),
+                             "value_empty_rows": ("skip", "keep"),
+                             "value_empty_step": ("zero", "nan", "nan_gradient"),
+                             "value_masked_nonfinite": ("ignored", "propagate", "nan_gradient")})
 
 
 def _exact32(x: torch.Tensor) -> torch.Tensor:
@@ -75,15 +82,15 @@ def value_loss_cases(seed: int = 0) -> list[KindCase]:
 
 
 def _reference(values, old, returns, mask, clip, flags: ValueLossFlags) -> torch.Tensor:
-    if flags.aggregation == "token_mean":
+    if flags.value_aggregation == "token_mean":
         loss = value_loss(values, returns, mask, old_values=old, clip_eps=clip)[0]
     else:
         rows = [value_loss(values[i], returns[i], mask[i], old_values=old[i], clip_eps=clip)[0]
-                for i in range(mask.shape[0]) if flags.empty_rows == "keep" or bool(mask[i].any())]
+                for i in range(mask.shape[0]) if flags.value_empty_rows == "keep" or bool(mask[i].any())]
         loss = torch.stack(rows).mean() if rows else values.sum() * 0.0
-    if not bool(mask.any()) and flags.empty_step != "zero":
+    if not bool(mask.any()) and flags.value_empty_step != "zero":
         loss = loss + math.nan
-    return flags.scale * loss
+    return flags.value_scale * loss
 
 
 def expected_value_loss(case: KindCase, flags: ValueLossFlags) -> dict[str, Expected]:
@@ -95,13 +102,13 @@ def expected_value_loss(case: KindCase, flags: ValueLossFlags) -> dict[str, Expe
     loss = _reference(v, old, ret, mask, case.params["clip"], flags)
     (grad,) = torch.autograd.grad(loss, v, allow_unused=True)
     grad = torch.zeros_like(v) if grad is None else grad
-    some_nan = not bool(mask.any()) and flags.empty_step == "nan_gradient"
+    some_nan = not bool(mask.any()) and flags.value_empty_step == "nan_gradient"
     if some_nan:  # 0 / 0 times each token's derivative: NaN wherever that derivative is used
         grad = torch.full_like(grad, math.nan)
     bad = ~finite & ~mask
-    if flags.masked_nonfinite in ("propagate", "nan_gradient") and bool(bad.any()):
+    if flags.value_masked_nonfinite in ("propagate", "nan_gradient") and bool(bad.any()):
         grad = torch.where(bad, math.nan, grad)
-        if flags.masked_nonfinite == "propagate":
+        if flags.value_masked_nonfinite == "propagate":
             loss = loss.detach() + math.nan
     return {"loss": Expected(loss.detach()),
             "grad_values": Expected(grad.detach(), gradient=True, some_nan=some_nan)}

@@ -15,7 +15,7 @@ import torch
 
 from refimpl.whitening import masked_whiten_reference
 
-from .base import Expected, Kind, KindCase
+from .base import Expected, Kind, KindCase, check_choices
 
 __all__ = ["WhiteningFlags", "WHITENING", "whitening_cases", "expected_whitening"]
 
@@ -24,25 +24,32 @@ __all__ = ["WhiteningFlags", "WHITENING", "whitening_cases", "expected_whitening
 class WhiteningFlags:
     """How a framework whitens (defaults: the spec).
 
-    mean: "masked" | "unmasked" (the plain mean of the padded batch, padding included).
-    std: "population" | "sample" (Bessel's n / (n - 1)).
-    weighting: "token" | "sequence" (every non-empty row weighs 1).
+    whiten_mean: "masked" | "unmasked" (the plain mean of the padded batch, padding included).
+    whiten_std: "population" | "sample" (Bessel's n / (n - 1)).
+    whiten_weighting: "token" | "sequence" (every non-empty row weighs 1).
     eps / eps_placement: sqrt(var + eps) ("variance"), sqrt(var) + eps ("std"), sqrt(max(var, eps))
         ("floor").
-    count_eps: added to the count in the means (verl's masked_mean: mask.sum() + 1e-8).
-    one_pass: True: the variance as E[x^2] - E[x]^2 in float32 (cancels on a large offset).
-    masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
+    whiten_count_eps: added to the count in the means (verl's masked_mean: mask.sum() + 1e-8).
+    whiten_one_pass: True: the variance as E[x^2] - E[x]^2 in float32 (cancels on a large offset).
+    whiten_masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
         makes every output NaN).
     """
 
-    mean: str = "masked"
-    std: str = "population"
-    weighting: str = "token"
-    eps: float = 0.0
-    eps_placement: str = "variance"
-    count_eps: float = 0.0
-    one_pass: bool = False
-    masked_nonfinite: str = "ignored"
+    whiten_mean: str = "masked"
+    whiten_std: str = "population"
+    whiten_weighting: str = "token"
+    whiten_eps: float = 0.0
+    whiten_eps_placement: str = "variance"
+    whiten_count_eps: float = 0.0
+    whiten_one_pass: bool = False
+    whiten_masked_nonfinite: str = "ignored"
+
+    def __post_init__(self) -> None:
+        check_choices(self, {"whiten_mean": ("masked", "unmasked"), "whiten_std": ("population", "sample"),
+                             "whiten_weighting": ("token", "sequence"),
+                             "whiten_eps_placement": ("variance", "std", "floor"),
+                             "whiten_one_pass": (False, True),
+                             "whiten_masked_nonfinite": ("ignored", "propagate")})
 
 
 def _exact32(x: torch.Tensor) -> torch.Tensor:
@@ -86,17 +93,18 @@ def whitening_cases(seed: int = 0) -> list[KindCase]:
 
 def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expected]:
     x, mask = case.inputs["advantages"], case.inputs["mask"]
-    if flags.one_pass:  # the one-pass float32 variance of the counted entries (a convention, not the spec)
+    if flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)
         m32, x32 = mask.to(torch.float32), torch.where(mask, x, 0.0).to(torch.float32)
         n = m32.sum().clamp(min=1.0)
         mu = (x32 * m32).sum() / n
         var = ((x32 * x32 * m32).sum() / n - mu * mu).clamp(min=0.0)
-        out = ((x32 - mu) / torch.sqrt(var + flags.eps)).double()
+        out = ((x32 - mu) / torch.sqrt(var + flags.whiten_eps)).double()
     else:
-        out = masked_whiten_reference(x, mask, mean=flags.mean, std=flags.std, weighting=flags.weighting,
-                                      eps=flags.eps, eps_placement=flags.eps_placement,
-                                      count_eps=flags.count_eps)
-    if flags.masked_nonfinite == "propagate" and not bool(torch.isfinite(x).all()):
+        out = masked_whiten_reference(x, mask, mean=flags.whiten_mean, std=flags.whiten_std,
+                                      weighting=flags.whiten_weighting,
+                                      eps=flags.whiten_eps, eps_placement=flags.whiten_eps_placement,
+                                      count_eps=flags.whiten_count_eps)
+    if flags.whiten_masked_nonfinite == "propagate" and not bool(torch.isfinite(x).all()):
         out = torch.full_like(out, math.nan)
     return {"advantages": Expected(out.double(), mask)}
 

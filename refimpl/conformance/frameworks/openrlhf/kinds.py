@@ -28,19 +28,22 @@ KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py",)
 
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
-         convention={"truncation": "terminate", "padding_nonfinite": "propagate"},
+         convention={"gae_truncation": "terminate", "gae_padding_nonfinite": "propagate"},
          description="get_advantages_and_returns: values and rewards multiplied by the mask, "
          "values[:, t + 1] "
          "bootstrapped (0 after the last token)"),
     Mode("value_loss/token", kind="value_loss", framework_config={"token_level_loss": True},
-         convention={"scale": 0.5, "empty_step": "nan_gradient", "masked_nonfinite": "propagate"},
+         convention={"value_scale": 0.5, "value_empty_step": "nan_gradient",
+                     "value_masked_nonfinite": "propagate"},
          description="ValueLoss(clip_eps, token_level_loss=True): 0.5 * token mean of max(...)"),
     Mode("value_loss/sequence", kind="value_loss", framework_config={"token_level_loss": False},
-         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_step": "nan_gradient",
-                     "masked_nonfinite": "propagate"},
+         convention={"value_scale": 0.5, "value_aggregation": "seq_mean_token_mean",
+                     "value_empty_step": "nan_gradient",
+                     "value_masked_nonfinite": "propagate"},
          description="ValueLoss(clip_eps, token_level_loss=False): 0.5 * mean of the rows' token means"),
     Mode("advantage_whitening", kind="whitening", framework_config={"advantage_estimator": "gae"},
-         convention={"eps": 1e-8, "eps_placement": "floor", "masked_nonfinite": "propagate"},
+         convention={"whiten_eps": 1e-8, "whiten_eps_placement": "floor",
+                     "whiten_masked_nonfinite": "propagate"},
          description="compute_advantages_and_returns: masked mean and population variance in float32, "
          "var.clamp(min=1e-8).rsqrt()"),
 )

@@ -20,20 +20,23 @@ __all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target"]
 
 # masked_mean divides by mask.sum() + 1e-8 (torch_functional.py:308), masked_var is Bessel-corrected
 # (line 324) and masked_whiten multiplies by rsqrt(var + 1e-8) (line 343)
-_WHITEN = {"std": "sample", "eps": 1e-8, "eps_placement": "variance", "count_eps": 1e-8}
+_WHITEN = {"whiten_std": "sample", "whiten_eps": 1e-8, "whiten_eps_placement": "variance",
+           "whiten_count_eps": 1e-8}
 
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"adv_estimator": "gae"},
-         convention={"truncation": "terminate", "padding_nonfinite": "propagate", "whiten": "masked_sample"},
+         convention={"gae_truncation": "terminate", "gae_padding_nonfinite": "propagate",
+                     "gae_whiten": "masked_sample"},
          description="compute_gae_advantage_return: values * mask carries the next value over padding "
          "(0 * inf = NaN), no bootstrap after the last token, advantages whitened inside"),
     Mode("value_loss/token-mean", kind="value_loss", framework_config={"loss_agg_mode": "token-mean"},
-         convention={"scale": 0.5, "empty_step": "nan", "masked_nonfinite": "nan_gradient"},
+         convention={"value_scale": 0.5, "value_empty_step": "nan", "value_masked_nonfinite": "nan_gradient"},
          description="compute_value_loss: 0.5 * agg_loss(max((v - R)^2, (v_clip - R)^2)), token-mean"),
     Mode("value_loss/seq-mean-token-mean", kind="value_loss",
          framework_config={"loss_agg_mode": "seq-mean-token-mean"},
-         convention={"scale": 0.5, "aggregation": "seq_mean_token_mean", "empty_step": "nan",
-                     "masked_nonfinite": "propagate"},
+         convention={"value_scale": 0.5, "value_aggregation": "seq_mean_token_mean",
+                     "value_empty_step": "nan",
+                     "value_masked_nonfinite": "propagate"},
          description="compute_value_loss with loss_agg_mode='seq-mean-token-mean'"),
     Mode("masked_whiten", kind="whitening", convention=_WHITEN,
          description="verl_F.masked_whiten: masked mean, Bessel-corrected variance, rsqrt(var + 1e-8)"),
