@@ -7,9 +7,9 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   does not use ``self``.
 * value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch.
 * whitening: the batch normalisation of ``compute_advantages_and_returns``
-  (experience_maker.py:320-336, inline), run through the method itself with estimator "gae",
+  (experience_maker.py:324-338, inline), run through the method itself with estimator "gae",
   ``gamma = 0`` and zero rewards, so that the advantages it whitens are ``-values * mask``: the
-  kit's advantages on the counted tokens, 0 on padding (experience_maker.py:375-377 masks them). The
+  kit's advantages on the counted tokens, 0 on padding (experience_maker.py:376-378 masks them). The
   length penalties it calls first (off with these arguments) are not loaded.
 """
 
@@ -80,7 +80,7 @@ def _whiten(fn, x, mask):
     experience = ns(rewards=torch.zeros(n, dtype=x.dtype), index=list(range(n)), kl=torch.zeros_like(x),
                     action_mask=mask, values=-x, info={})
     fn(maker, [experience])
-    # the statistics are float32 (experience_maker.py:324, .float()): the result has float32 precision
+    # the statistics are float32 (experience_maker.py:326, .float()): the result has float32 precision
     return experience.advantages.to(torch.float32)
 
 
