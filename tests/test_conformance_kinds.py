@@ -207,7 +207,8 @@ def test_a_one_pass_float32_variance_fails_the_large_offset_and_constant_classes
 
     report = run_kind_check(get_kind("whitening"), one_pass)
     assert report.failing_classes() == ["large_offset", "constant"]
-    flagged = run_kind_check(get_kind("whitening"), one_pass, {"whiten_one_pass": True}, classes=("large_offset",))
+    flagged = run_kind_check(get_kind("whitening"), one_pass, {"whiten_one_pass": True},
+                             classes=("large_offset",))
     assert flagged.ok
 
     def two_pass(x, mask):
