@@ -29,9 +29,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from . import Mode
+from . import Mode, skyrl_kinds
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding
+from .skyrl_kinds import KIND_MODES, KIND_UNSUPPORTED
 from .sources import (
     installed_files,
     load_failure,
@@ -398,57 +399,12 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     return _advantage_target(mode)
 
 
-# ----------------------------------------------------------------------------------------------
-# Kinds of the registry (refimpl/conformance/kinds/): GAE, the value loss, advantage whitening.
-# Each mode runs ppo_utils.py's own function as the trainer calls it (trainer.py:721-790, 265).
 
-# masked_whiten (ppo_utils.py:169-175): masked_mean / max(count, 1) (ppo_utils.py:88, multiplying by the
-# mask), Bessel's variance, rsqrt(var + 1e-8)
-_SKYRL_WHITEN = {"whiten_std": "sample", "whiten_eps": 1e-8, "whiten_eps_placement": "variance",
-                 "whiten_masked_nonfinite": "propagate"}
-KIND_MODES = (
-    Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
-         convention={"gae_truncation": "terminate", "gae_padding": "used", "gae_whiten": "masked_sample"},
-         description="compute_gae_advantage_return (ppo_utils.py:999): the recursion runs over the padded "
-         "row unmasked (values[:, t + 1] of the first padding position is bootstrapped), no bootstrap "
-         "after the last position, advantages whitened inside"),
-    Mode("value_loss", kind="value_loss", framework_config={"value_clip": 0.2},
-         convention={"value_scale": 0.5, "value_aggregation": "seq_mean_token_mean",
-                     "value_empty_rows": "keep",
-                     "value_masked_nonfinite": "propagate"},
-         description="ppo_critic_loss (ppo_utils.py:178): 0.5 * masked_mean(max(...), dim=-1).mean(), "
-         "every row counted"),
-    Mode("normalize_advantages_dict", kind="whitening", framework_config={"advantage_batch_normalize": True},
-         convention={"whiten_mean": "unmasked", "whiten_eps": 1e-8, "whiten_eps_placement": "floor"},
-         description="normalize_advantages_dict (ppo_utils.py:131): advantages.mean() over every position "
-         "of the padded batch, padding included; the variance over the response tokens"),
-    Mode("masked_whiten", kind="whitening", convention=_SKYRL_WHITEN,
-         description="masked_whiten (ppo_utils.py:169), what the GAE estimator calls"),
-)
-KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+# ----------------------------------------------------------------------------------------------
+# Kinds of the registry (refimpl/conformance/kinds/): GAE, the value loss, advantage whitening and the
+# KL in the reward; the modes and their calls are in skyrl_kinds.py
 
 
 def kind_target(mode: Mode) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` running ppo_utils.py's own function for a registry-kind mode."""
-    module = _ppo_utils()
-    if mode.kind == "gae":
-
-        def gae(fn, rewards, values, mask, *, gamma, lam, truncated, final_values):
-            return fn(token_level_rewards=rewards, values=values, response_mask=mask.to(values.dtype),
-                      gamma=gamma, lambd=lam)
-
-        return module.AdvantageEstimatorRegistry.get("gae"), gae
-    if mode.kind == "value_loss":
-
-        def value(fn, values, old_values, returns, mask, *, clip):
-            config = algorithm_config({"value_clip": clip})
-            return fn(values, old_values, returns, config=config, loss_mask=mask.to(values.dtype))[0]
-
-        return module.ppo_critic_loss, value
-    if mode.name == "masked_whiten":
-        return module.masked_whiten, lambda fn, x, mask: fn(x, mask.to(x.dtype))
-
-    def normalize(fn, x, mask):
-        return fn({"advantages": x, "response_mask": mask.to(x.dtype)})["advantages"]
-
-    return module.normalize_advantages_dict, normalize
+    """``(fn, adapter)`` running SkyRL's own function for a registry-kind mode (skyrl_kinds.py)."""
+    return skyrl_kinds.kind_target(mode, _ppo_utils(), algorithm_config)

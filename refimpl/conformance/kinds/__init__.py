@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from .base import Kind, KindCase, attribute, run_kind_check
 from .gae import GAE
+from .kl_reward import KL_REWARD
 from .value_loss import VALUE_LOSS
 from .whitening import WHITENING
 
 __all__ = ["KIND_REGISTRY", "REGISTRY_KINDS", "Kind", "KindCase", "get_kind", "run_kind_check", "attribute"]
 
 #: every kind of the registry, in report order
-KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING)}
+KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD)}
 REGISTRY_KINDS: tuple[str, ...] = tuple(KIND_REGISTRY)
 
 

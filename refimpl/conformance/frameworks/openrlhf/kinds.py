@@ -6,6 +6,8 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   the method's own ``def`` is executed from the installed file (``sources.function_from_source``); it
   does not use ``self``.
 * value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch.
+* kl_reward: ``models.utils.compute_approx_kl`` then ``compute_reward`` (utils.py:69, 131), as
+  ``make_experience`` and ``compute_advantages_and_returns`` call them (experience_maker.py:206, 284).
 * whitening: the batch normalisation of ``compute_advantages_and_returns``
   (experience_maker.py:324-338, inline), run through the method itself with estimator "gae",
   ``gamma = 0`` and zero rewards, so that the advantages it whitens are ``-values * mask``: the
@@ -46,6 +48,14 @@ KIND_MODES = (
                      "whiten_masked_nonfinite": "propagate"},
          description="compute_advantages_and_returns: masked mean and population variance in float32, "
          "var.clamp(min=1e-8).rsqrt()"),
+)
+KIND_MODES += tuple(
+    Mode(f"compute_reward/{k}", kind="kl_reward", framework_config={"algo.kl.estimator": k},
+         convention={**({"kl_reward_estimator": k} if k != "k1" else {}), "kl_reward_value_clamp": 10.0},
+         description=f"compute_approx_kl(kl_estimator={k!r}) (utils.py:69, the value clamped to +-10 at line "
+         "113) then compute_reward (utils.py:131): the score on the last action token"
+         + (" (the default estimator)" if k == "k1" else ""))
+    for k in ("k1", "k3")
 )
 KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
 
@@ -92,6 +102,14 @@ def kind_target(mode: Mode):
             return fn(None, values, rewards, mask.to(values.dtype), gamma, lam)
 
         return _maker_method("get_advantages_and_returns"), gae
+    if mode.kind == "kl_reward":
+        utils, estimator = _modules()["utils"], mode.framework_config["algo.kl.estimator"]
+
+        def reward(fn, scores, logp, ref_logp, mask, *, kl_coef):  # experience_maker.py:206-210, 284-290
+            kl = utils.compute_approx_kl(logp, ref_logp, kl_estimator=estimator)
+            return fn(scores, kl_coef, kl, action_mask=mask, reward_clip_range=None)
+
+        return utils.compute_reward, reward
     if mode.kind == "value_loss":
         token_level = mode.framework_config["token_level_loss"]
 

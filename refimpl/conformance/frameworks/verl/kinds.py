@@ -9,6 +9,8 @@ value loss and masked whitening, each verl's own function called as its trainer 
   micro-batch, no global batch info.
 * whitening: ``verl.utils.torch_functional.masked_whiten(values, mask)`` (torch_functional.py:329),
   what GAE and the REINFORCE++ estimators call.
+* kl_reward: ``ray_trainer.apply_kl_penalty(data, kl_ctrl, kl_penalty)`` (ray_trainer.py:78), with
+  ``algorithm.use_kl_in_reward``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ KIND_MODES = (
                      "value_empty_step": "nan",
                      "value_masked_nonfinite": "propagate"},
          description="compute_value_loss with loss_agg_mode='seq-mean-token-mean'"),
+    Mode("apply_kl_penalty/kl", kind="kl_reward", framework_config={"kl_penalty": "kl"}, convention={},
+         description="ray_trainer.apply_kl_penalty with algorithm.kl_penalty='kl' (the default): "
+         "scores - beta * (old_log_probs - ref_log_prob) * response_mask"),
+    Mode("apply_kl_penalty/low_var_kl", kind="kl_reward", framework_config={"kl_penalty": "low_var_kl"},
+         convention={"kl_reward_estimator": "k3", "kl_reward_value_clamp": 10.0},
+         description="kl_penalty='low_var_kl': k3 of the log-ratio clamped to +-20, the value to +-10 "
+         "(core_algos.py:2239-2245)"),
     Mode("masked_whiten", kind="whitening", convention=_WHITEN,
          description="verl_F.masked_whiten: masked mean, Bessel-corrected variance, rsqrt(var + 1e-8)"),
 )
@@ -64,6 +73,8 @@ def kind_target(mode: Mode):
                       gamma=gamma, lam=lam)
 
         return _core_algos().compute_gae_advantage_return, gae
+    if mode.kind == "kl_reward":
+        return _kl_reward_target(mode)
     if mode.kind == "value_loss":
         agg = mode.framework_config["loss_agg_mode"]
 
@@ -73,3 +84,37 @@ def kind_target(mode: Mode):
 
         return _core_algos().compute_value_loss, value
     return _functional().masked_whiten, lambda fn, x, mask: fn(x, mask.to(x.dtype))
+
+
+def _kl_reward_target(mode: Mode):
+    """``ray_trainer.apply_kl_penalty`` (ray_trainer.py:78): the module imports ray's worker groups
+    and the dataloaders, so its ``def`` is executed from the installed file with the names it uses
+    (``core_algos``, ``masked_mean``); ``data`` carries the batch keys it reads. The score sits on the
+    last response token, where verl's reward managers put it."""
+    import types
+
+    import torch
+
+    from ..sources import function_from_source
+    from .adapters import _package_dir
+
+    core = _core_algos()
+    fn = function_from_source(_package_dir() / "trainer/ppo/ray_trainer.py", "apply_kl_penalty",
+                              {"core_algos": core, "torch": torch, "masked_mean": _functional().masked_mean,
+                               "DataProto": object})
+    penalty = mode.framework_config["kl_penalty"]
+
+    class _Batch(dict):
+        pass
+
+    def adapter(fn, scores, logp, ref_logp, mask, *, kl_coef):
+        lengths = mask.sum(dim=-1)
+        last = torch.arange(mask.shape[1])[None, :] == (lengths[:, None] - 1)
+        batch = _Batch(response_mask=mask.to(logp.dtype), token_level_scores=scores[:, None] * last,
+                       old_log_probs=logp, ref_log_prob=ref_logp)
+        batch.batch_size = [mask.shape[0]]
+        data = types.SimpleNamespace(batch=batch)
+        fn(data, core.FixedKLController(kl_coef), kl_penalty=penalty)
+        return batch["token_level_rewards"]
+
+    return fn, adapter
