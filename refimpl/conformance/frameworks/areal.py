@@ -105,10 +105,14 @@ MODES = (
 
 UNSUPPORTED = {
     "policy_loss": {
-        "use_decoupled_loss / prox_logp_method": "the decoupled loss weighs by pi_prox / pi_behave, which "
-        "needs the rollout (behaviour) log-probs; the kit's calls carry none.",
-        "rejection_sampling (mask / clamp, token / sequence)": "its importance weight is pi_prox / pi_behave "
-        "(behaviour log-probs, not in the cases).",
+        "use_decoupled_loss / prox_logp_method": "needs the behaviour log-probs, which the policy-loss cases "
+        "do not carry: driven as the behavior_correction kind (modes decoupled/...). With the shipped "
+        "rejection_sampling=None the decoupled loss applies no pi_prox / pi_behave weight at all "
+        "(functional.py:535-539 weighs only under rejection sampling): mode "
+        "decoupled/rejection_sampling=None, "
+        "flag behavior_weight='dropped'.",
+        "rejection_sampling (mask / clamp, token / sequence)": "token-level mask and clamp on the ratio are "
+        "driven as the behavior_correction kind; sequence level and the KL metrics are not.",
         "m2_threshold (M2PO)": "masks tokens by a second-moment rule over behaviour log-probs; no spec "
         "variant.",
         "sapo with importance_sampling_level='sequence'": "a sequence ratio under the sigmoid gate is not a "
@@ -257,7 +261,28 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
 # ----------------------------------------------------------------------------------------------
 # Kinds of the registry (refimpl/conformance/kinds/): the critic's value loss.
 
+def _rejection(action: str | None) -> dict:
+    keys = {"actor.use_decoupled_loss": True, "actor.rejection_sampling": None}
+    if action is not None:
+        keys["actor.rejection_sampling"] = {"level": "token", "action": action, "metric": "ratio",
+                                            "upper": 5.0}
+    return keys
+
+
 KIND_MODES = (
+    Mode("decoupled/rejection_sampling=None", kind="behavior_correction", framework_config=_rejection(None),
+         convention={"behavior_weight": "dropped"},
+         description="ppo_actor_loss_fn with use_decoupled_loss=True and the shipped rejection_sampling=None: "
+         "the "
+         "ratio is against pi_prox and no pi_prox / pi_behave weight is applied (functional.py:535-539)"),
+    Mode("decoupled/clamp", kind="behavior_correction", framework_config=_rejection("clamp"),
+         convention={"behavior_cap": "truncate", "behavior_cap_value": 5.0, "behavior_weight_float32": True},
+         description="rejection_sampling level='token', action='clamp', metric='ratio', upper=5: "
+         "w = min(pi_prox / pi_behave, 5), the weight in float32 (functional.py:231, 252)"),
+    Mode("decoupled/mask", kind="behavior_correction", framework_config=_rejection("mask"),
+         convention={"behavior_cap": "mask", "behavior_cap_value": 5.0, "behavior_weight_float32": True},
+         description="rejection_sampling level='token', action='mask', metric='ratio', upper=5: tokens with "
+         "w > 5 leave the loss mask, the token count stays (functional.py:483)"),
     Mode("ppo_critic_loss_fn", kind="value_loss", framework_config={"loss_fn_type": "mse"},
          convention={"value_scale": 0.5, "value_empty_step": "nan", "value_masked_nonfinite": "nan_gradient"},
          description="ppo_critic_loss_fn (functional.py:714) as trainer/ppo/critic.py:105 calls it: float32 "
@@ -274,8 +299,22 @@ KIND_UNSUPPORTED = {
 
 
 def kind_target(mode: Mode) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` running functional.py's ``ppo_critic_loss_fn`` (float32, as AReaL asserts)."""
+    """``(fn, adapter)`` running functional.py's ``ppo_critic_loss_fn`` (float32, as AReaL asserts) or
+    ``ppo_actor_loss_fn`` with the decoupled loss (one micro-batch: the engine's weight is 1)."""
+    import types
+
     import torch
+
+    if mode.kind == "behavior_correction":
+        rs = mode.framework_config["actor.rejection_sampling"]
+        config = None if rs is None else types.SimpleNamespace(lower=None, agg="mean", **rs)
+
+        def decoupled(fn, logp, prox_logp, behave_logp, advantages, mask, *, eps):
+            per_token = advantages.unsqueeze(-1).expand_as(logp)  # AReaL's advantages are per token
+            return fn(logprobs=logp, proximal_logprobs=prox_logp, old_logprobs=behave_logp,
+                      advantages=per_token, eps_clip=eps, loss_mask=mask.bool(), rejection_sampling=config)[0]
+
+        return _functional().ppo_actor_loss_fn, decoupled
 
     def value(fn, values, old_values, returns, mask, *, clip):
         loss, _stat = fn(value=values.to(torch.float32), old_value=old_values.to(torch.float32),

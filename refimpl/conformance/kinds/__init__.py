@@ -14,6 +14,7 @@ keep their own checkers (``policy_check``, ``simple_checks``) on the same engine
 from __future__ import annotations
 
 from .base import Kind, KindCase, attribute, run_kind_check
+from .behavior import BEHAVIOR
 from .gae import GAE
 from .kl_reward import KL_REWARD
 from .value_loss import VALUE_LOSS
@@ -22,7 +23,7 @@ from .whitening import WHITENING
 __all__ = ["KIND_REGISTRY", "REGISTRY_KINDS", "Kind", "KindCase", "get_kind", "run_kind_check", "attribute"]
 
 #: every kind of the registry, in report order
-KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD)}
+KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD, BEHAVIOR)}
 REGISTRY_KINDS: tuple[str, ...] = tuple(KIND_REGISTRY)
 
 
