@@ -272,7 +272,7 @@ def _rejection(action: str | None) -> dict:
 KIND_MODES = (
     Mode("decoupled/rejection_sampling=None", kind="behavior_correction", framework_config=_rejection(None),
          convention={"behavior_weight": "dropped"},
-         description="ppo_actor_loss_fn with use_decoupled_loss=True and the shipped rejection_sampling=None: "
+         description="ppo_actor_loss_fn, use_decoupled_loss=True and the shipped rejection_sampling=None: "
          "the ratio is against pi_prox and no pi_prox / pi_behave weight is applied "
          "(functional.py:535-539)"),
     Mode("decoupled/clamp", kind="behavior_correction", framework_config=_rejection("clamp"),
