@@ -267,3 +267,57 @@ def test_the_command_line_checks_a_users_function(tmp_path, monkeypatch, capsys)
     assert main(["check", "kind", "value_loss", "my_value:vloss", "--flag", "value_scale=0.5"]) == 0
     assert main(["check", "kind", "value_loss", "my_value:vloss", "--flag", "value_scale=x"]) == 2
     assert main(["check", "kind", "nope", "my_value:vloss"]) == 2
+
+
+def test_the_kl_reward_kind_is_the_spec():
+    """Ouyang et al. 2022, eq. (2), in exact rationals: -beta (logp - ref) on every counted token, the
+    score on the last one; k2 / k3 (kl.md eq. (3)-(4)) evaluated in sympy, clamped as the flag says."""
+    from refimpl.conformance.kinds.kl_reward import KLRewardFlags, expected_kl_reward
+
+    for case in get_kind("kl_reward").cases(0):
+        x, beta = case.inputs, Fraction(case.params["kl_coef"])
+        for flags in (KLRewardFlags(), KLRewardFlags(kl_reward_estimator="k2"),
+                      KLRewardFlags(kl_reward_estimator="k3", kl_reward_value_clamp=10.0)):
+            got = expected_kl_reward(case, flags)["rewards"].values
+            mask = x["mask"]
+            for i, t in zip(*torch.nonzero(mask, as_tuple=True), strict=True):
+                d = _rational(float(x["logp"][i, t])) - _rational(float(x["ref_logp"][i, t]))  # -log r
+                kl = {"k1": d, "k2": d ** 2 / 2, "k3": sp.exp(-d) + d - 1}[flags.kl_reward_estimator]
+                if flags.kl_reward_value_clamp:
+                    kl = sp.Min(sp.Max(kl, -10), 10)
+                last = t == int(mask[i].sum()) - 1
+                want = -sp.Rational(beta) * kl + (_rational(float(x["scores"][i])) if last else 0)
+                want = float(sp.N(want, 30))
+                assert abs(float(got[i, t]) - want) <= TOL * max(abs(want), 1.0), (case.case_id, flags)
+
+
+def test_the_behavior_correction_kind_is_the_loop():
+    """Decoupled PPO (policy_losses.md eq. (13)) by an obvious loop: the token mean of
+    w * max(-A r, -A clip(r, 1 - eps, 1 + eps)), r = pi / pi_prox, w = pi_prox / pi_behave detached
+    (capped as the flags say); value and gradient."""
+    from refimpl.conformance.kinds.behavior import BehaviorFlags, expected_behavior
+
+    for case in get_kind("behavior_correction").cases(0):
+        x, eps = case.inputs, case.params["eps"]
+        for flags in (BehaviorFlags(), BehaviorFlags(behavior_weight="dropped"),
+                      BehaviorFlags(behavior_cap="truncate"), BehaviorFlags(behavior_cap="mask")):
+            logp = x["logp"].clone().requires_grad_(True)
+            terms = []
+            for i, t in zip(*torch.nonzero(x["mask"], as_tuple=True), strict=True):
+                r = torch.exp(logp[i, t] - x["prox_logp"][i, t])
+                a = x["advantages"][i]
+                w = math.exp(float(x["prox_logp"][i, t] - x["behave_logp"][i, t]))
+                if flags.behavior_weight == "dropped":
+                    w = 1.0
+                elif flags.behavior_cap == "truncate":
+                    w = min(w, flags.behavior_cap_value)
+                elif flags.behavior_cap == "mask":
+                    w = w if w <= flags.behavior_cap_value else 0.0
+                terms.append(w * torch.maximum(-a * r, -a * r.clamp(1 - eps, 1 + eps)))
+            loss = torch.stack(terms).sum() / len(terms) if terms else logp.sum() * 0
+            (grad,) = torch.autograd.grad(loss, logp)
+            got = expected_behavior(case, flags)
+            # float64, a sum of <= 20 terms: 1e-12 relative is thousands of unit roundoffs
+            want = float(loss.detach())
+            assert abs(float(got["loss"].values) - want) <= TOL * max(abs(want), 1.0)
+            torch.testing.assert_close(got["grad_logp"].values, grad, rtol=0, atol=TOL)
