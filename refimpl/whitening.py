@@ -38,7 +38,7 @@ def masked_whiten_reference(x: torch.Tensor, mask: torch.Tensor, *, mean: str = 
                             eps_placement: str = "variance", count_eps: float = 0.0) -> torch.Tensor:
     """``(x - mu) / s`` on the counted entries, 0 elsewhere.
 
-    spec: advantages.md eq. (12)-(14). With weights ``w`` (token: 1 per counted entry; sequence:
+    spec: advantages.md eq. (20)-(22). With weights ``w`` (token: 1 per counted entry; sequence:
     ``1 / L_i`` per counted entry of row i, so that every non-empty row weighs 1), ``W = sum w``:
     ``mu = sum w x / W`` (``mean="unmasked"``: the plain mean of every entry of the padded batch,
     padding included), ``var = sum w (x - mu)^2 / W`` (``std="sample"``: times ``n / (n - 1)``, n the

@@ -43,7 +43,7 @@ def _close(got: torch.Tensor, want: list[float], where: torch.Tensor) -> None:
 
 def _sympy_whiten(x, mask, *, mean="masked", std="population", weighting="token", eps=0,
                   placement="variance"):
-    """advantages.md eq. (12)-(14), in exact arithmetic, on the counted entries (row-major order)."""
+    """advantages.md eq. (20)-(22), in exact arithmetic, on the counted entries (row-major order)."""
     rows = [[(_rational(float(x[i, t])), bool(mask[i, t])) for t in range(x.shape[1])]
             for i in range(x.shape[0])]
     counted = [(v, 1 if weighting == "token" else sp.Rational(1, sum(m for _, m in row)))

@@ -1,7 +1,7 @@
 """Kind ``whitening``: masked batch whitening (normalisation) of per-token advantages.
 
 The function is called as ``fn(advantages [N, T], mask [N, T]) -> [N, T]`` and judged on the
-counted entries against ``refimpl.whitening.masked_whiten_reference`` (advantages.md eq. (12)-(14),
+counted entries against ``refimpl.whitening.masked_whiten_reference`` (advantages.md eq. (20)-(22),
 two-pass). The spec: the token-weighted mean and population variance of the counted entries, no
 epsilon, a constant batch gives 0.
 """

@@ -24,6 +24,7 @@ _SOURCES = (
     "utils/torch_functional.py",
     "workers/config/actor.py",
     "workers/utils/losses.py",
+    "trainer/ppo/ray_trainer.py",  # apply_kl_penalty (kinds.py)
 )
 
 # ------------------------------------------------------------------------------------------------
