@@ -37,6 +37,8 @@ class BehaviorFlags:
     behavior_cap: "none" | "truncate" (min(w, cap)) | "mask" (tokens with w > cap contribute 0 and
         still count in the token mean).
     behavior_cap_value: the cap (with "truncate" / "mask").
+    behavior_cap_low: a lower bound too (0: none): "truncate" raises a weight below it to it, "mask"
+        drops its token (a two-sided band, e.g. [0.5, 5]).
     behavior_weight_float32: True: w = exp(float32(log pi_prox) - float32(log pi_behave)) in float32
         (a float32 weight on float64 inputs: 2^-24 relative).
     """
@@ -44,6 +46,7 @@ class BehaviorFlags:
     behavior_weight: str = "applied"
     behavior_cap: str = "none"
     behavior_cap_value: float = 5.0
+    behavior_cap_low: float = 0.0
     behavior_weight_float32: bool = False
 
     def __post_init__(self) -> None:
@@ -100,6 +103,14 @@ def expected_behavior(case: KindCase, flags: BehaviorFlags) -> dict[str, Expecte
     if flags.behavior_weight_float32:  # the behaviour log-prob whose float64 weight is the float32 one
         w32 = torch.exp(prox.float() - behave.float()).double()
         behave = torch.where(mask, prox - torch.log(w32), 0.0)
+    if flags.behavior_cap_low > 0 and flags.behavior_weight == "applied" and flags.behavior_cap != "none":
+        # a weight below the band: raised to its bottom ("truncate") or dropped ("mask": a weight beyond
+        # the cap, which the mask drops), as the behaviour log-prob that gives that weight
+        low = torch.tensor(flags.behavior_cap_low, dtype=prox.dtype)
+        below = (prox - behave) < torch.log(low)
+        dropped = torch.tensor(2 * flags.behavior_cap_value, dtype=prox.dtype)
+        target = torch.log(low) if flags.behavior_cap == "truncate" else torch.log(dropped)
+        behave = torch.where(mask & below, prox - target, behave)
     variant = _variant(flags, case.params["eps"])
     extra = {"behavior_logp": behave} if variant.behavior_correction != "none" else {}
     loss = policy_loss(logp, prox, x["advantages"], mask, variant, **extra)[0]

@@ -6,6 +6,8 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   the method's own ``def`` is executed from the installed file (``sources.function_from_source``); it
   does not use ``self``.
 * value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch.
+* behavior_correction: ``PolicyLoss`` with ``is_correction_level='token'`` and ``rollout_log_probs``
+  (loss.py:215-241): the train/rollout importance weight on the ppo loss.
 * kl_reward: ``models.utils.compute_approx_kl`` then ``compute_reward`` (utils.py:69, 131), as
   ``make_experience`` and ``compute_advantages_and_returns`` call them (experience_maker.py:206, 284).
 * whitening: the batch normalisation of ``compute_advantages_and_returns``
@@ -56,6 +58,18 @@ KIND_MODES += tuple(
          "113) then compute_reward (utils.py:131): the score on the last action token"
          + (" (the default estimator)" if k == "k1" else ""))
     for k in ("k1", "k3")
+)
+KIND_MODES += tuple(
+    Mode(f"is_correction/token/{action}", kind="behavior_correction",
+         framework_config={"algo.advantage.is_correction_level": "token",
+                           "algo.advantage.is_correction_mode": action,
+                           "algo.advantage.is_correction_threshold": (0.5, 5.0)},
+         convention={"behavior_cap": cap, "behavior_cap_value": 5.0, "behavior_cap_low": 0.5},
+         description=f"PolicyLoss with is_correction_level='token', is_correction_mode={action!r} and the "
+         "default threshold [0.5, 5] (loss.py:215-241): the weight pi_old / pi_rollout "
+         + ("clamped into [0.5, 5]: a weight below 0.5 is raised to 0.5" if action == "clip"
+            else "kept inside [0.5, 5], the token dropped outside"))
+    for action, cap in (("clip", "truncate"), ("mask", "mask"))
 )
 KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
 
@@ -110,6 +124,18 @@ def kind_target(mode: Mode):
             return fn(scores, kl_coef, kl, action_mask=mask, reward_clip_range=None)
 
         return utils.compute_reward, reward
+    if mode.kind == "behavior_correction":
+        keys = mode.framework_config
+
+        def corrected(fn, logp, prox_logp, behave_logp, advantages, mask, *, eps):
+            loss_fn = fn(clip_eps_low=eps, clip_eps_high=eps, is_correction_level="token",
+                         is_correction_mode=keys["algo.advantage.is_correction_mode"],
+                         is_correction_threshold=keys["algo.advantage.is_correction_threshold"])
+            per_token = advantages.unsqueeze(-1).expand_as(logp)
+            return loss_fn(logp, prox_logp, per_token, action_mask=mask.to(logp.dtype),
+                           rollout_log_probs=behave_logp)[0]
+
+        return _modules()["loss"].PolicyLoss, corrected
     if mode.kind == "value_loss":
         token_level = mode.framework_config["token_level_loss"]
 

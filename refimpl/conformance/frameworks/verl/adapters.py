@@ -25,6 +25,7 @@ _SOURCES = (
     "workers/config/actor.py",
     "workers/utils/losses.py",
     "trainer/ppo/ray_trainer.py",  # apply_kl_penalty (kinds.py)
+    "trainer/ppo/rollout_corr_helper.py",  # the rollout correction's weights (kinds.py)
 )
 
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ value loss and masked whitening, each verl's own function called as its trainer 
   what GAE and the REINFORCE++ estimators call.
 * kl_reward: ``ray_trainer.apply_kl_penalty(data, kl_ctrl, kl_penalty)`` (ray_trainer.py:78), with
   ``algorithm.use_kl_in_reward``.
+* behavior_correction: the rollout correction's truncated importance weights
+  (``rollout_corr_helper.compute_rollout_correction_weights``) on the vanilla policy loss.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ KIND_MODES = (
          convention={"kl_reward_estimator": "k3", "kl_reward_value_clamp": 10.0},
          description="kl_penalty='low_var_kl': k3 of the log-ratio clamped to +-20, the value to +-10 "
          "(core_algos.py:2239-2245)"),
+    Mode("rollout_is/token", kind="behavior_correction",
+         framework_config={"rollout_is": "token", "rollout_is_threshold": 5.0},
+         convention={"behavior_cap": "truncate", "behavior_cap_value": 5.0},
+         description="algorithm.rollout_correction rollout_is='token', threshold 5 (TIS): the weight "
+         "min(exp(clamp(log w, +-20)), 5) on compute_policy_loss_vanilla's token losses"),
     Mode("masked_whiten", kind="whitening", convention=_WHITEN,
          description="verl_F.masked_whiten: masked mean, Bessel-corrected variance, rsqrt(var + 1e-8)"),
 )
@@ -75,6 +82,8 @@ def kind_target(mode: Mode):
         return _core_algos().compute_gae_advantage_return, gae
     if mode.kind == "kl_reward":
         return _kl_reward_target(mode)
+    if mode.kind == "behavior_correction":
+        return _behavior_target(mode)
     if mode.kind == "value_loss":
         agg = mode.framework_config["loss_agg_mode"]
 
@@ -118,3 +127,38 @@ def _kl_reward_target(mode: Mode):
         return batch["token_level_rewards"]
 
     return fn, adapter
+
+
+def _behavior_target(mode: Mode):
+    """``rollout_corr_helper.compute_rollout_correction_weights`` (rollout_corr_helper.py:522) on
+    ``old_log_prob - rollout_log_probs`` (pi_prox / pi_behave), then ``compute_policy_loss_vanilla``
+    (core_algos.py:1286) with those ``rollout_is_weights`` (line 1364), token-mean over the batch."""
+    import importlib
+
+    import torch
+
+    from ..stubs import stubbed_imports
+    from .adapters import _STUBBED, _actor_config
+
+    core = _core_algos()
+    with stubbed_imports(_STUBBED):
+        helper = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+    from refimpl.losses.policy import PPO
+
+    threshold = mode.framework_config["rollout_is_threshold"]
+
+    def adapter(fn, logp, prox_logp, behave_logp, advantages, mask, *, eps):
+        import dataclasses
+
+        config = _actor_config("vanilla/token-mean", dataclasses.replace(PPO, eps_low=eps, eps_high=eps))
+        config.global_batch_info.clear()
+        config.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()),
+                                        global_batch_size=mask.shape[0], loss_scale_factor=None)
+        log_ratio = (prox_logp - behave_logp).detach()  # rollout_corr_helper.py:964
+        weights, _metrics = helper.compute_rollout_correction_weights(
+            log_ratio, mask.to(logp.dtype), rollout_is="token", rollout_is_threshold=threshold)
+        per_token = torch.where(mask, advantages.unsqueeze(-1), 0.0)
+        return fn(old_log_prob=prox_logp, log_prob=logp, advantages=per_token, response_mask=mask,
+                  loss_agg_mode="token-mean", config=config, rollout_is_weights=weights)[0]
+
+    return core.compute_policy_loss_vanilla, adapter
