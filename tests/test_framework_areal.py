@@ -45,7 +45,7 @@ def _check(name, *, classes=_CLASSES, **flags):
 
 def test_driver_loads_functional_py_without_areals_package_or_stand_ins():
     files = driver.source_files()
-    assert [f.name for f in files] == ["functional.py", "actor.py", "fsdp_engine.py"]
+    assert [f.name for f in files] == ["functional.py", "actor.py", "fsdp_engine.py", "critic.py"]
     fn, _ = driver.target("policy_loss", "ppo")
     assert fn.__name__ == "ppo_actor_loss_fn" and sys.modules[fn.__module__].__file__ == str(files[0])
     assert "areal" not in sys.modules and "areal.api.cli_args" not in sys.modules

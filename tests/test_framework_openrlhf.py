@@ -97,7 +97,7 @@ def _micro_batch_errors(mode_name: str, conv: Convention) -> list[float]:
 def test_driver_loads_the_installed_sources_without_leaving_stubs():
     assert driver.installed_version() is not None
     files = driver.source_files()
-    assert [f.name for f in files] == ["loss.py", "utils.py", "loss_utils.py"]
+    assert [f.name for f in files] == ["loss.py", "utils.py", "loss_utils.py", "experience_maker.py"]
     assert all(f.is_file() for f in files)
     assert re.fullmatch(r"[0-9a-f]{12}", source_hash(files))
     fn, _ = driver.target("policy_loss", "ppo/token-mean")

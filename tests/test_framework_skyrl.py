@@ -52,7 +52,7 @@ def _check(name, *, classes=_CLASSES, rtol=DEFAULT_RTOL, **flags):
 
 def test_driver_loads_ppo_utils_from_the_installed_file_without_leaving_a_ray_stand_in():
     files = driver.source_files()
-    assert [f.name for f in files] == ["ppo_utils.py", "ppo_base_config.yaml", "worker.py"]
+    assert [f.name for f in files] == ["ppo_utils.py", "ppo_base_config.yaml", "worker.py", "trainer.py"]
     fn, _ = driver.target("policy_loss", "sapo")
     assert fn.__module__ == "_refimpl_skyrl.ppo_utils"
     assert sys.modules[fn.__module__].__file__ == str(files[0])

@@ -317,7 +317,8 @@ def test_verls_singleton_divisor_is_float32_and_rloo_leaves_one_out():
 def test_version_and_source_hash_are_reported():
     assert driver.installed_version() == driver.PINNED_VERSION
     files = driver.source_files()
-    assert [f.name for f in files] == ["core_algos.py", "torch_functional.py", "actor.py", "losses.py"]
+    assert [f.name for f in files] == ["core_algos.py", "torch_functional.py", "actor.py", "losses.py",
+                                       "ray_trainer.py", "rollout_corr_helper.py"]  # the last two: kinds.py
     digest = source_hash(files)
     assert len(digest) == 12 and int(digest, 16) >= 0
 

@@ -295,6 +295,8 @@ KIND_UNSUPPORTED = {
             "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
     "whitening": {"adv_norm (Normalization)": "lives in areal/utils/data.py, which imports AReaL's "
                   "infrastructure (see kl)."},
+    "kl_reward": {"PPOActor._compute_advantages": "the KL reward is built inside the actor's advantage "
+                  "computation with KLEstimator (areal/utils/data.py, see kl), on the rolled loss mask."},
 }
 
 
