@@ -39,3 +39,64 @@ def test_an_audited_departure_is_named(framework, kind, mode, case_class, explan
         pytest.skip(f"{framework} is not drivable here: {reason}")
     report = check_framework_mode(driver, driver.mode(kind, mode), reference=True, classes=(case_class,))
     assert {r.explanation for r in report.results if not r.ok} == {explanation}
+
+
+#: every installed line the registry kinds' driver sections and docs cite: (package, file, line, text on it)
+CITED = [
+    ("verl", "trainer/ppo/core_algos.py", 216, "def compute_gae_advantage_return("),
+    ("verl", "trainer/ppo/core_algos.py", 262, "verl_F.masked_whiten(advantages, response_mask)"),
+    ("verl", "trainer/ppo/core_algos.py", 1286, "def compute_policy_loss_vanilla("),
+    ("verl", "trainer/ppo/core_algos.py", 1364, "if rollout_is_weights is not None:"),
+    ("verl", "trainer/ppo/core_algos.py", 2125, "def compute_value_loss("),
+    ("verl", "trainer/ppo/core_algos.py", 2175, "vf_loss = 0.5 * agg_loss("),
+    ("verl", "trainer/ppo/core_algos.py", 2239, 'if kl_penalty in ("low_var_kl", "k3"):'),
+    ("verl", "trainer/ppo/core_algos.py", 2245, "return torch.clamp(kld, min=-10, max=10)"),
+    ("verl", "utils/torch_functional.py", 308, "return s / (mask.sum(axis=axis) + 1e-8)"),
+    ("verl", "utils/torch_functional.py", 324, "bessel_correction = mask_sum / (mask_sum - 1)"),
+    ("verl", "utils/torch_functional.py", 329, "def masked_whiten("),
+    ("verl", "utils/torch_functional.py", 343, "torch.rsqrt(var + 1e-8)"),
+    ("verl", "trainer/ppo/ray_trainer.py", 78, "def apply_kl_penalty("),
+    ("verl", "trainer/ppo/rollout_corr_helper.py", 522, "def compute_rollout_correction_weights("),
+    ("verl", "trainer/ppo/rollout_corr_helper.py", 964, "log_ratio = old_log_prob - rollout_log_prob"),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 206, "kl = compute_approx_kl("),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 284, "reward = compute_reward("),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 324, "Normalize advantages across all experiences"),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 326, ".float()"),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 338,
+     "exp.advantages = (exp.advantages - mean) * rstd"),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 343, "def get_advantages_and_returns("),
+    ("openrlhf", "trainer/ppo_utils/experience_maker.py", 376, "if action_mask is not None:"),
+    ("openrlhf", "models/loss.py", 215, "vllm_kl = is_filter_ratio = None"),
+    ("openrlhf", "models/loss.py", 241, "loss = coef * loss"),
+    ("openrlhf", "models/loss.py", 262, "class ValueLoss("),
+    ("openrlhf", "models/utils.py", 69, "def compute_approx_kl("),
+    ("openrlhf", "models/utils.py", 113, "value = value.clamp(min=-10, max=10)"),
+    ("openrlhf", "models/utils.py", 131, "def compute_reward("),
+    ("skyrl_train", "utils/ppo_utils.py", 88, "mask.sum(axis=dim).clamp(min=1.0)"),
+    ("skyrl_train", "utils/ppo_utils.py", 131, "def normalize_advantages_dict("),
+    ("skyrl_train", "utils/ppo_utils.py", 169, "def masked_whiten("),
+    ("skyrl_train", "utils/ppo_utils.py", 175, "return whitened"),
+    ("skyrl_train", "utils/ppo_utils.py", 178, "def ppo_critic_loss("),
+    ("skyrl_train", "utils/ppo_utils.py", 999, "def compute_gae_advantage_return("),
+    ("skyrl_train", "trainer.py", 265, "normalize_advantages_dict(training_input)"),
+    ("skyrl_train", "trainer.py", 721, "def compute_advantages_and_returns("),
+    ("skyrl_train", "trainer.py", 1000, "def apply_reward_kl_penalty("),
+    ("areal", "utils/functional/functional.py", 231, "log_ratio = proximal_logprobs.detach().float()"),
+    ("areal", "utils/functional/functional.py", 252, "behave_imp_weight = torch.exp(log_ratio)"),
+    ("areal", "utils/functional/functional.py", 483, "loss_mask_count = loss_mask.count_nonzero() or 1"),
+    ("areal", "utils/functional/functional.py", 535, "if rejection_sampling is not None:"),
+    ("areal", "utils/functional/functional.py", 539, "pg_loss = pg_loss * behave_imp_weight"),
+    ("areal", "utils/functional/functional.py", 714, "def ppo_critic_loss_fn("),
+    ("areal", "trainer/ppo/critic.py", 105, "def ppo_loss_fn("),
+]
+
+
+@pytest.mark.parametrize(("package", "path", "line", "text"), CITED,
+                         ids=[f"{c[0]}-{c[1]}:{c[2]}" for c in CITED])
+def test_every_cited_line_is_the_installed_line(package, path, line, text):
+    from refimpl.conformance.frameworks.sources import package_dir
+
+    root = package_dir(package)
+    if root is None:
+        pytest.skip(f"{package} is not installed")
+    assert text in (root / path).read_text().splitlines()[line - 1]
