@@ -30,6 +30,7 @@ import textwrap
 from .checks import check_framework_mode
 from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
+from .kinds import KIND_REGISTRY
 
 __all__ = ["LINE_WIDTH", "build_matrix", "matrix_markdown", "matrix_summary", "mode_entry", "normalised"]
 
@@ -171,7 +172,7 @@ def _shows(key: str, departure: dict) -> bool:
 
 def matrix_summary(matrix: dict) -> dict:
     """The summary of ``matrix["frameworks"]`` (see the module docstring), as JSON-ready data."""
-    rows, by_flag, bugs = [], {}, []
+    rows, by_flag, by_kind, bugs = [], {}, {}, []
     for fw in matrix["frameworks"]:
         name = fw["framework"]
         if not fw["available"]:
@@ -183,6 +184,9 @@ def matrix_summary(matrix: dict) -> dict:
             for flag in sorted({f for d in m["reference"]["departures"] for f in departure_flags(d)[0]}):
                 by_flag.setdefault(flag, {}).setdefault(name, 0)
                 by_flag[flag][name] += 1
+            if m["kind"] in KIND_REGISTRY:  # the registry's kinds: one summary row per kind
+                by_kind.setdefault(m["kind"], {}).setdefault(name, 0)
+                by_kind[m["kind"]][name] += 1
         shown = []
         for finding in fw.get("findings", []):
             modes = [m["mode"] for m in departing
@@ -202,7 +206,8 @@ def matrix_summary(matrix: dict) -> dict:
             "unsupported": len(fw["unsupported"]),
             "bugs": len(shown),
         })
-    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())), "findings": bugs}
+    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())),
+            "departures_by_kind": {k: by_kind[k] for k in KIND_REGISTRY if k in by_kind}, "findings": bugs}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,17 +260,24 @@ def _summary_lines(summary: dict) -> list[str]:
                "with a departure no flag of its profile reproduces."),
         "",
     ]
+    registry_flags = {f.name for kind in KIND_REGISTRY.values() for f in dataclasses.fields(kind.flags)}
     if summary["departures_by_flag"]:
         lines += _wrap("Departures under the reference by flag: the number of modes of each framework with a "
-                       "departure the flag reproduces.")
+                       "departure the flag reproduces (the registry's kinds: the modes of the kind that "
+                       "depart, each flag in the framework's section).")
         lines += [
             "",
             "| flag | " + " | ".join(names) + " |",
             "| --- |" + " ---: |" * len(names),
         ]
         for flag, counts in summary["departures_by_flag"].items():
+            if flag in registry_flags:
+                continue
             label = flag if flag.startswith("other: ") else f"`{flag}`"
             lines.append(f"| {label} | " + " | ".join(str(counts.get(n, "")) for n in names) + " |")
+        for kind, counts in summary.get("departures_by_kind", {}).items():
+            cells = " | ".join(str(counts.get(n, "")) for n in names)
+            lines.append(f"| kind `{kind}` | {cells} |")
         lines.append("")
     findings = summary["findings"]
     lines += _wrap("Findings: what the drivers found in the frameworks' code (`FINDINGS`; each in full in "
