@@ -70,8 +70,8 @@ def test_the_whitening_reference_is_the_spec(options):
     kind = get_kind("whitening")
     for case in kind.cases(0):
         x, mask = case.inputs["advantages"], case.inputs["mask"]
-        if not bool(torch.isfinite(x).all()) or not bool(mask.any()):
-            continue
+        if not bool(torch.isfinite(x).all()) or int(mask.sum()) < 2:
+            continue  # non-finite padding: the same values as another case; < 2 entries: the edges test
         want = _sympy_whiten(x, mask, **options)
         kwargs = {k: v for k, v in options.items() if k != "placement"}
         got = masked_whiten_reference(x, mask, eps_placement=options.get("placement", "variance"), **kwargs)
@@ -197,7 +197,7 @@ def test_an_unmasked_mean_is_named_and_only_that_flag():
 
 
 def test_a_one_pass_float32_variance_fails_the_large_offset_and_constant_classes():
-    """E[x^2] - E[x]^2 in float32 on 1000 + k/64 cancels (and goes negative on a constant batch); a
+    """E[x^2] - E[x]^2 in float32 on 1000 + k/64 cancels (and is 0 or negative on a constant batch); a
     two-pass float32 whitening passes (float32_rtol: the case's condition number)."""
     def one_pass(x, mask):
         m, x32 = mask.float(), torch.where(mask, x, 0.0).float()
@@ -206,7 +206,7 @@ def test_a_one_pass_float32_variance_fails_the_large_offset_and_constant_classes
         return (x32 - mu) / torch.sqrt((x32 * x32 * m).sum() / n - mu * mu)
 
     report = run_kind_check(get_kind("whitening"), one_pass)
-    assert report.failing_classes() == ["large_offset", "constant"]
+    assert report.failing_classes() == ["large_offset", "constant", "single_token"]  # 0 / 0 on the last two
     flagged = run_kind_check(get_kind("whitening"), one_pass, {"whiten_one_pass": True},
                              classes=("large_offset",))
     assert flagged.ok

@@ -166,8 +166,22 @@ def _tolerance(got: dict, rtol: float, float32_rtol: float) -> float:
     return rtol if dtypes <= {torch.float64} else max(rtol, FLOAT32_RTOL, float32_rtol)
 
 
-def _judge(kind: Kind, case: KindCase, expected: dict, got: dict | None, error: str | None,
+def _expect(kind: Kind, case: KindCase, flags) -> dict | str:
+    """The kind's expected outputs on the CPU, or the one-line ValueError of a case the convention
+    refuses (e.g. a sample variance of one entry): then the checked function must raise too."""
+    try:
+        return {k: v.cpu() for k, v in kind.expected(case, flags).items()}
+    except ValueError as exc:
+        return str(exc)
+
+
+def _judge(kind: Kind, case: KindCase, expected: dict | str, got: dict | None, error: str | None,
            rtol: float) -> CaseResult:
+    if isinstance(expected, str):  # the convention refuses the case: the function must raise
+        ok = got is None
+        detail = case.text() + f"\n  expected: an error ({expected})"
+        return CaseResult(case.case_id, case.case_class, case.size, 0.0 if ok else math.inf, None, ok, None,
+                          detail, case_line=case.line())
     if got is None:
         return CaseResult(case.case_id, case.case_class, case.size, math.inf, None, False, None,
                           case.text(), error, case_line=case.line())
@@ -214,7 +228,7 @@ def run_kind_check(kind: Kind, fn, flags=None, *, adapter=None, rtol: float = 1e
     what = getattr(fn, "__qualname__", type(fn).__name__)
     outcomes = run_cases(
         cases,
-        expect=lambda case: {k: v.cpu() for k, v in kind.expected(case, flags).items()},
+        expect=lambda case: _expect(kind, case, flags),
         call=lambda case: kind.call(fn, adapter, case),
         judge=lambda case, expected, got, error: _judge(kind, case, expected, got, error, rtol),
         device=device,

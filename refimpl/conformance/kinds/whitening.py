@@ -88,6 +88,7 @@ def whitening_cases(seed: int = 0) -> list[KindCase]:
              junk=False),
         case("constant", torch.full((4, 6), 1000.125, dtype=torch.float64), [6, 3, 5, 2],
              "every counted entry 1000.125: variance 0, the spec gives 0", junk=False),
+        case("single_token", base, [0, 1, 0, 0], "one counted entry in the batch: the spec gives 0"),
     ]
 
 
