@@ -16,6 +16,7 @@ from refimpl.losses import get_preset
 
 from .conventions import FLAG_GROUP, FLAGS, Convention, convention_from_flags
 from .frameworks import FRAMEWORKS, KINDS, load_driver
+from .kinds import KIND_REGISTRY
 from .presets import preset_key, resolve_preset
 
 __all__ = [
@@ -135,6 +136,8 @@ def flag_values(name: str, flag: str) -> list[object] | None:
     driver, group = load_driver(name), FLAG_GROUP[flag]
     values: list[object] = []
     for kind in KINDS:
+        if kind in KIND_REGISTRY:  # the registry's kinds have flags of their own (kinds/), not Convention's
+            continue
         for mode in driver.modes(kind).values():
             sets_group = any(FLAG_GROUP[f] == group for f in mode.convention)
             if group in _GROUP_KIND and kind != _GROUP_KIND[group] and not sets_group:
