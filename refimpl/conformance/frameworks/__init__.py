@@ -42,6 +42,7 @@ DISPLAY_NAMES: dict[str, str] = {
     "openrlhf": "OpenRLHF",
     "liger": "Liger-Kernel",
     "skyrl": "SkyRL-train",
+    "skyrl_pkg": "SkyRL",
     "areal": "AReaL",
 }
 FRAMEWORKS: tuple[str, ...] = tuple(DISPLAY_NAMES)
