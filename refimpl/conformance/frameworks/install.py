@@ -237,6 +237,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         check.add_argument(option, help=f"passed to refimpl check framework {option}")
     check.add_argument("--json", action="store_true", help="passed to refimpl check framework")
     check.set_defaults(func=run_check_release)
+    from .drift import register as register_drift
+
+    register_drift(sub)
     listing = sub.add_parser("list", help="pinned and installed releases, and whether each driver can run")
     one_line_errors(listing, "refimpl frameworks list")
     listing.add_argument("names", nargs="*", metavar="NAME")
