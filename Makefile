@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks check-frameworks run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
+.PHONY: install frameworks check-frameworks drift run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework skyrl --preset grpo
 	$(BIN)/refimpl check --framework areal --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
+	$(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --out docs/conformance-matrix-extra.md \
+	  --json docs/conformance-matrix-extra.json --check
+
+# The matrix of every framework at several releases (refimpl/conformance/frameworks/drift.py's RELEASES,
+# each installed into .frameworks-releases/DIST-X with pip --no-deps --target) and what changed between
+# them: docs/conformance-drift.md. Not in CI: about 20 minutes of one core (docs/ci.md).
+drift: $(FRAMEWORKS_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
 
 # SEED=n picks the run's seed (default 0): make run SEED=1
 # A finished run in runs/main is kept and evaluated again; OVERWRITE=1 trains it anew (refimpl train
