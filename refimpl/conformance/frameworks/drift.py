@@ -12,10 +12,10 @@ releases.py), and the matrix checks that the release passes under it.
 Between consecutive releases the document lists, per framework and mode: modes added or removed (a
 mode is present when its driver runs it without an error), profile flags gained, lost or changed,
 case classes that fail under the release's profile (a change no flag of the kit reproduces), and
-findings introduced or fixed (a finding is present in a release when its driver lists it there and
-a passing mode's profile holds its key). ``SUCCESSORS`` chains a package to its successor (SkyRL-train
--> skyrl), and ``CHANGES`` says in words what each change is, each statement checked against both
-releases' installed code.
+findings introduced or fixed (a finding is present in a release when its driver lists it there
+and, when its key is a flag, a mode's profile of that release holds it). ``SUCCESSORS`` chains a
+package to its successor (SkyRL-train -> skyrl), and ``CHANGES`` says in words what each change is,
+each statement checked against both releases' installed code.
 """
 
 from __future__ import annotations
@@ -96,10 +96,17 @@ def _modes(row: dict) -> dict[str, dict]:
 
 
 def _present_findings(row: dict) -> set[str]:
-    passing = [m for m in _modes(row).values() if m["own"]["ok"]]
+    """The findings of a release: those its driver lists there whose key, when it is a flag, some
+    mode's profile of that release holds (a release whose RELEASE_FLAGS drop the flag is fixed)."""
+    from ..conventions import FLAGS
+
+    modes = list(_modes(row).values())
     return {f["key"] for f in row.get("findings", [])
-            if any(f["key"] in m["profile"] or any(d["case_class"] == f["key"] for d in
-                                                   m["reference"]["departures"]) for m in passing)}
+            if f["key"].split("=")[0] not in FLAGS or any(f["key"] in m["profile"] for m in modes)}
+
+
+def _errors(row: dict) -> list[str]:
+    return [f"{m['kind']}:{m['mode']}: {m['error']}" for m in row.get("modes", []) if "error" in m]
 
 
 def compare(old: dict, new: dict) -> dict:
@@ -144,6 +151,10 @@ def drift_data(rows: dict[str, dict[str, dict]]) -> dict:
         out[name] = {"releases": [{"version": v, "available": r.get("available", False),
                                    "reason": r.get("reason"), "modes": len(_modes(r)),
                                    "passing": sum(1 for m in _modes(r).values() if m["own"]["ok"]),
+                                   "errors": _errors(r),
+                                   "failing": {k: sorted(c for c, x in m["own"]["classes"].items()
+                                                         if x == "FAIL")
+                                               for k, m in _modes(r).items() if not m["own"]["ok"]},
                                    "findings": sorted(_present_findings(r))}
                                   for v, r in by_version.items()],
                      "steps": steps}
@@ -202,27 +213,47 @@ def drift_markdown(data: dict) -> str:
         lines += [f"## {name}", ""]
         for step in entry["steps"]:
             lines += _step_lines(step)
+        if len(entry["releases"]) == 1:
+            only = entry["releases"][0]["version"]
+            lines.append(f"- one release on the registry, {only}: nothing to compare")
         for r in entry["releases"]:
             if not r["available"]:
                 lines.append(f"- {name} {r['version']}: not driven ({r['reason']})")
+            elif r["errors"]:
+                lines.append(f"- {name} {r['version']}: {len(r['errors'])} mode(s) the driver cannot run "
+                             f"there, e.g. {r['errors'][0]}")
+            if r.get("failing") and r is entry["releases"][0]:
+                for key, classes in r["failing"].items():
+                    lines.append(f"- {name} {r['version']}: `{key}` fails {', '.join(classes)} under its "
+                                 "profile (no flag reproduces it)")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
 def run_drift(args: argparse.Namespace) -> int:
-    """``refimpl frameworks drift [NAME ...] [--out PATH]``."""
+    """``refimpl frameworks drift [NAME ...] [--out PATH] [--cache DIR]``: the named frameworks (default
+    all) measured again, the others' rows read from the cache of an earlier run."""
     names = tuple(args.names or RELEASES)
     unknown = [n for n in names if n not in FRAMEWORKS + EXTRA_FRAMEWORKS or n not in RELEASES]
     if unknown:
         print(f"refimpl frameworks drift: no releases listed for {', '.join(unknown)}", file=sys.stderr)
         return 2
     rows: dict[str, dict[str, dict]] = {}
+    cache = pathlib.Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rl-oracle-drift-") as tmp:
-        for name in names:
-            rows[name] = {}
+        for name in RELEASES:  # every framework: the named ones measured, the others from the cache
             for version in RELEASES[name]:
-                print(f"drift: {name} {version}", file=sys.stderr, flush=True)
-                rows[name][version] = release_row(name, version, workdir=pathlib.Path(tmp))
+                cached = cache / f"{name}-{version}.json"
+                if name in names:
+                    print(f"drift: {name} {version}", file=sys.stderr, flush=True)
+                    row = release_row(name, version, workdir=pathlib.Path(tmp))
+                    cached.write_text(json.dumps(row))
+                elif cached.exists():
+                    row = json.loads(cached.read_text())
+                else:
+                    continue
+                rows.setdefault(name, {})[version] = row
     data = drift_data(rows)
     out = pathlib.Path(args.out)
     out.write_text(drift_markdown(data))
@@ -238,4 +269,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "matrix on it and write what changed (docs/conformance-drift.md).")
     drift.add_argument("names", nargs="*", metavar="NAME")
     drift.add_argument("--out", default=str(DOC), help=f"the Markdown (and .json beside it; default {DOC})")
+    drift.add_argument("--cache", default=".frameworks-releases/drift-rows",
+                       help="each release's matrix row (frameworks not named are read from here)")
     drift.set_defaults(func=run_drift)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from . import Mode
 from .driver import find_mode
 from .findings import Finding
+from .releases import release_modes
 from .sources import (
     installed_files,
     load_failure,
@@ -102,7 +103,12 @@ _LOSSES = (
     _mode("grpo+kl/k3", "grpo", "grpo", {**_LOCAL, **_KL}, "grpo with beta 0.04: the clamped k3 term "
           "times the ratio", kl_coef=0.04, kl_estimator="k3"),
 )
-MODES = _LOSSES
+#: what a release computes differently from the pinned one (releases.py): before 2026.10.9 the k3 term
+#: is clamped to [-10, 10] before the importance weight, and bnpo divides by TRL's global token count
+#: (num_items_in_batch) when it has one
+_BEFORE_2026_10_9 = {"bnpo": {"micro_batch": "global"}, "grpo+kl/k3": {"kl_value_clamp_scope": "k3"}}
+RELEASE_FLAGS = {"2026.9.9": _BEFORE_2026_10_9, "2026.10.8": _BEFORE_2026_10_9}
+MODES = release_modes(_LOSSES, RELEASE_FLAGS, DISTRIBUTION)
 UNSUPPORTED = {
     "policy_loss": {
         "vespo": "VESPO's Gamma weights come from TRL's GRPOTrainer.get_gamma_weights (the TRL driver "
@@ -164,7 +170,9 @@ NOTES = {
 
 
 def source_files() -> list:
-    return installed_files("unsloth_zoo", _SOURCES)
+    """The installed files whose code the driver runs (those of the release: 2026.10.8 and earlier
+    have no fused_losses/chunked_logprob.py); [] when absent."""
+    return [f for f in installed_files("unsloth_zoo", _SOURCES) if f.is_file()]
 
 
 def _compile_stand_in():
@@ -191,17 +199,18 @@ def _rl_replacements():
         with temporary_modules({"unsloth_zoo.log": log}, only_if_missing=False):
             common = load_source(f"{_PRIVATE}.common", root / _SOURCES[1])
         served = {"unsloth_zoo.log": log, "unsloth_zoo.temporary_patches.common": common}
-        with temporary_modules(served, only_if_missing=False):
-            softmax = load_source(f"{_PRIVATE}.stable_softmax", root / _SOURCES[4])
-            served_softmax = {"unsloth_zoo.fused_losses.stable_softmax": softmax}
-            with temporary_modules(served_softmax, only_if_missing=False):
-                chunked = load_source(f"{_PRIVATE}.chunked_logprob", root / _SOURCES[3])
-        stand_ins = {
-            **served,
+        if (root / _SOURCES[3]).is_file():  # 2026.10.9: the chunked log-prob module (2026.10.8 has none)
+            with temporary_modules(served, only_if_missing=False):
+                softmax = load_source(f"{_PRIVATE}.stable_softmax", root / _SOURCES[4])
+                served_softmax = {"unsloth_zoo.fused_losses.stable_softmax": softmax}
+                with temporary_modules(served_softmax, only_if_missing=False):
+                    chunked = load_source(f"{_PRIVATE}.chunked_logprob", root / _SOURCES[3])
             # rl_replacements.py:615 builds the log-prob recompute function at import time, which
             # imports ``from unsloth_zoo.fused_losses import chunked_logprob`` (the real file, loaded
             # privately; the package __init__ would import the model patches)
-            "unsloth_zoo.fused_losses": stand_in("unsloth_zoo.fused_losses", chunked_logprob=chunked),
+            served["unsloth_zoo.fused_losses"] = stand_in("unsloth_zoo.fused_losses", chunked_logprob=chunked)
+        stand_ins = {
+            **served,
             f"{_PRIVATE}.device_type": stand_in(f"{_PRIVATE}.device_type", DEVICE_TYPE="cpu",
                                                 device_synchronize=lambda: None),
             f"{_PRIVATE}.dataset_utils": stand_in(f"{_PRIVATE}.dataset_utils", sft_prepare_dataset=None),
