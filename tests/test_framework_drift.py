@@ -88,7 +88,8 @@ def test_the_committed_drift_document_names_the_known_changes():
         ("skyrl 0.3.1 -> skyrl_pkg 0.3.0", "findings fixed: kl_gradient"),
         ("skyrl_pkg 0.3.0 -> skyrl_pkg 0.4.0", "findings fixed: cispo_clip_low"),
         ("verl 0.9.0 -> verl 0.9.1", "`fixed_aggregation`"),
-        ("openrlhf 0.10.3 -> openrlhf 0.10.4", "`micro_batch` 'local_mean' -> 'global'"),
+        ("openrlhf 0.10.3 -> openrlhf 0.10.4", "`micro_batch` 'local_mean' -> None"),
+        ("openrlhf 0.10.4 -> openrlhf 0.11.2", "`kl_log_ratio_max` None -> 10.0"),
     ]:
         section = text.split(f"**{step}**", 1)
         assert len(section) == 2, step

@@ -48,15 +48,16 @@ SUCCESSORS = {"skyrl": "skyrl_pkg"}
 #: (framework, release) -> what changed there, in words (checked against both releases' code)
 CHANGES: dict[tuple[str, str], str] = {
     ("verl", "0.9.1"): "compute_policy_loss_gspo aggregates with the configured loss_agg_mode "
-    "(trainer/ppo/core_algos.py:1603-1606); 0.9.0 passed loss_agg_mode=\"seq-mean-token-mean\" whatever "
-    "the config (mode gspo/token-mean: flag fixed_aggregation in 0.9.0).",
+    "(trainer/ppo/core_algos.py:1603-1606); 0.9.0 (core_algos.py:1603-1605) and 0.8.0 passed "
+    "loss_agg_mode=\"seq-mean-token-mean\" whatever the config (mode gspo/token-mean: flag "
+    "fixed_aggregation before 0.9.1).",
     ("openrlhf", "0.10.4"): "the loss normalisers are the optimizer step's (utils/loss_utils.py: "
     "_optimizer_step_loss_norm, iter_grad_accum_global_norm): 0.10.3 normalised each micro-batch by "
     "its own tokens (micro_batch local_mean), so a micro-batch without tokens made the step's loss and "
     "gradient NaN (0 / 0; case class padding_micro_batch); from 0.10.4 only a step without any token "
     "does (empty_step nan).",
-    ("openrlhf", "0.10.4+kl"): "compute_approx_kl takes log_probs_old and clamps log(pi / pi_ref) "
-    "below at -10 (models/utils.py); 0.10.3's has neither (flag kl_log_ratio_max lost).",
+    ("openrlhf", "0.11.2"): "compute_approx_kl takes log_probs_old and clamps log(pi / pi_ref) "
+    "below at -10 before exp (models/utils.py); 0.10.4's has neither (flag kl_log_ratio_max gained).",
     ("skyrl_pkg", "0.3.0"): "SkyRL-train's losses in the skyrl package: compute_approx_kl without "
     "@torch.no_grad() (the KL loss has its gradient: SkyRL-train finding kl_gradient fixed), the "
     "reduction folded into the advantages over the mini-batch (micro_batch global).",

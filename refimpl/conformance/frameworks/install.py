@@ -80,7 +80,8 @@ def install_commands(
     groups: dict[tuple[str, ...], list[str]] = {}
     for name in names:
         pins, options = framework_requirements(name)
-        groups.setdefault(tuple(options), []).extend(pins)
+        group = groups.setdefault(tuple(options), [])
+        group.extend(p for p in pins if p not in group)  # skyrl-train and skyrl share their requirements
     for options, pins in groups.items():
         commands.append(pip + ["--no-deps", *options, *pins])
     return commands

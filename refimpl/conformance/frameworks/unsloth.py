@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable
 
 from . import Mode
-from .driver import find_mode
+from .driver import distribution_version, find_mode
 from .findings import Finding
 from .releases import release_modes
 from .sources import (
@@ -134,7 +134,10 @@ UNSUPPORTED = {
 
 PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")} | {"ppo": ("bnpo",)}
 
-FINDINGS = (
+_RELEASE = distribution_version(DISTRIBUTION)
+#: the line of the float32 accumulator in each release's rl_replacements.py
+_ACCUMULATOR_LINE = {"2026.9.9": 743, "2026.10.8": 1202}.get(_RELEASE or "", 1314)
+_BNPO = (
     Finding(
         "bnpo_local_count", "documented_default",
         "bnpo divides by the micro-batch's own token count even when TRL supplies the global one (the "
@@ -144,14 +147,17 @@ FINDINGS = (
         quote="BNPO uses the local micro-batch token count even when TRL supplies a global count",
         affected="unsloth-zoo 2026.10.9",
     ),
+)
+FINDINGS = (
+    *(() if _RELEASE in RELEASE_FLAGS else _BNPO),  # before 2026.10.9 bnpo took TRL's global count
     Finding(
         "efficient_value_float32", "value_only",
         "UnslothEfficientGRPO, through which the trainer calls grpo_compute_loss, accumulates the loss "
         "in a float32 tensor: with float64 log-probabilities the returned value is rounded to float32 "
         "(a relative error up to 6e-8); the gradient is grpo_compute_loss's, unrounded.",
-        where="rl_replacements.py:1314",
+        where=f"rl_replacements.py:{_ACCUMULATOR_LINE}",
         quote="accumulated_loss              = torch.zeros(1, device = device)[0]",
-        affected="unsloth-zoo 2026.10.9",
+        affected="unsloth-zoo 2026.9.9, 2026.10.8, 2026.10.9",
     ),
 )
 

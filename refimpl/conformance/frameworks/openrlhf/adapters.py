@@ -161,7 +161,7 @@ def _loss_batch_info(call, loss_utils, token_level: bool) -> tuple[dict, int]:
 
 
 def _takes_old(compute_approx_kl) -> bool:
-    """Whether ``compute_approx_kl`` has ``log_probs_old`` (OpenRLHF 0.10.4 and later; 0.10.3's has not)."""
+    """Whether ``compute_approx_kl`` has ``log_probs_old`` (OpenRLHF 0.11.2 has; 0.10.4's has not)."""
     import inspect
 
     return "log_probs_old" in inspect.signature(compute_approx_kl).parameters

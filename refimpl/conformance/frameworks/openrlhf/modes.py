@@ -239,10 +239,13 @@ NOTES = {
 #: what a release computes differently from the pinned one (releases.py): before 0.10.4 there is no
 #: iter_grad_accum_global_norm (utils/loss_utils.py): training_step normalises each micro-batch by its
 #: own token / sequence counts (get_loss_batch_info), DeepSpeed divides by the accumulation steps
-#: and compute_approx_kl has no log_probs_old and no clamp of log(pi / pi_ref) at -10 (models/utils.py)
-_LOCAL_MICRO_BATCH = {"micro_batch": "local_mean", "normalizer_rounding": "exact", "kl_log_ratio_max": None}
+#: and before 0.11 compute_approx_kl has no log_probs_old and no clamp of log(pi / pi_ref) at -10
+#: (models/utils.py)
+_NO_KL_MAX = {"kl_log_ratio_max": None}
+_LOCAL_MICRO_BATCH = {"micro_batch": "local_mean", "normalizer_rounding": "exact", **_NO_KL_MAX}
 RELEASE_FLAGS = {"0.10.3": {**{m.name: _LOCAL_MICRO_BATCH for m in _POLICY_MODES},
-                            **{m.name: {"kl_log_ratio_max": None} for m in _KL_MODES}}}
+                            **{m.name: _NO_KL_MAX for m in _KL_MODES}},
+                 "0.10.4": {m.name: _NO_KL_MAX for m in _POLICY_MODES + _KL_MODES}}
 
 
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:

@@ -320,9 +320,10 @@ def framework_config(mode: Mode, variant) -> dict[str, object]:
     }
 
 
-#: what a release computes differently from the pinned one (releases.py): verl 0.9.0's
+#: what a release computes differently from the pinned one (releases.py): verl 0.9.0's (and 0.8.0's)
 #: compute_policy_loss_gspo passed loss_agg_mode="seq-mean-token-mean" whatever the config
-RELEASE_FLAGS = {"0.9.0": {"gspo/token-mean": {"fixed_aggregation": "seq_mean_token_mean", **_ROW_MEAN}}}
+_GSPO_SEQ_MEAN = {"gspo/token-mean": {"fixed_aggregation": "seq_mean_token_mean", **_ROW_MEAN}}
+RELEASE_FLAGS = {"0.8.0": _GSPO_SEQ_MEAN, "0.9.0": _GSPO_SEQ_MEAN}
 
 
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
