@@ -50,7 +50,7 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 
 # The matrix of every framework at several releases (refimpl/conformance/frameworks/drift.py's RELEASES,
 # each installed into .frameworks-releases/DIST-X with pip --no-deps --target) and what changed between
-# them: docs/conformance-drift.md. Not in CI: about 20 minutes of one core (docs/ci.md).
+# them: docs/conformance-drift.md. Not in CI: 11 minutes on the shared 2-core machine (docs/ci.md).
 drift: $(FRAMEWORKS_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
 
