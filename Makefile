@@ -34,16 +34,11 @@ $(FRAMEWORKS_STAMP): $(STAMP) $(wildcard refimpl/conformance/frameworks/*.py ref
 
 frameworks: $(FRAMEWORKS_STAMP)
 
-# One refimpl check per framework through the command line (every mode of every framework runs in the
-# test suite, tests/test_framework_matrix.py) and the committed matrix compared with the installed
-# frameworks' behaviour.
+# The README's framework check from the command line (every framework's command line runs in-process in
+# tests/test_framework_matrix.py, every mode of every framework in the matrix) and the committed matrix
+# compared with the installed frameworks' behaviour.
 check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
-	$(BIN)/refimpl check --framework verl --preset grpo
-	$(BIN)/refimpl check --framework openrlhf --preset dapo
-	$(BIN)/refimpl check --framework liger --preset dapo
-	$(BIN)/refimpl check --framework skyrl --preset grpo
-	$(BIN)/refimpl check --framework areal --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
 	$(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --out docs/conformance-matrix-extra.md \
 	  --json docs/conformance-matrix-extra.json --check
@@ -81,14 +76,14 @@ report: $(STAMP)
 TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # The tests whose numerics depend on the intra-op thread count (marked ``threads`` by
 # tests/conftest.py from tests/thread_survey.py's measurement, docs/ci.md), at two threads; idle
 # OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning on a busy machine's cores.
 test-threads: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} \
-	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads
+	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads $(PYTEST_ARGS)
 
 # Which tests compute differently at two threads than at one (docs/ci.md): every torch result of
 # every test hashed at 1 and at 2 threads (slow: hours of one core for the whole suite; TESTS=...
