@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
-from .releases import release_env
+from .releases import install_release, release_env
 
 __all__ = ["RELEASES", "SUCCESSORS", "CHANGES", "release_row", "compare", "drift_markdown", "register"]
 
@@ -72,8 +72,6 @@ DOC = pathlib.Path("docs/conformance-drift.md")
 def release_row(name: str, version: str, *, workdir: pathlib.Path) -> dict:
     """The matrix row of ``name`` at ``version`` (the environment's install when it is the pinned
     release, else its own directory), or ``{"framework", "available": False, "reason"}``."""
-    from .install import install_release
-
     driver = load_driver(name)
     env = None
     if version != driver.pinned_version or driver.installed_version() != version:

@@ -29,7 +29,7 @@ import tempfile
 
 from ..cli_args import one_line_errors
 from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
-from .releases import release_dir, release_env
+from .releases import install_release, release_command, release_dir, release_env
 
 __all__ = ["CONSTRAINED", "extra_requirements", "framework_requirements", "install_commands", "register"]
 
@@ -94,38 +94,6 @@ def _names(requested: list[str] | None) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"framework must be among {', '.join(everything)}, got {', '.join(unknown)}")
     return names
-
-
-def release_command(name: str, version: str, target: str, python: str = sys.executable) -> list[str]:
-    """The pip command that installs release ``version`` of framework ``name`` alone into the
-    directory ``target`` (``--no-deps --target``, with the driver's ``INSTALL_OPTIONS``): what the
-    driver's loss code imports beyond it comes from the environment (``refimpl frameworks install``)."""
-    driver = load_driver(name)
-    distribution = getattr(driver.module, "DISTRIBUTION", driver.name)
-    options = list(getattr(driver.module, "INSTALL_OPTIONS", ()))
-    return [python, "-m", "pip", "install", "-q", "--no-deps", *options, "--target", target,
-            f"{distribution}=={version}"]
-
-
-def install_release(name: str, version: str, target: str | None = None, *, quiet: bool = False) -> str:
-    """Install release ``version`` of ``name`` into ``target`` (default ``releases.release_dir``) unless
-    it is there already; returns the directory. RuntimeError (one line) when pip fails."""
-    driver = load_driver(name)
-    distribution = getattr(driver.module, "DISTRIBUTION", driver.name)
-    directory = target or str(release_dir(distribution, version))
-    marker = f"{directory}/.installed"
-    import os
-
-    if os.path.exists(marker):
-        return directory
-    command = release_command(name, version, directory)
-    if not quiet:
-        print("$ " + " ".join(["python", *command[1:]]), flush=True)
-    if subprocess.call(command) != 0:
-        raise RuntimeError(f"pip could not install {distribution}=={version} into {directory} (above)")
-    with open(marker, "w") as handle:
-        handle.write(f"{distribution}=={version}\n")
-    return directory
 
 
 def run_install(args: argparse.Namespace) -> int:
