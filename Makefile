@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks check-frameworks run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
+.PHONY: install frameworks check-frameworks drift run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,17 +34,20 @@ $(FRAMEWORKS_STAMP): $(STAMP) $(wildcard refimpl/conformance/frameworks/*.py ref
 
 frameworks: $(FRAMEWORKS_STAMP)
 
-# One refimpl check per framework through the command line (every mode of every framework runs in the
-# test suite, tests/test_framework_matrix.py) and the committed matrix compared with the installed
-# frameworks' behaviour.
+# The README's framework check from the command line (every framework's command line runs in-process in
+# tests/test_framework_matrix.py, every mode of every framework in the matrix) and the committed matrix
+# compared with the installed frameworks' behaviour.
 check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
-	$(BIN)/refimpl check --framework verl --preset grpo
-	$(BIN)/refimpl check --framework openrlhf --preset dapo
-	$(BIN)/refimpl check --framework liger --preset dapo
-	$(BIN)/refimpl check --framework skyrl --preset grpo
-	$(BIN)/refimpl check --framework areal --preset dapo
 	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
+	$(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --out docs/conformance-matrix-extra.md \
+	  --json docs/conformance-matrix-extra.json --check
+
+# The matrix of every framework at several releases (refimpl/conformance/frameworks/drift.py's RELEASES,
+# each installed into .frameworks-releases/DIST-X with pip --no-deps --target) and what changed between
+# them: docs/conformance-drift.md. Not in CI: 11 minutes on the shared 2-core machine (docs/ci.md).
+drift: $(FRAMEWORKS_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
 
 # SEED=n picks the run's seed (default 0): make run SEED=1
 # A finished run in runs/main is kept and evaluated again; OVERWRITE=1 trains it anew (refimpl train
@@ -73,14 +76,14 @@ report: $(STAMP)
 TEST_JOBS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # The tests whose numerics depend on the intra-op thread count (marked ``threads`` by
 # tests/conftest.py from tests/thread_survey.py's measurement, docs/ci.md), at two threads; idle
 # OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning on a busy machine's cores.
 test-threads: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} \
-	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads
+	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads $(PYTEST_ARGS)
 
 # Which tests compute differently at two threads than at one (docs/ci.md): every torch result of
 # every test hashed at 1 and at 2 threads (slow: hours of one core for the whole suite; TESTS=...

@@ -13,20 +13,20 @@ import sys
 
 import pytest
 
-from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 from refimpl.conformance.frameworks.findings import FINDING_KINDS, Finding, as_findings
 from refimpl.conformance.frameworks.repro import BODIES, repro_script, write_repros
 
 #: the import name of each framework's installed package, whose folder a finding's path is relative to
 PACKAGES = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "liger": "liger_kernel",
-            "skyrl": "skyrl_train", "areal": "areal"}
+            "skyrl": "skyrl_train", "areal": "areal", "skyrl_pkg": "skyrl", "unsloth": "unsloth_zoo"}
 
 
 def test_every_framework_has_its_package_named_here():
-    assert set(PACKAGES) == set(FRAMEWORKS)
+    assert set(PACKAGES) == set(FRAMEWORKS + EXTRA_FRAMEWORKS)
 
 
-@pytest.mark.parametrize("name", FRAMEWORKS)
+@pytest.mark.parametrize("name", FRAMEWORKS + EXTRA_FRAMEWORKS)
 def test_findings_are_classified_and_bugs_are_located(name):
     driver = load_driver(name)
     for finding in driver.findings():
@@ -49,7 +49,7 @@ def test_a_finding_refuses_an_unknown_class_and_an_unchecked_line():
 
 
 @pytest.mark.framework
-@pytest.mark.parametrize("name", FRAMEWORKS)
+@pytest.mark.parametrize("name", FRAMEWORKS + EXTRA_FRAMEWORKS)
 def test_every_cited_line_holds_the_quoted_code(name):
     driver = load_driver(name)
     if driver.availability() is not None:

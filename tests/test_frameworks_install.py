@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from refimpl.cli import main
-from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 from refimpl.conformance.frameworks import install as installer
 
 PIN = re.compile(r"^[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*$")
@@ -84,7 +84,44 @@ def test_list_names_each_framework_with_its_pinned_release(capsys):
     code, out, _ = run(capsys, "frameworks", "list")
     assert code == 0
     rows = out.splitlines()
-    assert [r.split()[0] for r in rows] == list(FRAMEWORKS)
-    for row, name in zip(rows, FRAMEWORKS, strict=True):
+    assert [r.split()[0] for r in rows] == list(FRAMEWORKS + EXTRA_FRAMEWORKS)
+    for row, name in zip(rows, FRAMEWORKS + EXTRA_FRAMEWORKS, strict=True):
         assert f"pinned {load_driver(name).pinned_version}" in row
         assert row.endswith("ready") or "refimpl frameworks install" in row or "cannot" in row, row
+
+
+def test_a_release_goes_alone_into_its_own_directory(capsys):
+    # refimpl frameworks install NAME --version X: pip --no-deps --target, with the driver's options
+    command = installer.release_command("skyrl_pkg", "0.3.0", "/tmp/x")
+    assert command[1:] == ["-m", "pip", "install", "-q", "--no-deps", "--ignore-requires-python",
+                           "--target", "/tmp/x", "skyrl==0.3.0"]
+    code, out, err = run(capsys, "frameworks", "install", "verl", "--version", "0.9.0", "--dry-run")
+    assert code == 0, err
+    assert out.strip() == ("$ python -m pip install -q --no-deps --target .frameworks-releases/verl-0.9.0 "
+                           "verl==0.9.0")
+    code, out, err = run(capsys, "frameworks", "install", "verl", "trl", "--version", "0.9.0")
+    assert code == 2 and err.strip() == ("refimpl frameworks install: --version installs one framework's "
+                                         "release: name exactly one framework")
+
+
+def test_checking_a_release_installs_it_once_and_runs_check_framework_on_it(capsys, monkeypatch, tmp_path):
+    ran = []
+
+    def call(command, env=None):
+        ran.append((command, env))
+        if "--target" in command:
+            (tmp_path / "rel").mkdir(exist_ok=True)
+        return 0
+
+    monkeypatch.setattr(installer.subprocess, "call", call)
+    argv = ("frameworks", "check", "openrlhf", "--version", "0.10.3", "--target", str(tmp_path / "rel"),
+            "--mode", "gspo")
+    assert run(capsys, *argv)[0] == 0
+    assert run(capsys, *argv)[0] == 0  # installed once: the second run only checks
+    installs = [c for c, _ in ran if "--target" in c]
+    checks = [(c, env) for c, env in ran if "check" in c]
+    assert len(installs) == 1 and installs[0][-1] == "openrlhf==0.10.3"
+    assert len(checks) == 2
+    command, env = checks[0]
+    assert command[1:] == ["-m", "refimpl", "check", "framework", "openrlhf", "--mode", "gspo"]
+    assert env["PYTHONPATH"].split(":")[0] == str((tmp_path / "rel").resolve())

@@ -194,10 +194,11 @@ REQUIRE_FRAMEWORKS_ENV = "RL_ORACLE_REQUIRE_FRAMEWORKS"
 def load_framework(name: str):
     """The driver of an installed framework; a UserError (exit 2) when unknown or not installed,
     or a failure (exit 1) when ``RL_ORACLE_REQUIRE_FRAMEWORKS=1`` (CI: a skip is a failure)."""
-    from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+    from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 
-    if name not in FRAMEWORKS:
-        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS)}, got {name!r}")
+    if name not in FRAMEWORKS + EXTRA_FRAMEWORKS:
+        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS + EXTRA_FRAMEWORKS)}, "
+                        f"got {name!r}")
     try:
         driver = load_driver(name)
     except ImportError as exc:

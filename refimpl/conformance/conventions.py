@@ -105,7 +105,8 @@ class AdvantageFlags:
 class KLFlags:
     """The KL term (kl.md): ``kl_log_ratio_clamp`` (clamp ``log r = ref_logp - logp`` to [-c, c]
     inside k3), ``kl_log_ratio_max`` (clamp it above, one-sided), ``kl_value_clamp`` (clamp the value
-    to [-c, c]; k3 only or every estimator: ``kl_value_clamp_scope``), ``kl_k3_form`` ("accurate"
+    to [-c, c]; k3 only or every estimator: ``kl_value_clamp_scope``, or "weighted": the k3 term after
+    ``kl_importance_weight``, Unsloth's order), ``kl_k3_form`` ("accurate"
     expm1 form, eq. (4), or "naive" ``exp(log r) - 1 - log r``), ``kl_compute_dtype`` ("input" or
     "float32"), ``kl_aggregation`` (like the "policy" term, or a global "token_mean"),
     ``kl_importance_weight`` (times the unit's differentiated ratio: TRL's bias-corrected KL),
@@ -125,7 +126,7 @@ class KLFlags:
     def __post_init__(self) -> None:
         _choice(self, "kl_compute_dtype", ("input", "float32"))
         _choice(self, "kl_k3_form", ("accurate", "naive"))
-        _choice(self, "kl_value_clamp_scope", ("k3", "all"))
+        _choice(self, "kl_value_clamp_scope", ("k3", "all", "weighted"))
         _choice(self, "kl_aggregation", ("policy", "token_mean"))
         _choice(self, "kl_gradient", ("estimator", "k2", "none"))
         _positive_or_none(self, "kl_log_ratio_clamp", "kl_value_clamp", "kl_log_ratio_max")
@@ -359,7 +360,8 @@ FLAG_REASONS: dict[str, str] = {
     "kl_log_ratio_max": "OpenRLHF's k3 clamps log(pi / pi_ref) below at -10 before exp, i.e. "
     "log r = log(pi_ref / pi) above at 10 (one-sided; no gradient beyond).",
     "kl_value_clamp_scope": "verl clamps only low_var_kl (k3) to [-10, 10]; OpenRLHF clamps the value "
-    "of every estimator (k1, k2, k3) to [-10, 10].",
+    "of every estimator (k1, k2, k3) to [-10, 10]; Unsloth clamps TRL's bias-corrected k3 term (k3 times "
+    "the ratio) after the weight ('weighted').",
     "kl_aggregation": "OpenRLHF adds its KL loss outside PolicyLoss as aggregate_loss(kl, mask, "
     "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
     "sequence mean (seq-mean-token-mean); verl's geo_mean (GMPO) ignores loss_agg_mode for its "

@@ -230,7 +230,9 @@ def _kl_tokens(logp, ref, variant: PolicyLossVariant, convention: Convention, ma
         value = _k3_of_log_ratio(log_r, convention.kl_k3_form)
     else:  # k3 at log r = +inf (a token the policy gives probability 0): its limits, value inf, slope -inf
         value = _KL[variant.kl_estimator](logp_m, ref_m, check_finite=False)
-    if convention.kl_value_clamp is not None and (k3 or convention.kl_value_clamp_scope == "all"):
+    if convention.kl_value_clamp is not None and (
+        (k3 and convention.kl_value_clamp_scope != "weighted") or convention.kl_value_clamp_scope == "all"
+    ):
         value = value.clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
     if convention.kl_gradient == "k2":
         value = _k2_straight_through(value, logp_m, ref_m)
@@ -294,6 +296,8 @@ def convention_loss(
             kl = _kl_tokens(logp, ref, variant, convention, mask)
             weight_logp = clamped_logp if cispo else ratio_logp
             kwargs["kl"] = _importance_weighted_kl(kl, weight_logp, old, mask, variant)
+            if convention.kl_value_clamp is not None and convention.kl_value_clamp_scope == "weighted":
+                kwargs["kl"] = kwargs["kl"].clamp(-convention.kl_value_clamp, convention.kl_value_clamp)
         elif clamps_kl or ratio_logp is not logp:
             kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
         else:

@@ -28,7 +28,7 @@ import re
 import textwrap
 
 from .checks import check_framework_mode
-from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
+from .frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
 from .kinds import KIND_REGISTRY
 
@@ -110,9 +110,10 @@ def mode_entry(driver, mode) -> dict:
 def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
     """The matrix as a JSON-ready dict (see the module docstring)."""
     names = tuple(frameworks) if frameworks else FRAMEWORKS
-    unknown = [n for n in names if n not in FRAMEWORKS]
+    unknown = [n for n in names if n not in FRAMEWORKS + EXTRA_FRAMEWORKS]
     if unknown:
-        raise ValueError(f"--framework must be among {', '.join(FRAMEWORKS)}, got {', '.join(unknown)}")
+        raise ValueError(f"--framework must be among {', '.join(FRAMEWORKS + EXTRA_FRAMEWORKS)}, "
+                         f"got {', '.join(unknown)}")
     out = {"frameworks": []}
     for name in names:
         row: dict = {"framework": name, "available": False}

@@ -28,6 +28,8 @@ __all__ = [
     "Mode",
     "VariantRefused",
     "DISPLAY_NAMES",
+    "EXTRA_DISPLAY_NAMES",
+    "EXTRA_FRAMEWORKS",
     "distribution_version",
     "framework_list",
     "load_driver",
@@ -45,12 +47,22 @@ DISPLAY_NAMES: dict[str, str] = {
     "areal": "AReaL",
 }
 FRAMEWORKS: tuple[str, ...] = tuple(DISPLAY_NAMES)
+#: the drivers beside the core six (docs/conformance.md, "The maintained packages, Unsloth"): driven,
+#: installed and checked like them (``refimpl frameworks install``, ``make check-frameworks``), with
+#: a matrix of their own (docs/conformance-matrix-extra.md), so that the core matrix and the docs'
+#: lists of the six stay as they are
+EXTRA_DISPLAY_NAMES: dict[str, str] = {
+    "skyrl_pkg": "skyrl (SkyRL-train's successor)",
+    "unsloth": "Unsloth",
+}
+EXTRA_FRAMEWORKS: tuple[str, ...] = tuple(EXTRA_DISPLAY_NAMES)
 
 
 def load_driver(name: str) -> Driver:
-    """The driver of framework ``name`` (one of ``FRAMEWORKS``); imports no framework."""
-    if name not in FRAMEWORKS:
-        raise ValueError(f"framework must be one of {FRAMEWORKS}, got {name!r}")
+    """The driver of framework ``name`` (one of ``FRAMEWORKS`` or ``EXTRA_FRAMEWORKS``); imports no
+    framework."""
+    if name not in FRAMEWORKS + EXTRA_FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS + EXTRA_FRAMEWORKS}, got {name!r}")
     return Driver(importlib.import_module(f"{__name__}.{name}"))
 
 

@@ -28,7 +28,8 @@ import sys
 import tempfile
 
 from ..cli_args import one_line_errors
-from . import FRAMEWORKS, load_driver
+from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
+from .releases import install_release, release_command, release_dir, release_env
 
 __all__ = ["CONSTRAINED", "extra_requirements", "framework_requirements", "install_commands", "register"]
 
@@ -79,27 +80,45 @@ def install_commands(
     groups: dict[tuple[str, ...], list[str]] = {}
     for name in names:
         pins, options = framework_requirements(name)
-        groups.setdefault(tuple(options), []).extend(pins)
+        group = groups.setdefault(tuple(options), [])
+        group.extend(p for p in pins if p not in group)  # skyrl-train and skyrl share their requirements
     for options, pins in groups.items():
         commands.append(pip + ["--no-deps", *options, *pins])
     return commands
 
 
 def _names(requested: list[str] | None) -> tuple[str, ...]:
-    names = tuple(requested or FRAMEWORKS)
-    unknown = [n for n in names if n not in FRAMEWORKS]
+    everything = FRAMEWORKS + EXTRA_FRAMEWORKS
+    names = tuple(requested or everything)
+    unknown = [n for n in names if n not in everything]
     if unknown:
-        raise ValueError(f"framework must be among {', '.join(FRAMEWORKS)}, got {', '.join(unknown)}")
+        raise ValueError(f"framework must be among {', '.join(everything)}, got {', '.join(unknown)}")
     return names
 
 
 def run_install(args: argparse.Namespace) -> int:
-    """``refimpl frameworks install [NAME ...] [--dry-run]``."""
+    """``refimpl frameworks install [NAME ...] [--dry-run]``, or ``install NAME --version X
+    [--target DIR]``: release X alone into its own directory."""
     try:
         names = _names(args.names)
+        if getattr(args, "version", None) and len(names) != 1:
+            raise ValueError("--version installs one framework's release: name exactly one framework")
     except ValueError as exc:
         print(f"refimpl frameworks install: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "version", None):
+        if args.dry_run:
+            driver = load_driver(names[0])
+            target = args.target or str(release_dir(getattr(driver.module, "DISTRIBUTION", driver.name),
+                                                    args.version))
+            print("$ " + " ".join(["python", *release_command(names[0], args.version, target)[1:]]))
+            return 0
+        try:
+            print(install_release(names[0], args.version, args.target))
+        except RuntimeError as exc:
+            print(f"refimpl frameworks install: {exc}", file=sys.stderr)
+            return 1
+        return 0
     with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="rl-oracle-constraints-") as handle:
         handle.write("\n".join(constraints()) + "\n")
         handle.flush()
@@ -137,6 +156,23 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_check_release(args: argparse.Namespace) -> int:
+    """``refimpl frameworks check NAME --version X [...]``: release X installed into its own directory
+    (``install_release``) and ``refimpl check framework NAME`` run on it (the same driver, in a process
+    whose ``PYTHONPATH`` starts with that directory); ``--mode`` / ``--preset`` / ``--kind`` / ``--json``
+    go to ``check framework``."""
+    try:
+        (name,) = _names([args.name])
+        directory = install_release(name, args.version, args.target)
+    except (ValueError, RuntimeError) as exc:
+        print(f"refimpl frameworks check: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    rest = [x for o in ("mode", "preset", "kind") if getattr(args, o) for x in (f"--{o}", getattr(args, o))]
+    command = [sys.executable, "-m", "refimpl", "check", "framework", name, *rest,
+               *(["--json"] if args.json else [])]
+    return subprocess.call(command, env=release_env(directory))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``refimpl frameworks install|list`` (refimpl.cli provider protocol)."""
     parser = subparsers.add_parser(
@@ -146,7 +182,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(the 'frameworks' extra with dependencies, each framework with --no-deps), or list them.",
     )
     one_line_errors(parser, "refimpl frameworks")
-    sub = parser.add_subparsers(dest="frameworks_command", metavar="{install,list}")
+    sub = parser.add_subparsers(dest="frameworks_command", metavar="{install,list,check,drift}")
     sub.required = True
     install = sub.add_parser("install", help="pip-install the pinned releases into this environment")
     one_line_errors(install, "refimpl frameworks install")
@@ -154,7 +190,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "names", nargs="*", metavar="NAME", help=f"frameworks (default: all of {', '.join(FRAMEWORKS)})"
     )
     install.add_argument("--dry-run", action="store_true", help="print the pip commands, run nothing")
+    install.add_argument("--version", help="install this release of the one NAME alone into its own "
+                         "directory (pip --no-deps --target), for refimpl frameworks check NAME --version X")
+    install.add_argument("--target", help="the directory of --version (default .frameworks-releases/DIST-X)")
     install.set_defaults(func=run_install)
+    check = sub.add_parser("check", help="install a release into its own directory and check it",
+                           description="refimpl frameworks check NAME --version X [check framework "
+                           "options]: release X of NAME into its own directory, then `refimpl check "
+                           "framework NAME` on it.")
+    one_line_errors(check, "refimpl frameworks check")
+    check.add_argument("name", metavar="NAME")
+    check.add_argument("--version", required=True, help="the release to check, e.g. 0.9.0")
+    check.add_argument("--target", help="its directory (default .frameworks-releases/DIST-X)")
+    for option in ("--mode", "--preset", "--kind"):
+        check.add_argument(option, help=f"passed to refimpl check framework {option}")
+    check.add_argument("--json", action="store_true", help="passed to refimpl check framework")
+    check.set_defaults(func=run_check_release)
+    from .drift import register as register_drift
+
+    register_drift(sub)
     listing = sub.add_parser("list", help="pinned and installed releases, and whether each driver can run")
     one_line_errors(listing, "refimpl frameworks list")
     listing.add_argument("names", nargs="*", metavar="NAME")

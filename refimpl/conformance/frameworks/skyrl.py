@@ -213,7 +213,8 @@ FINDINGS = (
         "the loss and no gradient, so it does not regularise the policy.",
         where="utils/ppo_utils.py:91", quote="@torch.no_grad()",
         affected="skyrl-train 0.3.1 (its last release)",
-        fixed_in="skyrl 0.3.0, the maintained successor package (the decorator is gone)",
+        fixed_in="skyrl 0.3.0, the maintained successor package (compute_approx_kl has no decorator: driver "
+        "skyrl_pkg, docs/conformance-drift.md)",
         upstream="https://github.com/NovaSky-AI/SkyRL/issues/1340 (fixed by pull request 1353)",
     ),
     Finding(
@@ -224,7 +225,8 @@ FINDINGS = (
         where="utils/ppo_utils.py:744",
         quote="clamped_ratio = torch.clamp(ratio, 1 - config.cispo.cispo_eps_clip_low",
         affected="skyrl-train 0.3.1; skyrl 0.3.0 (default still 0.0)",
-        fixed_in="skyrl after 0.3.0 (default cispo_eps_clip_low = 1.0)",
+        fixed_in="skyrl 0.4.0 (default cispo_eps_clip_low = 1.0: driver skyrl_pkg, "
+        "docs/conformance-drift.md)",
         upstream="https://github.com/NovaSky-AI/SkyRL/pull/1928",
     ),
     dual_clip_tie_finding("utils/ppo_utils.py:581",

@@ -144,6 +144,9 @@ def _loss_batch_info(call, loss_utils, token_level: bool) -> tuple[dict, int]:
     import torch
 
     gas = int(getattr(call, "micro_batch_count", 1) or 1)
+    if not hasattr(loss_utils, "_optimizer_step_loss_norm"):  # OpenRLHF < 0.10.4: each micro-batch
+        # normalised by its own counts (training_step's get_loss_batch_info; modes.RELEASE_FLAGS)
+        return loss_utils.get_loss_batch_info(None, call.mask.to(torch.long)), gas
     tokens, sequences = _step_counts(call, token_level)
 
     def norm(rows: int, cols: int, key: str):
@@ -156,6 +159,13 @@ def _loss_batch_info(call, loss_utils, token_level: bool) -> tuple[dict, int]:
         "global_batch_size": norm(sequences, 1, "global_batch_size"),
     }
     return info, gas
+
+
+def _takes_old(compute_approx_kl) -> bool:
+    """Whether ``compute_approx_kl`` has ``log_probs_old`` (OpenRLHF 0.11.2 has; 0.10.4's has not)."""
+    import inspect
+
+    return "log_probs_old" in inspect.signature(compute_approx_kl).parameters
 
 
 def _policy_target(variant) -> tuple[Callable, Callable]:
@@ -176,13 +186,13 @@ def _policy_target(variant) -> tuple[Callable, Callable]:
         if kl_coef > 0:  # training_step with algo.kl.use_loss: loss = actor_loss + kl_loss * kl_ctl
             if call.ref_logp is None:
                 raise ValueError("call.ref_logp is required when variant.kl_coef > 0")
-            kl = mods["utils"].compute_approx_kl(
-                call.logp, call.ref_logp, log_probs_old=call.old_logp, kl_estimator=estimator
-            )
+            old = {"log_probs_old": call.old_logp} if _takes_old(mods["utils"].compute_approx_kl) else {}
+            kl = mods["utils"].compute_approx_kl(call.logp, call.ref_logp, kl_estimator=estimator, **old)
             loss = loss + mods["loss"].aggregate_loss(kl, action_mask, **info) * kl_coef
         # DeepSpeed engine.backward -> _scale_loss_by_gas: loss / gradient_accumulation_steps()
         return loss / gas
 
+    adapter.scaled_for_accumulation = True  # the division by gas above (micro_batch="local_mean")
     return loss_fn, adapter
 
 

@@ -236,11 +236,27 @@ NOTES = {
 }
 
 
+#: what a release computes differently from the pinned one (releases.py): before 0.10.4 there is no
+#: iter_grad_accum_global_norm (utils/loss_utils.py): training_step normalises each micro-batch by its
+#: own token / sequence counts (get_loss_batch_info), DeepSpeed divides by the accumulation steps
+#: and before 0.11 compute_approx_kl has no log_probs_old and no clamp of log(pi / pi_ref) at -10
+#: (models/utils.py)
+_NO_KL_MAX = {"kl_log_ratio_max": None}
+_LOCAL_MICRO_BATCH = {"micro_batch": "local_mean", "normalizer_rounding": "exact", **_NO_KL_MAX}
+RELEASE_FLAGS = {"0.10.3": {**{m.name: _LOCAL_MICRO_BATCH for m in _POLICY_MODES},
+                            **{m.name: _NO_KL_MAX for m in _KL_MODES}},
+                 "0.10.4": {m.name: _NO_KL_MAX for m in _POLICY_MODES + _KL_MODES}}
+
+
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
     """The OpenRLHF modes in scope for ``kind`` ("policy_loss", "kl" or "group_advantages")."""
+    from ..releases import release_modes
+
     _check_kind(kind)
     chosen = {"policy_loss": _POLICY_MODES, "kl": _KL_MODES, "group_advantages": ()}[kind]
-    return {m.name: m for m in chosen}
+    flags = {v: {k: f for k, f in by_mode.items() if k in {m.name for m in chosen}}
+             for v, by_mode in RELEASE_FLAGS.items()}
+    return {m.name: m for m in release_modes(chosen, flags, "openrlhf")}
 
 
 def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:

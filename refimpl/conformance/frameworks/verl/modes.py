@@ -98,6 +98,17 @@ def _policy_modes() -> dict[str, Mode]:
         },
         description="compute_policy_loss_gspo (GSPO-token ratio, log s capped at 10), seq-mean-token-mean",
     )
+    # loss_agg_mode is honoured by compute_policy_loss_gspo from 0.9.1 on (core_algos.py:1603-1606);
+    # 0.9.0 forced seq-mean-token-mean (RELEASE_FLAGS, docs/conformance-drift.md)
+    out["gspo/token-mean"] = Mode(
+        name="gspo/token-mean",
+        preset="gspo",
+        variant_overrides={"aggregation": "token_mean"},
+        framework_config={"actor.policy_loss.loss_mode": "gspo", "actor.loss_agg_mode": "token-mean"},
+        convention={**{k: v for k, v in out["gspo"].convention.items() if k not in _ROW_MEAN},
+                    "empty_step": "nan"},
+        description="compute_policy_loss_gspo with loss_agg_mode='token-mean' (verl's default)",
+    )
     out["sapo"] = Mode(
         name="sapo",
         preset="sapo",
@@ -309,10 +320,18 @@ def framework_config(mode: Mode, variant) -> dict[str, object]:
     }
 
 
+#: what a release computes differently from the pinned one (releases.py): verl 0.9.0's (and 0.8.0's)
+#: compute_policy_loss_gspo passed loss_agg_mode="seq-mean-token-mean" whatever the config
+_GSPO_SEQ_MEAN = {"gspo/token-mean": {"fixed_aggregation": "seq_mean_token_mean", **_ROW_MEAN}}
+RELEASE_FLAGS = {"0.8.0": _GSPO_SEQ_MEAN, "0.9.0": _GSPO_SEQ_MEAN}
+
+
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
     """verl's modes in scope for ``kind`` ("policy_loss", "kl" or "group_advantages")."""
     if kind == "policy_loss":
-        return _policy_modes()
+        from ..releases import release_modes
+
+        return {m.name: m for m in release_modes(tuple(_policy_modes().values()), RELEASE_FLAGS, "verl")}
     if kind == "kl":
         return {
             name: Mode(

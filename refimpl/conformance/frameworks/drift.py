@@ -1,0 +1,273 @@
+"""``refimpl frameworks drift``: the matrix of each framework at several releases, and what changed
+between them (docs/conformance-drift.md, ``make drift``).
+
+For every framework, ``RELEASES`` names the releases compared (oldest first: the previous minor
+release, the pinned one and the newest on the registry, or all that exist). Each release other than
+the pinned one is installed into a directory of its own (``install.install_release``: ``pip install
+--no-deps --target``) and the same driver runs the matrix on it in a process whose ``PYTHONPATH``
+starts with that directory (``releases.release_env``); the pinned release is the one installed in the
+environment. A driver states what a release computes differently as data (``RELEASE_FLAGS``,
+releases.py), and the matrix checks that the release passes under it.
+
+Between consecutive releases the document lists, per framework and mode: modes added or removed (a
+mode is present when its driver runs it without an error), profile flags gained, lost or changed,
+case classes that fail under the release's profile (a change no flag of the kit reproduces), and
+findings introduced or fixed (a finding is present in a release when its driver lists it there
+and, when its key is a flag, a mode's profile of that release holds it). ``SUCCESSORS`` chains a
+package to its successor (SkyRL-train -> skyrl), and ``CHANGES`` says in words what each change is,
+each statement checked against both releases' installed code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
+from .releases import install_release, release_env
+
+__all__ = ["RELEASES", "SUCCESSORS", "CHANGES", "release_row", "compare", "drift_markdown", "register"]
+
+#: the releases compared per framework, oldest first (each driver's PINNED_VERSION among them)
+RELEASES: dict[str, tuple[str, ...]] = {
+    "trl": ("1.14.2", "1.15.0", "1.16.0"),
+    "verl": ("0.8.0", "0.9.0", "0.9.1"),
+    "openrlhf": ("0.10.3", "0.10.4", "0.11.2"),
+    "liger": ("0.7.0", "0.8.4", "0.8.5"),
+    "skyrl": ("0.2.0", "0.3.0", "0.3.1"),
+    "skyrl_pkg": ("0.3.0", "0.4.0"),
+    "areal": ("1.0.4",),
+    "unsloth": ("2026.9.9", "2026.10.8", "2026.10.9"),
+}
+#: a package replaced by another: its last release is compared with the successor's first
+SUCCESSORS = {"skyrl": "skyrl_pkg"}
+#: (framework, release) -> what changed there, in words (checked against both releases' code)
+CHANGES: dict[tuple[str, str], str] = {
+    ("verl", "0.9.1"): "compute_policy_loss_gspo aggregates with the configured loss_agg_mode "
+    "(trainer/ppo/core_algos.py:1603-1606); 0.9.0 (core_algos.py:1603-1605) and 0.8.0 passed "
+    "loss_agg_mode=\"seq-mean-token-mean\" whatever the config (mode gspo/token-mean: flag "
+    "fixed_aggregation before 0.9.1).",
+    ("openrlhf", "0.10.4"): "the loss normalisers are the optimizer step's (utils/loss_utils.py: "
+    "_optimizer_step_loss_norm, iter_grad_accum_global_norm): 0.10.3 normalised each micro-batch by "
+    "its own tokens (micro_batch local_mean), so a micro-batch without tokens made the step's loss and "
+    "gradient NaN (0 / 0; case class padding_micro_batch); from 0.10.4 only a step without any token "
+    "does (empty_step nan).",
+    ("openrlhf", "0.11.2"): "compute_approx_kl takes log_probs_old and clamps log(pi / pi_ref) "
+    "below at -10 before exp (models/utils.py); 0.10.4's has neither (flag kl_log_ratio_max gained).",
+    ("skyrl_pkg", "0.3.0"): "SkyRL-train's losses in the skyrl package: compute_approx_kl without "
+    "@torch.no_grad() (the KL loss has its gradient: SkyRL-train finding kl_gradient fixed), the "
+    "reduction folded into the advantages over the mini-batch (micro_batch global).",
+    ("skyrl_pkg", "0.4.0"): "CISPOConfig.cispo_eps_clip_low defaults to 1.0 (train/config/config.py:832; "
+    "0.0 in 0.3.0, config.py:543): the CISPO weight is no longer clipped below at 1 (finding "
+    "cispo_clip_low fixed).",
+}
+
+DOC = pathlib.Path("docs/conformance-drift.md")
+
+
+def release_row(name: str, version: str, *, workdir: pathlib.Path) -> dict:
+    """The matrix row of ``name`` at ``version`` (the environment's install when it is the pinned
+    release, else its own directory), or ``{"framework", "available": False, "reason"}``."""
+    driver = load_driver(name)
+    env = None
+    if version != driver.pinned_version or driver.installed_version() != version:
+        try:
+            env = release_env(pathlib.Path(install_release(name, version, quiet=True)))
+        except RuntimeError as exc:
+            return {"framework": name, "available": False, "reason": str(exc)}
+    out = workdir / f"{name}-{version}.json"
+    command = [sys.executable, "-m", "refimpl", "matrix", "--framework", name, "--partial",
+               "--out", str(out.with_suffix(".md")), "--json", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not out.exists():
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"framework": name, "available": False, "reason": f"refimpl matrix failed: {tail}"}
+    (row,) = json.loads(out.read_text())["frameworks"]
+    return row
+
+
+def _modes(row: dict) -> dict[str, dict]:
+    return {f"{m['kind']}:{m['mode']}": m for m in row.get("modes", []) if "error" not in m}
+
+
+def _present_findings(row: dict) -> set[str]:
+    """The findings of a release: those its driver lists there whose key, when it is a flag, some
+    mode's profile of that release holds (a release whose RELEASE_FLAGS drop the flag is fixed)."""
+    from ..conventions import FLAGS
+
+    modes = list(_modes(row).values())
+    return {f["key"] for f in row.get("findings", [])
+            if f["key"].split("=")[0] not in FLAGS or any(f["key"] in m["profile"] for m in modes)}
+
+
+def _errors(row: dict) -> list[str]:
+    return [f"{m['kind']}:{m['mode']}: {m['error']}" for m in row.get("modes", []) if "error" in m]
+
+
+def compare(old: dict, new: dict) -> dict:
+    """What changed from the release row ``old`` to ``new`` (module docstring)."""
+    before, after = _modes(old), _modes(new)
+    flags = {}
+    for key in sorted(set(before) & set(after)):
+        a, b = before[key]["profile"], after[key]["profile"]
+        change = {f: [a.get(f), b.get(f)] for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)}
+        if change:
+            flags[key] = change
+    failing = {key: sorted(c for c, s in m["own"]["classes"].items() if s == "FAIL")
+               for key, m in after.items() if not m["own"]["ok"]}
+    found_old, found_new = _present_findings(old), _present_findings(new)
+    return {
+        "modes_added": sorted(set(after) - set(before)),
+        "modes_removed": sorted(set(before) - set(after)),
+        "flags_changed": flags,
+        "failing": failing,
+        "findings_introduced": sorted(found_new - found_old),
+        "findings_fixed": sorted(found_old - found_new),
+    }
+
+
+def drift_data(rows: dict[str, dict[str, dict]]) -> dict:
+    """``{framework: {"releases": [...], "steps": [...]}}`` from ``rows[framework][version]``."""
+    out = {}
+    for name, by_version in rows.items():
+        versions = list(by_version)
+        chain = [(name, v) for v in versions]
+        steps = []
+        for (n0, v0), (n1, v1) in zip(chain, chain[1:], strict=False):
+            a, b = by_version[v0], by_version[v1]
+            step = {"from": f"{n0} {v0}", "to": f"{n1} {v1}"}
+            if a.get("available") and b.get("available"):
+                step.update(compare(a, b))
+            else:
+                step["unavailable"] = a.get("reason") or b.get("reason")
+            step["changes"] = [text for (fw, key), text in CHANGES.items()
+                               if fw == n1 and key.split("+")[0] == v1]
+            steps.append(step)
+        out[name] = {"releases": [{"version": v, "available": r.get("available", False),
+                                   "reason": r.get("reason"), "modes": len(_modes(r)),
+                                   "passing": sum(1 for m in _modes(r).values() if m["own"]["ok"]),
+                                   "errors": _errors(r),
+                                   "failing": {k: sorted(c for c, x in m["own"]["classes"].items()
+                                                         if x == "FAIL")
+                                               for k, m in _modes(r).items() if not m["own"]["ok"]},
+                                   "findings": sorted(_present_findings(r))}
+                                  for v, r in by_version.items()],
+                     "steps": steps}
+    for old, new in SUCCESSORS.items():
+        if old in rows and new in rows and rows[old] and rows[new]:
+            v0, v1 = list(rows[old])[-1], list(rows[new])[0]
+            a, b = rows[old][v0], rows[new][v1]
+            step = {"from": f"{old} {v0}", "to": f"{new} {v1}", "successor": True}
+            if a.get("available") and b.get("available"):
+                step.update(compare(a, b))
+            step["changes"] = [text for (fw, key), text in CHANGES.items() if fw == new and key == v1]
+            out[new]["steps"].insert(0, step)
+    return out
+
+
+def _step_lines(step: dict) -> list[str]:
+    head = f"- **{step['from']} -> {step['to']}**"
+    head += " (successor package)" if step.get("successor") else ""
+    if "unavailable" in step:
+        return [head + f": not compared ({step['unavailable']})"]
+    lines = [head + ":"]
+    for text in step.get("changes", []):
+        lines.append(f"  - {text}")
+    for what in ("modes_added", "modes_removed", "findings_introduced", "findings_fixed"):
+        if step.get(what):
+            lines.append(f"  - {what.replace('_', ' ')}: {', '.join(step[what])}")
+    for key, change in step.get("flags_changed", {}).items():
+        parts = ", ".join(f"`{f}` {a!r} -> {b!r}" for f, (a, b) in change.items())
+        lines.append(f"  - `{key}`: {parts}")
+    for key, classes in step.get("failing", {}).items():
+        lines.append(f"  - `{key}` fails {', '.join(classes)} under its profile (no flag reproduces it)")
+    if len(lines) == 1:
+        lines[0] = head + ": no change the kit sees"
+    return lines
+
+
+def drift_markdown(data: dict) -> str:
+    """docs/conformance-drift.md: the one-screen summary, then each framework's steps."""
+    lines = ["# Conformance drift across releases", "",
+             "Generated by `make drift` (`refimpl frameworks drift`;",
+             "refimpl/conformance/frameworks/drift.py):",
+             "each release installed into its own directory, the same drivers, the matrix under each",
+             "release's profile. Do not edit by hand.", "", "## Summary", "",
+             "| framework | release: modes passing / driven, findings present |", "| --- | --- |"]
+    for name, entry in data.items():
+        cells = []
+        for r in entry["releases"]:
+            if not r["available"]:
+                cells.append(f"{r['version']}: not driven")
+            else:
+                found = f", {', '.join(r['findings'])}" if r["findings"] else ""
+                cells.append(f"{r['version']}: {r['passing']}/{r['modes']}{found}")
+        lines.append(f"| {name} | {'; '.join(cells)} |")
+    lines += [""]
+    for name, entry in data.items():
+        lines += [f"## {name}", ""]
+        for step in entry["steps"]:
+            lines += _step_lines(step)
+        if len(entry["releases"]) == 1:
+            only = entry["releases"][0]["version"]
+            lines.append(f"- one release on the registry, {only}: nothing to compare")
+        for r in entry["releases"]:
+            if not r["available"]:
+                lines.append(f"- {name} {r['version']}: not driven ({r['reason']})")
+            elif r["errors"]:
+                lines.append(f"- {name} {r['version']}: {len(r['errors'])} mode(s) the driver cannot run "
+                             f"there, e.g. {r['errors'][0]}")
+            if r.get("failing") and r is entry["releases"][0]:
+                for key, classes in r["failing"].items():
+                    lines.append(f"- {name} {r['version']}: `{key}` fails {', '.join(classes)} under its "
+                                 "profile (no flag reproduces it)")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run_drift(args: argparse.Namespace) -> int:
+    """``refimpl frameworks drift [NAME ...] [--out PATH] [--cache DIR]``: the named frameworks (default
+    all) measured again, the others' rows read from the cache of an earlier run."""
+    names = tuple(args.names or RELEASES)
+    unknown = [n for n in names if n not in FRAMEWORKS + EXTRA_FRAMEWORKS or n not in RELEASES]
+    if unknown:
+        print(f"refimpl frameworks drift: no releases listed for {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    rows: dict[str, dict[str, dict]] = {}
+    cache = pathlib.Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rl-oracle-drift-") as tmp:
+        for name in RELEASES:  # every framework: the named ones measured, the others from the cache
+            for version in RELEASES[name]:
+                cached = cache / f"{name}-{version}.json"
+                if name in names:
+                    print(f"drift: {name} {version}", file=sys.stderr, flush=True)
+                    row = release_row(name, version, workdir=pathlib.Path(tmp))
+                    cached.write_text(json.dumps(row))
+                elif cached.exists():
+                    row = json.loads(cached.read_text())
+                else:
+                    continue
+                rows.setdefault(name, {})[version] = row
+    data = drift_data(rows)
+    out = pathlib.Path(args.out)
+    out.write_text(drift_markdown(data))
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``refimpl frameworks drift`` to the ``frameworks`` subcommands."""
+    drift = sub.add_parser("drift", help="the matrix at several releases of each framework, what changed",
+                           description="Install each release of RELEASES into its own directory, run the "
+                           "matrix on it and write what changed (docs/conformance-drift.md).")
+    drift.add_argument("names", nargs="*", metavar="NAME")
+    drift.add_argument("--out", default=str(DOC), help=f"the Markdown (and .json beside it; default {DOC})")
+    drift.add_argument("--cache", default=".frameworks-releases/drift-rows",
+                       help="each release's matrix row (frameworks not named are read from here)")
+    drift.set_defaults(func=run_drift)

@@ -1,0 +1,96 @@
+"""Releases and drift (refimpl/conformance/frameworks/releases.py, drift.py): a driver's flags for a
+release apply to that release only; ``compare`` names what changed between two releases' matrix rows
+(modes, flags, failing classes, findings); the document renders it; and the committed
+docs/conformance-drift.md names the changes the kit is known to see (issue 30): SkyRL's two fixes,
+verl's GSPO aggregation and OpenRLHF's empty micro-batch, each where it falls."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from refimpl.conformance.frameworks import Mode, releases
+from refimpl.conformance.frameworks.drift import CHANGES, RELEASES, compare, drift_data, drift_markdown
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODES = (Mode("a", convention={"micro_batch": "global"}), Mode("b"))
+
+
+def test_release_flags_apply_to_their_release_only(monkeypatch):
+    flags = {"0.1": {"a": {"micro_batch": "local_mean", "kl_log_ratio_max": None}}}
+    monkeypatch.setattr(releases, "distribution_version", lambda dist: "0.1")
+    a, b = releases.release_modes(MODES, flags, "pkg")
+    assert a.convention == {"micro_batch": "local_mean", "kl_log_ratio_max": None} and b == MODES[1]
+    monkeypatch.setattr(releases, "distribution_version", lambda dist: "0.2")
+    assert releases.release_modes(MODES, flags, "pkg") == MODES
+    with pytest.raises(ValueError, match=r"RELEASE_FLAGS names modes that do not exist: \['c'\]"):
+        releases.release_modes(MODES, {"0.2": {"c": {}}}, "pkg")
+
+
+def test_a_release_directory_comes_first_on_the_path(tmp_path):
+    assert releases.release_dir("verl", "0.9.0") == pathlib.Path(".frameworks-releases/verl-0.9.0")
+    env = releases.release_env(tmp_path, {"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"] == f"{tmp_path.resolve()}:/x"
+    assert releases.release_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path.resolve())
+
+
+def _mode(name, profile, ok=True, failing=(), departures=()):
+    classes = {"inside_clip": "ok", **{c: "FAIL" for c in failing}}
+    return {"kind": "policy_loss", "mode": name, "profile": profile, "own": {"ok": ok, "classes": classes},
+            "reference": {"departures": [{"case_class": c} for c in departures]}}
+
+
+def _row(modes, findings=()):
+    return {"framework": "f", "available": True, "modes": modes,
+            "findings": [{"key": k} for k in findings]}
+
+
+def test_compare_names_modes_flags_failures_and_findings():
+    old = _row([_mode("gspo", {"fixed_aggregation": "seq_mean_token_mean"}),
+                _mode("kl", {"kl_gradient": "none"}), _mode("gone", {})],
+               findings=("kl_gradient", "empty_step"))
+    new = _row([_mode("gspo", {}), _mode("kl", {}), _mode("new", {}),
+                _mode("pad", {}, ok=False, failing=("padding_micro_batch",))], findings=("kl_gradient",))
+    step = compare(old, new)
+    assert step["modes_added"] == ["policy_loss:new", "policy_loss:pad"]
+    assert step["modes_removed"] == ["policy_loss:gone"]
+    assert step["flags_changed"] == {
+        "policy_loss:gspo": {"fixed_aggregation": ["seq_mean_token_mean", None]},
+        "policy_loss:kl": {"kl_gradient": ["none", None]},
+    }
+    assert step["failing"] == {"policy_loss:pad": ["padding_micro_batch"]}
+    # kl_gradient: listed in both, but no passing mode of the new release holds the flag
+    assert step["findings_fixed"] == ["kl_gradient"] and step["findings_introduced"] == []
+
+
+def test_the_document_has_a_summary_and_each_step_with_its_change_in_words():
+    rows = {"verl": {"0.9.0": _row([_mode("gspo/token-mean", {"fixed_aggregation": "seq_mean_token_mean"})]),
+                     "0.9.1": _row([_mode("gspo/token-mean", {})])}}
+    text = drift_markdown(drift_data(rows))
+    assert "| verl | 0.9.0: 1/1; 0.9.1: 1/1 |" in text
+    assert "- **verl 0.9.0 -> verl 0.9.1**:" in text
+    assert "`policy_loss:gspo/token-mean`: `fixed_aggregation` 'seq_mean_token_mean' -> None" in text
+    assert CHANGES[("verl", "0.9.1")] in text
+
+
+def test_every_framework_has_releases_and_its_pinned_one_among_them():
+    from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
+
+    assert set(RELEASES) == set(FRAMEWORKS + EXTRA_FRAMEWORKS)
+    for name, versions in RELEASES.items():
+        assert load_driver(name).pinned_version in versions, name
+
+
+def test_the_committed_drift_document_names_the_known_changes():
+    text = (ROOT / "docs" / "conformance-drift.md").read_text()
+    for step, words in [
+        ("skyrl 0.3.1 -> skyrl_pkg 0.3.0", "findings fixed: kl_gradient"),
+        ("skyrl_pkg 0.3.0 -> skyrl_pkg 0.4.0", "findings fixed: cispo_clip_low"),
+        ("verl 0.9.0 -> verl 0.9.1", "`fixed_aggregation`"),
+        ("openrlhf 0.10.3 -> openrlhf 0.10.4", "`micro_batch` 'local_mean' -> None"),
+        ("openrlhf 0.10.4 -> openrlhf 0.11.2", "`kl_log_ratio_max` None -> 10.0"),
+    ]:
+        section = text.split(f"**{step}**", 1)
+        assert len(section) == 2, step
+        assert words in section[1].split("\n- **", 1)[0], (step, words)

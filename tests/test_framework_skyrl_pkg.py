@@ -1,0 +1,84 @@
+"""The driver of ``skyrl`` (0.4.0), SkyRL-train's maintained successor, against the installed package:
+every mode passes its profile (tests/test_framework_matrix.py runs them all); here, what changed from
+SkyRL-train 0.3.1 and that each change is needed: the reduction folded into the advantages over the
+mini-batch (micro_batch="global", SkyRL-train: "local_mean"), the KL loss with its gradient (SkyRL-train:
+none) and CISPO's lower bound 0 by default (SkyRL-train and skyrl 0.3.0: 1). The import leaves no
+stand-in behind.
+
+Expected values come from our reference with the profile's flags, never from running skyrl. Skipped
+with a message when skyrl is not installed, or when the installed release is not the pinned one (the
+drift run, ``refimpl frameworks drift``, checks the other releases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from refimpl.conformance import POLICY_CASE_CLASSES, check_policy_loss
+from refimpl.conformance.cases import kl_cases
+from refimpl.conformance.checks import resolve_preset
+from refimpl.conformance.conventions import convention_from_flags
+from refimpl.conformance.frameworks import load_driver
+
+pytestmark = pytest.mark.framework
+
+driver = load_driver("skyrl_pkg")
+_WHY = driver.availability()
+if _WHY is not None:
+    pytest.skip(f"skyrl driver unavailable: {_WHY}", allow_module_level=True)
+if driver.installed_version() != driver.pinned_version:
+    pytest.skip(f"skyrl {driver.installed_version()} is installed, these tests describe "
+                f"{driver.pinned_version}", allow_module_level=True)
+
+_CLASSES = tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors")
+
+
+def _check(name, *, classes=_CLASSES, **flags):
+    mode = driver.modes()[name]
+    fn, adapter = driver.target("policy_loss", name)
+    conv = dataclasses.replace(convention_from_flags("skyrl_pkg", mode.convention), **flags)
+    variant = resolve_preset(driver.mode_variant(mode))[1]
+    return check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=classes)
+
+
+def test_driver_loads_the_installed_files_without_leaving_a_stand_in():
+    files = driver.source_files()
+    assert [f.name for f in files] == ["ppo_utils.py", "torch_utils.py", "off_policy_correction_utils.py",
+                                       "config.py", "worker.py", "trainer.py"]
+    fn, _ = driver.target("policy_loss", "sapo")
+    assert fn.__module__ == "_refimpl_skyrl_pkg.ppo_utils"
+    assert sys.modules[fn.__module__].__file__ == str(files[0])
+    for name in ("ray", "skyrl_gym", "skyrl.train.config", "skyrl.backends.skyrl_train.utils.torch_utils"):
+        assert name not in sys.modules or name not in driver.STUBBED
+
+
+def test_the_reduction_over_the_mini_batch_is_global():
+    # normalize_minibatch_advantages divides by the mini-batch's tokens: the micro-batches' local means
+    # of SkyRL-train (micro_batch="local_mean") fail here
+    classes = ("inside_clip", "micro_batch")
+    assert _check("regular/token_mean", classes=classes).ok
+    assert _check("regular/token_mean", classes=classes, micro_batch="local_mean").failing_classes() == [
+        "micro_batch"]
+
+
+def test_the_kl_loss_has_its_gradient():
+    # skyrl-train 0.3.1's compute_approx_kl ran under @torch.no_grad(); skyrl's does not
+    utils = sys.modules["_refimpl_skyrl_pkg.ppo_utils"]
+    case = next(c for c in kl_cases() if c.case_class != "zero_log_ratio")
+    logp = case.logp.clone().requires_grad_(True)
+    assert utils.compute_approx_kl(logp, case.ref_logp, kl_estimator_type="k3").requires_grad
+    assert _check("regular/sequence_mean+kl/k3", classes=("kl_penalty",)).ok
+    assert not _check("regular/sequence_mean+kl/k3", classes=("kl_penalty",), kl_gradient="none").ok
+
+
+def test_cispo_defaults_to_the_one_sided_cap():
+    # CISPOConfig.cispo_eps_clip_low = 1.0 in 0.4.0: the lower bound 1 - 1 = 0 leaves ratios below 1;
+    # 0.3.0's default 0.0 (flag cispo_clip_low=0.0, RELEASE_FLAGS) fails here
+    assert driver.algorithm_config({}).cispo.cispo_eps_clip_low == 1.0
+    assert "cispo_clip_low" not in driver.modes()["cispo"].convention
+    assert _check("cispo", classes=("outside_clip",)).ok
+    assert not _check("cispo", classes=("outside_clip",), cispo_clip_low=0.0).ok
+    assert not [f for f in driver.findings() if f.key == "cispo_clip_low"]
