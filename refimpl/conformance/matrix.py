@@ -207,8 +207,10 @@ def matrix_summary(matrix: dict) -> dict:
             "unsupported": len(fw["unsupported"]),
             "bugs": len(shown),
         })
-    return {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())),
-            "departures_by_kind": {k: by_kind[k] for k in KIND_REGISTRY if k in by_kind}, "findings": bugs}
+    summary = {"frameworks": rows, "departures_by_flag": dict(sorted(by_flag.items())), "findings": bugs}
+    if by_kind:  # only where a registry kind's mode departs (an extra matrix without them is unchanged)
+        summary["departures_by_kind"] = {k: by_kind[k] for k in KIND_REGISTRY if k in by_kind}
+    return summary
 
 
 # ------------------------------------------------------------------------------------------------
@@ -263,9 +265,10 @@ def _summary_lines(summary: dict) -> list[str]:
     ]
     registry_flags = {f.name for kind in KIND_REGISTRY.values() for f in dataclasses.fields(kind.flags)}
     if summary["departures_by_flag"]:
+        registry_note = (" (the registry's kinds: the modes of the kind that depart, each flag in the "
+                         "framework's section)") if summary.get("departures_by_kind") else ""
         lines += _wrap("Departures under the reference by flag: the number of modes of each framework with a "
-                       "departure the flag reproduces (the registry's kinds: the modes of the kind that "
-                       "depart, each flag in the framework's section).")
+                       f"departure the flag reproduces{registry_note}.")
         lines += [
             "",
             "| flag | " + " | ".join(names) + " |",
