@@ -58,11 +58,11 @@ _SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (modu
 
 
 class _Factor(NamedTuple):
-    """A gradient ``per_token * per_row[:, None]`` (``per_row`` None: ``per_token`` alone), formed in
-    the backward pass together with the incoming gradient."""
+    """A gradient ``per_token * per_row[:, None]`` (``per_row`` a float: times it; None: ``per_token``
+    alone), formed in the backward pass together with the incoming gradient."""
 
     per_token: torch.Tensor
-    per_row: torch.Tensor | None
+    per_row: torch.Tensor | float | None
 
 
 def _float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
@@ -73,32 +73,31 @@ def _float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     return mask.to(dtype)
 
 
-def _denominator(normalizer: object, local: torch.Tensor) -> torch.Tensor | None:
-    """``policy._resolve_normalizer`` without its errors: None where the reference raises."""
+def _denominator(normalizer: object, local: float, dtype: torch.dtype) -> float | None:
+    """``policy._resolve_normalizer`` as a float, the given normaliser rounded to ``dtype`` as the
+    reference rounds it; None where the reference raises."""
     if normalizer is None:
-        return local.clamp(min=1.0)
+        return max(local, 1.0)
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             return None
-        value = normalizer.detach().reshape(()).to(local)
+        value = float(normalizer.detach().reshape(()).to(dtype))
     elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
-        value = local.new_tensor(float(normalizer))
+        value = float(torch.tensor(float(normalizer), dtype=dtype))
     else:
         return None
-    return value if bool(torch.isfinite(value) & (value > 0)) else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
-def _local_normalizer(lengths: torch.Tensor, variant) -> torch.Tensor | None:
+def _local_normalizer(tokens: float, sequences: float, longest: float, variant) -> float | None:
     """The local denominator of md eq. (11) (``policy._normalizer_from_lengths``); None where the
     reference raises (no L_max or G, a sequence longer than L_max)."""
     if variant.aggregation == "token_mean":
-        return lengths.sum()
-    if variant.aggregation == "seq_sum" and (variant.max_length is None or
-                                             float(lengths.max()) > variant.max_length):
+        return tokens
+    if variant.aggregation == "seq_sum" and (variant.max_length is None or longest > variant.max_length):
         return None
     if variant.aggregation == "seq_sqrt_token_mean" and variant.group_size is None:
         return None
-    sequences = (lengths > 0).sum(dtype=lengths.dtype)
     return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
 
 
@@ -115,8 +114,8 @@ def _supported(variant, advantages: torch.Tensor, optional: dict, normalizer: ob
 
 @functools.cache
 def _series_coefficients(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """1/2!, 1/3!, ..., 1/9! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
-    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype) for k in range(2, 10))
+    """1/2!, 1/3!, ..., 1/8! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
+    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype) for k in range(2, 9))
 
 
 def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None) -> torch.Tensor:
@@ -128,7 +127,7 @@ def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None
     large = low < -_SERIES_BOUND or high > _SERIES_BOUND
     clamped = x.clamp(-_SERIES_BOUND, _SERIES_BOUND) if large else x
     c = _series_coefficients(x.dtype)
-    poly = torch.addcmul(c[6], clamped, c[7])
+    poly = torch.add(c[6], clamped, alpha=1.0 / math.factorial(9))
     for coefficient in c[5::-1]:
         torch.addcmul(coefficient, poly, clamped, out=poly)
     total = poly.mul_(clamped).mul_(clamped).sum()
@@ -200,7 +199,9 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
     weight = mf if adv is None else adv  # zero at masked tokens
     opened = None
     if v.gate == "clip":
-        term = torch.clamp(r, gate.low, gate.high)
+        # maximum, then minimum: a third of clamp's time with [N, 1] bounds on the development machine
+        term = torch.maximum(r, gate.low)
+        torch.minimum(term, gate.high, out=term)
         torch.eq(term, r, out=slope_out)  # the inclusive gate: open = 1
         opened = slope_out.sum()
         slope_out.mul_(r).mul_(weight)
@@ -264,22 +265,32 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
     n, t = logp.shape
     token_level = v.ratio == "token"
     per_token_adv = adv.ndim == 2
-    full_mask = mf if mf is not None else torch.empty((n, t), dtype=dtype)
+    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
+    whole = step >= n  # one block: no views of the inputs (each a few microseconds)
+    bool_mask = mask.view(torch.uint8) if mf is None else None
+    if mf is not None:
+        full_mask = mf
+    elif whole:
+        full_mask, bool_mask = bool_mask.to(dtype), None
+    else:
+        full_mask = torch.empty((n, t), dtype=dtype)
     lengths = torch.empty(n, dtype=dtype)
     rows = torch.empty(n, dtype=dtype)
     slope = torch.empty((n, t), dtype=dtype) if token_level else full_mask
     unit_logp = torch.empty(n, dtype=dtype) if v.gate == "cispo" and not token_level else None
     k3, log_ratio_sums, opens = [], [], []
     low, high = math.inf, -math.inf
-    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
-    bool_mask = mask.view(torch.uint8) if mf is None else None
     for i in range(0, n, step):
         block = slice(i, i + step)
-        m = full_mask[block]
+
+        def take(z, block=block):
+            return z if whole or z is None else z[block]
+
+        m = take(full_mask)
         if bool_mask is not None:
             m.copy_(bool_mask[block])
-        torch.sum(m, dim=-1, out=lengths[block])
-        lp, before = logp[block], old[block]
+        torch.sum(m, dim=-1, out=take(lengths))
+        lp, before = take(logp), take(old)
         if lp.dtype != dtype or before.dtype != dtype:  # half-precision inputs: the compute dtype first
             lp, before = lp.to(dtype), before.to(dtype)
         x = torch.sub(lp, before).mul_(m)
@@ -290,16 +301,16 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
         low, high = min(low, lo), max(high, hi)
         ratio = None
         if token_level:
-            a = adv[block] * m if per_token_adv else None
-            g = _TokenGate(*(None if p is None else p[block] for p in gate))
-            ratio, opened = _token_block(v, x, m, a, g, lp, slope[block], rows[block])
+            a = take(adv) * m if per_token_adv else None
+            g = gate if whole else _TokenGate(*(take(p) for p in gate))
+            ratio, opened = _token_block(v, x, m, a, g, lp, take(slope), take(rows))
             log_ratio_sums.append(x.sum())
             if opened is not None:
                 opens.append(opened)
         else:
-            torch.sum(x, dim=-1, out=rows[block])
+            torch.sum(x, dim=-1, out=take(rows))
             if unit_logp is not None:
-                torch.sum(lp * m, dim=-1, out=unit_logp[block])
+                torch.sum(lp * m, dim=-1, out=take(unit_logp))
         k3.append(_k3_sum(x, lo, hi, ratio))
     log_ratio_sum = _total(log_ratio_sums) if token_level else rows.sum()
     return _Blocks(lengths, rows, slope, unit_logp, full_mask, _total(k3), log_ratio_sum,
@@ -331,34 +342,28 @@ def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
     return ratio * adv, ratio * adv, None, ratio
 
 
-def _ratio_extremes(low: float, high: float, dtype, mean: torch.Tensor, masked: bool, recompute):
-    """The reference's ``aminmax(where(unit_mask, r, mean))`` (md section 5) from the extremes of the
-    log-ratio over all tokens (masked: 0, ratio 1; exp is monotonic): where the unmasked extremes are on
-    both sides of 1 (or nothing is masked) they are the extremes; otherwise ``recompute()`` gives
-    them from the unmasked units, and the mean fills the masked ones."""
-    extremes = torch.exp(torch.tensor([low, high], dtype=dtype))
-    if masked and (low >= 0.0 or high <= 0.0):
-        extremes = recompute()
-    if not masked:
-        return extremes[0], extremes[1]
-    return torch.minimum(extremes[0], mean), torch.maximum(extremes[1], mean)
+def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
+    """(min, max) of the ratio over the unmasked tokens (+-inf where there is none)."""
+    r = torch.exp(torch.sub(logp.to(dtype), old.to(dtype)).mul_(mf))
+    unmasked = mf != 0
+    return float(torch.where(unmasked, r, math.inf).min()), float(torch.where(unmasked, r, -math.inf).max())
 
 
-def _masked_token_extremes(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """[min, max] of ``exp(x)`` over the unmasked tokens (``m`` 0/1; +-inf where none)."""
-    unmasked = m != 0
-    r = torch.exp(x)
-    return torch.stack([torch.where(unmasked, r, math.inf).min(), torch.where(unmasked, r, -math.inf).max()])
+def _row_extremes(ratio: torch.Tensor, nonempty: torch.Tensor, all_nonempty: bool) -> list[torch.Tensor]:
+    """[min, max] of the per-row ratio over the non-empty rows (+-inf where there is none)."""
+    if all_nonempty:
+        return list(torch.aminmax(ratio))
+    return [torch.where(nonempty, ratio, math.inf).min(), torch.where(nonempty, ratio, -math.inf).max()]
 
 
 def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dtype):
-    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss)."""
+    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss).
+    The per-row quantities are tensors; the scalars are read once (one ``tolist``) and combined as
+    Python floats (double precision), each metric rounded once to ``dtype``."""
     v = variant
     n, t = logp.shape
     per_token_adv = advantages.ndim == 2
     token_level = v.ratio == "token"
-    if not per_token_adv and not bool(torch.isfinite(advantages.sum())):
-        return None
     gate = None
     if token_level:
         positive = advantages > 0
@@ -370,115 +375,113 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     if blocks is None or blocks.high >= math.log(torch.finfo(dtype).max):
         return None
     lengths, mf = blocks.lengths, blocks.mask
-    local = _local_normalizer(lengths, v)
-    denominator = None if local is None else _denominator(normalizer, local)
+    first = [lengths.sum(), *torch.aminmax(lengths)] + ([] if per_token_adv else [advantages.sum()])
+    first = torch.stack(first).tolist()
+    tokens, shortest, longest = first[:3]
+    if not all(math.isfinite(value) for value in first):
+        return None
+    all_nonempty = shortest > 0
+    nonempty = None if all_nonempty else lengths > 0
+    sequences = float(n) if all_nonempty else float(nonempty.sum())
+    local = _local_normalizer(tokens, sequences, longest, v)
+    denominator = None if local is None else _denominator(normalizer, local, dtype)
     if denominator is None:
         return None
-    nonempty = lengths > 0
-    adv = advantages if per_token_adv else torch.where(nonempty, advantages, 0.0)
     given = {name: optional[name].detach().to(dtype) * mf for name in ("ref_logp", "entropy", "kl")
              if optional[name] is not None}
     if given and not bool(torch.isfinite(torch.stack([x.sum() for x in given.values()])).all()):
         return None
-    tokens = lengths.sum().clamp(min=1.0)
-    masked_tokens = lengths.numel() * t - lengths.sum()
     row_scale = math.sqrt(v.group_size) if v.aggregation == "seq_sqrt_token_mean" else 1.0
     length1 = lengths.clamp(min=1.0)
     # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G)
-    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else torch.full_like(
-        lengths, row_scale)
+    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else row_scale
     scale = -1.0 / denominator
-    closed = lengths.new_zeros(())
-    x_masked = bool((lengths < t).any())
+    masked_tokens = tokens < n * t
+    token_units = max(tokens, 1.0)
     if token_level:
         sums = blocks.rows
-        row_factor = token_row * scale
-        if v.gate == "sapo":
-            row_factor = row_factor * 4.0
+        if not per_token_adv and v.gate != "sapo":  # SAPO's rows carry (4 / tau) A already
+            sums = sums * advantages  # an empty row's sum is 0
+        row_factor = token_row * (4.0 * scale if v.gate == "sapo" else scale)
         if not per_token_adv:
-            sums = sums if v.gate == "sapo" else sums * adv  # SAPO's rows carry (4 / tau) A
-            row_factor = row_factor * adv
+            row_factor = advantages * row_factor
         grad = _Factor(blocks.slope, row_factor)
+        policy = (sums * token_row).sum() if isinstance(token_row, torch.Tensor) else sums.sum() * token_row
+        scalars = [sums.sum(), policy, blocks.k3, blocks.log_ratio_sum]
         if blocks.opened is not None:
-            closed = lengths.sum() - (blocks.opened - masked_tokens)
-        objective = sums.sum()
-        policy = (sums * token_row).sum()
-        units = tokens
-        # sum of r - 1 = sum of k3 + sum of l: no cancellation against the number of tokens
-        ratio_mean = 1.0 + (blocks.k3 + blocks.log_ratio_sum) / units
-
-        def recompute():
-            x = torch.sub(logp.to(dtype), old.to(dtype)).mul_(mf)
-            return _masked_token_extremes(x, mf)
-
-        ratio_min, ratio_max = _ratio_extremes(blocks.low, blocks.high, dtype, ratio_mean, x_masked,
-                                               recompute)
+            scalars.append(blocks.opened)
     else:  # one unit per sequence (md eqs. (3)-(5)): everything per row, then broadcast
         total = blocks.rows
         if v.ratio in ("sequence_mean", "gspo_token"):
             total = total / length1
+        adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
         term, slope, opened, ratio = _unit_gate(v, total, adv)
-        token_slope = 1.0 / length1 if v.ratio == "sequence_mean" else torch.ones_like(lengths)
         if v.gate == "cispo":
-            term = slope * blocks.unit_logp * token_slope
+            unit_logp = blocks.unit_logp / length1 if v.ratio == "sequence_mean" else blocks.unit_logp
+            term = slope * unit_logp
         if v.ratio == "gspo_token":  # md eq. (5): the sequence ratio's value on every token, slope 1
-            rows = term * lengths
+            objective = (term * lengths).sum()
             # a row's token mean of len_i copies of its term is the term itself
-            copies = nonempty.to(dtype) if v.aggregation in _PER_SEQUENCE_MEAN else lengths
-            policy = (term * copies).sum() * row_scale
+            policy = (term if v.aggregation in _PER_SEQUENCE_MEAN else term * lengths).sum() * row_scale
             grad_rows = slope * token_row
-            if opened is not None:
-                closed = ((1.0 - opened) * lengths).sum()
-            units = tokens
+            opened_units = None if opened is None else (opened * lengths).sum()
             ratio_sum = ((ratio - 1.0) * lengths).sum()
-            masked = x_masked  # masked tokens are the masked units
         else:
-            copies = lengths if v.aggregation in _PER_TOKEN_COPIES else torch.ones_like(lengths)
-            rows = term
-            policy = (term * copies).sum() * row_scale
-            grad_rows = slope * copies * token_slope * row_scale
-            if opened is not None:
-                closed = (1.0 - opened).sum()
-            units = nonempty.sum(dtype=dtype).clamp(min=1.0)
+            objective = term.sum()
+            if v.aggregation in _PER_TOKEN_COPIES:
+                policy = (term * lengths).sum() * row_scale
+                grad_rows = slope * lengths
+            else:
+                policy = term.sum() * row_scale
+                grad_rows = slope
+            if v.ratio == "sequence_mean":
+                grad_rows = grad_rows / length1
+            grad_rows = grad_rows * row_scale
+            opened_units = None if opened is None else opened.sum()
             ratio_sum = (ratio - 1.0).sum()
-            masked = not bool(nonempty.all())
-        objective = rows.sum()
         grad = _Factor(mf, grad_rows * scale)
-        ratio_mean = 1.0 + ratio_sum / units
-        ratio_min, ratio_max = _sequence_extremes(ratio, nonempty, ratio_mean, masked)
-    approx_kl = blocks.k3 / tokens
-    loss, grad, grad_entropy, grad_kl, extra = _regularisers(v, logp, mf, given, lengths, local, token_row,
-                                                              scale, -policy, grad, dtype)
-    loss = loss / denominator
-    if not bool(torch.isfinite(loss)):
+        scalars = [objective, policy, blocks.k3, ratio_sum, *_row_extremes(ratio, nonempty, all_nonempty)]
+        if opened_units is not None:
+            scalars.append(opened_units)
+    regularised = _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad, dtype)
+    grad, grad_entropy, grad_kl, contributions, extra = regularised
+    values = torch.stack(scalars + contributions + list(extra.values())).tolist()
+    objective, policy, k3 = values[:3]
+    if token_level:
+        units = token_units
+        ratio_mean = 1.0 + (k3 + values[3]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
+        closed = 0.0 if blocks.opened is None else tokens - (values[4] - (n * t - tokens))
+        if masked_tokens and (blocks.low >= 0.0 or blocks.high <= 0.0):  # not both sides of 1
+            low, high = _masked_token_extremes(logp, old, mf, dtype)
+        else:  # masked tokens hold log-ratio 0, and exp is monotonic
+            low, high = math.exp(blocks.low), math.exp(blocks.high)
+        masked_units = masked_tokens
+    else:
+        gspo_token = v.ratio == "gspo_token"
+        units = token_units if gspo_token else max(sequences, 1.0)
+        ratio_mean = 1.0 + values[3] / units
+        low, high = values[4:6]
+        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - values[6]
+        masked_units = masked_tokens if gspo_token else not all_nonempty
+    if masked_units:  # the reference fills the masked units with the mean
+        low, high = min(low, ratio_mean), max(high, ratio_mean)
+    extra_values = values[len(values) - len(extra):]
+    loss = (-policy + sum(values[len(scalars):len(scalars) + len(contributions)])) / denominator
+    if not math.isfinite(loss):
         return None
-    metrics = {
-        "policy_objective": objective / units,
-        "clip_fraction": closed / units,
-        "ratio_mean": ratio_mean,
-        "ratio_min": ratio_min,
-        "ratio_max": ratio_max,
-        "approx_kl": approx_kl,
-        "normalizer": denominator,
-    }
-    metrics.update({name: value.sum() / tokens for name, value in extra.items()})
-    return loss, metrics, (grad, grad_entropy, grad_kl)
+    metrics = [objective / units, closed / units, ratio_mean, low, high, k3 / token_units, denominator]
+    metrics += [value / token_units for value in extra_values]
+    names = ("policy_objective", "clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "approx_kl",
+             "normalizer", *extra)
+    return (torch.tensor(loss, dtype=dtype), dict(zip(names, torch.tensor(metrics, dtype=dtype).unbind(),
+                                                       strict=True)), (grad, grad_entropy, grad_kl))
 
 
-def _sequence_extremes(ratio: torch.Tensor, nonempty: torch.Tensor, mean: torch.Tensor, masked: bool):
-    """Extremes of the per-row ratio over the non-empty rows, with the masked units (empty rows, or
-    GSPO-token's masked tokens) filled with the mean as the reference fills them."""
-    if not masked:
-        return torch.aminmax(ratio)
-    low, high = torch.aminmax(torch.where(nonempty, ratio, mean))
-    return torch.minimum(low, mean), torch.maximum(high, mean)
-
-
-def _regularisers(v, logp, mf, given, lengths, local, token_row, scale, contributions, grad: _Factor, dtype):
-    """The KL and entropy terms (md eqs. (12), (19)) added to the contributions and the gradients:
-    (contributions, d/d logp, d/d entropy, d/d kl, {metric: per-token values})."""
+def _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad: _Factor, dtype):
+    """The KL and entropy terms (md eqs. (12), (19)): (d/d logp, d/d entropy, d/d kl, [their
+    contributions' sums], {metric: sum of its per-token values})."""
     grad_entropy = grad_kl = None
-    extra = {}
+    contributions, extra = [], {}
     kl_tokens = given.get("kl")
     kl_slope = None
     if "ref_logp" in given:
@@ -491,33 +494,43 @@ def _regularisers(v, logp, mf, given, lengths, local, token_row, scale, contribu
         else:
             kl_slope = -torch.expm1(given["ref_logp"] - lp)
     if kl_tokens is not None:
-        extra["kl"] = kl_tokens
+        extra["kl"] = kl_tokens.sum()
     if kl_tokens is not None and v.kl_coef > 0:
         if v.kl_scale == "sequence":  # md eq. (19): u with (1/D) sum_i u KL_i = (1/S) sum_i KL_i
             if v.aggregation == "seq_sum":
-                weight = torch.full_like(lengths, float(v.max_length))
+                weight = float(v.max_length)
             elif v.aggregation == "token_mean":
-                nonempty = (lengths > 0).sum(dtype=dtype).clamp(min=1.0)
-                weight = (local.clamp(min=1.0) / nonempty).expand_as(lengths)
+                weight = max(local, 1.0) / max(sequences, 1.0)
             else:
-                weight = torch.ones_like(lengths)
+                weight = 1.0
         else:
             weight = token_row
         kl_row = v.kl_coef * weight
-        contributions = contributions + (kl_tokens.sum(dim=-1) * kl_row).sum()
+        if not isinstance(kl_row, torch.Tensor):
+            kl_row = torch.full_like(lengths, kl_row)
+        contributions.append((kl_tokens.sum(dim=-1) * kl_row).sum())
         if kl_slope is not None:
-            policy_grad = grad.per_token * grad.per_row.unsqueeze(-1)
+            policy_grad = grad.per_token * _row_column(grad.per_row)
             grad = _Factor(policy_grad - kl_slope * (kl_row * scale).unsqueeze(-1), None)
         else:
             grad_kl = _Factor(mf, kl_row * -scale)
     entropy_tokens = given.get("entropy")
     if entropy_tokens is not None:
-        extra["entropy"] = entropy_tokens
+        extra["entropy"] = entropy_tokens.sum()
     if entropy_tokens is not None and v.entropy_coef > 0:
         bonus_row = v.entropy_coef * token_row
-        contributions = contributions - (entropy_tokens.sum(dim=-1) * bonus_row).sum()
+        if not isinstance(bonus_row, torch.Tensor):
+            bonus_row = torch.full_like(lengths, bonus_row)
+        contributions.append(-(entropy_tokens.sum(dim=-1) * bonus_row).sum())
         grad_entropy = _Factor(mf, bonus_row * scale)
-    return contributions, grad, grad_entropy, grad_kl, extra
+    return grad, grad_entropy, grad_kl, contributions, extra
+
+
+def _row_column(per_row: torch.Tensor | float | None) -> torch.Tensor | float:
+    """A per-row factor as a column ``[N, 1]`` (a float or None, 1.0: as it is)."""
+    if per_row is None:
+        return 1.0
+    return per_row.unsqueeze(-1) if isinstance(per_row, torch.Tensor) else per_row
 
 
 class _ClosedFormLoss(torch.autograd.Function):
@@ -538,6 +551,6 @@ class _ClosedFormLoss(torch.autograd.Function):
             if not needed or saved is None:
                 out.append(None)
                 continue
-            factor = grad_loss if saved.per_row is None else (saved.per_row * grad_loss).unsqueeze(-1)
+            factor = grad_loss * _row_column(saved.per_row)
             out.append(torch.mul(saved.per_token, factor.to(saved.per_token.dtype)).to(dtype))
         return tuple(out)
