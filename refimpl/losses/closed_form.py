@@ -55,6 +55,7 @@ _PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
 # 2 MB L2 (2**15 to 2**17 within the noise, 2**19 and the whole batch 1.5-2x slower at 2**22)
 _BLOCK_ELEMENTS = 1 << 16
 _SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (module docstring)
+_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
 
 
 class _Factor(NamedTuple):
@@ -114,21 +115,34 @@ def _supported(variant, advantages: torch.Tensor, optional: dict, normalizer: ob
 
 @functools.cache
 def _series_coefficients(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """1/2!, 1/3!, ..., 1/8! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
-    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype) for k in range(2, 9))
+    """1/2!, 1/3!, ..., 1/9! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
+    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype) for k in range(2, 10))
+
+
+def _series_terms(bound: float) -> int:
+    """Terms of k3(l) / l^2's series needed for |l| <= bound: the first omitted term relative to the
+    first, 2 bound^K / (K + 2)!, below 2**-27 (a sixteenth of float32's roundoff); 8 at bound 1/2."""
+    terms = 2
+    while terms < 8 and 2.0 * bound**terms / math.factorial(terms + 2) > 2.0**-27:
+        terms += 1
+    return terms
 
 
 def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None) -> torch.Tensor:
     """``sum(expm1(x) - x)`` over a block of log-ratios (``low``, ``high`` its extremes; ``ratio``
-    ``exp(x)`` where already formed): the series and correction of the module docstring in float32,
-    the reference's k3 in float64."""
+    ``exp(x)`` where already formed): the series and correction of the module docstring in float32
+    (as few terms as the block's largest |x| needs; none where every x is 0, as on the first
+    update after sampling), the reference's k3 in float64."""
     if x.dtype == torch.float64:
         return _exp_minus_one_minus_identity(x).sum()
+    if low == 0.0 and high == 0.0:
+        return x.new_zeros(())
     large = low < -_SERIES_BOUND or high > _SERIES_BOUND
     clamped = x.clamp(-_SERIES_BOUND, _SERIES_BOUND) if large else x
     c = _series_coefficients(x.dtype)
-    poly = torch.add(c[6], clamped, alpha=1.0 / math.factorial(9))
-    for coefficient in c[5::-1]:
+    terms = 8 if large else _series_terms(max(-low, high))
+    poly = torch.add(c[terms - 2], clamped, alpha=1.0 / math.factorial(terms + 1))
+    for coefficient in c[terms - 3::-1] if terms > 2 else ():
         torch.addcmul(coefficient, poly, clamped, out=poly)
     total = poly.mul_(clamped).mul_(clamped).sum()
     if large:  # (exp(l) - l) - (exp(c) - c): exactly 0 wherever c = l
@@ -212,9 +226,8 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
         # (4 / tau) A per token, 4 / tau rounded once from the variant's floats, as the reference forms it
         term.mul_(gate.scale).mul_(mf) if adv is None else term.mul_(weight * gate.scale)
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
-        term = _cispo_weight(r, v).mul_(weight)
-        slope_out.copy_(term)
-        term.mul_(logp)
+        torch.mul(_cispo_weight(r, v), weight, out=slope_out)
+        term = slope_out * logp
     else:  # "none": r A, its own slope
         term = torch.mul(r, weight, out=slope_out)
     torch.sum(term, dim=-1, out=rows_out)
@@ -233,9 +246,9 @@ def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional:
         mf = _float_mask(mask, dtype)
         if mf is None:
             return None
-    with torch.no_grad():
-        result = _compute(logp.detach(), old_logp.detach(), advantages.detach().to(dtype), mask, mf,
-                          variant, optional, normalizer, dtype)
+    with torch.no_grad():  # (no detach needed: nothing is recorded)
+        adv = advantages if advantages.dtype == dtype else advantages.to(dtype)
+        result = _compute(logp, old_logp, adv, mask, mf, variant, optional, normalizer, dtype)
     if result is None:
         return None
     loss, metrics, grads = result
@@ -364,15 +377,15 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     n, t = logp.shape
     per_token_adv = advantages.ndim == 2
     token_level = v.ratio == "token"
-    gate = None
-    if token_level:
+    gate = _TokenGate(None, None, None, None)
+    if token_level and v.gate in ("clip", "sapo"):
         positive = advantages > 0
         gate = _token_gate(v, positive if per_token_adv else positive.unsqueeze(-1), dtype)
         if v.gate == "sapo" and not per_token_adv:  # the term's factor per row: (4 / tau) A
             gate = gate._replace(scale=gate.scale * advantages.unsqueeze(-1))
     blocks = _run_blocks(v, logp, old, advantages, mask, mf, dtype, gate)
     # a ratio beyond the dtype's range (its gradient factor would be 0 * inf): the reference decides
-    if blocks is None or blocks.high >= math.log(torch.finfo(dtype).max):
+    if blocks is None or blocks.high >= _LOG_MAX[dtype]:
         return None
     lengths, mf = blocks.lengths, blocks.mask
     first = [lengths.sum(), *torch.aminmax(lengths)] + ([] if per_token_adv else [advantages.sum()])
@@ -552,5 +565,8 @@ class _ClosedFormLoss(torch.autograd.Function):
                 out.append(None)
                 continue
             factor = grad_loss * _row_column(saved.per_row)
-            out.append(torch.mul(saved.per_token, factor.to(saved.per_token.dtype)).to(dtype))
+            if factor.dtype != saved.per_token.dtype:
+                factor = factor.to(saved.per_token.dtype)
+            grad = torch.mul(saved.per_token, factor)
+            out.append(grad if grad.dtype == dtype else grad.to(dtype))
         return tuple(out)
