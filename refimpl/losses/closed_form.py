@@ -84,7 +84,7 @@ def _denominator(normalizer: object, local: float, dtype: torch.dtype) -> float 
             return None
         value = float(normalizer.detach().reshape(()).to(dtype))
     elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
-        value = float(torch.tensor(float(normalizer), dtype=dtype))
+        value = float(torch.tensor(float(normalizer), dtype=dtype, device="cpu"))
     else:
         return None
     return value if math.isfinite(value) and value > 0 else None
@@ -116,7 +116,7 @@ def _supported(variant, advantages: torch.Tensor, optional: dict, normalizer: ob
 @functools.cache
 def _series_coefficients(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """1/2!, 1/3!, ..., 1/9! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
-    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype) for k in range(2, 10))
+    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype, device="cpu") for k in range(2, 10))
 
 
 def _series_terms(bound: float) -> int:
@@ -189,7 +189,8 @@ class _TokenGate(NamedTuple):
 def _by_sign(positive: torch.Tensor, if_positive: float, otherwise: float,
              dtype: torch.dtype) -> torch.Tensor:
     """``if_positive`` where ``positive`` (bool), else ``otherwise``, each rounded once to ``dtype``."""
-    return torch.full(positive.shape, otherwise, dtype=dtype).masked_fill_(positive, if_positive)
+    values = torch.full(positive.shape, otherwise, dtype=dtype, device=positive.device)
+    return values.masked_fill_(positive, if_positive)
 
 
 def _token_gate(variant, positive: torch.Tensor, dtype: torch.dtype) -> _TokenGate:
@@ -288,11 +289,11 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
     elif whole:
         full_mask, bool_mask = bool_mask.to(dtype), None
     else:
-        full_mask = torch.empty((n, t), dtype=dtype)
-    lengths = torch.empty(n, dtype=dtype)
-    rows = torch.empty(n, dtype=dtype)
-    slope = torch.empty((n, t), dtype=dtype) if token_level else full_mask
-    unit_logp = torch.empty(n, dtype=dtype) if v.gate == "cispo" and not token_level else None
+        full_mask = logp.new_empty((n, t), dtype=dtype)
+    lengths = logp.new_empty(n, dtype=dtype)
+    rows = logp.new_empty(n, dtype=dtype)
+    slope = logp.new_empty((n, t), dtype=dtype) if token_level else full_mask
+    unit_logp = logp.new_empty(n, dtype=dtype) if v.gate == "cispo" and not token_level else None
     k3, log_ratio_sums, opens = [], [], []
     low, high = math.inf, -math.inf
     for i in range(0, n, step):
@@ -488,7 +489,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     metrics += [value / token_units for value in extra_values]
     names = ("policy_objective", "clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "approx_kl",
              "normalizer", *extra)
-    return (torch.tensor(loss, dtype=dtype), dict(zip(names, torch.tensor(metrics, dtype=dtype).unbind(),
+    return (lengths.new_tensor(loss), dict(zip(names, lengths.new_tensor(metrics).unbind(),
                                                        strict=True)), (grad, grad_entropy, grad_kl))
 
 
