@@ -145,7 +145,7 @@ def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None
     terms = 8 if large else _series_terms(largest)
     poly = torch.add(c[terms - 2], clamped, alpha=1.0 / math.factorial(terms + 1))
     for coefficient in c[terms - 3::-1] if terms > 2 else ():
-        torch.addcmul(coefficient, poly, clamped, out=poly)
+        poly = torch.addcmul(coefficient, poly, clamped)
     total = poly.mul_(clamped).mul_(clamped).sum()
     if large:  # (exp(l) - l) - (exp(c) - c): exactly 0 wherever c = l
         excess = torch.sub(torch.exp(x) if ratio is None else ratio, x)
