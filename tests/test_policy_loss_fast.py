@@ -320,6 +320,7 @@ def test_a_new_dr_grpo_l_max_compiles_nothing():
     assert_same_as_reference(dataclasses.replace(PRESETS["dr_grpo"], max_length=9), logp, old, adv, mask,
                              compile=True)
     graphs = dict(counters["stats"])
+    assert graphs.get("unique_graphs", 0) >= 1  # the first L_max compiled (or was traced) here
     for max_length in (10, 33):
         v = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length)
         assert_same_as_reference(v, logp, old, adv, mask, compile=True)
