@@ -253,9 +253,11 @@ def main() -> None:
     parser.add_argument("--size", type=_size, action="append", metavar="NxT",
                         help="a batch size N x T (repeatable; default 64x512, 256x2048 and 1024x4096)")
     parser.add_argument("--quick", action="store_true", help="the size 64x512 only")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (medians over them)")
-    parser.add_argument("--presets", nargs="*", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--presets", nargs="*", default=list(PRESETS), choices=list(PRESETS), metavar="NAME",
+                        help=f"presets to time (default: all: {', '.join(PRESETS)})")
     parser.add_argument("--compiled", action="store_true",
                         help="also the compiled fast path fused_policy_loss (compiles each preset first)")
     parser.add_argument("--loop", action="store_true", help="also the reference against a per-sequence loop")

@@ -5,7 +5,8 @@ policy loss) vs cached rollout. Run: ``python benchmarks/trainer.py [--device cu
 ``python benchmarks/trainer.py --steps`` times whole RL steps (rollout, scoring, update) of the
 default trainer on the CPU and, when there is one, on CUDA, with ``compile`` off and on (the
 model's forward and the fused policy loss compiled; the first steps, which compile, are left
-out): seconds per step, best of ``--repeats``, and the ratio to the CPU without compilation.
+out): seconds per step, the median of ``--repeats`` interleaved steps, and the ratio to the same
+device without compilation.
 
 ``python benchmarks/trainer.py --threads`` measures the trainer's CPU thread count instead: a fixed
 slice of the main job (warm-up steps, then RL steps, default model) with 1 and 2 threads, on an
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -110,21 +112,46 @@ def threads_table(sft_steps: int, rl_steps: int, repeats: int) -> None:
 
 def steps_table(devices: list[str], repeats: int, warmup: int) -> None:
     """Seconds per RL step of the default trainer (dapo, the main job's model and batch) for each
-    device, compile off and on."""
-    print(f"RL step of the default trainer (TrainConfig defaults, dynamic sampling off), best of {repeats} "
-          f"steps after {warmup} warm-up step(s); wall time, CUDA synchronised")
-    print(f"{'device':<8} {'compile':<8} {'s / step':>9} {'x cpu, no compile':>18}")
-    base = None
+    device, compile off and on: both trainers built and warmed up, then their steps interleaved
+    (``repeats`` rounds, one step of each per round) so that load from other processes affects both
+    alike; medians. On a CPU the process's CPU time (all its threads), on CUDA synchronised wall
+    time."""
+    print(f"RL step of the default trainer (TrainConfig defaults, dynamic sampling off), median of {repeats} "
+          f"interleaved steps after {warmup} warm-up step(s) (the compiling ones); CPU: process CPU time, "
+          f"CUDA: synchronised wall time")
+    print(f"{'device':<8} {'compile':<8} {'s / step':>9} {'x no compile':>13} {'spread':>7}")
     for device in devices:
+        trainers = {}
         for compiled in (False, True):
             torch.manual_seed(0)
             trainer = Trainer(TrainConfig(device=device, dynamic_sampling=False, compile=compiled))
             trainer.finish_warmup()
             for _ in range(warmup):
                 trainer.rl_step()
-            seconds = _best_time(trainer.rl_step, repeats, trainer.device)
-            base = seconds if base is None else base
-            print(f"{device:<8} {str(compiled):<8} {seconds:9.3f} {seconds / base:18.2f}", flush=True)
+            trainers[compiled] = trainer
+        samples = {compiled: [] for compiled in trainers}
+        for _ in range(repeats):
+            for compiled, trainer in trainers.items():
+                samples[compiled].append(_step_time(trainer))
+        base = statistics.median(samples[False])
+        for compiled, times in samples.items():
+            median = statistics.median(times)
+            spread = (max(times) - min(times)) / median
+            print(f"{device:<8} {str(compiled):<8} {median:9.3f} {median / base:13.2f} {spread:7.2f}",
+                  flush=True)
+
+
+def _step_time(trainer) -> float:
+    """One RL step's time: process CPU time on a CPU, synchronised wall time on CUDA."""
+    cuda = trainer.device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    if cuda:
+        torch.cuda.synchronize()
+    start = clock()
+    trainer.rl_step()
+    if cuda:
+        torch.cuda.synchronize()
+    return clock() - start
 
 
 def main() -> None:

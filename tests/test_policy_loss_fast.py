@@ -285,6 +285,48 @@ def test_a_seq_sum_max_length_below_a_sequence_length_raises():
         assert_same_as_reference(v, old + 0.1, old, adv, mask)
 
 
+def _dr_grpo_batch():
+    g = torch.Generator().manual_seed(3)
+    mask = torch.arange(9) < torch.tensor([9, 1, 0, 6, 2, 9])[:, None]
+    old = -torch.rand(6, 9, generator=g, dtype=torch.float64)
+    logp = old + 0.1 * torch.randn(6, 9, generator=g, dtype=torch.float64)
+    return logp, old, torch.randn(6, generator=g, dtype=torch.float64), mask
+
+
+def test_dr_grpo_l_max_is_a_runtime_input_of_one_kernel():
+    """Dr. GRPO's L_max enters the fused function as a tensor, not as a constant of its plan: every
+    L_max (and the sequence KL's weight L_max) shares one plan, hence one compiled graph, with the
+    reference's values and its error message naming the L_max given."""
+    from refimpl.losses import fused_policy
+
+    logp, old, adv, mask = _dr_grpo_batch()
+    plans = set()
+    for max_length in (9, 12, 40):
+        for kl_scale in ("token", "sequence"):
+            v = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length, kl_coef=0.1, kl_scale=kl_scale)
+            assert_same_as_reference(v, logp, old, adv, mask, ref_logp=old - 0.2)
+            plans.add(fused_policy._plan(v, False, True, False, False, False, True, False))
+    assert len({(p.variant.kl_scale, p.variant.max_length) for p in plans}) == 2 == len(plans)
+    short = dataclasses.replace(PRESETS["dr_grpo"], max_length=7)
+    with pytest.raises(ValueError, match=r"^variant.max_length \(L_max = 7\) must be >= every sequence's"):
+        fused_policy_loss(logp, old, adv, mask, short, compile=False)
+
+
+@pytest.mark.skipif(not THOROUGH or not HAS_CXX, reason="compiles (thorough profile, a C++ compiler)")
+def test_a_new_dr_grpo_l_max_compiles_nothing():
+    from torch._dynamo.utils import counters
+
+    logp, old, adv, mask = _dr_grpo_batch()
+    assert_same_as_reference(dataclasses.replace(PRESETS["dr_grpo"], max_length=9), logp, old, adv, mask,
+                             compile=True)
+    graphs = dict(counters["stats"])
+    assert graphs.get("unique_graphs", 0) >= 1  # the first L_max compiled (or was traced) here
+    for max_length in (10, 33):
+        v = dataclasses.replace(PRESETS["dr_grpo"], max_length=max_length)
+        assert_same_as_reference(v, logp, old, adv, mask, compile=True)
+    assert dict(counters["stats"]) == graphs
+
+
 def test_inductor_runs_scalar_loops_on_a_cpu_without_a_vector_instruction_set(monkeypatch):
     """Where inductor finds no vector ISA (``ATEN_CPU_CAPABILITY=default``, as ``make test-portable``
     runs) its C++ backend emitted vector reductions that did not compile: the fast path asks for

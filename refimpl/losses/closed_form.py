@@ -1,19 +1,30 @@
-"""The eager fast path of ``policy_loss``: value, closed-form gradient and metrics in a few dense passes.
+"""The eager fast path of ``policy_loss``: value, closed-form gradient and metrics in a few passes per block.
 
 spec: specs/policy_losses.md eqs. (2)-(12), (15), (19) (the loss that ``refimpl.losses.policy`` states
 readably; ``policy_loss`` calls ``closed_form_policy_loss`` first and runs its reference body only where
-this returns None). No compiler: plain ATen ops, each a pass over ``[N, T]``, chosen for a CPU:
+this returns None). No compiler: plain ATen ops chosen for a CPU, where an elementwise op costs about as
+much as moving its operands, so the design counts passes over ``[N, T]`` and keeps them in cache:
 
-- the mask is a 0/1 float tensor that multiplies (``where`` / ``masked_fill`` with a bool ``[N, T]``
-  mask cost ten times a multiplication on a CPU); padding must then be finite, so any NaN / inf
-  anywhere (padding included) hands the batch to the reference, which ignores padding exactly;
-- one ``exp`` gives every ratio; the inclusive hard gate of md eq. (6)-(7) is a clamp of the ratio
+- blocks of rows (``_BLOCK_ELEMENTS`` elements, a few hundred kB per temporary: a core's L2 cache) run
+  every per-token pass in turn, so each pass after the first reads cached data; what leaves a block
+  is per-row sums (``[N]``), a few scalars and the gradient's per-token factor;
+- the mask is a 0/1 float tensor that multiplies (``where`` / comparisons into bool tensors cost five
+  to twenty times a multiplication on a CPU); padding must then be finite, so any NaN / inf anywhere
+  (padding included) hands the batch to the reference, which ignores padding exactly. Masked tokens
+  get log-ratio 0 and ratio 1, so a row's sum over all tokens, less one per masked token, is its sum
+  over the unmasked ones;
+- one ``exp`` gives every ratio; the inclusive hard gate of md eqs. (6)-(7) is a clamp of the ratio
   between per-row (or per-token) bounds, and a token's gate is open exactly where the clamp leaves the
   ratio unchanged (``clamp(r) == r``: a ratio on a bound counts as inside);
 - the gradient of md eq. (12) with respect to ``logp`` is written out (each unit's derivative, md eqs.
-  (6)-(9), (15), times its aggregation weight, md eqs. (10)-(11), (19), over the denominator), computed
-  in the same pass as the value and saved; ``_ClosedFormLoss.backward`` multiplies it by the incoming
-  gradient (first derivatives only, as ``fused_policy_loss``);
+  (6)-(9), (15), times its aggregation weight, md eqs. (10)-(11), (19), over the denominator) as a
+  per-token factor times a per-row factor; ``_ClosedFormLoss.backward`` forms their product with the
+  incoming gradient in one pass (first derivatives only, as ``fused_policy_loss``);
+- the metric ``approx_kl`` (the mean of k3 = expm1(l) - l, specs/kl.md eq. (4)) without ``expm1``
+  (ten times ``exp``'s cost on a CPU) and without cancellation: its Taylor series through l^9 / 9!
+  in Horner form on ``clamp(l, -1/2, 1/2)`` (truncation below 3e-9 relative), plus, in a block with
+  some |l| > 1/2, ``(exp(l) - l) - (exp(c) - c)`` with c the clamped value (exactly 0 where |l| <= 1/2;
+  elsewhere a difference of terms within a factor of ~10 of k3, so within ~10 roundoffs of it);
 - the guards: any non-finite input sum, ratio sum or loss, a mask that is not 0/1, a normaliser or
   L_max that the reference refuses, or a part this path does not implement (GMPO's log-clip, the
   behaviour correction, GSPO-token with per-token advantages, an accelerator, where the reference
@@ -22,13 +33,14 @@ this returns None). No compiler: plain ATen ops, each a pass over ``[N, T]``, ch
 Rounding: the same formulas in another order, within a few units of the compute dtype's roundoff u of
 the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's ``r - 1``
 is the rounded ratio minus one (the reference's ``expm1``: an absolute error of u in the gate's
-argument, below u in the sigmoid); float32's ``approx_kl`` is ``expm1(l) - l`` summed in float64,
-free of cancellation for every float32 log-ratio (float64 keeps the reference's series).
+argument, below u in the sigmoid). float64 runs the reference's own k3 for ``approx_kl``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -39,43 +51,54 @@ __all__ = ["closed_form_policy_loss"]
 _KL_FUNCTIONS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 _PER_SEQUENCE_MEAN = ("seq_mean_token_mean", "seq_sqrt_token_mean")
 _PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
+# elements per block of rows: a float32 temporary of 256 kB; measured on the development machine's
+# 2 MB L2 (2**15 to 2**17 within the noise, 2**19 and the whole batch 1.5-2x slower at 2**22)
+_BLOCK_ELEMENTS = 1 << 16
+_SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (module docstring)
+_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
+
+
+class _Factor(NamedTuple):
+    """A gradient ``per_token * per_row[:, None]`` (``per_row`` a float: times it; None: ``per_token``
+    alone), formed in the backward pass together with the incoming gradient."""
+
+    per_token: torch.Tensor
+    per_row: torch.Tensor | float | None
 
 
 def _float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The mask as 0.0 / 1.0 in ``dtype``, or None when it holds another value (the reference raises)."""
-    if mask.dtype == torch.bool:
-        return mask.view(torch.uint8).to(dtype)
+    """A non-bool mask as 0.0 / 1.0 in ``dtype``, or None when it holds another value (the reference
+    raises)."""
     if not bool(((mask == 0) | (mask == 1)).all()):
         return None
     return mask.to(dtype)
 
 
-def _denominator(normalizer: object, local: torch.Tensor) -> torch.Tensor | None:
-    """``policy._resolve_normalizer`` without its errors: None where the reference raises."""
+def _denominator(normalizer: object, local: float, dtype: torch.dtype) -> float | None:
+    """``policy._resolve_normalizer`` as a float, the given normaliser rounded to ``dtype`` as the
+    reference rounds it; None where the reference raises."""
     if normalizer is None:
-        return local.clamp(min=1.0)
+        return max(local, 1.0)
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             return None
-        value = normalizer.detach().reshape(()).to(local)
+        value = float(normalizer.detach().reshape(()).to(dtype))
     elif isinstance(normalizer, (int, float)) and not isinstance(normalizer, bool):
-        value = local.new_tensor(float(normalizer))
+        value = float(torch.tensor(float(normalizer), dtype=dtype, device="cpu"))
     else:
         return None
-    return value if bool(torch.isfinite(value) & (value > 0)) else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
-def _local_normalizer(lengths: torch.Tensor, variant) -> torch.Tensor | None:
+def _local_normalizer(tokens: float, sequences: float, longest: float, variant) -> float | None:
     """The local denominator of md eq. (11) (``policy._normalizer_from_lengths``); None where the
     reference raises (no L_max or G, a sequence longer than L_max)."""
     if variant.aggregation == "token_mean":
-        return lengths.sum()
-    if variant.aggregation == "seq_sum" and (variant.max_length is None or
-                                             float(lengths.max()) > variant.max_length):
+        return tokens
+    if variant.aggregation == "seq_sum" and (variant.max_length is None or longest > variant.max_length):
         return None
     if variant.aggregation == "seq_sqrt_token_mean" and variant.group_size is None:
         return None
-    sequences = (lengths > 0).sum(dtype=lengths.dtype)
     return sequences * variant.max_length if variant.aggregation == "seq_sum" else sequences
 
 
@@ -90,6 +113,46 @@ def _supported(variant, advantages: torch.Tensor, optional: dict, normalizer: ob
                 and variant.aggregation == "token_mean" and normalizer is not None)
 
 
+@functools.cache
+def _series_coefficients(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """1/2!, 1/3!, ..., 1/9! as 0-d tensors: k3(l) = l^2 sum_k l^k / (k + 2)! (kl.md eq. (4))."""
+    return tuple(torch.tensor(1.0 / math.factorial(k), dtype=dtype, device="cpu") for k in range(2, 10))
+
+
+def _series_terms(bound: float) -> int:
+    """Terms of k3(l) / l^2's series needed for |l| <= bound: the first omitted term relative to the
+    first, 2 bound^K / (K + 2)!, below 2**-27 (a sixteenth of float32's roundoff); 8 at bound 1/2."""
+    terms = 2
+    while terms < 8 and 2.0 * bound**terms / math.factorial(terms + 2) > 2.0**-27:
+        terms += 1
+    return terms
+
+
+def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None) -> torch.Tensor:
+    """``sum(expm1(x) - x)`` over a block of log-ratios (``low``, ``high`` its extremes; ``ratio``
+    ``exp(x)`` where already formed): the series and correction of the module docstring in float32,
+    with as few terms as the block's largest |x| needs (none where every x is 0, as on the first
+    update after sampling); float64 inputs: the reference's k3. (A float64 sum of exp(x) measured
+    slower than the series on the development machine.)"""
+    if x.dtype == torch.float64:
+        return _exp_minus_one_minus_identity(x).sum()
+    largest = max(-low, high)
+    if largest == 0.0:
+        return x.new_zeros(())
+    large = largest > _SERIES_BOUND
+    clamped = x.clamp(-_SERIES_BOUND, _SERIES_BOUND) if large else x
+    c = _series_coefficients(x.dtype)
+    terms = 8 if large else _series_terms(largest)
+    poly = torch.add(c[terms - 2], clamped, alpha=1.0 / math.factorial(terms + 1))
+    for coefficient in c[terms - 3::-1] if terms > 2 else ():
+        poly = torch.addcmul(coefficient, poly, clamped)
+    total = poly.mul_(clamped).mul_(clamped).sum()
+    if large:  # (exp(l) - l) - (exp(c) - c): exactly 0 wherever c = l
+        excess = torch.sub(torch.exp(x) if ratio is None else ratio, x)
+        total = total + excess.sub_(torch.exp(clamped).sub_(clamped)).sum()
+    return total
+
+
 def _clip_bounds(variant) -> tuple[float, float, float]:
     """(lower bound for A <= 0, upper bound for A > 0, upper bound for A <= 0) of md eqs. (6)-(7)."""
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
@@ -102,11 +165,7 @@ def _clip(r: torch.Tensor, positive: torch.Tensor, variant) -> torch.Tensor:
     (md eqs. (6)-(7); ``positive`` a 0/1 float tensor broadcastable to ``r``). ``lerp`` with weight 0
     or 1 returns one of its ends exactly."""
     lower, upper, dual = _clip_bounds(variant)
-    if bool((positive == 1).all()):
-        return r.clamp(max=upper)
     negative = r.clamp(min=lower, max=dual)
-    if not bool(positive.any()):
-        return negative
     return torch.lerp(negative, r.clamp(max=upper), positive)
 
 
@@ -118,51 +177,164 @@ def _cispo_weight(r: torch.Tensor, variant) -> torch.Tensor:
                    max=None if variant.eps_high is None else 1.0 + variant.eps_high)
 
 
-def _token_units(variant, r, mf, adv, positive, grad_row, logp):
-    """(rows, d loss / d logp, open count or None) for token-level ratios (md eqs. (2), (6)-(9), (15)):
-    ``rows`` the per-row sums of the unit terms, the gradient already times ``grad_row`` (each row's
-    aggregation weight over the denominator, ``[N, 1]``) and zero at masked positions. ``adv`` is A per
-    token (zero at masked positions) or per row ``[N, 1]``, ``positive`` A > 0 as 0/1 of its shape.
-    Per-row A multiplies the rows and the gradient's row factor, never an ``[N, T]`` pass."""
+class _TokenGate(NamedTuple):
+    """Per-row (``[N, 1]``) or per-token parameters of a token-level gate, by the sign of A."""
+
+    low: torch.Tensor | None  # clip: the clamp's bounds
+    high: torch.Tensor | None
+    tau: torch.Tensor | None  # SAPO: the temperature and the term's factor 4 / tau
+    scale: torch.Tensor | None
+
+
+def _by_sign(positive: torch.Tensor, if_positive: float, otherwise: float,
+             dtype: torch.dtype) -> torch.Tensor:
+    """``if_positive`` where ``positive`` (bool), else ``otherwise``, each rounded once to ``dtype``."""
+    values = torch.full(positive.shape, otherwise, dtype=dtype, device=positive.device)
+    return values.masked_fill_(positive, if_positive)
+
+
+def _token_gate(variant, positive: torch.Tensor, dtype: torch.dtype) -> _TokenGate:
+    """The clip bounds of md eqs. (6)-(7) (A > 0: ``(-inf, upper]``; A <= 0: ``[lower, dual]``) or
+    SAPO's temperature and factor (md eq. (8)) by the sign of A (``positive``, ``[N, 1]`` or ``[N, T]``)."""
     v = variant
-    per_token = adv.shape == r.shape
-    weight = adv if per_token else mf  # zero at masked positions, times A where A is per token
-    row_adv = None if per_token else adv.squeeze(-1)
-    grad_factor = grad_row if per_token else adv * grad_row
+    if v.gate == "clip":
+        lower, upper, dual = _clip_bounds(v)
+        return _TokenGate(_by_sign(positive, -math.inf, lower, dtype), _by_sign(positive, upper, dual, dtype),
+                          None, None)
+    if v.gate == "sapo":
+        return _TokenGate(None, None, _by_sign(positive, v.tau_pos, v.tau_neg, dtype),
+                          _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, dtype))
+    return _TokenGate(None, None, None, None)
+
+
+def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
+    """One block of a token-level ratio (md eqs. (2), (6)-(9), (15)): writes the gradient's per-token
+    factor into ``slope_out`` and the per-row sums of the unit terms into ``rows_out`` (both zero at
+    masked tokens; times A where A is per token, ``adv``, else divided by A and, for SAPO, by 4 / tau).
+    Returns (ratio, sum of open gates over all tokens (masked: open) or None)."""
+    r = torch.exp(x)
+    weight = mf if adv is None else adv  # zero at masked tokens
     opened = None
     if v.gate == "clip":
-        clipped = _clip(r, positive, v)
-        slope = torch.eq(clipped, r, out=torch.empty_like(r)).mul_(mf)  # the inclusive gate, open = 1
-        opened = slope.sum()
-        slope.mul_(r)
-        term = clipped
+        # maximum, then minimum: a third of clamp's time with [N, 1] bounds on the development machine
+        term = torch.maximum(r, gate.low)
+        torch.minimum(term, gate.high, out=term)
+        torch.eq(term, r, out=slope_out)  # the inclusive gate: open = 1
+        opened = slope_out.sum()
+        slope_out.mul_(r).mul_(weight)
+        term.mul_(weight)
     elif v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
-        full = adv.new_full
-        tau = torch.lerp(full((), v.tau_neg), full((), v.tau_pos), positive)
-        sigma = (r - 1.0).mul_(tau).sigmoid_()
-        slope = torch.addcmul(sigma, sigma, sigma, value=-1.0).mul_(r)
-        grad_factor = grad_factor * 4.0
-        # (4 / tau) A per unit, 4 / tau rounded once from the variant's floats, as the reference forms it
-        scaled_adv = torch.lerp(full((), 4.0 / v.tau_neg), full((), 4.0 / v.tau_pos), positive) * adv
-        term = sigma.mul_(scaled_adv)
-        rows = (term if per_token else term.mul_(mf)).sum(dim=-1)
-        slope.mul_(adv if per_token else mf)
-        return rows, slope.mul_(grad_factor), None
+        term = torch.sub(r, 1.0).mul_(gate.tau).sigmoid_()
+        torch.addcmul(term, term, term, value=-1.0, out=slope_out).mul_(r).mul_(weight)
+        # (4 / tau) A per token, 4 / tau rounded once from the variant's floats, as the reference forms it
+        term.mul_(gate.scale).mul_(mf) if adv is None else term.mul_(weight * gate.scale)
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
-        slope = _cispo_weight(r, v).mul_(weight)
-        rows = torch.linalg.vecdot(slope, logp)  # sum_t clip(r) A logp (slope zero at masked tokens)
-        slope.mul_(grad_factor)
-        return (rows if per_token else rows * row_adv), slope, None
+        torch.mul(_cispo_weight(r, v), weight, out=slope_out)
+        term = slope_out * logp
     else:  # "none": r A, its own slope
-        term = slope = r * weight
-        rows = term.sum(dim=-1)
-        return (rows if per_token else rows * row_adv), slope.mul_(grad_factor), None
-    rows = term.mul_(weight).sum(dim=-1)  # the hard clip
-    if not per_token:
-        rows = rows * row_adv
+        term = torch.mul(r, weight, out=slope_out)
+    torch.sum(term, dim=-1, out=rows_out)
+    return r, opened
+
+
+def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional: dict, normalizer):
+    """``policy_loss``'s ``(loss, metrics)`` (md eq. (12)) from inputs that ``check_policy_inputs`` has
+    accepted, or None where the reference must decide (see the module docstring)."""
+    if logp.device.type != "cpu" or logp.numel() == 0 or not _supported(variant, advantages, optional,
+                                                                           normalizer):
+        return None
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    mf = None
+    if mask.dtype != torch.bool:
+        mf = _float_mask(mask, dtype)
+        if mf is None:
+            return None
+    with torch.no_grad():  # (no detach needed: nothing is recorded)
+        adv = advantages if advantages.dtype == dtype else advantages.to(dtype)
+        result = _compute(logp, old_logp, adv, mask, mf, variant, optional, normalizer, dtype)
+    if result is None:
+        return None
+    loss, metrics, grads = result
+    entropy = optional["entropy"] if variant.entropy_coef > 0 else None
+    kl = optional["kl"] if variant.kl_coef > 0 else None
+    loss = _ClosedFormLoss.apply(loss, grads, logp, entropy, kl)
+    return loss, metrics
+
+
+class _Blocks(NamedTuple):
+    """What the blocks leave: per-row sums, the gradient's per-token factor, per-block scalars."""
+
+    lengths: torch.Tensor  # [N] unmasked tokens per row
+    rows: torch.Tensor  # [N] the unit terms' row sums (token levels) or the log-ratio's (sequence levels)
+    slope: torch.Tensor  # [N, T] the gradient's per-token factor (sequence levels: the float mask)
+    unit_logp: torch.Tensor | None  # [N] sum of mask * logp (CISPO at sequence level)
+    mask: torch.Tensor  # [N, T] the float mask
+    k3: torch.Tensor  # sum of k3 over the tokens
+    log_ratio_sum: torch.Tensor  # sum of the log-ratio over the tokens
+    opened: torch.Tensor | None  # clip at token level: open gates over all tokens (masked: open)
+    low: float  # extremes of the log-ratio over all tokens (masked: 0)
+    high: float
+
+
+def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> _Blocks | None:
+    """Every per-token pass, block by block of rows; None on a non-finite log-ratio."""
+    n, t = logp.shape
+    token_level = v.ratio == "token"
+    per_token_adv = adv.ndim == 2
+    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
+    whole = step >= n  # one block: no views of the inputs (each a few microseconds)
+    bool_mask = mask.view(torch.uint8) if mf is None else None
+    if mf is not None:
+        full_mask = mf
+    elif whole:
+        full_mask, bool_mask = bool_mask.to(dtype), None
     else:
-        slope.mul_(adv)  # zero at masked positions
-    return rows, slope.mul_(grad_factor), opened
+        full_mask = logp.new_empty((n, t), dtype=dtype)
+    lengths = logp.new_empty(n, dtype=dtype)
+    rows = logp.new_empty(n, dtype=dtype)
+    slope = logp.new_empty((n, t), dtype=dtype) if token_level else full_mask
+    unit_logp = logp.new_empty(n, dtype=dtype) if v.gate == "cispo" and not token_level else None
+    k3, log_ratio_sums, opens = [], [], []
+    low, high = math.inf, -math.inf
+    for i in range(0, n, step):
+        block = slice(i, i + step)
+
+        def take(z, block=block):
+            return z if whole or z is None else z[block]
+
+        m = take(full_mask)
+        if bool_mask is not None:
+            m.copy_(bool_mask[block])
+        torch.sum(m, dim=-1, out=take(lengths))
+        lp, before = take(logp), take(old)
+        if lp.dtype != dtype or before.dtype != dtype:  # half-precision inputs: the compute dtype first
+            lp, before = lp.to(dtype), before.to(dtype)
+        x = torch.sub(lp, before).mul_(m)
+        lo, hi = torch.aminmax(x)
+        lo, hi = float(lo), float(hi)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        low, high = min(low, lo), max(high, hi)
+        ratio = None
+        if token_level:
+            a = take(adv) * m if per_token_adv else None
+            g = gate if whole else _TokenGate(*(take(p) for p in gate))
+            ratio, opened = _token_block(v, x, m, a, g, lp, take(slope), take(rows))
+            log_ratio_sums.append(x.sum())
+            if opened is not None:
+                opens.append(opened)
+        else:
+            torch.sum(x, dim=-1, out=take(rows))
+            if unit_logp is not None:
+                torch.sum(lp * m, dim=-1, out=take(unit_logp))
+        k3.append(_k3_sum(x, lo, hi, ratio))
+    log_ratio_sum = _total(log_ratio_sums) if token_level else rows.sum()
+    return _Blocks(lengths, rows, slope, unit_logp, full_mask, _total(k3), log_ratio_sum,
+                   _total(opens) if opens else None, low, high)
+
+
+def _total(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
 def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
@@ -186,137 +358,150 @@ def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
     return ratio * adv, ratio * adv, None, ratio
 
 
-def _ratio_extremes(r: torch.Tensor, unit_mask: torch.Tensor, mean: torch.Tensor, masked: bool):
-    """The reference's ``aminmax(where(unit_mask, r, mean))`` (md section 5; ``unit_mask`` 0/1 or
-    bool): masked units hold r = 1, so one ``aminmax`` of r gives the unmasked extremes wherever they
-    are not 1 (the mean then lies between them); only otherwise are the masked units filled with the
-    mean."""
-    low, high = torch.aminmax(r)
-    if not masked:
-        return low, high
-    if float(low) >= 1.0 or float(high) <= 1.0:
-        low, high = torch.aminmax(torch.where(unit_mask != 0, r, mean))
-    return torch.minimum(low, mean), torch.maximum(high, mean)
+def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
+    """(min, max) of the ratio over the unmasked tokens (+-inf where there is none)."""
+    r = torch.exp(torch.sub(logp.to(dtype), old.to(dtype)).mul_(mf))
+    unmasked = mf != 0
+    return float(torch.where(unmasked, r, math.inf).min()), float(torch.where(unmasked, r, -math.inf).max())
 
 
-def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional: dict, normalizer):
-    """``policy_loss``'s ``(loss, metrics)`` (md eq. (12)) from inputs that ``check_policy_inputs`` has
-    accepted, or None where the reference must decide (see the module docstring)."""
-    if logp.device.type != "cpu" or logp.numel() == 0 or not _supported(variant, advantages, optional,
-                                                                           normalizer):
-        return None
-    dtype = torch.promote_types(logp.dtype, torch.float32)
-    mf = _float_mask(mask, dtype)
-    if mf is None:
-        return None
-    lengths = mf.sum(dim=-1)
-    local = _local_normalizer(lengths, variant)
-    denominator = None if local is None else _denominator(normalizer, local)
-    if denominator is None:
-        return None
-    with torch.no_grad():
-        result = _compute(logp.detach().to(dtype), old_logp.detach().to(dtype), advantages.detach().to(dtype),
-                          mf, lengths, local, denominator, variant, optional, dtype)
-    if result is None:
-        return None
-    loss, metrics, grads = result
-    entropy = optional["entropy"] if variant.entropy_coef > 0 else None
-    kl = optional["kl"] if variant.kl_coef > 0 else None
-    loss = _ClosedFormLoss.apply(loss, grads, logp, entropy, kl)
-    return loss, metrics
+def _row_extremes(ratio: torch.Tensor, nonempty: torch.Tensor, all_nonempty: bool) -> list[torch.Tensor]:
+    """[min, max] of the per-row ratio over the non-empty rows (+-inf where there is none)."""
+    if all_nonempty:
+        return list(torch.aminmax(ratio))
+    return [torch.where(nonempty, ratio, math.inf).min(), torch.where(nonempty, ratio, -math.inf).max()]
 
 
-def _compute(logp, old, advantages, mf, lengths, local, denominator, variant, optional, dtype):
-    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss)."""
+def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dtype):
+    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss).
+    The per-row quantities are tensors; the scalars are read once (one ``tolist``) and combined as
+    Python floats (double precision), each metric rounded once to ``dtype``."""
     v = variant
     n, t = logp.shape
-    nonempty = lengths > 0
-    lr = torch.sub(logp, old).mul_(mf)
     per_token_adv = advantages.ndim == 2
-    adv = advantages * mf if per_token_adv else torch.where(nonempty, advantages, 0.0)
+    token_level = v.ratio == "token"
+    gate = _TokenGate(None, None, None, None)
+    if token_level and v.gate in ("clip", "sapo"):
+        positive = advantages > 0
+        gate = _token_gate(v, positive if per_token_adv else positive.unsqueeze(-1), dtype)
+        if v.gate == "sapo" and not per_token_adv:  # the term's factor per row: (4 / tau) A
+            gate = gate._replace(scale=gate.scale * advantages.unsqueeze(-1))
+    blocks = _run_blocks(v, logp, old, advantages, mask, mf, dtype, gate)
+    # a ratio beyond the dtype's range (its gradient factor would be 0 * inf): the reference decides
+    if blocks is None or blocks.high >= _LOG_MAX[dtype]:
+        return None
+    lengths, mf = blocks.lengths, blocks.mask
+    first = [lengths.sum(), *torch.aminmax(lengths)] + ([] if per_token_adv else [advantages.sum()])
+    first = torch.stack(first).tolist()
+    tokens, shortest, longest = first[:3]
+    if not all(math.isfinite(value) for value in first):
+        return None
+    all_nonempty = shortest > 0
+    nonempty = None if all_nonempty else lengths > 0
+    sequences = float(n) if all_nonempty else float(nonempty.sum())
+    local = _local_normalizer(tokens, sequences, longest, v)
+    denominator = None if local is None else _denominator(normalizer, local, dtype)
+    if denominator is None:
+        return None
     given = {name: optional[name].detach().to(dtype) * mf for name in ("ref_logp", "entropy", "kl")
              if optional[name] is not None}
-    sum_lr = lr.sum()
-    checks = [sum_lr, adv.sum(), *(x.sum() for x in given.values())]
-    if not bool(torch.isfinite(torch.stack(checks)).all()):
+    if given and not bool(torch.isfinite(torch.stack([x.sum() for x in given.values()])).all()):
         return None
-    tokens = lengths.sum().clamp(min=1.0)
     row_scale = math.sqrt(v.group_size) if v.aggregation == "seq_sqrt_token_mean" else 1.0
     length1 = lengths.clamp(min=1.0)
     # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G)
-    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else torch.full_like(
-        lengths, row_scale)
+    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else row_scale
     scale = -1.0 / denominator
-    token_ratio = torch.exp(lr)  # every token's ratio: the metrics of token levels, approx_kl always
-    sum_r = token_ratio.sum()
-    if not bool(torch.isfinite(sum_r)):
-        return None
-    closed = lengths.new_zeros(())
-    if v.ratio == "token":
-        positive = (adv > 0).to(dtype)
-        unit_adv = adv if per_token_adv else adv.unsqueeze(-1)
-        positive = positive if per_token_adv else positive.unsqueeze(-1)
-        rows, grad, opened = _token_units(v, token_ratio, mf, unit_adv, positive,
-                                          (token_row * scale).unsqueeze(-1), logp)
-        if opened is not None:
-            closed = lengths.sum() - opened
-        objective = rows.sum()
-        policy = (rows * token_row).sum()
-        units = tokens
-        ratio_sum, unit_mask = sum_r - token_ratio.numel(), None
-        ratio_max = token_ratio  # the units whose extremes are taken
+    masked_tokens = tokens < n * t
+    token_units = max(tokens, 1.0)
+    if token_level:
+        sums = blocks.rows
+        if not per_token_adv and v.gate != "sapo":  # SAPO's rows carry (4 / tau) A already
+            sums = sums * advantages  # an empty row's sum is 0
+        row_factor = token_row * (4.0 * scale if v.gate == "sapo" else scale)
+        if not per_token_adv:
+            row_factor = advantages * row_factor
+        grad = _Factor(blocks.slope, row_factor)
+        policy = (sums * token_row).sum() if isinstance(token_row, torch.Tensor) else sums.sum() * token_row
+        scalars = [sums.sum(), policy, blocks.k3, blocks.log_ratio_sum]
+        if blocks.opened is not None:
+            scalars.append(blocks.opened)
     else:  # one unit per sequence (md eqs. (3)-(5)): everything per row, then broadcast
-        total = lr.sum(dim=-1)
+        total = blocks.rows
         if v.ratio in ("sequence_mean", "gspo_token"):
             total = total / length1
-        row_adv = adv
-        term, slope, opened, ratio = _unit_gate(v, total, row_adv)
-        token_slope = 1.0 / length1 if v.ratio == "sequence_mean" else torch.ones_like(lengths)
+        adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
+        term, slope, opened, ratio = _unit_gate(v, total, adv)
         if v.gate == "cispo":
-            unit_logp = torch.linalg.vecdot(mf, logp) * token_slope
+            unit_logp = blocks.unit_logp / length1 if v.ratio == "sequence_mean" else blocks.unit_logp
             term = slope * unit_logp
         if v.ratio == "gspo_token":  # md eq. (5): the sequence ratio's value on every token, slope 1
-            rows = term * lengths
+            objective = (term * lengths).sum()
             # a row's token mean of len_i copies of its term is the term itself
-            copies = nonempty.to(dtype) if v.aggregation in _PER_SEQUENCE_MEAN else lengths
-            policy = (term * copies).sum() * row_scale
+            policy = (term if v.aggregation in _PER_SEQUENCE_MEAN else term * lengths).sum() * row_scale
             grad_rows = slope * token_row
-            if opened is not None:
-                closed = ((1.0 - opened) * lengths).sum()
-            units = tokens
+            opened_units = None if opened is None else (opened * lengths).sum()
             ratio_sum = ((ratio - 1.0) * lengths).sum()
         else:
-            copies = lengths if v.aggregation in _PER_TOKEN_COPIES else torch.ones_like(lengths)
-            rows = term
-            policy = (term * copies).sum() * row_scale
-            grad_rows = slope * copies * token_slope * row_scale
-            if opened is not None:
-                closed = (1.0 - opened).sum()
-            units = nonempty.sum(dtype=dtype).clamp(min=1.0)
+            objective = term.sum()
+            if v.aggregation in _PER_TOKEN_COPIES:
+                policy = (term * lengths).sum() * row_scale
+                grad_rows = slope * lengths
+            else:
+                policy = term.sum() * row_scale
+                grad_rows = slope
+            if v.ratio == "sequence_mean":
+                grad_rows = grad_rows / length1
+            grad_rows = grad_rows * row_scale
+            opened_units = None if opened is None else opened.sum()
             ratio_sum = (ratio - 1.0).sum()
-        objective = rows.sum()
-        grad = mf * (grad_rows * scale).unsqueeze(-1)
-        unit_mask = nonempty
-        ratio_max = ratio
-    ratio_mean = 1.0 + ratio_sum / units
-    # a masked unit: a masked token (token levels, GSPO-token) or an empty row (sequence levels)
-    masked = bool((lengths < t).any()) if unit_mask is None or v.ratio == "gspo_token" else not bool(
-        nonempty.all())
-    ratio_min, ratio_max = _ratio_extremes(ratio_max, mf if unit_mask is None else unit_mask, ratio_mean,
-                                           masked)
-    if dtype == torch.float64:
-        approx_kl = _exp_minus_one_minus_identity(lr).sum() / tokens
-    else:  # k3 = expm1(l) - l in float64: exact to float32's roundoff however small l (no series)
-        wide = lr.to(torch.float64)
-        minus = wide.sum()
-        approx_kl = ((wide.expm1_().sum() - minus) / tokens).to(dtype)
+        grad = _Factor(mf, grad_rows * scale)
+        scalars = [objective, policy, blocks.k3, ratio_sum, *_row_extremes(ratio, nonempty, all_nonempty)]
+        if opened_units is not None:
+            scalars.append(opened_units)
+    regularised = _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad, dtype)
+    grad, grad_entropy, grad_kl, contributions, extra = regularised
+    values = torch.stack(scalars + contributions + list(extra.values())).tolist()
+    objective, policy, k3 = values[:3]
+    if token_level:
+        units = token_units
+        ratio_mean = 1.0 + (k3 + values[3]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
+        closed = 0.0 if blocks.opened is None else tokens - (values[4] - (n * t - tokens))
+        if masked_tokens and (blocks.low >= 0.0 or blocks.high <= 0.0):  # not both sides of 1
+            low, high = _masked_token_extremes(logp, old, mf, dtype)
+        else:  # masked tokens hold log-ratio 0, and exp is monotonic
+            low, high = math.exp(blocks.low), math.exp(blocks.high)
+        masked_units = masked_tokens
+    else:
+        gspo_token = v.ratio == "gspo_token"
+        units = token_units if gspo_token else max(sequences, 1.0)
+        ratio_mean = 1.0 + values[3] / units
+        low, high = values[4:6]
+        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - values[6]
+        masked_units = masked_tokens if gspo_token else not all_nonempty
+    if masked_units:  # the reference fills the masked units with the mean
+        low, high = min(low, ratio_mean), max(high, ratio_mean)
+    extra_values = values[len(values) - len(extra):]
+    loss = (-policy + sum(values[len(scalars):len(scalars) + len(contributions)])) / denominator
+    if not math.isfinite(loss):
+        return None
+    metrics = [objective / units, closed / units, ratio_mean, low, high, k3 / token_units, denominator]
+    metrics += [value / token_units for value in extra_values]
+    names = ("policy_objective", "clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "approx_kl",
+             "normalizer", *extra)
+    return (lengths.new_tensor(loss), dict(zip(names, lengths.new_tensor(metrics).unbind(),
+                                                       strict=True)), (grad, grad_entropy, grad_kl))
 
-    contributions = -policy
+
+def _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad: _Factor, dtype):
+    """The KL and entropy terms (md eqs. (12), (19)): (d/d logp, d/d entropy, d/d kl, [their
+    contributions' sums], {metric: sum of its per-token values})."""
     grad_entropy = grad_kl = None
+    contributions, extra = [], {}
     kl_tokens = given.get("kl")
     kl_slope = None
     if "ref_logp" in given:
-        lp = logp * mf
+        lp = logp.to(dtype) * mf
         kl_tokens = _KL_FUNCTIONS[v.kl_estimator](lp, given["ref_logp"], check_finite=False)
         if v.kl_estimator == "k1":
             kl_slope = mf
@@ -324,50 +509,50 @@ def _compute(logp, old, advantages, mf, lengths, local, denominator, variant, op
             kl_slope = lp - given["ref_logp"]
         else:
             kl_slope = -torch.expm1(given["ref_logp"] - lp)
+    if kl_tokens is not None:
+        extra["kl"] = kl_tokens.sum()
     if kl_tokens is not None and v.kl_coef > 0:
         if v.kl_scale == "sequence":  # md eq. (19): u with (1/D) sum_i u KL_i = (1/S) sum_i KL_i
             if v.aggregation == "seq_sum":
-                weight = torch.full_like(lengths, float(v.max_length))
+                weight = float(v.max_length)
             elif v.aggregation == "token_mean":
-                weight = (local.clamp(min=1.0) / nonempty.sum(dtype=dtype).clamp(min=1.0)).expand_as(lengths)
+                weight = max(local, 1.0) / max(sequences, 1.0)
             else:
-                weight = torch.ones_like(lengths)
+                weight = 1.0
         else:
             weight = token_row
         kl_row = v.kl_coef * weight
-        contributions = contributions + (kl_tokens.sum(dim=-1) * kl_row).sum()
+        if not isinstance(kl_row, torch.Tensor):
+            kl_row = torch.full_like(lengths, kl_row)
+        contributions.append((kl_tokens.sum(dim=-1) * kl_row).sum())
         if kl_slope is not None:
-            grad = grad - kl_slope * (kl_row * scale).unsqueeze(-1)
+            policy_grad = grad.per_token * _row_column(grad.per_row)
+            grad = _Factor(policy_grad - kl_slope * (kl_row * scale).unsqueeze(-1), None)
         else:
-            grad_kl = mf * (kl_row * -scale).unsqueeze(-1)
+            grad_kl = _Factor(mf, kl_row * -scale)
     entropy_tokens = given.get("entropy")
+    if entropy_tokens is not None:
+        extra["entropy"] = entropy_tokens.sum()
     if entropy_tokens is not None and v.entropy_coef > 0:
         bonus_row = v.entropy_coef * token_row
-        contributions = contributions - (entropy_tokens.sum(dim=-1) * bonus_row).sum()
-        grad_entropy = mf * (bonus_row * scale).unsqueeze(-1)
-    loss = contributions / denominator
-    if not bool(torch.isfinite(loss)):
-        return None
-    metrics = {
-        "policy_objective": objective / units,
-        "clip_fraction": closed / units,
-        "ratio_mean": ratio_mean,
-        "ratio_min": ratio_min,
-        "ratio_max": ratio_max,
-        "approx_kl": approx_kl,
-        "normalizer": denominator,
-    }
-    if kl_tokens is not None:
-        metrics["kl"] = kl_tokens.sum() / tokens
-    if entropy_tokens is not None:
-        metrics["entropy"] = entropy_tokens.sum() / tokens
-    return loss, metrics, (grad, grad_entropy, grad_kl)
+        if not isinstance(bonus_row, torch.Tensor):
+            bonus_row = torch.full_like(lengths, bonus_row)
+        contributions.append(-(entropy_tokens.sum(dim=-1) * bonus_row).sum())
+        grad_entropy = _Factor(mf, bonus_row * scale)
+    return grad, grad_entropy, grad_kl, contributions, extra
+
+
+def _row_column(per_row: torch.Tensor | float | None) -> torch.Tensor | float:
+    """A per-row factor as a column ``[N, 1]`` (a float or None, 1.0: as it is)."""
+    if per_row is None:
+        return 1.0
+    return per_row.unsqueeze(-1) if isinstance(per_row, torch.Tensor) else per_row
 
 
 class _ClosedFormLoss(torch.autograd.Function):
-    """The loss whose gradient was computed with it: forward returns the value, backward the saved
-    gradients (of ``logp``, and of ``entropy`` / ``kl`` where they enter the loss) times the incoming
-    one, in each input's dtype."""
+    """The loss whose gradient was computed with it: forward returns the value, backward each saved
+    gradient factor (of ``logp``, and of ``entropy`` / ``kl`` where they enter the loss) times the
+    incoming one, in one pass per input and in its dtype."""
 
     @staticmethod
     def forward(ctx, loss, grads, logp, entropy, kl):
@@ -379,5 +564,12 @@ class _ClosedFormLoss(torch.autograd.Function):
     def backward(ctx, grad_loss):
         out = [None, None]
         for saved, dtype, needed in zip(ctx.grads, ctx.dtypes, ctx.needs_input_grad[2:], strict=True):
-            out.append((saved * grad_loss).to(dtype) if needed and saved is not None else None)
+            if not needed or saved is None:
+                out.append(None)
+                continue
+            factor = grad_loss * _row_column(saved.per_row)
+            if factor.dtype != saved.per_token.dtype:
+                factor = factor.to(saved.per_token.dtype)
+            grad = torch.mul(saved.per_token, factor)
+            out.append(grad if grad.dtype == dtype else grad.to(dtype))
         return tuple(out)

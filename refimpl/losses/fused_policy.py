@@ -22,6 +22,7 @@ naming the culprit, on every device.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import types
@@ -115,13 +116,14 @@ def _gate(plan: _Plan, u: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, 
     return term, term, None
 
 
-def _local_normalizer(lengths: torch.Tensor, v: PolicyLossVariant) -> torch.Tensor:
+def _local_normalizer(lengths: torch.Tensor, v: PolicyLossVariant, max_length: torch.Tensor) -> torch.Tensor:
     """The local denominator (md eq. (11)) as ``policy._normalizer_from_lengths`` computes it, without
-    its checks (they run once per plan, and the bound on the lengths is a flag of ``_fused``)."""
+    its checks (they run once per plan, and the bound on the lengths is a flag of ``_fused``);
+    ``max_length`` is L_max (a 0-d tensor: a runtime input, so a new L_max compiles nothing)."""
     if v.aggregation == "token_mean":
         return lengths.sum()
     sequences = (lengths > 0).sum(dtype=lengths.dtype)
-    return sequences * v.max_length if v.aggregation == "seq_sum" else sequences
+    return sequences * max_length if v.aggregation == "seq_sum" else sequences
 
 
 def _reduce(x: torch.Tensor, op) -> torch.Tensor:
@@ -132,7 +134,7 @@ def _reduce(x: torch.Tensor, op) -> torch.Tensor:
 
 
 def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, kl, normalizer, use_normalizer,
-           plan: _Plan):
+           max_length, plan: _Plan):
     """(loss, metrics vector, flags, d loss / d logp, d loss / d entropy, d loss / d kl) of
     ``policy_loss`` (the md equations cited in ``refimpl.losses.policy``; gradients None where the
     term is absent). ``normalizer`` is the denominator where the bool tensor ``use_normalizer`` is
@@ -143,6 +145,7 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
     a restart of its analysis.)"""
     v = plan.variant
     normalizer, use_normalizer = normalizer.reshape(()), use_normalizer.reshape(())
+    max_length = max_length.reshape(())
     dtype = torch.promote_types(logp.dtype, torch.float32)
     m = mask if mask.dtype == torch.bool else mask != 0  # a bool mask may come as 0.0 / 1.0: _as_input_mask
     mask_ok = m.new_ones(()) if plan.bool_mask else _reduce((mask == 0) | (mask == 1), torch.all)
@@ -226,7 +229,7 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
     kl_tokens, kl_slope = (exact_kl, None) if plan.kl else (None, None)
     if plan.ref:
         kl_tokens, kl_slope = _kl_and_slope(lp, ref, v.kl_estimator)
-    local = _local_normalizer(lengths, v)
+    local = _local_normalizer(lengths, v, max_length)
     extra_slope = None  # d c_i / d logp_t of the KL, per token
     kl_row = ent_row = None  # d c_i / d kl_t, d c_i / d entropy_t per row
     regularised = kl_tokens is not None and v.kl_coef > 0
@@ -235,7 +238,8 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
         token_row = token_row * row_scale
     regulariser = None
     if regularised and v.kl_scale == "sequence":  # md eq. (19)
-        weight = _sequence_kl_weight(v, local, lengths, False)  # token_mean with normalizer= raised before
+        # token_mean with normalizer= raised before; seq_sum's u = L_max, the runtime input
+        weight = max_length if v.aggregation == "seq_sum" else _sequence_kl_weight(v, local, lengths, False)
         contributions = contributions + v.kl_coef * kl_tokens.sum(dim=-1) * weight
         kl_row = v.kl_coef * weight * ones
     elif regularised:
@@ -284,7 +288,7 @@ def _fused(logp, old_logp, advantages, mask, ref_logp, behavior_logp, entropy, k
     if ent is not None:
         metrics.append(_reduce(ent, torch.sum) / tokens)
     normalizer_ok = ~use_normalizer | (torch.isfinite(normalizer) & (normalizer > 0))
-    max_length_ok = (lengths.max() <= v.max_length) if v.aggregation == "seq_sum" else m.new_ones(())
+    max_length_ok = (lengths.max() <= max_length) if v.aggregation == "seq_sum" else m.new_ones(())
     flags = torch.stack([mask_ok, max_length_ok, *finite, normalizer_ok, torch.isfinite(loss)])
     flags = torch.cat([flags, flags.all().unsqueeze(0)])  # the last: all passed (one assertion on CUDA)
     return loss, torch.stack(metrics), flags, grad_logp, grad_entropy, grad_kl
@@ -350,28 +354,28 @@ def _constant(value: float | bool, dtype: torch.dtype, device: torch.device) -> 
     return torch.full((1,), value, dtype=dtype, device=device)
 
 
-def _flag_messages(plan: _Plan, dtype: torch.dtype) -> list[str]:
+def _flag_messages(plan: _Plan, dtype: torch.dtype, max_length: int | None) -> list[str]:
     """The ValueError of each flag of ``_fused`` (the reference's wording)."""
     names = ["logp", "old_logp", "advantages"] + [
         name for name, present in (("ref_logp", plan.ref), ("behavior_logp", plan.behavior),
                                    ("entropy", plan.entropy), ("kl", plan.kl)) if present]
     hint = "" if dtype == torch.float64 else "; pass float64 logp"
     return ["mask must contain only 0 and 1",
-            _max_length_message(plan.variant.max_length),
+            _max_length_message(max_length),
             *(f"{name} contains NaN or inf at unmasked positions" for name in names),
             "normalizer must be finite and > 0",
             f"the loss overflows {dtype} (a ratio exp(logp - old_logp), a KL term from ref_logp / kl, or "
             f"their sum exceeds its range at unmasked positions){hint}"]
 
 
-def _check_flags(flags: torch.Tensor, plan: _Plan, dtype: torch.dtype) -> None:
+def _check_flags(flags: torch.Tensor, plan: _Plan, dtype: torch.dtype, max_length: int | None) -> None:
     """One read of the guard flags (one host synchronisation on an accelerator): ValueError naming
     the first failed guard, in the reference's order, on every device. A device-side assertion
     (``torch._assert_async``) would save the synchronisation but leaves a CUDA context unusable after
     a failure and takes no message over 255 characters (seen on an H100), so it is not used."""
     passed = flags.tolist()
     if not all(passed):
-        raise ValueError(_flag_messages(plan, dtype)[passed.index(False)])
+        raise ValueError(_flag_messages(plan, dtype, max_length)[passed.index(False)])
 
 
 class _FusedPolicyLoss(torch.autograd.Function):
@@ -380,16 +384,17 @@ class _FusedPolicyLoss(torch.autograd.Function):
     coefficient is non-zero (as in the reference)."""
 
     @staticmethod
-    def forward(ctx, kernel, plan, dtype, mask, old_logp, advantages, ref_logp, behavior_logp, normalizer,
-                use_normalizer, logp, entropy, kl):
+    def forward(ctx, kernel, plan, dtype, limit, mask, old_logp, advantages, ref_logp, behavior_logp,
+                normalizer, use_normalizer, max_length, logp, entropy, kl):
         # every input in the compute dtype first (as the reference's first step): bf16 / fp16 / float32
         # inputs share one compiled graph
         inputs = (None if x is None else x.detach().to(dtype)
                   for x in (logp, old_logp, advantages, ref_logp, behavior_logp, entropy, kl))
         logp_, old_, advantages_, ref_, behavior_, entropy_, kl_ = inputs
         loss, metrics, flags, grad_logp, grad_entropy, grad_kl = kernel(
-            logp_, old_, advantages_, mask, ref_, behavior_, entropy_, kl_, normalizer, use_normalizer)
-        _check_flags(flags, plan, loss.dtype)
+            logp_, old_, advantages_, mask, ref_, behavior_, entropy_, kl_, normalizer, use_normalizer,
+            max_length)
+        _check_flags(flags, plan, loss.dtype, limit)
         ctx.save_for_backward(grad_logp, grad_entropy, grad_kl)
         ctx.dtypes = tuple(None if x is None else x.dtype for x in (logp, entropy, kl))
         ctx.mark_non_differentiable(metrics)
@@ -398,10 +403,10 @@ class _FusedPolicyLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_metrics):
         grads = []
-        needs = ctx.needs_input_grad[10:]  # logp, entropy, kl
+        needs = ctx.needs_input_grad[12:]  # logp, entropy, kl
         for saved, dtype, needed in zip(ctx.saved_tensors, ctx.dtypes, needs, strict=True):
             grads.append((grad_loss * saved).to(dtype) if needed and saved is not None else None)
-        return (None,) * 10 + tuple(grads)
+        return (None,) * 12 + tuple(grads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,6 +450,8 @@ def _plan(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, beh
     local = _normalizer_from_lengths(empty, variant)
     if variant.kl_scale == "sequence" and (ref or kl) and variant.kl_coef > 0:
         _sequence_kl_weight(variant, local, empty, global_normalizer)
+    if variant.aggregation == "seq_sum":  # L_max is a runtime input of the kernel: one graph for every L_max
+        variant = dataclasses.replace(variant, max_length=1)
     return _Plan(variant, per_token_advantages, ref, behavior, entropy, kl, bool_mask)
 
 
@@ -486,13 +493,15 @@ def fused_policy_loss(
     else:
         norm = _normalizer_tensor(normalizer, dtype, device)
     mask = _as_input_mask(mask, dtype)
+    max_length = _constant(float(variant.max_length or 1), dtype, device)
     kernel = _kernel(plan, dtype, mask.dtype, device.type, compile and min(shape) >= 2)
     # entropy and kl are differentiable inputs only where they enter the loss (as in the reference)
     differentiable_entropy = entropy if variant.entropy_coef > 0 else _detached(entropy)
     differentiable_kl = kl if variant.kl_coef > 0 else _detached(kl)
     loss, metrics = _FusedPolicyLoss.apply(
-        kernel, plan, dtype, mask, old_logp.detach(), advantages.detach(), _detached(ref_logp),
-        _detached(behavior_logp), norm, use_norm, logp, differentiable_entropy, differentiable_kl)
+        kernel, plan, dtype, variant.max_length, mask, old_logp.detach(), advantages.detach(),
+        _detached(ref_logp), _detached(behavior_logp), norm, use_norm, max_length, logp,
+        differentiable_entropy, differentiable_kl)
     names = METRIC_NAMES + (("kl",) if ref_logp is not None or kl is not None else ()) + (
         ("entropy",) if entropy is not None else ())
     return loss, dict(zip(names, metrics.unbind(), strict=True))
