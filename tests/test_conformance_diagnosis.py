@@ -110,3 +110,32 @@ def test_two_mistakes_at_once_get_no_per_class_guess():
     report = check_policy_loss(user_dapo_loss(log_clamp=20.0, eps_high=0.2), "dapo")
     assert diagnoses(report) == {NO_DIAGNOSIS}, diagnoses(report)
     assert f"diagnosis: {NO_DIAGNOSIS}" in report.render()
+
+
+@pytest.mark.framework
+def test_verl_loss_without_its_global_batch_info_is_diagnosed_by_flags_not_a_profile(monkeypatch):
+    """verl's compute_policy_loss_vanilla called as a user might, without the trainer's global batch info
+    (agg_loss then divides each micro-batch by its own non-empty rows): the diagnosis names the flag
+    (empty_rows='drop'), not "the 'openrlhf' profile"."""
+    from refimpl.conformance.frameworks import load_driver
+    from refimpl.conformance.frameworks.verl import adapters
+    from refimpl.conformance.profiles import mode_convention
+
+    driver = load_driver("verl")
+    if driver.availability() is not None:
+        pytest.skip(driver.availability())
+    mode = driver.modes("policy_loss")["vanilla/seq-mean-token-mean"]
+    variant = driver.mode_variant(mode)
+    fn, adapter = driver.target(mode, variant)
+    monkeypatch.setattr(adapters, "_global_batch_info", lambda call, config: {"dp_size": 1})
+    conv = mode_convention(mode, "verl")
+    report = check_policy_loss(fn, variant, convention=conv, adapter=adapter,
+                               classes=("ragged", "empty_rows"))
+    assert report.failing_classes() == ["empty_rows"]
+    assert diagnoses(report) == {"matches flag empty_rows='drop'"}, report.render()
+    # every class: each micro-batch is also its own mean and an empty step 0 / 0, three flags at once,
+    # which no single flag or pair reproduces: said so, not guessed per class
+    report = check_policy_loss(fn, variant, convention=conv, adapter=adapter,
+                               classes=("empty_rows", "micro_batch", "empty_step"))
+    assert report.failing_classes() == ["empty_rows", "micro_batch", "empty_step"]
+    assert diagnoses(report) == {NO_DIAGNOSIS}, report.render()

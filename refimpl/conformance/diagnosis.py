@@ -101,22 +101,23 @@ def _aggregations(v: PolicyLossVariant, conv: Convention) -> list:
     return out
 
 
-def _user_flags(v, conv: Convention, candidates: tuple) -> list:
-    """One flag at a time: the generic values, then each shipped profile's values that differ from
-    ``conv`` (so that a profile is named by the flag that makes the difference, never as a whole
-    when one flag does)."""
+def _user_flag_values(conv: Convention, candidates: tuple) -> list[tuple[str, object]]:
+    """(flag, value) pairs a user's function is tried with, one flag at a time: the generic values,
+    then each shipped profile's values that differ from ``conv`` (so that a profile is named by the
+    flag that makes the difference, never as a whole when one flag does)."""
     values = {flag: [value] for flag, value in _GENERIC.items()}
     values["micro_batch"] = ["local_mean" if conv.micro_batch == "global" else "global"]
     for _, _, other in candidates:
         for flag, value in other.flags().items():
             if value != getattr(conv, flag) and value not in values.setdefault(flag, []):
                 values[flag].append(value)
-    out = []
-    for flag, options in values.items():
-        for value in options:
-            if getattr(conv, flag) != value and (alt := _with_flags(v, conv, {flag: value})):
-                out.append(alt)
-    return out
+    return [(flag, value) for flag, options in values.items() for value in options
+            if getattr(conv, flag) != value]
+
+
+def _user_flags(v, conv: Convention, candidates: tuple) -> list:
+    pairs = _user_flag_values(conv, candidates)
+    return [alt for flag, value in pairs if (alt := _with_flags(v, conv, {flag: value}))]
 
 
 def diagnosis_candidates(
@@ -126,11 +127,9 @@ def diagnosis_candidates(
     (``explain``): its flags one at a time, then in pairs, then the other aggregations. A user's
     function: single flags (``_user_flags``), the aggregations, the mistakes, the shipped profiles."""
     if explain is not None:
-        flags = {k: val for k, val in explain.items() if _with_flags(v, conv, {k: val})}
-        valid = len(flags) == len(explain)
+        flags = {k: val for k, val in explain.items() if _with_flags(v, conv, {k: val})}  # valid ones
         subsets = [dict([p]) for p in flags.items()]
-        if valid:  # a flag the convention does not know spoils the sets
-            subsets += [dict(pair) for pair in itertools.combinations(flags.items(), 2)]
+        subsets += [dict(pair) for pair in itertools.combinations(flags.items(), 2)]
         return [alt for s in subsets if (alt := _with_flags(v, conv, s))] + _aggregations(v, conv)
     return [*_user_flags(v, conv, candidates), *_aggregations(v, conv), *mistakes(v, conv), *candidates]
 
@@ -337,7 +336,8 @@ def with_explanations(
                 case, got_loss, got_grad, v, conv, rtol, explain, candidates, judge, device
             ) or "unexplained"
     elif smallest:
-        label = _global_diagnosis([got_by_id[r.case_id] for r in smallest.values()], v, conv, rtol,
+        ordered = sorted(smallest.values(), key=lambda r: (r.size, r.case_id))  # cheapest first
+        label = _global_diagnosis([got_by_id[r.case_id] for r in ordered], v, conv, rtol,
                                   candidates, judge, device)
         explained = {r.case_id: f"matches {label}" if label else NO_DIAGNOSIS for r in smallest.values()}
     return [
@@ -346,11 +346,55 @@ def with_explanations(
     ]
 
 
-def _global_diagnosis(failures, v, conv, rtol, candidates, judge, device) -> str | None:
-    """The first alternative that reproduces every ``(case, got_loss, got_grad)``; None if none does."""
-    for label, check in _alternatives(v, conv, None, candidates, device):
+def _flag_pairs(v, conv: Convention, candidates: tuple, device, failures):
+    """(label, check) of two different flags of ``_user_flag_values`` together, each of which alone
+    changes the expected value of some failing case (a flag that changes none cannot help a pair):
+    tried only when no single alternative reproduces every failing class (e.g. verl's loss called
+    without its global batch info: empty rows dropped and each micro-batch its own mean)."""
+    def expected(candidate, case):
         try:
-            verdicts = [check(case, loss, grad, rtol, judge) for case, loss, grad in failures]
+            return expected_on(device, expected_policy_loss, case, effective_variant(v, candidate), candidate)
+        except (ValueError, TypeError, RuntimeError):
+            return None
+
+    base = [expected(conv, case) for case, _, _ in failures]
+    useful = []
+    for flag, value in _user_flag_values(conv, candidates):
+        alt = _with_flags(v, conv, {flag: value})
+        if alt is None:
+            continue
+        for (case, _, _), ref in zip(failures, base, strict=True):
+            got = expected(alt[2], case)
+            if got is not None and ref is not None and not (
+                    torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])):
+                useful.append((flag, value))
+                break
+    out = []
+    for (a, va), (b, vb) in itertools.combinations(useful, 2):
+        if a != b and (alt := _with_flags(v, conv, {a: va, b: vb})):
+            out.append((alt[0], _variant_check(alt[1], alt[2], device)))
+    return out
+
+
+def _global_diagnosis(failures, v, conv, rtol, candidates, judge, device) -> str | None:
+    """The first alternative that reproduces every ``(case, got_loss, got_grad)`` (single ones first,
+    then two flags together); None if none does."""
+    label = _first_reproducing(_alternatives(v, conv, None, candidates, device), failures, rtol, judge)
+    if label is None:
+        label = _first_reproducing(_flag_pairs(v, conv, candidates, device, failures), failures, rtol, judge)
+    return label
+
+
+def _first_reproducing(alternatives, failures, rtol, judge) -> str | None:
+    """The label of the first alternative that reproduces every failure (None: a case that cannot
+    tell; at least one must)."""
+    for label, check in alternatives:
+        verdicts = []
+        try:
+            for case, loss, grad in failures:  # stops at the first case it does not reproduce
+                verdicts.append(check(case, loss, grad, rtol, judge))
+                if verdicts[-1] is False:
+                    break
         except (ValueError, TypeError, RuntimeError):
             continue
         if True in verdicts and False not in verdicts:

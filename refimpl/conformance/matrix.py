@@ -102,7 +102,9 @@ def mode_entry(driver, mode) -> dict:
                 "case": smallest.case_line,
             }
         )
-    entry["reference"] = {"ok": reference.ok, "departures": departures}
+    # classes that pass the reference only with a note (e.g. a subgradient at the dual-clip tie)
+    notes = sorted({f"{c.case_class}: {d}" for c in reference.by_class() if c.ok for d in c.departures})
+    entry["reference"] = {"ok": reference.ok, "departures": departures, **({"notes": notes} if notes else {})}
     return entry
 
 
@@ -165,8 +167,15 @@ def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _shows(key: str, departure: dict) -> bool:
+    """A finding keyed by a flag shows on a departure its flag alone reproduces (the smallest set of
+    the mode's flags that does is that flag), never on one it explains only with other flags."""
     names, assignments = departure_flags(departure)
-    return key == departure["case_class"] or key in names or key in assignments
+    return key == departure["case_class"] or (key,) == names or (key,) == assignments
+
+
+def _noted(key: str, entry: dict) -> bool:
+    """A finding keyed by a case class shows on a mode whose class passes the reference with a note."""
+    return any(note.split(":", 1)[0] == key for note in entry["reference"].get("notes", []))
 
 
 def matrix_summary(matrix: dict) -> dict:
@@ -185,8 +194,9 @@ def matrix_summary(matrix: dict) -> dict:
                 by_flag[flag][name] += 1
         shown = []
         for finding in fw.get("findings", []):
-            modes = [m["mode"] for m in departing
-                     if any(_shows(finding["key"], d) for d in m["reference"]["departures"])]
+            modes = [m["mode"] for m in checked
+                     if any(_shows(finding["key"], d) for d in m["reference"]["departures"])
+                     or _noted(finding["key"], m)]
             bugs.append({"framework": name, **finding, "modes": modes})
             shown += [finding["key"]] if modes and finding["kind"] == "bug" else []
         rows.append({
@@ -282,6 +292,8 @@ def _finding_head(f: dict) -> str:
     """A finding in one item: framework, key, class, the modes showing it, line, fix, upstream."""
     count = len(f["modes"])
     shown = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
+    if f["kind"] == "validation":
+        shown = "accepted silently; its script shows it"
     facts = [f"`{f['where']}`" if f.get("where") else "",
              f"fixed in {f['fixed_in']}" if f.get("fixed_in") else "",
              f"upstream: {f['upstream']}" if f.get("upstream") else ""]
@@ -321,6 +333,8 @@ def _mode_lines(m: dict, common: dict, findings: list[dict]) -> list[str]:
     lines += _item(f"own profile: {verdict}" + (f" (allowed: {'; '.join(allowed)})" if allowed else ""))
     departures = m["reference"]["departures"]
     lines += _item("departures under the reference:" + ("" if departures else " none"))
+    for note in m["reference"].get("notes", []):
+        lines += _item(f"`{note.split(':', 1)[0]}`: passes with a note:{note.split(':', 1)[1]}", 1)
     for d in departures:
         flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d)]
         mark = f"; finding {', '.join(flagged)}" if flagged else ""
