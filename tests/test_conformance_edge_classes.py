@@ -122,11 +122,13 @@ def test_partial_and_large_offset_group_cases():
     partial = cases["partial_group"]
     assert torch.bincount(partial.group_ids).tolist() == [4, 4, 2]
     offset = cases["constant_large_offset"]
-    a = group_advantages(offset.rewards, offset.group_ids, scale="group", singleton="zero")
+    a = group_advantages(offset.rewards, offset.group_ids, scale="group", singleton="zero", std="population",
+                         eps=1e-6, eps_inside_sqrt=True, zero_variance="formula")
     assert a[:4].tolist() == [0.0] * 4  # a constant group: exactly 0 (two-pass, exact here)
-    r = offset.rewards[:4]
-    one_pass = (r * r).mean() - r.mean() ** 2  # what E[x^2] - E[x]^2 leaves of a zero variance
-    assert float(one_pass) != 0.0
+    r = offset.rewards[4:].float()  # spread 0.25 on 1e6, exact in float32; variance 1/64
+    one_pass = (r * r).mean() - r.mean() ** 2  # E[x^2] - E[x]^2: 1e12 cancels in float32
+    two_pass = ((r - r.mean()) ** 2).mean()
+    assert float(two_pass) == 1 / 64 and float(one_pass) == 0.0  # all of the variance lost
 
 
 def test_a_finding_shows_only_where_its_flag_alone_reproduces_the_departure():

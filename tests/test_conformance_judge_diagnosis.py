@@ -86,8 +86,8 @@ def test_a_departure_is_attributed_to_the_smallest_set_of_flags():
     got = expected_policy_loss(case, DAPO, Convention(**pair))
     profile = {"empty_rows": "keep", **pair, "compute_dtype": "input", "token_sum_rows": "all"}
     for flag in pair:  # neither flag alone reproduces it
-        assert not judge_policy(case, *got, *expected_policy_loss(case, DAPO, Convention(**{flag: pair[flag]})),
-                                DAPO, conv, 1e-8)[3]
+        alone = expected_policy_loss(case, DAPO, Convention(**{flag: pair[flag]}))
+        assert not judge_policy(case, *got, *alone, DAPO, conv, 1e-8)[3]
     assert explain_case(case, *got, DAPO, conv, 1e-8, profile, (), judge_policy) == (
         "matches flags log_ratio_clamp=20.0, micro_batch='local_mean'")
     # the whole set shrunk one flag at a time keeps only what is needed
