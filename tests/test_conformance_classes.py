@@ -22,7 +22,8 @@ PROPAGATE = Convention(name="propagates", masked_nonfinite="propagate")
 def docs_dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
     """The example of docs/conformance.md before issue 10: masks by multiplication."""
     m = mask.to(torch.promote_types(logp.dtype, torch.float32))
-    ratio = torch.exp(((logp.to(m.dtype) - old_logp.to(m.dtype)) * m).clamp(max=80.0))
+    x = (logp.to(m.dtype) - old_logp.to(m.dtype)) * m
+    ratio = torch.exp(torch.where(x > 80.0, 80.0, x))
     a = advantages.to(m.dtype).unsqueeze(-1)
     per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a)
     return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))

@@ -176,8 +176,10 @@ def ratio_overflow_cases(variant, seq, g, index):
     (6)-(8): the clipped term is the constant ``(1 + eps_high) A``, SAPO's sigmoid is saturated), so
     the exact gradient is 0 and the value finite; ``exp`` of the raw log-ratio gives inf, and the
     clamp's zero derivative times inf is a NaN gradient (Liger, AReaL). A KL term gets reference
-    log-probs equal to the policy's there (k3 = 0). Only for gates that close (clip, sapo, cispo)."""
-    if variant.gate not in ("clip", "sapo", "cispo") or (variant.gate == "clip" and variant.eps_high is None):
+    log-probs equal to the policy's there (k3 = 0). Only for gates that close (clip, sapo, cispo and
+    GMPO's log-space clip, eq. (18), whose clipped log-ratio never overflows)."""
+    if variant.gate not in ("clip", "sapo", "cispo", "log_clip") or (
+            variant.gate in ("clip", "log_clip") and variant.eps_high is None):
         return []
     if variant.gate == "cispo" and variant.eps_high is None:
         return []

@@ -281,7 +281,7 @@ def what_failed(r: CaseResult) -> str:
     if not r.value_ok and r.grad_ok is False:
         return f"{value} and {grad} (relative)"
     if not r.value_ok:
-        return f"{value} (relative); the gradient is right"
+        return f"{value} (relative)" + ("" if r.grad_ok is None else "; the gradient is right")
     return f"{grad} (relative to its largest entry); the value is right ({_fmt_err(r.value_error)})"
 
 

@@ -46,7 +46,8 @@ _LOCAL_MEAN = {"micro_batch": "local_mean"}
 
 _GLOBAL_TOKENS: dict = {}
 # coef_1 = torch.exp(log_importance_weights) (grpo_trainer.py:3095) overflows above 88.72 in float32: a
-# closed gate's 0 times inf is a NaN gradient (not cispo: min(coef_1, epsilon_high) is finite)
+# closed gate's 0 times inf is a NaN gradient (cispo's min(coef_1, epsilon_high) is finite, but with
+# beta > 0 its bias-corrected KL term k3 * coef_1 is 0 * inf there, NaN as well)
 _EXP = {"ratio_overflow": "nan"}
 # grpo / sapo / gspo / dr_grpo / luspo take a .mean() or divide by size(0) over the rows: 0 rows, 0 / 0
 _ROWS = {"zero_rows": "nan"}
@@ -104,7 +105,7 @@ _MODES = {
         "cispo",
         preset="cispo",
         framework_config={"loss_type": "cispo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_GLOBAL_TOKENS},
+        convention={**_EXP, **_COMMON, **_GLOBAL_TOKENS},
         description="CISPO: sg(min(r, epsilon_high)) A logp, token mean over the global batch",
     ),
     "gspo": Mode(
