@@ -19,7 +19,7 @@ from refimpl.conformance.edge_cases import ratio_overflows
 from refimpl.conformance.expected import convention_normalizer, expected_policy_loss
 from refimpl.conformance.matrix import _noted, _shows
 from refimpl.conformance.policy_cases import policy_loss_cases
-from refimpl.conformance.policy_check import TIE_NOTE, judge_policy
+from refimpl.conformance.policy_check import TIE_NOTE, differences_report, judge_policy
 from refimpl.losses import get_preset
 
 DAPO = get_preset("dapo")
@@ -140,3 +140,14 @@ def test_a_finding_shows_only_where_its_flag_alone_reproduces_the_departure():
     assert _shows("padding_micro_batch", paired)  # the key is the departing class itself
     entry = {"reference": {"notes": [f"dual_clip_tie: {TIE_NOTE}"]}}
     assert _noted("dual_clip_tie", entry) and not _noted("empty_step", entry)
+
+
+def test_differences_count_no_subgradient_and_name_the_new_flags():
+    half = Convention(name="half", dual_clip_tie="half")
+    report = differences_report("ppo", PPO_DUAL, PPO_DUAL, half, seed=0, rtol=1e-8)
+    tie = report.case_class("dual_clip_tie")
+    assert tie.ok and tie.departures == (TIE_NOTE,)
+    nan = Convention(name="nan", ratio_overflow="nan", zero_rows="nan")
+    report = differences_report("dapo", DAPO, DAPO, nan, seed=0, rtol=1e-8)
+    assert {"ratio_overflow", "zero_rows"} <= set(report.failing_classes())
+    assert report.case_class("zero_rows").departures == ("zero_rows='nan'",)
