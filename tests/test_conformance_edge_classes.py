@@ -137,7 +137,12 @@ def test_a_finding_shows_only_where_its_flag_alone_reproduces_the_departure():
               "explanation": "flags empty_step='nan', micro_batch='local_mean'"}
     assert _shows("empty_step", alone) and _shows("empty_step='nan'", alone)
     assert not _shows("empty_step", paired) and not _shows("micro_batch", paired)
-    assert _shows("padding_micro_batch", paired)  # the key is the departing class itself
+    assert _shows("micro_batch", paired, "value_only")  # other classes: within the smallest set
+    assert _shows("padding_micro_batch", paired)  # a key that is no flag: the departing class itself
+    # a key that is a flag and a class: the flag decides (a ratio_overflow departure by compute_dtype
+    # is not the ratio_overflow finding)
+    by_dtype = {"case_class": "ratio_overflow", "explanation": "flag compute_dtype='input'"}
+    assert not _shows("ratio_overflow", by_dtype)
     entry = {"reference": {"notes": [f"dual_clip_tie: {TIE_NOTE}"]}}
     assert _noted("dual_clip_tie", entry) and not _noted("empty_step", entry)
 

@@ -28,6 +28,7 @@ import re
 import textwrap
 
 from .checks import check_framework_mode
+from .conventions import FLAGS
 from .frameworks import FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
 
@@ -166,11 +167,16 @@ def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(a.split("=", 1)[0] for a in assignments), assignments
 
 
-def _shows(key: str, departure: dict) -> bool:
-    """A finding keyed by a flag shows on a departure its flag alone reproduces (the smallest set of
-    the mode's flags that does is that flag), never on one it explains only with other flags."""
+def _shows(key: str, departure: dict, kind: str = "bug") -> bool:
+    """A finding keyed by a flag shows on a departure whose smallest explaining set of flags holds it;
+    a *bug* only where its flag alone reproduces the departure (a candidate bug is never tagged on one
+    that other flags are needed for). A key that is no flag names the departing case class."""
     names, assignments = departure_flags(departure)
-    return key == departure["case_class"] or (key,) == names or (key,) == assignments
+    if key.split("=", 1)[0] in FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
+        if kind == "bug":
+            return (key,) == names or (key,) == assignments
+        return key in names or key in assignments
+    return key == departure["case_class"]
 
 
 def _noted(key: str, entry: dict) -> bool:
@@ -195,7 +201,7 @@ def matrix_summary(matrix: dict) -> dict:
         shown = []
         for finding in fw.get("findings", []):
             modes = [m["mode"] for m in checked
-                     if any(_shows(finding["key"], d) for d in m["reference"]["departures"])
+                     if any(_shows(finding["key"], d, finding["kind"]) for d in m["reference"]["departures"])
                      or _noted(finding["key"], m)]
             bugs.append({"framework": name, **finding, "modes": modes})
             shown += [finding["key"]] if modes and finding["kind"] == "bug" else []
@@ -336,7 +342,7 @@ def _mode_lines(m: dict, common: dict, findings: list[dict]) -> list[str]:
     for note in m["reference"].get("notes", []):
         lines += _item(f"`{note.split(':', 1)[0]}`: passes with a note:{note.split(':', 1)[1]}", 1)
     for d in departures:
-        flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d)]
+        flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d, f["kind"])]
         mark = f"; finding {', '.join(flagged)}" if flagged else ""
         lines += _item(f"`{d['case_class']}`: {d['explanation']} (case `{d['case_id']}`: expected "
                        f"{_number(d['expected'])}, got {_number(d['got'])}{mark})", 1)
