@@ -170,12 +170,13 @@ def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _shows(key: str, departure: dict, kind: str = "bug") -> bool:
     """A finding keyed by a flag shows on a departure whose smallest explaining set of flags holds it;
     a *bug* only where its flag alone reproduces the departure (a candidate bug is never tagged on one
-    that other flags are needed for). A key that is no flag names the departing case class."""
+    that other flags are needed for); another class also on its own case class (verl's dual-clip tie
+    departs by the dual clip the preset lacks). A key that is no flag names the departing case class."""
     names, assignments = departure_flags(departure)
     if key.split("=", 1)[0] in FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
         if kind == "bug":
             return (key,) == names or (key,) == assignments
-        return key in names or key in assignments
+        return key in names or key in assignments or key == departure["case_class"]
     return key == departure["case_class"]
 
 
@@ -200,9 +201,12 @@ def matrix_summary(matrix: dict) -> dict:
                 by_flag[flag][name] += 1
         shown = []
         for finding in fw.get("findings", []):
+            # a non-bug finding keyed by a flag also shows on the modes whose profile sets that flag
+            # (verl's tie: the reference has no dual clip, so no departure shows it there)
+            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS
             modes = [m["mode"] for m in checked
                      if any(_shows(finding["key"], d, finding["kind"]) for d in m["reference"]["departures"])
-                     or _noted(finding["key"], m)]
+                     or _noted(finding["key"], m) or (profiled and finding["key"] in m.get("profile", {}))]
             bugs.append({"framework": name, **finding, "modes": modes})
             shown += [finding["key"]] if modes and finding["kind"] == "bug" else []
         rows.append({
