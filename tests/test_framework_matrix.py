@@ -208,4 +208,5 @@ def test_every_finding_of_a_driver_is_shown_by_a_mode(name, real_matrix):
     departs by is a stale or misspelt entry)."""
     installed(name)
     bugs = [b for b in real_matrix(None)["summary"]["findings"] if b["framework"] == name]
-    assert [b["key"] for b in bugs if not b["modes"]] == []
+    # a validation finding (a setting accepted silently) is shown by its script, not by a mode
+    assert [b["key"] for b in bugs if not b["modes"] and b["kind"] != "validation"] == []
