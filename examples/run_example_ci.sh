@@ -61,13 +61,13 @@ fail() {
 [ "$status" -eq 1 ] || fail "the planted bugs did not fail their tests (pytest exit $status)"
 for line in \
   "FAILED planted/test_planted_bug.py::test_dapo_loss[masked_nonfinite]" \
-  "masked_nonfinite failed: smallest failing case masked_nonfinite/0: expected " \
+  "masked_nonfinite failed: smallest failing case masked_nonfinite/0: value off by inf" \
   "smallest failing case: masked_nonfinite/0" \
   "  expected loss = " \
   "  got loss      = nan" \
   "the case as one line of Python:" \
   "unequal_groups failed: smallest failing case unequal_groups/0: the function raised RuntimeError" \
-  "3 failed"; do
+  "4 failed"; do
   grep -qF -- "$line" "$WORK/planted.txt" || fail "pytest's output lacks: $line"
 done
 ! grep -q "traceback entries are hidden" "$WORK/planted.txt" \

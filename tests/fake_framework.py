@@ -21,7 +21,8 @@ SOURCE = pathlib.Path(__file__)
 def masked_mul_dapo(logp, old_logp, advantages, mask, eps_high=0.28):
     """DAPO as frameworks write it: ``(x * mask).sum()`` (a NaN in the padding reaches the loss)."""
     m = mask.to(torch.promote_types(logp.dtype, torch.float32))
-    ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)
+    x = (logp.to(m.dtype) - old_logp.to(m.dtype)) * m
+    ratio = torch.exp(torch.where(x > 80.0, 80.0, x))
     a = advantages.to(m.dtype).unsqueeze(-1)
     per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1 + eps_high) * a)
     return (per_token * m).sum() / m.sum().clamp(min=1)

@@ -52,6 +52,8 @@ REQUIRED_CLASSES = {
     "padding_micro_batch",
     "half_overflow",
     "empty_step",
+    "ratio_overflow",
+    "zero_rows",
 }
 SUPPORTED = [
     (p, c)
@@ -177,12 +179,16 @@ def test_cases_are_deterministic():
 
 
 def test_trl_differences_are_the_documented_ones():
-    assert convention_differences("dapo", "trl").failing_classes() == ["masked_nonfinite"]
+    # ratio_overflow / zero_rows: TRL's NaN gradient of a closed gate on an inf ratio, its NaN mean
+    # over 0 rows (named non-finite results, issue 27)
+    assert convention_differences("dapo", "trl").failing_classes() == ["masked_nonfinite", "ratio_overflow"]
     assert convention_differences("grpo", "trl").failing_classes() == [
         "empty_rows",
         "micro_batch",
         "masked_nonfinite",
         "padding_micro_batch",
+        "ratio_overflow",
+        "zero_rows",
     ]
     assert "micro_batch" in convention_differences("bnpo", "trl").failing_classes()
 
@@ -202,7 +208,8 @@ def test_verl_differences_are_the_documented_ones():
 
     # dual_clip_tie: verl's torch.min with clip_ratio_c A halves the gradient at r == 3 (dual_clip_tie='half')
     assert convention_differences("dapo", "verl").failing_classes() == existing(
-        "on_boundary", "extreme_log_ratio", "masked_nonfinite", "half_overflow", "dual_clip_tie"
+        "on_boundary", "extreme_log_ratio", "masked_nonfinite", "half_overflow", "dual_clip_tie",
+        "ratio_overflow",
     )
     # CISPO: verl clips the weight below at 1 - 0.2 (cispo_clip_low, M2), which every class with a
     # ratio below 0.8 shows; without that flag only the NaN at masked positions remains
@@ -213,7 +220,7 @@ def test_verl_differences_are_the_documented_ones():
     assert convention_differences("cispo", no_low).failing_classes() == existing("masked_nonfinite")
     assert convention_differences("gspo", "verl").failing_classes() == existing(
         "extreme_log_ratio", "empty_rows", "micro_batch", "masked_nonfinite", "padding_micro_batch",
-        "half_overflow",
+        "half_overflow", "zero_rows",
     )
     # Dr. GRPO: every row counts (N = 4 rows, 3 non-empty), L_max stays the constant 16
     name, variant = resolve_preset("dr_grpo")
@@ -361,7 +368,7 @@ def test_a_function_that_raises_is_reported_not_crashed():
 
     report = check_policy_loss(fragile, "dapo")
     # one golden vector is bfloat16
-    assert report.failing_classes() == ["bf16", "fp16", "half_overflow", "golden_vectors"]
+    assert report.failing_classes() == ["bf16", "fp16", "half_overflow", "ratio_overflow", "golden_vectors"]
     assert "RuntimeError: only float64 supported" in report.render()
 
 

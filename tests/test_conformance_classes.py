@@ -22,7 +22,8 @@ PROPAGATE = Convention(name="propagates", masked_nonfinite="propagate")
 def docs_dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
     """The example of docs/conformance.md before issue 10: masks by multiplication."""
     m = mask.to(torch.promote_types(logp.dtype, torch.float32))
-    ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)
+    x = (logp.to(m.dtype) - old_logp.to(m.dtype)) * m
+    ratio = torch.exp(torch.where(x > 80.0, 80.0, x))
     a = advantages.to(m.dtype).unsqueeze(-1)
     per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a)
     return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))
@@ -32,7 +33,7 @@ def corrected_dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
     """The same loss with the padding selected away (torch.where) before any arithmetic."""
     dtype = torch.promote_types(logp.dtype, torch.float32)
     mask = mask.bool()
-    ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+    ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
     a = advantages.to(dtype).unsqueeze(-1)
     per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
     return per_token.sum() / (normalizer or mask.sum().clamp(min=1))
@@ -44,7 +45,7 @@ def dapo_in_input_dtype(eps_high: float = 0.28):
 
     def loss(logp, old_logp, advantages, mask, *, normalizer=None):
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp - old_logp, 0.0))
+        ratio = torch.exp(torch.where(mask, logp - old_logp, 0.0).clamp(max=80.0))
         a = advantages.to(logp.dtype).unsqueeze(-1)
         per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1 + eps_high) * a)
         return torch.where(mask, per_token, 0.0).sum() / (normalizer or mask.sum().clamp(min=1))
@@ -156,7 +157,7 @@ def test_a_wrong_signature_or_a_non_scalar_stops_before_any_case():
 def test_a_wrong_aggregation_is_diagnosed():
     def dapo_as_grpo(logp, old_logp, advantages, mask, *, normalizer=None):
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp.double() - old_logp.double(), 0.0))
+        ratio = torch.exp(torch.where(mask, logp.double() - old_logp.double(), 0.0).clamp(max=80.0))
         a = advantages.double().unsqueeze(-1)
         per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
         rows = per_token.sum(-1) / mask.sum(-1).clamp(min=1)
@@ -169,7 +170,7 @@ def test_a_wrong_aggregation_is_diagnosed():
 def sapo_in_input_dtype(logp, old_logp, advantages, mask, *, normalizer=None):
     """SAPO (the family's longest chain of roundings) computed in the inputs' dtype, seq-mean-token-mean."""
     mask = mask.bool()
-    ratio = torch.exp(torch.where(mask, logp - old_logp, 0.0))
+    ratio = torch.exp(torch.where(mask, logp - old_logp, 0.0).clamp(max=80.0))
     a = advantages.to(logp.dtype).unsqueeze(-1)
     tau = torch.where(a > 0, 1.0, 1.05).to(logp.dtype)
     per_token = torch.where(mask, -(4 / tau) * torch.sigmoid(tau * (ratio - 1)) * a, 0.0)

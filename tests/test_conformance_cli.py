@@ -23,7 +23,7 @@ USER_MODULE = textwrap.dedent('''
         """A framework-style DAPO loss (token mean, eps_low 0.2, eps_high 0.28)."""
         dtype = torch.promote_types(logp.dtype, torch.float32)
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
         a = advantages.to(dtype).unsqueeze(-1)
         per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
         return per_token.sum() / (normalizer or mask.sum().clamp(min=1))
@@ -32,7 +32,7 @@ USER_MODULE = textwrap.dedent('''
         """GRPO's clip (0.2 / 0.2) but DAPO's token mean: a wrong aggregation."""
         dtype = torch.promote_types(logp.dtype, torch.float32)
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
         a = advantages.to(dtype).unsqueeze(-1)
         per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.2) * a), 0.0)
         return per_token.sum() / (normalizer or mask.sum().clamp(min=1))
@@ -41,7 +41,7 @@ USER_MODULE = textwrap.dedent('''
         """verl's seq-mean-token-sum: token sums averaged over the non-empty sequences."""
         dtype = torch.promote_types(logp.dtype, torch.float32)
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
         a = advantages.to(dtype).unsqueeze(-1)
         per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.2) * a), 0.0)
         rows = mask.any(-1).sum().clamp(min=1)
@@ -50,7 +50,7 @@ USER_MODULE = textwrap.dedent('''
     def dapo_loss_swapped_bounds(logp, old_logp, advantages, mask, *, normalizer=None):
         dtype = torch.promote_types(logp.dtype, torch.float32)
         mask = mask.bool()
-        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+        ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
         a = advantages.to(dtype).unsqueeze(-1)
         per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.72, 1.2) * a), 0.0)
         return per_token.sum() / (normalizer or mask.sum().clamp(min=1))

@@ -48,20 +48,24 @@ def test_the_common_mistakes_and_what_each_computes():
     assert labels(mistakes(get_preset("sapo"), conv)) == ["float32 arithmetic (flag compute_dtype='float32')"]
 
 
-def test_the_alternatives_of_a_framework_mode_are_its_flags_then_the_aggregations():
+def test_the_alternatives_of_a_framework_mode_are_its_flags_one_then_two_at_a_time_then_the_aggregations():
     conv = Convention()
     out = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "micro_batch": "local_mean",
                                             "no_such_flag": 1, "dual_clip": 0.5})
-    assert labels(out)[:2] == ["flag empty_rows='keep'", "flag micro_batch='local_mean'"]
+    assert labels(out)[:3] == ["flag empty_rows='keep'", "flag micro_batch='local_mean'",
+                               "flags empty_rows='keep', micro_batch='local_mean'"]
     assert out[1][2] == Convention(micro_batch="local_mean") and out[0][1] is DAPO
+    assert out[2][2] == Convention(empty_rows="keep", micro_batch="local_mean")
     aggregations = [v.aggregation for label, v, _ in out if label.startswith("aggregation")]
     assert aggregations == ["seq_mean_token_mean", "seq_sum", "seq_mean_token_sum", "seq_mean",
                             "seq_sqrt_token_mean"]
     assert [v.max_length for label, v, _ in out if label == "aggregation 'seq_sum'"] == [16]
-    assert not any(label.startswith("flags ") for label in labels(out))  # the unknown flag spoils the set
-    both = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "token_sum_rows": "all"})
-    assert "flags empty_rows='keep', token_sum_rows='all'" in labels(both)
-    assert both[2][2] == Convention(empty_rows="keep", token_sum_rows="all")
+    # an unknown flag or an invalid value is skipped, alone and in pairs
+    assert not any("no_such_flag" in label or "dual_clip" in label for label in labels(out))
+    three = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "token_sum_rows": "all", "micro_batch":
+                                              "local_mean"})
+    flags = [label for label in labels(three) if label.startswith("flag")]
+    assert len(flags) == 6 and not any(label.count("=") == 3 for label in flags)  # never all three here
     one = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep"})
     assert not any(label.startswith("flags ") for label in labels(one))
     assert "flag dual_clip=3.0" not in labels(one)  # the generic flags are for a user's function
@@ -70,17 +74,41 @@ def test_the_alternatives_of_a_framework_mode_are_its_flags_then_the_aggregation
     assert "aggregation 'token_mean'" in labels(dr)
 
 
+def test_a_departure_is_attributed_to_the_smallest_set_of_flags():
+    """Issue 27: never "all of the mode's flags" when fewer reproduce it: a departure that two of four
+    flags reproduce is named by those two (a pair), one that needs three by an irreducible three."""
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[1]  # 2 parts of 7 and 4 tokens
+    stale = case.old_logp.clone()
+    stale[0, 0] = case.logp[0, 0] - 25.0  # a log-ratio of 25 (A < 0: the unclipped branch counts it)
+    case = REP(case, old_logp=stale, advantages=-case.advantages.abs())
+    pair = {"log_ratio_clamp": 20.0, "micro_batch": "local_mean"}
+    got = expected_policy_loss(case, DAPO, Convention(**pair))
+    profile = {"empty_rows": "keep", **pair, "compute_dtype": "input", "token_sum_rows": "all"}
+    for flag in pair:  # neither flag alone reproduces it
+        alone = expected_policy_loss(case, DAPO, Convention(**{flag: pair[flag]}))
+        assert not judge_policy(case, *got, *alone, DAPO, conv, 1e-8)[3]
+    assert explain_case(case, *got, DAPO, conv, 1e-8, profile, (), judge_policy) == (
+        "matches flags log_ratio_clamp=20.0, micro_batch='local_mean'")
+    # the whole set shrunk one flag at a time keeps only what is needed
+    assert diagnosis.minimal_flags(case, *got, DAPO, conv, 1e-8, profile, judge_policy) == pair
+    # a got value no flag set reproduces: unexplained, not "all of the flags"
+    assert explain_case(case, got[0] + 1.0, got[1], DAPO, conv, 1e-8, profile, (), judge_policy) is None
+
+
 def test_the_alternatives_of_a_users_function_add_mistakes_generic_flags_and_candidates():
-    extra = ("profile x", DAPO, Convention(name="x"))
+    extra = ("profile x", DAPO, Convention(name="x", kl_k3_form="naive"))
     out = diagnosis_candidates(DAPO, Convention(), None, (extra,))
     generic = ["flag empty_rows='keep'", "flag seq_sum_width='padded_width'", "flag token_sum_rows='all'",
-               "flag micro_batch='local_mean'", "flag log_ratio_clamp=20.0", "flag dual_clip=3.0",
-               "flag sequence_ratio_gradient='token'", "flag masked_nonfinite='propagate'",
-               "flag compute_dtype='input'"]
-    assert labels(out)[-len(generic) - 1:] == [*generic, "profile x"]
+               "flag log_ratio_clamp=20.0", "flag dual_clip=3.0", "flag sequence_ratio_gradient='token'",
+               "flag masked_nonfinite='propagate'", "flag compute_dtype='input'",
+               "flag micro_batch='local_mean'"]
+    # single flags first (the generic values, then each shipped profile's values), so that a profile
+    # is named by the flag that makes the difference
+    assert labels(out)[:len(generic) + 1] == [*generic, "flag kl_k3_form='naive'"]
     assert out[-1] == extra
-    assert labels(out)[5:7] == ["eps_high = eps_low (no clip-higher)",
-                                "float32 arithmetic (flag compute_dtype='float32')"]
+    mistakes_at = labels(out).index("eps_high = eps_low (no clip-higher)")
+    assert labels(out)[mistakes_at + 1] == "float32 arithmetic (flag compute_dtype='float32')"
     # flags already set are not tried again; the micro-batch flag toggles
     conv = Convention(empty_rows="keep", micro_batch="local_mean", compute_dtype="input")
     out = labels(diagnosis_candidates(DAPO, conv, None))
@@ -156,8 +184,9 @@ def test_explained_by_rerun_names_the_first_flag_that_passes_each_class():
     out = explained_by_rerun(report, Convention(), {"empty_rows": "keep", "micro_batch": "local_mean",
                                                      "bad_flag": 3}, run)
     assert out.list_departures is True
-    assert [r.explanation for r in out.results] == ["flag empty_rows='keep'", "unexplained", "unexplained",
-                                                    None]
+    # the valid pair still reproduces b: a bad flag spoils only the sets it is in
+    assert [r.explanation for r in out.results] == [
+        "flag empty_rows='keep'", "flags empty_rows='keep', micro_batch='local_mean'", "unexplained", None]
     out = explained_by_rerun(report, Convention(), {"empty_rows": "keep", "micro_batch": "local_mean"}, run)
     assert [r.explanation for r in out.results] == [
         "flag empty_rows='keep'", "flags empty_rows='keep', micro_batch='local_mean'", "unexplained", None]

@@ -4,6 +4,7 @@ per class, the smallest failing case, JSON, the table)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -24,7 +25,7 @@ from refimpl.conformance.engine import (
     to_device,
     value_only,
 )
-from refimpl.conformance.report import CaseResult, CheckReport, nested_text, tensor_text
+from refimpl.conformance.report import CaseResult, CheckReport, nested_text, tensor_text, what_failed
 
 
 def kl_case(index=0, logp=(0.5, -1.25)):
@@ -174,7 +175,17 @@ def test_report_rows_failures_and_json():
     assert report.failure_message("b").endswith("detail of b/1")
     only_b0 = CheckReport("t", results[1:2])
     first = only_b0.failure_message().splitlines()[0]
-    assert first == "b failed: smallest failing case b/0: expected 1.0, got 3.0"
+    assert first == ("b failed: smallest failing case b/0: value off by 2.00e+00 (relative); the gradient "
+                     "is right; loss expected 1.0, got 3.0")
+    # the headline names what failed and by how much (issue 27: a gradient 50 % off under equal losses)
+    grad_only = CheckReport("t", (result("g/0", "g", 1, grad_ok=False, value_error=1e-17, grad_error=0.5,
+                                         expected=0.25, got=0.25),))
+    assert grad_only.failure_message().splitlines()[0] == (
+        "g failed: smallest failing case g/0: gradient off by 5.00e-01 (relative to its largest entry); "
+        "the value is right (1.00e-17); loss expected 0.25, got 0.25")
+    assert "smallest failing case: g/0: gradient off by 5.00e-01" in grad_only.render()
+    both = dataclasses.replace(grad_only.results[0], value_ok=False, value_error=0.1)
+    assert what_failed(both) == "value off by 1.00e-01 and gradient off by 5.00e-01 (relative)"
     assert report.failure_message("a") == "" and report.failure_message("c") == ""
 
 

@@ -38,7 +38,10 @@ def framework_loss(variant, bug: str | None = None):
             total = log_ratio.sum(-1, keepdim=True)
             log_ratio = total if bug == "gspo_product" else total / lengths.clamp(min=1).unsqueeze(-1)
             log_ratio = log_ratio.expand_as(lp)
-        ratio = log_ratio if bug == "ratio_not_exponentiated" else torch.exp(log_ratio)
+        # exp(88.8) is inf in float32: beyond 80 a closed gate's gradient is 0 (an open one's is
+        # not representable in float32 anyway); unguarded, 0 * inf = NaN (the ratio_overflow class)
+        guarded = log_ratio if bug == "unguarded_exp" else log_ratio.clamp(max=80.0)
+        ratio = log_ratio if bug == "ratio_not_exponentiated" else torch.exp(guarded)
         if bug == "ratio_from_probabilities":  # exp(logp) / exp(old_logp): underflows in half precision
             ratio = torch.exp(lp) / torch.exp(old)
         if variant.gate == "sapo":
@@ -132,6 +135,8 @@ def test_mean_of_micro_batch_means_fails_only_where_micro_batches_are():
         # and 0 / 0 on a step without a token (the class after issue 10's)
         ("scaled_local_mean", ["padding_micro_batch", "empty_step"]),
         ("ratio_from_probabilities", ["half_overflow"]),
+        # exp of the raw log-ratio in float32: a closed gate's 0 times inf (issue 27's class)
+        ("unguarded_exp", ["ratio_overflow"]),
     ],
 )
 def test_new_case_classes_catch_what_the_old_ones_miss(bug, only):

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
-from refimpl.conformance.frameworks.findings import FINDING_KINDS, Finding, as_findings
+from refimpl.conformance.frameworks.findings import FINDING_KINDS, REPRODUCED_KINDS, Finding, as_findings
 from refimpl.conformance.frameworks.repro import BODIES, repro_script, write_repros
 
 #: the import name of each framework's installed package, whose folder a finding's path is relative to
@@ -35,6 +35,8 @@ def test_findings_are_classified_and_bugs_are_located(name):
             assert finding.where and finding.affected, f"{name} {finding.key}: a bug names its line, releases"
         if finding.key == "dual_clip_tie":
             assert finding.kind == "subgradient", f"{name}: a tie at the dual clip's kink is not a bug"
+        if finding.kind == "validation":
+            assert finding.key.startswith("config:") and finding.where, finding
         if finding.fixed_in or finding.upstream:
             assert finding.kind != "subgradient"
 
@@ -69,14 +71,16 @@ def test_every_cited_line_holds_the_quoted_code(name):
 
 
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
-    bugs = {(name, f.key) for name in FRAMEWORKS for f in load_driver(name).findings() if f.kind == "bug"}
+    bugs = {(name, f.key) for name in FRAMEWORKS for f in load_driver(name).findings()
+            if f.kind in REPRODUCED_KINDS}
     assert bugs == set(BODIES)
     for name, key in sorted(bugs):
         script = repro_script(name, key)
         compile(script, f"repro_{name}_{key}.py", "exec")
         imports = {line.split()[1].split(".")[0] for line in script.splitlines()
                    if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
-        assert imports <= {"importlib", "pathlib", "sys", "types", "torch", "omegaconf", "verl"}, imports
+        assert imports <= {"importlib", "pathlib", "sys", "types", "torch", "omegaconf", "verl", "trl",
+                           "warnings", "collections", "dataclasses"}, imports
         assert "refimpl" not in script
 
 
@@ -89,7 +93,9 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert main(["check", "framework", "skyrl", "--repro", str(tmp_path / "r")]) == 2
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0
-    assert "no bug finding to reproduce" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["repro_trl_ratio_overflow.py"]
+    assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
+    assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
 
 
 @pytest.mark.framework
@@ -100,7 +106,8 @@ def test_every_reproduction_reproduces_against_the_installed_framework(name, key
     driver = load_driver(name)
     if driver.availability() is not None:
         pytest.skip(f"{name} is not drivable here: {driver.availability()}")
-    (script,) = [p for p in write_repros(name, tmp_path) if p.name == f"repro_{name}_{key}.py"]
+    wanted = f"repro_{name}_{key.replace(':', '_')}.py"
+    (script,) = [p for p in write_repros(name, tmp_path) if p.name == wanted]
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert done.returncode == 0 and done.stdout.rstrip().endswith("REPRODUCED"), done.stdout + done.stderr

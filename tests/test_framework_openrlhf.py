@@ -206,7 +206,7 @@ def test_reference_convention_departures_are_the_flagged_classes():
     explained = {"extreme_log_ratio": "log_ratio_clamp", "bf16": "compute_dtype", "fp16": "compute_dtype",
                  "half_overflow": "compute_dtype", "masked_nonfinite": "masked_nonfinite",
                  "micro_batch": "normalizer_rounding", "padding_micro_batch": "normalizer_rounding",
-                 "empty_step": "empty_step"}
+                 "empty_step": "empty_step", "ratio_overflow": "compute_dtype", "zero_rows": "empty_step"}
     fn, adapter = driver.target("policy_loss", "ppo/seq-mean-token-mean")
     report = check_policy_loss(fn, "grpo", adapter=adapter)
     failing = report.failing_classes()

@@ -28,6 +28,7 @@ from refimpl.conformance.checks import DEFAULT_RTOL, resolve_preset
 from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import expected_kl
 from refimpl.conformance.frameworks import load_driver
+from refimpl.conformance.policy_check import TIE_NOTE
 
 pytestmark = pytest.mark.framework
 
@@ -84,10 +85,12 @@ def test_float32_ratio_moves_the_clip_bounds_and_hits_the_dual_clip_tie():
     assert r.dtype == torch.float64 and r[0].item() > 0.8 and r[1].item() == 3.0
     assert _check("dual_clip/token_mean", classes=("on_boundary", "dual_clip_tie")).ok
     tie_classes = ("on_boundary", "dual_clip_tie")
+    # under the spec's inclusive gate the halved gradient is a subgradient of the kink at r = c
+    # (policy_losses.md, after eq. (7)): the cases pass, noted, and are not exact
     report = _check("dual_clip/token_mean", classes=tie_classes, dual_clip_tie="inclusive")
-    bad = [x for x in report.results if not x.ok]
-    assert {x.case_class for x in bad} == {"on_boundary", "dual_clip_tie"}
-    assert all(x.value_ok and x.grad_error > 0.1 for x in bad)
+    noted = [x for x in report.results if x.departure == TIE_NOTE]
+    assert report.ok and {x.case_class for x in noted} == {"on_boundary", "dual_clip_tie"}
+    assert all(x.value_ok and x.grad_error > 0.1 for x in noted)
 
 
 @pytest.mark.parametrize(("name", "flag", "failing"), [

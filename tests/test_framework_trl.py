@@ -33,12 +33,14 @@ pytestmark = pytest.mark.framework
 MODES = sorted(trl.modes())
 # checked to the half-precision bound (compute_dtype); dual_clip_tie's inputs are float32 and judged as
 # computed in float32 (a class only with a dual clip, GRPOConfig.delta)
-HALF_CLASSES = ("bf16", "fp16", "half_overflow", "dual_clip_tie")
+HALF_CLASSES = ("bf16", "fp16", "half_overflow", "dual_clip_tie", "ratio_overflow")
 CLASSES = tuple(c for c in POLICY_CASE_CLASSES if c != "golden_vectors")
 # float64 classes with finite inputs: TRL reproduces the profile there to float64 rounding. The
 # masked_nonfinite class (NaN / inf at masked positions) passes only as the named departure
 # masked_nonfinite='propagate' (TRL's loss is NaN there; see test_nonfinite_at_masked_positions...).
-FLOAT64_CLASSES = tuple(c for c in CLASSES if c not in HALF_CLASSES and c != "masked_nonfinite")
+# zero_rows: a batch of 0 rows, TRL's mean over rows is NaN there (the named departure zero_rows='nan')
+FLOAT64_CLASSES = tuple(c for c in CLASSES
+                        if c not in HALF_CLASSES and c not in ("masked_nonfinite", "zero_rows"))
 EPS64 = torch.finfo(torch.float64).eps
 # float64 agreement that counts as "reproduces exactly": each loss is a sum of <= 30 terms of a few
 # rounded operations (exp, clamp, products), so a few hundred ulps at most; TRL's largest measured
@@ -90,13 +92,17 @@ def test_trl_passes_every_case_class_under_its_profile(installed, mode):
     assert {c.case_class for c in report.by_class()} == set(CLASSES) - {"kl_penalty", "dual_clip_tie"}
     # and reproduces the profile to float64 rounding, far inside the kit's 1e-8
     assert max(max_errors(report)) <= EXACT, max_errors(report)
-    # the only departures are the NaN losses of masked_nonfinite (every case of the class) and
-    # fp16 overflow under compute_dtype='input'
+    # the only departures are the NaN losses of masked_nonfinite (every case of the class), fp16
+    # overflow under compute_dtype='input', the NaN gradient of a closed gate on an inf ratio
+    # (ratio_overflow) and the NaN mean over a batch without rows (zero_rows)
     named = departures(report)
     nonfinite = {r.case_id for r in report.results if r.case_class == "masked_nonfinite"}
     assert nonfinite and {k for k, v in named.items() if v == "masked_nonfinite='propagate'"} == nonfinite
-    assert set(named.values()) <= {"masked_nonfinite='propagate'", "compute_dtype='input' (overflow)"}
-    assert all(k.startswith("half_overflow/") for k, v in named.items() if v.startswith("compute_dtype"))
+    assert set(named.values()) <= {"masked_nonfinite='propagate'", "compute_dtype='input' (overflow)",
+                                   "ratio_overflow='nan'", "zero_rows='nan'"}
+    assert all(k.startswith(("half_overflow/", "ratio_overflow/"))
+               for k, v in named.items() if v.startswith("compute_dtype"))
+    assert all(k.startswith(v.split("=")[0]) for k, v in named.items() if v.startswith(("ratio_", "zero_")))
 
 
 @pytest.mark.parametrize("mode", MODES)

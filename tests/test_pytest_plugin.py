@@ -43,8 +43,9 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 
 def planted_passes() -> int:
-    """The planted bugs fail one class of the DAPO loss and two of the advantages."""
-    return len(applicable_case_classes("dapo")) - 1 + len(case_classes("group_advantages")) - 2
+    """The planted bugs fail one class of the DAPO loss and three of the advantages (unequal groups,
+    a singleton, a trailing partial group: a reshape to (-1, group size))."""
+    return len(applicable_case_classes("dapo")) - 1 + len(case_classes("group_advantages")) - 3
 
 
 def test_the_example_suite_passes_one_test_per_case_class(example):
@@ -76,12 +77,13 @@ def test_the_example_suite_passes_one_test_per_case_class(example):
 
 def test_a_planted_bug_fails_with_the_smallest_case_expected_and_got(example):
     result = run(example, "planted")
-    result.assert_outcomes(failed=3, passed=planted_passes())
-    assert "$ pytest planted  # 3 failed" in (ROOT / "examples" / "README.md").read_text()
+    result.assert_outcomes(failed=4, passed=planted_passes())
+    assert "$ pytest planted  # 4 failed" in (ROOT / "examples" / "README.md").read_text()
     result.stdout.fnmatch_lines(
         [
             "*_ test_dapo_loss[[]masked_nonfinite[]] _*",
-            "masked_nonfinite failed: smallest failing case masked_nonfinite/0: expected *, got nan",
+            "masked_nonfinite failed: smallest failing case masked_nonfinite/0: value off by inf*; "
+            "loss expected *, got nan",
             "*convention reference*",
             "case class masked_nonfinite: 3 cases, value FAIL, gradient FAIL*",
             "smallest failing case: masked_nonfinite/0",
@@ -100,7 +102,7 @@ def test_a_planted_bug_fails_with_the_smallest_case_expected_and_got(example):
         [
             "unequal_groups failed: smallest failing case unequal_groups/0: "
             "the function raised RuntimeError*",
-            "singleton_group failed: smallest failing case singleton_group/0",
+            "singleton_group failed: smallest failing case singleton_group/0: value off by *",
             "  rewards (float64, shape (4,)) = *",
             "  expected advantages *",
             "  got advantages *",
@@ -116,7 +118,7 @@ def test_without_the_plugin_the_failure_is_still_an_assertion_with_the_message(e
     # the helpers return plain test functions: with the plugin not loaded (and no --strict-markers)
     # the same failure is an AssertionError carrying the same message
     result = example.runpytest_inprocess("-p", "no:cacheprovider", "-o", "addopts=", "planted")
-    result.assert_outcomes(failed=3, passed=planted_passes())
+    result.assert_outcomes(failed=4, passed=planted_passes())
     result.stdout.fnmatch_lines(["E   refimpl.pytest_plugin.ConformanceFailure: masked_nonfinite failed: *"])
 
 
@@ -203,7 +205,8 @@ def test_the_report_gives_one_class_and_its_failure_message(monkeypatch):
     assert report.failure_message("ragged") == ""
     message = report.failure_message()
     first = message.splitlines()[0]
-    assert first.startswith("masked_nonfinite failed: smallest failing case masked_nonfinite/0: expected ")
+    assert first.startswith(
+        "masked_nonfinite failed: smallest failing case masked_nonfinite/0: value off by ")
     suffix = " more characters: CheckReport.to_dict() has them)"
     cut = report.failure_message(max_line=80).splitlines()
     assert any(line.endswith(suffix) for line in cut)

@@ -121,6 +121,8 @@ POLICY_CASE_CLASSES = (
     "half_overflow",
     "dual_clip_tie",
     "empty_step",
+    "ratio_overflow",
+    "zero_rows",
     "golden_vectors",
 )
 

@@ -76,7 +76,8 @@ def kl_cases(*, seed: int = 0) -> list[KLCase]:
 
 
 def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
-    """Groups of unequal sizes (non-contiguous ids), zero-variance and singleton groups."""
+    """Groups of unequal sizes (non-contiguous ids), zero-variance and singleton groups, a trailing
+    partial group, constant groups on a large offset (one-pass variance)."""
     g = _gen(seed + 91)
 
     def case(name, index, rewards, ids):
@@ -94,6 +95,15 @@ def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
         # (ulp(1000) = 6e-5): a float32 mean / variance moves the advantages by ~1e-4
         case("large_offset_rewards", 0, [1000.1, 1000.3, 1000.2, 1000.25, 1000.15, 1000.1],
              [0, 0, 0, 1, 1, 1]),
+        # a trailing partial group (10 samples in groups of 4: the last has 2), which a reshape to
+        # (-1, group_size) misgroups or rejects
+        case("partial_group", 0, r, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]),
+        # constant groups on a large offset and a small spread on it: a one-pass variance
+        # E[x^2] - E[x]^2 cancels (1e6^2 = 1e12: float64 keeps ~1e-4 of it, float32 nothing) where the
+        # two-pass variance of the centred rewards is exact
+        case("constant_large_offset", 0,
+             [1e6 + 0.1] * 4 + [1e6 + 0.125, 1e6 + 0.375, 1e6 + 0.125, 1e6 + 0.375],
+             [0, 0, 0, 0, 1, 1, 1, 1]),
     ]
 
 

@@ -275,6 +275,11 @@ def reference_policy_loss_fn(
     def with_convention(logp, old_logp, advantages, mask, *, ref_logp=None, normalizer=None):
         mask = mask.bool()
         denominator = normalizer if normalizer is not None else convention_normalizer(mask, v, conv)
+        # refimpl refuses an inf term (a ratio past float32 under a KL importance weight): evaluate in
+        # float64 there, the exact values whose non-finite counterparts the flag names
+        if conv.ratio_overflow == "nan" and logp.dtype != torch.float64:
+            ref_logp = None if ref_logp is None else ref_logp.double()
+            logp, old_logp, advantages = logp.double(), old_logp.double(), advantages.double()
         return convention_loss(logp, old_logp, advantages, mask, ref_logp, v, conv, denominator)
 
     return with_convention

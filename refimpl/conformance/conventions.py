@@ -143,7 +143,8 @@ class NormaliserFlags:
     "local_sum"; ``normalizer_rounding`` "exact", OpenRLHF's "float32_per_micro_batch" or AReaL's
     "float32_weight" (each micro-batch's mean weighted by ``float32(own / total)``);
     ``fixed_aggregation`` (None, or the aggregation the policy term uses whatever the configuration
-    says: verl's sapo always "seq_mean_token_mean")."""
+    says: verl's sapo always "seq_mean_token_mean"); ``seq_sum_extra`` (tokens added to Dr. GRPO's
+    L_max in its denominator: SkyRL's trainer divides by the prompt budget plus the response budget)."""
 
     empty_rows: str = "drop"
     seq_sum_width: str = "max_length"
@@ -151,8 +152,12 @@ class NormaliserFlags:
     micro_batch: str = "global"
     normalizer_rounding: str = "exact"
     fixed_aggregation: str | None = None
+    seq_sum_extra: int = 0
 
     def __post_init__(self) -> None:
+        extra = self.seq_sum_extra
+        if not isinstance(extra, int) or isinstance(extra, bool) or extra < 0:
+            raise ValueError(f"convention.seq_sum_extra must be an int >= 0, got {self.seq_sum_extra!r}")
         _choice(self, "fixed_aggregation", (None, "token_mean", "seq_mean_token_mean", "seq_mean"))
         _choice(self, "empty_rows", ("drop", "keep"))
         _choice(self, "seq_sum_width", ("max_length", "padded_width"))
@@ -203,17 +208,24 @@ class NumericsFlags:
     computed in float32, float64 included, Liger's fused loss), ``masked_nonfinite`` ("ignore" or
     "propagate": NaN / inf at masked positions may reach the loss), ``empty_step`` ("zero": a step
     without a token has loss 0, the spec's ``max(count, 1)``; "nan": ``0 / 0``),
-    ``sapo_tau_float32`` (SAPO's temperatures rounded to float32)."""
+    ``sapo_tau_float32`` (SAPO's temperatures rounded to float32), ``zero_rows`` ("zero": a batch
+    with no rows at all has loss 0; "nan": a mean over 0 rows), ``ratio_overflow`` ("exact": a ratio
+    past the compute dtype's range under a closed gate keeps the exact gradient, 0; "nan": ``exp``
+    overflows to inf and the gate's zero derivative times inf is a NaN gradient)."""
 
     compute_dtype: str = "float32_min"
     masked_nonfinite: str = "ignore"
     sapo_tau_float32: bool = False
     empty_step: str = "zero"
+    zero_rows: str = "zero"
+    ratio_overflow: str = "exact"
 
     def __post_init__(self) -> None:
         _choice(self, "compute_dtype", ("float32_min", "input", "float32"))
         _choice(self, "masked_nonfinite", ("ignore", "propagate"))
         _choice(self, "empty_step", ("zero", "nan"))
+        _choice(self, "zero_rows", ("zero", "nan"))
+        _choice(self, "ratio_overflow", ("exact", "nan"))
         _bool(self, "sapo_tau_float32")
 
 
@@ -232,7 +244,8 @@ FLAGS: tuple[str, ...] = (
     "normalizer_rounding", "kl_compute_dtype", "kl_k3_form", "kl_log_ratio_max", "kl_value_clamp_scope",
     "kl_aggregation", "sapo_tau_float32", "kl_importance_weight", "compute_dtype", "masked_nonfinite",
     "adv_leave_one_out", "kl_gradient", "adv_singleton_float32", "ratio_dtype", "dual_clip_tie",
-    "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype",
+    "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype", "zero_rows", "ratio_overflow",
+    "seq_sum_extra",
 )
 #: the group of each flag
 FLAG_GROUP: dict[str, str] = {
@@ -387,7 +400,9 @@ FLAG_REASONS: dict[str, str] = {
     "3.0); Liger's fused loss likewise (compute_dtype='float32').",
     "dual_clip_tie": "at r == c exactly (float32 r = 3.0 = clip_ratio_c, A < 0) torch.min / torch.max of "
     "the clipped term and c A is a tie, whose gradient torch splits in half (OpenRLHF loss.py:210, SkyRL "
-    "ppo_utils.py:584, verl's vanilla loss): the spec's inclusive gate keeps all of it.",
+    "ppo_utils.py:581, verl's vanilla loss, AReaL): a kink of the loss, where every value between the "
+    "one-sided derivatives (0 and A r) is a subgradient; the spec's inclusive gate keeps all of it and "
+    "the judge accepts any value of the subdifferential with a note (policy_losses.md eq. (7)).",
     "cispo_clip_low": "CISPO (MiniMax 2025) caps its detached weight above only; verl's compute_policy_loss_"
     "cispo also clips below at 1 - clip_ratio_low (0.2 by default, actor.py:159, core_algos.py:2079) and "
     "SkyRL at 1 - cispo_eps_clip_low (0 by default: every ratio below 1 is raised to 1).",
@@ -399,6 +414,16 @@ FLAG_REASONS: dict[str, str] = {
     "adv_compute_dtype": "verl's grpo_vectorized (group_mean_std, utils/groupwise.py:191) rounds the scores "
     "to float32 and forms the group means and variances there: on rewards near 1000.1-1000.3 its "
     "advantages differ from grpo's float64 ones by ~2e-4.",
+    "zero_rows": "a batch with no rows at all (an empty micro-batch of an uneven split): the spec's loss "
+    "is 0; a mean over the rows divides 0 by 0 (Liger's grpo / sapo / dr_grpo / luspo divide by "
+    "full_attention_mask.shape[0]). The gradient w.r.t. the (empty) log-probs is empty either way.",
+    "ratio_overflow": "exp(log r) overflows the compute dtype above log r = 88.72 (float32, bf16) or 11.09 "
+    "(fp16): with a closed gate (A > 0, r > 1 + eps_high) the exact gradient is 0, but clamp's zero "
+    "derivative times exp's inf is NaN (Liger, AReaL: exp of the raw log-ratio); a clamp of the "
+    "log-ratio before exp (verl, OpenRLHF, SkyRL) avoids it.",
+    "seq_sum_extra": "Dr. GRPO divides each row's token sum by a constant L_max, the response budget "
+    "(Liu et al. 2025); SkyRL's trainer sets max_seq_len = max_input_length + max_generate_length "
+    "(utils/utils.py:278), the prompt budget plus the response budget: a constant scale of the loss.",
     "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
     "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
 }

@@ -1,5 +1,6 @@
 """Policy-loss case classes at the edges of the arithmetic: inputs exact in a reduced precision
-(``half_overflow``, ``dual_clip_tie``) and a step without a single token (``empty_step``).
+(``half_overflow``, ``dual_clip_tie``, ``ratio_overflow``), a step without a single token
+(``empty_step``) and a batch without a single row (``zero_rows``).
 
 Each generator returns the cases of one class for a variant (see ``refimpl.conformance.case_types``
 for the conventions every case follows); ``policy_cases.policy_loss_cases`` assembles them.
@@ -7,16 +8,25 @@ for the conventions every case follows); ``policy_cases.policy_loss_cases`` asse
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from .case_types import _JUNK_LOGP, _JUNK_OLD, PolicyLossCase, _assemble
 
-__all__ = ["half_overflow_cases", "dual_clip_tie_cases", "empty_step_cases", "float32_tie_log_ratio"]
+__all__ = [
+    "half_overflow_cases",
+    "dual_clip_tie_cases",
+    "empty_step_cases",
+    "ratio_overflow_cases",
+    "zero_rows_cases",
+    "float32_tie_log_ratio",
+    "ratio_overflows",
+]
 
 
-def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g):
+def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g, ref_rows=None):
     """A case from explicit per-row (old_logp, logp) values, exactly representable in ``dtype``."""
     n, width = len(rows_old), max(len(r) for r in rows_old)
     old = torch.full((n, width), _JUNK_OLD, dtype=torch.float64)
@@ -30,6 +40,12 @@ def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g):
         if not torch.equal(x.to(dtype).double(), x):
             raise RuntimeError(f"{case_class}/{index}: inputs are not exact in {dtype}")
     a = torch.tensor(adv, dtype=torch.float64)
+    ref = None
+    if ref_rows is not None:  # reference log-probs: exact in dtype, junk at masked positions
+        ref = torch.full((n, width), -3.0, dtype=torch.float64)
+        for i, r_row in enumerate(ref_rows):
+            ref[i, : len(r_row)] = torch.tensor(r_row, dtype=torch.float64)
+        ref = ref.to(dtype)
     return PolicyLossCase(
         case_class,
         index,
@@ -39,7 +55,7 @@ def _exact_case(case_class, index, rows_old, rows_logp, adv, dtype, note, g):
         mask,
         a,
         torch.tensor([i // 2 for i in range(n)]),
-        None,
+        ref,
         None,
         note,
     )
@@ -112,7 +128,8 @@ def dual_clip_tie_cases(variant, seq, g, index):
     """float32 inputs whose float32 ratio is exactly the dual clip ``c`` (A < 0): the spec's
     inclusive gate keeps the whole gradient ``-A c`` there (policy_losses.md eq. (7); float32 inputs
     are judged as computed in float32); a ``torch.max`` / ``torch.min`` with ``c A`` halves it
-    (OpenRLHF loss.py:210: float32 r = 3.0, A = -1 gives 1.5). Empty without a dual clip."""
+    (OpenRLHF loss.py:210: float32 r = 3.0, A = -1 gives 1.5; a subgradient of the kink, which the judge
+    accepts with a note). Empty without a dual clip."""
     if variant.dual_clip is None or variant.ratio != "token" or variant.gate != "clip":
         return []
     x = float32_tie_log_ratio(variant.dual_clip)
@@ -135,3 +152,58 @@ def empty_step_cases(variant, seq, g, index):
     split = _assemble("empty_step", index + 1, [0, 0, 0, 0], [[], [], [], []], [-0.3, 0.9, 1.2, -0.6], g,
                       micro_batches=((0, 1), (2, 3)), note="2 micro-batches, every row empty")
     return [whole, split]
+
+
+#: the largest log-ratio whose ``exp`` is finite, per dtype (log of the largest finite value)
+_EXP_LIMIT = {dt: math.log(torch.finfo(dt).max) for dt in (torch.float16, torch.bfloat16, torch.float32)}
+
+
+def ratio_overflows(case: PolicyLossCase, compute_dtype: torch.dtype) -> bool:
+    """True when some unmasked token's log-ratio (or a row's mean log-ratio) exceeds the log of the
+    largest finite value of ``compute_dtype``: ``exp`` overflows to inf there (88.72 in float32 and
+    bf16, 11.09 in fp16); never for float64."""
+    limit = _EXP_LIMIT.get(compute_dtype)
+    if limit is None or not bool(case.mask.any()):
+        return False
+    x = torch.where(case.mask, case.logp.double() - case.old_logp.double(), 0.0)
+    return bool((x > limit).any())
+
+
+def ratio_overflow_cases(variant, seq, g, index):
+    """A closed gate on a ratio past the dtype's range (exact inputs in each dtype): A > 0 with
+    log-ratios 95 / 96 (float32 / bf16: ``exp`` overflows above 88.72) or 12 (fp16, above 11.09) and,
+    with a dual clip, A < 0 above it. The spec's gate passes no gradient there (policy_losses.md eqs.
+    (6)-(8): the clipped term is the constant ``(1 + eps_high) A``, SAPO's sigmoid is saturated), so
+    the exact gradient is 0 and the value finite; ``exp`` of the raw log-ratio gives inf, and the
+    clamp's zero derivative times inf is a NaN gradient (Liger, AReaL). A KL term gets reference
+    log-probs equal to the policy's there (k3 = 0). Only for gates that close (clip, sapo, cispo and
+    GMPO's log-space clip, eq. (18), whose clipped log-ratio never overflows)."""
+    if variant.gate not in ("clip", "sapo", "cispo", "log_clip") or (
+            variant.gate in ("clip", "log_clip") and variant.eps_high is None):
+        return []
+    if variant.gate == "cispo" and variant.eps_high is None:
+        return []
+    cases = []
+    specs = [(torch.float32, -100.0, -5.0), (torch.bfloat16, -100.0, -4.0), (torch.float16, -14.0, -2.0)]
+    for k, (dtype, old, logp) in enumerate(specs):
+        big = logp - old
+        rows_old = [[old, -1.0, old], [-1.5, -0.75], [old, old, old]]
+        rows_logp = [[logp, -0.875, logp], [-1.5, -0.875], [logp, logp, logp]]
+        adv = [1.0, 0.5, 0.75]
+        if variant.dual_clip is not None:  # A < 0 beyond the dual clip: closed as well
+            rows_old.append([old, -1.0])
+            rows_logp.append([logp, -1.0])
+            adv.append(-0.5)
+        ref = [list(r) for r in rows_logp] if variant.kl_coef > 0 else None
+        cases.append(_exact_case("ratio_overflow", index + k, rows_old, rows_logp, adv, dtype,
+                                 f"{dtype} log-ratios {big:g} under a closed gate", g, ref_rows=ref))
+    return cases
+
+
+def zero_rows_cases(variant, seq, g, index):
+    """A batch with no rows at all (``[0, T]`` tensors, e.g. the empty micro-batch of an uneven split):
+    the spec's loss is 0 (policy_losses.md eq. (11), the normaliser at least 1) and the
+    gradient w.r.t. the empty log-probs is empty; a mean over the rows divides 0 by 0."""
+    none = _assemble("zero_rows", index, [], [], [], g, note="no rows: [0, T] tensors")
+    empty = none.logp.new_zeros((0, 3))
+    return [dataclasses.replace(none, logp=empty, old_logp=empty.clone(), mask=none.mask.new_zeros((0, 3)))]

@@ -31,7 +31,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
   the KL's compute dtype, also under ``micro_batch="local_sum"``; a local one under "local_mean",
   whose micro-batch losses are averaged) added to the policy term of the variant's own aggregation;
-* ``empty_rows`` / ``seq_sum_width`` / ``token_sum_rows`` / ``micro_batch``: the denominator
+* ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_extra`` / ``token_sum_rows`` / ``micro_batch``: the
+  denominator
   passed as ``normalizer=`` (``token_sum_rows`` for seq_sum and seq_mean_token_sum, ``empty_rows``
   for the other sequence means);
 * ``sequence_ratio_gradient="token"``: ``ratio="gspo_token"`` with the seq-mean-token-mean
@@ -137,7 +138,7 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
     width = variant.max_length if convention.seq_sum_width == "max_length" else mask.shape[-1]
     if width is None:
         raise ValueError("variant.max_length (L_max) is required by aggregation 'seq_sum'")
-    return rows * width
+    return rows * (width + convention.seq_sum_extra)
 
 
 def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -> tuple[float, int]:

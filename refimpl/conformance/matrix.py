@@ -28,6 +28,7 @@ import re
 import textwrap
 
 from .checks import check_framework_mode
+from .conventions import FLAGS
 from .frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
 from .kinds import KIND_REGISTRY
@@ -103,7 +104,9 @@ def mode_entry(driver, mode) -> dict:
                 "case": smallest.case_line,
             }
         )
-    entry["reference"] = {"ok": reference.ok, "departures": departures}
+    # classes that pass the reference only with a note (e.g. a subgradient at the dual-clip tie)
+    notes = sorted({f"{c.case_class}: {d}" for c in reference.by_class() if c.ok for d in c.departures})
+    entry["reference"] = {"ok": reference.ok, "departures": departures, **({"notes": notes} if notes else {})}
     return entry
 
 
@@ -166,9 +169,22 @@ def departure_flags(departure: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(a.split("=", 1)[0] for a in assignments), assignments
 
 
-def _shows(key: str, departure: dict) -> bool:
+def _shows(key: str, departure: dict, kind: str = "bug") -> bool:
+    """A finding keyed by a flag shows on a departure whose smallest explaining set of flags holds it;
+    a *bug* only where its flag alone reproduces the departure (a candidate bug is never tagged on one
+    that other flags are needed for); another class also on its own case class (verl's dual-clip tie
+    departs by the dual clip the preset lacks). A key that is no flag names the departing case class."""
     names, assignments = departure_flags(departure)
-    return key == departure["case_class"] or key in names or key in assignments
+    if key.split("=", 1)[0] in FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
+        if kind == "bug":
+            return (key,) == names or (key,) == assignments
+        return key in names or key in assignments or key == departure["case_class"]
+    return key == departure["case_class"]
+
+
+def _noted(key: str, entry: dict) -> bool:
+    """A finding keyed by a case class shows on a mode whose class passes the reference with a note."""
+    return any(note.split(":", 1)[0] == key for note in entry["reference"].get("notes", []))
 
 
 def matrix_summary(matrix: dict) -> dict:
@@ -190,8 +206,12 @@ def matrix_summary(matrix: dict) -> dict:
                 by_kind[m["kind"]][name] += 1
         shown = []
         for finding in fw.get("findings", []):
-            modes = [m["mode"] for m in departing
-                     if any(_shows(finding["key"], d) for d in m["reference"]["departures"])]
+            # a non-bug finding keyed by a flag also shows on the modes whose profile sets that flag
+            # (verl's tie: the reference has no dual clip, so no departure shows it there)
+            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS
+            modes = [m["mode"] for m in checked
+                     if any(_shows(finding["key"], d, finding["kind"]) for d in m["reference"]["departures"])
+                     or _noted(finding["key"], m) or (profiled and finding["key"] in m.get("profile", {}))]
             bugs.append({"framework": name, **finding, "modes": modes})
             shown += [finding["key"]] if modes and finding["kind"] == "bug" else []
         rows.append({
@@ -298,6 +318,8 @@ def _finding_head(f: dict) -> str:
     """A finding in one item: framework, key, class, the modes showing it, line, fix, upstream."""
     count = len(f["modes"])
     shown = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
+    if f["kind"] == "validation":
+        shown = "accepted silently; its script shows it"
     facts = [f"`{f['where']}`" if f.get("where") else "",
              f"fixed in {f['fixed_in']}" if f.get("fixed_in") else "",
              f"upstream: {f['upstream']}" if f.get("upstream") else ""]
@@ -337,8 +359,10 @@ def _mode_lines(m: dict, common: dict, findings: list[dict]) -> list[str]:
     lines += _item(f"own profile: {verdict}" + (f" (allowed: {'; '.join(allowed)})" if allowed else ""))
     departures = m["reference"]["departures"]
     lines += _item("departures under the reference:" + ("" if departures else " none"))
+    for note in m["reference"].get("notes", []):
+        lines += _item(f"`{note.split(':', 1)[0]}`: passes with a note:{note.split(':', 1)[1]}", 1)
     for d in departures:
-        flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d)]
+        flagged = [f"`{f['key']}` ({f['kind']})" for f in findings if _shows(f["key"], d, f["kind"])]
         mark = f"; finding {', '.join(flagged)}" if flagged else ""
         lines += _item(f"`{d['case_class']}`: {d['explanation']} (case `{d['case_id']}`: expected "
                        f"{_number(d['expected'])}, got {_number(d['got'])}{mark})", 1)

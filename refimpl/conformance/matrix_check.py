@@ -152,6 +152,8 @@ def _mode_differences(where: str, old: dict, new: dict) -> list[str]:
     old_ref, new_ref = old.get("reference") or {}, new.get("reference") or {}
     if old_ref.get("ok") != new_ref.get("ok"):
         out.append(f"{where}: reference verdict changed")
+    if old_ref.get("notes") != new_ref.get("notes"):
+        out.append(f"{where}: reference notes changed")
     old_deps, new_deps = old_ref.get("departures", []), new_ref.get("departures", [])
     if [d.get("case_class") for d in old_deps] != [d.get("case_class") for d in new_deps]:
         out.append(f"{where}: departures {[d.get('case_class') for d in old_deps]} -> "

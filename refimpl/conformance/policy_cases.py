@@ -25,7 +25,13 @@ from .case_types import (
     _uniform,
     clip_bounds,
 )
-from .edge_cases import dual_clip_tie_cases, empty_step_cases, half_overflow_cases
+from .edge_cases import (
+    dual_clip_tie_cases,
+    empty_step_cases,
+    half_overflow_cases,
+    ratio_overflow_cases,
+    zero_rows_cases,
+)
 
 __all__ = ["policy_loss_cases"]
 
@@ -356,6 +362,8 @@ def policy_loss_cases(
         "half_overflow": lambda g: half_overflow_cases(variant, seq, g, 0),
         "dual_clip_tie": lambda g: dual_clip_tie_cases(variant, seq, g, 0),
         "empty_step": lambda g: empty_step_cases(variant, seq, g, 0),
+        "ratio_overflow": lambda g: ratio_overflow_cases(variant, seq, g, 0),
+        "zero_rows": lambda g: zero_rows_cases(variant, seq, g, 0),
         "golden_vectors": lambda g: [],  # read from specs/vectors by the checker (refimpl.conformance.golden)
     }
     cases = []

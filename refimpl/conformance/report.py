@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CaseResult", "ClassResult", "CheckReport"]
+__all__ = ["CaseResult", "ClassResult", "CheckReport", "what_failed"]
 
 
 @dataclass(frozen=True)
@@ -151,11 +151,9 @@ class CheckReport:
         if not failing:
             return ""
         worst = min(failing, key=_diagnostic_order)
-        first = f"{worst.case_class} failed: smallest failing case {worst.case_id}"
-        if worst.error:
-            first += f": the function raised {worst.error}"
-        elif worst.expected is not None and worst.got is not None:
-            first += f": expected {worst.expected!r}, got {worst.got!r}"
+        first = f"{worst.case_class} failed: smallest failing case {worst.case_id}: {what_failed(worst)}"
+        if not worst.error and worst.expected is not None and worst.got is not None:
+            first += f"; loss expected {worst.expected!r}, got {worst.got!r}"
         row = self.case_class(worst.case_class)
         lines = [first, *self.header, self.title]
         lines.append(
@@ -260,7 +258,8 @@ class CheckReport:
             parts.append(f"PASS: {len(self.results)} cases in {len(self.by_class())} case classes")
         else:
             parts.append(f"FAIL: case classes {', '.join(self.failing_classes())}")
-            parts.append(f"smallest failing case: {worst.case_id}")
+            what = "" if worst.error else f": {what_failed(worst)}"  # an exception has its own line
+            parts.append(f"smallest failing case: {worst.case_id}{what}")
             if worst.error:
                 parts.append(f"  the function raised: {worst.error}")
             if worst.explanation:
@@ -270,6 +269,20 @@ class CheckReport:
 
     def __str__(self) -> str:
         return self.render()
+
+
+def what_failed(r: CaseResult) -> str:
+    """What failed in one case and by how much, for a headline: the value, the gradient or both, with
+    their errors (relative to max|expected| + s, ``tolerance.relative_error``)."""
+    if r.error:
+        return f"the function raised {r.error}"
+    value = f"value off by {_fmt_err(r.value_error)}"
+    grad = f"gradient off by {_fmt_err(r.grad_error)}"
+    if not r.value_ok and r.grad_ok is False:
+        return f"{value} and {grad} (relative)"
+    if not r.value_ok:
+        return f"{value} (relative)" + ("" if r.grad_ok is None else "; the gradient is right")
+    return f"{grad} (relative to its largest entry); the value is right ({_fmt_err(r.value_error)})"
 
 
 def _cut(line: str, limit: int) -> str:

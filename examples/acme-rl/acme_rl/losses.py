@@ -10,7 +10,7 @@ def dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
     ``torch.where`` before any arithmetic (it may hold NaN or inf)."""
     dtype = torch.promote_types(logp.dtype, torch.float32)
     mask = mask.bool()
-    ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0))
+    ratio = torch.exp(torch.where(mask, logp.to(dtype) - old_logp.to(dtype), 0.0).clamp(max=80.0))
     a = advantages.to(dtype).unsqueeze(-1)
     per_token = torch.where(mask, -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a), 0.0)
     return per_token.sum() / (normalizer or mask.sum().clamp(min=1))

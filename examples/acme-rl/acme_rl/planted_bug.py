@@ -13,7 +13,8 @@ import torch
 
 def dapo_loss(logp, old_logp, advantages, mask, *, normalizer=None):
     m = mask.to(torch.promote_types(logp.dtype, torch.float32))
-    ratio = torch.exp((logp.to(m.dtype) - old_logp.to(m.dtype)) * m)  # the bug: NaN * 0 = NaN
+    log_ratio = (logp.to(m.dtype) - old_logp.to(m.dtype)) * m  # the bug: NaN * 0 = NaN
+    ratio = torch.exp(torch.where(log_ratio > 80.0, 80.0, log_ratio))  # bounded, NaN kept
     a = advantages.to(m.dtype).unsqueeze(-1)
     per_token = -torch.min(ratio * a, torch.clamp(ratio, 0.8, 1.28) * a)
     return (per_token * m).sum() / (normalizer or m.sum().clamp(min=1))

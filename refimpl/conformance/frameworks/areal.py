@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from . import Mode
 from .driver import find_mode
-from .findings import dual_clip_tie_finding
+from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
 from .sources import (
     installed_files,
     load_failure,
@@ -78,7 +78,8 @@ _INSTALL = "refimpl frameworks install areal"
 # * normalizer_rounding "float32_weight": each micro-batch's token mean is weighted by
 #   count_nonzero(mask_mb) / float32(sum of counts), a float32 quotient (train_engine.py:54-60,
 #   fsdp_engine.py:2120): up to 2^-24 relative off the exact global token mean with micro-batches.
-_COMMON = {"compute_dtype": "input", "masked_nonfinite": "propagate", "normalizer_rounding": "float32_weight"}
+_COMMON = {"compute_dtype": "input", "masked_nonfinite": "propagate", "normalizer_rounding": "float32_weight",
+           "ratio_overflow": "nan"}  # exp of the raw log-ratio (functional.py:509): 0 * inf = NaN
 
 MODES = (
     Mode("ppo", preset="ppo", framework_config={"actor.eps_clip": 0.2}, convention=_COMMON,
@@ -142,6 +143,17 @@ PROFILE = {"ppo": ("ppo",), "bnpo": ("ppo",), "dapo": ("ppo/clip-higher",), "gsp
 FINDINGS = (
     dual_clip_tie_finding("utils/functional/functional.py:530", "pg_loss = torch.min(pg_loss, pg_loss3)",
                           "areal 1.0.4"),
+    ratio_overflow_finding("utils/functional/functional.py:509",
+                           "ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)",
+                           "areal 1.0.4"),
+    Finding(
+        "config:c_clip", "validation",
+        "ppo_actor_loss_fn asserts only c_clip > 1: a dual clip inside the clip band (c_clip <= 1 + "
+        "eps_clip_higher, e.g. 1.1 with eps_clip 0.2) is accepted and clips A < 0 tokens that PPO's own "
+        "clip leaves alone (the dual clip needs c >= 1 + eps_high, policy_losses.md eq. (7)).",
+        where="utils/functional/functional.py:527", quote="assert c_clip > 1.0, c_clip",
+        affected="areal 1.0.4",
+    ),
 )
 
 

@@ -12,7 +12,12 @@ The classes (``FINDING_KINDS``):
   the option gets the paper's);
 * ``subgradient``: a choice of subgradient where the loss has a kink, e.g. PyTorch's ``torch.max`` /
   ``torch.min`` splitting the gradient at a tie: any value between the one-sided derivatives is a
-  subgradient, so it is **not a bug**; the kit names it so that nobody files it as one.
+  subgradient, so it is **not a bug**; the kit names it so that nobody files it as one (and its judge
+  accepts any value of the subdifferential, with a note);
+* ``validation``: a setting that makes no sense (a dual clip inside the clip band, responses longer
+  than the length the loss divides by, reference log-probs given and dropped) accepted without an
+  error or a warning. Its key is ``config:<parameter>``; like a bug it has a standalone script
+  (``repro.py``) that shows the setting accepted.
 
 A driver module lists ``FINDINGS: tuple[Finding, ...]``; ``key`` ties a finding to the departures that
 show it (a flag, ``flag=value`` as the matrix writes it, or a case class). Modules written against the
@@ -23,14 +28,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["FINDING_KINDS", "Finding", "as_findings", "dual_clip_tie_finding"]
+__all__ = ["FINDING_KINDS", "REPRODUCED_KINDS", "Finding", "as_findings", "dual_clip_tie_finding",
+           "ratio_overflow_finding", "zero_rows_finding"]
 
 FINDING_KINDS = {
     "bug": "changes training",
     "value_only": "a logged value departs, the gradient is right",
     "documented_default": "a documented default departs from the paper",
     "subgradient": "a valid subgradient at a kink, not a bug",
+    "validation": "a nonsensical setting accepted silently",
 }
+#: the classes whose findings have a standalone script (repro.py)
+REPRODUCED_KINDS = ("bug", "validation")
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,30 @@ def dual_clip_tie_finding(where: str, quote: str, affected: str) -> Finding:
         "at a ratio exactly on the dual clip (A < 0) the gradient is A r / 2, the average of the two "
         "one-sided derivatives (PyTorch's choice at a max / min tie); a valid subgradient of the kink, "
         "not a bug (the spec's inclusive gate keeps A r).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def ratio_overflow_finding(where: str, quote: str, affected: str) -> Finding:
+    """The finding of ``ratio_overflow="nan"``: ``exp`` of the raw log-ratio overflows to inf above 88.72
+    in float32 (and bf16); a closed gate then multiplies its zero derivative by inf: NaN."""
+    return Finding(
+        "ratio_overflow", "bug",
+        "exp of the unclamped log-ratio is inf above 88.72 in float32: with a closed gate (A > 0 beyond "
+        "1 + eps_high) the exact gradient is 0, but the clamp's zero derivative times exp's inf is NaN, "
+        "and one NaN token poisons the step's gradient (a stale or mismatched old log-prob suffices).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def zero_rows_finding(where: str, quote: str, affected: str) -> Finding:
+    """The finding of ``zero_rows="nan"``: a mean over the rows of a batch without rows is 0 / 0; the
+    gradient w.r.t. the (empty) log-probs is empty, so only the logged value is NaN."""
+    return Finding(
+        "zero_rows", "value_only",
+        "a batch with no rows (the empty micro-batch of an uneven split) gives a NaN loss: a mean over 0 "
+        "rows; the gradient w.r.t. the empty log-probs has no entry, so training is unchanged, but the "
+        "NaN reaches the logged loss.",
         where=where, quote=quote, affected=affected,
     )
 

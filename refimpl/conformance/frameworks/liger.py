@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 
 from . import Mode
 from .driver import find_mode
+from .findings import Finding, ratio_overflow_finding, zero_rows_finding
 from .sources import (
     installed_files,
     load_failure,
@@ -59,6 +60,7 @@ __all__ = [
     "UNSUPPORTED",
     "PROFILE",
     "NOTES",
+    "FINDINGS",
     "availability",
     "source_files",
     "loss_kwargs",
@@ -93,7 +95,12 @@ _COMMON = {
     "kl_k3_form": "naive",
     "kl_compute_dtype": "float32",
 }
-_LOCAL = {**_COMMON, "micro_batch": "local_mean"}
+# * ratio_overflow "nan": coef_1 = exp(log_importance_weights) (grpo_loss.py:155) overflows above
+#   88.72 and a closed gate's 0 times inf is a NaN gradient (not cispo: its weight is min(r, cap));
+# * zero_rows "nan": grpo / sapo / dr_grpo / luspo divide by full_attention_mask.shape[0], 0 rows.
+_EXP = {"ratio_overflow": "nan"}
+_ROWS = {"zero_rows": "nan"}
+_LOCAL = {**_COMMON, **_EXP, "micro_batch": "local_mean"}
 _GLOBAL = dict(_COMMON)
 
 
@@ -101,38 +108,39 @@ _KL = {"kl_coef": 0.04, "kl_estimator": "k3"}
 
 
 MODES = (
-    Mode("grpo", preset="grpo", framework_config={"loss_type": "grpo"}, convention=_LOCAL,
+    Mode("grpo", preset="grpo", framework_config={"loss_type": "grpo"}, convention={**_LOCAL, **_ROWS},
          description="loss_type='grpo': token ratio, hard clip, mean of each row, sum / all rows"),
     Mode("bnpo", preset="bnpo", framework_config={"loss_type": "bnpo"}, convention=_LOCAL,
          description="loss_type='bnpo': token mean over the call's tokens"),
-    Mode("dr_grpo", preset="dr_grpo", framework_config={"loss_type": "dr_grpo"}, convention=_LOCAL,
+    Mode("dr_grpo", preset="dr_grpo", framework_config={"loss_type": "dr_grpo"},
+         convention={**_LOCAL, **_ROWS},
          description="loss_type='dr_grpo': token sum / (all rows x max_completion_length)"),
-    Mode("dapo", preset="dapo", framework_config={"loss_type": "dapo"}, convention=_GLOBAL,
+    Mode("dapo", preset="dapo", framework_config={"loss_type": "dapo"}, convention={**_GLOBAL, **_EXP},
          description="loss_type='dapo': token sum / num_items_in_batch (the step's tokens)"),
     Mode("dapo/delta", preset="dapo", variant_overrides={"dual_clip": 3.0},
-         framework_config={"loss_type": "dapo", "delta": 3.0}, convention=_GLOBAL,
+         framework_config={"loss_type": "dapo", "delta": 3.0}, convention={**_GLOBAL, **_EXP},
          description="dapo with delta=3.0 (INTELLECT-2's cap on the ratio: dual clip for A < 0)"),
     Mode("cispo", preset="cispo", framework_config={"loss_type": "cispo"}, convention=_GLOBAL,
          description="loss_type='cispo': -sg(min(r, epsilon_high)) A logp / num_items_in_batch"),
-    Mode("sapo", preset="sapo", framework_config={"loss_type": "sapo"}, convention=_LOCAL,
+    Mode("sapo", preset="sapo", framework_config={"loss_type": "sapo"}, convention={**_LOCAL, **_ROWS},
          description="loss_type='sapo': sigmoid gate 4/tau sigmoid(tau (r - 1)), grpo's aggregation"),
     Mode("gspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_mean"},
          framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
-         convention=_LOCAL,
+         convention={**_LOCAL, **_ROWS},
          description="importance_sampling_level='sequence', loss_type='grpo' (GSPO's sequence ratio)"),
     Mode("luspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_sum"},
          framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
-         convention=_LOCAL,
+         convention={**_LOCAL, **_ROWS},
          description="loss_type='luspo': sequence ratio, each row's loss times its length, mean over rows"),
     Mode("grpo+kl", preset="grpo", variant_overrides=_KL,
-         framework_config={"loss_type": "grpo", "beta": 0.04}, convention=_LOCAL,
+         framework_config={"loss_type": "grpo", "beta": 0.04}, convention={**_LOCAL, **_ROWS},
          description="grpo + 0.04 * k3 (beta), the KL per token inside each row's mean"),
     Mode("dapo+kl", preset="dapo", variant_overrides=_KL,
-         framework_config={"loss_type": "dapo", "beta": 0.04}, convention=_GLOBAL,
+         framework_config={"loss_type": "dapo", "beta": 0.04}, convention={**_GLOBAL, **_EXP},
          description="dapo + 0.04 * k3 (beta), global token mean"),
     Mode("dapo+kl/bias-correction", preset="dapo", variant_overrides=_KL,
          framework_config={"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": True},
-         convention={**_GLOBAL, "kl_importance_weight": True},
+         convention={**_GLOBAL, **_EXP, "kl_importance_weight": True},
          description="dapo + 0.04 * k3 times the differentiated ratio (use_bias_correction_kl=True)"),
 )
 
@@ -165,6 +173,40 @@ UNSUPPORTED = {
 }
 # preset -> the mode whose flags are ``--convention liger --preset P``
 PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gspo")}
+#: What the driver found in Liger's code (the matrix lists them with the modes that show them).
+FINDINGS = (
+    ratio_overflow_finding("chunked_loss/grpo_loss.py:155", "coef_1 = torch.exp(log_importance_weights)",
+                           "liger-kernel 0.8.5"),
+    zero_rows_finding("chunked_loss/grpo_loss.py:228", ").sum() / full_attention_mask.shape[0]",
+                      "liger-kernel 0.8.5 (grpo, sapo; dr_grpo and luspo likewise)"),
+    Finding(
+        "config:use_ref_model", "validation",
+        "with beta > 0 and use_ref_model=False (the default of the base class) the ref_per_token_logps it "
+        "is given are dropped and the policy's own detached log-probs stand in: the KL term is silently "
+        "0 in value and gradient.",
+        where="chunked_loss/fused_linear_ppo.py:388",
+        quote="if use_ref_model and ref_per_token_logps is not None",
+        affected="liger-kernel 0.8.5",
+    ),
+    Finding(
+        "config:delta", "validation",
+        "delta (INTELLECT-2's cap on the ratio, a dual clip) is checked only for delta > 0: a delta below "
+        "1 + epsilon_high caps ratios inside the clip band (A > 0 tokens lose their gradient before the "
+        "clip does), which no dual-clip formulation intends (c >= 1 + eps_high, policy_losses.md eq. (7)).",
+        where="chunked_loss/grpo_loss.py:467", quote="if delta is not None and delta <= 0:",
+        affected="liger-kernel 0.8.5",
+    ),
+    Finding(
+        "config:max_completion_length", "validation",
+        "dr_grpo divides by rows x max_completion_length without checking the completions: responses "
+        "longer than max_completion_length are accepted and their tokens weigh more than Dr. GRPO's "
+        "constant allows (the loss is no longer a mean).",
+        where="chunked_loss/grpo_loss.py:236",
+        quote="loss = (per_token_loss * attention_mask).sum() / (full_attention_mask.shape[0] * max_comp",
+        affected="liger-kernel 0.8.5",
+    ),
+)
+
 NOTES = {
     "delta tie": "float32(exp(float32(log 3))) is exactly 3.0 = delta: clamp(coef_1, max=delta) passes "
     "the gradient at the tie (the spec's inclusive gate at the float32 ratio; in float64 the ratio is "

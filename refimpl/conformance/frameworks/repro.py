@@ -1,6 +1,7 @@
 """Standalone reproductions of the drivers' bug findings (``refimpl check framework F --repro DIR``).
 
-Each finding of class ``bug`` (findings.py) has a script here: it imports only torch and the installed
+Each finding of class ``bug`` or ``validation`` (findings.py: ``REPRODUCED_KINDS``) has a script here:
+it imports only torch and the installed
 framework (no refimpl), runs the framework's own function on a small case, prints the framework's
 value next to the exact one, and exits 0 when the departure reproduces, 1 when it does not (a release
 that fixed it) and 2 when the framework cannot be loaded. A maintainer can run it without our kit;
@@ -18,6 +19,7 @@ from __future__ import annotations
 import pathlib
 
 from . import load_driver
+from .findings import REPRODUCED_KINDS
 
 __all__ = ["BODIES", "PREAMBLE", "repro_script", "write_repros"]
 
@@ -180,6 +182,170 @@ verdict(f"SkyRL compute_policy_loss_cispo (utils/ppo_utils.py:744), defaults (ci
 ''',
 }
 
+_SILENT = """\
+import warnings  # noqa: E402
+
+warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+"""
+
+_LIGER = """\
+root = pathlib.Path(next(iter(importlib.util.find_spec("liger_kernel").submodule_search_locations)))
+ppo = load_file("liger_kernel", "chunked_loss/fused_linear_ppo.py")
+for parent in ("liger_kernel", "liger_kernel.chunked_loss"):  # grpo_loss.py imports the base class by name
+    sys.modules[parent] = types.ModuleType(parent)
+    sys.modules[parent].__path__ = []
+sys.modules["liger_kernel.chunked_loss.fused_linear_ppo"] = ppo
+spec = importlib.util.spec_from_file_location("_repro_liger_grpo", root / "chunked_loss" / "grpo_loss.py")
+grpo = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(grpo)
+"""
+
+_AREAL = """\
+root = pathlib.Path(next(iter(importlib.util.find_spec("areal").submodule_search_locations)))
+for name, attrs in {"areal": {}, "areal.api": {}, "areal.utils": {},  # functional.py's two imports
+                    "areal.api.cli_args": {"RejectionSamplingConfig": object},
+                    "areal.utils.data": {"KLEstimator": object}}.items():
+    sys.modules[name] = types.ModuleType(name)
+    sys.modules[name].__path__ = []
+    for key, value in attrs.items():
+        setattr(sys.modules[name], key, value)
+spec = importlib.util.spec_from_file_location("_repro_areal_functional",
+                                              root / "utils" / "functional" / "functional.py")
+functional = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(functional)
+"""
+
+_OVERFLOW_CASE = """\
+# float32: one token with log-ratio 95 (old log-prob -100: a stale token), A > 0, above 1 + eps_high:
+# the clip gate is closed, the exact gradient of that token is 0 (and the loss finite)
+old = torch.tensor([[-100.0, -1.0]])
+logp = torch.tensor([[-5.0, -0.875]], requires_grad=True)
+mask = torch.ones(1, 2)
+adv = torch.tensor([1.0])
+EXACT_OVERFLOW = f"[[0.0, {-float(torch.exp(torch.tensor(0.125))) / 2}]] (0 where the gate is closed)"
+"""
+
+BODIES.update({
+    ("liger", "ratio_overflow"): _LIGER + _OVERFLOW_CASE + """\
+loss, _ = grpo.LigerFusedLinearGRPOFunction.ppo_loss_fn(logp, mask, adv, mask, old_per_token_logps=old,
+                                                   loss_type="dapo", beta=0.0)
+grad = torch.autograd.grad(loss, logp)[0]
+verdict("Liger ppo_loss_fn (chunked_loss/grpo_loss.py:155), loss_type dapo, float32 log-ratio 95 under "
+        "a closed gate: d loss / d logp", grad.tolist(), EXACT_OVERFLOW,
+        bool(torch.isnan(grad[0, 0])))
+""",
+    ("areal", "ratio_overflow"): _AREAL + _OVERFLOW_CASE + """\
+loss, _ = functional.ppo_actor_loss_fn(logp, old, old, adv.expand(1, 2), 0.2, mask.bool())
+grad = torch.autograd.grad(loss, logp)[0]
+verdict("AReaL ppo_actor_loss_fn (utils/functional/functional.py:509), float32 log-ratio 95 under a "
+        "closed gate: d loss / d logp", grad.tolist(), EXACT_OVERFLOW,
+        bool(torch.isnan(grad[0, 0])))
+""",
+    ("openrlhf", "ratio_overflow"): """\
+stand_ins("deepspeed")
+loss_module = load_file("openrlhf", "models/loss.py")
+old = torch.tensor([[-100.0, -100.0]])  # a row of stale tokens: GSPO's mean log-ratio is 95
+logp = torch.tensor([[-5.0, -5.0]], requires_grad=True)
+mask = torch.ones(1, 2)
+adv = torch.tensor([[1.0, 1.0]])
+policy_loss = loss_module.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, policy_loss_type="gspo")
+out = policy_loss(logp, old, adv, action_mask=mask)
+loss = out[0] if isinstance(out, tuple) else out
+grad = torch.autograd.grad(loss, logp)[0]
+verdict("OpenRLHF PolicyLoss (models/loss.py:196), policy_loss_type gspo, float32 sequence log-ratio 95 "
+        "under a closed gate: d loss / d logp", grad.tolist(), "[[0.0, 0.0]] (the gate is closed)",
+        bool(torch.isnan(grad).any()))
+""",
+    ("trl", "ratio_overflow"): """\
+import collections  # noqa: E402
+import dataclasses  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import trl  # noqa: E402
+from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
+
+trainer = object.__new__(GRPOTrainer)  # the attributes GRPOTrainer.__init__ sets that _compute_loss reads
+trainer.loss_type, trainer.importance_sampling_level, trainer.beta = "dapo", "token", 0.0
+trainer.epsilon_low = trainer.epsilon_high = 0.2
+trainer.max_completion_length, trainer.top_entropy_quantile = 2, 1.0
+trainer.off_policy_mask_threshold, trainer.use_vllm = None, False
+trainer.vllm_importance_sampling_correction, trainer.entropy_coef = False, 0.0
+trainer.use_adaptive_entropy = trainer._entropy_bonus_enabled = trainer.aux_loss_enabled = False
+trainer._metrics = {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)}
+trainer.accelerator = SimpleNamespace(gather=lambda t: t, gather_for_metrics=lambda t: t,
+                                      reduce=lambda t, reduction="sum": t, num_processes=1)
+trainer.model = SimpleNamespace(training=True)
+trainer.current_gradient_accumulation_steps = 1
+trainer.args = SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)
+                                  if f.default is not dataclasses.MISSING})
+trainer.args.gradient_accumulation_steps = trainer.args.steps_per_generation = 1  # as __post_init__ sets
+logp = torch.tensor([[-5.0, -0.875]], requires_grad=True)  # old -100, -1: log-ratio 95 under a closed gate
+EXACT_OVERFLOW = f"[[0.0, {-float(torch.exp(torch.tensor(0.125))) / 2}]] (0 where the gate is closed)"
+trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+empty, ids = torch.zeros((1, 0), dtype=torch.long), torch.zeros((1, 2), dtype=torch.long)
+inputs = {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": ids,
+          "completion_mask": torch.ones_like(ids), "advantages": torch.tensor([1.0]),
+          "old_per_token_logps": torch.tensor([[-100.0, -1.0]]),
+          "num_items_in_batch": torch.tensor(2)}
+loss = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+grad = torch.autograd.grad(loss, logp)[0]
+verdict("TRL GRPOTrainer._compute_loss (trainer/grpo_trainer.py:3095), loss_type dapo, float32 log-ratio 95 "
+        "under a closed gate: d loss / d logp", grad.tolist(), EXACT_OVERFLOW,
+        bool(torch.isnan(grad[0, 0])))
+""",
+    ("liger", "config:use_ref_model"): _SILENT + _LIGER + """\
+torch.manual_seed(0)
+hidden, weight = torch.randn(1, 2, 4), torch.randn(5, 4)
+ids, mask, adv = torch.tensor([[1, 3]]), torch.ones(1, 2, dtype=torch.long), torch.tensor([1.0])
+ref = torch.tensor([[-9.0, -9.0]])  # reference log-probs far from the policy's: k3 is large
+kl = {}
+for use_ref in (True, False):
+    loss_fn = grpo.LigerFusedLinearGRPOLoss(beta=0.04, use_ref_model=use_ref, compiled=False, chunk_size=1)
+    _, metrics = loss_fn(hidden, weight, ids, mask, adv, ref_per_token_logps=ref)
+    kl[use_ref] = float(metrics[0])
+verdict("Liger LigerFusedLinearGRPOLoss(beta=0.04, use_ref_model=False) given ref_per_token_logps "
+        "(chunked_loss/fused_linear_ppo.py:388): the mean KL it uses",
+        f"{kl[False]} (no error, no warning)", f"{kl[True]} (what use_ref_model=True computes from them)",
+        kl[False] == 0.0 and kl[True] > 0.0)
+""",
+    ("liger", "config:delta"): _SILENT + _LIGER + """\
+grpo.LigerFusedLinearGRPOLoss(delta=1.1, epsilon_high=0.28, compiled=False)  # accepted: no error
+logp = torch.tensor([[-0.8]], requires_grad=True)  # ratio exp(0.2) = 1.22, inside [0.8, 1.28]
+one = torch.ones(1, 1)
+loss, _ = grpo.LigerFusedLinearGRPOFunction.ppo_loss_fn(logp, one, torch.tensor([1.0]), one,
+                                                   old_per_token_logps=torch.tensor([[-1.0]]), beta=0.0,
+                                                   epsilon_high=0.28, delta=1.1, loss_type="dapo")
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("Liger LigerFusedLinearGRPOLoss(delta=1.1, epsilon_high=0.28) (chunked_loss/grpo_loss.py:467): "
+        "accepted; d loss / d logp of an A > 0 token inside the clip band (ratio 1.22)",
+        f"{grad} (delta caps it inside the band)",
+        f"{-float(torch.exp(torch.tensor(0.2)))} (-A r: inside the band)",
+        grad == 0.0)
+""",
+    ("liger", "config:max_completion_length"): _SILENT + _LIGER + """\
+mask = torch.ones(1, 4)  # a response of 4 tokens, max_completion_length 2
+logp = torch.full((1, 4), -1.0, requires_grad=True)
+loss, _ = grpo.LigerFusedLinearGRPOFunction.ppo_loss_fn(logp, mask, torch.tensor([1.0]), mask,
+                                                   old_per_token_logps=logp.detach(), beta=0.0,
+                                                   loss_type="dr_grpo", max_completion_length=2)
+verdict("Liger ppo_loss_fn, loss_type dr_grpo, a 4-token response with max_completion_length=2 "
+        "(chunked_loss/grpo_loss.py:236): accepted", f"loss {loss.item()} (no error, no warning)",
+        "an error: Dr. GRPO's constant must bound the length (the loss is -4 / 2 = -2, not a mean)",
+        abs(loss.item() + 2.0) < 1e-6)
+""",
+    ("areal", "config:c_clip"): _SILENT + _AREAL + """\
+old = torch.tensor([[-1.0]])
+logp = torch.tensor([[-0.85]], requires_grad=True)  # ratio exp(0.15) = 1.16, inside [0.8, 1.2]
+loss, _ = functional.ppo_actor_loss_fn(logp, old, old, torch.tensor([[-1.0]]), 0.2, torch.ones(1, 1).bool(),
+                                       c_clip=1.1)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("AReaL ppo_actor_loss_fn(eps_clip=0.2, c_clip=1.1) (utils/functional/functional.py:527): accepted; "
+        "d loss / d logp of an A < 0 token inside the clip band (ratio 1.16)",
+        f"{grad} (the dual clip acts inside the band)", f"{float(torch.exp(torch.tensor(0.15)))} (-A r)",
+        grad == 0.0)
+""",
+})
+
 
 def repro_script(framework: str, key: str) -> str:
     """The standalone script of ``framework``'s finding ``key`` (``PREAMBLE`` and its body)."""
@@ -196,11 +362,12 @@ def repro_script(framework: str, key: str) -> str:
 
 
 def write_repros(framework: str, directory: str | pathlib.Path) -> list[pathlib.Path]:
-    """Write one script per bug finding of ``framework`` into ``directory`` (created); never replaces
+    """Write one script per bug or validation finding of ``framework`` into ``directory`` (created);
+    never replaces
     a file that exists (FileExistsError naming it)."""
     out = pathlib.Path(directory)
-    keys = [f.key for f in load_driver(framework).findings() if f.kind == "bug"]
-    paths = [out / f"repro_{framework}_{key}.py" for key in keys]
+    keys = [f.key for f in load_driver(framework).findings() if f.kind in REPRODUCED_KINDS]
+    paths = [out / f"repro_{framework}_{key.replace(':', '_')}.py" for key in keys]
     existing = [str(p) for p in paths if p.exists()]
     if existing:
         raise FileExistsError(f"--repro: {', '.join(existing)} exists; choose an empty directory")

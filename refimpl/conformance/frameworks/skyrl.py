@@ -18,8 +18,9 @@ What a call does (``PolicyWorkerBase.forward_backward``, workers/worker.py:625-6
 ``policy_loss_fn(log_probs, old_log_probs, advantages, config=cfg.trainer.algorithm,
 loss_mask=loss_mask)`` with per-token advantages (SkyRL's estimators broadcast the sequence's
 advantage to its tokens), the float loss mask, and the ``trainer.algorithm`` section of the installed
-``config/ppo_base_config.yaml`` with the mode's keys; ``max_seq_len`` (set by the trainer from the
-generator's lengths) is L_max. The worker divides each micro-batch loss by the accumulation steps
+``config/ppo_base_config.yaml`` with the mode's keys; ``max_seq_len`` is set as the trainer sets it
+(utils/utils.py:278): the prompt budget ``max_input_length`` plus the response budget L_max. The worker
+divides each micro-batch loss by the accumulation steps
 before backward; the adapter applies that division (``micro_batch="local_mean"``: every reduction is
 local to the micro-batch), the only arithmetic here that is not SkyRL's.
 """
@@ -31,7 +32,7 @@ from collections.abc import Callable
 
 from . import Mode, skyrl_kinds
 from .driver import find_mode
-from .findings import Finding, dual_clip_tie_finding
+from .findings import Finding, dual_clip_tie_finding, zero_rows_finding
 from .skyrl_kinds import KIND_MODES, KIND_UNSUPPORTED
 from .sources import (
     installed_files,
@@ -81,6 +82,7 @@ STUBBED: list[str] = []  # the import-only dependencies a stand-in served while 
 # * masked_nonfinite "propagate": masked_mean and reduce_loss multiply by the mask;
 # * empty_rows "keep" (sequence_mean: masked_mean(dim=-1) gives an empty row 0, .mean() counts it) and
 #   token_sum_rows "all" (seq_mean_token_sum_norm: torch.mean over every row);
+# * zero_rows "nan" (sequence_mean, seq_mean_token_sum_norm, gspo, sapo): .mean() over 0 rows;
 # * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss), except
 #   the ratio of the regular / dual_clip / cispo losses, see _SAFE_EXP.
 _COMMON = {"micro_batch": "local_mean", "masked_nonfinite": "propagate", "compute_dtype": "input",
@@ -89,8 +91,9 @@ _COMMON = {"micro_batch": "local_mean", "masked_nonfinite": "propagate", "comput
 # clamp(delta.to(float32), -20, 20).exp().to(log_probs.dtype): the +-20 clamp (log_ratio_clamp) and a
 # ratio evaluated in float32 whatever the inputs' dtype (ratio_dtype "float32").
 _SAFE_EXP = {"log_ratio_clamp": 20.0, "ratio_dtype": "float32"}
-# dual_clip: torch.min(-A c, loss) at r == c (float32 r = 3.0) halves the gradient (ppo_utils.py:584)
+# dual_clip: torch.min(-A c, loss) at r == c (float32 r = 3.0) halves the gradient (ppo_utils.py:581)
 _TIE = {"dual_clip_tie": "half"}
+_ROWS = {"zero_rows": "nan"}
 # the KL loss (use_kl_loss, worker.py:679-692): compute_approx_kl under @torch.no_grad() (ppo_utils.py:91),
 # k3 with log r clamped to +-20 and the value to +-10, exp(log r) - log r - 1 evaluated directly
 _KL_FLAGS = {"kl_gradient": "none", "kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
@@ -109,28 +112,31 @@ _POLICY_MODES = (
          convention={**_COMMON, **_SAFE_EXP},
          description="eps_clip_low 0.2, eps_clip_high 0.28 (DAPO's clip-higher), token mean"),
     Mode("regular/sequence_mean", preset="grpo", framework_config=_cfg("regular", "sequence_mean"),
-         convention={**_COMMON, **_SAFE_EXP},
+         convention={**_ROWS, **_COMMON, **_SAFE_EXP},
          description="clipped surrogate, mean of each row, mean over every row"),
+    # max_seq_len is what SkyRL's trainer sets (utils/utils.py:278): the prompt budget (max_input_length,
+    # 512 by default) plus the response budget (max_generate_length, the variant's L_max)
     Mode("regular/seq_mean_token_sum_norm", preset="dr_grpo", variant_overrides={"max_length": 16},
-         framework_config=_cfg("regular", "seq_mean_token_sum_norm", max_seq_len=16),
-         convention={**_COMMON, **_SAFE_EXP},
-         description="Dr. GRPO: each row's token sum / max_seq_len, mean over every row"),
+         framework_config=_cfg("regular", "seq_mean_token_sum_norm", max_input_length=512),
+         convention={**_ROWS, **_COMMON, **_SAFE_EXP, "seq_sum_extra": 512},
+         description="Dr. GRPO: each row's token sum / max_seq_len (= max_input_length + "
+         "max_generate_length, the trainer's setting), mean over every row"),
     Mode("dual_clip/token_mean", preset="ppo", variant_overrides={"dual_clip": 3.0},
          framework_config=_cfg("dual_clip", "token_mean", clip_ratio_c=3.0),
          convention={**_COMMON, **_SAFE_EXP, **_TIE},
          description="dual-clip PPO (clip_ratio_c 3.0) for A < 0, token mean"),
     Mode("gspo", preset="gspo", variant_overrides={"aggregation": "seq_mean_token_mean"},
          framework_config=_cfg("gspo", "sequence_mean"),
-         convention={**_COMMON, "sequence_ratio_gradient": "token", "sequence_log_ratio_cap": 10.0},
+         convention={**_ROWS, **_COMMON, "sequence_ratio_gradient": "token", "sequence_log_ratio_cap": 10.0},
          description="gspo_policy_loss: GSPO-token ratio (log cap 10), sequence_mean"),
     Mode("sapo", preset="sapo", framework_config=_cfg("sapo", "sequence_mean"),
-         convention={**_COMMON, "log_ratio_clamp": 20.0},
+         convention={**_ROWS, **_COMMON, "log_ratio_clamp": 20.0},
          description="sapo_policy_loss: sigmoid gate, log-ratio clamped to +-20, sequence_mean"),
     Mode("regular/sequence_mean+kl/k3", preset="grpo",
          variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
          framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
                                kl_estimator_type="k3"),
-         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS},
+         convention={**_ROWS, **_COMMON, **_SAFE_EXP, **_KL_FLAGS},
          description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean(): a KL value without "
          "a gradient (use_kl_loss, the default config)"),
     Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
@@ -231,6 +237,17 @@ FINDINGS = (
     ),
     dual_clip_tie_finding("utils/ppo_utils.py:581",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl-train 0.3.1"),
+    Finding(
+        "seq_sum_extra", "documented_default",
+        "Dr. GRPO's seq_mean_token_sum_norm divides by max_seq_len, which the trainer sets to the prompt "
+        "budget plus the response budget (a comment there says so), not the response budget L_max of "
+        "Liu et al. 2025: a constant scale of the loss and gradient (1 + 512 / L_max at the defaults).",
+        where="utils/utils.py:278",
+        quote="algorithm_config.max_seq_len = cfg.generator.max_input_length + cfg.generator.sampling_params",
+        affected="skyrl-train 0.3.1",
+    ),
+    zero_rows_finding("utils/ppo_utils.py:892", "loss = masked_mean(loss, loss_mask, dim=-1).mean()",
+                      "skyrl-train 0.3.1 (sequence_mean; seq_mean_token_sum_norm likewise)"),
 )
 
 
@@ -327,7 +344,7 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
         if v.max_length is None:
             raise ValueError("variant.max_length (SkyRL's max_seq_len) is required by "
                              "seq_mean_token_sum_norm")
-        keys["max_seq_len"] = int(v.max_length)
+        keys["max_seq_len"] = int(keys.pop("max_input_length", 0)) + int(v.max_length)  # utils/utils.py:278
     keys.update(use_kl_loss=v.kl_coef > 0, kl_loss_coef=float(v.kl_coef), kl_estimator_type=v.kl_estimator)
     return keys
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
-from ..findings import Finding, dual_clip_tie_finding
+from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
 
 # The profile (flags of conventions.Convention, as data). Every mode carries the KL flags, since
 # OpenRLHF computes every KL (reward penalty or loss) with compute_approx_kl (models/utils.py):
@@ -51,7 +51,8 @@ _DUAL_PROFILE = {**_PPO_PROFILE, "dual_clip_tie": "half"}
 
 
 # GSPO (policy_loss_type "gspo") exponentiates the masked mean log-ratio without a clamp.
-_GSPO_PROFILE = dict(_POLICY_PROFILE)
+# A closed gate on a sequence ratio past float32's range: 0 * inf = NaN (ratio_overflow, loss.py:196).
+_GSPO_PROFILE = {**_POLICY_PROFILE, "ratio_overflow": "nan"}
 
 
 def _ppo_config(eps_low: float, eps_high: float, agg: str, dual_clip: float | None = None) -> dict:
@@ -222,6 +223,9 @@ FINDINGS = (
     ),
     dual_clip_tie_finding("models/loss.py:210", "clip2 = torch.max(clip1, self.dual_clip * advantages)",
                           "openrlhf 0.11.2"),
+    # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)
+    ratio_overflow_finding("models/loss.py:196", "ratio = ratio.exp().unsqueeze(-1) * action_mask",
+                           "openrlhf 0.11.2 (policy_loss_type gspo)"),
 )
 
 

@@ -37,6 +37,7 @@ from .adapters import (
     trl_policy_loss,
 )
 from .modes import (
+    FINDINGS,
     PROFILE,
     SCALE_REWARDS,
     framework_config,
@@ -57,6 +58,7 @@ __all__ = [
     "target",
     "time_loss",
     "trl_policy_loss",
+    "FINDINGS",
     "PROFILE",
     "SCALE_REWARDS",
     "framework_config",

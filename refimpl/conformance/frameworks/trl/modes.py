@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
+from ..findings import ratio_overflow_finding, zero_rows_finding
 
 #: Flags every TRL mode carries (see conventions.FLAG_REASONS), besides the row counting below:
 #: - compute_dtype "input": TRL's loss runs in the dtype of the log-probs it is given;
@@ -44,6 +45,12 @@ _LOCAL_MEAN = {"micro_batch": "local_mean"}
 
 
 _GLOBAL_TOKENS: dict = {}
+# coef_1 = torch.exp(log_importance_weights) (grpo_trainer.py:3095) overflows above 88.72 in float32: a
+# closed gate's 0 times inf is a NaN gradient (cispo's min(coef_1, epsilon_high) is finite, but with
+# beta > 0 its bias-corrected KL term k3 * coef_1 is 0 * inf there, NaN as well)
+_EXP = {"ratio_overflow": "nan"}
+# grpo / sapo / gspo / dr_grpo / luspo take a .mean() or divide by size(0) over the rows: 0 rows, 0 / 0
+_ROWS = {"zero_rows": "nan"}
 
 
 _MODES = {
@@ -51,7 +58,7 @@ _MODES = {
         "grpo",
         preset="grpo",
         framework_config={"loss_type": "grpo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_LOCAL_MEAN},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN},
         description="GRPO: token ratio, hard clip, mean over each row, mean over rows (empty rows count)",
     ),
     "dr_grpo": Mode(
@@ -60,28 +67,28 @@ _MODES = {
         framework_config={
             "loss_type": "dr_grpo", "importance_sampling_level": "token", "scale_rewards": "none"
         },
-        convention={**_COMMON, **_LOCAL_MEAN, "adv_scale": "none"},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN, "adv_scale": "none"},
         description="Dr. GRPO: token sum / (all rows x max_completion_length)",
     ),
     "dapo": Mode(
         "dapo",
         preset="dapo",
         framework_config={"loss_type": "dapo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_GLOBAL_TOKENS},
+        convention={**_EXP, **_COMMON, **_GLOBAL_TOKENS},
         description="DAPO: token mean over the global batch (num_items_in_batch)",
     ),
     "bnpo": Mode(
         "bnpo",
         preset="bnpo",
         framework_config={"loss_type": "bnpo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_LOCAL_MEAN},
+        convention={**_EXP, **_COMMON, **_LOCAL_MEAN},
         description="BNPO: token mean over the local (micro-)batch",
     ),
     "sapo": Mode(
         "sapo",
         preset="sapo",
         framework_config={"loss_type": "sapo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
         description="SAPO: soft sigmoid gate (temperatures in float32), GRPO's aggregation",
     ),
     "sapo/sequence": Mode(
@@ -90,7 +97,7 @@ _MODES = {
         # the sigmoid gate on GSPO's sequence ratio, each row's token mean (grpo's aggregation)
         variant_overrides={"ratio": "sequence_mean"},
         framework_config={"loss_type": "sapo", "importance_sampling_level": "sequence"},
-        convention={**_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN, "sapo_tau_float32": True},
         description="SAPO on the sequence ratio (importance_sampling_level='sequence', which TRL accepts "
         "for sapo without a warning, grpo_trainer.py:928)",
     ),
@@ -98,7 +105,7 @@ _MODES = {
         "cispo",
         preset="cispo",
         framework_config={"loss_type": "cispo", "importance_sampling_level": "token"},
-        convention={**_COMMON, **_GLOBAL_TOKENS},
+        convention={**_EXP, **_COMMON, **_GLOBAL_TOKENS},
         description="CISPO: sg(min(r, epsilon_high)) A logp, token mean over the global batch",
     ),
     "gspo": Mode(
@@ -108,7 +115,7 @@ _MODES = {
         # same as GSPO's per-sequence mean, and the KL term (per token) is averaged per row.
         variant_overrides={"aggregation": "seq_mean_token_mean"},
         framework_config={"loss_type": "grpo", "importance_sampling_level": "sequence"},
-        convention={**_COMMON, **_LOCAL_MEAN},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN},
         description="GSPO: importance_sampling_level='sequence' with loss_type='grpo'",
     ),
     "luspo": Mode(
@@ -118,7 +125,7 @@ _MODES = {
         # token, i.e. scaled by the length), mean over all rows: seq_mean_token_sum.
         variant_overrides={"aggregation": "seq_mean_token_sum"},
         framework_config={"loss_type": "luspo", "importance_sampling_level": "sequence"},
-        convention={**_COMMON, **_LOCAL_MEAN},
+        convention={**_EXP, **_ROWS, **_COMMON, **_LOCAL_MEAN},
         description="LUSPO: GSPO's sequence ratio, each row's loss scaled by its length, mean over rows",
     ),
 }
@@ -270,3 +277,13 @@ def mode_variant(mode: str | Mode):
 
     m = _mode(mode)
     return dataclasses.replace(get_preset(m.preset), **m.variant_overrides)
+
+
+#: What the driver found in TRL's code (the matrix lists them with the modes that show them).
+FINDINGS = (
+    ratio_overflow_finding("trainer/grpo_trainer.py:3095", "coef_1 = torch.exp(log_importance_weights)",
+                           "trl 1.16.0"),
+    zero_rows_finding("trainer/grpo_trainer.py:3154",
+                      "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
+                      "trl 1.16.0 (grpo, sapo, gspo; dr_grpo and luspo likewise)"),
+)

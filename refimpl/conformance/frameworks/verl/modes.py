@@ -5,7 +5,7 @@ profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's
 from __future__ import annotations
 
 from .. import Mode
-from ..findings import Finding, dual_clip_tie_finding
+from ..findings import Finding, dual_clip_tie_finding, zero_rows_finding
 
 __all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
@@ -39,16 +39,18 @@ _PROPAGATES = {"masked_nonfinite": "propagate"}
 # agg_loss's "seq-mean-token-mean" divides by the trainer's global_batch_size (every row). Its
 # "/ (tokens + 1e-8)" is exact: the bool mask's int64 count plus 1e-8 is a float32, where the 1e-8
 # vanishes for any count >= 1.
-_ROW_MEAN = {"empty_rows": "keep"}
+_ROW_MEAN = {"empty_rows": "keep", "zero_rows": "nan"}  # a batch of 0 rows: a mean over none, 0 / 0
 _AGG_MODES = {
     # loss_agg_mode: (our aggregation, variant overrides, convention flags)
     # a step without tokens: agg_loss divides by batch_num_tokens = 0 (0 / 0)
     "token-mean": ("token_mean", {}, {**_PROPAGATES, "empty_step": "nan"}),  # NaN: via an mse KL only
     "seq-mean-token-mean": ("seq_mean_token_mean", {}, {**_ROW_MEAN, **_PROPAGATES}),
     # sum over the row's tokens, mean over all rows of the batch (policy_losses.md eq. (11))
-    "seq-mean-token-sum": ("seq_mean_token_sum", {}, {"token_sum_rows": "all", **_PROPAGATES}),
+    "seq-mean-token-sum": ("seq_mean_token_sum", {},
+                           {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
     # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max
-    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16}, {"token_sum_rows": "all", **_PROPAGATES}),
+    "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16},
+                                {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
     "token-sum": (
         "seq_mean_token_sum",
@@ -269,6 +271,9 @@ FINDINGS = (
     ),
     dual_clip_tie_finding("trainer/ppo/core_algos.py:1274",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "verl 0.9.1"),
+    zero_rows_finding("trainer/ppo/core_algos.py:1188",
+                      "loss = verl_F.masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size",
+                      "verl 0.9.1 (the sequence aggregations)"),
     Finding(
         "empty_step", "value_only",
         "the token-mean losses divide by the step's token count: a step with no token logs the loss "
