@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from . import Mode
 from .driver import distribution_version, find_mode
-from .findings import Finding, dual_clip_tie_finding
+from .findings import Finding, dual_clip_tie_finding, zero_rows_finding
 from .releases import release_modes
 from .sources import (
     installed_files,
@@ -137,7 +137,7 @@ _POLICY_MODES = (
          variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
          framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
                                kl_estimator_type="k3"),
-         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS},
+         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS, "zero_rows": "nan"},
          description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean() (use_kl_loss, the "
          "default config), with its gradient"),
     Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
@@ -221,9 +221,17 @@ FINDINGS = (
     dual_clip_tie_finding(f"{_BACKEND}/utils/ppo_utils.py:{574 if _RELEASE == '0.3.0' else 575}",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl 0.3.0, 0.4.0"),
     *((_CISPO_FINDING,) if _RELEASE == "0.3.0" else ()),
+    # the KL loss's mean over rows (the policy losses return masked sums: a batch without rows gives 0)
+    *(() if _RELEASE == "0.3.0" else (zero_rows_finding(
+        f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
+        "skyrl 0.4.0 (the KL loss of use_kl_loss)"),)),
 )
 
 NOTES = {
+    "cispo without rows": "compute_policy_loss_cispo logs ratio.max() / ratio.min() of the whole ratio when "
+    "no token is active (backends/skyrl_train/utils/ppo_utils.py:804): a batch without rows raises "
+    "RuntimeError (max() of an empty tensor), so mode cispo fails case class zero_rows; no flag of the "
+    "kit describes a raise there (the kit's zero_rows flag knows 0 and NaN).",
     "skyrl-train's findings": "both SkyRL-train 0.3.1 findings are fixed here: compute_approx_kl has no "
     "@torch.no_grad() from skyrl 0.3.0 on (the KL loss has its gradient), and CISPOConfig's "
     "cispo_eps_clip_low defaults to 1.0 from skyrl 0.4.0 on (0.0 in 0.3.0: docs/conformance-drift.md).",

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 from . import Mode
 from .driver import distribution_version, find_mode
-from .findings import Finding
+from .findings import Finding, ratio_overflow_finding, zero_rows_finding
 from .releases import release_modes
 from .sources import (
     installed_files,
@@ -77,6 +77,14 @@ _COMMON = {"empty_rows": "keep", "token_sum_rows": "all", "compute_dtype": "inpu
 _KL = {"kl_importance_weight": True, "kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0,
        "kl_value_clamp_scope": "weighted"}
 _LOCAL = {"micro_batch": "local_mean"}
+# * ratio_overflow "nan": coef_1 = torch.exp(log_importance_weights) of the raw log-ratio (every loss type
+#   but cispo, whose weight is detached and capped): inf above 88.72 in float32, NaN through a closed gate;
+# * zero_rows "nan": grpo / sapo take .mean() over the rows, luspo too, dr_grpo divides by rows x L: a
+#   batch without rows gives 0 / 0.
+_EXP = {"ratio_overflow": "nan"}
+_ROWS = {"zero_rows": "nan"}
+_LE = {**_LOCAL, **_EXP}
+_LER = {**_LE, **_ROWS}
 
 
 def _mode(name: str, preset: str, loss_type: str, convention: dict, description: str, *, level="token",
@@ -87,20 +95,20 @@ def _mode(name: str, preset: str, loss_type: str, convention: dict, description:
 
 
 _LOSSES = (
-    _mode("grpo", "grpo", "grpo", _LOCAL, "mean of each row's token mean, / accumulation steps"),
-    _mode("bnpo", "bnpo", "bnpo", _LOCAL, "token mean of the micro-batch (the local count, also when TRL "
+    _mode("grpo", "grpo", "grpo", _LER, "mean of each row's token mean, / accumulation steps"),
+    _mode("bnpo", "bnpo", "bnpo", _LE, "token mean of the micro-batch (the local count, also when TRL "
           "has a global one), / accumulation steps"),
-    _mode("dr_grpo", "dr_grpo", "dr_grpo", _LOCAL, "token sum / (rows x max_completion_length), "
+    _mode("dr_grpo", "dr_grpo", "dr_grpo", _LER, "token sum / (rows x max_completion_length), "
           "/ accumulation steps", max_length=16),
-    _mode("dapo", "dapo", "dapo", {}, "token sum / num_items_in_batch (the global tokens)"),
+    _mode("dapo", "dapo", "dapo", _EXP, "token sum / num_items_in_batch (the global tokens)"),
     _mode("cispo", "cispo", "cispo", {}, "sg(min(r, epsilon_high)) A logp, / num_items_in_batch"),
-    _mode("sapo", "sapo", "sapo", {**_LOCAL, "sapo_tau_float32": True}, "SAPO's sigmoid gate (float32 "
+    _mode("sapo", "sapo", "sapo", {**_LER, "sapo_tau_float32": True}, "SAPO's sigmoid gate (float32 "
           "temperatures), GRPO's aggregation"),
-    _mode("gspo", "gspo", "grpo", _LOCAL, "importance_sampling_level='sequence' with loss_type='grpo'",
+    _mode("gspo", "gspo", "grpo", _LER, "importance_sampling_level='sequence' with loss_type='grpo'",
           level="sequence", aggregation="seq_mean_token_mean"),
-    _mode("luspo", "gspo", "luspo", _LOCAL, "GSPO's sequence ratio, each row's sum, mean over rows",
+    _mode("luspo", "gspo", "luspo", _LER, "GSPO's sequence ratio, each row's sum, mean over rows",
           level="sequence", aggregation="seq_mean_token_sum"),
-    _mode("grpo+kl/k3", "grpo", "grpo", {**_LOCAL, **_KL}, "grpo with beta 0.04: the clamped k3 term "
+    _mode("grpo+kl/k3", "grpo", "grpo", {**_LER, **_KL}, "grpo with beta 0.04: the clamped k3 term "
           "times the ratio", kl_coef=0.04, kl_estimator="k3"),
 )
 #: what a release computes differently from the pinned one (releases.py): before 2026.10.9 the k3 term
@@ -150,6 +158,11 @@ _BNPO = (
 )
 FINDINGS = (
     *(() if _RELEASE in RELEASE_FLAGS else _BNPO),  # before 2026.10.9 bnpo took TRL's global count
+    ratio_overflow_finding("rl_replacements.py:1133", "coef_1 =  torch.exp(log_importance_weights)",
+                           "unsloth-zoo 2026.10.9 (every loss type but cispo)"),
+    zero_rows_finding("rl_replacements.py:1224",
+                      "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
+                      "unsloth-zoo 2026.10.9 (grpo, sapo; dr_grpo and luspo likewise)"),
     Finding(
         "efficient_value_float32", "value_only",
         "UnslothEfficientGRPO, through which the trainer calls grpo_compute_loss, accumulates the loss "
