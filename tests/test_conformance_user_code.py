@@ -213,7 +213,11 @@ def test_ctrl_c_ends_the_check_in_one_line_with_130(tmp_path):
             Path({str(tmp_path / "called")!r}).touch()
             time.sleep(30)
         """)
-    process = _refimpl(tmp_path, "hostile:slow", "--preset", "dapo", start_new_session=True)
+    # a terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a test run in the background of
+    # a non-interactive shell (CI's lanes, `cmd &`) inherits SIGINT ignored, which Python keeps: restore
+    # the default in the child so that its Python installs its Ctrl-C handler
+    process = _refimpl(tmp_path, "hostile:slow", "--preset", "dapo", start_new_session=True,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not (tmp_path / "called").exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)

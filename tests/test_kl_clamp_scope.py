@@ -37,7 +37,7 @@ def test_the_clamp_acts_before_or_after_the_weight(scope):
     assert k3 < 10 < k3 * r
     policy = -r  # A = 1 inside the clip: -r A
     kl = 10.0 if scope == "weighted" else k3 * r
-    assert loss.item() == pytest.approx(policy + BETA * kl, rel=1e-14)
+    assert loss.item() == pytest.approx(policy + BETA * kl, rel=1e-14, abs=0.0)
     # d/dlogp: -r, plus the KL term's: clamped (weighted) 0, else d(k3(x) r)/dlogp = r (k3 + 1 - e^x)
     kl_grad = 0.0 if scope == "weighted" else r * (k3 + 1 - math.exp(X))
-    assert grad.item() == pytest.approx(-r + BETA * kl_grad, rel=1e-12)
+    assert grad.item() == pytest.approx(-r + BETA * kl_grad, rel=1e-12, abs=0.0)
