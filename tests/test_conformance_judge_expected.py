@@ -83,6 +83,8 @@ def areal(own, total):
 @pytest.mark.parametrize("micro_batch", ["global", "local_mean", "local_sum"])
 @pytest.mark.parametrize("rounding", ["exact", "float32_per_micro_batch", "float32_weight"])
 def test_micro_batch_normalisers_and_their_float32_roundings(micro_batch, rounding):
+    """Kills (issue 31) the AReaL ("float32_weight") and OpenRLHF ("float32_per_micro_batch")
+    roundings swapped in ``rounded_normalizer``: over 3 micro-batches all three differ."""
     conv = Convention(micro_batch=micro_batch, normalizer_rounding=rounding)
     loss, grad = expected_policy_loss(case_of(ROWS, ADV, parts=PARTS), NONE, conv)
     want, want_grad = 0.0, {}
@@ -115,7 +117,8 @@ def test_the_roundings_differ_where_the_micro_batches_do_not_divide_the_count():
 @pytest.mark.parametrize("rounding", ["exact", "float32_per_micro_batch"])
 def test_a_token_mean_kl_term_over_micro_batches(micro_batch, rounding):
     """OpenRLHF's KL loss: a token mean over the step's tokens (the micro-batch's under local_mean),
-    whose count is float32(count) / gas per micro-batch, added to a sequence-mean policy term."""
+    whose count is float32(count) / gas per micro-batch, added to a sequence-mean policy term.
+    Kills (issue 31) ``_kl_denominator``'s micro-batch rounding removed (always the exact count)."""
     conv = Convention(micro_batch=micro_batch, normalizer_rounding=rounding, kl_aggregation="token_mean")
     v = dataclasses.replace(NONE, aggregation="seq_mean", kl_coef=0.5, kl_estimator="k2")
     loss, _ = expected_policy_loss(case_of(ROWS, ADV, ref_shift=SHIFT, parts=PARTS), v, conv)
@@ -213,6 +216,8 @@ def test_log_ratio_clamps_of_the_ratio_of_cispo_and_of_the_sequence():
 
 
 def test_the_importance_weighted_kl_and_the_ratios_it_refuses():
+    """Kills (issue 31) the deleted guard refusing ``kl_importance_weight`` with a sequence product
+    or GSPO-token ratio (the message is matched whole)."""
     rows, adv, shift = [[0.2, -0.1], [0.3]], [1.0, -0.5], [[0.5, -0.25], [0.75]]
     conv = Convention(kl_importance_weight=True)
     v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k2")
