@@ -418,3 +418,32 @@ def test_reference_log_probs_do_not_count_without_a_kl_term():
         plain = half_tolerance(padded_case(torch.bfloat16), VARIANTS["grpo"], conv, 0.5)
         assert half_tolerance(far, VARIANTS["grpo"], conv, 0.5) == plain
         assert math.isfinite(plain[0])
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo", "grpo_k3", "cispo_sequence"])
+def test_the_half_bound_of_a_step_whose_normaliser_is_one(name):
+    """Only row 3 (one token) counts: every aggregation's normaliser is 1 (one token, one row), so
+    S is the sum of |terms| itself. Kills ``_term_magnitudes``'s ``max(normaliser, 1)`` changed to
+    ``max(normaliser, 2)``."""
+    v = {**VARIANTS, **KL}[name]
+    case = padded_case(torch.float16, ref=True)
+    mask = torch.zeros_like(case.mask)
+    mask[3, 0] = True
+    case = dataclasses.replace(case, mask=mask)
+    assert convention_normalizer(case.mask, v, INPUT) == 1.0
+    value, grad, overflow = half_tolerance(case, v, INPUT, -0.75)
+    ref_value, ref_grad, ref_overflow, _ = reference_half_tolerance(case, v, INPUT, -0.75)
+    assert value == pytest.approx(ref_value, rel=1e-12, abs=0.0)
+    assert grad == pytest.approx(ref_grad, rel=1e-12, abs=0.0) and overflow is ref_overflow is False
+    assert reference_magnitudes(case, v, INPUT)["S"] > 0.0
+
+
+def test_a_sum_of_terms_exactly_the_largest_finite_value_is_no_overflow():
+    """Ratios 1 (logp = old) and advantages 16376, 0, 0, 0 in fp16: row 0's four terms sum to exactly
+    65504, fp16's largest finite value, which the dtype holds. Kills ``m["sum"] > fmax`` changed to
+    ``>=``."""
+    base = padded_case(torch.float16)
+    case = dataclasses.replace(base, logp=base.old_logp.clone(),
+                               advantages=t([16376.0, 0.0, 0.0, 0.0], torch.float16))
+    assert reference_magnitudes(case, VARIANTS["none"], INPUT)["sum"] == 65504.0
+    assert half_tolerance(case, VARIANTS["none"], INPUT, 1.0)[2] is False
