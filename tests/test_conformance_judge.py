@@ -405,6 +405,7 @@ def test_a_step_without_a_token_has_the_bound_of_its_rounding_alone(name):
                                 mask=case.mask[:, :0],
                                 ref_logp=None if case.ref_logp is None else case.ref_logp[:, :0])
     assert half_tolerance(empty, v, INPUT, -0.75) == (0.75 * 2.0**-11, 10 * 2.0**-11, False)
+    assert kl_gradient_slack(empty, v, INPUT) == 0.0  # no KL term to round (kills kl_grad 1.0 there)
     f64 = dataclasses.replace(empty, logp=empty.logp.double(), old_logp=empty.old_logp.double())
     assert half_tolerance(f64, v, F32, 0.0) == (0.0, 2 * U32 + 8 * U32, False)
 

@@ -59,15 +59,15 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor, floor: float) -> f
     where expected is."""
     if tuple(got.shape) != tuple(expected.shape):
         return math.inf
+    if not expected.numel():
+        return 0.0
     g, e = got.detach().cpu().double(), expected.cpu().double()
     both_inf = (torch.isinf(e) & (g == e)) | (torch.isnan(e) & torch.isnan(g))
     if bool((~torch.isfinite(g) & ~both_inf).any()):
         return math.inf
     diff = torch.where(both_inf, torch.zeros_like(e), g - e).abs()
-    scale = (
-        torch.where(torch.isfinite(e), e, torch.zeros_like(e)).abs().max() if e.numel() else torch.tensor(0.0)
-    )
-    return float(diff.max() / (scale + floor)) if e.numel() else 0.0
+    scale = torch.where(torch.isfinite(e), e, torch.zeros_like(e)).abs().max()
+    return float(diff.max() / (scale + floor))
 
 
 def fixed_tolerances(dtype: torch.dtype, rtol: float) -> tuple[float, float]:
