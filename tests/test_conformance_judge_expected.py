@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from refimpl.conformance.case_types import AdvantageCase, KLCase, PolicyLossCase
+from refimpl.conformance.case_types import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
 from refimpl.conformance.conventions import Convention
 from refimpl.conformance.expected import (
     convention_normalizer,
@@ -25,6 +25,7 @@ from refimpl.conformance.expected import (
     expected_group_advantages,
     expected_kl,
     expected_policy_loss,
+    expected_token_logprobs,
     masked_nonfinite_reaches_loss,
     rounded_normalizer,
 )
@@ -613,3 +614,17 @@ def test_kl_terms_built_here_follow_the_cases_device():
         with torch.device("meta"):
             loss, grad = expected_policy_loss(case, v, conv)
         assert torch.equal(loss, plain[0]) and torch.equal(grad, plain[1])
+
+
+def test_expected_token_logprobs_and_their_gradient_in_closed_form():
+    """Logits (0, log 3) and (log 2, 0, -inf): log p of token 1 is log(3/4), of token 0 log(2/3); the
+    gradient of sum w log p_token in the logits is w (onehot - softmax), 0 at the -inf logit."""
+    logits = torch.tensor([[0.0, math.log(3.0), -math.inf], [math.log(2.0), 0.0, -math.inf]],
+                          dtype=torch.float64)
+    case = LogprobCase("logprobs", 0, logits, torch.tensor([1, 0]), torch.tensor([0.5, -2.0]))
+    out, grad = expected_token_logprobs(case)
+    assert out.dtype == torch.float64
+    assert out.tolist() == pytest.approx([math.log(0.75), math.log(2 / 3)], rel=1e-15, abs=0.0)
+    want = [[0.5 * -0.25, 0.5 * 0.25, 0.0], [-2.0 * (1 / 3), -2.0 * (-1 / 3), 0.0]]
+    for row, want_row in zip(grad.tolist(), want, strict=True):
+        assert row == pytest.approx(want_row, rel=1e-14, abs=1e-16)
