@@ -580,7 +580,8 @@ def test_a_value_clamp_of_the_weighted_kl_term_clamps_after_the_weight():
     """``kl_value_clamp_scope="weighted"`` (Unsloth): the k3 term times the token's ratio, then clamped
     to [-c, c], c = 1.5: token 0 k3(1.5) e^-0.7 = 0.984 (k3 alone 1.98 > c: not clamped first),
     token 1 k3(2) e^0.1 = 4.85 -> 1.5. Kills the scope test ``!= "weighted"`` in ``_kl_tokens``
-    broken (a clamp before the weight too)."""
+    broken (a clamp before the weight too), and in ``convention_loss`` the clamp after the weight
+    skipped or applied under every scope (``and`` -> ``or``, ``== "weighted"`` -> ``!=``)."""
     rows, adv, shift = [[-0.7, 0.1]], [1.0], [[1.5, 2.0]]
     conv = Convention(kl_importance_weight=True, kl_value_clamp=1.5, kl_value_clamp_scope="weighted")
     v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k3")
@@ -588,6 +589,11 @@ def test_a_value_clamp_of_the_weighted_kl_term_clamps_after_the_weight():
     weighted = [k3(1.5) * math.exp(-0.7), k3(2.0) * math.exp(0.1)]
     assert k3(1.5) > 1.5 and weighted[0] < 1.5 < weighted[1]
     want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * (weighted[0] + 1.5) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+    # scope "k3" (the default): k3 clamped first, then weighted, never clamped after (1.5 e^0.1 > 1.5)
+    loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), v,
+                                   dataclasses.replace(conv, kl_value_clamp_scope="k3"))
+    want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * 1.5 * (math.exp(-0.7) + math.exp(0.1)) / 2
     assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
 
 
@@ -628,3 +634,25 @@ def test_expected_token_logprobs_and_their_gradient_in_closed_form():
     want = [[0.5 * -0.25, 0.5 * 0.25, 0.0], [-2.0 * (1 / 3), -2.0 * (-1 / 3), 0.0]]
     for row, want_row in zip(grad.tolist(), want, strict=True):
         assert row == pytest.approx(want_row, rel=1e-14, abs=1e-16)
+
+
+@pytest.mark.parametrize("flags", [{"kl_k3_form": "naive"}, {"kl_log_ratio_max": 0.5},
+                                   {"kl_compute_dtype": "float32"}])
+def test_the_policy_losss_kl_term_applies_every_kl_flag(flags):
+    """A policy loss with a k3 term (advantages 0: the KL term alone) under each KL flag that needs the
+    KL built here: its value is the token mean of ``expected_kl`` under the same flag (log r = 1e-9,
+    where the naive form keeps only rounding; 0.75 past the max 0.5; float32 log-probs). Kills each
+    flag dropped from ``convention_loss``'s ``clamps_kl`` (the spec's KL would be used instead)."""
+    shift = [[1e-9, 1e-9, 1e-9]] if "kl_k3_form" in flags else [[1e-9, 0.75, -0.3]]
+    case = case_of([[0.1, -0.2, 0.3]], [0.0], ref_shift=shift)
+    # log-probs near -1000: float32 rounds each by up to 3e-5, far past float32 exp's last place
+    case = dataclasses.replace(case, logp=case.logp - 1000.0, old_logp=case.old_logp - 1000.0,
+                               ref_logp=case.ref_logp - 1000.0)
+    v = dataclasses.replace(NONE, kl_coef=1.0, kl_estimator="k3")
+    conv = Convention(**flags)
+    loss, _ = expected_policy_loss(case, v, conv)
+    kl_case = KLCase("kl", 0, case.logp[0], case.ref_logp[0])
+    tokens, _ = expected_kl(kl_case, "k3", conv)
+    plain, _ = expected_kl(kl_case, "k3", Convention())
+    assert float(loss) == pytest.approx(float(tokens.sum()) / 3, rel=1e-15, abs=0.0)
+    assert abs(float(tokens.sum()) - float(plain.sum())) > 1e-6 * float(plain.sum())  # the flag matters
