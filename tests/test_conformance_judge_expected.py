@@ -155,6 +155,8 @@ def test_convention_normalizer_of_every_aggregation():
     assert norm("seq_sum", 8, token_sum_rows="none") == 8.0
     assert norm("seq_sum", 8, seq_sum_width="padded_width") == 10.0
     assert norm("seq_sum", None, seq_sum_width="padded_width") == 10.0
+    # SkyRL's Dr. GRPO: the budget is prompt + response, L_max + extra tokens (kills "+ extra" -> "-")
+    assert norm("seq_sum", 8, seq_sum_extra=3) == 22.0
     with pytest.raises(ValueError, match=r"^variant.max_length \(L_max\) is required by aggregation "
                                          r"'seq_sum'$"):
         norm("seq_sum", None)
@@ -594,6 +596,11 @@ def test_a_value_clamp_of_the_weighted_kl_term_clamps_after_the_weight():
     loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), v,
                                    dataclasses.replace(conv, kl_value_clamp_scope="k3"))
     want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * 1.5 * (math.exp(-0.7) + math.exp(0.1)) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+    # k1 = logp - ref may be negative: -2 e^0.1 = -2.21 clamped to -1.5 (the clamp's lower side)
+    k1 = dataclasses.replace(v, kl_estimator="k1")
+    loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), k1, conv)
+    want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * (-1.5 * math.exp(-0.7) - 1.5) / 2
     assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
 
 
