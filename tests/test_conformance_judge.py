@@ -52,6 +52,8 @@ def t(values, dtype=torch.float64):
 
 
 def test_relative_error_is_the_largest_difference_over_the_largest_expected_plus_the_floor():
+    """Kills (issue 31) the denominator ``scale + floor`` changed to ``scale - floor``: against an
+    expected value of 0 the error would turn negative and any wrong result pass."""
     # max |got - expected| = 5 (second entry), max |expected| = 4: 5 / (4 + 0.5)
     assert relative_error(t([3.0, 1.0]), t([2.0, -4.0]), 0.5) == 5.0 / 4.5
     # an expected value of 0 is compared on the floor alone: a wrong result is never "within" it
@@ -80,12 +82,15 @@ def test_relative_error_of_non_finite_and_mismatched_results():
 
 
 def test_the_unit_roundoffs_are_half_the_machine_epsilons():
+    """Kills (issue 31) a halved fp16 (or any) unit roundoff, which no bound on the tested data
+    was tight enough to notice."""
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         assert UNIT_ROUNDOFF[dtype] == torch.finfo(dtype).eps / 2
     assert ELEMENTWISE_ROUNDINGS == 8 and DEFAULT_RTOL == 1e-8
 
 
 def test_fixed_tolerances_of_half_golden_vectors_and_full_precision():
+    """Kills (issue 31) a halved bf16 (or fp16) gradient rtol ``HALF_GRAD_RTOL``."""
     # bf16 / fp16: value 1e-4, gradient the dtype's machine epsilon (2u), --rtol can only loosen them
     assert fixed_tolerances(torch.bfloat16, 1e-8) == (1e-4, 2.0**-7)
     assert fixed_tolerances(torch.float16, 1e-8) == (1e-4, 2.0**-10)
@@ -255,7 +260,9 @@ def _grid():
 def test_the_half_bound_is_the_documented_rule_on_every_ratio_level_and_gate(variant, conv, dtype):
     """Every ratio level x gate x aggregation x KL estimator x compute dtype the family allows, on a
     batch with an empty row, a row of one token and padding holding 1e4 (its log-ratio 2e4 must not
-    reach kappa); reference log-probs are given also without a KL term (they must not count)."""
+    reach kappa); reference log-probs are given also without a KL term (they must not count).
+    Kills (issue 31) the deleted ``unit_logp`` of a sequence-level ratio, which only a CISPO gate
+    reads (``cispo_sequence``, ``cispo_product``)."""
     for case in (padded_case(dtype, ref=True),
                  padded_case(dtype, ref=True, per_token_adv=not variant.sequence_level)):
         expected_loss = -0.3125
@@ -272,7 +279,8 @@ def test_the_half_bound_is_the_documented_rule_on_every_ratio_level_and_gate(var
 @pytest.mark.parametrize("padding", [math.nan, math.inf, -math.inf, 6e4])
 @pytest.mark.parametrize("name", ["gspo", "gspo_token", "dapo", "cispo_sequence"])
 def test_padding_cannot_loosen_or_poison_the_half_bound(name, padding):
-    """NaN / inf / huge values at masked positions leave the bound what it is with finite junk."""
+    """NaN / inf / huge values at masked positions leave the bound what it is with finite junk.
+    Kills (issue 31) the mask dropped from kappa's ``torch.where(mask, logp - old, 0)``."""
     v = dataclasses.replace(VARIANTS[name], kl_coef=0.1)
     for conv in (INPUT, LOOSE, Convention(kl_importance_weight=True)):
         if conv.kl_importance_weight and v.ratio == "gspo_token":
@@ -287,7 +295,8 @@ def test_padding_cannot_loosen_or_poison_the_half_bound(name, padding):
 
 def test_kappa_of_a_sequence_ratio_is_the_mean_log_ratio_and_of_a_product_the_sum():
     """Row 0's log-ratios sum to 0.5 over 4 tokens, row 1's to -0.5625 over 2: GSPO's kappa is
-    max(0.125, 0.28125), the product's 0.5625; the bf16 gradient bound (K + kappa + 2) u."""
+    max(0.125, 0.28125), the product's 0.5625; the bf16 gradient bound (K + kappa + 2) u.
+    Kills (issue 31) the sequence mean's ``/ lengths`` changed to ``* lengths``."""
     case = padded_case(torch.bfloat16)
     u = 2.0**-8
     assert half_tolerance(case, VARIANTS["gspo"], INPUT, 0.0)[1] == (10 + 0.28125) * u
@@ -396,6 +405,7 @@ def test_a_step_without_a_token_has_the_bound_of_its_rounding_alone(name):
                                 mask=case.mask[:, :0],
                                 ref_logp=None if case.ref_logp is None else case.ref_logp[:, :0])
     assert half_tolerance(empty, v, INPUT, -0.75) == (0.75 * 2.0**-11, 10 * 2.0**-11, False)
+    assert kl_gradient_slack(empty, v, INPUT) == 0.0  # no KL term to round (kills kl_grad 1.0 there)
     f64 = dataclasses.replace(empty, logp=empty.logp.double(), old_logp=empty.old_logp.double())
     assert half_tolerance(f64, v, F32, 0.0) == (0.0, 2 * U32 + 8 * U32, False)
 
@@ -409,3 +419,32 @@ def test_reference_log_probs_do_not_count_without_a_kl_term():
         plain = half_tolerance(padded_case(torch.bfloat16), VARIANTS["grpo"], conv, 0.5)
         assert half_tolerance(far, VARIANTS["grpo"], conv, 0.5) == plain
         assert math.isfinite(plain[0])
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo", "grpo_k3", "cispo_sequence"])
+def test_the_half_bound_of_a_step_whose_normaliser_is_one(name):
+    """Only row 3 (one token) counts: every aggregation's normaliser is 1 (one token, one row), so
+    S is the sum of |terms| itself. Kills ``_term_magnitudes``'s ``max(normaliser, 1)`` changed to
+    ``max(normaliser, 2)``."""
+    v = {**VARIANTS, **KL}[name]
+    case = padded_case(torch.float16, ref=True)
+    mask = torch.zeros_like(case.mask)
+    mask[3, 0] = True
+    case = dataclasses.replace(case, mask=mask)
+    assert convention_normalizer(case.mask, v, INPUT) == 1.0
+    value, grad, overflow = half_tolerance(case, v, INPUT, -0.75)
+    ref_value, ref_grad, ref_overflow, _ = reference_half_tolerance(case, v, INPUT, -0.75)
+    assert value == pytest.approx(ref_value, rel=1e-12, abs=0.0)
+    assert grad == pytest.approx(ref_grad, rel=1e-12, abs=0.0) and overflow is ref_overflow is False
+    assert reference_magnitudes(case, v, INPUT)["S"] > 0.0
+
+
+def test_a_sum_of_terms_exactly_the_largest_finite_value_is_no_overflow():
+    """Ratios 1 (logp = old) and advantages 16376, 0, 0, 0 in fp16: row 0's four terms sum to exactly
+    65504, fp16's largest finite value, which the dtype holds. Kills ``m["sum"] > fmax`` changed to
+    ``>=``."""
+    base = padded_case(torch.float16)
+    case = dataclasses.replace(base, logp=base.old_logp.clone(),
+                               advantages=t([16376.0, 0.0, 0.0, 0.0], torch.float16))
+    assert reference_magnitudes(case, VARIANTS["none"], INPUT)["sum"] == 65504.0
+    assert half_tolerance(case, VARIANTS["none"], INPUT, 1.0)[2] is False

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from refimpl.conformance.case_types import AdvantageCase, KLCase, PolicyLossCase
+from refimpl.conformance.case_types import AdvantageCase, KLCase, LogprobCase, PolicyLossCase
 from refimpl.conformance.conventions import Convention
 from refimpl.conformance.expected import (
     convention_normalizer,
@@ -25,6 +25,7 @@ from refimpl.conformance.expected import (
     expected_group_advantages,
     expected_kl,
     expected_policy_loss,
+    expected_token_logprobs,
     masked_nonfinite_reaches_loss,
     rounded_normalizer,
 )
@@ -83,6 +84,8 @@ def areal(own, total):
 @pytest.mark.parametrize("micro_batch", ["global", "local_mean", "local_sum"])
 @pytest.mark.parametrize("rounding", ["exact", "float32_per_micro_batch", "float32_weight"])
 def test_micro_batch_normalisers_and_their_float32_roundings(micro_batch, rounding):
+    """Kills (issue 31) the AReaL ("float32_weight") and OpenRLHF ("float32_per_micro_batch")
+    roundings swapped in ``rounded_normalizer``: over 3 micro-batches all three differ."""
     conv = Convention(micro_batch=micro_batch, normalizer_rounding=rounding)
     loss, grad = expected_policy_loss(case_of(ROWS, ADV, parts=PARTS), NONE, conv)
     want, want_grad = 0.0, {}
@@ -115,7 +118,8 @@ def test_the_roundings_differ_where_the_micro_batches_do_not_divide_the_count():
 @pytest.mark.parametrize("rounding", ["exact", "float32_per_micro_batch"])
 def test_a_token_mean_kl_term_over_micro_batches(micro_batch, rounding):
     """OpenRLHF's KL loss: a token mean over the step's tokens (the micro-batch's under local_mean),
-    whose count is float32(count) / gas per micro-batch, added to a sequence-mean policy term."""
+    whose count is float32(count) / gas per micro-batch, added to a sequence-mean policy term.
+    Kills (issue 31) ``_kl_denominator``'s micro-batch rounding removed (always the exact count)."""
     conv = Convention(micro_batch=micro_batch, normalizer_rounding=rounding, kl_aggregation="token_mean")
     v = dataclasses.replace(NONE, aggregation="seq_mean", kl_coef=0.5, kl_estimator="k2")
     loss, _ = expected_policy_loss(case_of(ROWS, ADV, ref_shift=SHIFT, parts=PARTS), v, conv)
@@ -151,6 +155,8 @@ def test_convention_normalizer_of_every_aggregation():
     assert norm("seq_sum", 8, token_sum_rows="none") == 8.0
     assert norm("seq_sum", 8, seq_sum_width="padded_width") == 10.0
     assert norm("seq_sum", None, seq_sum_width="padded_width") == 10.0
+    # SkyRL's Dr. GRPO: the budget is prompt + response, L_max + extra tokens (kills "+ extra" -> "-")
+    assert norm("seq_sum", 8, seq_sum_extra=3) == 22.0
     with pytest.raises(ValueError, match=r"^variant.max_length \(L_max\) is required by aggregation "
                                          r"'seq_sum'$"):
         norm("seq_sum", None)
@@ -213,6 +219,8 @@ def test_log_ratio_clamps_of_the_ratio_of_cispo_and_of_the_sequence():
 
 
 def test_the_importance_weighted_kl_and_the_ratios_it_refuses():
+    """Kills (issue 31) the deleted guard refusing ``kl_importance_weight`` with a sequence product
+    or GSPO-token ratio (the message is matched whole)."""
     rows, adv, shift = [[0.2, -0.1], [0.3]], [1.0, -0.5], [[0.5, -0.25], [0.75]]
     conv = Convention(kl_importance_weight=True)
     v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k2")
@@ -452,3 +460,206 @@ def test_expected_values_follow_the_cases_device_not_the_default_one():
     with torch.device("meta"):
         loss, grad = expected_policy_loss(case, v, Convention())
     assert loss.device.type == "cpu" and torch.equal(loss, plain[0]) and torch.equal(grad, plain[1])
+
+
+def test_the_sequence_cap_of_a_row_of_one_token():
+    """GSPO-token's cap on a row of one token (log s = its log-ratio 2.5, capped at 1) beside a row of
+    two under the cap. Kills ``_capped_sequence_logp``'s length clamp ``min=1`` changed to ``min=2``."""
+    v = PolicyLossVariant(ratio="gspo_token", gate="none", aggregation="seq_mean_token_mean")
+    loss, grad = expected_policy_loss(case_of([[2.5], [0.25, 0.75]], [0.5, -2.0]), v,
+                                      Convention(sequence_log_ratio_cap=1.0))
+    assert float(loss) == pytest.approx(-(0.5 * math.e - 2.0 * math.exp(0.5)) / 2, rel=1e-14, abs=0.0)
+    assert float(grad[0, 0]) == 0.0
+
+
+def test_a_token_mean_kl_term_of_a_step_without_tokens_is_zero():
+    """No token counts: the KL term's denominator is 1, not 0 (0 / 0 would be NaN). Kills
+    ``_token_mean_kl_term``'s ``per_step > 0`` changed to ``>= 0``."""
+    case = case_of([[0.1, 0.2]], [1.0], ref_shift=[[0.5, -0.5]])
+    case = dataclasses.replace(case, mask=torch.zeros_like(case.mask))
+    v = dataclasses.replace(NONE, aggregation="seq_mean", kl_coef=0.5, kl_estimator="k2")
+    loss, grad = expected_policy_loss(case, v, Convention(kl_aggregation="token_mean"))
+    assert float(loss) == 0.0 and float(grad.abs().sum()) == 0.0
+
+
+def test_the_k2_straight_through_gradient_accepts_an_infinite_log_ratio():
+    """verl's "+" estimators (``kl_gradient="k2"``) on a token the policy gives probability 0: the
+    gradient is k2's slope (-inf), and the value ``v + (k2 - sg(k2))`` is NaN there, as the
+    straight-through sum itself forms it (inf - inf), not a refusal of the input. Kills
+    ``_k2_straight_through``'s ``check_finite=False`` dropped (kl_k2 would raise)."""
+    case = KLCase("kl", 0, torch.tensor([-math.inf, -1.0], dtype=torch.float64),
+                  torch.tensor([-1.0, -1.5], dtype=torch.float64))
+    value, grad = expected_kl(case, "k1", Convention(kl_gradient="k2"))
+    assert math.isnan(value[0]) and value[1] == 0.5
+    assert grad.tolist() == [-math.inf, 0.5]
+
+
+def test_rloo_advantages_scaled_by_the_group_std():
+    """RLOO (R_i minus the mean of the others: -2, -0.5, 2.5) over the group's std with eps inside
+    the square root; the singleton 0. Kills ``leave_one_out`` dropped when ``adv_scale`` is not "none"."""
+    s = math.sqrt(14 / 9 + 1e-6)
+    assert advantages_of(adv_leave_one_out=True) == pytest.approx([-2.0 / s, -0.5 / s, 2.5 / s, 0.0],
+                                                                  rel=1e-14, abs=1e-15)
+
+
+FLOAT32_STATS = {"adv_compute_dtype": "float32", "adv_std": "sample", "adv_eps_inside_sqrt": False}
+
+
+def test_float32_group_statistics_of_pairs_singletons_and_no_rewards():
+    """A pair is no singleton (its sample std |a - b| / sqrt 2); a singleton whose reward is not a
+    float32 number is 0 under "zero" (not (R - float32(R)) / eps); no rewards give no advantages.
+    Kills in ``_float32_group_advantages``: ``count <= 1`` changed to ``<= 2``, the "zero" branch
+    skipped, ``groups`` taken from an empty index."""
+    rewards = [0.5, 1.5, 0.1]
+    case = AdvantageCase("adv", 0, torch.tensor(rewards, dtype=torch.float64), torch.tensor([0, 0, 1]))
+    std = float(F32(np.sqrt(F32(0.5)) + F32(1e-6)))  # sqrt((0.5^2 + 0.5^2) / 1), then + eps in float32
+    for singleton, last in (("zero", 0.0), ("raw", 0.1 / float(F32(1.0) + F32(1e-6)))):
+        got = expected_group_advantages(case, Convention(adv_singleton=singleton, **FLOAT32_STATS)).tolist()
+        assert got[:2] == pytest.approx([-0.5 / std, 0.5 / std], rel=1e-15, abs=0.0)
+        assert got[2] == last
+    empty = AdvantageCase("adv", 0, torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    assert expected_group_advantages(empty, Convention(**FLOAT32_STATS)).tolist() == []
+
+
+def test_float32_statistics_follow_neither_the_default_device_nor_the_default_dtype():
+    """The float32 group statistics, verl's float32 singleton divisor and a token-mean KL term made on
+    the rewards' (case's) device in their own dtype, under a meta default device and a float64 default
+    dtype. Kills dropped ``device=`` / ``dtype=`` arguments in ``_float32_group_advantages``,
+    ``_float32_singleton_divisor`` and ``_token_mean_kl_term``."""
+    case = AdvantageCase("adv", 0, torch.tensor([1000.1, 1000.3, 1000.2, 0.1], dtype=torch.float64),
+                         torch.tensor(GROUPS))
+    verl = Convention(adv_std="sample", adv_eps_inside_sqrt=False, adv_singleton="raw",
+                      adv_singleton_float32=True)
+    stats = Convention(adv_singleton="raw", **FLOAT32_STATS)
+    policy = case_of(ROWS, ADV, ref_shift=SHIFT, parts=PARTS)
+    v = dataclasses.replace(NONE, aggregation="seq_mean", kl_coef=0.5, kl_estimator="k2")
+    token_mean = Convention(kl_aggregation="token_mean")
+    plain = [expected_group_advantages(case, verl), expected_group_advantages(case, stats),
+             *expected_policy_loss(policy, v, token_mean)]
+    assert plain[0][3] == 0.1 / float(F32(1.0) + F32(1e-6))
+    with torch.device("meta"):
+        on_meta = [expected_group_advantages(case, verl), expected_group_advantages(case, stats),
+                   *expected_policy_loss(policy, v, token_mean)]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        in_float64 = [expected_group_advantages(case, verl), expected_group_advantages(case, stats)]
+    finally:
+        torch.set_default_dtype(default)
+    for got in (*on_meta, *in_float64):
+        assert got.device.type == "cpu"
+    assert all(torch.equal(a, b) for a, b in zip(plain, on_meta, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(plain[:2], in_float64, strict=True))
+
+
+def test_a_token_mean_kl_denominator_is_not_rounded_to_float32():
+    """A per-step token count of 2^24 + 1 (no float32 number) divides the KL sum exactly, in the KL's
+    dtype (float64 here). Kills ``_token_mean_kl_term``'s ``dtype=kl.dtype`` dropped (a float32
+    denominator 2^24)."""
+    from refimpl.conformance.expected import convention_loss
+
+    case = case_of(ROWS, [0.0] * 5, ref_shift=SHIFT)  # advantages 0: the KL term alone
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k2")
+    count = 2.0**24 + 1
+    loss = convention_loss(case.logp, case.old_logp, case.advantages, case.mask, case.ref_logp, v,
+                           Convention(kl_aggregation="token_mean"), 7.0, (count, 1))
+    # 6e-8 relative from the float32 count's value: far outside a few float64 roundings
+    assert float(loss) == pytest.approx(part_kl(range(5), 0.5) / count, rel=1e-14, abs=0.0)
+
+
+def test_a_clamped_k3_accepts_infinite_log_ratios():
+    """k3 with ``kl_log_ratio_max`` 10 on both infinities: log r = +inf (logp = -inf) is clamped to 10,
+    log r = -inf (ref = -inf) keeps k3's limit inf with slope +1. Kills ``_k3_of_log_ratio``'s
+    ``check_finite=False`` dropped or turned to True (kl_k3 would refuse the infinity)."""
+    case = KLCase("kl", 0, torch.tensor([-math.inf, -1.0], dtype=torch.float64),
+                  torch.tensor([-1.0, -math.inf], dtype=torch.float64))
+    value, grad = expected_kl(case, "k3", Convention(kl_log_ratio_max=10.0))
+    assert value.tolist() == [pytest.approx(k3(10.0), rel=1e-14, abs=0.0), math.inf]
+    assert grad.tolist() == [0.0, 1.0]
+
+
+def test_a_value_clamp_of_the_weighted_kl_term_clamps_after_the_weight():
+    """``kl_value_clamp_scope="weighted"`` (Unsloth): the k3 term times the token's ratio, then clamped
+    to [-c, c], c = 1.5: token 0 k3(1.5) e^-0.7 = 0.984 (k3 alone 1.98 > c: not clamped first),
+    token 1 k3(2) e^0.1 = 4.85 -> 1.5. Kills the scope test ``!= "weighted"`` in ``_kl_tokens``
+    broken (a clamp before the weight too), and in ``convention_loss`` the clamp after the weight
+    skipped or applied under every scope (``and`` -> ``or``, ``== "weighted"`` -> ``!=``)."""
+    rows, adv, shift = [[-0.7, 0.1]], [1.0], [[1.5, 2.0]]
+    conv = Convention(kl_importance_weight=True, kl_value_clamp=1.5, kl_value_clamp_scope="weighted")
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k3")
+    loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), v, conv)
+    weighted = [k3(1.5) * math.exp(-0.7), k3(2.0) * math.exp(0.1)]
+    assert k3(1.5) > 1.5 and weighted[0] < 1.5 < weighted[1]
+    want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * (weighted[0] + 1.5) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+    # scope "k3" (the default): k3 clamped first, then weighted, never clamped after (1.5 e^0.1 > 1.5)
+    loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), v,
+                                   dataclasses.replace(conv, kl_value_clamp_scope="k3"))
+    want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * 1.5 * (math.exp(-0.7) + math.exp(0.1)) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+    # k1 = logp - ref may be negative: -2 e^0.1 = -2.21 clamped to -1.5 (the clamp's lower side)
+    k1 = dataclasses.replace(v, kl_estimator="k1")
+    loss, _ = expected_policy_loss(case_of(rows, adv, ref_shift=shift), k1, conv)
+    want = -(math.exp(-0.7) + math.exp(0.1)) / 2 + 0.5 * (-1.5 * math.exp(-0.7) - 1.5) / 2
+    assert float(loss) == pytest.approx(want, rel=1e-14, abs=0.0)
+
+
+def test_float32_constants_do_not_follow_the_default_dtype():
+    """Under a float64 default dtype the float32 roundings stay float32. Kills ``_host32``'s
+    ``dtype=torch.float32`` dropped."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert rounded_normalizer(7.0, 3, Convention(normalizer_rounding="float32_per_micro_batch")) == \
+            openrlhf(7)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def test_kl_terms_built_here_follow_the_cases_device():
+    """The KL terms ``expected.py`` builds itself (a value clamp, the importance-weighted KL) under a
+    meta default device. Kills the dropped ``device=`` of ``_kl_tokens``'s and
+    ``_importance_weighted_kl``'s zeros."""
+    case = case_of(ROWS, ADV, ref_shift=SHIFT, parts=PARTS)
+    v = dataclasses.replace(NONE, kl_coef=0.5, kl_estimator="k3")
+    for conv in (Convention(kl_value_clamp=0.25), Convention(kl_importance_weight=True)):
+        plain = expected_policy_loss(case, v, conv)
+        with torch.device("meta"):
+            loss, grad = expected_policy_loss(case, v, conv)
+        assert torch.equal(loss, plain[0]) and torch.equal(grad, plain[1])
+
+
+def test_expected_token_logprobs_and_their_gradient_in_closed_form():
+    """Logits (0, log 3) and (log 2, 0, -inf): log p of token 1 is log(3/4), of token 0 log(2/3); the
+    gradient of sum w log p_token in the logits is w (onehot - softmax), 0 at the -inf logit."""
+    logits = torch.tensor([[0.0, math.log(3.0), -math.inf], [math.log(2.0), 0.0, -math.inf]],
+                          dtype=torch.float64)
+    case = LogprobCase("logprobs", 0, logits, torch.tensor([1, 0]), torch.tensor([0.5, -2.0]))
+    out, grad = expected_token_logprobs(case)
+    assert out.dtype == torch.float64
+    assert out.tolist() == pytest.approx([math.log(0.75), math.log(2 / 3)], rel=1e-15, abs=0.0)
+    want = [[0.5 * -0.25, 0.5 * 0.25, 0.0], [-2.0 * (1 / 3), -2.0 * (-1 / 3), 0.0]]
+    for row, want_row in zip(grad.tolist(), want, strict=True):
+        assert row == pytest.approx(want_row, rel=1e-14, abs=1e-16)
+
+
+@pytest.mark.parametrize("flags", [{"kl_k3_form": "naive"}, {"kl_log_ratio_max": 0.5},
+                                   {"kl_compute_dtype": "float32"}])
+def test_the_policy_losss_kl_term_applies_every_kl_flag(flags):
+    """A policy loss with a k3 term (advantages 0: the KL term alone) under each KL flag that needs the
+    KL built here: its value is the token mean of ``expected_kl`` under the same flag (log r = 1e-9,
+    where the naive form keeps only rounding; 0.75 past the max 0.5; float32 log-probs). Kills each
+    flag dropped from ``convention_loss``'s ``clamps_kl`` (the spec's KL would be used instead)."""
+    shift = [[1e-9, 1e-9, 1e-9]] if "kl_k3_form" in flags else [[1e-9, 0.75, -0.3]]
+    case = case_of([[0.1, -0.2, 0.3]], [0.0], ref_shift=shift)
+    # log-probs near -1000: float32 rounds each by up to 3e-5, far past float32 exp's last place
+    case = dataclasses.replace(case, logp=case.logp - 1000.0, old_logp=case.old_logp - 1000.0,
+                               ref_logp=case.ref_logp - 1000.0)
+    v = dataclasses.replace(NONE, kl_coef=1.0, kl_estimator="k3")
+    conv = Convention(**flags)
+    loss, _ = expected_policy_loss(case, v, conv)
+    kl_case = KLCase("kl", 0, case.logp[0], case.ref_logp[0])
+    tokens, _ = expected_kl(kl_case, "k3", conv)
+    plain, _ = expected_kl(kl_case, "k3", Convention())
+    assert float(loss) == pytest.approx(float(tokens.sum()) / 3, rel=1e-15, abs=0.0)
+    assert abs(float(tokens.sum()) - float(plain.sum())) > 1e-6 * float(plain.sum())  # the flag matters

@@ -29,6 +29,7 @@ SKYRL = Convention(ratio_dtype="float32")
 LIGER = Convention(ratio_dtype="float32_gate")
 U64 = 2.0**-53
 F32 = {b: float(np.float32(b)) for b in (1.2, 0.8, 3.0)}
+F32_22 = float(np.float32(2.2))
 
 
 def float32_tie(bound: float) -> float:
@@ -73,6 +74,8 @@ def within_ulps(got: float, want: float, ulps: int = 4) -> bool:
 
 
 def test_float64_inputs_on_the_float32_upper_bound_are_a_tie_for_liger_and_clipped_for_skyrl():
+    """Kills (issue 31) ``ratio_dtype == "float32_gate"`` inverted in ``_float32_bounds``: Liger
+    and SkyRL part exactly on float32(1.2)."""
     x = float32_tie(1.2)
     logp, old, adv, mask = batch([x, 0.05], [0.5])
     liger = ratio_of(evaluated_ratio_logp(logp, old, adv, mask, PPO, LIGER, torch.float64), old)[0]
@@ -155,8 +158,9 @@ def test_the_float32_ratio_gradient_is_rounded_to_float32_on_its_way_back():
 
 
 def test_masked_overflowing_and_underflowing_ratios_are_left_as_they_are():
-    """Only tokens that count, whose float32 ratio is finite and > 0, are moved; a masked token's
-    gradient passes unrounded."""
+    """Only tokens that count, whose float32 ratio is finite and > 0, are moved; the gradient of a
+    masked, overflowing or underflowing token passes unrounded (0.1 is not a float32 number: kills
+    the placeholder ratio 0 of ``_Float32RatioGradient`` changed to 1, which would round it)."""
     x = float32_tie(1.2)
     logp, old, adv, mask = batch([x, 100.0, -120.0, x], [1.0], mask=[True, True, True, False])
     for conv in (SKYRL, LIGER):
@@ -164,8 +168,8 @@ def test_masked_overflowing_and_underflowing_ratios_are_left_as_they_are():
         out = evaluated_ratio_logp(leaf, old, adv, mask, PPO, conv, torch.float64)
         assert out[0, 1:].tolist() == logp[0, 1:].tolist()
         assert float(out[0, 0].detach()) != x
-        (grad,) = torch.autograd.grad(out.sum(), leaf)
-        assert grad[0, 1:].tolist() == [1.0, 1.0, 1.0]
+        (grad,) = torch.autograd.grad((0.1 * out).sum(), leaf)
+        assert grad[0, 1:].tolist() == [0.1, 0.1, 0.1]
 
 
 def test_the_ratio_is_left_alone_where_nothing_is_rounded_or_tied():
@@ -259,3 +263,42 @@ def test_ties_with_old_log_probs_that_are_not_zero():
     y_logp = torch.tensor([[y, 0.05]], dtype=torch.float64)
     r = evaluated_ratio(y_logp, zero, adv, mask, wide, SKYRL, torch.float64)
     assert r[0] == 2.5 if exact else (r[0] <= 2.5 and within_ulps(r[0], 2.5))
+
+
+def test_a_zero_per_sequence_advantage_counts_with_the_positive_side():
+    """Per-sequence advantages (1-D): A = 0 meets the upper bound, as per-token ones do. Kills
+    ``_ties_on_open_side``'s 1-D ``adv < 0`` changed to ``adv <= 0`` (a mutmut survivor)."""
+    logp, old, adv, mask = batch([float32_tie(1.2), float32_tie(0.8)], [0.0])
+    r = evaluated_ratio(logp, old, adv, mask, PPO, LIGER, torch.float64)
+    assert r[0] <= 1.2 and within_ulps(r[0], 1.2)  # placed on the float64 upper bound's inside
+    assert within_ulps(r[1], F32[0.8])  # 0.8 bounds only the negative side: the float32 ratio
+
+
+def test_a_dual_clip_whose_float32_rounding_lies_above_it_is_placed_on_it():
+    """Liger's float32 dual clip c = 2.2: float32(2.2) = 2.2000000477 > 2.2, so a float32 ratio on it
+    is a tie, placed on c (float64) from above, not left at float32(c) (past the bound, a clipped
+    token). Kills the dual tie's ``old + log(c)`` skipped (``isfinite(dual) and False``)."""
+    assert F32_22 > 2.2
+    logp, old, adv, mask = batch([float32_tie(2.2), 0.1], [-1.0])
+    r = evaluated_ratio(logp, old, adv, mask, dataclasses.replace(PPO, dual_clip=2.2), LIGER, torch.float64)
+    assert r[0] <= 2.2 and within_ulps(r[0], 2.2)
+
+
+def test_a_lower_tie_that_float64_holds_exactly_is_not_moved_inside():
+    """eps_low = 0.5: the lower bound 0.5 is exact in float32 and float64, and exp(log 0.5) is exactly
+    0.5 on this CPU (checked first): the tie stays on it, not an ulp above. Kills the nudge's
+    ``r < lower`` changed to ``r <= lower``."""
+    logp, old, adv, mask = batch([float32_tie(0.5), 0.1], [-1.0])
+    exact = float(torch.exp(torch.tensor([math.log(0.5), 0.1], dtype=torch.float64))[0]) == 0.5
+    r = evaluated_ratio(logp, old, adv, mask, dataclasses.replace(PPO, eps_low=0.5), LIGER, torch.float64)
+    assert r[0] == 0.5 if exact else (r[0] >= 0.5 and within_ulps(r[0], 0.5))
+
+
+def test_cispo_weight_leaves_a_float32_ratio_that_underflows_to_zero_alone():
+    """exp(float32(-120)) is 0 in float32: no log of it (old would become +inf); ``old`` stays. Kills
+    ``evaluated_weight_old``'s ``ratio > 0`` changed to ``ratio >= 0``."""
+    logp, old, _, mask = batch([-120.0, 0.3], [1.0])
+    assert f32_exp([-120.0, 0.3])[0] == 0.0
+    new_old = evaluated_weight_old(logp, old, mask, LIGER, torch.float64)
+    assert float(new_old[0, 0]) == 0.0
+    assert within_ulps(math.exp(float(logp[0, 1] - new_old[0, 1])), f32_exp([-120.0, 0.3])[1])

@@ -59,15 +59,15 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor, floor: float) -> f
     where expected is."""
     if tuple(got.shape) != tuple(expected.shape):
         return math.inf
+    if not expected.numel():
+        return 0.0
     g, e = got.detach().cpu().double(), expected.cpu().double()
     both_inf = (torch.isinf(e) & (g == e)) | (torch.isnan(e) & torch.isnan(g))
     if bool((~torch.isfinite(g) & ~both_inf).any()):
         return math.inf
     diff = torch.where(both_inf, torch.zeros_like(e), g - e).abs()
-    scale = (
-        torch.where(torch.isfinite(e), e, torch.zeros_like(e)).abs().max() if e.numel() else torch.tensor(0.0)
-    )
-    return float(diff.max() / (scale + floor)) if e.numel() else 0.0
+    scale = torch.where(torch.isfinite(e), e, torch.zeros_like(e)).abs().max()
+    return float(diff.max() / (scale + floor))
 
 
 def fixed_tolerances(dtype: torch.dtype, rtol: float) -> tuple[float, float]:
@@ -103,7 +103,6 @@ def _term_magnitudes(case, variant: PolicyLossVariant, conv: Convention) -> dict
         unit_adv = adv if adv.ndim == 2 else adv.unsqueeze(-1).expand_as(x)
         per_row = variant.aggregation == "seq_mean_token_mean"
         weight = (1.0 / (lengths.clamp(min=1.0).unsqueeze(-1) if per_row else 1.0)) / denominator
-        weight = weight * torch.ones_like(x)
     ratio = torch.exp(unit_x)
     lower, upper, dual = _cases.clip_bounds(variant)
     if variant.gate == "clip":
@@ -159,9 +158,8 @@ def kl_gradient_slack(case, variant: PolicyLossVariant, conv: Convention) -> flo
     """An absolute bound on the rounding of a KL term's gradient in a reduced compute dtype: k3's
     gradient ``1 - exp(log r)`` (times the ratio under ``kl_importance_weight``) is a difference of
     terms of size ``exp(|log r|)``, so its error is ``(K + kappa + 2) u`` times their largest weighted
-    size (kl.md eq. (4)), however small the difference; 0 without a KL term or in float64."""
-    if variant.kl_coef == 0 or case.ref_logp is None:
-        return 0.0
+    size (kl.md eq. (4)), however small the difference; 0 without a KL term (``kl_grad`` is 0) or in
+    float64."""
     u, _ = _compute_roundoff(case.logp.dtype, conv)
     if u == UNIT_ROUNDOFF[torch.float64]:
         return 0.0
