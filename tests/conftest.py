@@ -85,6 +85,9 @@ THREAD_INSENSITIVE_MODULES = frozenset({
     "test_tabular_improvement.py", "test_tolerances_stated.py", "test_thread_survey.py",
     "test_trajectories.py",
     "test_trust_region.py", "test_trust_region_near_deterministic.py",
+    "test_conformance_judge.py", "test_conformance_judge_cases.py", "test_conformance_judge_diagnosis.py",
+    "test_conformance_judge_expected.py", "test_conformance_judge_ratio.py",
+    "test_conformance_judge_report.py",
 })
 THREAD_INSENSITIVE_TESTS = frozenset({
     *(f"test_conformance.py::{name}" for name in (
@@ -98,6 +101,9 @@ THREAD_INSENSITIVE_TESTS = frozenset({
         "test_sequence_level_boundary_cases_put_the_sequence_ratio_on_the_bound",
         "test_token_logprobs_checker",
         "test_trl_differences_are_the_documented_ones", "test_verl_differences_are_the_documented_ones")),
+    *(f"test_conformance_frameworks.py::{name}" for name in (
+        "test_a_driver_that_cannot_load_its_framework_is_one_line", "test_framework_usage_errors",
+        "test_matrix_with_a_fake_driver", "test_missing_framework_is_one_line_and_a_failure_when_required")),
     *(f"test_policy_loss_closed_form.py::{name}" for name in (
         "test_blocks_of_rows_equal_the_reference",
         "test_policy_loss_equals_the_reference_on_every_case_class",
