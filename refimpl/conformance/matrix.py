@@ -31,7 +31,7 @@ from .checks import check_framework_mode
 from .conventions import FLAGS
 from .frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
-from .kinds import KIND_REGISTRY
+from .kinds import KIND_FLAGS, KIND_REGISTRY
 
 __all__ = ["LINE_WIDTH", "build_matrix", "matrix_markdown", "matrix_summary", "mode_entry", "normalised"]
 
@@ -175,7 +175,7 @@ def _shows(key: str, departure: dict, kind: str = "bug") -> bool:
     that other flags are needed for); another class also on its own case class (verl's dual-clip tie
     departs by the dual clip the preset lacks). A key that is no flag names the departing case class."""
     names, assignments = departure_flags(departure)
-    if key.split("=", 1)[0] in FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
+    if key.split("=", 1)[0] in FLAGS + KIND_FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
         if kind == "bug":
             return (key,) == names or (key,) == assignments
         return key in names or key in assignments or key == departure["case_class"]
@@ -208,7 +208,7 @@ def matrix_summary(matrix: dict) -> dict:
         for finding in fw.get("findings", []):
             # a non-bug finding keyed by a flag also shows on the modes whose profile sets that flag
             # (verl's tie: the reference has no dual clip, so no departure shows it there)
-            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS
+            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS + KIND_FLAGS
             modes = [m["mode"] for m in checked
                      if any(_shows(finding["key"], d, finding["kind"]) for d in m["reference"]["departures"])
                      or _noted(finding["key"], m) or (profiled and finding["key"] in m.get("profile", {}))]
