@@ -32,6 +32,10 @@ Micro-batches: dapo / cispo divide by ``num_items_in_batch`` (the step's global 
 the adapter passes, TRL's convention); every other loss_type divides by the call's own rows or tokens,
 and the adapter divides its loss by the number of micro-batches, as a trainer with gradient
 accumulation does (``micro_batch="local_mean"``).
+
+The registry kind ``fused_linear`` (kinds/fused_linear.py; ``KIND_MODES`` at the end of this file)
+runs the same loss on hidden states and an lm-head weight, with Liger's own ``chunk_forward``: the
+path the policy-loss modes replace, its row chunks and its weight-gradient accumulation.
 """
 
 from __future__ import annotations
