@@ -11,7 +11,8 @@ tests/test_framework_findings.py runs every script against the installed framewo
 stand-ins for import-only dependencies that are not installed (ray, deepspeed, ...), a loader that
 executes one installed file of a package without running the package's ``__init__`` (which imports
 the training stack), one that registers a package's folders as empty packages (``bare_packages``: a
-file importing its siblings absolutely loads them, not the package's ``__init__``) and the verdict.
+file importing its siblings absolutely loads them, not the package's ``__init__``), one that makes
+``torch.compile`` the identity (``identity_compile``) and the verdict.
 ``BODIES`` (repro_bodies.py) holds each finding's case, keyed by framework and finding key.
 """
 
@@ -101,6 +102,12 @@ def load_file(package, relative):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def identity_compile():
+    """``torch.compile`` as the identity decorator: for a file that compiles a function this script does
+    not call (importing the compiler takes seconds; what the script runs is eager either way)."""
+    torch.compile = lambda fn=None, **kwargs: fn if fn is not None else (lambda f: f)
 
 
 def bare_packages(package, *subpackages):

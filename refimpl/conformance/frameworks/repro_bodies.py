@@ -11,6 +11,7 @@ __all__ = ["BODIES"]
 BODIES: dict[tuple[str, str], str] = {
     ("openrlhf", "empty_step"): '''\
 stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
 loss = load_file("openrlhf", "models/loss.py")
 x = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], requires_grad=True)  # per-token losses
 mask = torch.zeros(2, 3)  # an optimizer step whose every row is padding
@@ -166,6 +167,7 @@ verdict("AReaL ppo_actor_loss_fn (utils/functional/functional.py:509), float32 l
 """,
     ("openrlhf", "ratio_overflow"): """\
 stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
 loss_module = load_file("openrlhf", "models/loss.py")
 old = torch.tensor([[-100.0, -100.0]])  # a row of stale tokens: GSPO's mean log-ratio is 95
 logp = torch.tensor([[-5.0, -5.0]], requires_grad=True)
@@ -300,6 +302,7 @@ verdict("SkyRL normalize_advantages_dict (utils/ppo_utils.py:142): the normalise
 """,
     ("openrlhf", "config:kl_coef"): """\
 stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
 utils = load_file("openrlhf", "models/utils.py")
 """ + _SILENT + """\
 scores = torch.tensor([1.0])
