@@ -71,7 +71,7 @@ def test_every_cited_line_holds_the_quoted_code(name):
 
 
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
-    bugs = {(name, f.key) for name in FRAMEWORKS for f in load_driver(name).findings()
+    bugs = {(name, f.key) for name in FRAMEWORKS + EXTRA_FRAMEWORKS for f in load_driver(name).findings()
             if f.kind in REPRODUCED_KINDS}
     assert bugs == set(BODIES)
     for name, key in sorted(bugs):
@@ -80,7 +80,7 @@ def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
         imports = {line.split()[1].split(".")[0] for line in script.splitlines()
                    if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
         assert imports <= {"importlib", "pathlib", "sys", "types", "torch", "omegaconf", "verl", "trl",
-                           "warnings", "collections", "dataclasses"}, imports
+                           "warnings", "collections", "dataclasses", "os", "tempfile"}, imports
         assert "refimpl" not in script
 
 
@@ -89,11 +89,13 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
 
     assert main(["check", "framework", "skyrl", "--repro", str(tmp_path / "r")]) == 0
     written = sorted(p.name for p in (tmp_path / "r").iterdir())
-    assert written == ["repro_skyrl_cispo_clip_low.py", "repro_skyrl_kl_gradient.py"]
+    assert written == ["repro_skyrl_cispo_clip_low.py", "repro_skyrl_kl_gradient.py",
+                       "repro_skyrl_padding_values.py", "repro_skyrl_whiten_mean.py"]
     assert main(["check", "framework", "skyrl", "--repro", str(tmp_path / "r")]) == 2
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["repro_trl_ratio_overflow.py"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["repro_trl_config_delta.py",
+                                                                  "repro_trl_ratio_overflow.py"]
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
 

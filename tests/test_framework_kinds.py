@@ -27,6 +27,8 @@ NAMED = [
     ("areal", "behavior_correction", "decoupled/rejection_sampling=None", "stale",
      "flag behavior_weight='dropped'"),
     ("areal", "value_loss", "ppo_critic_loss_fn", "empty_step", "flag value_empty_step='nan'"),
+    ("skyrl_pkg", "gae", "gae", "padding_values", "flags gae_padding='used', gae_whiten='masked_sample'"),
+    ("liger", "fused_linear", "fused_linear/ppo", "bf16_row_chunks", "flag fused_weight_grad='accumulated'"),
 ]
 
 
@@ -88,6 +90,13 @@ CITED = [
     ("areal", "utils/functional/functional.py", 539, "pg_loss = pg_loss * behave_imp_weight"),
     ("areal", "utils/functional/functional.py", 714, "def ppo_critic_loss_fn("),
     ("areal", "trainer/ppo/critic.py", 105, "def ppo_loss_fn("),
+    ("areal", "api/cli_args.py", 1559, "equivalent to old behave_imp_weight_mode='disabled'"),
+    ("skyrl", "backends/skyrl_train/utils/ppo_utils.py", 1313, "def compute_gae_advantage_return("),
+    ("skyrl", "train/trainer.py", 1509, "mean = advantages.mean()"),
+    ("openrlhf", "trainer/ray/ppo_actor.py", 319, "if self.args.algo.kl.init_coef > 0:"),
+    ("liger_kernel", "chunked_loss/fused_linear_ppo.py", 255, "grad_weight = torch.zeros_like(weight)"),
+    ("liger_kernel", "chunked_loss/fused_linear_ppo.py", 360, "grad_weight.add_(chunk_grad_params.pop(0))"),
+    ("liger_kernel", "chunked_loss/fused_linear_ppo.py", 381, "max(1, _input.shape[0] // chunk_size)"),
 ]
 
 

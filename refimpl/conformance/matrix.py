@@ -31,7 +31,7 @@ from .checks import check_framework_mode
 from .conventions import FLAGS
 from .frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, KINDS, load_driver, source_hash
 from .frameworks.findings import FINDING_KINDS
-from .kinds import KIND_REGISTRY
+from .kinds import KIND_FLAGS, KIND_REGISTRY
 
 __all__ = ["LINE_WIDTH", "build_matrix", "matrix_markdown", "matrix_summary", "mode_entry", "normalised"]
 
@@ -175,7 +175,7 @@ def _shows(key: str, departure: dict, kind: str = "bug") -> bool:
     that other flags are needed for); another class also on its own case class (verl's dual-clip tie
     departs by the dual clip the preset lacks). A key that is no flag names the departing case class."""
     names, assignments = departure_flags(departure)
-    if key.split("=", 1)[0] in FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
+    if key.split("=", 1)[0] in FLAGS + KIND_FLAGS:  # a flag (ratio_overflow is a class too: the flag decides)
         if kind == "bug":
             return (key,) == names or (key,) == assignments
         return key in names or key in assignments or key == departure["case_class"]
@@ -208,7 +208,7 @@ def matrix_summary(matrix: dict) -> dict:
         for finding in fw.get("findings", []):
             # a non-bug finding keyed by a flag also shows on the modes whose profile sets that flag
             # (verl's tie: the reference has no dual clip, so no departure shows it there)
-            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS
+            profiled = finding["kind"] != "bug" and finding["key"] in FLAGS + KIND_FLAGS
             modes = [m["mode"] for m in checked
                      if any(_shows(finding["key"], d, finding["kind"]) for d in m["reference"]["departures"])
                      or _noted(finding["key"], m) or (profiled and finding["key"] in m.get("profile", {}))]
@@ -319,7 +319,7 @@ def _finding_head(f: dict) -> str:
     count = len(f["modes"])
     shown = f"{count} mode{'s' if count > 1 else ''}" if count else "no mode departs by it here"
     if f["kind"] == "validation":
-        shown = "accepted silently; its script shows it"
+        shown = "its script shows it"
     facts = [f"`{f['where']}`" if f.get("where") else "",
              f"fixed in {f['fixed_in']}" if f.get("fixed_in") else "",
              f"upstream: {f['upstream']}" if f.get("upstream") else ""]
@@ -376,13 +376,16 @@ def _framework_lines(fw: dict, summary_findings: list[dict]) -> list[str]:
     warn = "" if fw["version"] == fw["pinned_version"] else f" (profiles describe {fw['pinned_version']})"
     lines += _wrap(f"Version {fw['version']}{warn}, source sha256 `{fw['source_hash']}`; {len(fw['modes'])} "
                    f"modes in scope, {len(fw['unsupported'])} unsupported.") + [""]
-    profiles = [m["profile"] for m in fw["modes"]]
+    # the flags every mode of the older kinds shares (a registry kind's mode has flags of its own kind)
+    profiles = [m["profile"] for m in fw["modes"] if m["kind"] not in KIND_REGISTRY]
     common = {k: v for k, v in profiles[0].items() if all(p.get(k, object()) == v for p in profiles)} \
         if len(profiles) > 1 else {}
     if common:
-        lines += _wrap(f"The framework's flags (in every mode's profile): {_flag_list(common)}.") + [""]
+        but = " but the registry kinds'" if len(profiles) < len(fw["modes"]) else ""
+        which = "every mode's profile" + but
+        lines += _wrap(f"The framework's flags (in {which}): {_flag_list(common)}.") + [""]
     for m in fw["modes"]:
-        lines += _mode_lines(m, common, fw.get("findings", []))
+        lines += _mode_lines(m, {} if m["kind"] in KIND_REGISTRY else common, fw.get("findings", []))
     lines += _finding_lines(fw, summary_findings)
     if fw.get("notes"):
         lines += ["Notes (what the profile does not reproduce, or what the driver fixes):", ""]

@@ -147,6 +147,16 @@ FINDINGS = (
                            "ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)",
                            "areal 1.0.4"),
     Finding(
+        "behavior_weight", "documented_default",
+        "with use_decoupled_loss=True and the shipped rejection_sampling=None, ppo_actor_loss_fn takes the "
+        "ratio against pi_prox but applies no pi_prox / pi_behave weight (the weight is multiplied in only "
+        "under rejection sampling): the decoupled objective without its behaviour correction. Documented: "
+        "None is 'equivalent to old behave_imp_weight_mode=disabled' (skip the importance weight "
+        "correction, cli_args.py:1559), and the config warns that filtering is disabled.",
+        where="utils/functional/functional.py:535", quote="if rejection_sampling is not None:",
+        affected="areal 1.0.4",
+    ),
+    Finding(
         "config:c_clip", "validation",
         "ppo_actor_loss_fn asserts only c_clip > 1: a dual clip inside the clip band (c_clip <= 1 + "
         "eps_clip_higher, e.g. 1.1 with eps_clip 0.2) is accepted and clips A < 0 tokens that PPO's own "

@@ -32,6 +32,10 @@ Micro-batches: dapo / cispo divide by ``num_items_in_batch`` (the step's global 
 the adapter passes, TRL's convention); every other loss_type divides by the call's own rows or tokens,
 and the adapter divides its loss by the number of micro-batches, as a trainer with gradient
 accumulation does (``micro_batch="local_mean"``).
+
+The registry kind ``fused_linear`` (kinds/fused_linear.py; ``KIND_MODES`` at the end of this file)
+runs the same loss on hidden states and an lm-head weight, with Liger's own ``chunk_forward``: the
+path the policy-loss modes replace, its row chunks and its weight-gradient accumulation.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ __all__ = [
     "PROFILE",
     "NOTES",
     "FINDINGS",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
     "availability",
     "source_files",
     "loss_kwargs",
@@ -354,3 +361,37 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     if mode.kind != "policy_loss":
         raise ValueError(f"Liger has no {mode.kind} mode: {next(iter(UNSUPPORTED[mode.kind].values()))}")
     return _policy_target(mode, variant)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kinds of the registry (refimpl/conformance/kinds/): the fused lm head + loss itself, hidden states in.
+
+KIND_MODES = (
+    Mode("fused_linear/ppo", kind="fused_linear",
+         framework_config={"loss_type": "dapo", "beta": 0.0, "chunk_size": "rows // chunks"},
+         convention={"fused_weight_grad": "accumulated"},
+         description="LigerFusedLinearGRPOLoss(beta=0, epsilon_low = epsilon_high = eps, loss_type='dapo', "
+         "compiled=False) on the hidden states and the lm-head weight: torch.chunk of the rows "
+         "(fused_linear_ppo.py:381), each chunk's log-probs by _ChunkedSelectiveLogProbFunction (float32 "
+         "log-softmax) and its gradients at once; grad_weight = torch.zeros_like(weight) (line 255) "
+         "accumulates the chunks' weight gradients in the weight's dtype (line 360)"),
+)
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+
+
+def kind_target(mode: Mode) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` for a registry-kind mode: ``LigerFusedLinearGRPOLoss`` itself (no log-probs
+    handed in: its own lm-head path), ``chunk_size`` such that Liger makes the case's row chunks."""
+    import torch
+
+    grpo = _modules()["grpo"]
+
+    def fused(fn, hidden, weight, tokens, old_logp, advantages, mask, *, eps, chunks):
+        loss_fn = fn(beta=0.0, use_ref_model=False, compiled=False,
+                     chunk_size=max(1, hidden.shape[0] // chunks), epsilon_low=eps, epsilon_high=eps,
+                     loss_type="dapo")
+        return loss_fn(hidden, weight, tokens, mask.to(torch.long), advantages,
+                       old_per_token_logps=old_logp)[0]
+
+    return grpo.LigerFusedLinearGRPOLoss, fused
+

@@ -246,6 +246,28 @@ FINDINGS = (
         quote="algorithm_config.max_seq_len = cfg.generator.max_input_length + cfg.generator.sampling_params",
         affected="skyrl-train 0.3.1",
     ),
+    Finding(
+        "padding_values", "bug",
+        "compute_gae_advantage_return runs the recursion over the padded row without the mask: the last "
+        "token of every response shorter than the batch's longest bootstraps gamma * V at the first "
+        "padding position (the critic's output on a pad token, never trained), where an ended response "
+        "has no next value, and the padding's TD errors flow back; with gamma * lambd < 1 its tokens' "
+        "advantages and the critic's returns shift (at the defaults gamma = lambd = 1 the padding "
+        "telescopes away exactly).",
+        where="utils/ppo_utils.py:1018", quote="nextvalues = values[:, t + 1] if t < gen_len - 1 else 0.0",
+        affected="skyrl-train 0.3.1; skyrl 0.4.0 (backends/skyrl_train/utils/ppo_utils.py:1332)",
+    ),
+    Finding(
+        "whiten_mean", "bug",
+        "normalize_advantages_dict (advantage_batch_normalize) subtracts advantages.mean(), the mean over "
+        "every position of the padded batch, padding included, and divides by the masked deviation from "
+        "it: the normalised response tokens do not average 0 (the ragged case: -0.883), and the shift "
+        "depends on the batch's padding.",
+        where="utils/ppo_utils.py:142", quote="mean: float = advantages.mean()",
+        affected="skyrl-train 0.3.1; skyrl 0.4.0 (train/trainer.py:1509, "
+        "RayPPOTrainer._normalize_advantages)",
+        upstream="https://github.com/NovaSky-AI/SkyRL/issues/1305 (open; fix proposed in pull request 1782)",
+    ),
     zero_rows_finding("utils/ppo_utils.py:892", "loss = masked_mean(loss, loss_mask, dim=-1).mean()",
                       "skyrl-train 0.3.1 (sequence_mean; seq_mean_token_sum_norm likewise)"),
 )

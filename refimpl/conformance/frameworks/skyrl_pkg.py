@@ -34,7 +34,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from . import Mode
+from . import Mode, skyrl_kinds
 from .driver import distribution_version, find_mode
 from .findings import Finding, dual_clip_tie_finding, zero_rows_finding
 from .releases import release_modes
@@ -58,6 +58,9 @@ __all__ = [
     "PROFILE",
     "NOTES",
     "FINDINGS",
+    "KIND_MODES",
+    "KIND_UNSUPPORTED",
+    "kind_target",
     "STUBBED",
     "availability",
     "source_files",
@@ -217,7 +220,22 @@ _CISPO_FINDING = Finding(
     fixed_in="skyrl 0.4.0 (default 1.0, train/config/config.py:832)",
     upstream="https://github.com/NovaSky-AI/SkyRL/pull/1928",
 )
+_GAE = next(m for m in skyrl_kinds.KIND_MODES if m.kind == "gae")
+#: the registry's kinds: GAE (the recursion of SkyRL-train 0.3.1, unchanged: skyrl_kinds.py)
+KIND_MODES = (dataclasses.replace(_GAE, description=_GAE.description.replace(
+    "ppo_utils.py:999", f"{_BACKEND}/utils/ppo_utils.py:1313")),)
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
 FINDINGS = (
+    Finding(
+        "padding_values", "bug",
+        "compute_gae_advantage_return runs the recursion over the padded row without the mask, as "
+        "SkyRL-train's: the last token of a response shorter than the batch's longest bootstraps gamma * V "
+        "at the first padding position (a pad token's critic output) and the padding's TD errors flow back; "
+        "with gamma * lambd < 1 the advantages and returns shift (the defaults 1.0 telescope it away).",
+        where=f"{_BACKEND}/utils/ppo_utils.py:1332",
+        quote="nextvalues = values[:, t + 1] if t < gen_len - 1 else 0.0",
+        affected="skyrl 0.4.0 (and SkyRL-train 0.3.1)",
+    ),
     dual_clip_tie_finding(f"{_BACKEND}/utils/ppo_utils.py:{574 if _RELEASE == '0.3.0' else 575}",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl 0.3.0, 0.4.0"),
     *((_CISPO_FINDING,) if _RELEASE == "0.3.0" else ()),
@@ -417,3 +435,8 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     if mode.kind == "kl":
         return _kl_target(mode)
     return _advantage_target(mode)
+
+
+def kind_target(mode: Mode) -> tuple[Callable, Callable]:
+    """``(fn, adapter)`` running skyrl's own function for a registry-kind mode (skyrl_kinds.py)."""
+    return skyrl_kinds.kind_target(mode, _modules()[0], algorithm_config)

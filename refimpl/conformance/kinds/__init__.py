@@ -13,18 +13,26 @@ keep their own checkers (``policy_check``, ``simple_checks``) on the same engine
 
 from __future__ import annotations
 
+import dataclasses
+
 from .base import Kind, KindCase, attribute, run_kind_check
 from .behavior import BEHAVIOR
+from .fused_linear import FUSED_LINEAR
 from .gae import GAE
 from .kl_reward import KL_REWARD
 from .value_loss import VALUE_LOSS
 from .whitening import WHITENING
 
-__all__ = ["KIND_REGISTRY", "REGISTRY_KINDS", "Kind", "KindCase", "get_kind", "run_kind_check", "attribute"]
+__all__ = ["KIND_REGISTRY", "REGISTRY_KINDS", "KIND_FLAGS", "Kind", "KindCase", "get_kind", "run_kind_check",
+           "attribute"]
 
 #: every kind of the registry, in report order
-KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD, BEHAVIOR)}
+KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD, BEHAVIOR,
+                                                     FUSED_LINEAR)}
 REGISTRY_KINDS: tuple[str, ...] = tuple(KIND_REGISTRY)
+#: every flag of the registry's kinds (a finding may be keyed by one, as by a policy-loss flag)
+KIND_FLAGS: tuple[str, ...] = tuple(f.name for kind in KIND_REGISTRY.values()
+                                    for f in dataclasses.fields(kind.flags))
 
 
 def get_kind(name: str) -> Kind:

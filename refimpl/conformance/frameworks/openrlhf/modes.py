@@ -221,6 +221,14 @@ FINDINGS = (
         where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
         affected="openrlhf 0.11.2",
     ),
+    Finding(
+        "config:kl_coef", "validation",
+        "a negative KL coefficient (--algo.kl.init_coef) is accepted without an error or a warning and "
+        "silently replaced by 0: compute_reward drops the KL reward and the actor skips the KL loss "
+        "(ppo_actor.py:319), so a sign mistake trains without any KL regularisation.",
+        where="models/utils.py:138", quote="if kl_coef <= 0.0:",
+        affected="openrlhf 0.11.2",
+    ),
     dual_clip_tie_finding("models/loss.py:210", "clip2 = torch.max(clip1, self.dual_clip * advantages)",
                           "openrlhf 0.11.2"),
     # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
-from ..findings import ratio_overflow_finding, zero_rows_finding
+from ..findings import Finding, ratio_overflow_finding, zero_rows_finding
 
 #: Flags every TRL mode carries (see conventions.FLAG_REASONS), besides the row counting below:
 #: - compute_dtype "input": TRL's loss runs in the dtype of the log-probs it is given;
@@ -286,4 +286,13 @@ FINDINGS = (
     zero_rows_finding("trainer/grpo_trainer.py:3154",
                       "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
                       "trl 1.16.0 (grpo, sapo, gspo; dr_grpo and luspo likewise)"),
+    Finding(
+        "config:delta", "validation",
+        "GRPOConfig accepts a two-sided clip delta at or below 1 + epsilon_high without an error or a "
+        "warning (its help only recommends delta > 1 + epsilon): the ratio is capped at delta inside the "
+        "clip band, and an A > 0 token there loses its gradient (e.g. delta 1.1, epsilon_high 0.28, "
+        "ratio 1.22).",
+        where="trainer/grpo_trainer.py:3116", quote="coef_1 = torch.clamp(coef_1, max=self.args.delta)",
+        affected="trl 1.16.0",
+    ),
 )
