@@ -228,7 +228,7 @@ NOTES = {
     "groups of each size contiguously, one call per group size.",
     "on_boundary": "a ratio exactly on a clip bound gets 3/4 of the spec's gradient (finding on_boundary, "
     "a subgradient); the kit's judge accepts a subgradient only at the dual clip, so the class fails "
-    "every clipped mode's profile: no flag of the kit models jnp.clip's half derivative at a bound.",
+    "the profile of every token-ratio mode (not gspo-token's): no flag models jnp.clip's half derivative.",
     "zero_rows": "grpo_loss_fn raises on a batch without rows: its logged is_ratio/max is jnp.max over a "
     "zero-size array (algo_core.py:477). Tunix never forms one: train_micro_batch_size must divide "
     "mini_batch_size (rl_cluster.py:133). ppo_policy_loss_fn returns 0.",
@@ -426,9 +426,10 @@ def tunix_loss(fn: Callable, call, config) -> object:
 
 def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     """``(fn, adapter)``: ``fn`` is Tunix's own function of the mode; the adapter calls it on the kit's
-    tensors. policy_loss: ``adapter(fn, call)`` is the micro-batch's loss (the kit averages the
-    micro-batches: ``optax.MultiSteps``); kl: ``adapter(fn, logp, ref_logp)`` the per-token estimate;
-    group_advantages: ``adapter(fn, rewards, group_ids)`` the advantages."""
+    tensors. policy_loss: ``adapter(fn, call)`` is the micro-batch's loss divided by the number of
+    micro-batches (``optax.MultiSteps`` averages their gradients; the kit sums the micro-batches);
+    kl: ``adapter(fn, logp, ref_logp)`` the per-token estimate; group_advantages: ``adapter(fn,
+    rewards, group_ids)`` the advantages."""
     algo_core, common = _tunix()
     if mode.kind == "kl":
         method = mode.framework_config["kl_loss_mode"]
@@ -445,9 +446,10 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     ppo = mode.framework_config["policy_loss_fn"] == "ppo"
     fn = algo_core.ppo_policy_loss_fn if ppo else algo_core.grpo_loss_fn
 
-    def adapter(fn, call):
-        return tunix_loss(fn, call, config)
+    def adapter(fn, call):  # optax.MultiSteps' mean: each micro-batch's loss / their number, summed
+        return tunix_loss(fn, call, config) / int(getattr(call, "micro_batch_count", 1) or 1)
 
+    adapter.scaled_for_accumulation = True
     return fn, adapter
 
 
