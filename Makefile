@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# EDITABLE_LOCK=FILE serialises the editable install between makes run side by side in one checkout
+# (.ci/run installs two venvs at once; setuptools writes rl_oracle.egg-info into the checkout)
+EDITABLE_LOCK ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(if $(EDITABLE_LOCK),flock $(EDITABLE_LOCK)) $(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,9 +40,12 @@ frameworks: $(FRAMEWORKS_STAMP)
 # The README's framework check from the command line (every framework's command line runs in-process in
 # tests/test_framework_matrix.py, every mode of every framework in the matrix) and the committed matrix
 # compared with the installed frameworks' behaviour.
+# CHECK_MAIN_MATRIX=0 leaves out the main matrix's --check: .ci/run's two-thread pass compares it
+# already (tests/test_framework_matrix.py, the same comparison), so CI does not build it twice.
 check-frameworks: $(FRAMEWORKS_STAMP)
 	$(BIN)/refimpl check --framework trl --preset dapo
-	$(BIN)/refimpl matrix --out docs/conformance-matrix.md --json docs/conformance-matrix.json --check
+	$(if $(filter 0,$(CHECK_MAIN_MATRIX)),,$(BIN)/refimpl matrix --out docs/conformance-matrix.md \
+	  --json docs/conformance-matrix.json --check)
 	$(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --out docs/conformance-matrix-extra.md \
 	  --json docs/conformance-matrix-extra.json --check
 
@@ -96,15 +102,17 @@ test: $(STAMP)
 # The tests whose numerics depend on the intra-op thread count (marked ``threads`` by
 # tests/conftest.py from tests/thread_survey.py's measurement, docs/ci.md), at two threads; idle
 # OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning on a busy machine's cores.
+# numpy's BLAS (OpenBLAS, which reads OMP_NUM_THREADS too) stays at one thread, as in the one-thread
+# pass: only torch's intra-op threads differ between the passes, the thing the survey measures.
 test-threads: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} OPENBLAS_NUM_THREADS=1 \
 	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads $(PYTEST_ARGS)
 
 # Which tests compute differently at two threads than at one (docs/ci.md): every torch result of
 # every test hashed at 1 and at 2 threads (slow: hours of one core for the whole suite; TESTS=...
 # narrows it). Prints the modules to list in tests/conftest.py's THREAD_SENSITIVE_MODULES.
 thread-survey: $(STAMP)
-	for threads in 1 2; do OMP_NUM_THREADS=$$threads HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} \
+	for threads in 1 2; do OMP_NUM_THREADS=$$threads OPENBLAS_NUM_THREADS=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider -p tests.thread_survey \
 	  --thread-survey $(VENV)/thread-survey-$$threads.json $(TESTS); done; \
 	$(BIN)/python -m tests.thread_survey $(VENV)/thread-survey-1.json $(VENV)/thread-survey-2.json

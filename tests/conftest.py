@@ -70,20 +70,82 @@ def pytest_configure(config):
     )
 
 
-# Test modules whose every torch result was found bit for bit the same at one and at two intra-op
-# threads (tests/thread_survey.py; docs/ci.md: the method, and why modules computing with numpy are
-# not listed). Every other module is marked ``threads`` and runs again in CI's two-thread pass.
+# Test modules, and test functions (every parametrisation) in other modules, whose every torch result
+# was found bit for bit the same at one and at two intra-op threads (tests/thread_survey.py; docs/ci.md:
+# the method; numpy's BLAS runs at one thread in both of CI's passes). Every other test is marked
+# ``threads`` and runs again in CI's two-thread pass.
 THREAD_INSENSITIVE_MODULES = frozenset({
     "test_default_device.py", "test_losses_parts.py", "test_mutation_kills_advantages.py",
     "test_mutation_kills_kl.py", "test_mutation_kills_lossopts.py", "test_mutation_kills_policy.py",
     "test_policy_loss_nonfinite.py", "test_policy_loss_parts.py", "test_policy_loss_specs.py",
     "test_policy_loss_value_kl.py", "test_spec_exactness.py",
+    # surveyed 2026-11-28 (1,701 tests of 17 modules)
+    "test_conformance_classes.py", "test_conformance_diagnosis.py", "test_conformance_golden.py",
+    "test_conformance_zoo.py", "test_group_expectations.py", "test_mdp_spec.py", "test_tabular_gradients.py",
+    "test_tabular_improvement.py", "test_tolerances_stated.py", "test_thread_survey.py",
+    "test_trajectories.py",
+    "test_trust_region.py", "test_trust_region_near_deterministic.py",
 })
+THREAD_INSENSITIVE_TESTS = frozenset({
+    *(f"test_conformance.py::{name}" for name in (
+        "test_a_case_line_is_python_that_rebuilds_the_case_and_its_numbers",
+        "test_a_function_that_raises_is_reported_not_crashed", "test_case_classes_cover_their_edges",
+        "test_cases_are_deterministic", "test_every_flag_is_documented_with_a_reason",
+        "test_grpo_with_kl_passes_under_every_convention_including_the_kl_class", "test_kl_estimators_pass",
+        "test_on_boundary_cases_sit_exactly_on_each_bound_with_both_advantage_signs",
+        "test_our_presets_pass_every_case_class_under_every_shipped_convention",
+        "test_profiles_that_do_not_exist_are_refused", "test_report_table_and_smallest_failing_case_in_full",
+        "test_sequence_level_boundary_cases_put_the_sequence_ratio_on_the_bound",
+        "test_token_logprobs_checker",
+        "test_trl_differences_are_the_documented_ones", "test_verl_differences_are_the_documented_ones")),
+    *(f"test_policy_loss_closed_form.py::{name}" for name in (
+        "test_blocks_of_rows_equal_the_reference",
+        "test_policy_loss_equals_the_reference_on_every_case_class",
+        "test_policy_loss_equals_the_reference_on_every_part_of_the_family",
+        "test_the_module_imports_no_policy_module", "test_the_reference_passes_the_conformance_kit",
+        "test_what_the_closed_form_leaves_to_the_reference")),
+    *(f"test_policy_loss_options.py::{name}" for name in (
+        "test_dynamic_sampling_forms_agree_when_a_row_is_empty",
+        "test_dynamic_sampling_weights_equal_the_upweighted_normalizer_on_every_mask",
+        "test_dynamic_sampling_weights_reject_a_bad_mask_by_name", "test_seq_mean_token_sum_by_hand",
+        "test_sequence_scale_is_beta_times_the_mean_sequence_kl_whatever_the_aggregation",
+        "test_sequence_scale_penalises_beta_times_the_sequence_kl_under_every_aggregation",
+        "test_sequence_scale_with_a_global_normalizer_matches_the_spec_and_micro_batches_sum",
+        "test_sqrt_g_aggregation_needs_group_size_counts_sequences_and_multiplies_by_sqrt_g",
+        "test_sqrt_g_gradient_at_ratio_one_is_sqrt_g_times_grpo_s",
+        "test_the_two_kl_scales_coincide_under_seq_mean_and_differ_elsewhere",
+        "test_token_mean_with_a_global_normalizer_and_a_sequence_kl_is_an_error",
+        "test_token_scale_divides_the_kl_by_each_length_l_max_or_the_token_count",
+        "test_token_scale_gradient_under_grpo_weights_each_response_by_one_over_its_length",
+        "test_upweighted_dynamic_sampling_loss_matches_the_spec",
+        "test_upweighted_normalizer_is_1_minus_f_times_the_whole_batch_s",
+        "test_upweighted_normalizer_rejects_bad_input", "test_variant_rejects_bad_kl_scale_and_group_size")),
+    *(f"test_value_learning.py::{name}" for name in (
+        "test_a2c_critic_is_the_exact_value_of_its_final_policy",
+        "test_a2c_first_two_updates_equal_an_independent_replay", "test_learners_reject_bad_arguments",
+        "test_mc_evaluation_within_four_exact_standard_errors", "test_q_learning_and_sarsa_reach_q_star",
+        "test_schedules_and_epsilon_greedy", "test_td0_bootstraps_through_truncation",
+        "test_td0_within_005_of_v",
+        "test_terminated_stops_bootstrapping_in_q_learning")),
+    *(f"test_vector_files_and_scalars.py::{name}" for name in (
+        "test_a_bool_or_a_non_scalar_is_refused_naming_the_argument",
+        "test_a_corrupted_file_is_named_in_one_line_and_never_passes",
+        "test_a_discount_of_any_real_type_is_accepted",
+        "test_a_truncated_file_is_named",
+        "test_integer_arguments_take_numpy_and_tensor_integers_but_not_floats_or_bools")),
+})
+
+
+def _thread_insensitive(item) -> bool:
+    return item.path.name in THREAD_INSENSITIVE_MODULES or \
+        f"{item.path.name}::{item.originalname}" in THREAD_INSENSITIVE_TESTS
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name not in THREAD_INSENSITIVE_MODULES:
+        # a real-framework test runs in the two-thread pass whatever its module: the frameworks are
+        # installed there only (CI's one-thread pass is a newcomer's checkout without them)
+        if not _thread_insensitive(item) or item.get_closest_marker("framework"):
             item.add_marker("threads")
 
 

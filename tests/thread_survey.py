@@ -5,15 +5,21 @@ every test under a ``TorchDispatchMode`` that hashes the bytes of every floating
 torch operation returns, and writes ``{test id: digest}`` to FILE (JSON). Run it at
 ``OMP_NUM_THREADS=1`` and at ``=2`` and compare with ``python -m tests.thread_survey A.json
 B.json``: the tests whose digests differ are those whose numerics depend on the thread count
-(a reduction split over threads sums in another order). Their modules are listed in
-``THREAD_SENSITIVE_MODULES`` (tests/conftest.py marks them ``threads``), and only they run in the
-second, two-thread pass of CI.
+(a reduction split over threads sums in another order). The modules, and the test functions, whose
+every test agrees are listed in tests/conftest.py's ``THREAD_INSENSITIVE_MODULES`` and
+``THREAD_INSENSITIVE_TESTS``; every other test is marked ``threads`` and runs again in the second,
+two-thread pass of CI.
+
+A test that starts another process (``subprocess``, ``multiprocessing``, ``os.fork``) computes where
+the dispatch mode cannot see: its digest is ``UNMEASURED``, which never agrees with anything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -23,6 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 _UNINITIALISED = ("empty", "resize_", "set_")
+
+#: the digest of a test that started another process: its computation there was not seen
+UNMEASURED = "unmeasured: started another process"
 
 
 def _is_view(func) -> bool:
@@ -61,10 +70,24 @@ def pytest_runtest_call(item):
     if not item.config.getoption("--thread-survey"):
         yield
         return
-    mode = _Digest()
-    with mode:
-        yield
-    _digests[item.nodeid] = mode.hash.hexdigest()
+    mode, spawned = _Digest(), []
+    popen_init, fork = subprocess.Popen.__init__, os.fork
+
+    def watched_popen(self, *args, **kwargs):
+        spawned.append(args[0] if args else kwargs.get("args"))
+        return popen_init(self, *args, **kwargs)
+
+    def watched_fork():
+        spawned.append("os.fork")
+        return fork()
+
+    subprocess.Popen.__init__, os.fork = watched_popen, watched_fork  # multiprocessing uses one of them
+    try:
+        with mode:
+            yield
+    finally:
+        subprocess.Popen.__init__, os.fork = popen_init, fork
+    _digests[item.nodeid] = UNMEASURED if spawned else mode.hash.hexdigest()
 
 
 def pytest_sessionfinish(session):
@@ -75,12 +98,29 @@ def pytest_sessionfinish(session):
 
 
 def differing(a: dict, b: dict) -> dict[str, list[str]]:
-    """The tests (by module) whose digests differ between two surveys."""
+    """The tests (by module) whose digests differ between two surveys (an unmeasured test differs)."""
     out = defaultdict(list)
     for test, digest in a["digests"].items():
-        if test in b["digests"] and b["digests"][test] != digest:
+        if test in b["digests"] and (b["digests"][test] != digest or digest == UNMEASURED):
             out[test.split("::")[0]].append(test)
     return dict(out)
+
+
+def function_of(test: str) -> str:
+    """``module.py::function`` of a test id (its parameters dropped): the unit of THREAD_INSENSITIVE_TESTS."""
+    path, _, name = test.partition("::")
+    return f"{path.rsplit('/', 1)[-1]}::{name.split('[', 1)[0]}"
+
+
+def insensitive(a: dict, b: dict) -> tuple[list[str], list[str]]:
+    """(modules, functions) that agree in both surveys: the modules every test of which agrees, and
+    within the other modules, the functions every parametrisation of which agrees."""
+    common = a["digests"].keys() & b["digests"].keys()
+    found = differing(a, b)
+    bad_functions = {function_of(t) for tests in found.values() for t in tests}
+    modules = sorted({t.split("::")[0].rsplit("/", 1)[-1] for t in common if t.split("::")[0] not in found})
+    functions = sorted({function_of(t) for t in common if t.split("::")[0] in found} - bad_functions)
+    return modules, functions
 
 
 if __name__ == "__main__":
@@ -91,3 +131,6 @@ if __name__ == "__main__":
           f"{sum(map(len, found.values()))} differ, in {len(found)} modules")
     for module, tests in sorted(found.items()):
         print(f"{module}: {len(tests)}")
+    modules, functions = insensitive(first, second)
+    print("modules whose every test agrees (THREAD_INSENSITIVE_MODULES):", *modules, sep="\n  ")
+    print("functions that agree in the other modules (THREAD_INSENSITIVE_TESTS):", *functions, sep="\n  ")
