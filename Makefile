@@ -55,6 +55,21 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 drift: $(FRAMEWORKS_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
 
+# The drivers beside the core six, Tunix included, whose JAX CI does not install (about 3 minutes and
+# 600 MB from an empty pip cache: docs/ci.md): `refimpl frameworks install tunix` (the `tunix` extra,
+# the CPU jax wheel, then google-tunix --no-deps), their matrix docs/conformance-matrix-extra.md checked
+# against the installed code, then Tunix's tests (they skip without JAX, so they run here).
+.PHONY: check-frameworks-extra
+TUNIX_STAMP := $(VENV)/.frameworks-tunix
+$(TUNIX_STAMP): $(FRAMEWORKS_STAMP) refimpl/conformance/frameworks/tunix.py
+	$(BIN)/refimpl frameworks install tunix
+	touch $(TUNIX_STAMP)
+
+check-frameworks-extra: $(TUNIX_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --framework tunix \
+	  --out docs/conformance-matrix-extra.md --json docs/conformance-matrix-extra.json --check
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_framework_tunix.py
+
 # SEED=n picks the run's seed (default 0): make run SEED=1
 # A finished run in runs/main is kept and evaluated again; OVERWRITE=1 trains it anew (refimpl train
 # refuses to replace a run without --overwrite).

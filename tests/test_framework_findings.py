@@ -19,7 +19,8 @@ from refimpl.conformance.frameworks.repro import BODIES, repro_script, write_rep
 
 #: the import name of each framework's installed package, whose folder a finding's path is relative to
 PACKAGES = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "liger": "liger_kernel",
-            "skyrl": "skyrl_train", "areal": "areal", "skyrl_pkg": "skyrl", "unsloth": "unsloth_zoo"}
+            "skyrl": "skyrl_train", "areal": "areal", "skyrl_pkg": "skyrl", "unsloth": "unsloth_zoo",
+            "tunix": "tunix"}
 
 
 def test_every_framework_has_its_package_named_here():

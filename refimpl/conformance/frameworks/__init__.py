@@ -54,6 +54,7 @@ FRAMEWORKS: tuple[str, ...] = tuple(DISPLAY_NAMES)
 EXTRA_DISPLAY_NAMES: dict[str, str] = {
     "skyrl_pkg": "skyrl (SkyRL-train's successor)",
     "unsloth": "Unsloth",
+    "tunix": "Tunix (JAX)",
 }
 EXTRA_FRAMEWORKS: tuple[str, ...] = tuple(EXTRA_DISPLAY_NAMES)
 

@@ -37,11 +37,16 @@ RELEASES: dict[str, tuple[str, ...]] = {
     "trl": ("1.14.2", "1.15.0", "1.16.0"),
     "verl": ("0.8.0", "0.9.0", "0.9.1"),
     "openrlhf": ("0.10.3", "0.10.4", "0.11.2"),
-    "liger": ("0.7.0", "0.8.4", "0.8.5"),
+    # 0.7.0, the previous minor release, has no use_bias_correction_kl, which the driver passes: its
+    # modes cannot run there (docs/conformance-drift.md says so); 0.8.0 is the first it drives
+    "liger": ("0.7.0", "0.8.0", "0.8.4", "0.8.5"),
     "skyrl": ("0.2.0", "0.3.0", "0.3.1"),
     "skyrl_pkg": ("0.3.0", "0.4.0"),
     "areal": ("1.0.4",),
     "unsloth": ("2026.9.9", "2026.10.8", "2026.10.9"),
+    # before 0.1.7 the losses lived in grpo/grpo_learner.py and ppo/ppo_helpers.py (no rl/algo_core.py),
+    # modules that import the whole RL cluster: the driver runs 0.1.7's layout only
+    "tunix": ("0.1.6", "0.1.7"),
 }
 #: a package replaced by another: its last release is compared with the successor's first
 SUCCESSORS = {"skyrl": "skyrl_pkg"}

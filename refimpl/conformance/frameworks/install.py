@@ -14,6 +14,10 @@ for a multi-GB CUDA build):
    ``INSTALL_OPTIONS``, e.g. SkyRL-train's ``--ignore-requires-python``). The import-only rest
    (ray, deepspeed, ...) is stubbed inside the drivers while the framework's modules import.
 
+A driver whose framework needs a runtime of its own (Tunix: JAX) names an extra of rl-oracle as its
+``EXTRA``: that extra is installed with its dependencies in step 1, and such a framework is installed
+only when named (``refimpl frameworks install tunix``), so the default install stays without it.
+
 Each driver is the one home of its pins: the framework's version is its ``PINNED_VERSION``, so a
 profile and the release it describes cannot drift apart.
 """
@@ -31,7 +35,8 @@ from ..cli_args import one_line_errors
 from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 from .releases import install_release, release_command, release_dir, release_env
 
-__all__ = ["CONSTRAINED", "extra_requirements", "framework_requirements", "install_commands", "register"]
+__all__ = ["CONSTRAINED", "extra_requirements", "framework_requirements", "install_commands", "opt_in",
+           "register"]
 
 #: distributions whose installed versions every install step keeps (written to a constraints file)
 CONSTRAINED = ("torch", "numpy", "sympy")
@@ -77,6 +82,10 @@ def install_commands(
     ``--no-deps`` command for every framework (options grouped: one command per distinct option set)."""
     pip = [python, "-m", "pip", "install", "-q", "-c", constraints_file]
     commands = [pip + extra_requirements()]
+    for name in names:  # a runtime of the framework's own (Tunix's JAX), with its dependencies
+        extra = getattr(load_driver(name).module, "EXTRA", None)
+        if extra:
+            commands.append(pip + extra_requirements(extra))
     groups: dict[tuple[str, ...], list[str]] = {}
     for name in names:
         pins, options = framework_requirements(name)
@@ -87,9 +96,16 @@ def install_commands(
     return commands
 
 
-def _names(requested: list[str] | None) -> tuple[str, ...]:
+def opt_in(name: str) -> bool:
+    """Whether framework ``name`` is installed only when named: its driver needs an extra of its own
+    (``EXTRA``: Tunix's JAX)."""
+    return bool(getattr(load_driver(name).module, "EXTRA", None))
+
+
+def _names(requested: list[str] | None, *, opt_ins: bool = False) -> tuple[str, ...]:
+    """``requested``, checked, or by default every framework (those ``opt_in`` only with ``opt_ins``)."""
     everything = FRAMEWORKS + EXTRA_FRAMEWORKS
-    names = tuple(requested or everything)
+    names = tuple(requested or (n for n in everything if opt_ins or not opt_in(n)))
     unknown = [n for n in names if n not in everything]
     if unknown:
         raise ValueError(f"framework must be among {', '.join(everything)}, got {', '.join(unknown)}")
@@ -141,7 +157,7 @@ def run_list(args: argparse.Namespace) -> int:
     """``refimpl frameworks list``: each framework's pinned and installed release and whether its
     driver can run it (exit 0; the reason when it cannot)."""
     try:
-        names = _names(args.names)
+        names = _names(args.names, opt_ins=True)
     except ValueError as exc:
         print(f"refimpl frameworks list: {exc}", file=sys.stderr)
         return 2
@@ -187,7 +203,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     install = sub.add_parser("install", help="pip-install the pinned releases into this environment")
     one_line_errors(install, "refimpl frameworks install")
     install.add_argument(
-        "names", nargs="*", metavar="NAME", help=f"frameworks (default: all of {', '.join(FRAMEWORKS)})"
+        "names", nargs="*", metavar="NAME",
+        help="frameworks (default: all but those whose driver needs an extra of its own, such as tunix's JAX,"
+        " installed only when named)"
     )
     install.add_argument("--dry-run", action="store_true", help="print the pip commands, run nothing")
     install.add_argument("--version", help="install this release of the one NAME alone into its own "
