@@ -19,7 +19,8 @@ machine then slow both sides alike), on CUDA synchronised wall time; ``--rounds`
 function runs once in turn (interleaved); each figure is the median over the rounds, and ``spread``
 is the largest interquartile range over the row's functions divided by its median. The load average
 is printed with each table. Targets (issue 29): policy_loss at most 0.5x the fastest framework and
-3x the floor at 256x2048 and 1024x4096, at most 1x the fastest at 64x512.
+3x the floor at 256x2048 and 1024x4096 (from 2**18 tokens on), at most 1x the fastest at 64x512; the
+column ``target`` says ``met`` or ``MISSED`` for each row.
 
 Usage: ``python benchmarks/losses.py [--size 256x2048 ...] [--presets grpo dapo] [--compiled]
 [--no-frameworks] [--rounds 15] [--device cuda] [--loop] [--logprobs]``; ``--quick`` is ``--size
@@ -158,6 +159,22 @@ def _preset_variants(names: list[str], t: int) -> dict:
             for name in names}
 
 
+def targets(n: int, t: int) -> tuple[float, float | None]:
+    """Issue 29's targets for ``policy_loss`` at ``N x T``: (at most this times the fastest framework,
+    at most this times the floor or None): 1x the fastest below 2**18 tokens (64x512), else 0.5x it
+    and 3x the floor (256x2048, 1024x4096)."""
+    return (1.0, None) if n * t < 1 << 18 else (0.5, 3.0)
+
+
+def verdict(ours_best: float | None, ours_floor: float, n: int, t: int) -> str:
+    """``met`` or ``MISSED`` against ``targets`` (``-`` without a framework to compare with)."""
+    if ours_best is None:
+        return "-"
+    best_target, floor_target = targets(n, t)
+    met = ours_best <= best_target and (floor_target is None or ours_floor <= floor_target)
+    return "met" if met else "MISSED"
+
+
 def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[str], *, compiled: bool,
                 frameworks: bool, loop: bool) -> None:
     """The two tables of the module docstring for one size."""
@@ -178,7 +195,7 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
               (f"{'fast ms':>8} " if compiled else "") + f"{'ours/fl':>8} {'ref/fl':>7} " +
               (f"{'fast/fl':>8} " if compiled else "") +
               f"{'best':>18} {'best ms':>8} {'ours/best':>9} " + (f"{'fast/best':>9} " if compiled else "") +
-              f"{'spread':>6} {'rel diff':>9}" + (f" {'ref/loop':>9}" if loop else ""))
+              f"{'spread':>6} {'rel diff':>9} {'target':>6}" + (f" {'ref/loop':>9}" if loop else ""))
     print(header)
     mode_rows = []
     for name, variant in variants.items():
@@ -195,8 +212,10 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                (f"{median['fast'] * 1e3:8.2f} " if compiled else "") +
                f"{median['ours'] / floor:8.2f} {median['ref'] / floor:7.2f} " +
                (f"{median['fast'] / floor:8.2f} " if compiled else ""))
+        ours_best = None
         if theirs:
             i = min(range(len(theirs)), key=lambda k: median[f"peer{k}"])
+            ours_best = median["ours"] / median[f"peer{i}"]
             best = median[f"peer{i}"]
             row += (f"{theirs[i].framework.split()[0]:>18} {best * 1e3:8.2f} {median['ours'] / best:9.2f} " +
                     (f"{median['fast'] / best:9.2f} " if compiled else ""))
@@ -204,7 +223,8 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                 mode_rows.append((p, median[f"peer{k}"], median["ours"], median.get("fast")))
         else:
             row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
-        row += f"{spread:6.2f} {agreement(batch, variant):9.1e}"
+        target = verdict(ours_best, median["ours"] / floor, n, t)
+        row += f"{spread:6.2f} {agreement(batch, variant):9.1e} {target:>6}"
         if loop:
             pair = {"ref": fns["ref"], "loop": lambda v=variant: loop_step(batch, v)}
             looped, _ = median_times(pair, device, max(1, rounds // 3))
