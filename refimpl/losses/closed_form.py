@@ -25,9 +25,9 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
   form on ``clamp(l, -1/2, 1/2)``, the Taylor series of k3(l) / l^2 with as few terms as the block's
   largest |l| needs (truncation below 3e-9 relative) or, beyond |l| ~ 0.23, the degree-5 polynomial
   of least relative error on [-1/2, 1/2] (2.4e-8 relative: two terms fewer than Taylor's for the
-  same bound), plus, in a block with
-  some |l| > 1/2, ``(exp(l) - l) - (exp(c) - c)`` with c the clamped value (exactly 0 where |l| <= 1/2;
-  elsewhere a difference of terms within a factor of ~10 of k3, so within ~10 roundoffs of it);
+  same bound), plus, in a block with some |l| > 1/2, ``(exp(l) - l) - (exp(c) - c)`` with c the
+  clamped value (exactly 0 where |l| <= 1/2; elsewhere a difference of terms within a factor of ~10
+  of k3, so within ~10 roundoffs of it);
 - the guards: any non-finite input sum, ratio sum or loss, a mask that is not 0/1, a normaliser or
   L_max that the reference refuses, or a part this path does not implement (GMPO's log-clip, the
   behaviour correction, GSPO-token with per-token advantages, an accelerator, where the reference
