@@ -143,12 +143,16 @@ def _load() -> str:
         return "load average unknown"
 
 
-def compile_fast_path(batch, variants: list, device: torch.device) -> None:
-    """Compile the fast path's graph of each variant (its first call), outside the timings."""
+def compile_fast_path(batch, variants: dict, device: torch.device) -> None:
+    """Compile the fast path's graph of each variant (its first call), outside the timings; prints
+    each variant's wall time (cold when inductor's caches are empty: TORCHINDUCTOR_CACHE_DIR set to
+    an empty directory) and the load average after it."""
     start = time.perf_counter()
-    for variant in variants:
+    for name, variant in variants.items():
+        began = time.perf_counter()
         loss_step(batch, variant, fused_policy_loss)
-    _sync(device)
+        _sync(device)
+        print(f"  compile {name}: {time.perf_counter() - began:.1f} s wall ({_load()})", flush=True)
     print(f"torch.compile of the fast path: {time.perf_counter() - start:.1f} s wall for {len(variants)} "
           f"variant(s) (first calls, left out of the timings)")
 
@@ -184,7 +188,7 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
     variants = _preset_variants(names, t)
     peers = peer_steps(batch, names) if frameworks else []
     if compiled:
-        compile_fast_path(batch, list(variants.values()), device)
+        compile_fast_path(batch, variants, device)
     what = "thread CPU time, 1 thread" if device.type == "cpu" else "wall time"
     print(f"\n[N={n}, T={t}] float32, ragged masks, device {device}: forward + backward, medians of {rounds} "
           f"interleaved rounds ({what}); {_load()}")
@@ -297,7 +301,7 @@ def main() -> None:
         print(f"device: CPU, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, 1 thread")
     if args.compile_only:
         n, t = sizes[0]
-        compile_fast_path(make_batch(n, t, device), list(_preset_variants(args.presets, t).values()), device)
+        compile_fast_path(make_batch(n, t, device), _preset_variants(args.presets, t), device)
         return
     for n, t in sizes:
         size_tables(n, t, device, args.rounds, args.presets, compiled=args.compiled,
