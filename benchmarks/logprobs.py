@@ -18,8 +18,12 @@ rounds):
    ``LigerFusedLinearGRPOLoss`` (``loss_type="grpo"``, ``beta=0.04``, its defaults otherwise:
    ``compiled=True`` on CUDA, eager on CPU, ``chunk_size=1``) on the same hidden states, weight,
    tokens, old and reference log-probs, advantages and mask: B sequences of T tokens (N = B T), d, V stated;
-   forward + backward time and peak memory beyond the inputs and their gradients. Target: the
-   fused path's memory <= 0.25x the naive code's (N = 4096, d = 2048, V = 128k, float32).
+   forward + backward time (medians of interleaved rounds) and peak memory beyond the inputs and
+   their gradients. Targets: the fused path's memory <= 0.25x the naive code's (N = 4096, d = 2048,
+   V = 128k, float32; issue 21); on a CPU at most Liger-Kernel's time at V = 32k and 128k with
+   memory <= 0.1x the naive code's (issue 29). ``--lm-head BxTxDxV`` (repeatable) sets the size,
+   ``--chunk-rows R,R`` adds rows with those ``chunk_rows`` beside the default rule's
+   (``lm_head_chunk_rows``), ``--lm-head-only`` skips tables 1 and 2.
 
 Peak memory: on CUDA ``max_memory_allocated`` over the step; on CPU the allocations the profiler
 records (``peak_bytes``), the same quantity counted from the CPU allocator's events.
@@ -33,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import statistics
 import time
 
 import torch
 
 from refimpl.losses import GRPO, policy_loss, token_logprobs
-from refimpl.losses.lm_head import lm_head_logprobs
+from refimpl.losses.lm_head import lm_head_chunk_rows, lm_head_logprobs
 
 
 def _sync(device: torch.device) -> None:
@@ -65,6 +71,25 @@ def best_times(fns: dict, device: torch.device, rounds: int) -> dict[str, float]
             _sync(device)
             best[name] = min(best[name], clock() - start)
     return best
+
+
+def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
+    """Median time in seconds of each fn() over ``rounds`` interleaved rounds (after one warm-up call
+    each), and the spread: the largest (max - min) / median over the functions."""
+    clock = _clock(device)
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            _sync(device)
+            start = clock()
+            fn()
+            _sync(device)
+            times[name].append(clock() - start)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    spread = max((max(t) - min(t)) / medians[name] for name, t in times.items())
+    return medians, spread
 
 
 def peak_bytes(fn, device: torch.device) -> int:
@@ -173,10 +198,14 @@ def _liger_loss(compiled: bool):
 
 
 def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device: torch.device,
-                  rounds: int) -> None:
+                  rounds: int, chunks: tuple[int, ...] = ()) -> None:
+    """The lm-head table at B, T, d, V: the naive code, ``lm_head_logprobs`` (its default chunk,
+    ``lm_head_chunk_rows``) and, for each of ``chunks``, ``lm_head_logprobs(chunk_rows=c)``;
+    Liger-Kernel's fused linear GRPO loss; medians of ``rounds`` interleaved rounds."""
     n = b * t
+    default = lm_head_chunk_rows(n, vocab, dtype, device=device)
     print(f"\nlm head + GRPO loss, B = {b}, T = {t} (N = {n}), d = {d}, V = {vocab}, {str(dtype)[6:]}, "
-          f"forward + backward, device {device}")
+          f"forward + backward, device {device}; default chunk {default} rows")
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(b, t, d, generator=g).to(device=device, dtype=dtype)
     weight = (torch.randn(vocab, d, generator=g) / d**0.5).to(device=device, dtype=dtype)
@@ -211,6 +240,13 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
         return loss.detach(), h.grad, w.grad
 
     steps = {"log_softmax(h @ W.T)": naive, "lm_head_logprobs": fused}
+    for rows in chunks:
+        def chunked(rows=rows):
+            h, w = leaves()
+            loss = ours_loss(lm_head_logprobs(h, w, tokens, chunk_rows=rows))
+            loss.backward()
+            return loss.detach(), h.grad, w.grad
+        steps[f"chunk_rows={rows}"] = chunked
     # Liger compiles its loss math with torch.compile by default; on CPU that means inductor's C++
     # toolchain, so the CPU run uses its eager mode (the chunked matmuls, where the time goes, are
     # eager in both)
@@ -231,13 +267,18 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
             del steps["Liger GRPO (fused)"]
             liger = None
     losses = {label: float(step()[0]) for label, step in steps.items()}
-    seconds = best_times(steps, device, rounds)
+    seconds, spread = median_times(steps, device, rounds)
     peaks = {label: (peak_bytes(step, device) - input_bytes // 2) / 2**20 for label, step in steps.items()}
-    print(f"{'method':<24} {'loss':>12} {'ms':>10} {'x naive':>8} {'peak MiB':>9} {'x naive':>8}")
+    print(f"medians of {rounds} interleaved rounds, spread (max - min) / median up to {spread:.2f}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'method':<24} {'loss':>12} {'ms':>10} {'x naive':>8} {'x Liger':>8} {'peak MiB':>9} "
+          f"{'x naive':>8}")
+    liger_time = seconds.get("Liger GRPO (fused)", float("nan"))
     base = "log_softmax(h @ W.T)"
     for label in steps:
         print(f"{label:<24} {losses[label]:12.6g} {seconds[label] * 1e3:10.2f} "
-              f"{seconds[label] / seconds[base]:8.2f} {peaks[label]:9.1f} {peaks[label] / peaks[base]:8.3f}")
+              f"{seconds[label] / seconds[base]:8.2f} {seconds[label] / liger_time:8.2f} "
+              f"{peaks[label]:9.1f} {peaks[label] / peaks[base]:8.3f}")
     if liger is None:
         print("no Liger-Kernel row (not installed: pip install --no-deps liger-kernel==0.8.5)")
     else:
@@ -245,6 +286,17 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
         print(f"ours / Liger: time {ratio:.2f}, memory "
               f"{peaks['lm_head_logprobs'] / peaks['Liger GRPO (fused)']:.2f}")
     print("peak MiB: beyond the inputs and their gradients")
+
+
+def _head_size(text: str) -> tuple[int, int, int, int]:
+    try:
+        size = tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        size = ()
+    if len(size) != 4 or min(size) < 1:
+        raise argparse.ArgumentTypeError(f"an lm-head size is BxTxDxV (positive integers, e.g. "
+                                         f"2x1024x256x131072), got {text!r}")
+    return size
 
 
 def main() -> None:
@@ -255,6 +307,11 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="also time the eager path against its chunk size")
     parser.add_argument("--no-lm-head", action="store_true", help="skip the lm-head table")
+    parser.add_argument("--lm-head", type=_head_size, action="append", metavar="BxTxDxV",
+                        help="the lm-head table's size (repeatable; default by device)")
+    parser.add_argument("--chunk-rows", type=lambda text: tuple(int(x) for x in text.split(",")), default=(),
+                        metavar="R,R,...", help="also time lm_head_logprobs with these chunk_rows")
+    parser.add_argument("--lm-head-only", action="store_true", help="only the lm-head table(s)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -265,11 +322,13 @@ def main() -> None:
         tokens, vocabs, head = 4096, [1 << 15, 1 << 17], (4, 1024, 2048, 1 << 17)
     else:
         tokens, vocabs, head = 1024, [1 << 15, 1 << 17], (2, 256, 256, 1 << 15)
-    logprobs_table(tokens, vocabs, [torch.float32, torch.bfloat16], device, args.rounds)
-    if args.sweep:
+    if not args.lm_head_only:
+        logprobs_table(tokens, vocabs, [torch.float32, torch.bfloat16], device, args.rounds)
+    if args.sweep and not args.lm_head_only:
         sweep_table(tokens, vocabs[0], device, args.rounds)
     if not args.no_lm_head:
-        lm_head_table(*head, torch.float32, device, max(2, args.rounds // 2))
+        for size in args.lm_head or [head]:
+            lm_head_table(*size, torch.float32, device, max(2, args.rounds // 2), args.chunk_rows)
 
 
 if __name__ == "__main__":

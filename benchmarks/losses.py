@@ -19,7 +19,8 @@ machine then slow both sides alike), on CUDA synchronised wall time; ``--rounds`
 function runs once in turn (interleaved); each figure is the median over the rounds, and ``spread``
 is the largest interquartile range over the row's functions divided by its median. The load average
 is printed with each table. Targets (issue 29): policy_loss at most 0.5x the fastest framework and
-3x the floor at 256x2048 and 1024x4096, at most 1x the fastest at 64x512.
+3x the floor at 256x2048 and 1024x4096 (from 2**18 tokens on), at most 1x the fastest at 64x512; the
+column ``target`` says ``met`` or ``MISSED`` for each row.
 
 Usage: ``python benchmarks/losses.py [--size 256x2048 ...] [--presets grpo dapo] [--compiled]
 [--no-frameworks] [--rounds 15] [--device cuda] [--loop] [--logprobs]``; ``--quick`` is ``--size
@@ -142,12 +143,16 @@ def _load() -> str:
         return "load average unknown"
 
 
-def compile_fast_path(batch, variants: list, device: torch.device) -> None:
-    """Compile the fast path's graph of each variant (its first call), outside the timings."""
+def compile_fast_path(batch, variants: dict, device: torch.device) -> None:
+    """Compile the fast path's graph of each variant (its first call), outside the timings; prints
+    each variant's wall time (cold when inductor's caches are empty: TORCHINDUCTOR_CACHE_DIR set to
+    an empty directory) and the load average after it."""
     start = time.perf_counter()
-    for variant in variants:
+    for name, variant in variants.items():
+        began = time.perf_counter()
         loss_step(batch, variant, fused_policy_loss)
-    _sync(device)
+        _sync(device)
+        print(f"  compile {name}: {time.perf_counter() - began:.1f} s wall ({_load()})", flush=True)
     print(f"torch.compile of the fast path: {time.perf_counter() - start:.1f} s wall for {len(variants)} "
           f"variant(s) (first calls, left out of the timings)")
 
@@ -156,6 +161,22 @@ def _preset_variants(names: list[str], t: int) -> dict:
     """The presets to time; Dr. GRPO with L_max the padded width ``t``."""
     return {name: dataclasses.replace(DR_GRPO, max_length=t) if name == "dr_grpo" else PRESETS[name]
             for name in names}
+
+
+def targets(n: int, t: int) -> tuple[float, float | None]:
+    """Issue 29's targets for ``policy_loss`` at ``N x T``: (at most this times the fastest framework,
+    at most this times the floor or None): 1x the fastest below 2**18 tokens (64x512), else 0.5x it
+    and 3x the floor (256x2048, 1024x4096)."""
+    return (1.0, None) if n * t < 1 << 18 else (0.5, 3.0)
+
+
+def verdict(ours_best: float | None, ours_floor: float, n: int, t: int) -> str:
+    """``met`` or ``MISSED`` against ``targets`` (``-`` without a framework to compare with)."""
+    if ours_best is None:
+        return "-"
+    best_target, floor_target = targets(n, t)
+    met = ours_best <= best_target and (floor_target is None or ours_floor <= floor_target)
+    return "met" if met else "MISSED"
 
 
 def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[str], *, compiled: bool,
@@ -167,7 +188,7 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
     variants = _preset_variants(names, t)
     peers = peer_steps(batch, names) if frameworks else []
     if compiled:
-        compile_fast_path(batch, list(variants.values()), device)
+        compile_fast_path(batch, variants, device)
     what = "thread CPU time, 1 thread" if device.type == "cpu" else "wall time"
     print(f"\n[N={n}, T={t}] float32, ragged masks, device {device}: forward + backward, medians of {rounds} "
           f"interleaved rounds ({what}); {_load()}")
@@ -178,7 +199,7 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
               (f"{'fast ms':>8} " if compiled else "") + f"{'ours/fl':>8} {'ref/fl':>7} " +
               (f"{'fast/fl':>8} " if compiled else "") +
               f"{'best':>18} {'best ms':>8} {'ours/best':>9} " + (f"{'fast/best':>9} " if compiled else "") +
-              f"{'spread':>6} {'rel diff':>9}" + (f" {'ref/loop':>9}" if loop else ""))
+              f"{'spread':>6} {'rel diff':>9} {'target':>6}" + (f" {'ref/loop':>9}" if loop else ""))
     print(header)
     mode_rows = []
     for name, variant in variants.items():
@@ -195,8 +216,10 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                (f"{median['fast'] * 1e3:8.2f} " if compiled else "") +
                f"{median['ours'] / floor:8.2f} {median['ref'] / floor:7.2f} " +
                (f"{median['fast'] / floor:8.2f} " if compiled else ""))
+        ours_best = None
         if theirs:
             i = min(range(len(theirs)), key=lambda k: median[f"peer{k}"])
+            ours_best = median["ours"] / median[f"peer{i}"]
             best = median[f"peer{i}"]
             row += (f"{theirs[i].framework.split()[0]:>18} {best * 1e3:8.2f} {median['ours'] / best:9.2f} " +
                     (f"{median['fast'] / best:9.2f} " if compiled else ""))
@@ -204,7 +227,8 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                 mode_rows.append((p, median[f"peer{k}"], median["ours"], median.get("fast")))
         else:
             row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
-        row += f"{spread:6.2f} {agreement(batch, variant):9.1e}"
+        target = verdict(ours_best, median["ours"] / floor, n, t)
+        row += f"{spread:6.2f} {agreement(batch, variant):9.1e} {target:>6}"
         if loop:
             pair = {"ref": fns["ref"], "loop": lambda v=variant: loop_step(batch, v)}
             looped, _ = median_times(pair, device, max(1, rounds // 3))
@@ -277,7 +301,7 @@ def main() -> None:
         print(f"device: CPU, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, 1 thread")
     if args.compile_only:
         n, t = sizes[0]
-        compile_fast_path(make_batch(n, t, device), list(_preset_variants(args.presets, t).values()), device)
+        compile_fast_path(make_batch(n, t, device), _preset_variants(args.presets, t), device)
         return
     for n, t in sizes:
         size_tables(n, t, device, args.rounds, args.presets, compiled=args.compiled,

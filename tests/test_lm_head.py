@@ -204,3 +204,34 @@ def test_the_chunk_rules(monkeypatch):
     monkeypatch.setattr(lm_head, "logprob_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
     lm_head_logprobs(hidden[:10], weight, torch.zeros(10, dtype=torch.long), chunk_rows=3)
     assert len(calls) == 4
+
+
+def test_the_device_s_chunk_changes_no_result_beyond_the_rounding_of_its_products():
+    """N = 16 DEVICE_LM_HEAD_ROWS["cpu"] + 3 tokens on CPU, float64: the default chunk is the device's
+    (the memory bound, N / 8, is larger), so the tokens are taken in 17 chunks, the last of 3 rows; the
+    values and gradients equal one chunk of all N rows within the products' rounding (the tolerances
+    of test_values_and_gradients_equal_token_logprobs_of_the_product, from eps = d u max|h| max|w|):
+    the chunk the rule picks moves no result beyond roundoff."""
+    from refimpl.losses import lm_head
+
+    rows = 16 * lm_head.DEVICE_LM_HEAD_ROWS["cpu"] + 3
+    d, v = 3, 5
+    assert lm_head.lm_head_chunk_rows(rows, v, torch.float64, device="cpu") == rows // 16
+    gen = torch.Generator().manual_seed(29)
+    hidden = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    weight = 2 * torch.randn(v, d, generator=gen, dtype=torch.float64)
+    tokens = torch.randint(0, v, (rows,), generator=gen)
+    weights = torch.randn(rows, generator=gen, dtype=torch.float64)
+    results = []
+    for chunk_rows in (None, rows):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        got = lm_head_logprobs(h, w, tokens, chunk_rows=chunk_rows)
+        (got * weights).sum().backward()
+        results.append((got.detach(), h.grad, w.grad))
+    (got, h_grad, w_grad), (want, h_want, w_want) = results
+    eps = (4 * d * U * float(hidden.abs().max() * weight.abs().max())
+           + 16 * U * (1 + float(want.abs().max())))
+    torch.testing.assert_close(got, want, rtol=0.0, atol=2 * eps)
+    scale = 4 * eps * float(weights.abs().max())
+    torch.testing.assert_close(h_grad, h_want, rtol=0.0, atol=v * scale * float(weight.abs().max()))
+    torch.testing.assert_close(w_grad, w_want, rtol=0.0, atol=rows * scale * float(hidden.abs().max()))

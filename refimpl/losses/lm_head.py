@@ -38,17 +38,29 @@ __all__ = ["lm_head_logprobs"]
 LM_HEAD_TEMPORARIES = 2
 
 
-def lm_head_chunk_rows(rows: int, vocab: int, dtype: torch.dtype, *, budget_bytes: int | None = None) -> int:
+#: Tokens per chunk each device type aims at, where the memory bound allows (``lm_head_chunk_rows``).
+#: Each chunk's three products read the whole ``[V, d]`` weight (and ``grad_weight``) once, for
+#: ``2 rows V d`` multiply-adds each: ``rows / s`` flops per byte of weight traffic, whatever V and
+#: d, so a CPU needs a few hundred rows before the products stop waiting on memory, and more only
+#: makes the ``[rows, V]`` chunk leave the caches between its passes (benchmarks/logprobs.py
+#: ``--lm-head ... --chunk-rows``; docs/results.md). Device types without an entry take the memory
+#: bound alone.
+DEVICE_LM_HEAD_ROWS = {"cpu": 256}
+
+
+def lm_head_chunk_rows(rows: int, vocab: int, dtype: torch.dtype, *, device: torch.device | str | None = None,
+                       budget_bytes: int | None = None) -> int:
     """Tokens per chunk of ``lm_head_logprobs`` for ``rows`` tokens, ``vocab`` outputs and inputs of
-    ``dtype``: the most whose ``LM_HEAD_TEMPORARIES`` ``[rows', V]`` compute-dtype tensors fit in
-    ``budget_bytes`` (default ``MEMORY_FRACTION`` of one ``[rows, V]`` compute-dtype tensor, the
-    logits ``log_softmax(hidden @ weight.T).gather()`` materialises; its peak holds at least three
-    such tensors, so the fused path's is at most a twelfth of it plus O(rows + V), unless one row
-    alone exceeds the bound), at least one and at most ``rows``. From the memory bound alone: a
-    larger chunk only makes the products more efficient and the ``[V, d]`` accumulation of
-    ``grad_weight`` less frequent."""
+    ``dtype`` on ``device``: ``DEVICE_LM_HEAD_ROWS[device type]`` (no target when ``device`` is None
+    or has no entry), and at most the most whose ``LM_HEAD_TEMPORARIES`` ``[rows', V]`` compute-dtype
+    tensors fit in ``budget_bytes`` (default ``MEMORY_FRACTION`` of one ``[rows, V]`` compute-dtype
+    tensor, the logits ``log_softmax(hidden @ weight.T).gather()`` materialises; its peak holds at
+    least three such tensors, so the fused path's is at most a twelfth of it plus O(rows + V),
+    unless one row alone exceeds the bound); at least one and at most ``rows``."""
     budget, size = memory_budget(rows, vocab, dtype, budget_bytes)
-    return max(1, min(rows, int(budget // (LM_HEAD_TEMPORARIES * max(vocab, 1) * size))))
+    bound = int(budget // (LM_HEAD_TEMPORARIES * max(vocab, 1) * size))
+    target = DEVICE_LM_HEAD_ROWS.get(torch.device(device).type) if device is not None else None
+    return max(1, min(rows, bound, target or bound))
 
 
 def _stats_rows(chunk: torch.Tensor) -> int:
@@ -119,7 +131,8 @@ def lm_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.T
         hidden: ``[..., d]`` final hidden states, a float dtype.
         weight: ``[V, d]`` output-layer weight, the dtype and device of ``hidden``.
         tokens: ``[...]`` integer token ids in ``[0, V)``, the shape of ``hidden`` without d.
-        chunk_rows: tokens per chunk (default ``lm_head_chunk_rows``'s rule, from a memory bound).
+        chunk_rows: tokens per chunk (default ``lm_head_chunk_rows``'s rule: the device's target
+            within a memory bound). The result does not depend on it beyond roundoff.
         check_finite: raise ValueError if a row of logits has a NaN or ``+inf`` (a host
             synchronisation).
         backend: as ``token_logprobs``'s: ``"auto"`` (the Triton kernels on CUDA when installed),
@@ -141,7 +154,7 @@ def lm_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.T
     check_tokens(tokens, hidden, "hidden", "d", vocab)
     flat = hidden.reshape(-1, hidden.shape[-1])
     if chunk_rows is None:
-        chunk_rows = lm_head_chunk_rows(flat.shape[0], vocab, hidden.dtype)
+        chunk_rows = lm_head_chunk_rows(flat.shape[0], vocab, hidden.dtype, device=hidden.device)
     elif isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
         raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}")
     kernel = use_triton(hidden.device, hidden.dtype, backend)
