@@ -21,6 +21,7 @@ from refimpl.conformance.matrix_check import (
     installed_in,
     masked_markdown,
     measured_tolerance,
+    restricted,
 )
 from tests import fake_framework
 
@@ -220,3 +221,20 @@ def test_a_rounding_departure_may_show_on_another_case_on_another_cpu():
     for d in (committed, fresh):  # a departure that is not a compute dtype's rounding keeps its case
         d["frameworks"][0]["modes"][0]["reference"]["departures"][0]["explanation"] = "flag empty_rows='keep'"
     assert compare_matrices(committed, fresh)
+
+
+def test_restricted_keeps_the_named_frameworks_rows_and_summary_entries():
+    """``refimpl matrix --check --framework A`` on a matrix of A and B compares A's part: the rows, the
+    summary's lists keyed by framework and its per-framework counts (a count of B alone dropped)."""
+    a, b = matrix_of(departure(0.25)), matrix_of()
+    b["frameworks"][0]["framework"] = "verl"
+    both = {"frameworks": a["frameworks"] + b["frameworks"],
+            "summary": {"frameworks": [{"framework": "trl"}, {"framework": "verl"}],
+                        "findings": [{"framework": "verl", "key": "k"}, {"framework": "trl", "key": "j"}],
+                        "departures_by_flag": {"x": {"trl": 1, "verl": 2}, "y": {"verl": 1}}, "note": "n"}}
+    assert restricted(both, {"trl"}) == {
+        "frameworks": a["frameworks"],
+        "summary": {"frameworks": [{"framework": "trl"}], "findings": [{"framework": "trl", "key": "j"}],
+                    "departures_by_flag": {"x": {"trl": 1}}, "note": "n"}}
+    assert restricted(both, {"trl", "verl"}) == both
+    assert compare_matrices(restricted(both, {"verl"}), both) != []  # the restriction is not the whole
