@@ -15,6 +15,7 @@ import pytest
 
 from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 from refimpl.conformance.frameworks.findings import FINDING_KINDS, REPRODUCED_KINDS, Finding, as_findings
+from refimpl.conformance.frameworks.install import opt_in
 from refimpl.conformance.frameworks.repro import BODIES, repro_script, write_repros
 
 #: the import name of each framework's installed package, whose folder a finding's path is relative to
@@ -51,8 +52,13 @@ def test_a_finding_refuses_an_unknown_class_and_an_unchecked_line():
     assert as_findings(legacy) == (Finding("empty_step", "bug", "0 / 0"),)
 
 
-@pytest.mark.framework
-@pytest.mark.parametrize("name", FRAMEWORKS + EXTRA_FRAMEWORKS)
+# CI installs every framework but the opt-in ones (an extra of their own: Tunix's JAX), so only their
+# tests may skip there
+_DRIVEN_IN_CI = [n if opt_in(n) else pytest.param(n, marks=pytest.mark.framework)
+                 for n in FRAMEWORKS + EXTRA_FRAMEWORKS]
+
+
+@pytest.mark.parametrize("name", _DRIVEN_IN_CI)
 def test_every_cited_line_holds_the_quoted_code(name):
     driver = load_driver(name)
     if driver.availability() is not None:
@@ -74,6 +80,11 @@ def test_every_cited_line_holds_the_quoted_code(name):
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
     bugs = {(name, f.key) for name in FRAMEWORKS + EXTRA_FRAMEWORKS for f in load_driver(name).findings()
             if f.kind in REPRODUCED_KINDS}
+    # an opt-in framework's bug has no script yet (CI, which runs the scripts, does not install JAX):
+    # listed here so that the gap is seen and this line changes with it
+    unscripted = {("tunix", "ratio_overflow")}
+    assert {b for b in bugs if opt_in(b[0])} >= unscripted
+    bugs -= unscripted
     assert bugs == set(BODIES)
     for name, key in sorted(bugs):
         script = repro_script(name, key)
