@@ -4,42 +4,55 @@ At a tiny batch (default 4x8, GRPO, float32, a bool mask) the kernel's work is n
 time is its fixed cost. Times, layer by layer, in interleaved rounds (thread CPU time, 1 thread,
 medians and interquartile ranges): forward + backward; forward; the compiled function through
 dynamo's entry (guards, AOT-autograd's runtime wrappers, inductor's code); inductor's generated
-``call`` alone (captured from ``CompiledFxGraph`` on one call and then called directly: what a
-guard-free entry would pay); forward + backward under ``torch.compiler.set_stance(...,
-skip_guard_eval_unsafe=True)``; and the eager ``policy_loss``.
+``call`` alone (captured from ``CompiledFxGraph`` on one call and then called directly: the kernel);
+autograd's own floor (a custom Function whose forward returns a cached tensor and whose backward is
+one product, forward + backward: what any differentiable call pays); the eager ``policy_loss``; and,
+with ``--baseline FILE``, another version of ``refimpl/losses/fused_policy.py`` (e.g. ``git show
+main:refimpl/losses/fused_policy.py > /tmp/base.py``), forward + backward and forward, interleaved with
+the rest: a before / after in one run. "beyond the kernel" is forward + backward less inductor's call.
 
-Usage: ``python benchmarks/fused_overhead.py [NxT]`` (compiles GRPO first: seconds to minutes).
+Usage: ``python benchmarks/fused_overhead.py [--size NxT] [--rounds R] [--baseline FILE]`` (compiles
+GRPO first: seconds to minutes).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import statistics
-import sys
 import time
 
 import torch
 from torch._inductor.output_code import CompiledFxGraph
 
 from refimpl.losses import GRPO, policy_loss
-from refimpl.losses.fused_policy import _kernel, _plan, fused_policy_loss
+from refimpl.losses.fused_policy import _entry, fused_policy_loss
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    n, t = (int(x) for x in (sys.argv[1] if len(sys.argv) > 1 else "4x8").split("x"))
-    g = torch.Generator().manual_seed(0)
-    logp = (-torch.rand(n, t, generator=g)).requires_grad_(True)
-    old = logp.detach() + 0.01 * torch.randn(n, t, generator=g)
-    adv = torch.randn(n, generator=g)
-    mask = torch.ones(n, t, dtype=torch.bool)
-    start = time.perf_counter()
-    fused_policy_loss(logp, old, adv, mask, GRPO)[0].backward()
-    print(f"first call (compile, or load from inductor's caches): {time.perf_counter() - start:.1f} s wall")
-    plan = _plan(GRPO, False, False, False, False, False, True, False)
-    kernel = _kernel(plan, torch.float32, torch.float32, "cpu", True)
-    inputs = (logp.detach(), old, adv, mask.float(), None, None, None, None, torch.ones(1),
-              torch.zeros(1, dtype=torch.bool), torch.ones(1))
+def _load(path: str):
+    """A module from a file (another version of fused_policy.py; its imports resolve in this tree)."""
+    spec = importlib.util.spec_from_file_location("baseline_fused_policy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Floor(torch.autograd.Function):
+    """Autograd's fixed cost: forward returns a cached value, backward one product."""
+
+    @staticmethod
+    def forward(ctx, value, grad, x):
+        ctx.grad = grad
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return None, None, grad_output * ctx.grad
+
+
+def _inductor_call(kernel, inputs):
+    """Inductor's generated ``call`` and its arguments, captured on one call of ``kernel``."""
     captured = []
     real = CompiledFxGraph.__call__
 
@@ -52,37 +65,65 @@ def main() -> None:
         kernel(*inputs)
     finally:
         CompiledFxGraph.__call__ = real
-    call, args = captured[0]
+    return captured[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="4x8", help="NxT (default 4x8)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
+    parser.add_argument("--calls", type=int, default=200, help="calls per function per round (default 200)")
+    parser.add_argument("--baseline", help="another fused_policy.py to time beside this one")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    n, t = (int(x) for x in args.size.split("x"))
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(n, t, generator=g)).requires_grad_(True)
+    old = logp.detach() + 0.01 * torch.randn(n, t, generator=g)
+    adv = torch.randn(n, generator=g)
+    mask = torch.ones(n, t, dtype=torch.bool)
+    start = time.perf_counter()
+    fused_policy_loss(logp, old, adv, mask, GRPO)[0].backward()
+    print(f"first call (compile, or load from inductor's caches): {time.perf_counter() - start:.1f} s wall")
+    entry = _entry(GRPO, False, False, False, False, False, torch.bool, False, torch.float32, logp.device,
+                   True)
+    inputs = (logp.detach(), old, adv, mask.float(), None, None, None, None, *entry.constants)
+    call, call_args = _inductor_call(entry.kernel, inputs)
+    value, grad = torch.tensor(0.5), torch.ones(n, t)
 
     def both(loss_fn=fused_policy_loss):
         loss_fn(logp, old, adv, mask, GRPO)[0].backward()
 
-    def unsafe():
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            both()
-
     fns = {"fused forward + backward": both,
            "fused forward": lambda: fused_policy_loss(logp, old, adv, mask, GRPO),
-           "dynamo entry (kernel + guards)": lambda: kernel(*inputs),
-           "inductor call alone": lambda: call(list(args)),
-           "fwd + bwd, skip_guard_eval_unsafe": unsafe,
+           "dynamo entry (kernel + guards)": lambda: entry.kernel(*inputs),
+           "inductor call alone (the kernel)": lambda: call(list(call_args)),
+           "autograd floor (fwd + bwd)": lambda: _Floor.apply(value, grad, logp).backward(),
            "eager policy_loss fwd + bwd": lambda: both(policy_loss)}
-    calls, rounds = 200, 15
+    if args.baseline:
+        base = _load(args.baseline).fused_policy_loss
+        base(logp, old, adv, mask, GRPO)[0].backward()  # its compile (or inductor's cache)
+        fns["baseline forward + backward"] = lambda: both(base)
+        fns["baseline forward"] = lambda: base(logp, old, adv, mask, GRPO)
     times = {name: [] for name in fns}
     for fn in fns.values():
         for _ in range(20):
             fn()
-    for _ in range(rounds):
+    for _ in range(args.rounds):
         for name, fn in fns.items():
             began = time.thread_time()
-            for _ in range(calls):
+            for _ in range(args.calls):
                 fn()
-            times[name].append((time.thread_time() - began) / calls * 1e3)
-    print(f"[{n}, {t}] ms a call, medians of {rounds} interleaved rounds of {calls} calls; load average "
-          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+            times[name].append((time.thread_time() - began) / args.calls * 1e3)
+    print(f"[{n}, {t}] GRPO float32, ms a call, medians of {args.rounds} interleaved rounds of {args.calls} "
+          "calls (thread CPU time, 1 thread); load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     for name, values in times.items():
         q = statistics.quantiles(values, n=4)
         print(f"  {name:<36} {statistics.median(values):.4f}  (IQR {q[0]:.4f}-{q[2]:.4f})")
+    kernel = statistics.median(times["inductor call alone (the kernel)"])
+    for name in ("fused forward + backward", "baseline forward + backward"):
+        if name in times:
+            print(f"  beyond the kernel, {name.split()[0]:<26} {statistics.median(times[name]) - kernel:.4f}")
 
 
 if __name__ == "__main__":
