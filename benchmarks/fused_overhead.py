@@ -9,33 +9,28 @@ autograd's own floor (a custom Function whose forward returns a cached tensor an
 one product, forward + backward: what any differentiable call pays); the eager ``policy_loss``; and,
 with ``--baseline FILE``, another version of ``refimpl/losses/fused_policy.py`` (e.g. ``git show
 main:refimpl/losses/fused_policy.py > /tmp/base.py``), forward + backward and forward, interleaved with
-the rest: a before / after in one run. "beyond the kernel" is forward + backward less inductor's call.
+the rest: a before / after in one run; with ``--aot``, ``compile="aot"`` (an AOTInductor package,
+``refimpl.losses.fused_aot``) forward + backward and its C++ runner alone. "beyond the kernel" is
+forward + backward less inductor's call (the runner's time includes its own entry).
 
-Usage: ``python benchmarks/fused_overhead.py [--size NxT] [--rounds R] [--baseline FILE]`` (compiles
+Usage: ``python benchmarks/fused_overhead.py [--size NxT] [--rounds R] [--aot] [--baseline FILE]`` (compiles
 GRPO first: seconds to minutes).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import functools
 import os
 import statistics
 import time
 
 import torch
+from losses import load_module  # benchmarks/losses.py
 from torch._inductor.output_code import CompiledFxGraph
 
 from refimpl.losses import GRPO, policy_loss
 from refimpl.losses.fused_policy import _entry, fused_policy_loss
-
-
-def _load(path: str):
-    """A module from a file (another version of fused_policy.py; its imports resolve in this tree)."""
-    spec = importlib.util.spec_from_file_location("baseline_fused_policy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Floor(torch.autograd.Function):
@@ -73,6 +68,7 @@ def main() -> None:
     parser.add_argument("--size", default="4x8", help="NxT (default 4x8)")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds (default 15)")
     parser.add_argument("--calls", type=int, default=200, help="calls per function per round (default 200)")
+    parser.add_argument("--aot", action="store_true", help="also compile='aot' (AOTInductor; compiles GRPO)")
     parser.add_argument("--baseline", help="another fused_policy.py to time beside this one")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -100,8 +96,19 @@ def main() -> None:
            "inductor call alone (the kernel)": lambda: call(list(call_args)),
            "autograd floor (fwd + bwd)": lambda: _Floor.apply(value, grad, logp).backward(),
            "eager policy_loss fwd + bwd": lambda: both(policy_loss)}
+    if args.aot:
+        aot_both = functools.partial(both, functools.partial(fused_policy_loss, compile="aot"))
+        start = time.perf_counter()
+        aot_both()
+        print(f"first call with compile='aot' (export and compile, or load the package): "
+              f"{time.perf_counter() - start:.1f} s wall")
+        aot = _entry(GRPO, False, False, False, False, False, torch.bool, False, torch.float32, logp.device,
+                     "aot").kernel
+        present = [x for x in inputs if x is not None]
+        fns["aot forward + backward"] = aot_both
+        fns["aot runner alone (kernel + entry)"] = lambda: aot.runner.run(present)
     if args.baseline:
-        base = _load(args.baseline).fused_policy_loss
+        base = load_module(args.baseline).fused_policy_loss
         base(logp, old, adv, mask, GRPO)[0].backward()  # its compile (or inductor's cache)
         fns["baseline forward + backward"] = lambda: both(base)
         fns["baseline forward"] = lambda: base(logp, old, adv, mask, GRPO)
@@ -121,7 +128,7 @@ def main() -> None:
         q = statistics.quantiles(values, n=4)
         print(f"  {name:<36} {statistics.median(values):.4f}  (IQR {q[0]:.4f}-{q[2]:.4f})")
     kernel = statistics.median(times["inductor call alone (the kernel)"])
-    for name in ("fused forward + backward", "baseline forward + backward"):
+    for name in ("fused forward + backward", "aot forward + backward", "baseline forward + backward"):
         if name in times:
             print(f"  beyond the kernel, {name.split()[0]:<26} {statistics.median(times[name]) - kernel:.4f}")
 

@@ -23,8 +23,10 @@ is printed with each table. Targets (issue 29): policy_loss at most 0.5x the fas
 column ``target`` says ``met`` or ``MISSED`` for each row.
 
 Usage: ``python benchmarks/losses.py [--size 256x2048 ...] [--presets grpo dapo] [--compiled]
-[--no-frameworks] [--rounds 15] [--device cuda] [--loop] [--logprobs]``; ``--quick`` is ``--size
-64x512``.
+[--aot] [--baseline FILE] [--no-frameworks] [--rounds 15] [--device cuda] [--loop] [--logprobs]``;
+``--quick`` is ``--size 64x512``. ``--aot`` adds ``fused_policy_loss(compile="aot")`` (AOTInductor
+packages) and ``--baseline FILE`` another version of ``refimpl/losses/fused_policy.py`` (an A/B in one
+run) to the compiled path's rounds, in a table of their own.
 """
 
 from __future__ import annotations
@@ -143,17 +145,18 @@ def _load() -> str:
         return "load average unknown"
 
 
-def compile_fast_path(batch, variants: dict, device: torch.device) -> None:
+def compile_fast_path(batch, variants: dict, device: torch.device, loss_fn=fused_policy_loss,
+                      what: str = "torch.compile of the fast path") -> None:
     """Compile the fast path's graph of each variant (its first call), outside the timings; prints
     each variant's wall time (cold when inductor's caches are empty: TORCHINDUCTOR_CACHE_DIR set to
     an empty directory) and the load average after it."""
     start = time.perf_counter()
     for name, variant in variants.items():
         began = time.perf_counter()
-        loss_step(batch, variant, fused_policy_loss)
+        loss_step(batch, variant, loss_fn)
         _sync(device)
         print(f"  compile {name}: {time.perf_counter() - began:.1f} s wall ({_load()})", flush=True)
-    print(f"torch.compile of the fast path: {time.perf_counter() - start:.1f} s wall for {len(variants)} "
+    print(f"{what}: {time.perf_counter() - start:.1f} s wall for {len(variants)} "
           f"variant(s) (first calls, left out of the timings)")
 
 
@@ -180,15 +183,18 @@ def verdict(ours_best: float | None, ours_floor: float, n: int, t: int) -> str:
 
 
 def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[str], *, compiled: bool,
-                frameworks: bool, loop: bool) -> None:
+                frameworks: bool, loop: bool, others: dict | None = None) -> None:
     """The two tables of the module docstring for one size."""
     from peers import peer_steps  # benchmarks/peers.py, run as a script from benchmarks/
 
     batch = make_batch(n, t, device)
     variants = _preset_variants(names, t)
     peers = peer_steps(batch, names) if frameworks else []
+    others = others or {}
     if compiled:
         compile_fast_path(batch, variants, device)
+    for label, fn in others.items():
+        compile_fast_path(batch, variants, device, fn, f"{label} (first calls)")
     what = "thread CPU time, 1 thread" if device.type == "cpu" else "wall time"
     print(f"\n[N={n}, T={t}] float32, ragged masks, device {device}: forward + backward, medians of {rounds} "
           f"interleaved rounds ({what}); {_load()}")
@@ -201,13 +207,14 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
               f"{'best':>18} {'best ms':>8} {'ours/best':>9} " + (f"{'fast/best':>9} " if compiled else "") +
               f"{'spread':>6} {'rel diff':>9} {'target':>6}" + (f" {'ref/loop':>9}" if loop else ""))
     print(header)
-    mode_rows = []
+    mode_rows, other_rows = [], []
     for name, variant in variants.items():
         fns = {"floor": lambda: floor_step(batch),
                "ours": functools.partial(loss_step, batch, variant, policy_loss),
                "ref": functools.partial(loss_step, batch, variant, reference_policy_loss)}
         if compiled:
             fns["fast"] = functools.partial(loss_step, batch, variant, fused_policy_loss)
+        fns.update({label: functools.partial(loss_step, batch, variant, fn) for label, fn in others.items()})
         theirs = [p for p in peers if p.preset == name]
         fns.update({f"peer{i}": p.step for i, p in enumerate(theirs)})
         median, spread = median_times(fns, device, rounds)
@@ -225,6 +232,8 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                     (f"{median['fast'] / best:9.2f} " if compiled else ""))
             for k, p in enumerate(theirs):
                 mode_rows.append((p, median[f"peer{k}"], median["ours"], median.get("fast")))
+        if others:
+            other_rows.append((name, median))
         else:
             row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
         target = verdict(ours_best, median["ours"] / floor, n, t)
@@ -234,6 +243,13 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
             looped, _ = median_times(pair, device, max(1, rounds // 3))
             row += f" {looped['ref'] / looped['loop']:9.4f}"
         print(row)
+    if other_rows:
+        print(f"\nother versions of the compiled path at [N={n}, T={t}] (timed in the rounds above), ms and "
+              f"their time / fast's")
+        print(f"{'preset':<11} {'fast ms':>8} " + " ".join(f"{label:>14} {'/fast':>6}" for label in others))
+        for name, median in other_rows:
+            print(f"{name:<11} {median['fast'] * 1e3:8.2f} " + " ".join(
+                f"{median[label] * 1e3:14.2f} {median[label] / median['fast']:6.2f}" for label in others))
     if mode_rows:
         print(f"\nevery framework mode at [N={n}, T={t}] (its own function, called directly; timed in the "
               f"rounds above)")
@@ -261,6 +277,16 @@ def logprobs_tables(device: torch.device, quick: bool, rounds: int) -> None:
     logprobs_benchmark.lm_head_table(*head, torch.float32, device, max(2, rounds // 2))
 
 
+def load_module(path: str):
+    """A module from a file (another version of fused_policy.py; its imports resolve in this tree)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_fused_policy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _size(text: str) -> tuple[int, int]:
     try:
         n, t = (int(x) for x in text.lower().split("x"))
@@ -284,6 +310,14 @@ def main() -> None:
                         help=f"presets to time (default: all: {', '.join(PRESETS)})")
     parser.add_argument("--compiled", action="store_true",
                         help="also the compiled fast path fused_policy_loss (compiles each preset first)")
+    parser.add_argument("--aot", action="store_true",
+                        help="also fused_policy_loss(compile='aot'), AOTInductor packages "
+                        "(implies --compiled)")
+    parser.add_argument("--baseline", metavar="FILE",
+                        help="also FILE's fused_policy_loss (another version of "
+                        "refimpl/losses/fused_policy.py, "
+                        "e.g. from git show main:refimpl/losses/fused_policy.py), compiled, interleaved "
+                        "with this one's (implies --compiled)")
     parser.add_argument("--loop", action="store_true", help="also the reference against a per-sequence loop")
     parser.add_argument("--no-frameworks", action="store_true", help="skip the frameworks")
     parser.add_argument("--logprobs", action="store_true", help="also the tables of benchmarks/logprobs.py")
@@ -303,9 +337,14 @@ def main() -> None:
         n, t = sizes[0]
         compile_fast_path(make_batch(n, t, device), _preset_variants(args.presets, t), device)
         return
+    others = {}
+    if args.aot:
+        others["aot"] = functools.partial(fused_policy_loss, compile="aot")
+    if args.baseline:
+        others["baseline"] = load_module(args.baseline).fused_policy_loss
     for n, t in sizes:
-        size_tables(n, t, device, args.rounds, args.presets, compiled=args.compiled,
-                    frameworks=not args.no_frameworks, loop=args.loop)
+        size_tables(n, t, device, args.rounds, args.presets, compiled=args.compiled or bool(others),
+                    frameworks=not args.no_frameworks, loop=args.loop, others=others)
     if args.logprobs:
         logprobs_tables(device, args.quick, args.rounds)
 

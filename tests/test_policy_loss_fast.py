@@ -255,17 +255,70 @@ def test_results_stay_on_the_inputs_device_whatever_the_default_device():
 # the compiled path (inductor: C++ loops on a CPU)
 
 @pytest.mark.skipif(not HAS_CXX, reason="torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++)")
+@pytest.mark.parametrize("compile", [True, pytest.param("aot", marks=pytest.mark.skipif(
+    not THOROUGH, reason="AOTInductor compiles for minutes (thorough profile)"))])
 @pytest.mark.parametrize("name", list(PRESETS) if THOROUGH else ["grpo"])
-def test_compiled_fast_path_equals_the_reference_on_every_case_class(name):
+def test_compiled_fast_path_equals_the_reference_on_every_case_class(name, compile):
     """Two graphs per variant in CI (float64, and float32 for the bf16 / fp16 classes): GRPO with a
-    KL term on the inputs of every class; every preset with and without it when thorough."""
+    KL term on the inputs of every class, through ``torch.compile``; every preset with and without
+    it when thorough, also as AOTInductor packages (``compile="aot"``)."""
     seen = set()
     variants = _kit_variants(name)[0 if THOROUGH else 1:]
     for v in variants:
         for case_class, inputs, kwargs in _kit_calls(v, golden_inputs_only=not THOROUGH):
-            assert_same_as_reference(v, *inputs, compile=True, **kwargs)
+            assert_same_as_reference(v, *inputs, compile=compile, **kwargs)
             seen.add(case_class)
     assert seen == _expected_classes(variants)
+
+
+def test_compile_takes_true_false_or_aot():
+    logp = -torch.rand(2, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^compile must be True, False or 'aot', got 'fast'$"):
+        fused_policy_loss(logp, logp, torch.ones(2, dtype=torch.float64), torch.ones(2, 3), GRPO,
+                          compile="fast")
+
+
+def test_an_aot_package_is_named_by_everything_its_code_depends_on(monkeypatch):
+    """The package's cache key (refimpl.losses.fused_aot._key) is the same for the same plan,
+    dtypes and device in any process (no address or random part), and differs when any of them,
+    the torch version, the vector instruction set or the source of a module in the graph differs."""
+    from refimpl.losses import fused_aot, fused_policy
+
+    monkeypatch.setattr(fused_aot, "_isa", lambda device: "avx2")  # probing the CPU takes seconds
+    plan = fused_policy._plan(GRPO, False, False, False, False, False, True, False)
+    dtypes = (torch.float32,) * 4
+    cpu = torch.device("cpu")
+    key = fused_aot._key(plan, dtypes, cpu)
+    assert len(key) == 32 and key == fused_aot._key(fused_policy._plan(
+        dataclasses.replace(GRPO), False, False, False, False, False, True, False), dtypes, cpu)
+    cispo = fused_policy._plan(PRESETS["cispo"], False, False, False, False, False, True, False)
+    others = {fused_aot._key(plan._replace(ref=True), dtypes, cpu),
+              fused_aot._key(plan, (torch.float64,) * 4, cpu), fused_aot._key(cispo, dtypes, cpu)}
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "__version__", "0.0.0")
+        others.add(fused_aot._key(plan, dtypes, cpu))
+    with monkeypatch.context() as patch:
+        patch.setattr(fused_aot, "_isa", lambda device: "avx512")
+        others.add(fused_aot._key(plan, dtypes, cpu))
+    real = fused_aot.inspect.getsource
+    monkeypatch.setattr(fused_aot.inspect, "getsource",
+                        lambda m: real(m) + "#" if m is fused_aot.fused_kernel else real(m))
+    others.add(fused_aot._key(plan, dtypes, cpu))
+    assert key not in others and len(others) == 6
+
+
+@pytest.mark.skipif(not THOROUGH or not HAS_CXX, reason="compiles (thorough profile, a C++ compiler)")
+def test_an_aot_package_is_loaded_not_compiled_the_second_time(monkeypatch):
+    """What a second process does: a new kernel for the same plan finds the package on disk."""
+    from refimpl.losses import fused_aot, fused_policy
+
+    old = -torch.rand(3, 5, dtype=torch.float64)
+    batch = (old + 0.1, old, torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64), torch.rand(3, 5) > 0.3)
+    assert_same_as_reference(PRESETS["cispo"], *batch, compile="aot")  # compiles, or loads
+    fused_policy._entry.cache_clear()
+    fused_policy._kernel.cache_clear()
+    monkeypatch.setattr(fused_aot, "_compile", lambda *a: pytest.fail("compiled again"))
+    assert_same_as_reference(PRESETS["cispo"], *batch, compile="aot")
 
 
 def test_a_seq_sum_max_length_below_a_sequence_length_raises():

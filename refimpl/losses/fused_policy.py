@@ -7,7 +7,8 @@ of the conformance kit).
 ``fused_policy_loss(logp, old_logp, advantages, mask, variant, *, ref_logp=None, behavior_logp=None,
 entropy=None, kl=None, normalizer=None, compile=True) -> (loss, metrics)`` takes ``policy_loss``'s
 arguments and returns what it returns; ``compile`` picks ``torch.compile`` (C++ loops on a CPU,
-Triton kernels on CUDA) or the same formulas run op by op.
+Triton kernels on CUDA), an AOTInductor package per plan (``"aot"``, ``refimpl.losses.fused_aot``)
+or the same formulas run op by op. The fused function itself is ``refimpl.losses.fused_kernel``.
 
 Why it is faster: the reference lets autograd differentiate some twenty elementwise operations (with
 their ``torch.where`` guards) forward and backward, about 80 passes over ``[N, T]``, and checks its
@@ -29,6 +30,7 @@ from typing import NamedTuple
 
 import torch
 
+from refimpl.losses.fused_aot import AotKernel
 from refimpl.losses.fused_kernel import _fused, _Plan
 from refimpl.losses.policy import (
     PolicyLossVariant,
@@ -94,9 +96,13 @@ def _dynamic(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _kernel(plan: _Plan, dtype: torch.dtype, mask_dtype: torch.dtype, device_type: str, compiled: bool):
-    """The fused function for one plan, compiled or not."""
-    return _Compiled(plan, device_type) if compiled else functools.partial(_fused, plan=plan)
+def _kernel(plan: _Plan, dtype: torch.dtype, mask_dtype: torch.dtype, device: torch.device,
+            compiled: bool | str):
+    """The fused function for one plan: ``torch.compile``'d (True), an AOTInductor package ("aot",
+    ``refimpl.losses.fused_aot``) or op by op (False)."""
+    if compiled == "aot":
+        return AotKernel(plan, device, _inductor_options(device.type))
+    return _Compiled(plan, device.type) if compiled else functools.partial(_fused, plan=plan)
 
 
 def _flag_messages(plan: _Plan, dtype: torch.dtype, max_length: int | None) -> list[str]:
@@ -159,7 +165,7 @@ def _plan(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, beh
 @functools.cache
 def _entry(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, behavior: bool, entropy: bool,
            kl: bool, mask_dtype: torch.dtype, global_normalizer: bool, logp_dtype: torch.dtype,
-           device: torch.device, compiled: bool) -> _Entry:
+           device: torch.device, compiled: bool | str) -> _Entry:
     plan = _plan(variant, per_token_advantages, ref, behavior, entropy, kl, mask_dtype == torch.bool,
                  global_normalizer)
     dtype = torch.promote_types(logp_dtype, torch.float32)
@@ -168,7 +174,7 @@ def _entry(variant: PolicyLossVariant, per_token_advantages: bool, ref: bool, be
     constants = (torch.ones(1, dtype=dtype, device=device), torch.zeros(1, dtype=torch.bool, device=device),
                  torch.full((1,), float(variant.max_length or 1), dtype=dtype, device=device))
     names = METRIC_NAMES + (("kl",) if ref or kl else ()) + (("entropy",) if entropy else ())
-    return _Entry(plan, _kernel(plan, dtype, kernel_mask, device.type, compiled), dtype, variant.max_length,
+    return _Entry(plan, _kernel(plan, dtype, kernel_mask, device, compiled), dtype, variant.max_length,
                   constants, torch.ones(1, dtype=torch.bool, device=device), names)
 
 
@@ -261,26 +267,30 @@ def fused_policy_loss(
     entropy: torch.Tensor | None = None,
     kl: torch.Tensor | None = None,
     normalizer: float | torch.Tensor | None = None,
-    compile: bool = True,
+    compile: bool | str = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``policy_loss`` (spec: policy_losses.md eq. (12); the arguments, results, errors and edge
     cases of ``refimpl.losses.policy.policy_loss``), fused.
 
     ``compile=True`` runs the fused function through ``torch.compile`` (dynamic shapes; one graph
     per variant, set of optional inputs, compute dtype and device; on a CPU inductor needs a C++
-    compiler); ``False``, and batches with N or T below 2, run the same formulas op by op. The loss
+    compiler); ``"aot"`` through an AOTInductor package per plan, cached on disk across processes
+    and called without dynamo (``refimpl.losses.fused_aot``: the least fixed cost a call, the longest
+    first compile); ``False``, and batches with N or T below 2, run the same formulas op by op. The loss
     is a scalar whose backward pass multiplies the closed-form gradient (computed with the loss) by
     the incoming gradient (first derivatives only); metrics are detached scalars. A batch with no
     elements is passed to the reference. Where several inputs are wrong at once, the error named
     first may differ from the reference's (the value checks are read together, after the others).
     """
+    if compile not in (True, False, "aot"):
+        raise ValueError(f"compile must be True, False or 'aot', got {compile!r}")
     optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp, "entropy": entropy, "kl": kl}
     shape, device = check_policy_inputs(logp, old_logp, advantages, mask, variant, optional)
     if logp.numel() == 0:  # nothing to fuse (a shape fact, no host sync)
         return policy_loss(logp, old_logp, advantages, mask, variant, normalizer=normalizer, **optional)
     entry = _entry(variant, advantages.ndim == 2, ref_logp is not None, behavior_logp is not None,
                    entropy is not None, kl is not None, mask.dtype, normalizer is not None, logp.dtype,
-                   device, compile and min(shape) >= 2)
+                   device, compile if min(shape) >= 2 else False)
     scalars = entry.constants
     if normalizer is not None:
         scalars = (_normalizer_tensor(normalizer, entry.dtype, device), entry.use_normalizer, scalars[2])
