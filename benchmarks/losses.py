@@ -123,13 +123,16 @@ def loop_step(batch, variant) -> None:
 
 def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
     """(median seconds of each fn, spread) over ``rounds`` interleaved rounds (every fn once per round,
-    after one warm-up call each); spread: the largest interquartile range / median over the fns."""
+    after one warm-up call each; the order rotated by one each round: at 256x2048 the compiled path
+    timed right after the reference, every round, measured 1.3x the same kernel timed later in it);
+    spread: the largest interquartile range / median over the fns."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(_time_once(fn, device))
+    names = list(fns)
+    for r in range(rounds):  # each round starts one function later: no function always follows the same one
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_time_once(fns[name], device))
     median = {name: statistics.median(x) for name, x in samples.items()}
     spread = 0.0
     for name, x in samples.items():
