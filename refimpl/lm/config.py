@@ -35,9 +35,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
     # torch.compile the training forward pass and take the fused loss; off by default: on a CPU a
-    # compiled step measured 0.89x an eager one (benchmarks/trainer.py --steps), which a default run's
-    # ~200 RL steps do not pay back against the cold compilation (tens of seconds), and the eager
-    # policy_loss (its closed form) is as fast as the compiled loss (docs/results.md)
+    # compiled step measured 0.89-0.94x an eager one (benchmarks/trainer.py --steps), 6-11 s over a
+    # default run's ~200 RL steps, less than the cold compilation (tens of seconds), and the eager
+    # policy_loss (its closed form) is as fast as the compiled loss (docs/results.md); CUDA unmeasured
     compile: bool = False
     amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
     # model (nanoGPT-like)
