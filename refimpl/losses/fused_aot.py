@@ -31,8 +31,6 @@ import refimpl.losses.policy
 from refimpl.losses import fused_kernel
 from refimpl.losses.fused_kernel import _fused, _Plan
 
-_INPUTS = 11  # _fused's tensor arguments: 8 [N, T] / [N] inputs, then normaliser, its flag, L_max ([1])
-
 
 class _Exported(torch.nn.Module):
     """``_fused`` for one plan over the inputs present (``None`` slots left out), returning its
@@ -75,7 +73,7 @@ def _examples(inputs: tuple) -> tuple[list[torch.Tensor], list[dict | None]]:
     for i, x in enumerate(inputs):
         if x is None:
             continue
-        if i >= 8:  # the [1] scalars, as they are
+        if i >= 8:  # the normaliser, its flag and L_max ([1]), as they are
             examples.append(x)
             dims.append(None)
         elif x.ndim == 2:
@@ -128,9 +126,7 @@ class AotKernel:
             meta = [None if x is None else torch.empty_like(x, device="meta") for x in inputs]
             self.outputs = tuple(x is not None for x in _fused(*meta, plan=self.plan))
 
-    def __call__(self, *inputs):
-        if len(inputs) != _INPUTS:
-            raise TypeError(f"the fused function takes {_INPUTS} inputs, got {len(inputs)}")
+    def __call__(self, *inputs):  # _fused's 11 tensor arguments, None where absent
         if self.runner is None:
             self._load(inputs)
         results = iter(self.runner.run([x for x in inputs if x is not None]))
