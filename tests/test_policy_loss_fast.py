@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import os
 import shutil
+import types
 
 import pytest
 import torch
@@ -313,6 +314,43 @@ def test_an_aot_package_is_named_by_everything_its_code_depends_on(monkeypatch):
                         lambda m: real(m) + "#" if m is fused_aot.fused_kernel else real(m))
     others.add(fused_aot._key(plan, dtypes, cpu))
     assert key not in others and len(others) == 6
+
+
+def test_the_aot_kernel_passes_the_present_inputs_and_restores_the_absent_outputs(monkeypatch, tmp_path):
+    """``compile="aot"`` without compiling: the package replaced by the exported module run op by op
+    (what AOTInductor compiles), so the flat-list plumbing (inputs left out where None, outputs put
+    back where None) is held to the reference for every pattern of optional inputs, in CI."""
+    from refimpl.losses import fused_aot, fused_policy
+
+    packages = {}
+
+    def compile_to(plan, inputs, path, options):
+        packages[path] = fused_aot._Exported(plan, tuple(x is not None for x in inputs))
+
+    def runner(path, device_index):
+        return types.SimpleNamespace(run=lambda tensors: list(packages[path](*tensors)))
+
+    monkeypatch.setattr(fused_aot, "_package_dir", lambda: str(tmp_path))  # no inductor import (seconds)
+    monkeypatch.setattr(fused_aot, "_compile", compile_to)
+    monkeypatch.setattr(fused_aot, "_runner", runner)
+    monkeypatch.setattr(fused_aot, "_isa", lambda device: "avx2")  # probing the CPU takes seconds
+    monkeypatch.setattr(fused_policy, "_inductor_options", lambda device_type: None)  # the same
+    fused_policy._entry.cache_clear()
+    fused_policy._kernel.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(5)
+        old = -torch.rand(3, 4, generator=g, dtype=torch.float64)
+        batch = (old + 0.1 * torch.randn(3, 4, generator=g, dtype=torch.float64), old,
+                 torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64), torch.rand(3, 4, generator=g) > 0.3)
+        regularised = dataclasses.replace(GRPO, kl_coef=0.5, entropy_coef=0.25)
+        for v, extras in ((GRPO, {}), (regularised, {"ref_logp": old - 0.2, "entropy": old.exp()}),
+                          (regularised, {"kl": old.exp(), "entropy": old.exp(), "normalizer": 7.0}),
+                          (PRESETS["cispo"], {"entropy": old.exp()})):
+            assert_same_as_reference(v, *batch, compile="aot", **extras)
+        assert len(packages) == 4
+    finally:
+        fused_policy._entry.cache_clear()
+        fused_policy._kernel.cache_clear()
 
 
 @pytest.mark.skipif(not THOROUGH or not HAS_CXX, reason="compiles (thorough profile, a C++ compiler)")

@@ -65,23 +65,18 @@ def _key(plan: _Plan, dtypes: tuple, device: torch.device) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _small(inputs: tuple) -> list[torch.Tensor | None]:
+    """Zeros of shape [2, 3] / [2] (N and T distinct, so that export keeps them apart) in the dtypes
+    and on the device of the call's inputs; the [1] scalars as they are, None where None."""
+    return [x if x is None or i >= 8 else x.new_zeros((2, 3) if x.ndim == 2 else (2,))
+            for i, x in enumerate(inputs)]
+
+
 def _examples(inputs: tuple) -> tuple[list[torch.Tensor], list[dict | None]]:
-    """Inputs of shape [2, 3] / [2] (N and T distinct, so that export keeps them apart) in the
-    dtypes and on the device of the call's, with their dynamic dimensions."""
+    """Export's example inputs (``_small``'s, None left out) and their dynamic dimensions."""
     n, t = torch.export.Dim("N", min=2), torch.export.Dim("T", min=2)
-    examples, dims = [], []
-    for i, x in enumerate(inputs):
-        if x is None:
-            continue
-        if i >= 8:  # the normaliser, its flag and L_max ([1]), as they are
-            examples.append(x)
-            dims.append(None)
-        elif x.ndim == 2:
-            examples.append(x.new_zeros(2, 3))
-            dims.append({0: n, 1: t})
-        else:
-            examples.append(x.new_zeros(2))
-            dims.append({0: n})
+    examples = [x for x in _small(inputs) if x is not None]
+    dims = [None if x.shape == (1,) else {0: n, 1: t} if x.ndim == 2 else {0: n} for x in examples]
     return examples, dims
 
 
@@ -103,6 +98,18 @@ def _compile(plan: _Plan, inputs: tuple, path: str, options: dict | None) -> Non
             os.remove(partial)
 
 
+def _package_dir() -> str:
+    """Where the packages are kept: ``fused_policy_aot`` in inductor's cache directory."""
+    from torch._inductor.codecache import cache_dir
+
+    return os.path.join(cache_dir(), "fused_policy_aot")
+
+
+def _runner(path: str, device_index: int):
+    """The C++ runner of the package at ``path`` (``run(list of tensors) -> list of tensors``)."""
+    return torch._inductor.aoti_load_package(path, device_index=device_index).loader
+
+
 class AotKernel:
     """``_fused`` for one plan, dtypes and device as an AOTInductor package: the same arguments and
     results as ``_fused`` (its ``None`` inputs and outputs included). The package is found or made
@@ -114,17 +121,13 @@ class AotKernel:
         self.outputs: tuple[bool, ...] = ()  # which of _fused's outputs are not None
 
     def _load(self, inputs: tuple) -> None:
-        from torch._inductor.codecache import cache_dir
-
         dtypes = tuple(None if x is None else x.dtype for x in inputs)
-        path = os.path.join(cache_dir(), "fused_policy_aot", _key(self.plan, dtypes, self.device) + ".pt2")
+        path = os.path.join(_package_dir(), _key(self.plan, dtypes, self.device) + ".pt2")
         if not os.path.exists(path):
             _compile(self.plan, inputs, path, self.options)
-        index = -1 if self.device.index is None else self.device.index
-        self.runner = torch._inductor.aoti_load_package(path, device_index=index).loader
-        with torch.device("meta"):  # which outputs exist (the plan decides; no values computed)
-            meta = [None if x is None else torch.empty_like(x, device="meta") for x in inputs]
-            self.outputs = tuple(x is not None for x in _fused(*meta, plan=self.plan))
+        self.runner = _runner(path, -1 if self.device.index is None else self.device.index)
+        # which outputs exist (the plan decides): one op-by-op run on [2, 3] zeros
+        self.outputs = tuple(x is not None for x in _fused(*_small(inputs), plan=self.plan))
 
     def __call__(self, *inputs):  # _fused's 11 tensor arguments, None where absent
         if self.runner is None:
