@@ -200,8 +200,8 @@ def test_the_chunk_rules(monkeypatch):
     lm_head_logprobs(hidden, weight, torch.zeros(64, dtype=torch.long))
     assert seen == [lm_head.lm_head_chunk_rows(64, 6, torch.float32)] == [8]
     calls = []
-    real_stats = lm_head.logprob_stats
-    monkeypatch.setattr(lm_head, "logprob_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
+    real_stats = lm_head.chunk_logits_stats
+    monkeypatch.setattr(lm_head, "chunk_logits_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
     lm_head_logprobs(hidden[:10], weight, torch.zeros(10, dtype=torch.long), chunk_rows=3)
     assert len(calls) == 4
 
