@@ -5,14 +5,16 @@ the ``[N, V]`` logits never all in memory at once.
 ``[N, V]`` log-softmax for backward and builds two more ``[N, V]`` tensors in backward (the
 gradient of the gather and that of the logits): at N = 4096 tokens and V = 128k, 2 GiB each in
 float32. Here the tokens are taken ``rows`` at a time (``lm_head_chunk_rows``): the forward forms a
-chunk's logits, reduces each row to the three numbers of kl.md eq. (14') (``logprob_stats``, the
-Triton kernel on CUDA) and frees the chunk; autograd saves the inputs, the tokens and two numbers
-per token. The backward forms each chunk's logits again, overwrites them with their gradient
-(eq. (15'), ``logprob_grad``) and accumulates ``grad_hidden = dlogits @ weight`` and
-``grad_weight += dlogits.T @ hidden``. The cost is one more ``[N, d] x [d, V]`` product than the
-plain formula (the logits are formed twice), as in Liger-Kernel's fused linear losses, which
-compute the gradients in the forward instead (possible there because their loss is a scalar; a
-per-token log-probability's gradient depends on the loss that follows)."""
+chunk's logits, reduces each row to the three numbers of kl.md eq. (14') (``chunk_logits_stats``:
+in place on float32 / float64 logits, the Triton kernel on CUDA) and frees the chunk; autograd saves
+the inputs, the tokens and two numbers per token. The backward forms each chunk's logits again,
+overwrites them with their gradient (eq. (15'), ``chunk_gradient``) and accumulates ``grad_hidden =
+dlogits @ weight`` and ``grad_weight += dlogits.T @ hidden`` (``chunk_products``). The cost is one
+more ``[N, d] x [d, V]`` product than the plain formula (the logits are formed twice): a per-token
+log-probability's gradient depends on the loss that follows. Where that loss is known, as in
+Liger-Kernel's fused linear losses, the gradients can be formed in the forward from one formation
+of the logits: ``refimpl.losses.lm_head_loss.lm_head_policy_loss`` does so with these chunk steps.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ from refimpl.losses.logprobs import (
 __all__ = ["lm_head_logprobs"]
 
 #: ``[rows, V]`` compute-dtype tensors of one chunk at the path's peak: its logits (their gradient
-#: is written over them) and the eager statistics' temporaries, bounded by the same size
-#: (``_stats_rows``; none with the Triton kernels).
+#: is written over them) and the eager statistics' temporaries of half-precision logits, bounded by
+#: the same size (``_stats_rows``; none in place on float32 / float64 logits or with the Triton
+#: kernels).
 LM_HEAD_TEMPORARIES = 2
 
 

@@ -133,8 +133,8 @@ def lm_head_policy_loss(hidden: torch.Tensor, weight: torch.Tensor, tokens: torc
         raise ValueError(f"tokens must be 2-D [N, T], got shape {tuple(tokens.shape)}")
     flat, chunk_rows, kernel = check_lm_head_inputs(hidden, weight, tokens, chunk_rows, backend)
     if isinstance(variant, PolicyLossVariant) and variant.entropy_coef > 0:
-        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0: lm_head_policy_loss has no entropy "
-                         "term; use policy_loss(lm_head_logprobs(...), entropy=...)")
+        raise ValueError(f"variant.entropy_coef={variant.entropy_coef} > 0: lm_head_policy_loss has no "
+                         "entropy term; use policy_loss(lm_head_logprobs(...), entropy=...)")
     optional = {"ref_logp": ref_logp, "behavior_logp": behavior_logp}
     check_policy_inputs(hidden[..., 0], old_logp, advantages, mask, variant, {**optional, "entropy": None,
                                                                                 "kl": None})
