@@ -14,7 +14,8 @@ rounds):
    behind ``refimpl.losses.logprobs.DEVICE_CHUNK_ELEMENTS``.
 3. The lm head: ``lm_head_logprobs(hidden, weight, tokens)`` against
    ``log_softmax(hidden @ weight.T).gather()``, each followed by the GRPO loss
-   (``policy_loss(..., replace(GRPO, kl_coef=0.04), ref_logp=...)``), and Liger-Kernel's
+   (``policy_loss(..., replace(GRPO, kl_coef=0.04), ref_logp=...)``), the same loss fused with the lm
+   head (``lm_head_policy_loss``: the logits formed once, three products per chunk), and Liger-Kernel's
    ``LigerFusedLinearGRPOLoss`` (``loss_type="grpo"``, ``beta=0.04``, its defaults otherwise:
    ``compiled=True`` on CUDA, eager on CPU, ``chunk_size=1``) on the same hidden states, weight,
    tokens, old and reference log-probs, advantages and mask: B sequences of T tokens (N = B T), d, V stated;
@@ -22,8 +23,8 @@ rounds):
    their gradients. Targets: the fused path's memory <= 0.25x the naive code's (N = 4096, d = 2048,
    V = 128k, float32; issue 21); on a CPU at most Liger-Kernel's time at V = 32k and 128k with
    memory <= 0.1x the naive code's (issue 29). ``--lm-head BxTxDxV`` (repeatable) sets the size,
-   ``--chunk-rows R,R`` adds rows with those ``chunk_rows`` beside the default rule's
-   (``lm_head_chunk_rows``), ``--lm-head-only`` skips tables 1 and 2.
+   ``--chunk-rows R,R`` adds rows of both lm-head paths with those ``chunk_rows`` beside the default
+   rule's (``lm_head_chunk_rows``), ``--lm-head-only`` skips tables 1 and 2.
 
 Peak memory: on CUDA ``max_memory_allocated`` over the step; on CPU the allocations the profiler
 records (``peak_bytes``), the same quantity counted from the CPU allocator's events.
@@ -45,6 +46,7 @@ import torch
 
 from refimpl.losses import GRPO, policy_loss, token_logprobs
 from refimpl.losses.lm_head import lm_head_chunk_rows, lm_head_logprobs
+from refimpl.losses.lm_head_loss import lm_head_policy_loss
 
 
 def _sync(device: torch.device) -> None:
@@ -199,9 +201,10 @@ def _liger_loss(compiled: bool):
 
 def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device: torch.device,
                   rounds: int, chunks: tuple[int, ...] = ()) -> None:
-    """The lm-head table at B, T, d, V: the naive code, ``lm_head_logprobs`` (its default chunk,
-    ``lm_head_chunk_rows``) and, for each of ``chunks``, ``lm_head_logprobs(chunk_rows=c)``;
-    Liger-Kernel's fused linear GRPO loss; medians of ``rounds`` interleaved rounds."""
+    """The lm-head table at B, T, d, V: the naive code, ``lm_head_logprobs`` and
+    ``lm_head_policy_loss`` (their default chunk, ``lm_head_chunk_rows``) and, for each of ``chunks``,
+    both with ``chunk_rows=c``; Liger-Kernel's fused linear GRPO loss; medians of ``rounds``
+    interleaved rounds."""
     n = b * t
     default = lm_head_chunk_rows(n, vocab, dtype, device=device)
     print(f"\nlm head + GRPO loss, B = {b}, T = {t} (N = {n}), d = {d}, V = {vocab}, {str(dtype)[6:]}, "
@@ -239,7 +242,14 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
         loss.backward()
         return loss.detach(), h.grad, w.grad
 
-    steps = {"log_softmax(h @ W.T)": naive, "lm_head_logprobs": fused}
+    def fused_loss(rows=None):
+        h, w = leaves()
+        loss = lm_head_policy_loss(h, w, tokens, old, advantages, mask, variant, ref_logp=ref,
+                                   chunk_rows=rows)[0]
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    steps = {"log_softmax(h @ W.T)": naive, "lm_head_logprobs": fused, "lm_head_policy_loss": fused_loss}
     for rows in chunks:
         def chunked(rows=rows):
             h, w = leaves()
@@ -247,6 +257,7 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
             loss.backward()
             return loss.detach(), h.grad, w.grad
         steps[f"chunk_rows={rows}"] = chunked
+        steps[f"policy chunk_rows={rows}"] = lambda rows=rows: fused_loss(rows)
     # Liger compiles its loss math with torch.compile by default; on CPU that means inductor's C++
     # toolchain, so the CPU run uses its eager mode (the chunked matmuls, where the time goes, are
     # eager in both)
@@ -282,9 +293,9 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
     if liger is None:
         print("no Liger-Kernel row (not installed: pip install --no-deps liger-kernel==0.8.5)")
     else:
-        ratio = seconds["lm_head_logprobs"] / seconds["Liger GRPO (fused)"]
-        print(f"ours / Liger: time {ratio:.2f}, memory "
-              f"{peaks['lm_head_logprobs'] / peaks['Liger GRPO (fused)']:.2f}")
+        for label in ("lm_head_logprobs", "lm_head_policy_loss"):
+            print(f"{label} / Liger: time {seconds[label] / liger_time:.2f}, memory "
+                  f"{peaks[label] / peaks['Liger GRPO (fused)']:.2f}")
     print("peak MiB: beyond the inputs and their gradients")
 
 

@@ -68,6 +68,7 @@ from refimpl.losses import (
     entropy_bonus_loss,
     fused_policy_loss,
     lm_head_logprobs,
+    lm_head_policy_loss,
     loss_normalizer,
     policy_loss,
     ppo_combined_loss,
@@ -580,6 +581,26 @@ def _(dtype):
     tokens = torch.randint(0, 6, (N, T), generator=torch.Generator().manual_seed(41))
     # chunks of three tokens: several chunks and a short last one
     return lambda: lm_head_logprobs(hidden, weight, tokens, chunk_rows=3), (hidden, weight)
+
+
+def _lm_head_loss_case(variant, chunk_rows: int):
+    def build(dtype):
+        hidden = _random(N, T, 4, seed=42, dtype=dtype, grad=True)
+        weight = _random(6, 4, seed=43, dtype=dtype, low=-2.0, high=2.0, grad=True)
+        tokens = torch.randint(0, 6, (N, T), generator=torch.Generator().manual_seed(44))
+        old = _random(N, T, seed=45, dtype=dtype, low=-3.0, high=-1.0)
+        ref = _random(N, T, seed=46, dtype=dtype, low=-3.0, high=-1.0)
+        adv = torch.tensor([1.0, -0.5, 0.0], dtype=dtype)
+        mask = torch.ones(N, T, dtype=torch.bool)
+        mask[1, 3:] = False
+        return (lambda: lm_head_policy_loss(hidden, weight, tokens, old, adv, mask, variant, ref_logp=ref,
+                                            chunk_rows=chunk_rows), (hidden, weight))
+    return build
+
+
+# the fused path: chunks of three tokens (cutting rows), and of two whole rows for a sequence ratio
+case("refimpl.losses.lm_head_policy_loss", "grpo")(_lm_head_loss_case(replace(GRPO, kl_coef=0.1), 3))
+case("refimpl.losses.lm_head_policy_loss", "gspo")(_lm_head_loss_case(replace(GSPO, kl_coef=0.1), 10))
 
 
 @case("refimpl.losses.token_entropy")

@@ -200,8 +200,8 @@ def test_the_chunk_rules(monkeypatch):
     lm_head_logprobs(hidden, weight, torch.zeros(64, dtype=torch.long))
     assert seen == [lm_head.lm_head_chunk_rows(64, 6, torch.float32)] == [8]
     calls = []
-    real_stats = lm_head.logprob_stats
-    monkeypatch.setattr(lm_head, "logprob_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
+    real_stats = lm_head.chunk_logits_stats
+    monkeypatch.setattr(lm_head, "chunk_logits_stats", lambda *a, **k: calls.append(1) or real_stats(*a, **k))
     lm_head_logprobs(hidden[:10], weight, torch.zeros(10, dtype=torch.long), chunk_rows=3)
     assert len(calls) == 4
 
@@ -235,3 +235,38 @@ def test_the_device_s_chunk_changes_no_result_beyond_the_rounding_of_its_product
     scale = 4 * eps * float(weights.abs().max())
     torch.testing.assert_close(h_grad, h_want, rtol=0.0, atol=v * scale * float(weight.abs().max()))
     torch.testing.assert_close(w_grad, w_want, rtol=0.0, atol=rows * scale * float(hidden.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_in_place_statistics_are_those_of_logprob_stats_bitwise(dtype):
+    """chunk_logits_stats on float32 / float64 logits (``_exp_stats_``) overwrites the chunk with
+    exp(z - m) and returns logprob_stats's (m, rest, z_y) bitwise (the same exp(z - m) = exp(-(m - z)),
+    the same sum with one maximal entry's 1 left out), on rows with -inf logits, ties at the maximum
+    and a confident row; chunk_gradient from there equals its gradient from the logits bitwise, and
+    the confident token's entry keeps its relative accuracy (others / total g, kl.md eq. (15'))."""
+    from refimpl.losses import lm_head
+    from refimpl.losses.logprobs import _logprob_parts, logprob_stats
+
+    gen = torch.Generator().manual_seed(12)
+    hidden = torch.randn(9, 3, generator=gen, dtype=dtype)
+    weight = 3 * torch.randn(50, 3, generator=gen, dtype=dtype)
+    tokens = torch.randint(0, 50, (9,), generator=gen)
+    logits = hidden @ weight.T
+    logits[0, 5] = logits[1, :7] = -math.inf
+    logits[2, 3] = logits[2, 4] = logits[2].max() + 1  # a tie at the maximum
+    logits[3] = 0.0
+    logits[3, 7] = 60.0  # confident
+    tokens[3] = 7
+    chunk = logits.clone()
+    top, rest, picked = lm_head._exp_stats_(chunk, tokens)  # what chunk_logits_stats runs here
+    want = logprob_stats(logits, tokens, rows_per_chunk=lm_head._stats_rows(logits), kernel=False)
+    for got, expected in zip((top, rest, picked), want, strict=True):
+        assert torch.equal(got, expected)
+    assert torch.equal(chunk, torch.exp(logits - top.unsqueeze(1)))
+    assert lm_head.chunk_logits_stats(hidden, weight, tokens, kernel=False)[-1]
+    _, others = _logprob_parts(top, rest, picked)
+    grad = torch.randn(9, generator=gen, dtype=dtype)
+    from_exp = lm_head.chunk_gradient(chunk, tokens, top, others, grad, kernel=False, picked=picked)
+    from_logits = lm_head.chunk_gradient(logits.clone(), tokens, top, others, grad, kernel=False)
+    assert torch.equal(from_exp, from_logits)
+    assert torch.isfinite(from_exp).all() and from_exp[3, 7] == others[3] / (others[3] + 1) * grad[3]
