@@ -63,6 +63,14 @@ verdict("SkyRL reduce_loss (utils/ppo_utils.py:899), seq_mean_token_sum_norm, a 
         "an error: Dr. GRPO's constant must bound every length (the row weighs 4 / 2 = 2, more than 1)",
         value == 2.0)
 """,
+        ("skyrl_pkg", "config:maxrl_rewards"): silent + _PKG + """\
+rewards = torch.tensor([[-1.0], [0.5]])  # one group, -1 / +0.5 rewards: the group mean is -0.25
+adv = ppo.compute_maxrl_advantage(rewards, torch.ones(2, 1), index=["g", "g"])[0][:, 0].tolist()
+verdict("skyrl compute_maxrl_advantage (backends/skyrl_train/utils/ppo_utils.py:1423), rewards -1 and 0.5 "
+        "in one group: accepted; the advantages", f"{adv} (no error, no warning)",
+        "an error: MaxRL's mean is a pass rate (binary rewards); here the better response gets the "
+        "negative advantage", adv[1] < 0 < adv[0])
+""",
         ("skyrl_pkg", "kl_value_clamp"): _PKG + """\
 logp = torch.tensor([0.0, 0.0], dtype=torch.float64, requires_grad=True)
 ref = torch.tensor([2.0, 3.0], dtype=torch.float64)  # log(ref / pi) 2 and 3: k3 = 4.39 and 16.09

@@ -9,7 +9,8 @@ from .driver import Mode
 from .findings import Finding
 
 __all__ = ["clip_cov_mode", "clip_ratio_c_finding", "cispo_defaults_finding", "kl_cov_frac_finding",
-           "kl_value_clamp_finding", "max_seq_len_finding", "overflow_finding"]
+           "kl_value_clamp_finding", "max_seq_len_finding", "maxrl_rewards_finding",
+           "overflow_finding"]
 
 #: exp of the raw log-ratio (no _safe_exp_delta): past float32's range a NaN where the exact is 0
 OVERFLOW = {"ratio_overflow": "nan"}
@@ -101,5 +102,19 @@ def kl_value_clamp_finding(where: str, quote: str, affected: str) -> Finding:
         "@torch.no_grad() the KL loss has its gradient, but the clamp's zero derivative removes it exactly "
         "where the policy has moved farthest from the reference (k3 > 10: log(ref / pi) > 2.61 or < -11; "
         "log r = 3: k3 10 and gradient 0, exact 16.09 and -19.09).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def maxrl_rewards_finding(where: str, quote: str, affected: str) -> Finding:
+    """MaxRL's divisor, the group mean, is a pass rate only for binary rewards (skyrl 0.4.0)."""
+    return Finding(
+        "config:maxrl_rewards", "validation",
+        "compute_maxrl_advantage divides the centred reward by the group mean, (R - mean) / (mean + 1e-6), "
+        "whatever the rewards: MaxRL (Tajwar et al. 2026, Maximum Likelihood Reinforcement Learning, "
+        "arXiv:2602.02710) is defined for binary success rewards, whose group mean is the pass rate in "
+        "[0, 1]. Rewards with a negative group mean (-1 / +1, shaped rewards) flip every advantage's sign "
+        "(rewards -1, 0.5 give +3, -3: the better response is pushed down), and a mean near -1e-6 divides "
+        "by about 0; nothing checks the rewards or warns.",
         where=where, quote=quote, affected=affected,
     )

@@ -202,7 +202,8 @@ UNSUPPORTED = {
     "kl": {"abs": "|logp - ref_logp| is not a KL estimator of kl.md."},
     "group_advantages": {
         "gae / reinforce++ / maxrl": "per-token returns or a maximum-likelihood reweighting, not a group "
-        "estimator of the spec's outcome rewards.",
+        "estimator of the spec's outcome rewards (maxrl's sign flip for a negative group mean: finding "
+        "config:maxrl_rewards).",
     },
 }
 
@@ -263,6 +264,9 @@ FINDINGS = (
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
                                         "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.3.0, 0.4.0"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
+    skyrl_common.maxrl_rewards_finding(
+        f"{_BACKEND}/utils/ppo_utils.py:1423",
+        "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.4.0"),
     *(() if _RELEASE == "0.3.0" else (skyrl_common.cispo_defaults_finding(
         "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"),)),
 )
