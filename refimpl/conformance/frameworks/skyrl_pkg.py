@@ -262,13 +262,14 @@ FINDINGS = (
     # ratio_overflow, config:clip_ratio_c and config:max_seq_len are SkyRL-train's findings (driver skyrl),
     # whose `affected` give 0.4.0's lines: one script each
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
-                                        "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.3.0, 0.4.0"),
+                                        "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
-    skyrl_common.maxrl_rewards_finding(
+    # verified in 0.4.0 only (0.3.0's CISPO defaults differ; its MaxRL estimator is not checked)
+    *(() if _RELEASE == "0.3.0" else (skyrl_common.maxrl_rewards_finding(
         f"{_BACKEND}/utils/ppo_utils.py:1423",
         "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.4.0"),
-    *(() if _RELEASE == "0.3.0" else (skyrl_common.cispo_defaults_finding(
-        "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"),)),
+        skyrl_common.cispo_defaults_finding(
+        "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"))),
 )
 
 NOTES = {
