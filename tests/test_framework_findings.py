@@ -101,8 +101,10 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
 
     assert main(["check", "framework", "skyrl", "--repro", str(tmp_path / "r")]) == 0
     written = sorted(p.name for p in (tmp_path / "r").iterdir())
-    assert written == ["repro_skyrl_cispo_clip_low.py", "repro_skyrl_kl_gradient.py",
-                       "repro_skyrl_padding_values.py", "repro_skyrl_whiten_mean.py"]
+    assert written == ["repro_skyrl_cispo_clip_low.py", "repro_skyrl_config_clip_ratio_c.py",
+                       "repro_skyrl_config_max_seq_len.py", "repro_skyrl_kl_gradient.py",
+                       "repro_skyrl_padding_values.py", "repro_skyrl_ratio_overflow.py",
+                       "repro_skyrl_whiten_mean.py"]
     assert main(["check", "framework", "skyrl", "--repro", str(tmp_path / "r")]) == 2
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0

@@ -56,7 +56,7 @@ def test_driver_loads_the_installed_files_without_leaving_a_stand_in():
 
 
 def test_the_reduction_over_the_mini_batch_is_global():
-    # normalize_minibatch_advantages divides by the mini-batch's tokens: the micro-batches' local means
+    # RayPPOTrainer._normalize_advantages divides by the mini-batch's tokens: the micro-batches' local means
     # of SkyRL-train (micro_batch="local_mean") fail here
     classes = ("inside_clip", "micro_batch")
     assert _check("regular/token_mean", classes=classes).ok

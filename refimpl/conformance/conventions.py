@@ -419,8 +419,9 @@ FLAG_REASONS: dict[str, str] = {
     "full_attention_mask.shape[0]). The gradient w.r.t. the (empty) log-probs is empty either way.",
     "ratio_overflow": "exp(log r) overflows the compute dtype above log r = 88.72 (float32, bf16) or 11.09 "
     "(fp16): with a closed gate (A > 0, r > 1 + eps_high) the exact gradient is 0, but clamp's zero "
-    "derivative times exp's inf is NaN (Liger, AReaL: exp of the raw log-ratio); a clamp of the "
-    "log-ratio before exp (verl, OpenRLHF, SkyRL) avoids it.",
+    "derivative times exp's inf is NaN (Liger, AReaL: exp of the raw log-ratio), and with gate none an "
+    "A = 0 token gives 0 * inf = NaN (SkyRL's kl_cov, importance_sampling); a clamp of the log-ratio "
+    "before exp (verl, OpenRLHF, SkyRL's regular / dual_clip / cispo / sapo) avoids it.",
     "seq_sum_extra": "Dr. GRPO divides each row's token sum by a constant L_max, the response budget "
     "(Liu et al. 2025); SkyRL's trainer sets max_seq_len = max_input_length + max_generate_length "
     "(utils/utils.py:278), the prompt budget plus the response budget: a constant scale of the loss.",

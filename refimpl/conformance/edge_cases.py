@@ -176,9 +176,11 @@ def ratio_overflow_cases(variant, seq, g, index):
     (6)-(8): the clipped term is the constant ``(1 + eps_high) A``, SAPO's sigmoid is saturated), so
     the exact gradient is 0 and the value finite; ``exp`` of the raw log-ratio gives inf, and the
     clamp's zero derivative times inf is a NaN gradient (Liger, AReaL). A KL term gets reference
-    log-probs equal to the policy's there (k3 = 0). Only for gates that close (clip, sapo, cispo and
-    GMPO's log-space clip, eq. (18), whose clipped log-ratio never overflows)."""
-    if variant.gate not in ("clip", "sapo", "cispo", "log_clip") or (
+    log-probs equal to the policy's there (k3 = 0). For gates that close (clip, sapo, cispo and
+    GMPO's log-space clip, eq. (18), whose clipped log-ratio never overflows) and for gate ``none``
+    (``f = r a``, nothing to close), whose overflowing tokens sit in rows with A = 0 (a group of equal
+    rewards): ``f`` and its gradient ``a r`` are exactly 0 there, ``0 * inf`` is NaN."""
+    if variant.gate not in ("clip", "sapo", "cispo", "log_clip", "none") or (
             variant.gate in ("clip", "log_clip") and variant.eps_high is None):
         return []
     if variant.gate == "cispo" and variant.eps_high is None:
@@ -189,14 +191,16 @@ def ratio_overflow_cases(variant, seq, g, index):
         big = logp - old
         rows_old = [[old, -1.0, old], [-1.5, -0.75], [old, old, old]]
         rows_logp = [[logp, -0.875, logp], [-1.5, -0.875], [logp, logp, logp]]
-        adv = [1.0, 0.5, 0.75]
+        adv = [0.0, 0.5, 0.0] if variant.gate == "none" else [1.0, 0.5, 0.75]
         if variant.dual_clip is not None:  # A < 0 beyond the dual clip: closed as well
             rows_old.append([old, -1.0])
             rows_logp.append([logp, -1.0])
             adv.append(-0.5)
         ref = [list(r) for r in rows_logp] if variant.kl_coef > 0 else None
         cases.append(_exact_case("ratio_overflow", index + k, rows_old, rows_logp, adv, dtype,
-                                 f"{dtype} log-ratios {big:g} under a closed gate", g, ref_rows=ref))
+                                 f"{dtype} log-ratios {big:g} " + ("with A = 0" if variant.gate == "none"
+                                                                    else "under a closed gate"),
+                                 g, ref_rows=ref))
     return cases
 
 

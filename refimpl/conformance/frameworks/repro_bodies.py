@@ -357,3 +357,7 @@ grad = torch.autograd.grad(loss, logp)[0]
 verdict("Unsloth grpo_compute_loss (rl_replacements.py:1133), loss_type dapo, float32 log-ratio 95 under a "
         "closed gate: d loss / d logp", grad.tolist(), EXACT_OVERFLOW, bool(torch.isnan(grad[0, 0])))
 """
+
+from .repro_skyrl import skyrl_bodies  # noqa: E402  (SkyRL's later findings: repro_skyrl.py)
+
+BODIES.update(skyrl_bodies(_OVERFLOW_CASE, _SILENT))

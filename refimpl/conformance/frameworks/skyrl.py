@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from . import Mode, skyrl_kinds
+from . import Mode, skyrl_common, skyrl_kinds
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding, zero_rows_finding
 from .skyrl_kinds import KIND_MODES, KIND_UNSUPPORTED
@@ -73,6 +73,7 @@ REQUIREMENTS = ("omegaconf==2.4.0", "loguru==0.7.3", "jaxtyping==0.3.11", "wadle
 INSTALL_OPTIONS = ("--ignore-requires-python",)
 _PRIVATE = "_refimpl_skyrl"
 _SOURCES = ("utils/ppo_utils.py", "config/ppo_base_config.yaml", "workers/worker.py", "trainer.py")
+_PKG = "backends/skyrl_train/utils/ppo_utils.py"  # the file in skyrl 0.4.0 (driver skyrl_pkg)
 _INSTALL = "refimpl frameworks install skyrl"
 STUBBED: list[str] = []  # the import-only dependencies a stand-in served while ppo_utils.py loaded
 
@@ -150,6 +151,9 @@ _POLICY_MODES = (
          description="cispo with cispo_eps_clip_low 1 (lower bound 0: the one-sided cap of the paper)"),
 )
 
+# clip_cov (ppo_utils.py:755) where it is a spec variant: exp of the raw log-ratio (kl_cov's too, :841)
+_COV_MODES = (skyrl_common.clip_cov_mode(_COMMON, _cfg),)
+
 # GRPO's estimator is verl's (ppo_utils.py: "ported from verl"): sample std, std + eps, (R - mean) / eps
 # for a constant group; a singleton gets mean torch.tensor(0.0) / std torch.tensor(1.0), float32.
 _GRPO = {"adv_std": "sample", "adv_eps": 1e-6, "adv_eps_inside_sqrt": False, "adv_zero_variance": "formula",
@@ -183,8 +187,9 @@ UNSUPPORTED = {
         "loss is driven with regular/sequence_mean).",
         "use_tis (truncated importance sampling)": "needs the rollout log-probs, which the kit's calls do "
         "not carry.",
-        "clip_cov / kl_cov": "pick tokens by a covariance ranking (clip_cov at random, torch.randperm); no "
-        "spec variant.",
+        "clip_cov / kl_cov selecting tokens": "pick tokens by a covariance ranking (clip_cov at random, "
+        "torch.randperm); no spec variant. clip_cov is driven where it selects none (clip_cov_lb > "
+        "clip_cov_ub, mode clip_cov/no-selection); kl_cov shares its raw exp (finding ratio_overflow).",
         "gspo with token_mean / seq_mean_token_sum_norm": "SkyRL warns against it; GSPO's sequence ratio "
         "is driven with sequence_mean.",
         "use_entropy_loss": "the entropy comes from the model's logits.",
@@ -199,7 +204,7 @@ UNSUPPORTED = {
 }
 
 
-MODES = _POLICY_MODES + _KL_MODES + _ADV_MODES
+MODES = _POLICY_MODES + _COV_MODES + _KL_MODES + _ADV_MODES
 # preset -> the modes whose flags, merged, are ``--convention skyrl --preset P`` (advantages first)
 PROFILE = {
     "ppo": ("grpo", "regular/token_mean"),
@@ -220,7 +225,8 @@ FINDINGS = (
         where="utils/ppo_utils.py:91", quote="@torch.no_grad()",
         affected="skyrl-train 0.3.1 (its last release)",
         fixed_in="skyrl 0.3.0, the maintained successor package (compute_approx_kl has no decorator: driver "
-        "skyrl_pkg, docs/conformance-drift.md)",
+        "skyrl_pkg, docs/conformance-drift.md); its k3 clamps, kept, then zero the restored gradient where "
+        "k3 > 10 (skyrl_pkg finding kl_value_clamp)",
         upstream="https://github.com/NovaSky-AI/SkyRL/issues/1340 (fixed by pull request 1353)",
     ),
     Finding(
@@ -270,6 +276,24 @@ FINDINGS = (
     ),
     zero_rows_finding("utils/ppo_utils.py:892", "loss = masked_mean(loss, loss_mask, dim=-1).mean()",
                       "skyrl-train 0.3.1 (sequence_mean; seq_mean_token_sum_norm likewise)"),
+    # the scripted findings below hold skyrl 0.4.0 too (its lines in `affected`): one script each (CI)
+    skyrl_common.overflow_finding("utils/ppo_utils.py:776", "ratio = torch.exp(negative_approx_kl)",
+                                  f"skyrl-train 0.3.1; skyrl 0.4.0 ({_PKG}:960, 1021, 1128)",
+                                  "compute_policy_loss_clip_cov (line 776), compute_policy_loss_kl_cov "
+                                  "(line 841) and skyrl 0.4.0's importance_sampling_loss"),
+    skyrl_common.clip_ratio_c_finding("utils/ppo_utils.py:580",
+                                      "pg_losses3 = -advantages * config.clip_ratio_c",
+                                      f"skyrl-train 0.3.1; skyrl 0.4.0 ({_PKG}:574)"),
+    skyrl_common.max_seq_len_finding(
+        "utils/ppo_utils.py:899", "seq_losses = torch.sum(loss * loss_mask, dim=-1) / max_seq_len",
+        f"skyrl-train 0.3.1; skyrl 0.4.0 ({_PKG}:1203, apply_loss_reduction_to_advantages_minibatch)",
+        "SkyRL-train's trainer sets max_seq_len to the prompt budget plus the per-turn generation budget "
+        "(utils/utils.py:278), which a multi-turn response can exceed; skyrl 0.4.0 requires the user to "
+        "set it (train/utils/utils.py:500) and compares it with no response either.",
+        upstream="https://github.com/NovaSky-AI/SkyRL/issues/1154 (the multi-turn max_seq_len; pull "
+        "request 1303 made it a required setting)"),
+    skyrl_common.kl_cov_frac_finding("config/ppo_base_config.yaml:151", "kl_cov_frac: 0.2",
+                                     "skyrl-train 0.3.1; skyrl 0.4.0 (train/config/config.py:823)"),
 )
 
 

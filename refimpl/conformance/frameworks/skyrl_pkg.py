@@ -13,7 +13,7 @@ served by those private modules while they load; ``ray`` (``@ray.remote`` and ``
 only) and ``skyrl_gym`` (two environment config classes the algorithm config never uses) are
 import-only stand-ins, removed from ``sys.modules`` afterwards.
 
-What a step does (skyrl 0.3.0 and later; skyrl/train/trainer.py ``normalize_minibatch_advantages``
+What a step does (skyrl 0.3.0 and later; skyrl/train/trainer.py ``RayPPOTrainer._normalize_advantages``
 and workers/worker.py ``_forward_backward_micro``): the trainer scales every advantage with
 ``apply_loss_reduction_to_advantages_minibatch`` over the mini-batch (token_mean: / the mini-batch's
 tokens; sequence_mean: / (rows x the row's tokens); seq_mean_token_sum_norm: / (rows x max_seq_len)),
@@ -34,7 +34,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 
-from . import Mode, skyrl_kinds
+from . import Mode, skyrl_common, skyrl_kinds
 from .driver import distribution_version, find_mode
 from .findings import Finding, dual_clip_tie_finding, zero_rows_finding
 from .releases import release_modes
@@ -150,6 +150,17 @@ _POLICY_MODES = (
          "0.4.0: sg(clamp(r, 0, 1 + 5)) A logp, CISPO's one-sided cap)"),
 )
 
+# importance_sampling (the Tinker loss: gate none, -A r) takes exp of the raw log-ratio (ppo_utils.py:1128,
+# as clip_cov :960 and kl_cov :1021: SkyRL-train's finding ratio_overflow lists them); the trainer scales
+# its advantages as any loss's (RayPPOTrainer._normalize_advantages), the loss returns the masked sum
+_OVERFLOW_MODES = (Mode(
+    "importance_sampling", preset="ppo",
+    variant_overrides={"gate": "none", "eps_low": None, "eps_high": None},
+    framework_config=_cfg("importance_sampling", "token_mean"),
+    convention={**_COMMON, **skyrl_common.OVERFLOW},
+    description="importance_sampling_loss: -(exp(log r) A) summed over the tokens of the trainer's scaled "
+    "advantages (token_mean), unclamped"),)
+
 # GRPO's estimator is verl's (unchanged from SkyRL-train 0.3.1)
 _GRPO = {"adv_std": "sample", "adv_eps": 1e-6, "adv_eps_inside_sqrt": False, "adv_zero_variance": "formula",
          "adv_singleton": "raw", "adv_singleton_float32": True}
@@ -183,22 +194,23 @@ UNSUPPORTED = {
         "token_mean_legacy / prompt_mean": "token_mean_legacy is SkyRL-train's per-micro-batch mean "
         "(driver skyrl); prompt_mean needs the prompts' boundaries, which the kit's calls do not carry.",
         "rollout_is / dppo / off_policy_correction / cispo_anchor='rollout'": "need the rollout log-probs.",
-        "clip_cov / kl_cov": "pick tokens by a covariance ranking; no spec variant.",
-        "cross_entropy / importance_sampling": "SFT and Tinker losses, not policy-gradient losses of the "
-        "spec.",
+        "clip_cov / kl_cov": "pick tokens by a covariance ranking; no spec variant (their raw exp, as "
+        "importance_sampling's: SkyRL-train's finding ratio_overflow, driver skyrl's clip_cov/no-selection).",
+        "cross_entropy": "the SFT loss, not a policy-gradient loss of the spec.",
         "use_entropy_loss": "the entropy comes from the model's logits.",
     },
     "kl": {"abs": "|logp - ref_logp| is not a KL estimator of kl.md."},
     "group_advantages": {
         "gae / reinforce++ / maxrl": "per-token returns or a maximum-likelihood reweighting, not a group "
-        "estimator of the spec's outcome rewards.",
+        "estimator of the spec's outcome rewards (maxrl's sign flip for a negative group mean: finding "
+        "config:maxrl_rewards).",
     },
 }
 
 #: what a release computes differently from the pinned one (releases.py): 0.3.0's CISPOConfig
 #: defaults cispo_eps_clip_low to 0.0 (train/config/config.py:543), 0.4.0's to 1.0 (config.py:832)
 RELEASE_FLAGS = {"0.3.0": {"cispo": {"cispo_clip_low": 0.0}}}
-MODES = release_modes(_POLICY_MODES + _KL_MODES + _ADV_MODES, RELEASE_FLAGS, DISTRIBUTION)
+MODES = release_modes(_POLICY_MODES + _OVERFLOW_MODES + _KL_MODES + _ADV_MODES, RELEASE_FLAGS, DISTRIBUTION)
 PROFILE = {
     "ppo": ("grpo", "regular/token_mean"),
     "bnpo": ("grpo", "regular/token_mean"),
@@ -221,9 +233,12 @@ _CISPO_FINDING = Finding(
     upstream="https://github.com/NovaSky-AI/SkyRL/pull/1928",
 )
 _GAE = next(m for m in skyrl_kinds.KIND_MODES if m.kind == "gae")
-#: the registry's kinds: GAE (the recursion of SkyRL-train 0.3.1, unchanged: skyrl_kinds.py)
+_VALUE = next(m for m in skyrl_kinds.KIND_MODES if m.kind == "value_loss")
+#: the registry's kinds: GAE and the critic loss (SkyRL-train 0.3.1's code, unchanged: skyrl_kinds.py)
 KIND_MODES = (dataclasses.replace(_GAE, description=_GAE.description.replace(
-    "ppo_utils.py:999", f"{_BACKEND}/utils/ppo_utils.py:1313")),)
+    "ppo_utils.py:999", f"{_BACKEND}/utils/ppo_utils.py:1313")),
+    dataclasses.replace(_VALUE, description=_VALUE.description.replace(
+        "ppo_utils.py:178", f"{_BACKEND}/utils/ppo_utils.py:156")))
 KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
 FINDINGS = (
     Finding(
@@ -243,6 +258,18 @@ FINDINGS = (
     *(() if _RELEASE == "0.3.0" else (zero_rows_finding(
         f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
         "skyrl 0.4.0 (the KL loss of use_kl_loss)"),)),
+    # the lines below are 0.4.0's (tests/test_framework_findings.py checks them for the pinned release);
+    # ratio_overflow, config:clip_ratio_c and config:max_seq_len are SkyRL-train's findings (driver skyrl),
+    # whose `affected` give 0.4.0's lines: one script each
+    skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
+                                        "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
+    skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
+    # verified in 0.4.0 only (0.3.0's CISPO defaults differ; its MaxRL estimator is not checked)
+    *(() if _RELEASE == "0.3.0" else (skyrl_common.maxrl_rewards_finding(
+        f"{_BACKEND}/utils/ppo_utils.py:1423",
+        "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.4.0"),
+        skyrl_common.cispo_defaults_finding(
+        "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"))),
 )
 
 NOTES = {
@@ -250,9 +277,13 @@ NOTES = {
     "no token is active (backends/skyrl_train/utils/ppo_utils.py:804): a batch without rows raises "
     "RuntimeError (max() of an empty tensor), so mode cispo fails case class zero_rows; no flag of the "
     "kit describes a raise there (the kit's zero_rows flag knows 0 and NaN).",
-    "skyrl-train's findings": "both SkyRL-train 0.3.1 findings are fixed here: compute_approx_kl has no "
-    "@torch.no_grad() from skyrl 0.3.0 on (the KL loss has its gradient), and CISPOConfig's "
-    "cispo_eps_clip_low defaults to 1.0 from skyrl 0.4.0 on (0.0 in 0.3.0: docs/conformance-drift.md).",
+    "skyrl-train's findings": "SkyRL-train 0.3.1's findings ratio_overflow (clip_cov, kl_cov and here "
+    "importance_sampling too: mode importance_sampling), config:clip_ratio_c, config:max_seq_len, "
+    "padding_values and whiten_mean hold here (their lines in the findings); kl_gradient and "
+    "cispo_clip_low are fixed: compute_approx_kl has no "
+    "@torch.no_grad() from skyrl 0.3.0 on (the KL loss has its gradient, which its kept k3 clamps zero "
+    "where k3 > 10: finding kl_value_clamp), and CISPOConfig's cispo_eps_clip_low defaults to 1.0 from "
+    "skyrl 0.4.0 on (0.0 in 0.3.0: docs/conformance-drift.md).",
 }
 
 
@@ -336,6 +367,8 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     loss = keys["policy_loss_type"]
     if loss == "sapo":
         keys.update({"sapo.tau_pos": v.tau_pos, "sapo.tau_neg": v.tau_neg})
+    elif loss == "importance_sampling":  # no clip (gate none)
+        pass
     elif loss == "cispo":
         if v.eps_high is None:
             raise ValueError("variant.eps_high: skyrl's cispo needs an upper bound")
@@ -384,7 +417,7 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
             advantages = advantages.unsqueeze(-1).expand_as(call.logp)
         mask = call.mask.to(call.logp.dtype)  # the float loss_mask of skyrl's batches
         rows = call.mask.shape[0]
-        # the trainer's scaling over the mini-batch (normalize_minibatch_advantages)
+        # the trainer's scaling over the mini-batch (RayPPOTrainer._normalize_advantages)
         scaled = module.apply_loss_reduction_to_advantages_minibatch(
             advantages, mask, config.loss_reduction, micro_batch_size=rows, max_seq_len=config.max_seq_len,
         ) * _share(call, config.loss_reduction)
