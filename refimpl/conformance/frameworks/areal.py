@@ -202,6 +202,15 @@ FINDINGS = (
         affected="areal 1.0.4",
     ),
     Finding(
+        "whiten_one_pass_dtype", "bug",
+        "masked_normalization, the whitening helper utils/functional exports (AReaL's own trainer normalises "
+        "with Normalization), forms the variance in one pass, E[x^2] - E[x]^2, with eps outside the square "
+        "root: float64 advantages 1e8 +- 1 give var 0 and +-inf (eps 0) or +-1e5 (eps 1e-5) instead of +-1, "
+        "and a constant float64 batch of 0.1 a slightly negative var and NaN (the spec's two-pass form, "
+        "advantages.md eq. (21), gives 0).",
+        where="utils/functional/functional.py:50", quote="var = meansq - mean**2", affected="areal 1.0.4",
+    ),
+    Finding(
         "fixed_aggregation", "bug",
         "ppo_actor_loss_fn and sapo_loss_fn always return the token mean (no aggregation option): GSPO "
         "(importance_sampling_level='sequence') and SAPO weigh each row by its length, where GSPO's "

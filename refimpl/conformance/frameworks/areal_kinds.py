@@ -169,6 +169,12 @@ KIND_MODES = (
          convention={"value_scale": 0.5, "value_empty_step": "nan", "value_masked_nonfinite": "nan_gradient"},
          description="ppo_critic_loss_fn (functional.py:714) as trainer/ppo/critic.py:105 calls it: float32 "
          "values (asserted), _mse_loss = 0.5 (x - y)^2, torch.where(loss_mask, ...) / count_nonzero"),
+    Mode("masked_normalization", kind="whitening", framework_config={"unbiased": False, "eps": 1e-5},
+         convention={"whiten_one_pass": True, "whiten_one_pass_dtype": "float64", "whiten_eps": 1e-5,
+                     "whiten_eps_placement": "std", "whiten_masked_nonfinite": "propagate"},
+         description="masked_normalization (functional.py:15-53, exported; AReaL's trainer normalises with "
+         "Normalization) with its defaults: x * mask, var = E[x^2] - E[x]^2 in float64, (x - mean) / "
+         "(sqrt(var) + 1e-5), returned in float32"),
     *(Mode(f"KLEstimator/{k}", kind="kl_reward", framework_config={"actor.kl_estimator": k},
            convention={**({"kl_reward_estimator": k} if k != "k1" else {}), "kl_reward_value_clamp": 10.0},
            description=f"KLEstimator({k!r}) (data.py:1600-1655) as the actor's KL reward -kl_ctl * "
@@ -182,8 +188,7 @@ KIND_UNSUPPORTED = {
             "position's advantage fixed to 0, values[:, -1] bootstrapped for rows without an EOS); its "
             "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
-                  "(the group level is driven as group_advantages); masked_normalization, the exported "
-                  "one-pass helper (functional.py:15-53), is not called by AReaL's trainer."},
+                  "(the group level is driven as group_advantages); the all-reduce over ranks."},
     "kl_reward": {"the actor's layout": "the actor rolls the loss mask by one position and puts the score at "
                   "seqlens - 2 (actor.py:175-211); the KL reward mode runs KLEstimator and lays the reward "
                   "out as the kind does."},
@@ -192,8 +197,8 @@ KIND_UNSUPPORTED = {
 
 def kind_target(mode: Mode, functional) -> tuple[Callable, Callable]:
     """``(fn, adapter)`` running functional.py's ``ppo_critic_loss_fn`` (float32, as AReaL asserts),
-    ``ppo_actor_loss_fn`` with the decoupled loss (one micro-batch: the engine's weight is 1) or
-    data.py's ``KLEstimator``."""
+    ``ppo_actor_loss_fn`` with the decoupled loss (one micro-batch: the engine's weight is 1),
+    ``masked_normalization`` (one rank: no all-reduce) or data.py's ``KLEstimator``."""
     import torch
 
     if mode.kind == "kl_reward":
@@ -207,6 +212,12 @@ def kind_target(mode: Mode, functional) -> tuple[Callable, Callable]:
             return rewards
 
         return estimator, kl_reward
+
+    if mode.kind == "whitening":
+        def whiten(fn, advantages, mask):
+            return fn(advantages, mask, all_reduce=False, **mode.framework_config)
+
+        return functional.masked_normalization, whiten
 
     if mode.kind == "behavior_correction":
         rs = mode.framework_config["actor.rejection_sampling"]

@@ -410,6 +410,13 @@ kl = data["KLEstimator"]("k1")(torch.tensor([0.0]), torch.tensor([-12.0])).item(
 verdict("AReaL KLEstimator('k1') (utils/data.py:1655), log pi - log pi_ref = 12: the estimate the KL reward "
         "uses", kl, "12.0 (k1 = log pi - log pi_ref)", kl == 10.0)
 """,
+    ("areal", "whiten_one_pass_dtype"): _AREAL + """\
+x = torch.tensor([1e8 + 1.0, 1e8 - 1.0, 1e8 + 1.0, 1e8 - 1.0], dtype=torch.float64)  # mean 1e8, std 1
+got = functional.masked_normalization(x, eps=0.0, all_reduce=False).tolist()
+verdict("AReaL masked_normalization (utils/functional/functional.py:50), float64 x = 1e8 +- 1, eps 0: the "
+        "whitened values", got, "[1.0, -1.0, 1.0, -1.0] (two-pass variance 1)",
+        all(abs(v) == float("inf") for v in got))
+""",
     ("areal", "fixed_aggregation"): _AREAL + """\
 logp = torch.zeros(2, 3, requires_grad=True)  # rows of 3 and 1 tokens, A = 1, ratio 1
 mask = torch.tensor([[True, True, True], [True, False, False]])
