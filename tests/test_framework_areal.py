@@ -164,3 +164,15 @@ def test_each_kl_reward_flag_is_needed(name, flag, failing):
     assert run_kind_check(kind, fn, dict(mode.convention), adapter=adapter).ok
     report = run_kind_check(kind, fn, {**mode.convention, **flag}, adapter=adapter)
     assert set(report.failing_classes()) == failing
+
+
+def test_reward_overlong_penalty_has_no_floor():
+    """AReaL's reward_overlong_penalty (run as installed) is eq. (8)'s ramp continued past max_len."""
+    from refimpl.conformance.kinds import get_kind, run_kind_check
+
+    mode = driver.modes("overlong")["reward_overlong_penalty"]
+    fn, adapter = driver.target(mode)
+    kind = get_kind("overlong")
+    assert run_kind_check(kind, fn, dict(mode.convention), adapter=adapter).ok
+    failing = run_kind_check(kind, fn, adapter=adapter).failing_classes()
+    assert failing == ["beyond_max_len", "cache_is_max_len"]

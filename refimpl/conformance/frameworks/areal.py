@@ -211,6 +211,15 @@ FINDINGS = (
         where="utils/functional/functional.py:50", quote="var = meansq - mean**2", affected="areal 1.0.4",
     ),
     Finding(
+        "overlong_floor", "bug",
+        "reward_overlong_penalty adds min(-(L - (max_new_tokens - overlong_tokens)) / overlong_tokens * "
+        "factor, 0) to the reward with no floor: a response longer than max_new_tokens (a multi-turn "
+        "rollout, a "
+        "budget mismatch) gets less than -factor, -3 at L = 30 with max_new_tokens 20, overlong_tokens 5 "
+        "(DAPO's soft punishment is -1 beyond the budget, advantages.md eq. (8)).",
+        where="utils/functional/functional.py:797", quote="overlong_reward = min(", affected="areal 1.0.4",
+    ),
+    Finding(
         "fixed_aggregation", "bug",
         "ppo_actor_loss_fn and sapo_loss_fn always return the token mean (no aggregation option): GSPO "
         "(importance_sampling_level='sequence') and SAPO weigh each row by its length, where GSPO's "

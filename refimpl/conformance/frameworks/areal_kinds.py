@@ -175,6 +175,13 @@ KIND_MODES = (
          description="masked_normalization (functional.py:15-53, exported; AReaL's trainer normalises with "
          "Normalization) with its defaults: x * mask, var = E[x^2] - E[x]^2 in float64, (x - mean) / "
          "(sqrt(var) + 1e-5), returned in float32"),
+    Mode("reward_overlong_penalty", kind="overlong",
+         framework_config={"actor.overlong_reward_penalty": True, "actor.overlong_penalty_factor": 1.0},
+         convention={"overlong_floor": "none"},
+         description="reward_overlong_penalty (functional.py:782-804, called at actor.py:153-164 with "
+         "overlong_reward_penalty): min(-(L - (max_new_tokens - overlong_tokens)) / overlong_tokens * "
+         "factor, 0) added to the reward, "
+         "no floor at -factor"),
     *(Mode(f"KLEstimator/{k}", kind="kl_reward", framework_config={"actor.kl_estimator": k},
            convention={**({"kl_reward_estimator": k} if k != "k1" else {}), "kl_reward_value_clamp": 10.0},
            description=f"KLEstimator({k!r}) (data.py:1600-1655) as the actor's KL reward -kl_ctl * "
@@ -212,6 +219,20 @@ def kind_target(mode: Mode, functional) -> tuple[Callable, Callable]:
             return rewards
 
         return estimator, kl_reward
+
+    if mode.kind == "overlong":
+        factor = mode.framework_config["actor.overlong_penalty_factor"]
+
+        def penalty(fn, lengths, *, max_len, cache_len):
+            n = lengths.shape[0]
+            width = max(int(lengths.max()), 1) if n else 1
+            mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+            data = {"rewards": torch.zeros(n), "input_ids": torch.zeros(n, width, dtype=torch.long),
+                    "loss_mask": mask}
+            return fn(data, overlong_tokens=cache_len, overlong_penalty_factor=factor,
+                      max_response_length=max_len)["rewards"]
+
+        return functional.reward_overlong_penalty, penalty
 
     if mode.kind == "whitening":
         def whiten(fn, advantages, mask):

@@ -417,6 +417,15 @@ verdict("AReaL masked_normalization (utils/functional/functional.py:50), float64
         "whitened values", got, "[1.0, -1.0, 1.0, -1.0] (two-pass variance 1)",
         all(abs(v) == float("inf") for v in got))
 """,
+    ("areal", "overlong_floor"): _AREAL + """\
+data = {"rewards": torch.zeros(1), "input_ids": torch.zeros(1, 30, dtype=torch.long),
+        "loss_mask": torch.ones(1, 30)}  # one response of 30 tokens
+got = functional.reward_overlong_penalty(data, overlong_tokens=5, overlong_penalty_factor=1.0,
+                                         max_response_length=20)["rewards"].item()
+verdict("AReaL reward_overlong_penalty (utils/functional/functional.py:797), a 30-token response, "
+        "max_response_length 20, overlong_tokens 5, factor 1: the penalty", got,
+        "-1.0 (DAPO: -1 beyond the budget)", got == -3.0)
+""",
     ("areal", "fixed_aggregation"): _AREAL + """\
 logp = torch.zeros(2, 3, requires_grad=True)  # rows of 3 and 1 tokens, A = 1, ratio 1
 mask = torch.tensor([[True, True, True], [True, False, False]])
