@@ -1,6 +1,8 @@
 """Driver for the installed AReaL (1.0.4): its actor losses ``ppo_actor_loss_fn`` and ``sapo_loss_fn``
 (areal/utils/functional/functional.py), called by the conformance kit as ``PPOActor``'s
-``grpo_loss_fn`` and the FSDP engine call them.
+``grpo_loss_fn`` and the FSDP engine call them. Its group normalisation, KL reward, whitening helper,
+overlong penalty, critic loss and decoupled loss are in ``areal_kinds.py`` (``Normalization`` and
+``KLEstimator`` executed from utils/data.py).
 
 How AReaL is imported. AReaL pins torch < 2.11 and transformers <= 5.3 and its package ``__init__``
 imports its whole infrastructure (aiohttp, uvloop, hydra, ...), so it is installed with
