@@ -446,7 +446,7 @@ FLAG_REASONS: dict[str, str] = {
     "baseline and std.",
     "adv_leave_one_out_unit": "RLOO's baseline is the mean of the other responses (advantages.md eq. "
     "(2)); AReaL's leave-one-out on per-token advantages subtracts one token from the group's token sum "
-    "((sum - x) / (count - mask), utils/data.py:1538-1550), so the response itself stays in its baseline.",
+    "((sum - x) / (count - mask), utils/data.py:1538-1549), so the response itself stays in its baseline.",
     "adv_trailing_partial": "groups may differ in size (advantages.md eq. (6)); AReaL's Normalization "
     "loops over range(bs // group_size) (utils/data.py:1424, 1468), so a trailing shorter group keeps "
     "mean 0 and std 0: A = R / eps (1e5 R with eps 1e-5), or R unscaled.",

@@ -174,8 +174,9 @@ FINDINGS = (
         "adv_weighting", "bug",
         "adv_norm normalises the per-token advantages with the loss mask (trainer/ppo/actor.py:238-239), so "
         "Normalization's group mean and std count tokens: a response of T tokens weighs T in its group's "
-        "baseline and std (GRPO's statistics are over responses). T = (3, 1), R = (1, 0): (0.577, -1.732) "
-        "instead of (0.707, -0.707); mean only: (0.25, -0.75) instead of (0.5, -0.5).",
+        "baseline and std (GRPO's statistics are over responses). T = (3, 1), R = (1, 0), the default "
+        "std_unbiased: (0.5, -1.5) instead of (0.707, -0.707); mean only: (0.25, -0.75) instead of (0.5, "
+        "-0.5).",
         where="utils/data.py:1520", quote="x_masked = x * mask", affected="areal 1.0.4",
     ),
     Finding(

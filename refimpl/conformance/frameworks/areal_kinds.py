@@ -65,7 +65,8 @@ def _norm(mean_level="group", std_level="group", leave_one_out=False) -> dict:
             "std_unbiased": True, "eps": 1e-5}
 
 
-# NormConfig's defaults: std_unbiased True (sample std), eps 1e-5 added to the std (data.py:1489)
+# NormConfig's defaults (api/cli_args.py): std_unbiased True (sample std), eps 1e-5 added to the std
+# (data.py:1496)
 _STD = {"adv_output_float32": True, "adv_std": "sample", "adv_eps": 1e-5, "adv_eps_inside_sqrt": False,
         "adv_trailing_partial": "unnormalised"}
 _TOKENS = {"adv_weighting": "token"}
@@ -184,7 +185,7 @@ KIND_MODES = (
          "no floor at -factor"),
     *(Mode(f"KLEstimator/{k}", kind="kl_reward", framework_config={"actor.kl_estimator": k},
            convention={**({"kl_reward_estimator": k} if k != "k1" else {}), "kl_reward_value_clamp": 10.0},
-           description=f"KLEstimator({k!r}) (data.py:1600-1655) as the actor's KL reward -kl_ctl * "
+           description=f"KLEstimator({k!r}) (data.py:1598-1655) as the actor's KL reward -kl_ctl * "
            "KLEstimator(old_logp, ref_logp) (actor.py:202): the estimate in float32, clamped to [-10, 10] "
            "(apply_clamp defaults to True); the sequence score on the row's last counted token")
       for k in ("k1", "k3")),
@@ -197,7 +198,7 @@ KIND_UNSUPPORTED = {
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
                   "(the group level is driven as group_advantages); the all-reduce over ranks."},
     "kl_reward": {"the actor's layout": "the actor rolls the loss mask by one position and puts the score at "
-                  "seqlens - 2 (actor.py:175-211); the KL reward mode runs KLEstimator and lays the reward "
+                  "seqlens - 2 (actor.py:175-212); the KL reward mode runs KLEstimator and lays the reward "
                   "out as the kind does."},
 }
 
