@@ -302,14 +302,16 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
 # Target
 
 
-def _engine_scale(call):
+def _engine_scale(call, token_normalizer: bool):
     """``local_weight / total_loss_weight`` of the FSDP engine for the call's micro-batch: its token
-    count (int64) over the step's count as a float32 tensor (a quotient in float32)."""
+    count (int64) over the step's count as a float32 tensor (a quotient in float32). The step's token
+    count is the kit's normaliser when the checked variant is a token mean (a golden vector's larger
+    batch), else the batch's tokens: the engine counts tokens whatever the preset aggregates."""
     import torch
 
     local = call.mask.count_nonzero()
     total = getattr(call, "global_tokens", 0) or int(call.mask.sum())
-    if call.normalizer is not None:
+    if call.normalizer is not None and token_normalizer:
         total = call.normalizer
     return local, local / torch.tensor(float(total), dtype=torch.float32, device=call.mask.device)
 
@@ -331,7 +333,7 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
         else:  # without the decoupled loss the proximal log-probs are the old ones (actor.py:169-190)
             loss, _stat = fn(logprobs=call.logp, proximal_logprobs=call.old_logp, old_logprobs=call.old_logp,
                              advantages=advantages, loss_mask=mask, rejection_sampling=None, **kwargs)
-        local, scale = _engine_scale(call)
+        local, scale = _engine_scale(call, variant.aggregation == "token_mean")
         if local == 0:  # _compute_logprobs_and_loss: a micro-batch without tokens contributes 0 * logits
             return call.logp.sum() * 0.0
         return loss * scale
