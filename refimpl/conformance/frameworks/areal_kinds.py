@@ -46,7 +46,7 @@ def data_classes() -> types.SimpleNamespace:
     if root is None:
         raise ModuleNotFoundError("AReaL is not installed (refimpl frameworks install areal)")
     path = root / _DATA
-    namespace = {"torch": torch, "np": np, "dist": dist}
+    namespace = {"torch": torch, "np": np, "dist": dist, "NormConfig": object}  # NormConfig: an annotation
 
     def build(name: str, methods: tuple[str, ...]) -> type:
         return type(name, (), {m: function_from_source(path, f"{name}.{m}", namespace) for m in methods})
