@@ -15,7 +15,12 @@ import sys
 import pytest
 import torch
 
-from refimpl.conformance import POLICY_CASE_CLASSES, check_policy_loss, policy_loss_cases
+from refimpl.conformance import (
+    POLICY_CASE_CLASSES,
+    check_group_advantages,
+    check_policy_loss,
+    policy_loss_cases,
+)
 from refimpl.conformance.checks import PolicyLossCall
 from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import expected_policy_loss
@@ -63,6 +68,8 @@ def test_micro_batches_are_token_means_weighted_in_float32(name):
     # value is the reference's local token means with those float32 weights, to float64 agreement
     fn, adapter = driver.target("policy_loss", name)
     variant, conv = driver.mode_variant(name), _conv(name)
+    if conv.fixed_aggregation:  # gspo, sapo: the token mean whatever the preset's aggregation
+        variant = dataclasses.replace(variant, aggregation=conv.fixed_aggregation)
     for case in policy_loss_cases(variant, conv, classes=("micro_batch",)):
         total_tokens = int(case.mask.sum())
         logp = case.logp.clone().requires_grad_(True)
@@ -103,4 +110,69 @@ def test_variants_areal_cannot_express_are_refused_in_one_line():
         driver.loss_kwargs("ppo", dataclasses.replace(driver.mode_variant("ppo"), kl_coef=0.1))
     kwargs = driver.loss_kwargs("ppo/clip-higher", driver.mode_variant("ppo/clip-higher"))
     assert kwargs["eps_clip"] == 0.2 and kwargs["eps_clip_higher"] == 0.28
-    assert driver.modes("group_advantages") == {} and driver.unsupported_modes("group_advantages")
+    assert driver.unsupported_modes("group_advantages")
+
+
+@pytest.mark.parametrize(("name", "flag", "failing"), [
+    ("adv_norm/group", {"adv_weighting": "response"}, {"ragged_lengths"}),
+    ("adv_norm/group", {"adv_trailing_partial": "group"}, {"partial_group"}),
+    ("reward_norm/group", {"adv_output_float32": False}, {"equal_groups", "ragged_lengths", "partial_group"}),
+    ("adv_norm/group_mean_leave1out", {"adv_leave_one_out_unit": "response"}, {"ragged_lengths"}),
+])
+def test_each_group_advantage_flag_is_needed(name, flag, failing):
+    """AReaL's Normalization (utils/data.py, run from source) passes under its profile and fails the class
+    each of its flags is about without it: token weighting (A = R minus the group's token mean), one token
+    left out, a trailing partial group divided by eps, the float32 output."""
+    mode = driver.modes("group_advantages")[name]
+    fn, adapter = driver.target(mode)
+    classes = ("equal_groups", "ragged_lengths", "partial_group")
+    conv = convention_from_flags("areal", mode.convention)
+    assert check_group_advantages(fn, convention=conv, adapter=adapter, classes=classes).ok
+    report = check_group_advantages(fn, convention=dataclasses.replace(conv, **flag), adapter=adapter,
+                                    classes=classes)
+    assert set(report.failing_classes()) == failing
+
+
+def test_masked_normalization_is_the_float64_one_pass_flag_where_the_two_pass_form_differs():
+    """The whitening mode's cases are exact in float32, where the one-pass form is exact too: on float64
+    1e8 +- 1 AReaL's masked_normalization (run as installed) gives the flag's +-1e5, not +-1."""
+    from refimpl.conformance.kinds.base import KindCase
+    from refimpl.conformance.kinds.whitening import WhiteningFlags, expected_whitening
+
+    mode = driver.modes("whitening")["masked_normalization"]
+    fn, adapter = driver.target(mode)
+    x = torch.tensor([[1e8 + 1.0, 1e8 - 1.0, 1e8 + 1.0, 1e8 - 1.0]], dtype=torch.float64)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    got = adapter(fn, x, mask)
+    expected = expected_whitening(KindCase("float64_offset", 0, {"advantages": x, "mask": mask}),
+                                  WhiteningFlags(**mode.convention))["advantages"].values
+    assert torch.equal(got, expected.float()) and got.abs().min().item() == 1e5
+
+
+@pytest.mark.parametrize(("name", "flag", "failing"), [
+    ("KLEstimator/k1", {"kl_reward_value_clamp": 0.0}, {"large_log_ratio", "extreme_log_ratio"}),
+    ("KLEstimator/k3", {"kl_reward_estimator": "k1"}, {"small_log_ratio", "large_log_ratio",
+                                                       "extreme_log_ratio", "empty_row", "masked_nonfinite"}),
+])
+def test_each_kl_reward_flag_is_needed(name, flag, failing):
+    """KLEstimator (utils/data.py, run from source) clamps k1 too: without the flag the large classes fail."""
+    from refimpl.conformance.kinds import get_kind, run_kind_check
+
+    mode = driver.modes("kl_reward")[name]
+    fn, adapter = driver.target(mode)
+    kind = get_kind("kl_reward")
+    assert run_kind_check(kind, fn, dict(mode.convention), adapter=adapter).ok
+    report = run_kind_check(kind, fn, {**mode.convention, **flag}, adapter=adapter)
+    assert set(report.failing_classes()) == failing
+
+
+def test_reward_overlong_penalty_has_no_floor():
+    """AReaL's reward_overlong_penalty (run as installed) is eq. (8)'s ramp continued past max_len."""
+    from refimpl.conformance.kinds import get_kind, run_kind_check
+
+    mode = driver.modes("overlong")["reward_overlong_penalty"]
+    fn, adapter = driver.target(mode)
+    kind = get_kind("overlong")
+    assert run_kind_check(kind, fn, dict(mode.convention), adapter=adapter).ok
+    failing = run_kind_check(kind, fn, adapter=adapter).failing_classes()
+    assert failing == ["beyond_max_len", "cache_is_max_len"]

@@ -207,6 +207,13 @@ def test_every_finding_of_a_driver_is_shown_by_a_mode(name, real_matrix):
     """A driver's ``FINDINGS`` name departures its modes show under the reference (a key that no mode
     departs by is a stale or misspelt entry)."""
     installed(name)
-    bugs = [b for b in real_matrix(None)["summary"]["findings"] if b["framework"] == name]
-    # a validation finding (a setting accepted silently) is shown by its script, not by a mode
-    assert [b["key"] for b in bugs if not b["modes"] and b["kind"] != "validation"] == []
+    matrix = real_matrix(None)
+    bugs = [b for b in matrix["summary"]["findings"] if b["framework"] == name]
+    # a validation finding (a setting accepted silently) is shown by its script, not by a mode; a bug is
+    # tagged only where its flag alone departs, so one whose flag departs only with others of its mode's
+    # profile (AReaL's Normalization: token weighting with the sample std, eps and float32 output), or
+    # one the kit's float32-exact cases cannot show (a float64 one-pass variance), is in a mode's profile
+    (row,) = [r for r in matrix["frameworks"] if r["framework"] == name]
+    profiles = {flag for m in row["modes"] for flag in m["profile"]}
+    untagged = [b["key"] for b in bugs if not b["modes"] and b["kind"] != "validation"]
+    assert [k for k in untagged if k.split("=", 1)[0] not in profiles] == []

@@ -88,10 +88,15 @@ class KLCase(_Identified):
 
 @dataclass(frozen=True)
 class AdvantageCase(_Identified):
+    """Sequence rewards ``[N]`` by group; ``lengths`` ``[N]`` the responses' token counts (None: one
+    token each), read by a token-weighted convention (``adv_weighting``) and by adapters that take them
+    (``adapter.takes_lengths``: per-token advantages)."""
+
     case_class: str
     index: int
     rewards: torch.Tensor
     group_ids: torch.Tensor
+    lengths: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

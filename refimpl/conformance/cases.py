@@ -80,8 +80,9 @@ def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
     partial group, constant groups on a large offset (one-pass variance)."""
     g = _gen(seed + 91)
 
-    def case(name, index, rewards, ids):
-        return AdvantageCase(name, index, torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids))
+    def case(name, index, rewards, ids, lengths=None):
+        return AdvantageCase(name, index, torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids),
+                             None if lengths is None else torch.tensor(lengths))
 
     r = [float(v) for v in _uniform(g, (10,), -1.0, 2.0)]
     return [
@@ -104,6 +105,10 @@ def advantage_cases(*, seed: int = 0) -> list[AdvantageCase]:
         case("constant_large_offset", 0,
              [1e6 + 0.1] * 4 + [1e6 + 0.125, 1e6 + 0.375, 1e6 + 0.125, 1e6 + 0.375],
              [0, 0, 0, 0, 1, 1, 1, 1]),
+        # responses of unequal lengths in each group (contiguous groups of 4): statistics over responses
+        # (the spec) differ from statistics over tokens (a response weighing its length)
+        case("ragged_lengths", 0, [1.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.0, 0.25], [0, 0, 0, 0, 1, 1, 1, 1],
+             [3, 1, 2, 5, 4, 1, 2, 6]),
     ]
 
 

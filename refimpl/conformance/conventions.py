@@ -75,7 +75,13 @@ class AdvantageFlags:
     and ``adv_leave_one_out`` are ``group_advantages``' arguments; ``adv_singleton_float32``: with
     ``adv_singleton="raw"`` and ``adv_scale="group"`` the singleton's divisor ``1 + eps`` is float32;
     ``adv_compute_dtype`` "float32": rewards, group means and variances in float32 (verl's
-    ``group_mean_std``)."""
+    ``group_mean_std``); ``adv_weighting`` "token": every group statistic counts tokens (a response
+    of T_i tokens weighs T_i: AReaL's ``Normalization`` on per-token advantages with the loss mask);
+    ``adv_leave_one_out_unit`` "token": with token weighting the leave-one-out baseline leaves out one
+    token, not the response; ``adv_trailing_partial`` "unnormalised": a last contiguous group shorter
+    than the first keeps mean 0 and std 0 (AReaL's ``range(bs // group_size)``);
+    ``adv_output_float32``: the float64 advantages returned rounded to float32. Read by
+    ``token_groups.expected_advantages``."""
 
     adv_scale: str = "group"
     adv_std: str = "population"
@@ -86,16 +92,23 @@ class AdvantageFlags:
     adv_leave_one_out: bool = False
     adv_singleton_float32: bool = False
     adv_compute_dtype: str = "float64"
+    adv_weighting: str = "response"
+    adv_leave_one_out_unit: str = "response"
+    adv_trailing_partial: str = "group"
+    adv_output_float32: bool = False
 
     def __post_init__(self) -> None:
         _choice(self, "adv_compute_dtype", ("float64", "float32"))
+        _choice(self, "adv_weighting", ("response", "token"))
+        _choice(self, "adv_leave_one_out_unit", ("response", "token"))
+        _choice(self, "adv_trailing_partial", ("group", "unnormalised"))
         _choice(self, "adv_std", ("population", "sample"))
         _choice(self, "adv_zero_variance", ("zero", "formula"))
         _choice(self, "adv_singleton", ("zero", "error", "raw"))
         _choice(self, "adv_scale", ("group", "none", "batch_rewards"))
         if not isinstance(self.adv_eps, (int, float)) or isinstance(self.adv_eps, bool) or self.adv_eps < 0:
             raise ValueError(f"convention.adv_eps must be a number >= 0, got {self.adv_eps!r}")
-        _bool(self, "adv_singleton_float32", "adv_leave_one_out")
+        _bool(self, "adv_singleton_float32", "adv_leave_one_out", "adv_output_float32")
         if self.adv_singleton == "raw" and self.adv_scale not in ("group", "none"):
             raise ValueError("convention.adv_singleton='raw' (verl) needs adv_scale 'group' or 'none', "
                              f"got {self.adv_scale!r}")
@@ -245,7 +258,8 @@ FLAGS: tuple[str, ...] = (
     "kl_aggregation", "sapo_tau_float32", "kl_importance_weight", "compute_dtype", "masked_nonfinite",
     "adv_leave_one_out", "kl_gradient", "adv_singleton_float32", "ratio_dtype", "dual_clip_tie",
     "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype", "zero_rows", "ratio_overflow",
-    "seq_sum_extra",
+    "seq_sum_extra", "adv_weighting", "adv_leave_one_out_unit", "adv_trailing_partial",
+    "adv_output_float32",
 )
 #: the group of each flag
 FLAG_GROUP: dict[str, str] = {
@@ -427,4 +441,17 @@ FLAG_REASONS: dict[str, str] = {
     "(utils/utils.py:278), the prompt budget plus the response budget: a constant scale of the loss.",
     "adv_leave_one_out": "RLOO (Ahmadian et al. 2024) uses the mean of the other samples of the group "
     "as baseline, R_i - mean_{j != i} R_j = n / (n - 1) (R_i - mean R) (verl's rloo estimator).",
+    "adv_weighting": "the group statistics are over responses (advantages.md eq. (1), (3)); AReaL's "
+    "Normalization runs on per-token advantages with the loss mask (trainer/ppo/actor.py:238-239, "
+    "utils/data.py:1518-1521, 1578-1581), so a response of T_i tokens weighs T_i: a length-weighted "
+    "baseline and std.",
+    "adv_leave_one_out_unit": "RLOO's baseline is the mean of the other responses (advantages.md eq. "
+    "(2)); AReaL's leave-one-out on per-token advantages subtracts one token from the group's token sum "
+    "((sum - x) / (count - mask), utils/data.py:1538-1549), so the response itself stays in its baseline.",
+    "adv_trailing_partial": "groups may differ in size (advantages.md eq. (6)); AReaL's Normalization "
+    "loops over range(bs // group_size) (utils/data.py:1424, 1468), so a trailing shorter group keeps "
+    "mean 0 and std 0: A = R / eps (1e5 R with eps 1e-5), or R unscaled.",
+    "adv_output_float32": "AReaL's Normalization computes in float64 and returns .float() "
+    "(utils/data.py:1496): "
+    "the advantages rounded to float32 (2^-24 relative).",
 }

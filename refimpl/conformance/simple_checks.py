@@ -17,8 +17,9 @@ from . import cases as _cases
 from .contract import SIGNATURES, call
 from .conventions import Convention
 from .engine import case_line, case_text, judged, preflight_first, raised, run_cases, value_only
-from .expected import expected_group_advantages, expected_kl, expected_token_logprobs
+from .expected import expected_kl, expected_token_logprobs
 from .report import CheckReport, tensor_text
+from .token_groups import expected_advantages
 from .tolerance import HALF_GRAD_RTOL, fixed_tolerances, relative_error
 
 __all__ = ["run_advantage_check", "run_kl_check", "run_logprob_check", "select_classes", "REFUSES_INFINITE"]
@@ -70,7 +71,7 @@ def run_advantage_check(
 
     def expect(case):
         try:
-            return expected_group_advantages(case, conv), None
+            return expected_advantages(case, conv), None
         except ValueError as exc:
             return None, str(exc)
 
@@ -94,7 +95,7 @@ def run_advantage_check(
     outcomes = run_cases(
         select_classes(all_cases, classes, "group_advantages"),
         expect=expect,
-        call=lambda case: call(fn, adapter, case.rewards.clone(), case.group_ids.clone()),
+        call=lambda case: call(fn, adapter, *_advantage_inputs(case, adapter)),
         judge=judge,
         device=device,
         what=getattr(fn, "__qualname__", type(fn).__name__),
@@ -105,6 +106,17 @@ def run_advantage_check(
         f"leave_one_out={conv.adv_leave_one_out})"
     )
     return CheckReport(title, tuple(o.result for o in outcomes), _notes(conv), tuple(header))
+
+
+def _advantage_inputs(case, adapter) -> tuple:
+    """``(rewards, group_ids)``, and the responses' token counts for an adapter that takes them
+    (``adapter.takes_lengths``: a framework whose advantages are per token; one token each when the
+    case has none)."""
+    inputs = (case.rewards.clone(), case.group_ids.clone())
+    if not getattr(adapter, "takes_lengths", False):
+        return inputs
+    lengths = torch.ones_like(case.group_ids) if case.lengths is None else case.lengths.clone()
+    return (*inputs, lengths.to(case.rewards.device))
 
 
 def run_kl_check(

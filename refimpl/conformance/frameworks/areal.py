@@ -1,6 +1,8 @@
 """Driver for the installed AReaL (1.0.4): its actor losses ``ppo_actor_loss_fn`` and ``sapo_loss_fn``
 (areal/utils/functional/functional.py), called by the conformance kit as ``PPOActor``'s
-``grpo_loss_fn`` and the FSDP engine call them.
+``grpo_loss_fn`` and the FSDP engine call them. Its group normalisation, KL reward, whitening helper,
+overlong penalty, critic loss and decoupled loss are in ``areal_kinds.py`` (``Normalization`` and
+``KLEstimator`` executed from utils/data.py).
 
 How AReaL is imported. AReaL pins torch < 2.11 and transformers <= 5.3 and its package ``__init__``
 imports its whole infrastructure (aiohttp, uvloop, hydra, ...), so it is installed with
@@ -30,7 +32,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from . import Mode
+from . import Mode, areal_kinds
+from .areal_kinds import ADV_MODES, KIND_MODES, KIND_UNSUPPORTED
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
 from .sources import (
@@ -91,17 +94,20 @@ MODES = (
          framework_config={"actor.eps_clip": 0.2, "actor.c_clip": 3.0},
          convention={**_COMMON, "dual_clip_tie": "half"},
          description="dual clip c_clip 3.0: min(loss, sign(A) c A) = c |A| for A < 0"),
-    Mode("gspo", preset="gspo", variant_overrides={"aggregation": "token_mean"},
+    Mode("gspo", preset="gspo",
          framework_config={"actor.eps_clip": 3e-4, "actor.eps_clip_higher": 4e-4,
                            "actor.importance_sampling_level": "sequence"},
-         convention=_COMMON,
+         convention={**_COMMON, "fixed_aggregation": "token_mean"},
          description="importance_sampling_level='sequence': exp(mean log-ratio) with its exact gradient, "
-         "advantages averaged per row, token mean over the step (rows weighted by their length)"),
-    Mode("sapo", preset="sapo", variant_overrides={"aggregation": "token_mean"},
+         "advantages averaged per row, token mean over the step (rows weighted by their length; GSPO's "
+         "seq_mean weighs each row 1 / N)"),
+    Mode("sapo", preset="sapo",
          framework_config={"actor.use_sapo_loss": True, "actor.sapo_tau_pos": 1.0,
                            "actor.sapo_tau_neg": 1.05},
-         convention=_COMMON,
-         description="sapo_loss_fn: sigmoid gates 4/tau sigmoid(tau (r - 1)), token mean"),
+         convention={**_COMMON, "fixed_aggregation": "token_mean"},
+         description="sapo_loss_fn: sigmoid gates 4/tau sigmoid(tau (r - 1)), token mean (the SAPO preset's "
+         "seq_mean_token_mean is not an option)"),
+    *ADV_MODES,
 )
 
 UNSUPPORTED = {
@@ -123,13 +129,13 @@ UNSUPPORTED = {
         "the actor loss.",
     },
     "kl": {
-        "KLEstimator": "areal/utils/data.py imports AReaL's infrastructure (einops, torchdata, areal.infra, "
-        "hydra through cli_args); its estimators shape rewards, not a differentiated loss term.",
+        "KLEstimator": "its estimates shape the reward (actor.py:202), not a differentiated loss term: "
+        "driven "
+        "as the kl_reward kind (modes KLEstimator/...).",
     },
     "group_advantages": {
-        "reward_norm / adv_norm (Normalization)": "Normalization lives in areal/utils/data.py (see kl), and "
-        "normalises fixed-size contiguous groups (bs // group_size) only; the kit's unequal groups cannot "
-        "be expressed.",
+        "mean_level / std_level 'batch'": "a batch statistic, not a group estimator (advantages.md eq. (14) "
+        "is TRL's batch std of the raw rewards).",
     },
 }
 
@@ -162,6 +168,68 @@ FINDINGS = (
         "eps_clip_higher, e.g. 1.1 with eps_clip 0.2) is accepted and clips A < 0 tokens that PPO's own "
         "clip leaves alone (the dual clip needs c >= 1 + eps_high, policy_losses.md eq. (7)).",
         where="utils/functional/functional.py:527", quote="assert c_clip > 1.0, c_clip",
+        affected="areal 1.0.4",
+    ),
+    Finding(
+        "adv_weighting", "bug",
+        "adv_norm normalises the per-token advantages with the loss mask (trainer/ppo/actor.py:238-239), so "
+        "Normalization's group mean and std count tokens: a response of T tokens weighs T in its group's "
+        "baseline and std (GRPO's statistics are over responses). T = (3, 1), R = (1, 0), the default "
+        "std_unbiased: (0.5, -1.5) instead of (0.707, -0.707); mean only: (0.25, -0.75) instead of (0.5, "
+        "-0.5).",
+        where="utils/data.py:1520", quote="x_masked = x * mask", affected="areal 1.0.4",
+    ),
+    Finding(
+        "adv_leave_one_out_unit", "bug",
+        "with mean_leave1out on the per-token advantages, the baseline is (sum - x) / (count - mask) over "
+        "the "
+        "group's tokens: one token is left out, the rest of the response stays in its own baseline (RLOO's "
+        "is the mean of the other responses). T = (3, 1), R = (1, 0): (0.333, -1.0) instead of (1, -1).",
+        where="utils/data.py:1541", quote="leave_one_out_sum = x_sum_broadcast - x_masked",
+        affected="areal 1.0.4",
+    ),
+    Finding(
+        "adv_trailing_partial", "bug",
+        "Normalization's group level loops over range(bs // group_size): the samples of a trailing group "
+        "shorter than group_size (a batch size that is not a multiple, e.g. after dynamic filtering) keep "
+        "mean 0 and std 0, so their advantage is R / eps (1e5 R with the default eps 1e-5).",
+        where="utils/data.py:1424", quote="for i in range(0, bs // self.group_size):",
+        affected="areal 1.0.4",
+    ),
+    Finding(
+        "kl_reward_value_clamp", "bug",
+        "KLEstimator clamps every estimate to [-10, 10] (apply_clamp defaults to True), k1 included, and the "
+        "actor's KL reward is -kl_ctl times it (actor.py:202): where the policy has moved farthest from the "
+        "reference (|log r| > 10 for k1, k3 > 10) the penalty stops growing.",
+        where="utils/data.py:1655", quote="log_ratio = log_ratio.clamp(min=-10, max=10)",
+        affected="areal 1.0.4",
+    ),
+    Finding(
+        "whiten_one_pass_dtype", "bug",
+        "masked_normalization, the whitening helper utils/functional exports (AReaL's own trainer normalises "
+        "with Normalization), forms the variance in one pass, E[x^2] - E[x]^2, with eps outside the square "
+        "root: float64 advantages 1e8 +- 1 give var 0 and +-inf (eps 0) or +-1e5 (eps 1e-5) instead of +-1, "
+        "and a constant float64 batch of 0.1 a slightly negative var and NaN (the spec's two-pass form, "
+        "advantages.md eq. (21), gives 0).",
+        where="utils/functional/functional.py:50", quote="var = meansq - mean**2", affected="areal 1.0.4",
+    ),
+    Finding(
+        "overlong_floor", "bug",
+        "reward_overlong_penalty adds min(-(L - (max_new_tokens - overlong_tokens)) / overlong_tokens * "
+        "factor, 0) to the reward with no floor: a response longer than max_new_tokens (a multi-turn "
+        "rollout, a "
+        "budget mismatch) gets less than -factor, -3 at L = 30 with max_new_tokens 20, overlong_tokens 5 "
+        "(DAPO's soft punishment is -1 beyond the budget, advantages.md eq. (8)).",
+        where="utils/functional/functional.py:797", quote="overlong_reward = min(", affected="areal 1.0.4",
+    ),
+    Finding(
+        "fixed_aggregation", "bug",
+        "ppo_actor_loss_fn and sapo_loss_fn always return the token mean (no aggregation option): GSPO "
+        "(importance_sampling_level='sequence') and SAPO weigh each row by its length, where GSPO's "
+        "seq_mean weighs each row 1 / N (d/d logp = -A / (N T_i)) and the SAPO preset is "
+        "seq_mean_token_mean. T = (3, 1), A = 1, ratio 1: -0.25 on every token instead of -1/6 and -1/2.",
+        where="utils/functional/functional.py:542",
+        quote="pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count",
         affected="areal 1.0.4",
     ),
 )
@@ -234,14 +302,16 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
 # Target
 
 
-def _engine_scale(call):
+def _engine_scale(call, token_normalizer: bool):
     """``local_weight / total_loss_weight`` of the FSDP engine for the call's micro-batch: its token
-    count (int64) over the step's count as a float32 tensor (a quotient in float32)."""
+    count (int64) over the step's count as a float32 tensor (a quotient in float32). The step's token
+    count is the kit's normaliser when the checked variant is a token mean (a golden vector's larger
+    batch), else the batch's tokens: the engine counts tokens whatever the preset aggregates."""
     import torch
 
     local = call.mask.count_nonzero()
     total = getattr(call, "global_tokens", 0) or int(call.mask.sum())
-    if call.normalizer is not None:
+    if call.normalizer is not None and token_normalizer:
         total = call.normalizer
     return local, local / torch.tensor(float(total), dtype=torch.float32, device=call.mask.device)
 
@@ -263,7 +333,7 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
         else:  # without the decoupled loss the proximal log-probs are the old ones (actor.py:169-190)
             loss, _stat = fn(logprobs=call.logp, proximal_logprobs=call.old_logp, old_logprobs=call.old_logp,
                              advantages=advantages, loss_mask=mask, rejection_sampling=None, **kwargs)
-        local, scale = _engine_scale(call)
+        local, scale = _engine_scale(call, variant.aggregation == "token_mean")
         if local == 0:  # _compute_logprobs_and_loss: a micro-batch without tokens contributes 0 * logits
             return call.logp.sum() * 0.0
         return loss * scale
@@ -275,75 +345,17 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
 def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     """``(fn, adapter)``: ``fn`` is AReaL's ``ppo_actor_loss_fn`` (``sapo_loss_fn`` for sapo) and
     ``adapter(fn, call)`` its micro-batch loss scaled as the FSDP engine scales it."""
+    if mode.kind == "group_advantages":
+        return areal_kinds.advantage_target(mode)
     if mode.kind != "policy_loss":
         raise ValueError(f"AReaL has no {mode.kind} mode in scope: {UNSUPPORTED[mode.kind]}")
     return _policy_target(mode, variant)
 
 
 # ----------------------------------------------------------------------------------------------
-# Kinds of the registry (refimpl/conformance/kinds/): the critic's value loss.
-
-def _rejection(action: str | None) -> dict:
-    keys = {"actor.use_decoupled_loss": True, "actor.rejection_sampling": None}
-    if action is not None:
-        keys["actor.rejection_sampling"] = {"level": "token", "action": action, "metric": "ratio",
-                                            "upper": 5.0}
-    return keys
-
-
-KIND_MODES = (
-    Mode("decoupled/rejection_sampling=None", kind="behavior_correction", framework_config=_rejection(None),
-         convention={"behavior_weight": "dropped"},
-         description="ppo_actor_loss_fn, use_decoupled_loss=True and the shipped rejection_sampling=None: "
-         "the ratio is against pi_prox and no pi_prox / pi_behave weight is applied "
-         "(functional.py:535-539)"),
-    Mode("decoupled/clamp", kind="behavior_correction", framework_config=_rejection("clamp"),
-         convention={"behavior_cap": "truncate", "behavior_cap_value": 5.0, "behavior_weight_float32": True},
-         description="rejection_sampling level='token', action='clamp', metric='ratio', upper=5: "
-         "w = min(pi_prox / pi_behave, 5), the weight in float32 (functional.py:231, 252)"),
-    Mode("decoupled/mask", kind="behavior_correction", framework_config=_rejection("mask"),
-         convention={"behavior_cap": "mask", "behavior_cap_value": 5.0, "behavior_weight_float32": True},
-         description="rejection_sampling level='token', action='mask', metric='ratio', upper=5: tokens with "
-         "w > 5 leave the loss mask, the token count stays (functional.py:483)"),
-    Mode("ppo_critic_loss_fn", kind="value_loss", framework_config={"loss_fn_type": "mse"},
-         convention={"value_scale": 0.5, "value_empty_step": "nan", "value_masked_nonfinite": "nan_gradient"},
-         description="ppo_critic_loss_fn (functional.py:714) as trainer/ppo/critic.py:105 calls it: float32 "
-         "values (asserted), _mse_loss = 0.5 (x - y)^2, torch.where(loss_mask, ...) / count_nonzero"),
-)
-KIND_UNSUPPORTED = {
-    "gae": {"PPOActor._compute_advantages": "GAE runs inside the actor on the whole prompt + response "
-            "sequence (loss mask rolled by one, the KL reward and the sequence reward placed by it, the last "
-            "position's advantage fixed to 0, values[:, -1] bootstrapped for rows without an EOS); its "
-            "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
-    "whitening": {"adv_norm (Normalization)": "lives in areal/utils/data.py, which imports AReaL's "
-                  "infrastructure (see kl)."},
-    "kl_reward": {"PPOActor._compute_advantages": "the KL reward is built inside the actor's advantage "
-                  "computation with KLEstimator (areal/utils/data.py, see kl), on the rolled loss mask."},
-}
+# Outside the actor loss (areal_kinds.py): group advantages, the KL reward, the registry's kinds
 
 
 def kind_target(mode: Mode) -> tuple[Callable, Callable]:
-    """``(fn, adapter)`` running functional.py's ``ppo_critic_loss_fn`` (float32, as AReaL asserts) or
-    ``ppo_actor_loss_fn`` with the decoupled loss (one micro-batch: the engine's weight is 1)."""
-    import types
-
-    import torch
-
-    if mode.kind == "behavior_correction":
-        rs = mode.framework_config["actor.rejection_sampling"]
-        config = None if rs is None else types.SimpleNamespace(lower=None, agg="mean", **rs)
-
-        def decoupled(fn, logp, prox_logp, behave_logp, advantages, mask, *, eps):
-            per_token = advantages.unsqueeze(-1).expand_as(logp)  # AReaL's advantages are per token
-            return fn(logprobs=logp, proximal_logprobs=prox_logp, old_logprobs=behave_logp,
-                      advantages=per_token, eps_clip=eps, loss_mask=mask.bool(), rejection_sampling=config)[0]
-
-        return _functional().ppo_actor_loss_fn, decoupled
-
-    def value(fn, values, old_values, returns, mask, *, clip):
-        loss, _stat = fn(value=values.to(torch.float32), old_value=old_values.to(torch.float32),
-                         target_value=returns.to(torch.float32), value_eps_clip=clip, loss_mask=mask.bool(),
-                         loss_fn_type=mode.framework_config["loss_fn_type"])
-        return loss
-
-    return _functional().ppo_critic_loss_fn, value
+    """``(fn, adapter)`` of a registry-kind mode (``areal_kinds.kind_target``)."""
+    return areal_kinds.kind_target(mode, _functional())

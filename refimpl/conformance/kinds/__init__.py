@@ -20,6 +20,7 @@ from .behavior import BEHAVIOR
 from .fused_linear import FUSED_LINEAR
 from .gae import GAE
 from .kl_reward import KL_REWARD
+from .overlong import OVERLONG
 from .value_loss import VALUE_LOSS
 from .whitening import WHITENING
 
@@ -28,7 +29,7 @@ __all__ = ["KIND_REGISTRY", "REGISTRY_KINDS", "KIND_FLAGS", "Kind", "KindCase", 
 
 #: every kind of the registry, in report order
 KIND_REGISTRY: dict[str, Kind] = {k.name: k for k in (GAE, VALUE_LOSS, WHITENING, KL_REWARD, BEHAVIOR,
-                                                     FUSED_LINEAR)}
+                                                     FUSED_LINEAR, OVERLONG)}
 REGISTRY_KINDS: tuple[str, ...] = tuple(KIND_REGISTRY)
 #: every flag of the registry's kinds (a finding may be keyed by one, as by a policy-loss flag)
 KIND_FLAGS: tuple[str, ...] = tuple(f.name for kind in KIND_REGISTRY.values()

@@ -31,6 +31,12 @@ class WhiteningFlags:
         ("floor").
     whiten_count_eps: added to the count in the means (verl's masked_mean: mask.sum() + 1e-8).
     whiten_one_pass: True: the variance as E[x^2] - E[x]^2 in float32 (cancels on a large offset).
+    whiten_one_pass_dtype: with ``whiten_one_pass``, "float32" (as above: the variance clamped at 0, eps
+        inside the square root) | "float64" (AReaL's masked_normalization: sum(x m) / n and sum(x^2 m) / n in
+        float64, no clamp (a negative variance gives NaN), ``whiten_std`` and the eps placement honoured).
+        The kit's cases are exact in float32, where float64 sums of squares are exact too: the float64
+        one-pass variance departs only on float64 inputs (1e8 +- 1: var 0, +-inf with eps 0), which a
+        float32 function cannot be judged on; tests/test_conformance_kinds.py checks it there.
     whiten_masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
         makes every output NaN).
     """
@@ -42,6 +48,7 @@ class WhiteningFlags:
     whiten_eps_placement: str = "variance"
     whiten_count_eps: float = 0.0
     whiten_one_pass: bool = False
+    whiten_one_pass_dtype: str = "float32"
     whiten_masked_nonfinite: str = "ignored"
 
     def __post_init__(self) -> None:
@@ -49,6 +56,7 @@ class WhiteningFlags:
                              "whiten_weighting": ("token", "sequence"),
                              "whiten_eps_placement": ("variance", "std", "floor"),
                              "whiten_one_pass": (False, True),
+                             "whiten_one_pass_dtype": ("float32", "float64"),
                              "whiten_masked_nonfinite": ("ignored", "propagate")})
 
 
@@ -94,7 +102,9 @@ def whitening_cases(seed: int = 0) -> list[KindCase]:
 
 def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expected]:
     x, mask = case.inputs["advantages"], case.inputs["mask"]
-    if flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)
+    if flags.whiten_one_pass and flags.whiten_one_pass_dtype == "float64":
+        out = _one_pass_float64(x, mask, flags)
+    elif flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)
         m32, x32 = mask.to(torch.float32), torch.where(mask, x, 0.0).to(torch.float32)
         n = m32.sum().clamp(min=1.0)
         mu = (x32 * m32).sum() / n
@@ -108,6 +118,23 @@ def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expec
     if flags.whiten_masked_nonfinite == "propagate" and not bool(torch.isfinite(x).all()):
         out = torch.full_like(out, math.nan)
     return {"advantages": Expected(out.double(), mask)}
+
+
+def _one_pass_float64(x: torch.Tensor, mask: torch.Tensor, flags: WhiteningFlags) -> torch.Tensor:
+    """E[x^2] - E[x]^2 over the counted entries in float64 as AReaL's masked_normalization forms it
+    (functional.py:38-53): padding zeroed by the mask, n = sum(mask), no clamp of the variance."""
+    m = mask.to(torch.float64)
+    z = torch.where(mask, x, 0.0)
+    n = m.sum()
+    mean = z.sum() / n
+    var = (z * z).sum() / n - mean**2
+    if flags.whiten_std == "sample":
+        var = var * (n / (n - 1))
+    eps = flags.whiten_eps
+    placement = flags.whiten_eps_placement
+    std = var.sqrt() + eps if placement == "std" else (var + eps).sqrt() if placement == "variance" else (
+        var.clamp(min=eps).sqrt())
+    return (z - mean) / std
 
 
 def float32_rtol(case: KindCase) -> float:
