@@ -309,7 +309,8 @@ FINDINGS = (
         affected="verl 0.9.1",
     ),
     ratio_overflow_finding("trainer/ppo/core_algos.py:1798", "ratio = torch.exp(negative_approx_kl)",
-                           "verl 0.9.1 (clip_cov; kl_cov likewise, core_algos.py:1891)",
+                           "verl 0.9.1 (clip_cov; kl_cov, without a clip gate, exponentiates the raw "
+                           "log-ratio too, core_algos.py:1891: there a token with A = 0 gets -0 * inf = NaN)",
                            function="compute_policy_loss_clip_cov"),
     Finding(
         "config:clip_ratio", "validation",
