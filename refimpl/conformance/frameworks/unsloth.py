@@ -102,7 +102,8 @@ _LOSSES = (
     _mode("dr_grpo", "dr_grpo", "dr_grpo", _LER, "token sum / (rows x max_completion_length), "
           "/ accumulation steps", max_length=16),
     _mode("dapo", "dapo", "dapo", _EXP, "token sum / num_items_in_batch (the global tokens)"),
-    # delta (INTELLECT-2's two-sided clipping, -min(min(r, delta) A, clip(r) A), rl_replacements.py:1159)
+    # delta (INTELLECT-2's two-sided clipping, -min(min(r, delta) A, clip(r) A), rl_replacements.py:1159;
+    # grpo_compute_loss reads it from its keyword arguments, :953)
     # at delta >= 1 + epsilon_high is the dual clip with c = delta: for A > 0 the clip caps r first, for
     # A < 0 it is the median form of the dual clip; clamp passes the gradient at r == delta, the spec's
     # inclusive gate (TRL's grpo_trainer.py:3115-3119 and Liger's dapo/delta run the same formula)
