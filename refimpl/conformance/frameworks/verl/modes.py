@@ -314,18 +314,19 @@ FINDINGS = (
                            function="compute_policy_loss_clip_cov"),
     Finding(
         "config:clip_ratio", "validation",
-        "actor.clip_ratio is never read by the clip losses (vanilla, gspo, clip_cov, geo_mean, cispo): "
+        "actor.clip_ratio has no effect on the clip losses (vanilla, gspo, clip_cov, geo_mean, cispo): "
         "ActorConfig (and actor.yaml) default clip_ratio_low and clip_ratio_high to 0.2, not None, so "
-        "their fallback to clip_ratio (core_algos.py:1321-1322) never fires. A user who sets only "
-        "clip_ratio=0.1 trains with the band [0.8, 1.2], without an error or a warning (only the DPPO "
-        "losses read clip_ratio).",
+        "their fallback to clip_ratio (core_algos.py:1321-1322 in vanilla, likewise in the others) never "
+        "fires. A user who sets only clip_ratio=0.1 trains with the band [0.8, 1.2], without an error or a "
+        "warning (only the DPPO losses use clip_ratio itself).",
         where="workers/config/actor.py:159", quote="clip_ratio_low: float = 0.2", affected="verl 0.9.1",
     ),
     Finding(
         "config:tau_pos", "validation",
         "ActorConfig accepts SAPO temperatures tau_pos / tau_neg <= 0 (SAPO's gate sigmoid(tau (r - 1)) "
         "4 / tau needs tau > 0): tau = 0 gives an infinite loss and a NaN gradient (4 / 0 times "
-        "sigmoid's zero slope), a negative tau flips the sign of the gate's value.",
+        "sigmoid's zero slope); a negative tau makes the gate's value negative, with the gradient of "
+        "|tau| (sigmoid's slope is even).",
         where="trainer/ppo/core_algos.py:1659", quote="return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
         affected="verl 0.9.1", function="gate_function",
     ),
