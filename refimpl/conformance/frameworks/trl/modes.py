@@ -149,7 +149,7 @@ _UNSUPPORTED = {
     "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
     "does not provide.",
     "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies "
-    "(finding entropy_token_mean: a token mean whatever the loss type).",
+    "(note 'entropy bonus': a token mean whatever the loss type).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
     "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none.",
@@ -306,15 +306,14 @@ FINDINGS = (
         where="trainer/grpo_trainer.py:3110",
         quote="clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()", affected="trl 1.16.0",
     ),
-    Finding(
-        "entropy_token_mean", "documented_default",
-        "the entropy bonus (entropy_coef, use_adaptive_entropy) is a token mean over the micro-batch for "
-        "every loss_type, as the code's comment documents ('the documented objective L = L_policy - coef "
-        "* H'), not the loss type's own aggregation (policy_losses.md eq. (12), e.g. a mean of row means "
-        "for grpo). The kit does not drive it: its calls carry no per-token entropies.",
-        where="trainer/grpo_trainer.py:3200",
-        quote="(entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / "
-        "accumulation_factor",
-        affected="trl 1.16.0",
-    ),
 )
+
+
+#: What the profiles do not reproduce (the matrix lists them with the framework)
+NOTES = {
+    "entropy bonus": "a documented default the kit does not drive (its calls carry no per-token "
+    "entropies): the entropy bonus (entropy_coef, use_adaptive_entropy) is a token mean over the "
+    "micro-batch for every loss_type (grpo_trainer.py:3200), as the code's comment documents ('the "
+    "documented objective L = L_policy - coef * H'), not the loss type's own aggregation "
+    "(policy_losses.md eq. (12), e.g. a mean of row means for grpo).",
+}

@@ -330,26 +330,6 @@ FINDINGS = (
         where="trainer/ppo/core_algos.py:1659", quote="return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
         affected="verl 0.9.1", function="gate_function",
     ),
-    Finding(
-        "seq_sum_width=padded_width", "documented_default",
-        "agg_loss's seq-mean-token-sum-norm (Dr. GRPO) with loss_scale_factor=None (the default) divides "
-        "by loss_mask.shape[-1], the padded width (documented: 'If None, uses loss_mask.shape[-1]'). In "
-        "verl's trainer that width is the constant rollout.response_length, the generation budget L_max "
-        "(the agent loop pads every response to it, experimental/agent_loop/agent_loop.py:760-763), so "
-        "the trainer's loss is Dr. GRPO's; only a caller of agg_loss with its own padding gets its "
-        "batch's width (the driver sets loss_scale_factor = L_max, as its cases are narrower).",
-        where="trainer/ppo/core_algos.py:1191", quote="horizon = loss_mask.shape[-1]", affected="verl 0.9.1",
-    ),
-    Finding(
-        "kl_controller", "documented_default",
-        "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 "
-        "(arXiv:1909.08593), which its docstring cites: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) "
-        "n_steps / horizon, not the PPO paper's adaptive KL rule (policy_losses.md eq. (20): halve or "
-        "double beta outside [target / 1.5, 1.5 target]). The kit has no KL-controller kind to check it "
-        "against.",
-        where="trainer/ppo/core_algos.py:173", quote="mult = 1 + proportional_error * n_steps / self.horizon",
-        affected="verl 0.9.1",
-    ),
 )
 
 
@@ -357,10 +337,18 @@ NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
     "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
     "log-ratio has exp exactly 3.0, so no case reaches the tie).",
-    "loss_scale_factor=None": "verl's default Dr. GRPO constant is the padded width of agg_loss's "
-    "mask (flag seq_sum_width='padded_width'), which verl's trainer makes rollout.response_length, "
-    "i.e. L_max (the agent loop pads every response to it); the profile sets loss_scale_factor = L_max, "
-    "since the kit's cases are narrower than L_max.",
+    "loss_scale_factor=None": "a documented default: agg_loss's seq-mean-token-sum-norm (Dr. GRPO) "
+    "divides by the padded width of its mask, loss_mask.shape[-1] (core_algos.py:1191; flag "
+    "seq_sum_width='padded_width'), which verl's trainer makes the constant rollout.response_length, "
+    "the generation budget L_max (the agent loop pads every response to it, "
+    "experimental/agent_loop/agent_loop.py:760-763), so the trainer's loss is Dr. GRPO's; only a "
+    "caller of agg_loss with its own padding gets its batch's width. The profile sets "
+    "loss_scale_factor = L_max, since the kit's cases are narrower than L_max.",
+    "adaptive KL controller": "a documented default the kit does not check (no KL-controller kind): "
+    "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 (arXiv:1909.08593) "
+    "that its docstring cites, beta *= 1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon "
+    "(core_algos.py:173), not the PPO paper's rule (policy_losses.md eq. (20): halve or double beta "
+    "outside [target / 1.5, 1.5 target]).",
     "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
     "empty rows from the row count; the profile describes the trainer, whose "
     "global_batch_size counts every row (empty_rows='keep').",
