@@ -75,6 +75,38 @@ def test_every_cited_line_holds_the_quoted_code(name):
         assert finding.quote in lines[int(line) - 1], (
             f"{name} {finding.key}: {finding.where} reads {lines[int(line) - 1].strip()!r}, "
             f"not {finding.quote!r}")
+        if finding.function:
+            got = enclosing_function(lines, int(line) - 1)
+            assert got == finding.function, f"{name} {finding.key}: {finding.where} is in {got}()"
+        # the same code in two functions: only the function's name tells the cited line from the other
+        functions = {enclosing_function(lines, i) for i, text in enumerate(lines) if finding.quote in text}
+        if len(functions) > 1 and (name, finding.key) not in _FUNCTION_UNNAMED:
+            assert finding.function, (f"{name} {finding.key}: {finding.quote!r} occurs in "
+                                      f"{sorted(functions)}: name the function (Finding.function)")
+
+
+#: findings whose quote occurs in more than one function of the file but that do not name theirs yet
+#: (listed so that the gap is seen and this line changes with it)
+_FUNCTION_UNNAMED = {("skyrl", "kl_gradient"), ("skyrl", "zero_rows"), ("areal", "behavior_weight")}
+
+
+def enclosing_function(lines: list[str], index: int) -> str | None:
+    """The name of the innermost ``def`` around ``lines[index]`` (the nearest one above, indented less)."""
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    for text in reversed(lines[:index]):
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")) and len(text) - len(stripped) < indent:
+            return stripped.removeprefix("async ").removeprefix("def ").partition("(")[0]
+    return None
+
+
+def test_the_enclosing_function_is_the_innermost_def_above():
+    lines = ["def outer(x):", "    def gate(t):", "        return t", "    y = gate(x)", "    return y"]
+    assert [enclosing_function(lines, i) for i in (2, 3)] == ["gate", "outer"]
+    assert enclosing_function(["x = 1"], 0) is None
+    with pytest.raises(ValueError, match="function names the def"):
+        Finding("k", "bug", "t", function="f")
+    assert "function" not in Finding("k", "bug", "t").to_dict()
 
 
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
@@ -110,6 +142,7 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["repro_trl_config_delta.py",
+                                                                  "repro_trl_config_epsilon_high.py",
                                                                   "repro_trl_ratio_overflow.py"]
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}

@@ -91,7 +91,8 @@ def test_the_committed_matrix_is_readable():
     text = COMMITTED.read_text()
     assert max(len(line) for line in text.splitlines()) <= LINE_WIDTH
     summary = text.split("\n## ", 2)[1]
-    assert summary.startswith("Summary") and len(summary.splitlines()) < 100
+    # about two screens: the findings list grows by a line per finding (99 lines before audit B's 4)
+    assert summary.startswith("Summary") and len(summary.splitlines()) < 110
     for name in FRAMEWORKS:
         assert f"| [{name}](#{name}) |" in summary and f"\n## {name}\n" in text
     data = json.loads(COMMITTED_JSON.read_text())

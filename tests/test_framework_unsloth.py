@@ -68,6 +68,16 @@ def test_each_flag_is_needed(name, flags, failing):
     assert set(_check(name, classes=classes, **flags).failing_classes()) == failing
 
 
+def test_delta_is_driven_only_where_it_is_the_dual_clip():
+    """delta >= 1 + epsilon_high is the dual clip (mode dapo/delta); below, it caps A > 0 ratios inside
+    the clip band, no variant of the spec (the variant refuses it)."""
+    mode, variant = driver.modes()["dapo/delta"], _variant("dapo/delta")
+    assert driver.loss_kwargs(mode, variant)["delta"] == 3.0
+    assert "delta" not in driver.loss_kwargs(driver.modes()["dapo"], _variant("dapo"))
+    with pytest.raises(ValueError, match=r"dual_clip must be >= 1 \+ eps_high"):
+        driver.loss_kwargs(mode, dataclasses.replace(variant, dual_clip=1.1))
+
+
 def _call(case, variant):
     logp = case.logp.clone().requires_grad_(True)
     call = PolicyLossCall(logp=logp, old_logp=case.old_logp, advantages=case.advantages, mask=case.mask,

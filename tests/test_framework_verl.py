@@ -127,6 +127,8 @@ NEEDED = [
     ("sapo", "log_ratio_clamp", {"extreme_log_ratio"}),
     ("sapo", "empty_rows", {"empty_rows"}),
     ("geo_mean", "empty_rows", {"empty_rows"}),
+    # Clip-Cov exponentiates the raw log-ratio (core_algos.py:1798): NaN through a closed gate
+    ("clip_cov", "ratio_overflow", {"ratio_overflow"}),
 ]
 
 

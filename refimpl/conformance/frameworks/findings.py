@@ -46,7 +46,10 @@ REPRODUCED_KINDS = ("bug", "validation")
 class Finding:
     """One finding (module docstring). ``where`` is ``path:LINE`` relative to the installed package's
     folder and ``quote`` a fragment of that line, so that the line can be checked; ``affected`` the
-    releases it was verified in, ``fixed_in`` where it is fixed, ``upstream`` the thread."""
+    releases it was verified in, ``fixed_in`` where it is fixed, ``upstream`` the thread; ``function``
+    the ``def`` enclosing the line, where the quoted code also occurs in another function of the file
+    (verl's deprecated ``compute_policy_loss`` repeats ``compute_policy_loss_vanilla``'s lines), so that
+    the check cannot pass on the wrong one of two identical lines."""
 
     key: str
     kind: str
@@ -56,18 +59,24 @@ class Finding:
     affected: str = ""
     fixed_in: str = ""
     upstream: str = ""
+    function: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in FINDING_KINDS:
             raise ValueError(f"Finding.kind: expected one of {sorted(FINDING_KINDS)}, got {self.kind!r}")
         if bool(self.where) != bool(self.quote):
             raise ValueError(f"Finding {self.key!r}: where and quote go together (the line is checked)")
+        if self.function and not self.where:
+            raise ValueError(f"Finding {self.key!r}: function names the def around where's line")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.function:  # only where a quote needs it (the matrix's records are unchanged otherwise)
+            del out["function"]
+        return out
 
 
-def dual_clip_tie_finding(where: str, quote: str, affected: str) -> Finding:
+def dual_clip_tie_finding(where: str, quote: str, affected: str, function: str = "") -> Finding:
     """The finding of ``dual_clip_tie="half"``: a ``torch.max`` / ``torch.min`` tie at a ratio exactly on
     the dual clip (A < 0) gives half of each branch's gradient, ``A r / 2``; the loss has a kink there
     and every value between the one-sided derivatives (0 and ``A r``) is a subgradient."""
@@ -76,11 +85,11 @@ def dual_clip_tie_finding(where: str, quote: str, affected: str) -> Finding:
         "at a ratio exactly on the dual clip (A < 0) the gradient is A r / 2, the average of the two "
         "one-sided derivatives (PyTorch's choice at a max / min tie); a valid subgradient of the kink, "
         "not a bug (the spec's inclusive gate keeps A r).",
-        where=where, quote=quote, affected=affected,
+        where=where, quote=quote, affected=affected, function=function,
     )
 
 
-def ratio_overflow_finding(where: str, quote: str, affected: str) -> Finding:
+def ratio_overflow_finding(where: str, quote: str, affected: str, function: str = "") -> Finding:
     """The finding of ``ratio_overflow="nan"``: ``exp`` of the raw log-ratio overflows to inf above 88.72
     in float32 (and bf16); a closed gate then multiplies its zero derivative by inf: NaN."""
     return Finding(
@@ -88,7 +97,7 @@ def ratio_overflow_finding(where: str, quote: str, affected: str) -> Finding:
         "exp of the unclamped log-ratio is inf above 88.72 in float32: with a closed gate (A > 0 beyond "
         "1 + eps_high) the exact gradient is 0, but the clamp's zero derivative times exp's inf is NaN, "
         "and one NaN token poisons the step's gradient (a stale or mismatched old log-prob suffices).",
-        where=where, quote=quote, affected=affected,
+        where=where, quote=quote, affected=affected, function=function,
     )
 
 

@@ -334,7 +334,7 @@ verdict("TRL GRPOConfig(delta=1.1, epsilon_high=0.28) (trainer/grpo_trainer.py:3
         f"{grad} (delta caps the ratio inside the band)", f"{-float(torch.exp(torch.tensor(0.2)))} (-A r)",
         grad == 0.0)
 """
-BODIES[("unsloth", "ratio_overflow")] = """\
+_UNSLOTH = """\
 import os  # noqa: E402
 
 os.environ["UNSLOTH_COMPILE_DISABLE"] = "1"  # Unsloth's own switch: its losses run eagerly (CPU)
@@ -346,7 +346,8 @@ for name, attributes in {"device_type": {"DEVICE_TYPE": "cpu", "device_synchroni
     sys.modules[f"unsloth_zoo.{name}"] = types.ModuleType(f"unsloth_zoo.{name}")
     sys.modules[f"unsloth_zoo.{name}"].__dict__.update(attributes)
 rl = importlib.import_module("unsloth_zoo.rl_replacements")
-""" + _OVERFLOW_CASE + """\
+"""
+BODIES[("unsloth", "ratio_overflow")] = _UNSLOTH + _OVERFLOW_CASE + """\
 keys = {"loss_type": "dapo", "importance_sampling_level": "token", "use_bias_correction_kl": True,
         "num_processes": 1, "use_vllm": False, "epsilon_low": 0.2, "epsilon_high": 0.2,
         "current_gradient_accumulation_steps": 1, "steps_per_generation": 1,
@@ -443,3 +444,91 @@ verdict("AReaL ppo_actor_loss_fn(importance_sampling_level='sequence') (GSPO, "
         "[-0.166667, -0.5] (GSPO's seq_mean: -A / (N T_i))", got == [-0.25, -0.25])
 """,
 })
+
+_VERL = """\
+stand_ins("ray", "tensordict", "orjson")
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+
+"""
+
+
+def _verl_config(keys: str, loss_mode: str, policy_keys: str = "") -> str:
+    """verl's own ActorConfig with ``keys`` (Python keyword text) for ``loss_mode``."""
+    return (f"config = ActorConfig(strategy='fsdp', rollout_n=1, ppo_micro_batch_size_per_gpu=1, "
+            f"use_torch_compile=False, {keys}\n"
+            f"                     policy_loss=PolicyLossConfig(loss_mode={loss_mode!r}{policy_keys}))\n")
+
+
+BODIES.update({
+    ("verl", "ratio_overflow"): _VERL + _OVERFLOW_CASE
+    + _verl_config("", "clip_cov", ", clip_cov_lb=1.0, clip_cov_ub=1.0") + """\
+# the empty covariance band (1, 1) selects no token: the loss is PPO's clip on exp(log r), deterministic
+loss, _ = core_algos.compute_policy_loss_clip_cov(old, logp, adv.expand(1, 2), mask.bool(),
+                                                  loss_agg_mode="token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0]
+verdict("verl compute_policy_loss_clip_cov (trainer/ppo/core_algos.py:1798), float32 log-ratio 95 under a "
+        "closed gate: d loss / d logp", grad.tolist(), EXACT_OVERFLOW, bool(torch.isnan(grad[0, 0])))
+""",
+    ("verl", "config:clip_ratio"): _SILENT + _VERL + _verl_config("clip_ratio=0.1,", "vanilla") + """\
+old = torch.tensor([[-1.0]])
+logp = torch.tensor([[-0.86]], requires_grad=True)  # ratio exp(0.14) = 1.15: outside [0.9, 1.1]
+loss, _ = core_algos.compute_policy_loss_vanilla(old, logp, torch.ones(1, 1), torch.ones(1, 1).bool(),
+                                                 loss_agg_mode="token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("verl ActorConfig(clip_ratio=0.1) (workers/config/actor.py:159: clip_ratio_low/high default 0.2), "
+        "compute_policy_loss_vanilla: d loss / d logp of an A > 0 token at ratio 1.15",
+        f"{grad} (the band [0.8, 1.2] of the defaults: the token is inside)",
+        "0.0 (clip_ratio 0.1: the band [0.9, 1.1], the gate is closed)", grad != 0.0)
+""",
+    ("verl", "config:tau_pos"): _SILENT + _VERL + _verl_config("tau_pos=0.0,", "sapo") + """\
+old = torch.tensor([[-1.0]])
+logp = torch.tensor([[-0.9]], requires_grad=True)
+loss, _ = core_algos.compute_policy_loss_sapo(old, logp, torch.ones(1, 1), torch.ones(1, 1).bool(),
+                                              loss_agg_mode="seq-mean-token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("verl ActorConfig(tau_pos=0.0) (trainer/ppo/core_algos.py:1659, gate sigmoid(tau (r - 1)) 4 / tau), "
+        "compute_policy_loss_sapo, A > 0: loss and d loss / d logp",
+        f"loss {loss.item()}, gradient {grad} (no error, no warning)",
+        "an error: SAPO's temperature must be > 0", not bool(torch.isfinite(loss)))
+""",
+})
+
+# CISPO with epsilon_high unset: TRL's GRPOTrainer.__init__ (grpo_trainer.py:946) takes epsilon_high =
+# epsilon (0.2), and cispo caps the weight at epsilon_high itself; one on-policy token (ratio 1), A = 1
+_CISPO_EXACT = """\
+EXACT_CISPO = "-1.0 (a cap >= 1, e.g. ScaleRL's recommended 5.0, keeps the weight 1 of an on-policy token)"
+"""
+BODIES[("trl", "config:epsilon_high")] = _SILENT + _TRL + _CISPO_EXACT + """\
+import tempfile  # noqa: E402
+
+with tempfile.TemporaryDirectory() as out:  # accepted: no error, no warning
+    trainer.args = trl.GRPOConfig(output_dir=out, loss_type="cispo", report_to="none", use_cpu=True,
+                                  bf16=False, per_device_train_batch_size=2, num_generations=2)
+args = trainer.args
+trainer.loss_type = "cispo"
+trainer.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon  # __init__, :946
+logp = torch.tensor([[-1.0]], requires_grad=True)  # old -1: ratio 1
+trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+empty, ids = torch.zeros((1, 0), dtype=torch.long), torch.zeros((1, 1), dtype=torch.long)
+inputs = {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": ids,
+          "completion_mask": torch.ones_like(ids), "advantages": torch.tensor([1.0]),
+          "old_per_token_logps": torch.tensor([[-1.0]]), "num_items_in_batch": torch.tensor(1)}
+grad = torch.autograd.grad(GRPOTrainer._compute_loss(trainer, trainer.model, inputs), logp)[0].item()
+verdict(f"TRL GRPOConfig(loss_type='cispo') without epsilon_high (trainer/grpo_trainer.py:3110: the cap is "
+        f"epsilon_high = epsilon = {args.epsilon}): accepted; d loss / d logp at ratio 1, A = 1",
+        f"{grad} (every weight capped at {trainer.epsilon_high})", EXACT_CISPO, abs(grad + 1.0) > 1e-6)
+"""
+BODIES[("unsloth", "config:epsilon_high")] = _UNSLOTH + _SILENT + _CISPO_EXACT + """\
+logp = torch.tensor([[-1.0]], requires_grad=True)  # old -1: ratio 1, A = 1
+keys = {"loss_type": "cispo", "importance_sampling_level": "token", "use_bias_correction_kl": True,
+        "num_processes": 1, "use_vllm": False, "current_gradient_accumulation_steps": 1,
+        "steps_per_generation": 1, "num_items_in_batch": torch.tensor(1.0)}  # epsilon_high not given
+ids = torch.zeros((1, 1), dtype=torch.long)
+loss = rl.grpo_compute_loss(None, logp, torch.tensor([[-1.0]]), None, ids, torch.ones_like(ids), 0.0,
+                            torch.tensor([1.0]), **keys)[0]
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_replacements.py:1153, its "
+        "default 0.2 at :951, TRL's epsilon when unset): accepted; d loss / d logp at ratio 1, A = 1",
+        f"{grad} (every weight capped at 0.2)", EXACT_CISPO, abs(grad + 1.0) > 1e-6)
+"""

@@ -88,9 +88,10 @@ _LER = {**_LE, **_ROWS}
 
 
 def _mode(name: str, preset: str, loss_type: str, convention: dict, description: str, *, level="token",
-          **overrides) -> Mode:
+          config: dict | None = None, **overrides) -> Mode:
     return Mode(name, preset=preset, variant_overrides=overrides,
-                framework_config={"loss_type": loss_type, "importance_sampling_level": level},
+                framework_config={"loss_type": loss_type, "importance_sampling_level": level,
+                                  **(config or {})},
                 convention={**_COMMON, **convention}, description=description)
 
 
@@ -101,6 +102,13 @@ _LOSSES = (
     _mode("dr_grpo", "dr_grpo", "dr_grpo", _LER, "token sum / (rows x max_completion_length), "
           "/ accumulation steps", max_length=16),
     _mode("dapo", "dapo", "dapo", _EXP, "token sum / num_items_in_batch (the global tokens)"),
+    # delta (INTELLECT-2's two-sided clipping, -min(min(r, delta) A, clip(r) A), rl_replacements.py:1159;
+    # grpo_compute_loss reads it from its keyword arguments, :953)
+    # at delta >= 1 + epsilon_high is the dual clip with c = delta: for A > 0 the clip caps r first, for
+    # A < 0 it is the median form of the dual clip; clamp passes the gradient at r == delta, the spec's
+    # inclusive gate (TRL's grpo_trainer.py:3115-3119 and Liger's dapo/delta run the same formula)
+    _mode("dapo/delta", "dapo", "dapo", _EXP, "dapo with delta=3.0 (INTELLECT-2's cap on the ratio: the "
+          "dual clip for A < 0)", config={"delta": 3.0}, dual_clip=3.0),
     _mode("cispo", "cispo", "cispo", {}, "sg(min(r, epsilon_high)) A logp, / num_items_in_batch"),
     _mode("sapo", "sapo", "sapo", {**_LER, "sapo_tau_float32": True}, "SAPO's sigmoid gate (float32 "
           "temperatures), GRPO's aggregation"),
@@ -121,7 +129,9 @@ UNSUPPORTED = {
     "policy_loss": {
         "vespo": "VESPO's Gamma weights come from TRL's GRPOTrainer.get_gamma_weights (the TRL driver "
         "does not drive it either); no gate in refimpl's policy-loss family.",
-        "delta (two-sided clipping)": "caps the ratio for A > 0 too, not the spec's dual clip for A < 0.",
+        "delta < 1 + epsilon_high": "delta (two-sided clipping) at or above 1 + epsilon_high is the dual "
+        "clip (mode dapo/delta); below it, delta caps the ratio of A > 0 tokens inside the clip band, a "
+        "setting TRL's GRPOConfig accepts silently (TRL finding config:delta), not a spec variant.",
         "vllm_importance_sampling_correction / off_policy_mask_threshold / rollout_rs": "need vLLM's "
         "sampling log-probs, which the kit's calls do not carry.",
         "sample_weight / entropy_mask / entropy bonus": "need Unsloth's generation step or the model's "
@@ -151,8 +161,7 @@ _BNPO = (
         "bnpo divides by the micro-batch's own token count even when TRL supplies the global one (the "
         "code says so): with gradient accumulation the loss is a mean of micro-batch token means, as "
         "in TRL's bnpo.",
-        where="rl_replacements.py:1227",
-        quote="BNPO uses the local micro-batch token count even when TRL supplies a global count",
+        where="rl_replacements.py:1228", quote="loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)",
         affected="unsloth-zoo 2026.10.9",
     ),
 )
@@ -163,6 +172,17 @@ FINDINGS = (
     zero_rows_finding("rl_replacements.py:1224",
                       "loss = ((loss_i * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
                       "unsloth-zoo 2026.10.9 (grpo, sapo; dr_grpo and luspo likewise)"),
+    Finding(
+        "config:epsilon_high", "validation",
+        "cispo caps the detached weight at epsilon_high itself (TRL's convention, ScaleRL's eps_max), and "
+        "a cap below 1 is accepted without an error or a warning: the value TRL's GRPOConfig forwards when "
+        "epsilon_high is unset (epsilon, 0.2) and grpo_compute_loss's own default (0.2, "
+        "rl_replacements.py:951) cap every token's weight at 0.2, so an on-policy token's gradient is "
+        "0.2 A instead of A.",
+        where="rl_replacements.py:1153",
+        quote="clamped_ratios = torch.clamp(coef_1, max=epsilon_high).detach()",
+        affected="unsloth-zoo 2026.10.9",
+    ),
     Finding(
         "efficient_value_float32", "value_only",
         "UnslothEfficientGRPO, through which the trainer calls grpo_compute_loss, accumulates the loss "
@@ -263,8 +283,8 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
     if v.kl_coef > 0 and v.kl_estimator != "k3":
         raise ValueError(f"variant.kl_estimator must be 'k3' for Unsloth (its only KL), "
                          f"got {v.kl_estimator!r}")
-    if v.entropy_coef or v.behavior_correction != "none" or v.dual_clip is not None:
-        raise ValueError("variant.entropy_coef / behavior_correction / dual_clip: not driven for Unsloth")
+    if v.entropy_coef or v.behavior_correction != "none":
+        raise ValueError("variant.entropy_coef / behavior_correction: not driven for Unsloth")
     loss_type = m.framework_config["loss_type"]
     level = m.framework_config["importance_sampling_level"]
     keys = {"loss_type": loss_type, "importance_sampling_level": level, "use_bias_correction_kl": True,
@@ -281,6 +301,8 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
             raise ValueError(f"Unsloth's {loss_type} clips on both sides: variant.eps_low and eps_high "
                              "must be set")
         keys.update(epsilon_low=v.eps_low, epsilon_high=v.eps_high)
+        if v.dual_clip is not None:  # a clip gate's dual clip, >= 1 + eps_high (the variant holds it)
+            keys["delta"] = v.dual_clip
     if loss_type == "dr_grpo":
         if v.max_length is None:
             raise ValueError("variant.max_length (max_completion_length) is required by dr_grpo")

@@ -38,6 +38,7 @@ from .adapters import (
 )
 from .modes import (
     FINDINGS,
+    NOTES,
     PROFILE,
     SCALE_REWARDS,
     framework_config,
@@ -59,6 +60,7 @@ __all__ = [
     "time_loss",
     "trl_policy_loss",
     "FINDINGS",
+    "NOTES",
     "PROFILE",
     "SCALE_REWARDS",
     "framework_config",

@@ -148,7 +148,8 @@ _UNSUPPORTED = {
     "(kl_importance_weight=False).",
     "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
     "does not provide.",
-    "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies.",
+    "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies "
+    "(note 'entropy bonus': a token mean whatever the loss type).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
     "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none.",
@@ -295,4 +296,24 @@ FINDINGS = (
         where="trainer/grpo_trainer.py:3116", quote="coef_1 = torch.clamp(coef_1, max=self.args.delta)",
         affected="trl 1.16.0",
     ),
+    Finding(
+        "config:epsilon_high", "validation",
+        "loss_type='cispo' caps the detached weight at epsilon_high itself (ScaleRL's eps_max, "
+        "recommended 5.0 by the help text), but GRPOConfig accepts a cap below 1 without an error or a "
+        "warning, and leaving epsilon_high unset gives one: it defaults to epsilon, 0.2 "
+        "(grpo_trainer.py:946), so every token's weight is capped at 0.2 and an on-policy token's gradient "
+        "is 0.2 A instead of A (CISPO's cap is 1 + eps_high).",
+        where="trainer/grpo_trainer.py:3110",
+        quote="clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()", affected="trl 1.16.0",
+    ),
 )
+
+
+#: What the profiles do not reproduce (the matrix lists them with the framework)
+NOTES = {
+    "entropy bonus": "a documented default the kit does not drive (its calls carry no per-token "
+    "entropies): the entropy bonus (entropy_coef, use_adaptive_entropy) is a token mean over the "
+    "micro-batch for every loss_type (grpo_trainer.py:3200), as the code's comment documents ('the "
+    "documented objective L = L_policy - coef * H'), not the loss type's own aggregation "
+    "(policy_losses.md eq. (12), e.g. a mean of row means for grpo).",
+}

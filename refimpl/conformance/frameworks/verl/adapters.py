@@ -88,6 +88,11 @@ def _actor_config(mode: str, variant) -> object:
     if loss_mode == "cispo" and variant.eps_low is None:  # verl's default lower clip (flag cispo_clip_low)
         low = modes("policy_loss")["cispo"].convention["cispo_clip_low"]
     high = float("inf") if variant.eps_high is None else variant.eps_high
+    table = modes("policy_loss")
+    # the mode's own PolicyLossConfig keys (clip_cov's covariance band)
+    policy_keys = {k.removeprefix("actor.policy_loss."): v for k, v in
+                   (table[mode].framework_config.items() if mode in table else ())
+                   if k.startswith("actor.policy_loss.") and k != "actor.policy_loss.loss_mode"}
     return ActorConfig(
         strategy="fsdp",
         rollout_n=1,
@@ -104,7 +109,7 @@ def _actor_config(mode: str, variant) -> object:
         use_kl_loss=variant.kl_coef > 0,
         kl_loss_coef=variant.kl_coef,
         kl_loss_type={"k1": "kl", "k2": "mse", "k3": "low_var_kl"}[variant.kl_estimator],
-        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode, **policy_keys),
     )
 
 

@@ -5,7 +5,7 @@ profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's
 from __future__ import annotations
 
 from .. import Mode
-from ..findings import Finding, dual_clip_tie_finding, zero_rows_finding
+from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding, zero_rows_finding
 
 __all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
@@ -48,7 +48,8 @@ _AGG_MODES = {
     # sum over the row's tokens, mean over all rows of the batch (policy_losses.md eq. (11))
     "seq-mean-token-sum": ("seq_mean_token_sum", {},
                            {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
-    # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max
+    # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max (in the
+    # trainer the default None gives the same: the padded width is rollout.response_length, see NOTES)
     "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16},
                                 {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
@@ -79,7 +80,8 @@ def _policy_modes() -> dict[str, Mode]:
             framework_config={
                 "actor.policy_loss.loss_mode": "vanilla",
                 "actor.loss_agg_mode": agg,
-                # Dr. GRPO's constant: L_max (verl's default None would be the padded width)
+                # Dr. GRPO's constant: L_max (verl's default None is the padded width, which the trainer
+                # makes rollout.response_length, L_max again; the kit's cases are narrower than L_max)
                 **({"actor.loss_scale_factor": 16} if agg == "seq-mean-token-sum-norm" else {}),
             },
             convention={**_VANILLA, **flags},
@@ -155,6 +157,27 @@ def _policy_modes() -> dict[str, Mode]:
             **_PROPAGATES,  # NaN at a masked position: the value is masked, its gradient -sg(NaN) A is NaN
         },
         description="compute_policy_loss_cispo: sg(clip(exp(clamp(x, +-20)), 1 - low, 1 + high)) A logp, "
+        "token-mean",
+    )
+    # Clip-Cov with an empty covariance band, clip_cov_lb = clip_cov_ub (the open band (1, 1) selects no
+    # token, so its unseeded torch.randperm never runs): PPO's clipped loss without verl's +-20 clamp of
+    # the log-ratio or its dual clip. What remains is checkable, the raw exp(log r) above all
+    # (core_algos.py:1798: ratio_overflow)
+    out["clip_cov"] = Mode(
+        name="clip_cov",
+        preset="ppo",
+        framework_config={"actor.policy_loss.loss_mode": "clip_cov", "actor.loss_agg_mode": "token-mean",
+                          "actor.policy_loss.clip_cov_lb": 1.0, "actor.policy_loss.clip_cov_ub": 1.0},
+        convention={
+            **_KL_LOSS,
+            "ratio_overflow": "nan",
+            "empty_step": "nan",
+            "micro_batch": "global",
+            "compute_dtype": "input",
+            **_PROPAGATES,
+        },
+        description="compute_policy_loss_clip_cov with clip_cov_lb = clip_cov_ub = 1 (an empty covariance "
+        "band: no token selected, so no random choice): PPO's clip on exp(log r), no clamp, no dual clip; "
         "token-mean",
     )
     out["geo_mean"] = Mode(
@@ -269,8 +292,10 @@ FINDINGS = (
         quote="clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)",
         affected="verl 0.9.1",
     ),
-    dual_clip_tie_finding("trainer/ppo/core_algos.py:1274",
-                          "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "verl 0.9.1"),
+    # the driven compute_policy_loss_vanilla's line; the deprecated compute_policy_loss repeats it (:1274)
+    dual_clip_tie_finding("trainer/ppo/core_algos.py:1356",
+                          "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "verl 0.9.1",
+                          function="compute_policy_loss_vanilla"),
     zero_rows_finding("trainer/ppo/core_algos.py:1188",
                       "loss = verl_F.masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size",
                       "verl 0.9.1 (the sequence aggregations)"),
@@ -283,6 +308,28 @@ FINDINGS = (
         quote="loss = verl_F.masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size",
         affected="verl 0.9.1",
     ),
+    ratio_overflow_finding("trainer/ppo/core_algos.py:1798", "ratio = torch.exp(negative_approx_kl)",
+                           "verl 0.9.1 (clip_cov; kl_cov, without a clip gate, exponentiates the raw "
+                           "log-ratio too, core_algos.py:1891: there a token with A = 0 gets -0 * inf = NaN)",
+                           function="compute_policy_loss_clip_cov"),
+    Finding(
+        "config:clip_ratio", "validation",
+        "actor.clip_ratio has no effect on the clip losses (vanilla, gspo, clip_cov, geo_mean, cispo): "
+        "ActorConfig (and actor.yaml) default clip_ratio_low and clip_ratio_high to 0.2, not None, so "
+        "their fallback to clip_ratio (core_algos.py:1321-1322 in vanilla, likewise in the others) never "
+        "fires. A user who sets only clip_ratio=0.1 trains with the band [0.8, 1.2], without an error or a "
+        "warning (only the DPPO losses use clip_ratio itself).",
+        where="workers/config/actor.py:159", quote="clip_ratio_low: float = 0.2", affected="verl 0.9.1",
+    ),
+    Finding(
+        "config:tau_pos", "validation",
+        "ActorConfig accepts SAPO temperatures tau_pos / tau_neg <= 0 (SAPO's gate sigmoid(tau (r - 1)) "
+        "4 / tau needs tau > 0): tau = 0 gives an infinite loss and a NaN gradient (4 / 0 times "
+        "sigmoid's zero slope); a negative tau makes the gate's value negative, with the gradient of "
+        "|tau| (sigmoid's slope is even).",
+        where="trainer/ppo/core_algos.py:1659", quote="return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
+        affected="verl 0.9.1", function="gate_function",
+    ),
 )
 
 
@@ -290,8 +337,18 @@ NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
     "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
     "log-ratio has exp exactly 3.0, so no case reaches the tie).",
-    "loss_scale_factor=None": "verl's default Dr. GRPO constant is the micro-batch's padded "
-    "width (flag seq_sum_width='padded_width'); the profile sets loss_scale_factor = L_max.",
+    "loss_scale_factor=None": "a documented default: agg_loss's seq-mean-token-sum-norm (Dr. GRPO) "
+    "divides by the padded width of its mask, loss_mask.shape[-1] (core_algos.py:1191; flag "
+    "seq_sum_width='padded_width'), which verl's trainer makes the constant rollout.response_length, "
+    "the generation budget L_max (the agent loop pads every response to it, "
+    "experimental/agent_loop/agent_loop.py:760-763), so the trainer's loss is Dr. GRPO's; only a "
+    "caller of agg_loss with its own padding gets its batch's width. The profile sets "
+    "loss_scale_factor = L_max, since the kit's cases are narrower than L_max.",
+    "adaptive KL controller": "a documented default the kit does not check (no KL-controller kind): "
+    "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 (arXiv:1909.08593) "
+    "that its docstring cites, beta *= 1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon "
+    "(core_algos.py:173), not the PPO paper's rule (policy_losses.md eq. (20): halve or double beta "
+    "outside [target / 1.5, 1.5 target]).",
     "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
     "empty rows from the row count; the profile describes the trainer, whose "
     "global_batch_size counts every row (empty_rows='keep').",
@@ -322,6 +379,7 @@ def framework_config(mode: Mode, variant) -> dict[str, object]:
         "algorithm.norm_adv_by_std_in_grpo": mode.preset != "dr_grpo",
         "actor.tau_pos": v.tau_pos,
         "actor.tau_neg": v.tau_neg,
+        **{k: val for k, val in mode.framework_config.items() if k.startswith("actor.policy_loss.")},
     }
 
 
@@ -372,8 +430,9 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "|pi - pi_old| needs the token probabilities' own trust-region family, not in the spec",
             "dppo_kl": "DPPO KL trust region: a binary-KL mask, not in the spec's policy-loss family",
             "gpg": "GPG: -logp * A without a ratio (a REINFORCE loss); not a member of the family",
-            "clip_cov": "Clip-Cov: clips a random subset of high-covariance tokens (torch.randperm "
-            "without a seed): no deterministic expected value",
+            "clip_cov with a covariance band": "Clip-Cov: clips a random subset of the tokens whose "
+            "covariance lies in (clip_cov_lb, clip_cov_ub) (torch.randperm without a seed): no "
+            "deterministic expected value; the mode clip_cov runs it with an empty band",
             "kl_cov": "KL-Cov: a KL penalty on the top-k covariance tokens; not in the spec",
             "dro": "DRO: logp * A - beta / 2 (log r)^2, a quadratic penalty the spec does not define",
             "bypass_mode": "rollout-correction bypass (reinforce / ppo_clip over rollout log-probs, "
