@@ -23,6 +23,25 @@ verdict("OpenRLHF aggregate_loss (models/loss.py:32), a step without any token: 
         "loss 0.0, gradient all 0.0 (no token, no contribution)",
         not bool(torch.isfinite(x.grad).all()))
 ''',
+    ("openrlhf", "value_empty_step"): '''\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss = load_file("openrlhf", "models/loss.py")
+loss_utils = load_file("openrlhf", "utils/loss_utils.py")
+values = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], requires_grad=True)  # the critic's values
+old_values, returns = torch.zeros(2, 3), torch.ones(2, 3)
+mask = torch.zeros(2, 3)  # an optimizer step whose every row is padding
+if hasattr(loss_utils, "_optimizer_step_loss_norm"):  # the critic's ppo_train: iter_grad_accum_global_norm
+    info = loss_utils._optimizer_step_loss_norm([mask], None, 1, 1)
+else:  # before 0.10.4: training_step's get_loss_batch_info
+    info = loss_utils.get_loss_batch_info(None, mask)
+value = loss.ValueLoss(0.2)(values, old_values, returns, action_mask=mask, **info)  # ppo_critic.py's call
+value.backward()
+verdict("OpenRLHF ValueLoss(value_clip=0.2) (models/loss.py:290 -> aggregate_loss, loss.py:32), a critic "
+        "step without any token: loss and gradient", f"loss {value.item()}, gradient {values.grad.tolist()}",
+        "loss 0.0, gradient all 0.0 (no token, no contribution)",
+        not bool(torch.isfinite(values.grad).all()))
+''',
     ("verl", "fixed_aggregation"): '''\
 stand_ins("ray", "tensordict", "orjson")
 from verl.trainer.ppo import core_algos  # noqa: E402
