@@ -16,7 +16,7 @@ import pytest
 from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 from refimpl.conformance.frameworks.findings import FINDING_KINDS, REPRODUCED_KINDS, Finding, as_findings
 from refimpl.conformance.frameworks.install import opt_in
-from refimpl.conformance.frameworks.repro import BODIES, repro_script, write_repros
+from refimpl.conformance.frameworks.repro import ARRAYS, BODIES, repro_script, write_repros
 
 #: the import name of each framework's installed package, whose folder a finding's path is relative to
 PACKAGES = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "liger": "liger_kernel",
@@ -112,20 +112,17 @@ def test_the_enclosing_function_is_the_innermost_def_above():
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
     bugs = {(name, f.key) for name in FRAMEWORKS + EXTRA_FRAMEWORKS for f in load_driver(name).findings()
             if f.kind in REPRODUCED_KINDS}
-    # an opt-in framework's bug has no script yet (CI, which runs the scripts, does not install JAX):
-    # listed here so that the gap is seen and this line changes with it
-    unscripted = {("tunix", "ratio_overflow")}
-    assert {b for b in bugs if opt_in(b[0])} >= unscripted
-    bugs -= unscripted
     assert bugs == set(BODIES)
     for name, key in sorted(bugs):
         script = repro_script(name, key)
         compile(script, f"repro_{name}_{key}.py", "exec")
         imports = {line.split()[1].split(".")[0] for line in script.splitlines()
                    if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
-        assert imports <= {"importlib", "pathlib", "sys", "types", "torch", "omegaconf", "verl", "trl",
-                           "warnings", "collections", "dataclasses", "os", "tempfile",
+        arrays = {"jax", "numpy", "flax"} if name in ARRAYS else {"torch"}  # a JAX framework: no torch
+        assert imports <= {"importlib", "pathlib", "sys", "types", "omegaconf", "verl", "trl",
+                           "warnings", "collections", "dataclasses", "os", "tempfile", *arrays,
                            "ast", "numpy"}, imports  # AReaL's utils/data.py classes: parsed, run with numpy
+        assert arrays - {"flax"} <= imports
         assert "refimpl" not in script
 
 
@@ -146,13 +143,22 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
                                                                   "repro_trl_ratio_overflow.py"]
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
+    assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver
+    assert [p.name for p in (tmp_path / "x").iterdir()] == ["repro_tunix_ratio_overflow.py"]
+    assert main(["check", "framework", "openrlhf", "--repro", str(tmp_path / "o")]) == 0
+    assert "repro_openrlhf_value_empty_step.py" in {p.name for p in (tmp_path / "o").iterdir()}
 
 
-@pytest.mark.framework
-@pytest.mark.parametrize("name, key", sorted(BODIES))
+_REPRODUCTIONS = [(n, k) if opt_in(n) else pytest.param(n, k, marks=pytest.mark.framework)
+                  for n, k in sorted(BODIES)]
+
+
+@pytest.mark.parametrize("name, key", _REPRODUCTIONS)
 def test_every_reproduction_reproduces_against_the_installed_framework(name, key, tmp_path):
     """CI: each bug's standalone script, run by the interpreter alone outside the checkout, prints the
-    framework's value next to the exact one and exits 0 (reproduced)."""
+    framework's value next to the exact one and exits 0 (reproduced). An opt-in framework's (Tunix:
+    JAX, which CI does not install) skips where it is not installed; ``make check-frameworks-extra``
+    runs it."""
     driver = load_driver(name)
     if driver.availability() is not None:
         pytest.skip(f"{name} is not drivable here: {driver.availability()}")

@@ -149,3 +149,18 @@ def test_advantage_estimator_passes_under_its_profile(name):
         looser = dataclasses.replace(conv, adv_singleton_float32=False)
         report = check_group_advantages(fn, convention=looser, adapter=adapter, rtol=F64_RTOL)
         assert report.failing_classes() == ["singleton_group"]
+
+
+def test_algorithm_config_parses_the_yaml_once_and_returns_a_config_of_its_own_each_call():
+    from omegaconf import OmegaConf
+
+    skyrl = driver.module
+    path = driver.source_files()[1]
+    shipped = OmegaConf.to_container(OmegaConf.load(path).trainer.algorithm)
+    first = skyrl.algorithm_config({"eps_clip_low": 0.1, "cispo.cispo_eps_clip_low": 0.5})
+    assert first.eps_clip_low == 0.1 and first.cispo.cispo_eps_clip_low == 0.5
+    first.value_clip, first.sapo.tau_pos = 123.0, 7.0  # a caller changes its config
+    again = skyrl.algorithm_config({})
+    assert OmegaConf.to_container(again) == {**shipped, "max_seq_len": None}  # the file's, untouched
+    assert again.sapo is not first.sapo
+    assert skyrl._shipped_config.cache_info().currsize == 1  # parsed once for the installed file

@@ -216,11 +216,12 @@ def run_framework(args: argparse.Namespace) -> int:
 def _write_repros(framework: str, directory: str) -> int:
     """``refimpl check framework F --repro DIR``: one standalone script per bug finding of F (they
     need the framework only when run, not to be written)."""
-    from refimpl.conformance.frameworks import FRAMEWORKS
+    from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS
     from refimpl.conformance.frameworks.repro import write_repros
 
-    if framework not in FRAMEWORKS:
-        raise UserError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    names = FRAMEWORKS + EXTRA_FRAMEWORKS
+    if framework not in names:
+        raise UserError(f"framework must be one of {', '.join(names)}, got {framework!r}")
     try:
         paths = write_repros(framework, directory)
     except (FileExistsError, OSError) as exc:

@@ -1,8 +1,8 @@
 """Standalone reproductions of the drivers' bug findings (``refimpl check framework F --repro DIR``).
 
 Each finding of class ``bug`` or ``validation`` (findings.py: ``REPRODUCED_KINDS``) has a script here:
-it imports only torch and the installed
-framework (no refimpl), runs the framework's own function on a small case, prints the framework's
+it imports only torch and the installed framework (a JAX framework's: numpy and JAX, ``ARRAYS``; no
+refimpl), runs the framework's own function on a small case, prints the framework's
 value next to the exact one, and exits 0 when the departure reproduces, 1 when it does not (a release
 that fixed it) and 2 when the framework cannot be loaded. A maintainer can run it without our kit;
 tests/test_framework_findings.py runs every script against the installed frameworks (CI).
@@ -24,7 +24,10 @@ from . import load_driver
 from .findings import REPRODUCED_KINDS
 from .repro_bodies import BODIES
 
-__all__ = ["BODIES", "PREAMBLE", "repro_script", "write_repros"]
+__all__ = ["ARRAYS", "BODIES", "PREAMBLE", "preamble", "repro_script", "write_repros"]
+
+#: the array library a framework's scripts import in place of torch: (its name in the header, the lines)
+ARRAYS = {"tunix": ("numpy, JAX", "import jax\nimport jax.numpy as jnp\nimport numpy as np\n")}
 
 PREAMBLE = '''\
 # Standalone: imports only torch and the installed framework. Import-only dependencies that are not
@@ -134,6 +137,16 @@ def verdict(what, framework, exact, reproduced):
 
 '''
 
+def preamble(framework: str) -> str:
+    """``PREAMBLE`` for ``framework``'s scripts: with its array library (``ARRAYS``) in place of torch
+    (``identity_compile`` is torch's and unused there)."""
+    if framework not in ARRAYS:
+        return PREAMBLE
+    name, lines = ARRAYS[framework]
+    text = PREAMBLE.replace("imports only torch", f"imports only {name}", 1)
+    return text.replace("import torch\n", lines, 1)
+
+
 def repro_script(framework: str, key: str) -> str:
     """The standalone script of ``framework``'s finding ``key`` (``PREAMBLE`` and its body)."""
     finding = next((f for f in load_driver(framework).findings() if f.key == key), None)
@@ -145,7 +158,7 @@ def repro_script(framework: str, key: str) -> str:
         header += f"Fixed in: {finding.fixed_in}.\n"
     if finding.upstream:
         header += f"Upstream: {finding.upstream}.\n"
-    return header + '"""\n\n' + PREAMBLE + BODIES[(framework, key)]
+    return header + '"""\n\n' + preamble(framework) + BODIES[(framework, key)]
 
 
 def write_repros(framework: str, directory: str | pathlib.Path) -> list[pathlib.Path]:

@@ -23,6 +23,25 @@ verdict("OpenRLHF aggregate_loss (models/loss.py:32), a step without any token: 
         "loss 0.0, gradient all 0.0 (no token, no contribution)",
         not bool(torch.isfinite(x.grad).all()))
 ''',
+    ("openrlhf", "value_empty_step"): '''\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss = load_file("openrlhf", "models/loss.py")
+loss_utils = load_file("openrlhf", "utils/loss_utils.py")
+values = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], requires_grad=True)  # the critic's values
+old_values, returns = torch.zeros(2, 3), torch.ones(2, 3)
+mask = torch.zeros(2, 3)  # an optimizer step whose every row is padding
+if hasattr(loss_utils, "_optimizer_step_loss_norm"):  # the critic's ppo_train: iter_grad_accum_global_norm
+    info = loss_utils._optimizer_step_loss_norm([mask], None, 1, 1)
+else:  # before 0.10.4: training_step's get_loss_batch_info
+    info = loss_utils.get_loss_batch_info(None, mask)
+value = loss.ValueLoss(0.2)(values, old_values, returns, action_mask=mask, **info)  # ppo_critic.py's call
+value.backward()
+verdict("OpenRLHF ValueLoss(value_clip=0.2) (models/loss.py:290 -> aggregate_loss, loss.py:32), a critic "
+        "step without any token: loss and gradient", f"loss {value.item()}, gradient {values.grad.tolist()}",
+        "loss 0.0, gradient all 0.0 (no token, no contribution)",
+        not bool(torch.isfinite(values.grad).all()))
+''',
     ("verl", "fixed_aggregation"): '''\
 stand_ins("ray", "tensordict", "orjson")
 from verl.trainer.ppo import core_algos  # noqa: E402
@@ -531,4 +550,38 @@ grad = torch.autograd.grad(loss, logp)[0].item()
 verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_replacements.py:1153, its "
         "default 0.2 at :951, TRL's epsilon when unset): accepted; d loss / d logp at ratio 1, A = 1",
         f"{grad} (every weight capped at 0.2)", EXACT_CISPO, abs(grad + 1.0) > 1e-6)
+"""
+
+BODIES[("tunix", "ratio_overflow")] = """\
+stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+algo_core = importlib.import_module("tunix.rl.algo_core")
+from flax import nnx  # noqa: E402  (Tunix's model library: its losses take an nnx model)
+
+
+class Policy(nnx.Module):  # a policy whose forward pass returns its one parameter, the log-probs
+    def __init__(self, logp):
+        self.logp = nnx.Param(logp)
+
+
+def forward(graphdef, state, **kwargs):  # stands in for common.compute_per_token_logps (the model)
+    logp = nnx.merge(graphdef, state).logp[...]
+    return (logp, jnp.zeros((*logp.shape, 1))) if kwargs.get("return_logits") else logp
+
+
+fn = algo_core.ppo_policy_loss_fn
+common = types.SimpleNamespace(**{**vars(algo_core.common), "compute_per_token_logps": forward})
+loss_fn = types.FunctionType(fn.__code__, {**fn.__globals__, "common": common}, fn.__name__, fn.__defaults__)
+# float32: one token with log-ratio 95 (old log-prob -100: a stale token), A > 0, above 1 + eps_high:
+# the clip gate is closed, the exact gradient of that token is 0 (and the loss finite)
+ids = jnp.zeros((1, 2), jnp.int32)
+example = types.SimpleNamespace(prompt_ids=jnp.zeros((1, 1), jnp.int32), completion_ids=ids,
+                                completion_mask=jnp.ones((1, 2)), advantages=jnp.ones((1, 2)),
+                                old_per_token_logps=jnp.array([[-100.0, -1.0]]), ref_per_token_logps=None)
+config = types.SimpleNamespace(epsilon_low=0.2, epsilon_high=0.2, entropy_coef=None)
+grad = nnx.grad(lambda model: loss_fn(model, example, config, 0, 1)[0])(Policy(jnp.array([[-5.0, -0.875]])))
+grad = np.asarray(grad.logp[...])
+verdict("Tunix ppo_policy_loss_fn (rl/algo_core.py:214), float32 log-ratio 95 under a closed gate: "
+        "d loss / d logp", grad.tolist(), f"[[0.0, {-float(np.exp(np.float32(0.125))) / 2}]] (0 where the "
+        "gate is closed)", bool(np.isnan(grad[0, 0])))
 """

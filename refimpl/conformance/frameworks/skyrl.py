@@ -338,13 +338,29 @@ def availability() -> str | None:
     return load_failure("skyrl_train", _INSTALL, _ppo_utils)
 
 
+@functools.cache
+def _shipped_config(path: str):
+    """``(the YAML file's DictConfig, its trainer.algorithm as plain containers or None where that
+    section interpolates)``, parsed once per process (parsing the whole file took about 10 % of a
+    matrix build when every call did it)."""
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.load(path)
+    plain = OmegaConf.to_container(root.trainer.algorithm)
+    return root, plain if plain == OmegaConf.to_container(root.trainer.algorithm, resolve=True) else None
+
+
 def algorithm_config(keys: dict):
     """``trainer.algorithm`` of the installed ppo_base_config.yaml with ``keys`` (dotted) set: the
-    DictConfig SkyRL's losses receive as ``config``."""
+    DictConfig SkyRL's losses receive as ``config``, a new one at each call (from the file parsed
+    once, ``_shipped_config``), so a caller may change it."""
+    import copy
+
     from omegaconf import OmegaConf, open_dict
 
-    root = package_dir("skyrl_train")
-    config = OmegaConf.load(root / _SOURCES[1]).trainer.algorithm
+    shipped, plain = _shipped_config(str(package_dir("skyrl_train") / _SOURCES[1]))
+    # a section without interpolations stands alone: a fresh root (a copy of the whole tree costs 3x more)
+    config = OmegaConf.create(plain) if plain is not None else copy.deepcopy(shipped).trainer.algorithm
     with open_dict(config):
         config.max_seq_len = None
         for key, value in keys.items():

@@ -5,7 +5,11 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   (trainer/ppo_utils/experience_maker.py:343). The module imports ray and the trainer's actors, so
   the method's own ``def`` is executed from the installed file (``sources.function_from_source``); it
   does not use ``self``.
-* value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch.
+* value_loss: ``models.loss.ValueLoss(clip_eps, token_level_loss)`` (loss.py:262), one micro-batch
+  with the optimizer step's normalisers as the critic's ``training_step`` receives them
+  (``iter_grad_accum_global_norm`` -> ``_optimizer_step_loss_norm``, one accumulation step; before
+  0.10.4, ``get_loss_batch_info``). The trainer builds ``ValueLoss(value_clip)``, token level
+  (trainer/ray/ppo_critic.py:60); ``token_level_loss=False`` is the class's other option.
 * behavior_correction: ``PolicyLoss`` with ``is_correction_level='token'`` and ``rollout_log_probs``
   (loss.py:215-241): the train/rollout importance weight on the ppo loss.
 * kl_reward: ``models.utils.compute_approx_kl`` then ``compute_reward`` (utils.py:69, 131), as
@@ -44,7 +48,8 @@ KIND_MODES = (
          convention={"value_scale": 0.5, "value_aggregation": "seq_mean_token_mean",
                      "value_empty_step": "nan_gradient",
                      "value_masked_nonfinite": "propagate"},
-         description="ValueLoss(clip_eps, token_level_loss=False): 0.5 * mean of the rows' token means"),
+         description="ValueLoss(clip_eps, token_level_loss=False): 0.5 * mean of the rows' token means "
+         "(the class's option; the critic's trainer builds ValueLoss(value_clip), token level)"),
     Mode("advantage_whitening", kind="whitening", framework_config={"advantage_estimator": "gae"},
          convention={"whiten_eps": 1e-8, "whiten_eps_placement": "floor",
                      "whiten_masked_nonfinite": "propagate"},
@@ -137,11 +142,19 @@ def kind_target(mode: Mode):
 
         return _modules()["loss"].PolicyLoss, corrected
     if mode.kind == "value_loss":
-        token_level = mode.framework_config["token_level_loss"]
+        import torch
+
+        token_level, loss_utils = mode.framework_config["token_level_loss"], _modules()["loss_utils"]
 
         def value(fn, values, old_values, returns, mask, *, clip):
+            action_mask = mask.to(values.dtype)
+            if hasattr(loss_utils, "_optimizer_step_loss_norm"):  # ppo_critic.py's ppo_train, gas = 1
+                info = loss_utils._optimizer_step_loss_norm([mask], None, 1, 1)
+            else:  # OpenRLHF < 0.10.4: training_step's own get_loss_batch_info
+                info = loss_utils.get_loss_batch_info(None, mask.to(torch.long))
+            info = {k: v.to(values.device) if hasattr(v, "to") else v for k, v in info.items()}
             return fn(clip_eps=clip, token_level_loss=token_level)(values, old_values, returns,
-                                                                   action_mask=mask.to(values.dtype))
+                                                                   action_mask=action_mask, **info)
 
         return _modules()["loss"].ValueLoss, value
     return _maker_method("compute_advantages_and_returns"), _whiten

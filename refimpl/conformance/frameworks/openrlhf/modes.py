@@ -222,6 +222,15 @@ FINDINGS = (
         affected="openrlhf 0.11.2",
     ),
     Finding(
+        "value_empty_step", "bug",
+        "the critic's loss has the same division: ValueLoss.forward (models/loss.py:290) reduces through "
+        "aggregate_loss, so a critic step with no token (every row padding) is 0 / 0 = NaN in the loss "
+        "and in the gradient of every value whose term the value clip does not cut off, which the "
+        "critic's optimizer step then applies; the spec's value loss is 0 with zero gradient.",
+        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
+        affected="openrlhf 0.10.3 (models/loss.py:23), 0.10.4 and 0.11.2",
+    ),
+    Finding(
         "config:kl_coef", "validation",
         "a negative KL coefficient (--algo.kl.init_coef) is accepted without an error or a warning and "
         "silently replaced by 0: compute_reward drops the KL reward and the actor skips the KL loss "
