@@ -149,22 +149,79 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert "repro_openrlhf_value_empty_step.py" in {p.name for p in (tmp_path / "o").iterdir()}
 
 
+#: A fork server for the reproduction scripts: a fresh interpreter, started outside the checkout without
+#: PYTHONPATH, imports torch once (most of a script's time) and forks one child per script, which runs
+#: it as ``python script.py`` would (``__main__``, its folder first on sys.path, its own stdout and
+#: stderr, a 300 s alarm) and exits; the server answers each script's exit status on a line.
+SCRIPT_SERVER = r"""
+import os, runpy, signal, sys, traceback
+import torch  # noqa: F401  (shared by every script; a JAX framework's script never touches it)
+for line in iter(sys.stdin.readline, ""):
+    script = line.rstrip("\n")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd, suffix in ((1, ".stdout"), (2, ".stderr")):
+                os.dup2(os.open(script + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+            os.chdir(os.path.dirname(script))
+            sys.argv, sys.path[0] = [script], os.path.dirname(script)
+            signal.alarm(300)
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def run_script(tmp_path_factory):
+    """``run_script(path)``: the script's (returncode, stdout, stderr) from ``SCRIPT_SERVER``, started on
+    first use (a module whose scripts all skip starts nothing)."""
+    server = []
+
+    def run(script: pathlib.Path) -> subprocess.CompletedProcess:
+        if not server:
+            server.append(subprocess.Popen(
+                [sys.executable, "-c", SCRIPT_SERVER], cwd=tmp_path_factory.mktemp("scripts"), text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}))
+        proc = server[0]
+        proc.stdin.write(f"{script.resolve()}\n")
+        proc.stdin.flush()
+        answer = proc.stdout.readline()
+        assert answer, "the script server stopped"
+        out, err = (pathlib.Path(f"{script.resolve()}.{part}").read_text() for part in ("stdout", "stderr"))
+        return subprocess.CompletedProcess([str(script)], int(answer), out, err)
+
+    yield run
+    for proc in server:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
 _REPRODUCTIONS = [(n, k) if opt_in(n) else pytest.param(n, k, marks=pytest.mark.framework)
                   for n, k in sorted(BODIES)]
 
 
 @pytest.mark.parametrize("name, key", _REPRODUCTIONS)
-def test_every_reproduction_reproduces_against_the_installed_framework(name, key, tmp_path):
-    """CI: each bug's standalone script, run by the interpreter alone outside the checkout, prints the
-    framework's value next to the exact one and exits 0 (reproduced). An opt-in framework's (Tunix:
-    JAX, which CI does not install) skips where it is not installed; ``make check-frameworks-extra``
-    runs it."""
+def test_every_reproduction_reproduces_against_the_installed_framework(name, key, tmp_path, run_script):
+    """CI: each bug's standalone script, run by the interpreter alone outside the checkout (a child of
+    ``SCRIPT_SERVER``), prints the framework's value next to the exact one and exits 0 (reproduced).
+    An opt-in framework's (Tunix: JAX, which CI does not install) skips where it is not installed;
+    ``make check-frameworks-extra`` runs it."""
     driver = load_driver(name)
     if driver.availability() is not None:
         pytest.skip(f"{name} is not drivable here: {driver.availability()}")
     wanted = f"repro_{name}_{key.replace(':', '_')}.py"
     (script,) = [p for p in write_repros(name, tmp_path) if p.name == wanted]
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    done = run_script(script)
     assert done.returncode == 0 and done.stdout.rstrip().endswith("REPRODUCED"), done.stdout + done.stderr
     assert "  framework: " in done.stdout and "  exact:     " in done.stdout

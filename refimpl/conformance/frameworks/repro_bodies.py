@@ -382,87 +382,9 @@ from .repro_skyrl import skyrl_bodies  # noqa: E402  (SkyRL's later findings: re
 
 BODIES.update(skyrl_bodies(_OVERFLOW_CASE, _SILENT))
 
-# AReaL's utils/data.py imports its infrastructure: the two classes are executed from the installed file
-_AREAL_DATA = """\
-import ast  # noqa: E402
+from .repro_areal import areal_bodies  # noqa: E402  (AReaL's later findings: repro_areal.py)
 
-import numpy as np  # noqa: E402  (data.py's own)
-import torch.distributed as dist  # noqa: E402
-
-root = pathlib.Path(next(iter(importlib.util.find_spec("areal").submodule_search_locations)))
-source = (root / "utils" / "data.py").read_text()
-data = {"torch": torch, "np": np, "dist": dist, "NormConfig": object}  # NormConfig: an annotation only
-for node in ast.parse(source).body:  # the classes' code as installed (decorators included), nothing else
-    if isinstance(node, ast.ClassDef) and node.name in ("Normalization", "KLEstimator"):
-        exec(compile(ast.Module(body=[node], type_ignores=[]), str(root / "utils" / "data.py"), "exec"), data)
-
-
-def norm(**config):
-    return data["Normalization"](types.SimpleNamespace(**{"mean_leave1out": False, "std_unbiased": True,
-                                                           "eps": 1e-5, **config}))
-
-
-# two responses of one group, rewards (1, 0), of 3 and 1 tokens: per-token advantages with the loss mask
-x = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-"""
-
-BODIES.update({
-    ("areal", "adv_weighting"): _AREAL_DATA + """\
-out = norm(mean_level="group", std_level=None, group_size=2)(x, mask)
-got = [round(out[0, 0].item(), 6), round(out[1, 0].item(), 6)]
-verdict("AReaL Normalization(mean_level='group', std_level=None) on per-token advantages with the loss mask "
-        "(utils/data.py:1520), T = (3, 1), R = (1, 0): the advantages", got,
-        "[0.5, -0.5] (R minus the mean of the group's responses)", got == [0.25, -0.75])
-""",
-    ("areal", "adv_leave_one_out_unit"): _AREAL_DATA + """\
-out = norm(mean_level="group", mean_leave1out=True, std_level=None, group_size=2)(x, mask)
-got = [round(out[0, 0].item(), 6), round(out[1, 0].item(), 6)]
-verdict("AReaL Normalization(mean_level='group', mean_leave1out=True) on per-token advantages "
-        "(utils/data.py:1541), T = (3, 1), R = (1, 0): the advantages", got,
-        "[1.0, -1.0] (R minus the other response's reward)", got == [0.333333, -1.0])
-""",
-    ("areal", "adv_trailing_partial"): _AREAL_DATA + """\
-rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0])  # two groups of 2 and a trailing group of 1
-got = norm(mean_level="group", std_level="group", group_size=2)(rewards).tolist()
-verdict("AReaL Normalization(mean_level='group', std_level='group', group_size=2, eps=1e-5) "
-        "(utils/data.py:1424) on 5 rewards: the trailing sample's advantage", got[-1],
-        "0, an error or R (a group of one has no baseline), never R / eps", got[-1] > 9e4)
-""",
-    ("areal", "kl_reward_value_clamp"): _AREAL_DATA + """\
-kl = data["KLEstimator"]("k1")(torch.tensor([0.0]), torch.tensor([-12.0])).item()
-verdict("AReaL KLEstimator('k1') (utils/data.py:1655), log pi - log pi_ref = 12: the estimate the KL reward "
-        "uses", kl, "12.0 (k1 = log pi - log pi_ref)", kl == 10.0)
-""",
-    ("areal", "whiten_one_pass_dtype"): _AREAL + """\
-x = torch.tensor([1e8 + 1.0, 1e8 - 1.0, 1e8 + 1.0, 1e8 - 1.0], dtype=torch.float64)  # mean 1e8, std 1
-got = functional.masked_normalization(x, eps=0.0, all_reduce=False).tolist()
-verdict("AReaL masked_normalization (utils/functional/functional.py:50), float64 x = 1e8 +- 1, eps 0: the "
-        "whitened values", got, "[1.0, -1.0, 1.0, -1.0] (two-pass variance 1)",
-        all(abs(v) == float("inf") for v in got))
-""",
-    ("areal", "overlong_floor"): _AREAL + """\
-data = {"rewards": torch.zeros(1), "input_ids": torch.zeros(1, 30, dtype=torch.long),
-        "loss_mask": torch.ones(1, 30)}  # one response of 30 tokens
-got = functional.reward_overlong_penalty(data, overlong_tokens=5, overlong_penalty_factor=1.0,
-                                         max_response_length=20)["rewards"].item()
-verdict("AReaL reward_overlong_penalty (utils/functional/functional.py:797), a 30-token response, "
-        "max_response_length 20, overlong_tokens 5, factor 1: the penalty", got,
-        "-1.0 (DAPO: -1 beyond the budget)", got == -3.0)
-""",
-    ("areal", "fixed_aggregation"): _AREAL + """\
-logp = torch.zeros(2, 3, requires_grad=True)  # rows of 3 and 1 tokens, A = 1, ratio 1
-mask = torch.tensor([[True, True, True], [True, False, False]])
-adv = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-loss, _ = functional.ppo_actor_loss_fn(logp, torch.zeros(2, 3), torch.zeros(2, 3), adv, 3e-4, mask,
-                                       eps_clip_higher=4e-4, importance_sampling_level="sequence")
-grad = torch.autograd.grad(loss, logp)[0]
-got = [round(grad[0, 0].item(), 6), round(grad[1, 0].item(), 6)]
-verdict("AReaL ppo_actor_loss_fn(importance_sampling_level='sequence') (GSPO, "
-        "utils/functional/functional.py:542), T = (3, 1): d loss / d logp of each row's first token", got,
-        "[-0.166667, -0.5] (GSPO's seq_mean: -A / (N T_i))", got == [-0.25, -0.25])
-""",
-})
+BODIES.update(areal_bodies(_AREAL))
 
 _VERL = """\
 stand_ins("ray", "tensordict", "orjson")
@@ -552,36 +474,6 @@ verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_rep
         f"{grad} (every weight capped at 0.2)", EXACT_CISPO, abs(grad + 1.0) > 1e-6)
 """
 
-BODIES[("tunix", "ratio_overflow")] = """\
-stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
-bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
-algo_core = importlib.import_module("tunix.rl.algo_core")
-from flax import nnx  # noqa: E402  (Tunix's model library: its losses take an nnx model)
+from .repro_tunix import TUNIX_BODIES  # noqa: E402  (a JAX framework's scripts: repro_tunix.py)
 
-
-class Policy(nnx.Module):  # a policy whose forward pass returns its one parameter, the log-probs
-    def __init__(self, logp):
-        self.logp = nnx.Param(logp)
-
-
-def forward(graphdef, state, **kwargs):  # stands in for common.compute_per_token_logps (the model)
-    logp = nnx.merge(graphdef, state).logp[...]
-    return (logp, jnp.zeros((*logp.shape, 1))) if kwargs.get("return_logits") else logp
-
-
-fn = algo_core.ppo_policy_loss_fn
-common = types.SimpleNamespace(**{**vars(algo_core.common), "compute_per_token_logps": forward})
-loss_fn = types.FunctionType(fn.__code__, {**fn.__globals__, "common": common}, fn.__name__, fn.__defaults__)
-# float32: one token with log-ratio 95 (old log-prob -100: a stale token), A > 0, above 1 + eps_high:
-# the clip gate is closed, the exact gradient of that token is 0 (and the loss finite)
-ids = jnp.zeros((1, 2), jnp.int32)
-example = types.SimpleNamespace(prompt_ids=jnp.zeros((1, 1), jnp.int32), completion_ids=ids,
-                                completion_mask=jnp.ones((1, 2)), advantages=jnp.ones((1, 2)),
-                                old_per_token_logps=jnp.array([[-100.0, -1.0]]), ref_per_token_logps=None)
-config = types.SimpleNamespace(epsilon_low=0.2, epsilon_high=0.2, entropy_coef=None)
-grad = nnx.grad(lambda model: loss_fn(model, example, config, 0, 1)[0])(Policy(jnp.array([[-5.0, -0.875]])))
-grad = np.asarray(grad.logp[...])
-verdict("Tunix ppo_policy_loss_fn (rl/algo_core.py:214), float32 log-ratio 95 under a closed gate: "
-        "d loss / d logp", grad.tolist(), f"[[0.0, {-float(np.exp(np.float32(0.125))) / 2}]] (0 where the "
-        "gate is closed)", bool(np.isnan(grad[0, 0])))
-"""
+BODIES.update(TUNIX_BODIES)
