@@ -68,7 +68,8 @@ $(TUNIX_STAMP): $(FRAMEWORKS_STAMP) refimpl/conformance/frameworks/tunix.py
 check-frameworks-extra: $(TUNIX_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/refimpl matrix --framework skyrl_pkg --framework unsloth --framework tunix \
 	  --out docs/conformance-matrix-extra.md --json docs/conformance-matrix-extra.json --check
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_framework_tunix.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_framework_tunix.py \
+	  tests/test_framework_findings.py -k tunix
 
 # SEED=n picks the run's seed (default 0): make run SEED=1
 # A finished run in runs/main is kept and evaluated again; OVERWRITE=1 trains it anew (refimpl train

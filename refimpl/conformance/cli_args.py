@@ -301,7 +301,8 @@ def _options(profile_names: tuple[str, ...], kinds: tuple[str, ...]) -> dict[str
         "mode": ("--mode", {"help": "the framework's loss mode (refimpl matrix lists them)"}),
         "kind": ("--kind", {"choices": kinds, "help": "the mode's kind, where its name alone is ambiguous"}),
         "repro": ("--repro", {"metavar": "DIR", "help": "write a standalone script per bug finding of the "
-                              "framework into DIR (imports only torch and the framework); run no check"}),
+                              "framework into DIR (imports only the framework and torch, or JAX and "
+                              "numpy); run no check"}),
     }
 
 
