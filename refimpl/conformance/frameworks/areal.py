@@ -178,6 +178,7 @@ FINDINGS = (
         "std_unbiased: (0.5, -1.5) instead of (0.707, -0.707); mean only: (0.25, -0.75) instead of (0.5, "
         "-0.5).",
         where="utils/data.py:1520", quote="x_masked = x * mask", affected="areal 1.0.4",
+        function="_compute_mean",
     ),
     Finding(
         "adv_leave_one_out_unit", "bug",

@@ -280,7 +280,8 @@ FINDINGS = (
     skyrl_common.overflow_finding("utils/ppo_utils.py:776", "ratio = torch.exp(negative_approx_kl)",
                                   f"skyrl-train 0.3.1; skyrl 0.4.0 ({_PKG}:960, 1021, 1128)",
                                   "compute_policy_loss_clip_cov (line 776), compute_policy_loss_kl_cov "
-                                  "(line 841) and skyrl 0.4.0's importance_sampling_loss"),
+                                  "(line 841) and skyrl 0.4.0's importance_sampling_loss",
+                                  function="compute_policy_loss_clip_cov"),
     skyrl_common.clip_ratio_c_finding("utils/ppo_utils.py:580",
                                       "pg_losses3 = -advantages * config.clip_ratio_c",
                                       f"skyrl-train 0.3.1; skyrl 0.4.0 ({_PKG}:574)"),

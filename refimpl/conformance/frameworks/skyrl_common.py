@@ -30,7 +30,7 @@ def clip_cov_mode(common: dict, cfg) -> Mode:
                 "cov-selected, so max(-A r, -A clip(r)) with r = exp(log r) unclamped, token mean")
 
 
-def overflow_finding(where: str, quote: str, affected: str, losses: str) -> Finding:
+def overflow_finding(where: str, quote: str, affected: str, losses: str, function: str = "") -> Finding:
     """``ratio_overflow="nan"`` of the losses without ``_safe_exp_delta`` (``losses`` names them and
     their lines)."""
     return Finding(
@@ -40,7 +40,7 @@ def overflow_finding(where: str, quote: str, affected: str, losses: str) -> Find
         "ratio is inf, and a token whose clip gate is closed (clip_cov: A > 0 beyond 1 + eps_clip_high) "
         "or whose advantage is 0 (every token of a group with equal rewards) gets 0 * inf = NaN instead "
         "of 0, in the gradient (clip_cov) or the loss itself (A = 0); one stale token poisons the step.",
-        where=where, quote=quote, affected=affected,
+        where=where, quote=quote, affected=affected, function=function,
     )
 
 
