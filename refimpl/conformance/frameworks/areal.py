@@ -230,8 +230,8 @@ FINDINGS = (
         "seq_mean weighs each row 1 / N (d/d logp = -A / (N T_i)) and the SAPO preset is "
         "seq_mean_token_mean. T = (3, 1), A = 1, ratio 1: -0.25 on every token instead of -1/6 and -1/2.",
         where="utils/functional/functional.py:542",
-        quote="pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count", function="ppo_actor_loss_fn",
-        affected="areal 1.0.4",
+        quote="pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count",
+        affected="areal 1.0.4", function="ppo_actor_loss_fn",
     ),
 )
 
