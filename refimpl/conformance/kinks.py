@@ -17,12 +17,16 @@ SAPO (eq. (8)) is smooth, and CISPO's clip (eq. (9)) sits inside its stop-gradie
 ``clip(r) a`` is continuous in ``r``, so neither has a kink; nor has ``none``. ``r`` is the unit's
 ratio of the variant's level (eqs. (2)-(5)): every token of a sequence unit sits on its kink.
 
-At each kink the open side's derivative is the spec's inclusive choice (the expected gradient) and
-the closed side's is the gradient without that unit's surrogate term (its branch is a constant
-there): the expected gradient of the same case with the advantages of the rows that hold a tied unit
-set to 0 (a zero advantage removes the unit's term and changes nothing else: the normaliser, the KL
-and the entropy do not read it), taken at the tied entries only. Every value between the two, entry
-by entry, is accepted (for a sequence unit that box holds the segment of its subgradients).
+"On" a kink is within the rounding of the dtype the ratio is evaluated in (two epsilons of it,
+relative to the bound): a ratio that dtype cannot tell from the bound. The open side's derivative
+(the gate's inclusive choice) is the expected gradient with the band widened past those ratios (the
+bound moved outwards by twice that margin: nothing else moves, the other cases' ratios keep 1 % away
+from every bound); the closed side's is the gradient without the tied units' surrogate terms (their
+branch is a constant there): the expected gradient of the same case with the advantages of the rows
+that hold a tied unit set to 0 (a zero advantage removes the unit's term and changes nothing else: the
+normaliser, the KL and the entropy do not read it), taken at the tied entries only. Every value
+between the two, entry by entry, is accepted (for a sequence unit that box holds the segment of its
+subgradients).
 """
 
 from __future__ import annotations
@@ -64,17 +68,20 @@ def _near(value: torch.Tensor, bound: float | None, rel: float) -> torch.Tensor:
     return (value - bound).abs() <= rel * max(abs(bound), 1.0)
 
 
+def _margin(dtype: torch.dtype) -> float:
+    return 2.0 * torch.finfo(dtype).eps
+
+
 def kink_entries(case, variant, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """``{kink: [N, T] bool}``: the masked entries whose unit sits on that kink (``KINKS``; only
-    those with at least one entry). "On" is within two epsilons of ``dtype`` (the dtype the ratio is
-    evaluated in: a ratio it cannot tell from the bound) relative to the bound."""
+    those with at least one entry), within the rounding of ``dtype`` (module docstring)."""
     v = variant
     if v.gate not in ("clip", "log_clip") or case.mask.numel() == 0:
         return {}
     adv = case.advantages.double()
     adv = adv.unsqueeze(-1).expand(case.mask.shape) if adv.ndim == 1 else adv
     positive, negative = case.mask & (adv > 0), case.mask & (adv < 0)
-    rel = 2.0 * torch.finfo(dtype).eps
+    rel = _margin(dtype)
     x = _unit_log_ratio(case, v)
     if v.gate == "log_clip":
         found = {
@@ -89,6 +96,24 @@ def kink_entries(case, variant, dtype: torch.dtype) -> dict[str, torch.Tensor]:
             "dual": negative & _near(r, v.dual_clip, rel),
         }
     return {k: m for k, m in found.items() if bool(m.any())}
+
+
+def _widened(v, kinks, dtype: torch.dtype):
+    """``v`` with the bound of each of ``kinks`` moved outwards by twice the margin of "on" (the
+    open side of every ratio on it)."""
+    wide = 2.0 * _margin(dtype)
+    changes = {}
+    if "upper" in kinks:
+        changes["eps_high"] = v.eps_high + wide * (1.0 + v.eps_high)
+    if "lower" in kinks:
+        changes["eps_low"] = v.eps_low + wide
+    if "dual" in kinks:
+        changes["dual_clip"] = v.dual_clip * (1.0 + wide)
+    if "log_upper" in kinks:
+        changes["eps_high"] = v.eps_high + wide * max(v.eps_high, 1.0)
+    if "log_lower" in kinks:
+        changes["eps_low"] = v.eps_low + wide * max(v.eps_low, 1.0)
+    return dataclasses.replace(v, **changes)
 
 
 def _note(kinks) -> str:
@@ -108,7 +133,8 @@ def kink_subgradient_note(case, got_grad, exp_grad, variant, conv, dtype: torch.
     under ``conv``) when it lies, entry by entry within ``slack``, between the two one-sided
     derivatives of every kink ``case`` sits on (module docstring); None otherwise (no kink, a
     non-finite gradient, an entry outside). ``variant`` is effective under ``conv``; the one-sided
-    derivatives are taken under ``conv`` with the spec's inclusive dual-clip gate."""
+    derivatives are taken under ``conv`` with the spec's inclusive dual-clip gate; ``dtype`` is the one
+    the ratio is evaluated in."""
     if not bool(torch.isfinite(got_grad).all()):
         return None
     kinks = kink_entries(case, variant, dtype)
@@ -120,7 +146,7 @@ def kink_subgradient_note(case, got_grad, exp_grad, variant, conv, dtype: torch.
     adv = case.advantages.clone()
     adv[rows] = 0.0
     try:
-        open_grad = exp_grad if inclusive == conv else expected_policy_loss(case, variant, inclusive)[1]
+        open_grad = expected_policy_loss(case, _widened(variant, kinks, dtype), inclusive)[1]
         closed = expected_policy_loss(dataclasses.replace(case, advantages=adv), variant, inclusive)[1]
     except (ValueError, TypeError, RuntimeError):
         return None

@@ -154,6 +154,14 @@ def _allowance(case, v, conv: Convention) -> str | None:
     return allowed
 
 
+_RAISES = "zero_rows='raise'"
+
+
+def _raise_allowed(case, zero_rows) -> bool:
+    """A raise is the named behaviour of ``zero_rows="raise"`` on a batch without rows."""
+    return zero_rows == "raise" and case.mask.shape[0] == 0
+
+
 def judge_policy(case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol: float, normalizer=None):
     """(value error, grad error, value ok, grad ok, departure) of one policy-loss case under ``conv``.
     A gradient inside the subdifferential at a kink of the objective passes, noted (``kink_note``)."""
@@ -245,7 +253,13 @@ def run_policy_check(
         base = {"dtype": str(case.logp.dtype).replace("torch.", ""), "expected": float(exp_loss)}
         if got is None:
             detail = case_text(case, [f"expected loss = {float(exp_loss)!r}"])
-            return dataclasses.replace(raised(case, detail, error), **base, case_line=case_line(case))
+            result = dataclasses.replace(raised(case, detail, error), **base, case_line=case_line(case))
+            if _raise_allowed(case, conv.zero_rows):  # the framework's named behaviour: a departure
+                return dataclasses.replace(result, value_ok=True, grad_ok=True, error=None,
+                                           detail=f"{detail}\n  raised {error}", departure=_RAISES)
+            if explain and _raise_allowed(case, explain.get("zero_rows")):
+                return dataclasses.replace(result, explanation=f"flag {_RAISES}")
+            return result
         got_loss, got_grad = got
         value_error, grad_error, value_ok, grad_ok, departure = judge_policy(
             case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol, normalizer
@@ -332,7 +346,9 @@ def differences_report(
         if note:
             result = dataclasses.replace(result, grad_ok=True, departure=note)  # not a departure
         allowed = _allowance(case, v_conv, conv)
-        if allowed in ("masked_nonfinite='propagate'", "ratio_overflow='nan'", "zero_rows='nan'"):
+        if _raise_allowed(case, conv.zero_rows):
+            allowed = _RAISES
+        if allowed in ("masked_nonfinite='propagate'", "ratio_overflow='nan'", "zero_rows='nan'", _RAISES):
             result = dataclasses.replace(result, value_ok=False, departure=allowed)
         results.append(result)
     notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]

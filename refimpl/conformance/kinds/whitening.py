@@ -33,6 +33,8 @@ class WhiteningFlags:
     whiten_one_pass: True: the variance as E[x^2] - E[x]^2 in float32 (cancels on a large offset).
     whiten_masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
         makes every output NaN).
+    whiten_sample_single: "raise" | "nan": a sample variance of one counted entry, n / (n - 1) = 1 / 0,
+        refused with an error (torch's ``var``: verl, SkyRL) or 1 / 0 times a variance of 0, NaN (Tunix).
     """
 
     whiten_mean: str = "masked"
@@ -43,13 +45,15 @@ class WhiteningFlags:
     whiten_count_eps: float = 0.0
     whiten_one_pass: bool = False
     whiten_masked_nonfinite: str = "ignored"
+    whiten_sample_single: str = "raise"
 
     def __post_init__(self) -> None:
         check_choices(self, {"whiten_mean": ("masked", "unmasked"), "whiten_std": ("population", "sample"),
                              "whiten_weighting": ("token", "sequence"),
                              "whiten_eps_placement": ("variance", "std", "floor"),
                              "whiten_one_pass": (False, True),
-                             "whiten_masked_nonfinite": ("ignored", "propagate")})
+                             "whiten_masked_nonfinite": ("ignored", "propagate"),
+                             "whiten_sample_single": ("raise", "nan")})
 
 
 def _exact32(x: torch.Tensor) -> torch.Tensor:
@@ -94,6 +98,9 @@ def whitening_cases(seed: int = 0) -> list[KindCase]:
 
 def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expected]:
     x, mask = case.inputs["advantages"], case.inputs["mask"]
+    single = flags.whiten_std == "sample" and int(mask.sum()) == 1
+    if single and flags.whiten_sample_single == "nan":
+        return {"advantages": Expected(torch.full(x.shape, math.nan, dtype=torch.float64), mask)}
     if flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)
         m32, x32 = mask.to(torch.float32), torch.where(mask, x, 0.0).to(torch.float32)
         n = m32.sum().clamp(min=1.0)
