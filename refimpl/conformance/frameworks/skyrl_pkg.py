@@ -239,22 +239,22 @@ FINDINGS = (
     dual_clip_tie_finding(f"{_BACKEND}/utils/ppo_utils.py:{574 if _RELEASE == '0.3.0' else 575}",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl 0.3.0, 0.4.0"),
     *((_CISPO_FINDING,) if _RELEASE == "0.3.0" else ()),
-    Finding("zero_rows=raise", "value_only",
+    Finding("zero_rows='raise'", "value_only",
             "compute_policy_loss_cispo logs ratio.max() of the whole ratio when no token is active: on a "
             "batch without rows max() of an empty tensor raises RuntimeError and the step stops; the loss "
             "itself, a masked sum, would be 0 with an empty gradient (mode cispo).",
             where=f"{_BACKEND}/utils/ppo_utils.py:804", quote="cispo_ratio_max = ratio.max().detach().item()",
             affected="skyrl 0.4.0"),
     # the KL loss's mean over rows (the policy losses return masked sums: a batch without rows gives 0)
-    *(() if _RELEASE == "0.3.0" else (zero_rows_finding(
+    *(() if _RELEASE == "0.3.0" else (dataclasses.replace(zero_rows_finding(
         f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
-        "skyrl 0.4.0 (the KL loss of use_kl_loss)"),)),
+        "skyrl 0.4.0 (the KL loss of use_kl_loss)"), key="zero_rows='nan'"),)),
 )
 
 NOTES = {
     "cispo without rows": "compute_policy_loss_cispo logs ratio.max() / ratio.min() of the whole ratio when "
     "no token is active (backends/skyrl_train/utils/ppo_utils.py:804): a batch without rows raises "
-    "RuntimeError (max() of an empty tensor): flag zero_rows='raise' of mode cispo, finding zero_rows=raise.",
+    "RuntimeError (max() of an empty tensor): flag zero_rows='raise' of mode cispo (a finding).",
     "skyrl-train's findings": "both SkyRL-train 0.3.1 findings are fixed here: compute_approx_kl has no "
     "@torch.no_grad() from skyrl 0.3.0 on (the KL loss has its gradient), and CISPOConfig's "
     "cispo_eps_clip_low defaults to 1.0 from skyrl 0.4.0 on (0.0 in 0.3.0: docs/conformance-drift.md).",

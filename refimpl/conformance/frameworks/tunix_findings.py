@@ -15,7 +15,7 @@ FINDINGS = (
                            "seq_importance_ratio = jnp.exp(per_token_logps - old_per_token_logps)",
                            f"{_AFFECTED} (ppo_policy_loss_fn; grpo_loss_fn clamps at +-20)"),
     Finding(
-        "seq_sum_width=padded_width", "documented_default",
+        "seq_sum_width='padded_width'", "documented_default",
         "loss_agg_mode 'sequence-mean-token-scale' (DrGRPOConfig's) divides each row's sum by norm, "
         "whose default is the padded width of the batch (per_token_loss.shape[-1]), not Dr. GRPO's fixed "
         "L_max: the loss scale changes with the longest response of each micro-batch unless the caller "
@@ -46,7 +46,7 @@ FINDINGS = (
                           "pg_loss_clipped_dual = jnp.minimum(pg_loss_3, per_token_loss)",
                           f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)"),
     Finding(
-        "zero_rows=raise", "value_only",
+        "zero_rows='raise'", "value_only",
         "grpo_loss_fn logs is_ratio/max as jnp.max over the whole batch: on a batch without rows a max over "
         "a zero-size array raises ValueError and the step stops (the loss itself would be 0). Tunix never "
         "forms one: train_micro_batch_size must divide mini_batch_size (rl_cluster.py:133).",
