@@ -197,8 +197,9 @@ def drift_data(rows: dict[str, dict[str, dict]]) -> dict:
 def _step_lines(step: dict) -> list[str]:
     head = f"- **{step['from']} -> {step['to']}**"
     head += " (successor package)" if step.get("successor") else ""
-    if "unavailable" in step:
-        return [head + f": not compared ({step['unavailable']})"]
+    if "unavailable" in step:  # what changed in words all the same
+        changes = [f"  - {text}" for text in step.get("changes", [])]
+        return [head + f": not compared ({step['unavailable']})", *changes]
     lines = [head + ":"]
     for text in step.get("changes", []):
         lines.append(f"  - {text}")
