@@ -196,8 +196,9 @@ UNSUPPORTED = {
 }
 
 #: what a release computes differently from the pinned one (releases.py): 0.3.0's CISPOConfig
-#: defaults cispo_eps_clip_low to 0.0 (train/config/config.py:543), 0.4.0's to 1.0 (config.py:832)
-RELEASE_FLAGS = {"0.3.0": {"cispo": {"cispo_clip_low": 0.0}}}
+#: defaults cispo_eps_clip_low to 0.0 (train/config/config.py:543), 0.4.0's to 1.0 (config.py:832); and
+#: 0.3.0's compute_policy_loss_cispo logs no ratio.max(), so a batch without rows does not raise there
+RELEASE_FLAGS = {"0.3.0": {"cispo": {"cispo_clip_low": 0.0, "zero_rows": "zero"}}}
 MODES = release_modes(_POLICY_MODES + _KL_MODES + _ADV_MODES, RELEASE_FLAGS, DISTRIBUTION)
 PROFILE = {
     "ppo": ("grpo", "regular/token_mean"),
@@ -239,12 +240,12 @@ FINDINGS = (
     dual_clip_tie_finding(f"{_BACKEND}/utils/ppo_utils.py:{574 if _RELEASE == '0.3.0' else 575}",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl 0.3.0, 0.4.0"),
     *((_CISPO_FINDING,) if _RELEASE == "0.3.0" else ()),
-    Finding("zero_rows='raise'", "value_only",
+    *(() if _RELEASE == "0.3.0" else (Finding("zero_rows='raise'", "value_only",
             "compute_policy_loss_cispo logs ratio.max() of the whole ratio when no token is active: on a "
             "batch without rows max() of an empty tensor raises RuntimeError and the step stops; the loss "
             "itself, a masked sum, would be 0 with an empty gradient (mode cispo).",
             where=f"{_BACKEND}/utils/ppo_utils.py:804", quote="cispo_ratio_max = ratio.max().detach().item()",
-            affected="skyrl 0.4.0"),
+            affected="skyrl 0.4.0"),)),
     # the KL loss's mean over rows (the policy losses return masked sums: a batch without rows gives 0)
     *(() if _RELEASE == "0.3.0" else (dataclasses.replace(zero_rows_finding(
         f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
