@@ -330,7 +330,9 @@ def _given_logprobs(base) -> Iterator[None]:
     original = base.__dict__["chunk_forward"]
 
     def given(input_chunk, weight, selected_token_ids, bias=None, temperature=1.0):
-        return input_chunk[..., 0].to(torch.float32)
+        # 0.8.0 differentiates the weight whatever it requires (fused_linear_ppo.py:306-309): it enters
+        # the graph with a zero factor (0-dim: the log-probs stay float32 and unchanged)
+        return input_chunk[..., 0].to(torch.float32) + 0.0 * weight.sum()
 
     def given_vocabulary(input_chunk, weight, bias=None, temperature=1.0):
         log_probs = input_chunk.to(torch.float32)
