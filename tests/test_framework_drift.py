@@ -74,6 +74,18 @@ def test_the_document_has_a_summary_and_each_step_with_its_change_in_words():
     assert CHANGES[("verl", "0.9.1")] in text
 
 
+def test_a_flag_value_finding_is_present_where_a_profile_holds_that_value_and_words_show_unavailable():
+    raise_ = _row([_mode("cispo", {"zero_rows": "raise"})], findings=("zero_rows='raise'", "zero_rows='nan'"))
+    data = drift_data({"skyrl_pkg": {"0.3.0": {"available": False, "reason": "not installed"},
+                                     "0.4.0": raise_}})
+    assert data["skyrl_pkg"]["releases"][1]["findings"] == ["zero_rows='raise'"]
+    data = drift_data({"tunix": {"0.1.6": {"available": False, "reason": "no rl/algo_core.py"},
+                                 "0.1.7": raise_}})
+    text = drift_markdown(data)
+    assert "- **tunix 0.1.6 -> tunix 0.1.7**: not compared (no rl/algo_core.py)" in text
+    assert f"  - {CHANGES[('tunix', '0.1.7')]}" in text
+
+
 def test_every_framework_has_releases_and_its_pinned_one_among_them():
     from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
 
@@ -90,6 +102,10 @@ def test_the_committed_drift_document_names_the_known_changes():
         ("verl 0.9.0 -> verl 0.9.1", "`fixed_aggregation`"),
         ("openrlhf 0.10.3 -> openrlhf 0.10.4", "`micro_batch` 'local_mean' -> None"),
         ("openrlhf 0.10.4 -> openrlhf 0.11.2", "`kl_log_ratio_max` None -> 10.0"),
+        ("liger 0.7.0 -> liger 0.8.0", "modes added: policy_loss:dapo+kl/bias-correction, "
+                                       "policy_loss:dapo/delta, policy_loss:luspo"),
+        ("liger 0.8.0 -> liger 0.8.4", "`micro_batch` 'local_mean' -> None"),
+        ("tunix 0.1.6 -> tunix 0.1.7", CHANGES[("tunix", "0.1.7")]),
     ]:
         section = text.split(f"**{step}**", 1)
         assert len(section) == 2, step

@@ -82,3 +82,9 @@ def test_cispo_defaults_to_the_one_sided_cap():
     assert _check("cispo", classes=("outside_clip",)).ok
     assert not _check("cispo", classes=("outside_clip",), cispo_clip_low=0.0).ok
     assert not [f for f in driver.findings() if f.key == "cispo_clip_low"]
+
+
+def test_cispo_raises_on_a_batch_without_rows_in_its_logged_max():
+    # ppo_utils.py:804: ratio.max() of an empty tensor; the profile's zero_rows="raise" names it
+    assert _check("cispo", classes=("zero_rows",)).ok
+    assert not _check("cispo", classes=("zero_rows",), zero_rows="zero").ok

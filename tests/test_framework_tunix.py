@@ -1,9 +1,9 @@
 """The Tunix driver against the installed google-tunix (0.1.7, JAX on the CPU): Tunix's own loss code
 runs (its code object, the forward pass replaced by the kit's log-probs) without ``tunix/__init__.py``;
-each of its profile's flags is needed; and the two departures no flag reproduces are what the driver
-says they are: at a ratio exactly on a clip bound the gradient is 3/4 of the spec's one-sided
-derivative (``jnp.clip`` and ``jnp.maximum`` split a tie in halves: a subgradient), and a batch
-without rows raises in a logged diagnostic. The matrix (docs/conformance-matrix-extra.md,
+each of its profile's flags is needed; at a ratio exactly on a clip bound the gradient is 3/4 of the
+spec's (``jnp.clip`` and ``jnp.maximum`` split a tie in halves: flag ``clip_bound_tie``, a subgradient
+where the bound closes the gate, a departure on the other side), and a batch without rows raises in a
+logged diagnostic (``zero_rows="raise"``). The matrix (docs/conformance-matrix-extra.md,
 ``make check-frameworks-extra``) runs every mode on every case class.
 
 Expected values come from our reference with the profile's flags, never from running Tunix.
@@ -15,6 +15,7 @@ matrix (which fails if the driver cannot run) and then runs this module.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -26,6 +27,7 @@ from refimpl.conformance.contract import PolicyLossCall
 from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import expected_policy_loss
 from refimpl.conformance.frameworks import load_driver
+from refimpl.conformance.kinks import TIE_NOTE
 from refimpl.conformance.policy_cases import policy_loss_cases
 
 driver = load_driver("tunix")
@@ -65,6 +67,10 @@ def test_the_loss_is_tunix_own_code_and_no_package_entry_is_left_behind():
     ("dapo", {"micro_batch": "global"}, {"micro_batch"}),  # optax.MultiSteps: a mean of micro-batch means
     ("drgrpo", {"seq_sum_width": "max_length"}, {"inside_clip"}),  # norm = the padded width
     ("ppo", {"ratio_overflow": "exact"}, {"ratio_overflow"}),  # exp of the raw log-ratio
+    ("grpo", {"clip_bound_tie": "inclusive"}, {"on_boundary"}),  # jnp.clip + jnp.maximum: 3/4 at a bound
+    ("ppo", {"clip_bound_tie": "inclusive"}, {"on_boundary"}),
+    ("grpo", {"zero_rows": "zero"}, {"zero_rows"}),  # jnp.max over a zero-size array
+    ("gspo-token", {"log_ratio_clamp": None}, {"extreme_log_ratio"}),  # the clamp inside sg(log s) only
 ])
 def test_each_flag_is_needed(name, flags, failing):
     classes = ("inside_clip", *sorted(failing - {"inside_clip"}))
@@ -78,6 +84,7 @@ def test_each_flag_is_needed(name, flags, failing):
     ("gae", "gae", {"gae_padding_nonfinite": "ignored"}, {"padding_nonfinite"}),  # values * mask
     ("whitening", "masked_whiten", {"whiten_masked_nonfinite": "ignored"}, {"masked_nonfinite"}),
     ("whitening", "masked_whiten", {"whiten_std": "population"}, {"ragged"}),  # Bessel's n / (n - 1)
+    ("whitening", "masked_whiten", {"whiten_sample_single": "raise"}, {"single_token"}),  # 1 / 0 * 0
     ("value_loss", "value_loss", {"value_scale": 1.0}, {"inside_clip"}),  # 0.5 * masked_mean
     ("value_loss", "value_loss", {"value_masked_nonfinite": "ignored"}, {"masked_nonfinite"}),
 ])
@@ -87,14 +94,15 @@ def test_each_kind_flag_is_needed(kind, name, flags, failing):
     assert _failing(name, classes, kind=kind, **flags) == failing
 
 
-def test_low_var_kl_is_float32_and_departs_where_the_driver_says():
+def test_low_var_kl_is_a_float32_evaluation_of_the_naive_form():
     """compute_kl_divergence casts to float32 (large log-ratios fail without the flag); its naive k3 under
-    XLA misses torch's float32 rounding at small log-ratios and is -inf at an infinite one (NOTES,
-    finding infinite_log_ratio): exactly those classes fail its profile."""
-    documented = {"tiny_log_ratio", "small_log_ratio", "moderate_log_ratio", "infinite_log_ratio"}
-    assert _failing("low_var_kl", None, kind="kl") == documented
+    XLA is within float32's rounding of torch's evaluation and -inf at an infinite log-ratio, the naive
+    form's indeterminate inf - inf (NOTES, finding infinite_log_ratio): the profile passes every class."""
+    assert not _failing("low_var_kl", None, kind="kl")
     assert _failing("low_var_kl", ("large_log_ratio",), kind="kl", kl_compute_dtype="input") == {
         "large_log_ratio"}
+    assert _failing("low_var_kl", ("infinite_log_ratio",), kind="kl", kl_k3_form="accurate") == {
+        "infinite_log_ratio"}
     fn, adapter = driver.target(_mode("low_var_kl", "kl"), None)
     logp = torch.tensor([[-math.inf, -1.0]], dtype=torch.float64, requires_grad=True)
     value = adapter(fn, logp, torch.tensor([[-2.0, -1.5]], dtype=torch.float64))
@@ -113,7 +121,7 @@ def test_on_a_clip_bound_the_gradient_is_three_quarters_of_the_spec(name):
     case = next(c for c in policy_loss_cases(variant, conv) if c.case_class == "on_boundary")
     call, logp = _call(case)
     adapter(fn, call).backward()
-    _, spec = expected_policy_loss(case, variant, conv)
+    _, spec = expected_policy_loss(case, variant, dataclasses.replace(conv, clip_bound_tie="inclusive"))
     ratio = torch.exp((case.logp - case.old_logp).float())
     bound = case.mask & ((ratio == torch.tensor(0.8)) | (ratio == torch.tensor(1.2)))
     assert bound.sum() >= 2
@@ -129,7 +137,18 @@ def test_a_batch_without_rows_raises_in_the_logged_max():
     fn, adapter = driver.target(mode, mode.variant())
     with pytest.raises(ValueError, match="zero-size array"):  # algo_core.py:477
         adapter(fn, _call(case)[0])
-    assert not _failing("ppo", ("zero_rows",))  # PPO's masked_mean has no max
+    assert not _failing("grpo", ("zero_rows",))  # the raise is the profile's zero_rows="raise"
+    assert not _failing("ppo", ("zero_rows",), zero_rows="zero")  # PPO's masked_mean has no max
+
+
+def test_on_boundary_under_the_reference_is_named_by_the_flags_and_the_dual_tie_is_a_subgradient():
+    for name, flags in (("grpo", "compute_dtype='float32', clip_bound_tie='three_quarters'"),
+                        ("gspo-token", "compute_dtype='float32', clip_bound_tie='three_quarters', "
+                                       "sequence_ratio_gradient='token'")):
+        report = check_framework_mode(driver, _mode(name), reference=True, classes=("on_boundary",))
+        assert {r.explanation for r in report.results if not r.ok} - {None} == {f"matches flags {flags}"}
+    report = check_framework_mode(driver, _mode("grpo/dual-clip"), reference=True, classes=("dual_clip_tie",))
+    assert report.ok and {r.departure for r in report.results} == {TIE_NOTE}
 
 
 def test_a_group_of_one_is_refused_as_grpo_config_refuses_it():

@@ -182,14 +182,18 @@ class NormaliserFlags:
 @dataclass(frozen=True)
 class RatioFlags:
     """The importance ratio (policy_losses.md eqs. (2)-(9)): ``log_ratio_clamp`` (clamp
-    ``logp - old_logp`` to [-c, c] before exp; for CISPO inside its detached weight only),
+    ``logp - old_logp`` to [-c, c] before exp; for CISPO inside its detached weight only, for
+    GSPO-token inside its detached ``log s`` only),
     ``sequence_log_ratio_cap`` (GSPO-token's ``log s`` capped above), ``dual_clip`` (applied to every
     token-level hard clip), ``sequence_ratio_gradient`` (GSPO's exact "sequence" gradient or the
     GSPO-token "token" form), ``ratio_dtype`` ("input"; "float32": the token ratio ``exp(x)``
     evaluated in float32 and cast back, SkyRL's ``_safe_exp_delta``; "float32_gate": the ratio and
     the clip bounds it meets in float32, Liger; ``refimpl.conformance.evaluated_ratio``), ``dual_clip_tie``
     ("inclusive": the spec's gate keeps the gradient at ``r == c``; "half": ``torch.min`` /
-    ``torch.max`` of the dual-clip bound splits it in two), ``cispo_clip_low`` (None, or a lower clip
+    ``torch.max`` of the dual-clip bound splits it in two), ``clip_bound_tie`` ("inclusive": the spec's
+    gate at ``r == 1 - eps_low`` or ``1 + eps_high``; "three_quarters": ``jnp.clip``'s half derivative
+    at the bound and ``jnp.maximum``'s half at the tie it makes, 3/4 of the term's gradient whatever the
+    advantage's sign, Tunix), ``cispo_clip_low`` (None, or a lower clip
     ``1 - eps`` of CISPO's weight that the preset does not have: verl's default ``clip_ratio_low``,
     SkyRL's ``cispo_eps_clip_low``)."""
 
@@ -199,12 +203,14 @@ class RatioFlags:
     sequence_ratio_gradient: str = "sequence"
     ratio_dtype: str = "input"
     dual_clip_tie: str = "inclusive"
+    clip_bound_tie: str = "inclusive"
     cispo_clip_low: float | None = None
 
     def __post_init__(self) -> None:
         _choice(self, "sequence_ratio_gradient", ("sequence", "token"))
         _choice(self, "ratio_dtype", ("input", "float32", "float32_gate"))
         _choice(self, "dual_clip_tie", ("inclusive", "half"))
+        _choice(self, "clip_bound_tie", ("inclusive", "three_quarters"))
         _positive_or_none(self, "log_ratio_clamp", "sequence_log_ratio_cap", "dual_clip")
         low = self.cispo_clip_low
         number = isinstance(low, (int, float)) and not isinstance(low, bool)
@@ -222,7 +228,8 @@ class NumericsFlags:
     "propagate": NaN / inf at masked positions may reach the loss), ``empty_step`` ("zero": a step
     without a token has loss 0, the spec's ``max(count, 1)``; "nan": ``0 / 0``),
     ``sapo_tau_float32`` (SAPO's temperatures rounded to float32), ``zero_rows`` ("zero": a batch
-    with no rows at all has loss 0; "nan": a mean over 0 rows), ``ratio_overflow`` ("exact": a ratio
+    with no rows at all has loss 0; "nan": a mean over 0 rows; "raise": an error, e.g. a logged ``max``
+    over no element), ``ratio_overflow`` ("exact": a ratio
     past the compute dtype's range under a closed gate keeps the exact gradient, 0; "nan": ``exp``
     overflows to inf and the gate's zero derivative times inf is a NaN gradient)."""
 
@@ -237,7 +244,7 @@ class NumericsFlags:
         _choice(self, "compute_dtype", ("float32_min", "input", "float32"))
         _choice(self, "masked_nonfinite", ("ignore", "propagate"))
         _choice(self, "empty_step", ("zero", "nan"))
-        _choice(self, "zero_rows", ("zero", "nan"))
+        _choice(self, "zero_rows", ("zero", "nan", "raise"))
         _choice(self, "ratio_overflow", ("exact", "nan"))
         _bool(self, "sapo_tau_float32")
 
@@ -259,7 +266,7 @@ FLAGS: tuple[str, ...] = (
     "adv_leave_one_out", "kl_gradient", "adv_singleton_float32", "ratio_dtype", "dual_clip_tie",
     "cispo_clip_low", "fixed_aggregation", "empty_step", "adv_compute_dtype", "zero_rows", "ratio_overflow",
     "seq_sum_extra", "adv_weighting", "adv_leave_one_out_unit", "adv_trailing_partial",
-    "adv_output_float32",
+    "adv_output_float32", "clip_bound_tie",
 )
 #: the group of each flag
 FLAG_GROUP: dict[str, str] = {
@@ -331,7 +338,8 @@ def convention_from_flags(name: str, flags: dict) -> Convention:
 FLAG_REASONS: dict[str, str] = {
     "log_ratio_clamp": "exp(logp - old_logp) overflows float16/32 for stale or mismatched log-probs; "
     "verl clamps the log-ratio to [-20, 20] (the gradient is 0 beyond the clamp; CISPO's clamp is "
-    "inside its detached weight sg(clip(exp(.))), so A * logp keeps logp and its gradient).",
+    "inside its detached weight sg(clip(exp(.))), so A * logp keeps logp and its gradient; GSPO-token's "
+    "inside its detached log s, so logp - sg(logp) keeps its gradient: Tunix, algo_core.py:414-425).",
     "sequence_log_ratio_cap": "verl's GSPO caps the token-level sequence log-ratio at 10 for stability.",
     "dual_clip": "dual-clip PPO (Ye et al. 2020) bounds the loss of negative-advantage tokens whose "
     "ratio exploded; verl's vanilla loss always applies clip_ratio_c (3.0) to A < 0.",
@@ -417,6 +425,12 @@ FLAG_REASONS: dict[str, str] = {
     "ppo_utils.py:581, verl's vanilla loss, AReaL): a kink of the loss, where every value between the "
     "one-sided derivatives (0 and A r) is a subgradient; the spec's inclusive gate keeps all of it and "
     "the judge accepts any value of the subdifferential with a note (policy_losses.md eq. (7)).",
+    "clip_bound_tie": "at a token ratio exactly on a clip bound (1 - eps_low or 1 + eps_high) Tunix's "
+    "jnp.clip passes half of its derivative and jnp.maximum(-A r, -A clip(r)) splits the tie it makes: "
+    "3/4 of the term's gradient (algo_core.py:438). Where the bound closes the gate (A > 0 at 1 + eps_high, "
+    "A < 0 at 1 - eps_low) the loss has a kink and 3/4 is a subgradient, which the judge accepts; on the "
+    "other side both branches are r A and the derivative is unique, so 3/4 of it departs "
+    "(policy_losses.md section 3).",
     "cispo_clip_low": "CISPO (MiniMax 2025) caps its detached weight above only; verl's compute_policy_loss_"
     "cispo also clips below at 1 - clip_ratio_low (0.2 by default, actor.py:159, core_algos.py:2079) and "
     "SkyRL at 1 - cispo_eps_clip_low (0 by default: every ratio below 1 is raised to 1).",
@@ -430,7 +444,8 @@ FLAG_REASONS: dict[str, str] = {
     "advantages differ from grpo's float64 ones by ~2e-4.",
     "zero_rows": "a batch with no rows at all (an empty micro-batch of an uneven split): the spec's loss "
     "is 0; a mean over the rows divides 0 by 0 (Liger's grpo / sapo / dr_grpo / luspo divide by "
-    "full_attention_mask.shape[0]). The gradient w.r.t. the (empty) log-probs is empty either way.",
+    "full_attention_mask.shape[0]). The gradient w.r.t. the (empty) log-probs is empty either way. "
+    "'raise': the call raises (a logged max() over no element: SkyRL's CISPO, Tunix's GRPO loss).",
     "ratio_overflow": "exp(log r) overflows the compute dtype above log r = 88.72 (float32, bf16) or 11.09 "
     "(fp16): with a closed gate (A > 0, r > 1 + eps_high) the exact gradient is 0, but clamp's zero "
     "derivative times exp's inf is NaN (Liger, AReaL: exp of the raw log-ratio), and with gate none an "

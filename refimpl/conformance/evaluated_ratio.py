@@ -14,7 +14,10 @@ A ratio exactly on a bound of the clip gate (``1 + eps_high`` for A > 0, ``1 - e
 clip ``c`` for A < 0; in float32 such ties are common: float32(exp(log 3)) is exactly 3.0) is placed
 on the gate's open side of the float64 bound (the spec's inclusive gate, policy_losses.md eqs.
 (6)-(7), evaluated on the framework's ratio), and under ``dual_clip_tie="half"`` the gradient at
-``r == c`` is halved (a ``torch.min`` / ``torch.max`` tie splits it in two).
+``r == c`` is halved (a ``torch.min`` / ``torch.max`` tie splits it in two); under
+``clip_bound_tie="three_quarters"`` the gradient at ``r == 1 - eps_low`` or ``1 + eps_high`` is 3/4 of
+the spec's, whatever the sign of A (``jnp.clip``'s half derivative at the bound plus ``jnp.maximum``'s
+half at the tie it makes; GSPO-token's ratio ``s_i`` likewise).
 """
 
 from __future__ import annotations
@@ -58,9 +61,13 @@ def evaluated_ratio_logp(logp, old, adv, mask, variant: PolicyLossVariant, conve
     """``logp`` for the token ratio the framework evaluates (see the module docstring); ``logp`` as
     it is for other ratios and gates, and when nothing is rounded or tied."""
     float32 = _float32_ratio(convention, input_dtype)
+    if variant.ratio == "gspo_token" and variant.gate == "clip" and convention.clip_bound_tie != "inclusive":
+        return _gspo_token_bound_ties(logp, old, mask, variant)
     if variant.ratio != "token" or variant.gate not in ("clip", "sapo"):
         return logp
-    if not float32 and (convention.dual_clip_tie == "inclusive" or variant.dual_clip is None):
+    ties = (convention.dual_clip_tie == "half" and variant.dual_clip is not None) or (
+        convention.clip_bound_tie != "inclusive" and variant.gate == "clip")
+    if not float32 and not ties:
         return logp
     x = (logp - old).detach()
     ratio = torch.exp(x.float()).double() if float32 else torch.exp(x)
@@ -70,14 +77,38 @@ def evaluated_ratio_logp(logp, old, adv, mask, variant: PolicyLossVariant, conve
         target = torch.where(usable, old + torch.log(torch.where(usable, ratio, 1.0)), target)
     grad_scale = torch.ones_like(x)
     if variant.gate == "clip":
-        target, on_dual = _ties_on_open_side(target, old, ratio, usable, adv, variant,
-                                             _float32_bounds(convention, input_dtype))
+        bounds32 = _float32_bounds(convention, input_dtype)
+        target, on_dual = _ties_on_open_side(target, old, ratio, usable, adv, variant, bounds32)
         if convention.dual_clip_tie == "half":
             grad_scale = torch.where(on_dual, 0.5, 1.0)
+        if convention.clip_bound_tie == "three_quarters":
+            grad_scale = torch.where(usable & _on_clip_bound(ratio, variant, bounds32), 0.75 * grad_scale,
+                                     grad_scale)
     out = target + grad_scale * (logp - logp.detach())
     if convention.ratio_dtype == "float32" and input_dtype == torch.float64:
         out = _Float32RatioGradient.apply(out, torch.where(usable, ratio, 0.0))
     return out
+
+
+def _gspo_token_bound_ties(logp, old, mask, variant):
+    """GSPO-token's ratio is ``s_i`` at every token of row i (policy_losses.md eq. (5)), its gradient
+    through ``logp[i, t]`` alone: under ``clip_bound_tie="three_quarters"`` 3/4 of it on the tokens of a
+    row whose ``s_i`` equals a clip bound."""
+    x = torch.where(mask, (logp - old).detach(), 0.0)
+    s = torch.exp(x.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1))
+    on = mask & _on_clip_bound(s, variant, False).unsqueeze(-1)
+    return logp.detach() + torch.where(on, 0.75, 1.0) * (logp - logp.detach())
+
+
+def _on_clip_bound(ratio, variant, float32_bounds: bool):
+    """Where ``ratio`` equals ``1 - eps_low`` or ``1 + eps_high`` (rounded to float32 when
+    ``float32_bounds``), whatever the sign of A."""
+    bounds = [1.0 - e for e in (variant.eps_low,) if e is not None]
+    bounds += [1.0 + e for e in (variant.eps_high,) if e is not None]
+    on = torch.zeros_like(ratio, dtype=torch.bool)
+    for bound in bounds:
+        on = on | (ratio == (float(torch.tensor(bound, dtype=torch.float32)) if float32_bounds else bound))
+    return on
 
 
 def _ties_on_open_side(target, old, ratio, usable, adv, variant, float32_bounds: bool):

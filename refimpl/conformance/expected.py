@@ -21,7 +21,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
   ``logp`` raw in ``A * logp`` (verl's ``compute_policy_loss_cispo``): there ``old_logp`` is
   replaced instead, by the detached ``logp - clamp(logp - old, -c, c)`` where the clamp is active
   (the weight then sees the clamped log-ratio, to one rounding of ``logp - c``), and ``logp`` with
-  its gradient stays raw;
+  its gradient stays raw; GSPO-token (eq. (5)) has its log-ratios only inside the detached ``log s``:
+  the clamped ``logp`` keeps its value there and the raw ``logp``'s gradient (Tunix, algo_core.py:414-425);
 * ``sequence_log_ratio_cap c`` (GSPO-token): rows whose ``log s_i`` exceeds c get a detached
   ``logp`` shifted so that ``log s_i = c``;
 * ``dual_clip``: ``variant.dual_clip`` for token-level hard clips;
@@ -276,6 +277,8 @@ def convention_loss(
     clamped_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
     # CISPO: the clamp acts inside the detached weight only; A * logp keeps logp and its gradient
     cispo = variant.gate == "cispo"
+    if variant.ratio == "gspo_token" and convention.log_ratio_clamp is not None:
+        clamped_logp = clamped_logp.detach() + (logp - logp.detach())  # the clamp inside sg(log s) only
     if not cispo:
         clamped_logp = evaluated_ratio_logp(clamped_logp, old, adv, mask, variant, convention, input_dtype)
     ratio_logp = logp if cispo else clamped_logp

@@ -26,11 +26,12 @@ from .expected import (
     masked_nonfinite_reaches_loss,
 )
 from .golden import golden_cases
+from .kinks import TIE_NOTE, kink_subgradient_note
 from .report import CaseResult, CheckReport, tensor_text
 from .tolerance import fixed_tolerances, half_tolerance, kl_gradient_slack, relative_error
 from .user_code import UserCodeFailure, guarded
 
-__all__ = ["run_policy_check", "judge_policy", "tie_subgradient", "TIE_NOTE", "user_policy_loss",
+__all__ = ["run_policy_check", "judge_policy", "kink_note", "TIE_NOTE", "user_policy_loss",
            "describe_variant", "differences_report"]
 
 def user_policy_loss(
@@ -153,9 +154,17 @@ def _allowance(case, v, conv: Convention) -> str | None:
     return allowed
 
 
+_RAISES = "zero_rows='raise'"
+
+
+def _raise_allowed(case, zero_rows) -> bool:
+    """A raise is the named behaviour of ``zero_rows="raise"`` on a batch without rows."""
+    return zero_rows == "raise" and case.mask.shape[0] == 0
+
+
 def judge_policy(case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol: float, normalizer=None):
     """(value error, grad error, value ok, grad ok, departure) of one policy-loss case under ``conv``.
-    A gradient inside the subdifferential at a dual-clip tie passes, noted (``tie_subgradient``)."""
+    A gradient inside the subdifferential at a kink of the objective passes, noted (``kink_note``)."""
     allowed = _allowance(case, v, conv)
     # a reduced compute precision: half / float32 inputs, or a loss computed in float32 whatever the inputs
     half = case.logp.dtype != torch.float64 or conv.compute_dtype == "float32"
@@ -185,37 +194,22 @@ def judge_policy(case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol: fl
         scale = float(finite.abs().max()) if finite.numel() else 0.0
         grad_rtol = max(grad_rtol, grad_slack / (scale + grad_floor))
     grad_ok = grad_error <= grad_rtol
-    if not grad_ok and value_error <= value_rtol and tie_subgradient(case, got_grad, exp_grad, v, conv,
-                                                                     grad_rtol, grad_floor):
-        return value_error, grad_error, True, True, TIE_NOTE
+    if not grad_ok and value_error <= value_rtol:
+        note = kink_note(case, got_grad, exp_grad, v, conv, grad_rtol, grad_floor)
+        if note:
+            return value_error, grad_error, True, True, note
     return value_error, grad_error, value_error <= value_rtol, grad_ok, None
 
 
-#: the note of a gradient accepted inside the subdifferential at a dual-clip tie
-TIE_NOTE = "a subgradient at the dual-clip tie (policy_losses.md eq. (7))"
-
-
-def tie_subgradient(case, got_grad, exp_grad, v, conv, grad_rtol: float, grad_floor: float) -> bool:
-    """True when ``got_grad`` lies, entry by entry (to the tolerance), between the two one-sided
-    derivatives at a ratio exactly on the dual clip (policy_losses.md eq. (7): ``f = max(r A, c A)``
-    has a kink at ``r = c``; its subdifferential in ``logp`` is the interval between 0 and ``A r``).
-    The spec's inclusive gate gives ``exp_grad`` (one end), ``dual_clip_tie="half"`` the midpoint, so
-    the other end is ``2 half - exp_grad``. Only under the spec's ``dual_clip_tie="inclusive"`` with a
-    dual clip, on finite gradients."""
-    if v.dual_clip is None or conv.dual_clip_tie != "inclusive" or not _finite(got_grad):
-        return False
-    try:
-        _, half = expected_policy_loss(case, v, dataclasses.replace(conv, dual_clip_tie="half"))
-    except (ValueError, TypeError, RuntimeError):
-        return False
-    if torch.equal(half, exp_grad):  # no tie on this case
-        return False
-    other = 2 * half - exp_grad
-    low, high = torch.minimum(exp_grad, other), torch.maximum(exp_grad, other)
-    slack = grad_rtol * (float(exp_grad.abs().max()) + grad_floor)
-    g = got_grad.double()
-    return bool(((g >= low - slack) & (g <= high + slack)).all())
-
+def kink_note(case, got_grad, exp_grad, v, conv, grad_rtol: float, grad_floor: float) -> str | None:
+    """The note of a gradient inside the subdifferential at the kinks ``case`` sits on
+    (policy_losses.md section 3, ``kinks.kink_subgradient_note``), None when it is not; the ratio is
+    "on" a kink within the rounding of the dtype ``conv`` evaluates it in, the gradient inside within
+    ``grad_rtol`` of the expected gradient's scale."""
+    if not _finite(exp_grad):
+        return None
+    slack = grad_rtol * (float(exp_grad.abs().max()) + grad_floor) if exp_grad.numel() else 0.0
+    return kink_subgradient_note(case, got_grad, exp_grad, v, conv, _ratio_dtype(case, conv), slack)
 
 
 def run_policy_check(
@@ -259,7 +253,13 @@ def run_policy_check(
         base = {"dtype": str(case.logp.dtype).replace("torch.", ""), "expected": float(exp_loss)}
         if got is None:
             detail = case_text(case, [f"expected loss = {float(exp_loss)!r}"])
-            return dataclasses.replace(raised(case, detail, error), **base, case_line=case_line(case))
+            result = dataclasses.replace(raised(case, detail, error), **base, case_line=case_line(case))
+            if _raise_allowed(case, conv.zero_rows):  # the framework's named behaviour: a departure
+                return dataclasses.replace(result, value_ok=True, grad_ok=True, error=None,
+                                           detail=f"{detail}\n  raised {error}", departure=_RAISES)
+            if explain and _raise_allowed(case, explain.get("zero_rows")):
+                return dataclasses.replace(result, explanation=f"flag {_RAISES}")
+            return result
         got_loss, got_grad = got
         value_error, grad_error, value_ok, grad_ok, departure = judge_policy(
             case, got_loss, got_grad, exp_loss, exp_grad, v, conv, rtol, normalizer
@@ -341,11 +341,14 @@ def differences_report(
             ],
         )
         result = judged(case, value_error, grad_error, value_rtol, grad_rtol, detail)
-        if result.value_ok and not result.grad_ok and tie_subgradient(
-                case, conv_grad, ref_grad, v_ref, reference, grad_rtol, floor / denominator):
-            result = dataclasses.replace(result, grad_ok=True, departure=TIE_NOTE)  # not a departure
+        note = result.value_ok and not result.grad_ok and kink_note(
+            case, conv_grad, ref_grad, v_ref, reference, grad_rtol, floor / denominator)
+        if note:
+            result = dataclasses.replace(result, grad_ok=True, departure=note)  # not a departure
         allowed = _allowance(case, v_conv, conv)
-        if allowed in ("masked_nonfinite='propagate'", "ratio_overflow='nan'", "zero_rows='nan'"):
+        if _raise_allowed(case, conv.zero_rows):
+            allowed = _RAISES
+        if allowed in ("masked_nonfinite='propagate'", "ratio_overflow='nan'", "zero_rows='nan'", _RAISES):
             result = dataclasses.replace(result, value_ok=False, departure=allowed)
         results.append(result)
     notes = [f"{k}: reference {a!r} -> {conv.name} {b!r}" for k, (a, b) in conv.differences().items()]

@@ -37,15 +37,15 @@ RELEASES: dict[str, tuple[str, ...]] = {
     "trl": ("1.14.2", "1.15.0", "1.16.0"),
     "verl": ("0.8.0", "0.9.0", "0.9.1"),
     "openrlhf": ("0.10.3", "0.10.4", "0.11.2"),
-    # 0.7.0, the previous minor release, has no use_bias_correction_kl, which the driver passes: its
-    # modes cannot run there (docs/conformance-drift.md says so); 0.8.0 is the first it drives
+    # 0.7.0, the previous minor release, has neither delta nor use_bias_correction_kl nor luspo, and its
+    # chunk_forward returns the vocabulary's log-softmax: the driver knows both signatures
     "liger": ("0.7.0", "0.8.0", "0.8.4", "0.8.5"),
     "skyrl": ("0.2.0", "0.3.0", "0.3.1"),
     "skyrl_pkg": ("0.3.0", "0.4.0"),
     "areal": ("1.0.4",),
     "unsloth": ("2026.9.9", "2026.10.8", "2026.10.9"),
     # before 0.1.7 the losses lived in grpo/grpo_learner.py and ppo/ppo_helpers.py (no rl/algo_core.py),
-    # modules that import the whole RL cluster: the driver runs 0.1.7's layout only
+    # modules that import the whole RL cluster: the driver runs 0.1.7's layout only (CHANGES says so)
     "tunix": ("0.1.6", "0.1.7"),
 }
 #: a package replaced by another: its last release is compared with the successor's first
@@ -63,6 +63,20 @@ CHANGES: dict[tuple[str, str], str] = {
     "does (empty_step nan).",
     ("openrlhf", "0.11.2"): "compute_approx_kl takes log_probs_old and clamps log(pi / pi_ref) "
     "below at -10 before exp (models/utils.py); 0.10.4's has neither (flag kl_log_ratio_max gained).",
+    ("liger", "0.8.0"): "LigerFusedLinearGRPOLoss takes delta (the dual clip of A < 0) and "
+    "use_bias_correction_kl (chunked_loss/grpo_loss.py:428-429) and loss_type 'luspo' (grpo_loss.py:238), "
+    "and its chunk_forward returns the selected tokens' log-probs (fused_linear_ppo.py:502) where 0.7.0's "
+    "returned the log-softmax over the vocabulary (fused_linear_ppo.py:361): modes dapo/delta, luspo and "
+    "dapo+kl/bias-correction added.",
+    ("liger", "0.8.4"): "forward takes num_items_in_batch (chunked_loss/fused_linear_ppo.py:460): dapo and "
+    "cispo divide by the step's tokens; 0.8.0 and 0.7.0 divided by each call's own (flag micro_batch "
+    "'local_mean' before 0.8.4).",
+    ("tunix", "0.1.7"): "the losses and estimators moved to rl/algo_core.py (grpo_loss_fn at "
+    "algo_core.py:342, compute_gae_advantages at :34, masked_whiten at :116), which imports jax, flax, "
+    "rl/common.py and rl/function_registry.py; 0.1.6 has them in rl/grpo/grpo_learner.py:433 and "
+    "rl/ppo/ppo_helpers.py:27, 109, whose imports pull in the whole RL cluster (rl_cluster, rl_learner, "
+    "tunix.generate): the driver runs "
+    "0.1.7's layout only, so 0.1.6 is not driven.",
     ("skyrl_pkg", "0.3.0"): "SkyRL-train's losses in the skyrl package: compute_approx_kl without "
     "@torch.no_grad() (the KL loss has its gradient: SkyRL-train finding kl_gradient fixed), the "
     "reduction folded into the advantages over the mini-batch (micro_batch global).",
@@ -106,7 +120,13 @@ def _present_findings(row: dict) -> set[str]:
 
     modes = list(_modes(row).values())
     return {f["key"] for f in row.get("findings", [])
-            if f["key"].split("=")[0] not in FLAGS or any(f["key"] in m["profile"] for m in modes)}
+            if f["key"].split("=")[0] not in FLAGS or any(_held(f["key"], m["profile"]) for m in modes)}
+
+
+def _held(key: str, profile: dict) -> bool:
+    """A finding's flag key (``flag`` or ``flag='value'`` as the matrix writes it) held by ``profile``."""
+    name, _, value = key.partition("=")
+    return name in profile and (not value or value == repr(profile[name]))
 
 
 def _errors(row: dict) -> list[str]:
@@ -177,8 +197,9 @@ def drift_data(rows: dict[str, dict[str, dict]]) -> dict:
 def _step_lines(step: dict) -> list[str]:
     head = f"- **{step['from']} -> {step['to']}**"
     head += " (successor package)" if step.get("successor") else ""
-    if "unavailable" in step:
-        return [head + f": not compared ({step['unavailable']})"]
+    if "unavailable" in step:  # what changed in words all the same
+        changes = [f"  - {text}" for text in step.get("changes", [])]
+        return [head + f": not compared ({step['unavailable']})", *changes]
     lines = [head + ":"]
     for text in step.get("changes", []):
         lines.append(f"  - {text}")

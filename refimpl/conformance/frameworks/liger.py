@@ -42,11 +42,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 
 from . import Mode
-from .driver import find_mode
+from .driver import distribution_version, find_mode
 from .findings import Finding, ratio_overflow_finding, zero_rows_finding
+from .releases import release_modes
 from .sources import (
     installed_files,
     load_failure,
@@ -114,7 +116,7 @@ _GLOBAL = dict(_COMMON)
 _KL = {"kl_coef": 0.04, "kl_estimator": "k3"}
 
 
-MODES = (
+_MODES = (
     Mode("grpo", preset="grpo", framework_config={"loss_type": "grpo"}, convention={**_LOCAL, **_ROWS},
          description="loss_type='grpo': token ratio, hard clip, mean of each row, sum / all rows"),
     Mode("bnpo", preset="bnpo", framework_config={"loss_type": "bnpo"}, convention=_LOCAL,
@@ -150,6 +152,15 @@ MODES = (
          convention={**_GLOBAL, **_EXP, "kl_importance_weight": True},
          description="dapo + 0.04 * k3 times the differentiated ratio (use_bias_correction_kl=True)"),
 )
+
+#: what a release computes differently from the pinned one (releases.py): forward takes
+#: num_items_in_batch from 0.8.4 (chunked_loss/fused_linear_ppo.py:460); before, dapo / cispo divide by the
+#: call's own tokens (_compute_dapo_normalizer of the attention mask, 0.7.0's fused_linear_ppo.py:284-296):
+#: each micro-batch its own mean
+_OWN_TOKENS = {m: {"micro_batch": "local_mean"}
+               for m in ("dapo", "dapo/delta", "cispo", "dapo+kl", "dapo+kl/bias-correction")}
+RELEASE_FLAGS = {"0.7.0": _OWN_TOKENS, "0.8.0": _OWN_TOKENS}
+MODES = release_modes(_MODES, RELEASE_FLAGS, DISTRIBUTION)
 
 _UNSUPPORTED_LOSS = {
     "vespo": "loss_type='vespo': its Gamma weighting of the sequence ratio (get_gamma_weights) has no "
@@ -302,35 +313,63 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
 # Target
 
 
+def _parameters(fn) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
 @contextlib.contextmanager
 def _given_logprobs(base) -> Iterator[None]:
-    """While the block runs, ``base.chunk_forward(input_chunk, weight, ids, ...)`` returns
-    ``input_chunk[..., 0]`` in float32: the log-probs the kit gives, in the dtype of Liger's own
-    ``_ChunkedSelectiveLogProbFunction``; the gradient flows back to ``input_chunk``."""
+    """While the block runs, ``base.chunk_forward`` returns the log-probs the kit gives
+    (``input_chunk[..., 0]``) in float32, the dtype of Liger's own log-softmax; the gradient flows back
+    to ``input_chunk``. From 0.8.0 ``chunk_forward(input_chunk, weight, selected_token_ids, ...)``
+    returns the selected log-probs; 0.7.0's ``chunk_forward(input_chunk, weight, bias, temperature)``
+    returns ``(log_softmax over the vocabulary, logits)``, gathered at ``selected_token_ids`` by the
+    loss: a one-token vocabulary (``input_chunk`` itself, the ids 0) gives the same."""
     import torch
 
     original = base.__dict__["chunk_forward"]
 
     def given(input_chunk, weight, selected_token_ids, bias=None, temperature=1.0):
-        return input_chunk[..., 0].to(torch.float32)
+        # 0.8.0 differentiates the weight whatever it requires (fused_linear_ppo.py:306-309): it enters
+        # the graph with a zero factor (0-dim: the log-probs stay float32 and unchanged)
+        return input_chunk[..., 0].to(torch.float32) + 0.0 * weight.sum()
 
-    base.chunk_forward = staticmethod(given)
+    def given_vocabulary(input_chunk, weight, bias=None, temperature=1.0):
+        log_probs = input_chunk.to(torch.float32)
+        return log_probs, log_probs
+
+    selective = "selected_token_ids" in _parameters(original.__func__)
+    base.chunk_forward = staticmethod(given if selective else given_vocabulary)
     try:
         yield
     finally:
         base.chunk_forward = original
 
 
+def _release_kwargs(cls, kwargs: dict, mode: Mode) -> dict:
+    """``kwargs`` for the installed release's ``LigerFusedLinearGRPOLoss``: an argument it does not
+    take (``delta`` and ``use_bias_correction_kl`` arrived in 0.8.0) is dropped at its default (None,
+    False); a mode that needs it is refused in one line."""
+    accepted = _parameters(cls.__init__)
+    missing = {k: v for k, v in kwargs.items() if k not in accepted}
+    needed = sorted(k for k, v in missing.items() if v not in (None, False))
+    if needed:
+        raise ValueError(f"LigerFusedLinearGRPOLoss of liger-kernel {distribution_version('liger-kernel')} "
+                         f"has no {', '.join(needed)}: mode {mode.name!r} needs a later release")
+    return {k: v for k, v in kwargs.items() if k in accepted}
+
+
 def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
     import torch
 
     mods = _modules()
-    kwargs = loss_kwargs(m, variant)
-    loss_fn = mods["grpo"].LigerFusedLinearGRPOLoss(compiled=False, chunk_size=1,
-                                                   use_ref_model=variant.kl_coef > 0,
-                                                   **kwargs)
+    cls = mods["grpo"].LigerFusedLinearGRPOLoss
+    kwargs = _release_kwargs(cls, loss_kwargs(m, variant), m)
+    loss_fn = cls(compiled=False, chunk_size=1, use_ref_model=variant.kl_coef > 0, **kwargs)
     base = mods["grpo"].LigerFusedLinearPPOBase
-    global_tokens = kwargs["loss_type"] in ("dapo", "cispo")
+    # num_items_in_batch (the step's tokens, 0.8.4 on); before, dapo / cispo divide by the call's own
+    items = "num_items_in_batch" in _parameters(cls.forward)
+    global_tokens = kwargs["loss_type"] in ("dapo", "cispo") and items
 
     def adapter(fn, call):
         n, width = call.mask.shape
@@ -341,12 +380,12 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
         tokens = getattr(call, "global_tokens", 0) or int(call.mask.sum())
         if call.normalizer is not None:
             tokens = call.normalizer
+        extra = {"num_items_in_batch": tokens if global_tokens else None} if items else {}
         with _given_logprobs(base):
             loss, _metrics = fn(
                 hidden, weight, ids, call.mask.to(torch.long), call.advantages,
                 ref_per_token_logps=call.ref_logp if variant.kl_coef > 0 else None,
-                old_per_token_logps=call.old_logp,
-                num_items_in_batch=tokens if global_tokens else None,
+                old_per_token_logps=call.old_logp, **extra,
             )
         return loss if global_tokens else loss / count
 

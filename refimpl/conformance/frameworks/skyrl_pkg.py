@@ -145,7 +145,7 @@ _POLICY_MODES = (
          "default config), with its gradient"),
     Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
          framework_config=_cfg("cispo", "token_mean"),
-         convention={**_COMMON, **_SAFE_EXP},
+         convention={**_COMMON, **_SAFE_EXP, "zero_rows": "raise"},
          description="compute_policy_loss_cispo with the release's default cispo_eps_clip_low (1.0 in "
          "0.4.0: sg(clamp(r, 0, 1 + 5)) A logp, CISPO's one-sided cap)"),
 )
@@ -208,8 +208,9 @@ UNSUPPORTED = {
 }
 
 #: what a release computes differently from the pinned one (releases.py): 0.3.0's CISPOConfig
-#: defaults cispo_eps_clip_low to 0.0 (train/config/config.py:543), 0.4.0's to 1.0 (config.py:832)
-RELEASE_FLAGS = {"0.3.0": {"cispo": {"cispo_clip_low": 0.0}}}
+#: defaults cispo_eps_clip_low to 0.0 (train/config/config.py:543), 0.4.0's to 1.0 (config.py:832); and
+#: 0.3.0's compute_policy_loss_cispo logs no ratio.max(), so a batch without rows does not raise there
+RELEASE_FLAGS = {"0.3.0": {"cispo": {"cispo_clip_low": 0.0, "zero_rows": "zero"}}}
 MODES = release_modes(_POLICY_MODES + _OVERFLOW_MODES + _KL_MODES + _ADV_MODES, RELEASE_FLAGS, DISTRIBUTION)
 PROFILE = {
     "ppo": ("grpo", "regular/token_mean"),
@@ -254,10 +255,16 @@ FINDINGS = (
     dual_clip_tie_finding(f"{_BACKEND}/utils/ppo_utils.py:{574 if _RELEASE == '0.3.0' else 575}",
                           "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "skyrl 0.3.0, 0.4.0"),
     *((_CISPO_FINDING,) if _RELEASE == "0.3.0" else ()),
+    *(() if _RELEASE == "0.3.0" else (Finding("zero_rows='raise'", "value_only",
+            "compute_policy_loss_cispo logs ratio.max() of the whole ratio when no token is active: on a "
+            "batch without rows max() of an empty tensor raises RuntimeError and the step stops; the loss "
+            "itself, a masked sum, would be 0 with an empty gradient (mode cispo).",
+            where=f"{_BACKEND}/utils/ppo_utils.py:804", quote="cispo_ratio_max = ratio.max().detach().item()",
+            affected="skyrl 0.4.0"),)),
     # the KL loss's mean over rows (the policy losses return masked sums: a batch without rows gives 0)
-    *(() if _RELEASE == "0.3.0" else (zero_rows_finding(
+    *(() if _RELEASE == "0.3.0" else (dataclasses.replace(zero_rows_finding(
         f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
-        "skyrl 0.4.0 (the KL loss of use_kl_loss)"),)),
+        "skyrl 0.4.0 (the KL loss of use_kl_loss)"), key="zero_rows='nan'"),)),
     # the lines below are 0.4.0's (tests/test_framework_findings.py checks them for the pinned release);
     # ratio_overflow, config:clip_ratio_c and config:max_seq_len are SkyRL-train's findings (driver skyrl),
     # whose `affected` give 0.4.0's lines: one script each
@@ -275,8 +282,7 @@ FINDINGS = (
 NOTES = {
     "cispo without rows": "compute_policy_loss_cispo logs ratio.max() / ratio.min() of the whole ratio when "
     "no token is active (backends/skyrl_train/utils/ppo_utils.py:804): a batch without rows raises "
-    "RuntimeError (max() of an empty tensor), so mode cispo fails case class zero_rows; no flag of the "
-    "kit describes a raise there (the kit's zero_rows flag knows 0 and NaN).",
+    "RuntimeError (max() of an empty tensor): flag zero_rows='raise' of mode cispo (a finding).",
     "skyrl-train's findings": "SkyRL-train 0.3.1's findings ratio_overflow (clip_cov, kl_cov and here "
     "importance_sampling too: mode importance_sampling), config:clip_ratio_c, config:max_seq_len, "
     "padding_values and whiten_mean hold here (their lines in the findings); kl_gradient and "

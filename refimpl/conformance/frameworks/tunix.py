@@ -31,7 +31,8 @@ profile flag ``compute_dtype="float32"``) and returns the value as float32 and t
 kit's dtype. Advantage estimators get the rewards as Tunix's reward manager builds them, a float64
 numpy array (reward_manager.py:127), and compute in numpy.
 
-The registry's kinds (PPO's GAE, its whitening and value loss) are in tunix_kinds.py.
+The registry's kinds (PPO's GAE, its whitening and value loss) are in tunix_kinds.py, the findings and
+the matrix's notes in tunix_findings.py.
 
 Micro-batches: Tunix's RL trainer accumulates ``mini_batch_size // train_micro_batch_size``
 micro-batches (rl_cluster.py:140) with ``optax.MultiSteps`` (sft/peft_trainer.py:213), which averages
@@ -49,10 +50,10 @@ from collections.abc import Callable
 
 from . import Mode
 from .driver import find_mode
-from .findings import Finding, ratio_overflow_finding
 from .jax_bridge import float32, from_jax
 from .sources import installed_files, load_failure, package_dir, stand_in
 from .stubs import stubbed_imports
+from .tunix_findings import FINDINGS, NOTES
 from .tunix_kinds import KIND_MODES, KIND_UNSUPPORTED
 from .tunix_kinds import kind_target as _kind_target
 
@@ -81,9 +82,15 @@ _INSTALL = "refimpl frameworks install tunix"
 #   per_token_logps / old / advantages to float32 (algo_core.py:399-408);
 # * log_ratio_clamp 20: jnp.clip(log ratio, -20, 20) before exp (algo_core.py:414), so no overflow;
 # * masked_nonfinite "propagate": aggregate_loss sums per_token_loss * completion_mask (NaN * 0);
-# * micro_batch "local_mean" (optax.MultiSteps, module docstring).
+# * micro_batch "local_mean" (optax.MultiSteps, module docstring);
+# * zero_rows "raise": the logged is_ratio/max, jnp.max over a zero-size array (algo_core.py:477).
 _GRPO = {"compute_dtype": "float32", "log_ratio_clamp": 20.0, "masked_nonfinite": "propagate",
-         "micro_batch": "local_mean"}
+         "micro_batch": "local_mean", "zero_rows": "raise"}
+# the clip (algo_core.py:436-438, GSPO-token's included; 218-223 in ppo_policy_loss_fn): jnp.clip passes
+# half of its derivative at a bound and jnp.maximum(-A r, -A clip(r)) splits the tie that makes, 3/4 of
+# the gradient at r == 1 - eps or 1 + eps_high whatever the sign of A (clip_bound_tie). jnp.minimum(-A c,
+# loss) halves the dual clip's tie: a subgradient, which the judge accepts with a note (no flag).
+_CLIP_TIE = {"clip_bound_tie": "three_quarters"}
 # aggregate_loss (common.py:533): the row means divide by the non-empty rows, clip(rows, 1), and the
 # token mean by clip(tokens, 1), as the spec does; "sequence-mean-token-scale" (Dr. GRPO) divides each
 # row's sum by norm, whose default is per_token_loss.shape[-1], the padded width (common.py:568)
@@ -105,7 +112,7 @@ _KL_MODES = {"kl": ("k1", _KL), "mse_kl": ("k2", _KL), "low_var_kl": ("k3", _K3)
 # on an overflowing ratio is NaN), masked_mean = sum(x * mask) / (sum(mask) + 1e-8) (line 137: the
 # 1e-8 vanishes in float32 for any count >= 1, and a step without tokens gives 0 / 1e-8 = 0)
 _PPO = {"compute_dtype": "float32", "masked_nonfinite": "propagate", "micro_batch": "local_mean",
-        "ratio_overflow": "nan"}
+        "ratio_overflow": "nan", **_CLIP_TIE}
 
 
 def _grpo_mode(name: str, preset: str, agg_mode: str, description: str, *, loss_algo: str = "grpo",
@@ -116,7 +123,7 @@ def _grpo_mode(name: str, preset: str, agg_mode: str, description: str, *, loss_
     return Mode(name, preset=preset, variant_overrides=overrides,
                 framework_config={"policy_loss_fn": "grpo", "loss_algo": loss_algo,
                                   "loss_agg_mode": agg_mode},
-                convention={**_GRPO, **agg_flags, **(flags or {})}, description=description)
+                convention={**_GRPO, **agg_flags, **_CLIP_TIE, **(flags or {})}, description=description)
 
 
 _LOSSES = (
@@ -185,71 +192,6 @@ UNSUPPORTED = {
 
 PROFILE = {"grpo": ("grpo",), "dapo": ("dapo",), "dr_grpo": ("drgrpo",), "gspo": ("gspo-token",),
            "ppo": ("ppo",)}
-
-FINDINGS = (
-    ratio_overflow_finding("rl/algo_core.py:214",
-                           "seq_importance_ratio = jnp.exp(per_token_logps - old_per_token_logps)",
-                           "google-tunix 0.1.7 (ppo_policy_loss_fn; grpo_loss_fn clamps at +-20)"),
-    Finding(
-        "seq_sum_width=padded_width", "documented_default",
-        "loss_agg_mode 'sequence-mean-token-scale' (DrGRPOConfig's) divides each row's sum by norm, "
-        "whose default is the padded width of the batch (per_token_loss.shape[-1]), not Dr. GRPO's fixed "
-        "L_max: the loss scale changes with the longest response of each micro-batch unless the caller "
-        "passes norm, which the GRPO learner does not.",
-        where="rl/common.py:568", quote="norm = _check_get_norm(kwargs, per_token_loss.shape[-1])",
-        affected="google-tunix 0.1.7",
-    ),
-    Finding(
-        "on_boundary", "subgradient",
-        "at a ratio exactly on a clip bound the gradient is 3/4 of the spec's one-sided derivative: "
-        "jnp.clip's derivative at a bound is 1/2 and jnp.maximum gives each side of a tie 1/2 (the clipped "
-        "branch's 1/2 x 1/2 plus the unclipped branch's 1/2). The loss has a kink there and every value "
-        "between the one-sided derivatives (0 and -A r) is a subgradient: not a bug (torch.clamp keeps the "
-        "whole derivative at a bound, so no torch framework shows it).",
-        where="rl/algo_core.py:438", quote="per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
-        affected="google-tunix 0.1.7 (grpo_loss_fn; ppo_policy_loss_fn likewise, algo_core.py:223)",
-    ),
-    Finding(
-        "infinite_log_ratio", "value_only",
-        "low_var_kl's exp(diff) - diff - 1 at diff = +inf (logp = -inf) is -inf under jax.jit, as Tunix's "
-        "trainer runs it (NaN when evaluated op by op; the spec's k3 is +inf); the gradient, -inf, is the "
-        "spec's.",
-        where="rl/common.py:157", quote="kl = jnp.exp(diff) - diff - 1",
-        affected="google-tunix 0.1.7 with jax 0.10.2 on the CPU",
-    ),
-)
-
-NOTES = {
-    "forward pass": "the kit's log-probs replace the model's forward pass (common.compute_per_token_logps); "
-    "Tunix's log-softmax (selective_log_softmax) is not driven.",
-    "float32": "Tunix runs under JAX's default float32 (jax_enable_x64 off), and its forward pass returns "
-    "float32 log-probs: float64 cases are rounded to float32 (compute_dtype='float32').",
-    "groups": "Tunix's estimators reshape the rewards to (-1, num_generations): the driver passes the "
-    "groups of each size contiguously, one call per group size.",
-    "on_boundary": "a ratio exactly on a clip bound gets 3/4 of the spec's gradient (finding on_boundary, "
-    "a subgradient); the kit's judge accepts a subgradient only at the dual clip, so the class fails "
-    "the profile of every token-ratio mode (not gspo-token's): no flag models jnp.clip's half derivative.",
-    "zero_rows": "grpo_loss_fn raises on a batch without rows: its logged is_ratio/max is jnp.max over a "
-    "zero-size array (algo_core.py:477). Tunix never forms one: train_micro_batch_size must divide "
-    "mini_batch_size (rl_cluster.py:133). ppo_policy_loss_fn returns 0.",
-    "gspo-token extreme log-ratios": "the +-20 clamp of the token log-ratios acts inside the detached "
-    "sequence ratio only (algo_core.py:414-425): the token term logp - sg(logp) keeps its gradient where "
-    "the kit's log_ratio_clamp zeroes it, so extreme_log_ratio's gradient fails the gspo-token profile "
-    "(no flag of the kit applies the clamp inside sg(log s) only).",
-    "low_var_kl rounding": "the naive k3 exp(d) - d - 1 in float32 cancels for small |d|; compiled by "
-    "XLA it differs from torch's float32 evaluation of the same expression by a unit in the last place "
-    "on some inputs (measured: 0.53305364 where torch gives 0.53305358), so the kit's float32 naive-k3 "
-    "expected values (torch's rounding) miss "
-    "Tunix's by more than the tolerance at tiny to moderate log-ratios (the gradient 1 - exp(d) "
-    "cancels likewise).",
-    "single_token": "masked_whiten (GAE's and the whitening mode) gives NaN for a batch with one counted "
-    "token: masked_var's Bessel factor mask_sum / (mask_sum - 1) is 1 / 0 (algo_core.py:156), times a "
-    "variance of 0; the spec gives 0.",
-    "kl default": "GRPOConfig's default KL is beta=0.04 with kl_loss_mode='kl', the k1 estimator "
-    "logp - ref_logp as a loss (grpo_learner.py:95-96), whose gradient is beta per token whatever the "
-    "reference (mode grpo+kl/kl).",
-}
-
 
 # ----------------------------------------------------------------------------------------------
 # Import

@@ -27,7 +27,7 @@ __all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target"]
 # count >= 1 (whiten_count_eps 0); masked_var is Bessel-corrected (line 156), masked_whiten multiplies
 # by rsqrt(var + 1e-8) (line 127), and sum(x * mask) lets a NaN / inf at padding through
 _WHITEN = {"whiten_std": "sample", "whiten_eps": 1e-8, "whiten_eps_placement": "variance",
-           "whiten_masked_nonfinite": "propagate"}
+           "whiten_masked_nonfinite": "propagate", "whiten_sample_single": "nan"}
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
          convention={"gae_truncation": "terminate", "gae_padding_nonfinite": "propagate",

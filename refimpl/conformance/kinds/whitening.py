@@ -39,6 +39,8 @@ class WhiteningFlags:
         float32 function cannot be judged on; tests/test_conformance_kinds.py checks it there.
     whiten_masked_nonfinite: "ignored" | "propagate" (the padding multiplied by the mask: a NaN / inf there
         makes every output NaN).
+    whiten_sample_single: "raise" | "nan": a sample variance of one counted entry, n / (n - 1) = 1 / 0,
+        refused with an error (torch's ``var``: verl, SkyRL) or 1 / 0 times a variance of 0, NaN (Tunix).
     """
 
     whiten_mean: str = "masked"
@@ -50,6 +52,7 @@ class WhiteningFlags:
     whiten_one_pass: bool = False
     whiten_one_pass_dtype: str = "float32"
     whiten_masked_nonfinite: str = "ignored"
+    whiten_sample_single: str = "raise"
 
     def __post_init__(self) -> None:
         check_choices(self, {"whiten_mean": ("masked", "unmasked"), "whiten_std": ("population", "sample"),
@@ -57,7 +60,8 @@ class WhiteningFlags:
                              "whiten_eps_placement": ("variance", "std", "floor"),
                              "whiten_one_pass": (False, True),
                              "whiten_one_pass_dtype": ("float32", "float64"),
-                             "whiten_masked_nonfinite": ("ignored", "propagate")})
+                             "whiten_masked_nonfinite": ("ignored", "propagate"),
+                             "whiten_sample_single": ("raise", "nan")})
 
 
 def _exact32(x: torch.Tensor) -> torch.Tensor:
@@ -102,6 +106,9 @@ def whitening_cases(seed: int = 0) -> list[KindCase]:
 
 def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expected]:
     x, mask = case.inputs["advantages"], case.inputs["mask"]
+    single = flags.whiten_std == "sample" and int(mask.sum()) == 1
+    if single and flags.whiten_sample_single == "nan":
+        return {"advantages": Expected(torch.full(x.shape, math.nan, dtype=torch.float64), mask)}
     if flags.whiten_one_pass and flags.whiten_one_pass_dtype == "float64":
         out = _one_pass_float64(x, mask, flags)
     elif flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)

@@ -1,0 +1,105 @@
+"""What the Tunix driver (tunix.py) found in google-tunix 0.1.7's RL core beyond its profile's flags
+(``FINDINGS``, each with its class and verified line: findings.py) and what its matrix section says in
+prose (``NOTES``). Kept apart from tunix.py, the driver's modes and calls."""
+
+from __future__ import annotations
+
+from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
+
+__all__ = ["FINDINGS", "NOTES"]
+
+_AFFECTED = "google-tunix 0.1.7"
+
+FINDINGS = (
+    ratio_overflow_finding("rl/algo_core.py:214",
+                           "seq_importance_ratio = jnp.exp(per_token_logps - old_per_token_logps)",
+                           f"{_AFFECTED} (ppo_policy_loss_fn; grpo_loss_fn clamps at +-20)"),
+    Finding(
+        "seq_sum_width='padded_width'", "documented_default",
+        "loss_agg_mode 'sequence-mean-token-scale' (DrGRPOConfig's) divides each row's sum by norm, "
+        "whose default is the padded width of the batch (per_token_loss.shape[-1]), not Dr. GRPO's fixed "
+        "L_max: the loss scale changes with the longest response of each micro-batch unless the caller "
+        "passes norm, which the GRPO learner does not.",
+        where="rl/common.py:568", quote="norm = _check_get_norm(kwargs, per_token_loss.shape[-1])",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "on_boundary", "subgradient",
+        "at a ratio exactly on the clip bound that closes the gate (A > 0 at 1 + epsilon_high, A < 0 at "
+        "1 - epsilon) the gradient is 3/4 of the spec's one-sided derivative: jnp.clip's derivative at a "
+        "bound is 1/2 and jnp.maximum gives each side of the tie that makes 1/2 (1/2 x 1/2 + 1/2). The loss "
+        "has a kink there and every value between the one-sided derivatives (0 and -A r) is a subgradient: "
+        "not a bug; the judge accepts it with a note (policy_losses.md section 3).",
+        where="rl/algo_core.py:438", quote="per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
+        affected=f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn likewise, algo_core.py:223)",
+    ),
+    Finding(
+        "clip_bound_tie", "bug",
+        "the same 3/4 at a ratio exactly on the other bound (A > 0 at 1 - epsilon, A < 0 at 1 + "
+        "epsilon_high), where both branches of max(-A r, -A clip(r)) are -A r around the bound: the loss is "
+        "differentiable there, its derivative -A r unique, and the token gets 3/4 of it. Reached only by a "
+        "float32 ratio exactly equal to the bound (flag clip_bound_tie='three_quarters').",
+        where="rl/algo_core.py:438", quote="per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
+        affected=f"{_AFFECTED} (grpo_loss_fn, gspo-token included; ppo_policy_loss_fn, algo_core.py:223)",
+    ),
+    dual_clip_tie_finding("rl/algo_core.py:460",
+                          "pg_loss_clipped_dual = jnp.minimum(pg_loss_3, per_token_loss)",
+                          f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)"),
+    Finding(
+        "zero_rows='raise'", "value_only",
+        "grpo_loss_fn logs is_ratio/max as jnp.max over the whole batch: on a batch without rows a max over "
+        "a zero-size array raises ValueError and the step stops (the loss itself would be 0). Tunix never "
+        "forms one: train_micro_batch_size must divide mini_batch_size (rl_cluster.py:133).",
+        where="rl/algo_core.py:477",
+        quote="is_ratio_max = jnp.max(jnp.where(completion_mask > 0, is_ratio, 0.0))",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "infinite_log_ratio", "value_only",
+        "low_var_kl's exp(diff) - diff - 1 at diff = +inf (logp = -inf) is -inf under jax.jit, as Tunix's "
+        "trainer runs it (NaN when evaluated op by op; the spec's k3 is +inf); the gradient, -inf, is the "
+        "spec's.",
+        where="rl/common.py:157", quote="kl = jnp.exp(diff) - diff - 1",
+        affected=f"{_AFFECTED} with jax 0.10.2 on the CPU",
+    ),
+    Finding(
+        "whiten_sample_single", "bug",
+        "masked_whiten (the whitening inside compute_gae_advantages) of a batch with one counted token: "
+        "masked_var's Bessel factor mask_sum / (mask_sum - 1) is 1 / 0, times a variance of 0: NaN "
+        "advantages and a NaN step, where the spec gives 0 (verl and SkyRL raise instead). Reached only by "
+        "a PPO batch whose responses hold one token in all.",
+        where="rl/algo_core.py:156", quote="bessel_corr = mask_sum / (mask_sum - 1)",
+        affected=f"{_AFFECTED} (masked_whiten, compute_gae_advantages)",
+    ),
+)
+
+NOTES = {
+    "forward pass": "the kit's log-probs replace the model's forward pass (common.compute_per_token_logps); "
+    "Tunix's log-softmax (selective_log_softmax) is not driven.",
+    "float32": "Tunix runs under JAX's default float32 (jax_enable_x64 off), and its forward pass returns "
+    "float32 log-probs: float64 cases are rounded to float32 (compute_dtype='float32'); a float64 "
+    "log-ratio within float32's rounding of log 3 is a tie with epsilon_c = 3 there.",
+    "groups": "Tunix's estimators reshape the rewards to (-1, num_generations): the driver passes the "
+    "groups of each size contiguously, one call per group size.",
+    "clip bounds": "jnp.clip passes half of its derivative at a bound and jnp.maximum splits the tie that "
+    "makes: 3/4 of the gradient at a ratio exactly on 1 - epsilon or 1 + epsilon_high, whatever the sign "
+    "of A (flag clip_bound_tie='three_quarters'). On the bound that closes the gate it is a subgradient "
+    "(finding on_boundary), on the other a departure (finding clip_bound_tie); jnp.minimum halves the "
+    "dual clip's tie, a subgradient the judge accepts with a note (finding dual_clip_tie).",
+    "zero_rows": "grpo_loss_fn raises on a batch without rows: its logged is_ratio/max is jnp.max over a "
+    "zero-size array (algo_core.py:477; flag zero_rows='raise'). Tunix never forms one: "
+    "train_micro_batch_size must divide mini_batch_size (rl_cluster.py:133). ppo_policy_loss_fn returns 0.",
+    "gspo-token's clamp": "the +-20 clamp of the token log-ratios acts inside the detached sequence ratio "
+    "only (algo_core.py:414-425): the token term logp - sg(logp) keeps its gradient, as the kit's "
+    "log_ratio_clamp does for GSPO-token (a stability clamp like verl's and SkyRL's, no finding).",
+    "low_var_kl rounding": "the naive k3 exp(d) - d - 1 in float32 cancels for small |d|; compiled by "
+    "XLA, whose exp differs from torch's by a unit in the last place on some inputs (measured: 0.53305364 "
+    "where torch gives 0.53305358), it is judged as a float32 evaluation of the form "
+    "(kl_compute_dtype='float32': within four roundings of its terms, simple_checks.py).",
+    "single_token": "masked_whiten (GAE's and the whitening mode) gives NaN for a batch with one counted "
+    "token: masked_var's Bessel factor mask_sum / (mask_sum - 1) is 1 / 0 (algo_core.py:156), times a "
+    "variance of 0 (flag whiten_sample_single='nan', finding whiten_sample_single); the spec gives 0.",
+    "kl default": "GRPOConfig's default KL is beta=0.04 with kl_loss_mode='kl', the k1 estimator "
+    "logp - ref_logp as a loss (grpo_learner.py:95-96), whose gradient is beta per token whatever the "
+    "reference (mode grpo+kl/kl).",
+}
