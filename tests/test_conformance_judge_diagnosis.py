@@ -297,3 +297,35 @@ def test_the_irreducible_subset_of_three_flags_its_device_and_its_use(monkeypatc
     assert explain_case(case, *wrong, DAPO, conv, 1e-8, {"empty_rows": "keep"}, (), judge_policy,
                         "the device") == "matches flags empty_rows='keep', micro_batch='local_mean'"
     assert seen == [(conv, "the device")]
+
+
+def test_the_kl_averaged_over_padding_under_local_means_and_on_the_checks_device(monkeypatch):
+    """``_unmasked_kl`` mutmut_35 / 36 / 37 / 38 (the mistaken KL term of local means divided by the
+    number of micro-batches), 49 (a case without reference log-probs cannot match), 51 (the
+    check's device); ``explain_case`` mutmut_43 / 44 are in the test above."""
+    import torch
+
+    from refimpl.kl import kl_k3
+
+    v = REP(DAPO, kl_coef=0.1, kl_estimator="k3")
+    local = Convention(micro_batch="local_mean")
+    case = policy_loss_cases(v, local, classes=("micro_batch",))[0]  # 3 parts of 2 rows
+    loss, grad = expected_policy_loss(case, REP(v, kl_coef=0.0), local)
+    logp = case.logp.detach().double().requires_grad_(True)
+    parts = [list(p) for p in case.micro_batches]
+    term = sum(kl_k3(logp[p], case.ref_logp.double()[p]).mean() * 0.1 for p in parts) / len(parts)
+    (extra,) = torch.autograd.grad(term, logp)
+    got = (loss + term.detach(), grad + extra)  # kl.mean() over every position of each part
+    check = diagnosis._unmasked_kl(v, local, "cpu")
+    assert check(case, *got, 1e-8, judge_policy) is True
+    assert diagnosis._unmasked_kl(v, Convention(), "cpu")(case, *got, 1e-8, judge_policy) is False
+    assert check(REP(case, ref_logp=None), *got, 1e-8, judge_policy) is False
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    assert diagnosis._unmasked_kl(v, local, "the device")(case, *got, 1e-8, judge_policy) is True
+    assert devices == ["the device"]
