@@ -329,3 +329,25 @@ def test_the_kl_averaged_over_padding_under_local_means_and_on_the_checks_device
     monkeypatch.setattr(diagnosis, "expected_on", recording)
     assert diagnosis._unmasked_kl(v, local, "the device")(case, *got, 1e-8, judge_policy) is True
     assert devices == ["the device"]
+
+
+def test_a_users_function_off_by_two_flags_together_is_named_by_the_pair(monkeypatch):
+    """``_flag_pairs`` (mutmut_1-14, 25, 26, ...: its expected values, computed on the check's device,
+    decide which flags can be paired): no single alternative reproduces a log-ratio clamp together
+    with local means per micro-batch; the pair of the two does."""
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[1]
+    stale = case.old_logp.clone()
+    stale[0, 0] = case.logp[0, 0] - 25.0
+    case = REP(case, old_logp=stale, advantages=-case.advantages.abs())
+    got = expected_policy_loss(case, DAPO, Convention(log_ratio_clamp=20.0, micro_batch="local_mean"))
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    label = diagnosis._global_diagnosis([(case, *got)], DAPO, conv, 1e-8, (), judge_policy, "the device")
+    assert label == "flags log_ratio_clamp=20.0, micro_batch='local_mean'"
+    assert devices and set(devices) == {"the device"}
