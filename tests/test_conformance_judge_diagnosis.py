@@ -238,3 +238,116 @@ def test_golden_vectors_are_not_diagnosed_and_one_flag_is_one_rerun():
     assert explained_by_rerun(report, conv, {"empty_rows": "keep"}, run).results[0].explanation == (
         "flag empty_rows='keep'")
     assert calls == [Convention(empty_rows="keep")]
+
+
+def test_each_flag_set_is_rerun_once_and_a_passing_case_keeps_no_explanation():
+    """``explained_by_rerun`` mutmut_15 / 16 / 17 (the sets tried: each flag, each pair, then all of
+    three together, each once) and 44 (a passing case of a failing class gets no explanation)."""
+    conv = Convention()
+    flags = {"empty_rows": "keep", "micro_batch": "local_mean", "token_sum_rows": "all"}
+    tried = []
+
+    def run(candidate):
+        tried.append(tuple(f for f in flags if getattr(candidate, f) != getattr(conv, f)))
+        return CheckReport("t", (_result("a/0", "a", 1, len(tried[-1]) == 3), _result("a/1", "a", 1, True)))
+
+    report = CheckReport("t", (_result("a/0", "a", 1, False), _result("a/1", "a", 1, True)))
+    out = explained_by_rerun(report, conv, flags, run)
+    a, b, c = flags
+    assert tried == [(a,), (b,), (c,), (a, b), (a, c), (b, c), (a, b, c)]
+    assert [r.explanation for r in out.results] == [
+        "flags empty_rows='keep', micro_batch='local_mean', token_sum_rows='all'", None]
+    tried.clear()
+    explained_by_rerun(report, conv, {a: flags[a], b: flags[b]}, run)
+    assert tried == [(a,), (b,), (a, b)]
+
+
+def test_the_irreducible_subset_of_three_flags_its_device_and_its_use(monkeypatch):
+    """``minimal_flags`` mutmut_14 (a set with an invalid flag reproduces nothing), 17 (computed on the
+    check's device), 37 / 38 (a set of exactly three flags is shrunk); ``explain_case`` mutmut_25 / 30
+    / 34 (its result names the departure; the check's convention and device are passed on)."""
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[1]
+    stale = case.old_logp.clone()
+    stale[0, 0] = case.logp[0, 0] - 25.0
+    case = REP(case, old_logp=stale, advantages=-case.advantages.abs())
+    pair = {"log_ratio_clamp": 20.0, "micro_batch": "local_mean"}
+    got = expected_policy_loss(case, DAPO, Convention(**pair))
+    three = {"empty_rows": "keep", **pair}
+    assert diagnosis.minimal_flags(case, *got, DAPO, conv, 1e-8, three, judge_policy) == pair
+    assert diagnosis.minimal_flags(case, *got, DAPO, conv, 1e-8, {**three, "no_such_flag": 1},
+                                   judge_policy) is None
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    assert diagnosis.minimal_flags(case, *got, DAPO, conv, 1e-8, three, judge_policy, "the device") == pair
+    assert devices and set(devices) == {"the device"}
+    seen = []
+
+    def minimal(case, got_loss, got_grad, v, conv, rtol, flags, judge, device):
+        seen.append((conv, device))
+        return {"empty_rows": "keep", "micro_batch": "local_mean"}
+
+    monkeypatch.setattr(diagnosis, "minimal_flags", minimal)
+    wrong = (got[0] + 1.0, got[1])  # no alternative reproduces it
+    assert explain_case(case, *wrong, DAPO, conv, 1e-8, {"empty_rows": "keep"}, (), judge_policy,
+                        "the device") == "matches flags empty_rows='keep', micro_batch='local_mean'"
+    assert seen == [(conv, "the device")]
+
+
+def test_the_kl_averaged_over_padding_under_local_means_and_on_the_checks_device(monkeypatch):
+    """``_unmasked_kl`` mutmut_35 / 36 / 37 / 38 (the mistaken KL term of local means divided by the
+    number of micro-batches), 49 (a case without reference log-probs cannot match), 51 (the
+    check's device); ``explain_case`` mutmut_43 / 44 are in the test above."""
+    import torch
+
+    from refimpl.kl import kl_k3
+
+    v = REP(DAPO, kl_coef=0.1, kl_estimator="k3")
+    local = Convention(micro_batch="local_mean")
+    case = policy_loss_cases(v, local, classes=("micro_batch",))[0]  # 3 parts of 2 rows
+    loss, grad = expected_policy_loss(case, REP(v, kl_coef=0.0), local)
+    logp = case.logp.detach().double().requires_grad_(True)
+    parts = [list(p) for p in case.micro_batches]
+    term = sum(kl_k3(logp[p], case.ref_logp.double()[p]).mean() * 0.1 for p in parts) / len(parts)
+    (extra,) = torch.autograd.grad(term, logp)
+    got = (loss + term.detach(), grad + extra)  # kl.mean() over every position of each part
+    check = diagnosis._unmasked_kl(v, local, "cpu")
+    assert check(case, *got, 1e-8, judge_policy) is True
+    assert diagnosis._unmasked_kl(v, Convention(), "cpu")(case, *got, 1e-8, judge_policy) is False
+    assert check(REP(case, ref_logp=None), *got, 1e-8, judge_policy) is False
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    assert diagnosis._unmasked_kl(v, local, "the device")(case, *got, 1e-8, judge_policy) is True
+    assert devices == ["the device"]
+
+
+def test_a_users_function_off_by_two_flags_together_is_named_by_the_pair(monkeypatch):
+    """``_flag_pairs`` (mutmut_1-14, 25, 26, ...: its expected values, computed on the check's device,
+    decide which flags can be paired): no single alternative reproduces a log-ratio clamp together
+    with local means per micro-batch; the pair of the two does."""
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[1]
+    stale = case.old_logp.clone()
+    stale[0, 0] = case.logp[0, 0] - 25.0
+    case = REP(case, old_logp=stale, advantages=-case.advantages.abs())
+    got = expected_policy_loss(case, DAPO, Convention(log_ratio_clamp=20.0, micro_batch="local_mean"))
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    label = diagnosis._global_diagnosis([(case, *got)], DAPO, conv, 1e-8, (), judge_policy, "the device")
+    assert label == "flags log_ratio_clamp=20.0, micro_batch='local_mean'"
+    assert devices and set(devices) == {"the device"}

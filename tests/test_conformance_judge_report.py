@@ -5,16 +5,21 @@ per class, the smallest failing case, JSON, the table)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
+import sys
 
 import pytest
 import torch
 
+from refimpl.conformance import user_code
 from refimpl.conformance.case_types import KLCase, PolicyLossCase
 from refimpl.conformance.contract import SignatureError
 from refimpl.conformance.engine import (
     case_line,
     case_text,
+    expected_on,
     judged,
     on_cpu,
     preflight,
@@ -309,3 +314,77 @@ def test_a_line_is_cut_only_past_the_limit():
     longer = CheckReport("t", (result("e/0", "e", 1, ok=False, detail="x" * 4001),))
     assert "x" * 4000 + " ... (1 more characters: CheckReport.to_dict() has them)" in (
         longer.failure_message().splitlines())
+
+
+def test_a_function_that_ends_the_process_is_named_and_the_progress_names_each_class():
+    """The loop's name of the checked function in a failure that is no exception (engine ``run_cases``
+    mutmut_3 / 4 / 27 / 29: the default "the function" changed, ``what`` dropped; ``run_user``
+    mutmut_1: the message), and a progress line per case class (``run_cases`` 8 / 9 / 51), the class
+    of a tuple item being its first element's and "cases" for an item without one (``_case_class``,
+    reached only with a progress writer: mutmut_1-14)."""
+    def call(item):
+        sys.exit(3)
+
+    out = run_cases([1], expect=lambda i: i, call=call, judge=lambda item, expected, got, error: error)
+    assert out[0].result == "the function called sys.exit(3)"
+    named = run_cases([1], expect=lambda i: i, call=call, judge=lambda item, expected, got, error: error,
+                      what="my_loss")
+    assert named[0].result == "my_loss called sys.exit(3)"
+    lines = []
+    items = [kl_case(0), kl_case(1), (_ClassOnly("p"), 2), 7]
+    with user_code.settings(progress=lines.append):
+        run_cases(items, expect=lambda i: None, call=lambda i: None, judge=lambda *a: None)
+    assert [re.sub(r", [0-9.]+ s$", "", line) for line in lines] == [
+        "[1/3] cls: 2 cases", "[2/3] p: 1 case", "[3/3] cases: 1 case"]
+
+
+class _ClassOnly:
+    """An item that names its case class and moves nowhere (no ``to``)."""
+
+    def __init__(self, case_class):
+        self.case_class = case_class
+
+
+def test_the_expected_values_are_computed_on_the_device_asked_for():
+    """engine ``expected_on`` mutmut_6 (the case moved to no device: it stayed on the CPU)."""
+    case = kl_case()
+    assert expected_on("meta", lambda c, k: (c.logp.device.type, k), case, 7) == ("meta", 7)
+
+
+def test_preflight_names_a_callable_without_a_qualified_name_and_a_process_exit():
+    """engine ``preflight`` mutmut_4 / 10 (the type's name of a callable without ``__qualname__``) and
+    13 / 15 / 16 (the function's name in, and the text of, a failure that is no exception)."""
+    def fn():
+        pass
+
+    partial = functools.partial(fn)
+    with pytest.raises(SignatureError, match=r"^partial fails on the plainest case with ValueError: bad; "):
+        preflight("kl", partial, lambda: (_ for _ in ()).throw(ValueError("bad")), (2,))
+    with pytest.raises(SignatureError, match=r"^[\w.<>]+\.fn called sys\.exit\(3\) on the plainest case$"):
+        preflight("kl", fn, lambda: sys.exit(3), (2,))
+
+
+def test_the_first_line_of_a_failure_and_its_diagnosis():
+    """report ``failure_message`` mutmut_15 / 16 (the losses printed only when both are known and the
+    function did not raise) and 31 (the diagnosis line), ``what_failed`` 11 / 13 (a value failure of
+    a kind without gradient says nothing of the gradient), ``render`` 3 / 10 / 16 and ``table`` 23 (the
+    blank line after the table, the lists of cases, classes and departures)."""
+    no_expected = CheckReport("t", (result("v/0", "v", 1, ok=False, grad_ok=None, grad_error=None, got=0.5),))
+    assert no_expected.failure_message().splitlines()[0] == (
+        "v failed: smallest failing case v/0: value off by 1.00e+00 (relative)")
+    raising = CheckReport("t", (result("r/0", "r", 1, ok=False, error="E: x", expected=1.0, got=2.0),))
+    assert raising.failure_message().splitlines()[0] == (
+        "r failed: smallest failing case r/0: the function raised E: x")
+    lines = CheckReport("t", (result("x/0", "x", 1, ok=False, explanation="matches a"),)).failure_message()
+    assert "smallest failing case: x/0\n  diagnosis: matches a\ndetail of x/0" in lines
+    passing = CheckReport("title", (result("a/0", "a", 1), result("c/0", "c", 1, departure="f=1"),
+                                    result("c/1", "c", 1, departure="g=2"),
+                                    result("c/2", "c", 1, departure="f=1")))
+    assert passing.table().splitlines()[-1].endswith("5.00e-01      f=1, g=2")
+    assert passing.render() == (f"title\n\n{passing.table()}\n\n"
+                                "departure from the spec, allowed by f=1: c/0, c/2\n"
+                                "departure from the spec, allowed by g=2: c/1\n"
+                                "PASS: 4 cases in 2 case classes")
+    failing = CheckReport("t", (result("a/0", "a", 1, ok=False), result("b/0", "b", 1, ok=False)))
+    assert "\nFAIL: case classes a, b\n" in failing.render()
+    assert "\nFAIL: case classes a, b\n" in dataclasses.replace(failing, list_departures=True).render()
