@@ -186,7 +186,7 @@ KINDS = {  # kind: (module and name of its expected-value function, the check on
                                             device=SIMULATED)),
     "kl": (simple_checks, "expected_kl",
            lambda: checks.check_kl(kl_k3, classes=("small_log_ratio",), device=SIMULATED)),
-    "group_advantages": (simple_checks, "expected_group_advantages",
+    "group_advantages": (simple_checks, "expected_advantages",
                          lambda: checks.check_advantages(_advantages, classes=("unequal_groups",),
                                                          device=SIMULATED)),
     "token_logprobs": (simple_checks, "expected_token_logprobs",

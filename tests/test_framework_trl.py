@@ -24,6 +24,7 @@ from refimpl.conformance.checks import resolve_preset
 from refimpl.conformance.conventions import convention_from_flags
 from refimpl.conformance.expected import convention_normalizer, effective_variant, expected_policy_loss
 from refimpl.conformance.frameworks import Mode, load_driver, source_hash
+from refimpl.conformance.kinks import TIE_NOTE
 from refimpl.conformance.profiles import framework_config, profile
 from refimpl.losses import PRESETS, policy_loss
 
@@ -228,9 +229,12 @@ def test_trl_delta_is_the_dual_clip(installed, mode):
         # spec's inclusive gate does (dual_clip_tie='inclusive', TRL's profile leaves it unset)
         report = check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=("dual_clip_tie",))
         assert report.ok and report.by_class() and not report.departures(), report.render()
+        # expecting the tie's midpoint, TRL's whole gradient is the other end of the kink's
+        # subdifferential (policy_losses.md section 3): it passes, noted as a subgradient
         half = dataclasses.replace(conv, dual_clip_tie="half")
         report = check_policy_loss(fn, variant, convention=half, adapter=adapter, classes=("dual_clip_tie",))
-        assert report.failing_classes() == ["dual_clip_tie"]
+        noted = [r for r in report.results if r.departure == TIE_NOTE]
+        assert report.ok and noted and all(r.grad_error > 0.1 for r in noted), report.render()
 
 
 def test_sapo_float32_temperature_is_the_whole_departure(installed):

@@ -217,7 +217,7 @@ def _write_repros(framework: str, directory: str) -> int:
     """``refimpl check framework F --repro DIR``: one standalone script per bug finding of F (they
     need the framework only when run, not to be written)."""
     from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS
-    from refimpl.conformance.frameworks.repro import write_repros
+    from refimpl.conformance.frameworks.repro import unscripted, write_repros
 
     names = FRAMEWORKS + EXTRA_FRAMEWORKS
     if framework not in names:
@@ -230,6 +230,10 @@ def _write_repros(framework: str, directory: str) -> int:
         print(path)
     if not paths:
         print(f"{framework}: no bug finding to reproduce (refimpl matrix lists every finding)")
+    missing = unscripted(framework)
+    if missing:
+        print(f"{framework}: no script yet for {', '.join(missing)} (refimpl matrix describes them)",
+              file=sys.stderr)
     return 0
 
 

@@ -24,7 +24,7 @@ from . import load_driver
 from .findings import REPRODUCED_KINDS
 from .repro_bodies import BODIES
 
-__all__ = ["ARRAYS", "BODIES", "PREAMBLE", "preamble", "repro_script", "write_repros"]
+__all__ = ["ARRAYS", "BODIES", "PREAMBLE", "preamble", "repro_script", "unscripted", "write_repros"]
 
 #: the array library a framework's scripts import in place of torch: (its name in the header, the lines)
 ARRAYS = {"tunix": ("numpy, JAX", "import jax\nimport jax.numpy as jnp\nimport numpy as np\n")}
@@ -161,12 +161,21 @@ def repro_script(framework: str, key: str) -> str:
     return header + '"""\n\n' + preamble(framework) + BODIES[(framework, key)]
 
 
+def unscripted(framework: str) -> list[str]:
+    """The keys of ``framework``'s bug and validation findings that have no script yet (``BODIES``;
+    tests/test_framework_findings.py lists the ones allowed)."""
+    return [f.key for f in load_driver(framework).findings()
+            if f.kind in REPRODUCED_KINDS and (framework, f.key) not in BODIES]
+
+
 def write_repros(framework: str, directory: str | pathlib.Path) -> list[pathlib.Path]:
-    """Write one script per bug or validation finding of ``framework`` into ``directory`` (created);
-    never replaces
-    a file that exists (FileExistsError naming it)."""
+    """Write one script per bug or validation finding of ``framework`` that has one (``unscripted``
+    names the others) into ``directory`` (created); never replaces a file that exists
+    (FileExistsError naming it)."""
     out = pathlib.Path(directory)
-    keys = [f.key for f in load_driver(framework).findings() if f.kind in REPRODUCED_KINDS]
+    missing = set(unscripted(framework))
+    keys = [f.key for f in load_driver(framework).findings() if f.kind in REPRODUCED_KINDS
+            and f.key not in missing]
     paths = [out / f"repro_{framework}_{key.replace(':', '_')}.py" for key in keys]
     existing = [str(p) for p in paths if p.exists()]
     if existing:

@@ -44,7 +44,8 @@ FINDINGS = (
     ),
     dual_clip_tie_finding("rl/algo_core.py:460",
                           "pg_loss_clipped_dual = jnp.minimum(pg_loss_3, per_token_loss)",
-                          f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)"),
+                          f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)",
+                          function="grpo_loss_fn"),
     Finding(
         "zero_rows='raise'", "value_only",
         "grpo_loss_fn logs is_ratio/max as jnp.max over the whole batch: on a batch without rows a max over "
