@@ -12,7 +12,7 @@ EDITABLE_LOCK ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install frameworks check-frameworks drift run results results-check report test test-threads thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
+.PHONY: install frameworks check-frameworks drift run results results-check report test test-threads test-matrix thread-survey test-thorough test-portable lint bench ablation clean mutation mutation-selftest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -105,9 +105,24 @@ test: $(STAMP)
 # OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE) instead of spinning on a busy machine's cores.
 # numpy's BLAS (OpenBLAS, which reads OMP_NUM_THREADS too) stays at one thread, as in the one-thread
 # pass: only torch's intra-op threads differ between the passes, the thing the survey measures.
+# THREADS_MARK narrows the selection (.ci/run: "threads and not real_matrix", the matrix's tests
+# running in make test-matrix beside it).
+THREADS_MARK ?= threads
 test-threads: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} OPENBLAS_NUM_THREADS=1 \
-	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m threads $(PYTEST_ARGS)
+	  HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest -q -m "$(THREADS_MARK)" $(PYTEST_ARGS)
+
+# The tests that build the installed frameworks' whole matrix (marked ``real_matrix`` by
+# tests/conftest.py: the committed docs/conformance-matrix.json compared with it, every mode under its
+# profile from the command line, docs/conformance.md's `refimpl matrix` examples), in one process so
+# that the matrix is built once, at one thread as make check-frameworks builds it. Run it with the
+# frameworks installed: make test-matrix VENV=.venv-frameworks. MATRIX_TESTS: the modules that hold
+# them (collecting the whole suite costs 10-20 s; tests/test_ci_lanes.py checks that no other module
+# uses the fixture).
+MATRIX_TESTS := tests/test_conformance_docs.py tests/test_framework_matrix.py
+test-matrix: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} \
+	  $(BIN)/python -m pytest -q -m real_matrix $(PYTEST_ARGS) $(MATRIX_TESTS)
 
 # Which tests compute differently at two threads than at one (docs/ci.md): every torch result of
 # every test hashed at 1 and at 2 threads (slow: hours of one core for the whole suite; TESTS=...

@@ -68,6 +68,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "threads: may compute differently at two intra-op threads (make test-threads runs these)"
     )
+    config.addinivalue_line(
+        "markers", "real_matrix: builds the installed frameworks' whole matrix (make test-matrix runs these)"
+    )
 
 
 # Test modules, and test functions (every parametrisation) in other modules, whose every torch result
@@ -153,6 +156,10 @@ def pytest_collection_modifyitems(config, items):
         # installed there only (CI's one-thread pass is a newcomer's checkout without them)
         if not _thread_insensitive(item) or item.get_closest_marker("framework"):
             item.add_marker("threads")
+        # the tests that build the whole matrix of the installed frameworks (one build per process, the
+        # ``real_matrix`` fixture): CI runs them apart from the two-thread pass (make test-matrix)
+        if "real_matrix" in getattr(item, "fixturenames", ()):
+            item.add_marker("real_matrix")
 
 
 @pytest.fixture(autouse=True)

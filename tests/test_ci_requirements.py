@@ -45,3 +45,29 @@ def test_a_skipped_node_test_fails_when_node_is_required(monkeypatch):
     assert _node_outcome(monkeypatch, required=True, marked=True) == "failed"
     assert _node_outcome(monkeypatch, required=False, marked=True) == "skipped"
     assert _node_outcome(monkeypatch, required=True, marked=False) == "skipped"
+
+
+def test_make_test_matrix_collects_every_module_that_builds_the_real_matrix():
+    """CI's two-thread pass leaves out the tests marked ``real_matrix`` (conftest marks every test that
+    takes the fixture) and `make test-matrix` runs them, collecting only the Makefile's MATRIX_TESTS:
+    a module outside that list that took the fixture would run in neither."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    (listed,) = re.findall(r"^MATRIX_TESTS := (.+)$", (root / "Makefile").read_text(), flags=re.M)
+    users = {f"tests/{path.name}" for path in (root / "tests").glob("test_*.py")
+             if re.search(r"def test_\w+\([^)]*\breal_matrix\b", path.read_text())}
+    assert users and users == set(listed.split())
+
+
+def test_a_test_that_takes_the_real_matrix_is_marked_and_others_are_not():
+    def item(fixtures):
+        marks = []
+        return SimpleNamespace(path=SimpleNamespace(name="test_x.py"), originalname="test_y",
+                               fixturenames=fixtures, get_closest_marker=lambda name: None,
+                               add_marker=marks.append, marks=marks)
+
+    taking, other = item(("tmp_path", "real_matrix")), item(("tmp_path",))
+    conftest.pytest_collection_modifyitems(None, [taking, other])
+    assert taking.marks == ["threads", "real_matrix"] and other.marks == ["threads"]
