@@ -117,7 +117,7 @@ test-threads: $(STAMP)
 # profile from the command line, docs/conformance.md's `refimpl matrix` examples), in one process so
 # that the matrix is built once, at one thread as make check-frameworks builds it. Run it with the
 # frameworks installed: make test-matrix VENV=.venv-frameworks. MATRIX_TESTS: the modules that hold
-# them (collecting the whole suite costs 10-20 s; tests/test_ci_lanes.py checks that no other module
+# them (collecting the whole suite costs 10-20 s; tests/test_ci_requirements.py checks that no other module
 # uses the fixture).
 MATRIX_TESTS := tests/test_conformance_docs.py tests/test_framework_matrix.py
 test-matrix: $(STAMP)
