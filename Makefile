@@ -119,7 +119,7 @@ test-threads: $(STAMP)
 # frameworks installed: make test-matrix VENV=.venv-frameworks. MATRIX_TESTS: the modules that hold
 # them (collecting the whole suite costs 10-20 s; tests/test_ci_requirements.py checks that no other module
 # uses the fixture).
-MATRIX_TESTS := tests/test_conformance_docs.py tests/test_framework_matrix.py
+MATRIX_TESTS := tests/test_conformance_docs.py tests/test_framework_matrix.py tests/test_framework_matrix_extra.py
 test-matrix: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} \
 	  $(BIN)/python -m pytest -q -m real_matrix $(PYTEST_ARGS) $(MATRIX_TESTS)
