@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from refimpl.conformance import matrix
+from refimpl.conformance import matrix_check
 from refimpl.conformance.cli import main
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
@@ -95,7 +95,10 @@ def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys, real_matri
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     # the page's `refimpl matrix` and `refimpl matrix --check` build the same matrix: build it once
-    monkeypatch.setattr(matrix, "build_matrix", lambda names=None: real_matrix(tuple(names or ()) or None))
+    # (patched where `refimpl matrix` looks it up; `built` shows that the commands went through it)
+    built = []
+    monkeypatch.setattr(matrix_check, "build_matrix",
+                        lambda names=None: built.append(names) or real_matrix(tuple(names or ()) or None))
     (tmp_path / "docs").mkdir()
     written, namespace, ran = [], {}, 0
     try:
@@ -128,7 +131,7 @@ def test_every_example_runs_as_written(tmp_path, monkeypatch, capsys, real_matri
     finally:
         for name in written:
             sys.modules.pop(name, None)
-    assert ran >= 12
+    assert ran >= 12 and len(built) == 2, built
     written = tmp_path / "docs" / "conformance-matrix.md"
     if all(f["available"] for f in real_matrix(None)["frameworks"]):
         assert written.read_text().startswith("# Conformance matrix")
