@@ -71,7 +71,7 @@ EXTRA = "tunix"
 REQUIREMENTS = ("flax==0.12.8", "optax==0.2.8", "msgpack==1.2.4", "absl-py==2.5.1", "rich==15.0.0",
                 "PyYAML==6.0.4", "treescope==0.1.10")
 _STUBBED = ("humanize",)
-_SOURCES = ("rl/algo_core.py", "rl/common.py")
+_SOURCES = ("rl/algo_core.py", "rl/common.py", "rl/grpo/dapo_learner.py")
 _INSTALL = "refimpl frameworks install tunix"
 
 # ----------------------------------------------------------------------------------------------
