@@ -154,12 +154,14 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
 
 
 #: A fork server for the reproduction scripts: a fresh interpreter, started outside the checkout without
-#: PYTHONPATH, imports torch once (most of a script's time) and forks one child per script, which runs
+#: PYTHONPATH, imports torch once (most of a script's time; torch._dynamo too, which each Liger-Kernel
+#: script's chunked loss imports) and forks one child per script, which runs
 #: it as ``python script.py`` would (``__main__``, its folder first on sys.path, its own stdout and
 #: stderr, a 300 s alarm) and exits; the server answers each script's exit status on a line.
 SCRIPT_SERVER = r"""
 import os, runpy, signal, sys, traceback
 import torch  # noqa: F401  (shared by every script; a JAX framework's script never touches it)
+import torch._dynamo  # noqa: F401  (Liger-Kernel's fused_linear_ppo.py imports it at its top: seconds of CPU)
 for line in iter(sys.stdin.readline, ""):
     script = line.rstrip("\n")
     pid = os.fork()

@@ -174,8 +174,8 @@ _UNSUPPORTED_LOSS = {
     "importance_sampling_level='sequence' with bnpo / dr_grpo / dapo": "sequence ratios with a token "
     "aggregation (length-weighted GSPO) are not a preset; the sequence level is driven with grpo and luspo.",
     "luspo with importance_sampling_level='token', or beta > 0": "per_token_loss is then [B, T] and "
-    "luspo's sum runs over every position, the masked ones included, divided by B x T: each row weighs "
-    "T_i^2 / T, no spec aggregation (finding luspo_token_level, a bug).",
+    "luspo's sum runs over every position, the masked ones included, divided by B x T: each position "
+    "of row i weighs T_i / (B T), no spec aggregation (finding luspo_token_level, a bug).",
     "vllm_is_ratio": "the behaviour importance ratio comes from vLLM's log-probs, which the kit's calls "
     "do not carry.",
     "compiled=True": "Liger's default compiles ppo_loss_fn with torch.compile (Inductor needs a C compiler "
