@@ -100,7 +100,8 @@ def test_overlong_shaping_has_no_floor_and_counts_characters():
     len(completion): five tokens of four characters are penalised as 20 (finding overlong_characters)."""
     classes = ("soft_zone", "beyond_max_len")
     assert not _failing("reward_shaping", classes, kind="overlong")
-    assert _failing("reward_shaping", classes, kind="overlong", overlong_floor="minus_one") == {"beyond_max_len"}
+    floored = _failing("reward_shaping", classes, kind="overlong", overlong_floor="minus_one")
+    assert floored == {"beyond_max_len"}
     fn, _ = driver.kind_target(_mode("reward_shaping", "overlong"))
     assert fn.__code__.co_filename.endswith("rl/grpo/dapo_learner.py")  # Tunix's own def
     budget = {"overlong_buffer_length": 5, "overlong_buffer_penalty": 1.0, "max_response_length": 20}

@@ -68,10 +68,11 @@ FINDINGS = (
         "times each row's length is summed over every position, the padding's unmasked, and divided by "
         "B x T, i.e. sum_i (T_i / T) sum_t f_it / B: every position of row i, padding included, weighs "
         "T_i / (B T) where LUSPO's token sum weighs each response token 1 / B, so padding tokens get "
-        "gradient (their log-probs come from the hidden states at pad positions). TRL, whose line the comment says Liger matches, masks before "
-        "aggregating since huggingface/trl pull request 6654 (TRL 1.16.0: (per_token_loss * mask).sum(-1)"
-        ".mean()); a KL term (beta > 0) makes the loss [B, T] at the sequence level too. Not a driven "
-        "mode: no spec aggregation weighs a token T_i / T (UNSUPPORTED).",
+        "gradient (their log-probs come from the hidden states at pad positions). TRL, whose line the "
+        "comment says Liger matches, masks before aggregating since huggingface/trl pull request 6654 "
+        "(TRL 1.16.0: (per_token_loss * mask).sum(-1).mean()); a KL term (beta > 0) makes the loss "
+        "[B, T] at the sequence level too. Not a driven mode: no spec aggregation weighs a token T_i / T "
+        "(UNSUPPORTED).",
         where="chunked_loss/grpo_loss.py:245",
         quote="loss = weighted.sum() / (full_attention_mask.shape[0] * weighted.shape[1])",
         affected="liger-kernel 0.8.5 (chunked loss)",
