@@ -112,12 +112,7 @@ def test_the_enclosing_function_is_the_innermost_def_above():
 def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
     bugs = {(name, f.key) for name in FRAMEWORKS + EXTRA_FRAMEWORKS for f in load_driver(name).findings()
             if f.kind in REPRODUCED_KINDS}
-    # an opt-in framework's bug without a script yet (CI, which runs the scripts, does not install JAX):
-    # listed here so that the gap is seen and this line changes with it
-    unscripted = {("tunix", "clip_bound_tie"), ("tunix", "whiten_sample_single")}
-    assert {b for b in bugs if opt_in(b[0])} >= unscripted
-    bugs -= unscripted
-    assert bugs == set(BODIES)
+    assert bugs == set(BODIES)  # every one scripted, the opt-in framework's (Tunix: JAX) too
     for name, key in sorted(bugs):
         script = repro_script(name, key)
         compile(script, f"repro_{name}_{key}.py", "exec")
@@ -126,7 +121,7 @@ def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
         arrays = {"jax", "numpy", "flax"} if name in ARRAYS else {"torch"}  # a JAX framework: no torch
         assert imports <= {"importlib", "pathlib", "sys", "types", "omegaconf", "verl", "trl",
                            "warnings", "collections", "dataclasses", "os", "tempfile", *arrays,
-                           "ast", "numpy"}, imports  # AReaL's utils/data.py classes: parsed, run with numpy
+                           "ast", "numpy", "typing"}, imports  # a def parsed from its file (AReaL, Tunix)
         assert arrays - {"flax"} <= imports
         assert "refimpl" not in script
 
@@ -149,15 +144,19 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
     assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver
-    assert [p.name for p in (tmp_path / "x").iterdir()] == ["repro_tunix_ratio_overflow.py"]
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [
+        "repro_tunix_clip_bound_tie.py", "repro_tunix_config_dynamic_sampling.py",
+        "repro_tunix_overlong_characters.py", "repro_tunix_overlong_floor.py",
+        "repro_tunix_ppo_rewards_int32.py", "repro_tunix_ratio_overflow.py",
+        "repro_tunix_whiten_sample_single.py"]
     assert main(["check", "framework", "openrlhf", "--repro", str(tmp_path / "o")]) == 0
     assert "repro_openrlhf_value_empty_step.py" in {p.name for p in (tmp_path / "o").iterdir()}
 
 
 #: A fork server for the reproduction scripts: a fresh interpreter, started outside the checkout without
-#: PYTHONPATH, imports torch once (most of a script's time), with torch._dynamo and, where installed,
-#: transformers' model classes (TRL's and verl's modules import both: 1-2 s a script), and forks one
-#: child per script, which runs
+#: PYTHONPATH, imports torch once (most of a script's time), with torch._dynamo (Liger-Kernel's, TRL's and
+#: verl's modules import it) and, where installed, transformers' model classes (TRL's and verl's modules
+#: import them: 1-2 s a script), and forks one child per script, which runs
 #: it as ``python script.py`` would (``__main__``, its folder first on sys.path, its own stdout and
 #: stderr, a 300 s alarm) and exits; the server answers each script's exit status on a line.
 SCRIPT_SERVER = r"""

@@ -223,6 +223,10 @@ def test_every_finding_of_a_driver_is_shown_by_a_mode(name, real_matrix):
 
     undriven = {b["key"] for b in bugs if b["kind"] == "documented_default"
                 and b["key"].split("=", 1)[0] not in set(FLAGS) | profiles}
+    # and a bug in a path the kit cannot drive (Liger-Kernel's Triton kernels, its luspo at the token
+    # level: no spec aggregation) is shown by its script and named by the unsupported mode that says why
+    reasons = " ".join(u["reason"] for u in row["unsupported"])
+    undriven |= {b["key"] for b in bugs if f"finding {b['key']}" in reasons}
     untagged = [b["key"] for b in bugs if not b["modes"] and b["kind"] != "validation"
                 and b["key"] not in undriven]
     assert [k for k in untagged if k.split("=", 1)[0] not in profiles] == []

@@ -94,6 +94,21 @@ def test_each_kind_flag_is_needed(kind, name, flags, failing):
     assert _failing(name, classes, kind=kind, **flags) == failing
 
 
+def test_overlong_shaping_has_no_floor_and_counts_characters():
+    """DAPOLearner's reward_shaping (kind overlong, executed from grpo/dapo_learner.py): past max_len the
+    ramp continues below -1 (the profile's overlong_floor='none' is needed), and it measures
+    len(completion): five tokens of four characters are penalised as 20 (finding overlong_characters)."""
+    classes = ("soft_zone", "beyond_max_len")
+    assert not _failing("reward_shaping", classes, kind="overlong")
+    floored = _failing("reward_shaping", classes, kind="overlong", overlong_floor="minus_one")
+    assert floored == {"beyond_max_len"}
+    fn, _ = driver.kind_target(_mode("reward_shaping", "overlong"))
+    assert fn.__code__.co_filename.endswith("rl/grpo/dapo_learner.py")  # Tunix's own def
+    budget = {"overlong_buffer_length": 5, "overlong_buffer_penalty": 1.0, "max_response_length": 20}
+    assert fn([""], ["abcd" * 5], None, overlong_buffer=budget) == [-1.0]  # 5 tokens: 0 by DAPO's eq.
+    assert fn([""], ["x" * 5], None, overlong_buffer=budget) == [0]
+
+
 def test_low_var_kl_is_a_float32_evaluation_of_the_naive_form():
     """compute_kl_divergence casts to float32 (large log-ratios fail without the flag); its naive k3 under
     XLA is within float32's rounding of torch's evaluation and -inf at an infinite log-ratio, the naive

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 
 from . import Mode
 from .driver import distribution_version, find_mode
-from .findings import Finding, ratio_overflow_finding, zero_rows_finding
+from .liger_findings import FINDINGS, NOTES
 from .releases import release_modes
 from .sources import (
     installed_files,
@@ -166,12 +166,16 @@ _UNSUPPORTED_LOSS = {
     "vespo": "loss_type='vespo': its Gamma weighting of the sequence ratio (get_gamma_weights) has no "
     "gate in refimpl's policy-loss family.",
     "triton_grpo_loss (liger_kernel.transformers.grpo_loss)": "the Triton kernel takes logits [B, L+1, V] "
-    "and needs triton (641 MB installed); it runs on CPU tensors only under TRITON_INTERPRET=1 set before "
-    "liger_kernel.ops is imported. Its per-token terms are the chunked loss's, in float32.",
+    "and needs triton (641 MB installed) and a GPU (on CPU tensors only under TRITON_INTERPRET=1 set before "
+    "liger_kernel.ops is imported), which the CPU CI has not. Its per-token terms are the chunked loss's, in "
+    "float32; two of its reductions are not: luspo weighs each row by T_i^2 / L (finding triton_luspo, a bug "
+    "whose script runs the torch reduction) and dr_grpo without max_completion_length divides by the padded "
+    "width (finding triton_dr_grpo_width).",
     "importance_sampling_level='sequence' with bnpo / dr_grpo / dapo": "sequence ratios with a token "
     "aggregation (length-weighted GSPO) are not a preset; the sequence level is driven with grpo and luspo.",
-    "luspo + beta > 0": "with a KL term per_token_loss becomes [B, T] and luspo's mean counts the masked "
-    "positions (weighted.shape[1] = T): not a spec aggregation.",
+    "luspo with importance_sampling_level='token', or beta > 0": "per_token_loss is then [B, T] and "
+    "luspo's sum runs over every position, the masked ones included, divided by B x T: each position "
+    "of row i weighs T_i / (B T), no spec aggregation (finding luspo_token_level, a bug).",
     "vllm_is_ratio": "the behaviour importance ratio comes from vLLM's log-probs, which the kit's calls "
     "do not carry.",
     "compiled=True": "Liger's default compiles ppo_loss_fn with torch.compile (Inductor needs a C compiler "
@@ -191,51 +195,6 @@ UNSUPPORTED = {
 }
 # preset -> the mode whose flags are ``--convention liger --preset P``
 PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "gspo")}
-#: What the driver found in Liger's code (the matrix lists them with the modes that show them).
-FINDINGS = (
-    ratio_overflow_finding("chunked_loss/grpo_loss.py:155", "coef_1 = torch.exp(log_importance_weights)",
-                           "liger-kernel 0.8.5"),
-    zero_rows_finding("chunked_loss/grpo_loss.py:228", ").sum() / full_attention_mask.shape[0]",
-                      "liger-kernel 0.8.5 (grpo, sapo; dr_grpo and luspo likewise)"),
-    Finding(
-        "config:use_ref_model", "validation",
-        "with beta > 0 and use_ref_model=False (the default of the base class) the ref_per_token_logps it "
-        "is given are dropped and the policy's own detached log-probs stand in: the KL term is silently "
-        "0 in value and gradient.",
-        where="chunked_loss/fused_linear_ppo.py:388",
-        quote="if use_ref_model and ref_per_token_logps is not None",
-        affected="liger-kernel 0.8.5",
-    ),
-    Finding(
-        "config:delta", "validation",
-        "delta (INTELLECT-2's cap on the ratio, a dual clip) is checked only for delta > 0: a delta below "
-        "1 + epsilon_high caps ratios inside the clip band (A > 0 tokens lose their gradient before the "
-        "clip does), which no dual-clip formulation intends (c >= 1 + eps_high, policy_losses.md eq. (7)).",
-        where="chunked_loss/grpo_loss.py:467", quote="if delta is not None and delta <= 0:",
-        affected="liger-kernel 0.8.5",
-    ),
-    Finding(
-        "config:max_completion_length", "validation",
-        "dr_grpo divides by rows x max_completion_length without checking the completions: responses "
-        "longer than max_completion_length are accepted and their tokens weigh more than Dr. GRPO's "
-        "constant allows (the loss is no longer a mean).",
-        where="chunked_loss/grpo_loss.py:236",
-        quote="loss = (per_token_loss * attention_mask).sum() / (full_attention_mask.shape[0] * max_comp",
-        affected="liger-kernel 0.8.5",
-    ),
-)
-
-NOTES = {
-    "delta tie": "float32(exp(float32(log 3))) is exactly 3.0 = delta: clamp(coef_1, max=delta) passes "
-    "the gradient at the tie (the spec's inclusive gate at the float32 ratio; in float64 the ratio is "
-    "just above 3 and the gradient 0): flags compute_dtype 'float32', ratio_dtype 'float32_gate'.",
-    "bias-corrected KL gradient": "with use_bias_correction_kl=True the gradient of k3 * r is a "
-    "difference of two terms of size exp(ref - old); in float32 it is lost when |ref - logp| is large "
-    "(kit case kl_penalty/0, |log r| up to 24): the float32 tolerance bounds it by those terms' size "
-    "(tolerance.kl_gradient_slack).",
-}
-
-
 # ----------------------------------------------------------------------------------------------
 # Import
 

@@ -474,6 +474,11 @@ verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_rep
         f"{grad} (every weight capped at 0.2)", EXACT_CISPO, abs(grad + 1.0) > 1e-6)
 """
 
+from .repro_liger import liger_bodies  # noqa: E402  (the later scripts: repro_liger.py, repro_openrlhf.py)
+from .repro_openrlhf import openrlhf_bodies  # noqa: E402
 from .repro_tunix import TUNIX_BODIES  # noqa: E402  (a JAX framework's scripts: repro_tunix.py)
+
+BODIES.update(liger_bodies(_LIGER, _SILENT))
+BODIES.update(openrlhf_bodies(_SILENT))
 
 BODIES.update(TUNIX_BODIES)

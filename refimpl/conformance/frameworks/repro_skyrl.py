@@ -81,4 +81,21 @@ exact = (1.0 - torch.exp(x)).tolist()  # d/d logp of k3 = exp(x) - x - 1, x = re
 verdict("skyrl compute_approx_kl (backends/skyrl_train/utils/ppo_utils.py:118), k3: d KL / d logp",
         f"{grad} (values {kl.tolist()})", exact, grad[1] == 0.0 and grad[0] != 0.0)
 """,
+        ("skyrl_pkg", "clip_cov_scaled_advantages"): _PKG + """\
+config.policy_loss_type = "clip_cov"  # the defaults: cov band (clip_cov_lb, clip_cov_ub) = (1, 5)
+logp = torch.tensor([[0.0, -3.0], [-3.0, 0.0]])  # old = new (ratio 1: PPO's clip leaves every token)
+adv, mask = torch.tensor([[2.0, 2.0], [-2.0, -2.0]]), torch.ones(2, 2)  # cov of (0, 0) and (1, 0): 3
+# the advantages the trainer hands the loss (train/trainer.py:1527): divided by the token count
+scaled = ppo.apply_loss_reduction_to_advantages_minibatch(adv, mask, "token_mean", 2, 2)
+fraction = {}
+for name, a in (("raw", adv), ("scaled", scaled)):
+    out = ppo.compute_policy_loss_clip_cov(logp, logp, a, config, loss_mask=mask)
+    fraction[name] = out[1]["clip_ratio"]
+verdict("skyrl compute_policy_loss_clip_cov (backends/skyrl_train/utils/ppo_utils.py:976: the covariance "
+        "against the absolute band (1, 5)) on the advantages RayPPOTrainer._normalize_advantages passes it, "
+        "divided by the token count (token_mean): the fraction of tokens cov-clipped",
+        fraction["scaled"],
+        f"{fraction['raw']} (Clip-Cov on the raw advantages, as Cui et al. 2025 and verl)",
+        fraction["scaled"] == 0.0 < fraction["raw"])
+""",
     }

@@ -8,7 +8,8 @@ from __future__ import annotations
 from .driver import Mode
 from .findings import Finding
 
-__all__ = ["clip_cov_mode", "clip_ratio_c_finding", "cispo_defaults_finding", "kl_cov_frac_finding",
+__all__ = ["clip_cov_mode", "clip_cov_scaled_finding", "clip_ratio_c_finding", "cispo_defaults_finding",
+           "kl_cov_frac_finding",
            "kl_value_clamp_finding", "max_seq_len_finding", "maxrl_rewards_finding",
            "overflow_finding"]
 
@@ -116,5 +117,22 @@ def maxrl_rewards_finding(where: str, quote: str, affected: str) -> Finding:
         "[0, 1]. Rewards with a negative group mean (-1 / +1, shaped rewards) flip every advantage's sign "
         "(rewards -1, 0.5 give +3, -3: the better response is pushed down), and a mean near -1e-6 divides "
         "by about 0; nothing checks the rewards or warns.",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def clip_cov_scaled_finding(where: str, quote: str, affected: str) -> Finding:
+    """Clip-Cov's and KL-Cov's covariance on the advantages the trainer has divided by the loss
+    reduction's normaliser (skyrl 0.4.0)."""
+    return Finding(
+        "clip_cov_scaled_advantages", "bug",
+        "RayPPOTrainer._normalize_advantages divides the advantages by the loss reduction's normaliser "
+        "(token_mean: the mini-batch's token count; apply_loss_reduction_to_advantages_minibatch, "
+        "train/trainer.py:1527) before every policy loss, and the losses return masked sums. Clip-Cov "
+        "compares the covariance of those scaled advantages with the log-probs against the absolute band "
+        "clip_cov_lb = 1, clip_cov_ub = 5 (train/config/config.py:813-815), so the covariance shrinks by "
+        "the token count and no token is cov-clipped: Clip-Cov is PPO-clip. The method (Cui et al. 2025, "
+        "arXiv:2505.22617; PRIME-RL's code, which the docstring cites, and verl) takes the raw advantages. "
+        "KL-Cov's top-k ranking changes likewise under per-row scalings (sequence_mean, prompt_mean).",
         where=where, quote=quote, affected=affected,
     )

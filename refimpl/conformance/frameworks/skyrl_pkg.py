@@ -271,6 +271,10 @@ FINDINGS = (
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
                                         "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
+    skyrl_common.clip_cov_scaled_finding(
+        f"{_BACKEND}/utils/ppo_utils.py:976",
+        "top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (loss_mask > 0)",
+        "skyrl 0.4.0 (clip_cov; kl_cov's ranking, ppo_utils.py:1033)"),
     # verified in 0.4.0 only (0.3.0's CISPO defaults differ; its MaxRL estimator is not checked)
     *(() if _RELEASE == "0.3.0" else (skyrl_common.maxrl_rewards_finding(
         f"{_BACKEND}/utils/ppo_utils.py:1423",

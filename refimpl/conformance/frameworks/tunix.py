@@ -31,8 +31,8 @@ profile flag ``compute_dtype="float32"``) and returns the value as float32 and t
 kit's dtype. Advantage estimators get the rewards as Tunix's reward manager builds them, a float64
 numpy array (reward_manager.py:127), and compute in numpy.
 
-The registry's kinds (PPO's GAE, its whitening and value loss) are in tunix_kinds.py, the findings and
-the matrix's notes in tunix_findings.py.
+The registry's kinds (PPO's GAE, its whitening and value loss, DAPO's overlong shaping) are in
+tunix_kinds.py, the findings and the matrix's notes in tunix_findings.py.
 
 Micro-batches: Tunix's RL trainer accumulates ``mini_batch_size // train_micro_batch_size``
 micro-batches (rl_cluster.py:140) with ``optax.MultiSteps`` (sft/peft_trainer.py:213), which averages
@@ -71,7 +71,7 @@ EXTRA = "tunix"
 REQUIREMENTS = ("flax==0.12.8", "optax==0.2.8", "msgpack==1.2.4", "absl-py==2.5.1", "rich==15.0.0",
                 "PyYAML==6.0.4", "treescope==0.1.10")
 _STUBBED = ("humanize",)
-_SOURCES = ("rl/algo_core.py", "rl/common.py")
+_SOURCES = ("rl/algo_core.py", "rl/common.py", "rl/grpo/dapo_learner.py")
 _INSTALL = "refimpl frameworks install tunix"
 
 # ----------------------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ FINDINGS = (
     Finding(
         "seq_sum_width='padded_width'", "documented_default",
         "loss_agg_mode 'sequence-mean-token-scale' (DrGRPOConfig's) divides each row's sum by norm, "
-        "whose default is the padded width of the batch (per_token_loss.shape[-1]), not Dr. GRPO's fixed "
-        "L_max: the loss scale changes with the longest response of each micro-batch unless the caller "
-        "passes norm, which the GRPO learner does not.",
+        "whose default is the padded width of the batch (per_token_loss.shape[-1]), not a constant L_max. "
+        "The GRPO learner pads every completion to rollout_config.max_tokens_to_generate "
+        "(grpo/grpo_learner.py:243-247), so in its trainer the width is that budget, Dr. GRPO's L_max; "
+        "only a caller of aggregate_loss with its own padding (as the kit's driver) gets the batch's width.",
         where="rl/common.py:568", quote="norm = _check_get_norm(kwargs, per_token_loss.shape[-1])",
         affected=_AFFECTED,
     ),
@@ -71,6 +72,40 @@ FINDINGS = (
         "a PPO batch whose responses hold one token in all.",
         where="rl/algo_core.py:156", quote="bessel_corr = mask_sum / (mask_sum - 1)",
         affected=f"{_AFFECTED} (masked_whiten, compute_gae_advantages)",
+    ),
+    Finding(
+        "overlong_floor", "bug",
+        "DAPOLearner's overlong reward shaping (enabled by DAPOConfig's default overlong_buffer) is "
+        "min(-(L - (max_response_length - overlong_buffer_length)) / overlong_buffer_length * penalty, 0) "
+        "with no floor: past max_response_length it falls below -penalty (L = max + 2 x buffer: -3), where "
+        "DAPO's soft overlong punishment (Yu et al. 2025, section 3.4; advantages.md eq. (8)) is -1 (flag "
+        "overlong_floor='none', mode reward_shaping).",
+        where="rl/grpo/dapo_learner.py:126", quote="overlong_reward = min(", affected=_AFFECTED,
+    ),
+    Finding(
+        "overlong_characters", "bug",
+        "the same shaping measures L as len(completion), the decoded text's characters, against "
+        "max_response_length and overlong_buffer_length, which are token budgets (the defaults 20480 and "
+        "4096, DAPO's): a completion of 5000 tokens of 4 characters (20000 characters, far within the "
+        "budget) is penalised -0.88, one of 15000 tokens -10.65, where DAPO gives 0 to both.",
+        where="rl/grpo/dapo_learner.py:124", quote="output_length = len(completion)", affected=_AFFECTED,
+    ),
+    Finding(
+        "ppo_rewards_int32", "bug",
+        "PPOLearner builds the token rewards as jnp.zeros_like(jax_completion_ids), an int32 array (token "
+        "ids), and adds the sequence scores into it: every score is truncated to an integer (0.7 becomes 0; "
+        "JAX only warns 'cannot safely cast'), before the KL penalty and GAE, so fractional rewards (a "
+        "reward model's scores, a partial-credit reward) are lost.",
+        where="rl/ppo/ppo_learner.py:353", quote="rewards = jnp.zeros_like(jax_completion_ids)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:dynamic_sampling", "validation",
+        "DAPOConfig.dynamic_sampling defaults to True and is documented as 'Whether to use dynamic "
+        "sampling', but nothing in Tunix reads it (a TODO on the line): DAPO's filter of groups whose "
+        "rewards are all equal (Yu et al. 2025, section 3.2; advantages.md eq. (7)) never runs, and "
+        "setting it on or off changes nothing, without a warning.",
+        where="rl/grpo/dapo_learner.py:65", quote="dynamic_sampling: bool = True", affected=_AFFECTED,
     ),
 )
 

@@ -10,16 +10,22 @@ float32 output to float32's tolerance). Kept apart from tunix.py, which passes i
 * value_loss: ``ppo_value_loss_fn(model, train_example, clip_range_value, pad_id, eos_id)``
   (algo_core.py:272), whose critic forward pass ``common.compute_score`` returns the kit's values (the
   stand-in of tunix.py); ``0.5 * masked_mean`` of the clipped squared error (algo_core.py:322).
+* overlong: DAPOLearner's ``reward_shaping(prompts, completions, mode, overlong_buffer)``
+  (grpo/dapo_learner.py:105, executed from the installed file: its module imports the RL cluster), on
+  completions of one character per token: it measures ``len(completion)``, the decoded text's characters
+  (finding ``overlong_characters``), which equal the kit's token lengths only so.
 """
 
 from __future__ import annotations
 
 import functools
 import types
+import typing
 from collections.abc import Callable
 
 from .driver import Mode
 from .jax_bridge import compiled_value, float32, from_jax
+from .sources import function_from_source, package_dir
 
 __all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target"]
 
@@ -42,6 +48,13 @@ KIND_MODES = (
          convention={"value_scale": 0.5, "value_masked_nonfinite": "propagate"},
          description="ppo_value_loss_fn: 0.5 * masked_mean(max((v - R)^2, (v_clip - R)^2)), the token "
          "mean over mask.sum() + 1e-8"),
+    Mode("reward_shaping", kind="overlong",
+         framework_config={"overlong_buffer": {"enable": True, "overlong_buffer_penalty": 1.0}},
+         convention={"overlong_floor": "none"},
+         description="DAPOLearner's reward_shaping (grpo/dapo_learner.py:105-130; DAPOConfig enables it by "
+         "default): min(-(len(completion) - (max_response_length - overlong_buffer_length)) / "
+         "overlong_buffer_length * penalty, 0), no floor at -1; driven on completions of one character per "
+         "token (it counts characters: finding overlong_characters)"),
 )
 KIND_UNSUPPORTED = {
     "gae": {"truncated responses": "compute_gae_advantages has no input for a bootstrap value: a "
@@ -67,6 +80,17 @@ def kind_target(mode: Mode, algo_core, with_forward: Callable, policy_class: Cal
             return compiled_value(fn, float32(x), mask.int().numpy())[0]
 
         return algo_core.masked_whiten, whiten
+    if mode.kind == "overlong":
+        def penalty(fn, lengths, *, max_len, cache_len):
+            import torch
+
+            completions = ["x" * int(n) for n in lengths]  # one character per token
+            buffer = {"overlong_buffer_length": cache_len, "overlong_buffer_penalty": 1.0,
+                      "max_response_length": max_len}
+            scores = fn([""] * len(completions), completions, None, overlong_buffer=buffer)
+            return torch.tensor(scores, dtype=torch.float64)
+
+        return _reward_shaping(), penalty
 
     def value(fn, values, old_values, returns, mask, *, clip):
         loss = _value_loss(with_forward(fn), policy_class, float(clip))
@@ -89,3 +113,13 @@ def _value_loss(rebound: Callable, policy_class: Callable, clip: float) -> Calla
         return rebound(policy_class()(values), example, clip, 0, 1)[0]
 
     return loss
+
+
+@functools.cache
+def _reward_shaping() -> Callable:
+    """grpo/dapo_learner.py's ``reward_shaping``, its ``def`` executed from the installed file (the module
+    imports the RL cluster); its annotations name ``rl_cluster_lib.Mode``, a stand-in here."""
+    namespace = {"Any": typing.Any, "Dict": dict, "List": list,
+                 "rl_cluster_lib": types.SimpleNamespace(Mode=object)}
+    return function_from_source(package_dir("tunix") / "rl" / "grpo" / "dapo_learner.py", "reward_shaping",
+                                namespace)

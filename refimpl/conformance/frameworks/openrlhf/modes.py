@@ -182,12 +182,13 @@ _UNSUPPORTED = {
         "direct inputs), but PolicyLossCall and the kit's cases carry no rollout (behaviour) log-probs",
         "is_correction seq level, binary_kl / tv gating, lower threshold > 0": "no spec variant: a "
         "per-sequence geometric-mean or divergence gate that keeps per-token weights, or a lower cut",
-        "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases)",
+        "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases) and "
+        "ignores is_correction_mode / _gating / _threshold (finding config:is_correction_mode)",
         "gspo/dual-clip": "GSPO's sequence ratio with dual_clip has no spec variant (dual_clip needs the "
         "token-level clip gate)",
         "dr_grpo (seq_sum)": "aggregate_loss has only token-mean and seq-mean-token-mean; no "
         "sum / (sequences x L_max) aggregation (--algo.advantage.estimator dr_grpo changes only the "
-        "advantages: mean-centred, not divided by the std)",
+        "advantages: mean-centred, not divided by the std; finding dr_grpo_aggregation)",
         "gspo_token": "OpenRLHF has no GSPO-token form (its gspo back-propagates the sequence ratio "
         "exactly; the two agree for per-sequence advantages)",
         "sapo": "no SAPO gate in OpenRLHF 0.11.2",
@@ -195,7 +196,7 @@ _UNSUPPORTED = {
         "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
         "the kit checks one step with a fixed coefficient (the fixed controller is in scope)",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
-        "the kit's cases carry no entropy",
+        "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation)",
     },
     "kl": {
         "kl/*+unbiased_gradient": "algo.kl.unbiased_gradient=True returns the estimator's value with a "
@@ -243,6 +244,39 @@ FINDINGS = (
     # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)
     ratio_overflow_finding("models/loss.py:196", "ratio = ratio.exp().unsqueeze(-1) * action_mask",
                            "openrlhf 0.11.2 (policy_loss_type gspo)"),
+    Finding(
+        "config:is_correction_mode", "validation",
+        "with policy_loss_type gspo and is_correction_level token or seq, PolicyLoss takes GSPO's sequence "
+        "ratio against rollout_log_probs instead of the old log-probs (models/loss.py:192) and skips the "
+        "train/rollout correction, which runs for 'ppo' only: is_correction_mode, _gating and _threshold "
+        "are accepted and unused (a token the 'ppo' path masks, its weight pi_train / pi_rollout = e^3 "
+        "outside [0.5, 5], keeps GSPO's clipped term).",
+        where="models/loss.py:216",
+        quote='if self.is_correction_level != "off" and self.policy_loss_type == "ppo":',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "entropy_aggregation", "documented_default",
+        "the entropy bonus (--actor.entropy_coef) is aggregate_loss's default, a token mean over the step's "
+        "tokens, whatever --actor.loss_agg_mode (documented as the 'Policy-loss aggregation', "
+        "cli/train_ppo_ray.py:445): under seq-mean-token-mean the policy term weighs each sequence 1 / N "
+        "and the entropy each token, not the variant's aggregation for every term (policy_losses.md eq. "
+        "(12)); the KL loss likewise (flag kl_aggregation='token_mean'). Not driven: the kit's calls carry "
+        "no entropies.",
+        where="trainer/ray/ppo_actor.py:347", quote="entropy_loss = aggregate_loss(",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "dr_grpo_aggregation", "documented_default",
+        "--algo.advantage.estimator dr_grpo is Dr. GRPO's advantage only (the group mean subtracted, no "
+        "std); the loss keeps --actor.loss_agg_mode, whose only choices are token-mean and "
+        "seq-mean-token-mean (cli/train_ppo_ray.py:444): Dr. GRPO's constant normaliser (each sequence's "
+        "token sum over N x L_max, policy_losses.md eq. (11)) is not offered, so 'dr_grpo' trains its "
+        "advantages under a token or sequence mean.",
+        where="trainer/ppo_utils/experience_maker.py:271",
+        quote='elif args.algo.advantage.estimator in ["reinforce_baseline", "dr_grpo"]:',
+        affected="openrlhf 0.11.2",
+    ),
 )
 
 
