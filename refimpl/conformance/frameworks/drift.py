@@ -87,6 +87,11 @@ CHANGES: dict[tuple[str, str], str] = {
     ("liger", "0.8.4"): "forward takes num_items_in_batch (chunked_loss/fused_linear_ppo.py:460): dapo and "
     "cispo divide by the step's tokens; 0.8.0 and 0.7.0 divided by each call's own (flag micro_batch "
     "'local_mean' before 0.8.4).",
+    ("unsloth", "2026.10.9"): "grpo_compute_loss's bnpo divides by the micro-batch's own tokens even when "
+    "TRL passes the global count (unsloth_zoo/rl_replacements.py:1226-1228; 2026.10.8 divided by "
+    "num_items_in_batch, :1120-1125: finding bnpo_local_count introduced, flag micro_batch local_mean), "
+    "and the k3 term is clamped to [-10, 10] after its importance weight (:1141-1144; before it in "
+    "2026.10.8, :1028: kl_value_clamp_scope 'weighted').",
     ("tunix", "0.1.7"): "the losses and estimators moved to rl/algo_core.py (grpo_loss_fn at "
     "algo_core.py:342, compute_gae_advantages at :34, masked_whiten at :116), which imports jax, flax, "
     "rl/common.py and rl/function_registry.py; 0.1.6 has them in rl/grpo/grpo_learner.py:433 and "
@@ -317,6 +322,17 @@ def _step_lines(step: dict) -> list[str]:
     return lines
 
 
+def _failing_count(release: dict) -> str:
+    """`` (n fail by the release's findings, m unexplained)`` for the summary; "" when none fails."""
+    failing = release.get("failing", {})
+    if not failing:
+        return ""
+    unexplained = sum(1 for classes in failing.values() if set(classes) - set(release["explained"]))
+    parts = [f"{len(failing) - unexplained} fail by its findings"] if len(failing) > unexplained else []
+    parts += [f"{unexplained} unexplained"] if unexplained else []
+    return f" ({', '.join(parts)})"
+
+
 def _failing_text(key: str, classes: list[str], findings) -> str:
     """A failing mode in words: its classes keyed by a finding of the release are that finding's
     departure (its line verified in the matrix's findings); the others are unexplained."""
@@ -347,7 +363,7 @@ def drift_markdown(data: dict) -> str:
                 cells.append(f"{r['version']}: not driven")
             else:
                 found = f", {', '.join(r['findings'])}" if r["findings"] else ""
-                cells.append(f"{r['version']}: {r['passing']}/{r['modes']}{found}")
+                cells.append(f"{r['version']}: {r['passing']}/{r['modes']}{_failing_count(r)}{found}")
         lines.append(f"| {name} | {'; '.join(cells)} |")
     lines += [""]
     for name, entry in data.items():
