@@ -51,7 +51,7 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 
 # The matrix of every framework at several releases (refimpl/conformance/frameworks/drift.py's RELEASES,
 # each installed into .frameworks-releases/DIST-X with pip --no-deps --target) and what changed between
-# them: docs/conformance-drift.md. Not in CI: about 45 minutes for 24 releases on the shared 2-core machine
+# them: docs/conformance-drift.md. Not in CI: 57 minutes for 24 releases on the shared 2-core machine
 # under load. Tunix's releases need JAX in the venv (the Tunix stamp below: refimpl frameworks install tunix).
 drift: $(VENV)/.frameworks-tunix
 	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
