@@ -11,7 +11,14 @@ import pathlib
 import pytest
 
 from refimpl.conformance.frameworks import Mode, releases
-from refimpl.conformance.frameworks.drift import CHANGES, RELEASES, compare, drift_data, drift_markdown
+from refimpl.conformance.frameworks.drift import (
+    CHANGES,
+    RELEASES,
+    compare,
+    drift_data,
+    drift_markdown,
+    named_releases,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODES = (Mode("a", convention={"micro_batch": "global"}), Mode("b"))
@@ -97,8 +104,14 @@ def test_every_framework_has_releases_and_its_pinned_one_among_them():
 def test_the_committed_drift_document_names_the_known_changes():
     text = (ROOT / "docs" / "conformance-drift.md").read_text()
     for step, words in [
-        ("skyrl 0.3.1 -> skyrl_pkg 0.3.0", "findings fixed: kl_gradient"),
-        ("skyrl_pkg 0.3.0 -> skyrl_pkg 0.4.0", "findings fixed: cispo_clip_low"),
+        # seq_sum_extra: max_seq_len is the user's (train/utils/utils.py:379); zero_rows: the policy losses
+        # are masked sums (the KL loss's mean over rows is zero_rows='nan', in both packages)
+        ("skyrl 0.3.1 -> skyrl_pkg 0.3.0", "findings fixed: kl_gradient, seq_sum_extra, zero_rows\n"),
+        ("skyrl 0.3.1 -> skyrl_pkg 0.3.0",
+         "list them): config:clip_ratio_c, config:max_seq_len, ratio_overflow, whiten_mean\n"),
+        ("skyrl_pkg 0.3.0 -> skyrl_pkg 0.4.0", "findings fixed: cispo_clip_low\n"),
+        ("openrlhf 0.10.3 -> openrlhf 0.10.4", "findings fixed: padding_micro_batch\n"),
+        ("openrlhf 0.10.4 -> openrlhf 0.11.2", "findings fixed: masked_nonfinite\n"),
         ("verl 0.9.0 -> verl 0.9.1", "`fixed_aggregation`"),
         ("openrlhf 0.10.3 -> openrlhf 0.10.4", "`micro_batch` 'local_mean' -> None"),
         ("openrlhf 0.10.4 -> openrlhf 0.11.2", "`kl_log_ratio_max` None -> 10.0"),
@@ -110,3 +123,98 @@ def test_the_committed_drift_document_names_the_known_changes():
         section = text.split(f"**{step}**", 1)
         assert len(section) == 2, step
         assert words in section[1].split("\n- **", 1)[0], (step, words)
+    # every failing mode of every release fails only classes that a finding of that release names
+    assert "no flag or finding reproduces" not in text and "unexplained" not in text
+
+
+def _skyrl_rows():
+    """SkyRL-train's last release and the skyrl package's two: a finding fixed in the successor
+    (kl_gradient), one that ``affected`` says holds in skyrl 0.4.0 although skyrl_pkg does not list it
+    (ratio_overflow), one listed by both and fixed in 0.4.0 (cispo_clip_low)."""
+    held = {"kl_gradient": "none", "ratio_overflow": "nan", "cispo_clip_low": 0.0}
+    last = _row([_mode("m", held)])
+    last["findings"] = [
+        {"key": "kl_gradient", "affected": "skyrl-train 0.3.1 (its last release)"},
+        {"key": "ratio_overflow", "affected": "skyrl-train 0.3.1; skyrl 0.4.0 (ppo_utils.py:960, 1021)"},
+        {"key": "cispo_clip_low", "affected": "skyrl-train 0.3.1; skyrl 0.3.0 (default still 0.0)"},
+    ]
+    return {"skyrl": {"0.3.1": last},
+            "skyrl_pkg": {"0.3.0": _row([_mode("m", {"cispo_clip_low": 0.0})],
+                                        findings=("cispo_clip_low",)),
+                          "0.4.0": _row([_mode("m", {})])}}
+
+
+def test_a_predecessor_finding_that_its_affected_names_in_the_successor_is_not_fixed_there():
+    assert named_releases("skyrl-train 0.3.1; skyrl 0.3.0, 0.4.0 (ppo_utils.py:960, 1021)", "skyrl") == [
+        "0.3.0", "0.4.0"]
+    assert named_releases("skyrl-train 0.3.1 (its last release)", "skyrl") == []
+    data = drift_data(_skyrl_rows())
+    successor, step = data["skyrl_pkg"]["steps"]
+    assert successor["from"] == "skyrl 0.3.1" and successor["findings_fixed"] == ["kl_gradient"]
+    assert successor["findings_carried"] == ["ratio_overflow"] and successor["findings_introduced"] == []
+    assert step["findings_fixed"] == ["cispo_clip_low"] and step["findings_introduced"] == []
+    assert [r["findings"] for r in data["skyrl_pkg"]["releases"]] == [["cispo_clip_low", "ratio_overflow"],
+                                                                      ["ratio_overflow"]]
+    text = drift_markdown(data)
+    assert "  - findings fixed: kl_gradient\n" in text
+    assert "its driver does not list them): ratio_overflow\n" in text
+
+
+def test_a_failing_class_keyed_by_a_finding_of_the_release_is_that_finding_the_rest_unexplained():
+    old = _row([_mode("ppo", {})])
+    new = _row([_mode("ppo", {}, ok=False, failing=("padding_micro_batch", "zero_rows")),
+                _mode("gspo", {}, ok=False, failing=("padding_micro_batch",))],
+               findings=("padding_micro_batch",))
+    text = drift_markdown(drift_data({"openrlhf": {"0.10.3": old, "0.10.4": new}}))
+    assert ("  - `policy_loss:ppo` fails padding_micro_batch, zero_rows under its profile: finding "
+            "padding_micro_batch of this release; zero_rows unexplained (no flag or finding reproduces it)"
+            ) in text
+    assert ("  - `policy_loss:gspo` fails padding_micro_batch under its profile: finding "
+            "padding_micro_batch of this release\n") in text
+    assert "| openrlhf | 0.10.3: 1/1; 0.10.4: 0/2 (1 fail by its findings, 1 unexplained), " in text
+    text = drift_markdown(drift_data({"openrlhf": {"0.10.4": new}}))
+    assert ("- openrlhf 0.10.4: `policy_loss:gspo` fails padding_micro_batch under its profile: "
+            "finding padding_micro_batch") in text
+
+
+def test_a_release_finding_is_a_finding_of_that_release_only():
+    from refimpl.conformance.frameworks.findings import Finding, as_findings
+
+    pinned, old = Finding("a", "bug", "t"), Finding("padding_micro_batch", "bug", "u")
+    module = type("Module", (), {"FINDINGS": (pinned,), "RELEASE_FINDINGS": {"0.1": (old,)}})
+    assert as_findings(module, "0.1") == (pinned, old)
+    assert as_findings(module, "0.2") == as_findings(module) == (pinned,)
+
+
+def test_release_flags_and_findings_name_releases_the_drift_compares():
+    from refimpl.conformance.frameworks import load_driver
+
+    for name, versions in RELEASES.items():
+        module = load_driver(name).module
+        for table in ("RELEASE_FLAGS", "RELEASE_FINDINGS"):
+            named = set(getattr(module, table, {}))
+            assert named <= set(versions) - {load_driver(name).pinned_version}, (name, table, named)
+
+
+def test_release_findings_lines_hold_in_their_installed_release():
+    """Each RELEASE_FINDINGS line against that release's own directory (``refimpl frameworks drift``
+    installs them; absent in CI, where the pinned releases' lines are checked:
+    tests/test_framework_findings.py)."""
+    from refimpl.conformance.frameworks import load_driver
+
+    checked = 0
+    for name in RELEASES:
+        driver = load_driver(name)
+        distribution = getattr(driver.module, "DISTRIBUTION", name)
+        for version, findings in getattr(driver.module, "RELEASE_FINDINGS", {}).items():
+            directory = ROOT / releases.release_dir(distribution, version)
+            for finding in findings:
+                assert finding.where and finding.affected and version in finding.affected, finding
+                files = sorted(directory.glob(f"*/{finding.where.rsplit(':', 1)[0]}"))
+                if not files:
+                    continue
+                line = files[0].read_text().splitlines()[int(finding.where.rsplit(":", 1)[1]) - 1]
+                assert finding.quote in line, (name, version, finding.key, line)
+                checked += 1
+    if not checked:
+        pytest.skip("no release of RELEASE_FINDINGS installed under .frameworks-releases")

@@ -23,6 +23,8 @@ framework (docs/conformance.md, "Adding a framework"):
                                                #   subgradient) and the verified line (findings.py); the
                                                #   key (a flag, flag=value or a case class) ties it to
                                                #   the departures that show it
+    RELEASE_FLAGS = {version: {mode: {flag: v}}}  # optional: what another release computes differently
+    RELEASE_FINDINGS = {version: (Finding, ...)}  #   (releases.py), and its own findings (findings.py)
     framework_config(mode, variant) -> dict    # optional: the framework's own config keys
     KIND_MODES: tuple[Mode, ...]               # optional: modes of the registry's kinds (kinds/),
     kind_target(mode) -> (fn, adapter)         #   each run by kind_target; KIND_UNSUPPORTED =
@@ -208,8 +210,9 @@ class Driver:
         return source_hash(self.source_files())
 
     def findings(self) -> tuple[Finding, ...]:
-        """The module's ``FINDINGS`` (its earlier ``CANDIDATE_BUGS`` read as bugs)."""
-        return as_findings(self.module)
+        """The module's ``FINDINGS`` (its earlier ``CANDIDATE_BUGS`` read as bugs) and its
+        ``RELEASE_FINDINGS`` of the installed release."""
+        return as_findings(self.module, self.installed_version())
 
     # ---------------------------------------------------------------------------------------------
     # modes

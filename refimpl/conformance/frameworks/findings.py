@@ -20,7 +20,10 @@ The classes (``FINDING_KINDS``):
   (``repro.py``) that shows the setting accepted.
 
 A driver module lists ``FINDINGS: tuple[Finding, ...]``; ``key`` ties a finding to the departures that
-show it (a flag, ``flag=value`` as the matrix writes it, or a case class). Modules written against the
+show it (a flag, ``flag=value`` as the matrix writes it, or a case class). A finding of some releases
+other than the pinned one only (a departure no flag reproduces, fixed by the pinned release) is listed
+in ``RELEASE_FINDINGS = {version: (Finding, ...)}`` beside the module's ``RELEASE_FLAGS``
+(releases.py), and is one of its findings when that release is installed. Modules written against the
 earlier ``CANDIDATE_BUGS = {key: text}`` are read as findings of class ``bug``.
 """
 
@@ -113,9 +116,12 @@ def zero_rows_finding(where: str, quote: str, affected: str) -> Finding:
     )
 
 
-def as_findings(module) -> tuple[Finding, ...]:
-    """A driver module's ``FINDINGS``, or its earlier ``CANDIDATE_BUGS`` read as bugs."""
+def as_findings(module, version: str | None = None) -> tuple[Finding, ...]:
+    """A driver module's ``FINDINGS`` (or its earlier ``CANDIDATE_BUGS`` read as bugs), then those its
+    ``RELEASE_FINDINGS`` list for the installed release ``version``."""
+    release = tuple(getattr(module, "RELEASE_FINDINGS", {}).get(version or "", ()))
     findings = getattr(module, "FINDINGS", None)
     if findings is not None:
-        return tuple(findings)
-    return tuple(Finding(key, "bug", text) for key, text in getattr(module, "CANDIDATE_BUGS", {}).items())
+        return tuple(findings) + release
+    legacy = getattr(module, "CANDIDATE_BUGS", {})
+    return tuple(Finding(key, "bug", text) for key, text in legacy.items()) + release

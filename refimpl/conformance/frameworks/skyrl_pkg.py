@@ -262,25 +262,27 @@ FINDINGS = (
             where=f"{_BACKEND}/utils/ppo_utils.py:804", quote="cispo_ratio_max = ratio.max().detach().item()",
             affected="skyrl 0.4.0"),)),
     # the KL loss's mean over rows (the policy losses return masked sums: a batch without rows gives 0)
-    *(() if _RELEASE == "0.3.0" else (dataclasses.replace(zero_rows_finding(
-        f"{_BACKEND}/workers/worker.py:1232", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
-        "skyrl 0.4.0 (the KL loss of use_kl_loss)"), key="zero_rows='nan'"),)),
+    dataclasses.replace(zero_rows_finding(
+        f"{_BACKEND}/workers/worker.py:{977 if _RELEASE == '0.3.0' else 1232}",
+        "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
+        "skyrl 0.3.0, 0.4.0 (the KL loss of use_kl_loss)"), key="zero_rows='nan'"),
     # the lines below are 0.4.0's (tests/test_framework_findings.py checks them for the pinned release);
     # ratio_overflow, config:clip_ratio_c and config:max_seq_len are SkyRL-train's findings (driver skyrl),
     # whose `affected` give 0.4.0's lines: one script each
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
                                         "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
-    skyrl_common.clip_cov_scaled_finding(
+    # verified in 0.4.0 only (0.3.0 has the selection at ppo_utils.py:919; its advantages not checked)
+    *(() if _RELEASE == "0.3.0" else (skyrl_common.clip_cov_scaled_finding(
         f"{_BACKEND}/utils/ppo_utils.py:976",
         "top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (loss_mask > 0)",
-        "skyrl 0.4.0 (clip_cov; kl_cov's ranking, ppo_utils.py:1033)"),
-    # verified in 0.4.0 only (0.3.0's CISPO defaults differ; its MaxRL estimator is not checked)
-    *(() if _RELEASE == "0.3.0" else (skyrl_common.maxrl_rewards_finding(
-        f"{_BACKEND}/utils/ppo_utils.py:1423",
-        "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.4.0"),
-        skyrl_common.cispo_defaults_finding(
-        "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"))),
+        "skyrl 0.4.0 (clip_cov; kl_cov's ranking, ppo_utils.py:1033)"),)),
+    skyrl_common.maxrl_rewards_finding(
+        f"{_BACKEND}/utils/ppo_utils.py:{1366 if _RELEASE == '0.3.0' else 1423}",
+        "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.3.0, 0.4.0"),
+    # 0.3.0's CISPO defaults are 0.0 and 5.0, undocumented (finding cispo_clip_low)
+    *(() if _RELEASE == "0.3.0" else (skyrl_common.cispo_defaults_finding(
+        "train/config/config.py:837", "cispo_eps_clip_high: float = 4.0", "skyrl 0.4.0"),)),
 )
 
 NOTES = {

@@ -113,6 +113,23 @@ def _whiten(fn, x, mask):
     return experience.advantages.to(torch.float32)
 
 
+def _correction_kwargs(policy_loss, keys: dict) -> dict:
+    """``PolicyLoss``'s arguments for the token-level correction of ``keys``: from 0.11 on
+    ``is_correction_level`` / ``_mode`` / ``_threshold``; before, ``enable_vllm_is_correction`` with
+    ``vllm_is_correction_type`` "tis" (the weight clamped into the threshold: mode clip) or "icepop"
+    (the token dropped outside it: mode mask) and ``vllm_is_truncated_threshold`` (0.10.4 loss.py:128-130,
+    198-218)."""
+    import inspect
+
+    action = keys["algo.advantage.is_correction_mode"]
+    threshold = keys["algo.advantage.is_correction_threshold"]
+    if "is_correction_level" in inspect.signature(policy_loss).parameters:
+        return {"is_correction_level": "token", "is_correction_mode": action,
+                "is_correction_threshold": threshold}
+    return {"enable_vllm_is_correction": True, "vllm_is_truncated_threshold": list(threshold),
+            "vllm_is_correction_type": {"clip": "tis", "mask": "icepop"}[action]}
+
+
 def kind_target(mode: Mode):
     """``(fn, adapter)`` running OpenRLHF's own code for a registry-kind mode."""
     if mode.kind == "gae":
@@ -133,9 +150,7 @@ def kind_target(mode: Mode):
         keys = mode.framework_config
 
         def corrected(fn, logp, prox_logp, behave_logp, advantages, mask, *, eps):
-            loss_fn = fn(clip_eps_low=eps, clip_eps_high=eps, is_correction_level="token",
-                         is_correction_mode=keys["algo.advantage.is_correction_mode"],
-                         is_correction_threshold=keys["algo.advantage.is_correction_threshold"])
+            loss_fn = fn(clip_eps_low=eps, clip_eps_high=eps, **_correction_kwargs(fn, keys))
             per_token = advantages.unsqueeze(-1).expand_as(logp)
             return loss_fn(logp, prox_logp, per_token, action_mask=mask.to(logp.dtype),
                            rollout_log_probs=behave_logp)[0]

@@ -296,11 +296,44 @@ NOTES = {
 #: own token / sequence counts (get_loss_batch_info), DeepSpeed divides by the accumulation steps
 #: and before 0.11 compute_approx_kl has no log_probs_old and no clamp of log(pi / pi_ref) at -10
 #: (models/utils.py)
+#: and get_loss_batch_info's loss_mask.reshape(loss_mask.shape[0], -1) raises on a micro-batch without
+#: rows (0.10.3 utils/loss_utils.py:40: zero_rows "raise")
 _NO_KL_MAX = {"kl_log_ratio_max": None}
-_LOCAL_MICRO_BATCH = {"micro_batch": "local_mean", "normalizer_rounding": "exact", **_NO_KL_MAX}
+_LOCAL_MICRO_BATCH = {"micro_batch": "local_mean", "normalizer_rounding": "exact", "zero_rows": "raise",
+                      **_NO_KL_MAX}
 RELEASE_FLAGS = {"0.10.3": {**{m.name: _LOCAL_MICRO_BATCH for m in _POLICY_MODES},
                             **{m.name: _NO_KL_MAX for m in _KL_MODES}},
                  "0.10.4": {m.name: _NO_KL_MAX for m in _POLICY_MODES + _KL_MODES}}
+
+#: the findings of a release before the pinned one only (findings.py), each keyed by the case class it
+#: fails, its line verified in that release's installed code
+_ICEPOP = Finding(
+    "masked_nonfinite", "bug",
+    "the ICEPOP correction (enable_vllm_is_correction, vllm_is_correction_type='icepop'; mode "
+    "is_correction/token/mask) drops a token outside the threshold by multiplying its weight "
+    "exp(old_log_probs - rollout_log_probs) by the boolean band: a padding position whose rollout "
+    "log-prob is -inf has weight inf, and inf * 0 is NaN, which (loss * mask).sum() carries into the "
+    "step's loss and gradient; 0.11.2 selects with torch.where (models/loss.py:239), which gives 0.",
+    affected="openrlhf 0.10.3 (models/loss.py:196), 0.10.4",
+    fixed_in="openrlhf 0.11.2, the next release driven (is_correction_mode='mask': torch.where(keep, "
+    "token_is, 0.0))",
+)
+RELEASE_FINDINGS = {
+    "0.10.3": (
+        Finding(
+            "padding_micro_batch", "bug",
+            "training_step normalises each micro-batch by its own token (sequence) count "
+            "(get_loss_batch_info: loss_mask.sum()), so a micro-batch whose rows are all padding divides "
+            "0 by 0 (models/loss.py:23): its loss and gradient are NaN, and the optimizer step that "
+            "accumulates them is NaN; the spec's step counts the tokens of the whole step.",
+            where="utils/loss_utils.py:33", quote="batch_num_tokens = loss_mask.sum().to(loss_mask.device",
+            affected="openrlhf 0.10.3",
+            fixed_in="openrlhf 0.10.4 (the optimizer step's normalisers, _optimizer_step_loss_norm)",
+        ),
+        dataclasses.replace(_ICEPOP, where="models/loss.py:196", quote="vllm_is = vllm_is * mask"),
+    ),
+    "0.10.4": (dataclasses.replace(_ICEPOP, where="models/loss.py:205", quote="vllm_is = vllm_is * mask"),),
+}
 
 
 def modes(kind: str = "policy_loss") -> dict[str, Mode]:
