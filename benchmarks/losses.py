@@ -141,6 +141,24 @@ def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str
     return median, spread
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; elsewhere ``platform.processor()``), family and model."""
+    import platform
+
+    fields = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f", family {fields['cpu family']} model {fields['model']}"
+    return name
+
+
 def _load() -> str:
     try:
         return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -235,10 +253,10 @@ def size_tables(n: int, t: int, device: torch.device, rounds: int, names: list[s
                     (f"{median['fast'] / best:9.2f} " if compiled else ""))
             for k, p in enumerate(theirs):
                 mode_rows.append((p, median[f"peer{k}"], median["ours"], median.get("fast")))
+        else:  # no framework on this preset
+            row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
         if others:
             other_rows.append((name, median))
-        else:
-            row += f"{'-':>18} {'-':>8} {'-':>9} " + (f"{'-':>9} " if compiled else "")
         target = verdict(ours_best, median["ours"] / floor, n, t)
         row += f"{spread:6.2f} {agreement(batch, variant):9.1e} {target:>6}"
         if loop:
@@ -335,7 +353,8 @@ def main() -> None:
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     else:
-        print(f"device: CPU, torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, 1 thread")
+        print(f"device: CPU ({_cpu_name()}, {os.cpu_count()} logical cores), torch {torch.__version__}, "
+              f"{torch.backends.cpu.get_cpu_capability()}, 1 thread")
     if args.compile_only:
         n, t = sizes[0]
         compile_fast_path(make_batch(n, t, device), _preset_variants(args.presets, t), device)

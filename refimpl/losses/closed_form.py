@@ -334,8 +334,7 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
         if lp.dtype != dtype or before.dtype != dtype:  # half-precision inputs: the compute dtype first
             lp, before = lp.to(dtype), before.to(dtype)
         x = torch.sub(lp, before).mul_(m)
-        lo, hi = torch.aminmax(x)
-        lo, hi = float(lo), float(hi)
+        lo, hi = float(x.amin()), float(x.amax())  # (aminmax: 1.3-2x their time here)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return None
         low, high = min(low, lo), max(high, hi)
