@@ -238,3 +238,17 @@ def test_restricted_keeps_the_named_frameworks_rows_and_summary_entries():
                     "departures_by_flag": {"x": {"trl": 1}}, "note": "n"}}
     assert restricted(both, {"trl", "verl"}) == both
     assert compare_matrices(restricted(both, {"verl"}), both) != []  # the restriction is not the whole
+
+
+def test_the_rows_follow_one_order_whatever_the_order_of_framework_flags(monkeypatch):
+    """`refimpl matrix --check --framework B --framework A` compares as `--framework A --framework B`
+    does: the rows come in FRAMEWORKS + EXTRA_FRAMEWORKS order (not the order asked), so the committed
+    matrix's order matches either way."""
+    from refimpl.conformance import matrix as matrix_module
+    from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS
+
+    order = FRAMEWORKS + EXTRA_FRAMEWORKS
+    monkeypatch.setattr(matrix_module, "load_driver", lambda name: (_ for _ in ()).throw(ImportError(name)))
+    asked = [order[-1], order[0], order[-1]]
+    rows = matrix_module.build_matrix(asked)["frameworks"]
+    assert [r["framework"] for r in rows] == [order[0], order[-1]]

@@ -117,6 +117,7 @@ def build_matrix(frameworks: list[str] | tuple[str, ...] | None = None) -> dict:
     if unknown:
         raise ValueError(f"--framework must be among {', '.join(FRAMEWORKS + EXTRA_FRAMEWORKS)}, "
                          f"got {', '.join(unknown)}")
+    names = tuple(n for n in FRAMEWORKS + EXTRA_FRAMEWORKS if n in names)  # one order, whatever was asked
     out = {"frameworks": []}
     for name in names:
         row: dict = {"framework": name, "available": False}
