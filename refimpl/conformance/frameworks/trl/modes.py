@@ -282,6 +282,17 @@ def mode_variant(mode: str | Mode):
 
 #: What the driver found in TRL's code (the matrix lists them with the modes that show them).
 FINDINGS = (
+    Finding(
+        "entropy_aggregation", "documented_default",
+        "the entropy bonus (entropy_coef, use_adaptive_entropy) is a token mean over the micro-batch for "
+        "every loss_type, as the code's comment documents ('the documented objective L = L_policy - coef * "
+        "H'), not the loss type's own aggregation (policy_losses.md eq. (12), e.g. a mean of row means for "
+        "grpo). Not driven: the kit's calls carry no per-token entropies.",
+        where="trainer/grpo_trainer.py:3200",
+        quote="(entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / "
+              "accumulation_factor",
+        affected="trl 1.16.0",
+    ),
     ratio_overflow_finding("trainer/grpo_trainer.py:3095", "coef_1 = torch.exp(log_importance_weights)",
                            "trl 1.16.0"),
     zero_rows_finding("trainer/grpo_trainer.py:3154",
@@ -311,9 +322,6 @@ FINDINGS = (
 
 #: What the profiles do not reproduce (the matrix lists them with the framework)
 NOTES = {
-    "entropy bonus": "a documented default the kit does not drive (its calls carry no per-token "
-    "entropies): the entropy bonus (entropy_coef, use_adaptive_entropy) is a token mean over the "
-    "micro-batch for every loss_type (grpo_trainer.py:3200), as the code's comment documents ('the "
-    "documented objective L = L_policy - coef * H'), not the loss type's own aggregation "
-    "(policy_losses.md eq. (12), e.g. a mean of row means for grpo).",
+    "entropy bonus": "not driven (the kit's calls carry no per-token entropies): finding "
+    "entropy_aggregation",
 }

@@ -276,6 +276,15 @@ PROFILE = {
 #: Departures verl would likely want to change (the matrix lists them with the modes that show them).
 FINDINGS = (
     Finding(
+        "kl_controller", "documented_default",
+        "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 (arXiv:1909.08593) "
+        "that its docstring cites, beta *= 1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon, not the "
+        "PPO paper's adaptive rule (policy_losses.md eq. (20): halve or double beta outside [target / 1.5, "
+        "1.5 target]). Not driven: the kit has no KL-controller kind.",
+        where="trainer/ppo/core_algos.py:173", quote="mult = 1 + proportional_error * n_steps / self.horizon",
+        affected="verl 0.9.1",
+    ),
+    Finding(
         "fixed_aggregation", "bug",
         "compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever actor.loss_agg_mode "
         "says: the configured aggregation (and so each token's weight in the gradient) is ignored "
@@ -344,11 +353,7 @@ NOTES = {
     "experimental/agent_loop/agent_loop.py:760-763), so the trainer's loss is Dr. GRPO's; only a "
     "caller of agg_loss with its own padding gets its batch's width. The profile sets "
     "loss_scale_factor = L_max, since the kit's cases are narrower than L_max.",
-    "adaptive KL controller": "a documented default the kit does not check (no KL-controller kind): "
-    "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 (arXiv:1909.08593) "
-    "that its docstring cites, beta *= 1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon "
-    "(core_algos.py:173), not the PPO paper's rule (policy_losses.md eq. (20): halve or double beta "
-    "outside [target / 1.5, 1.5 target]).",
+    "adaptive KL controller": "not checked (no KL-controller kind): finding kl_controller",
     "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
     "empty rows from the row count; the profile describes the trainer, whose "
     "global_batch_size counts every row (empty_rows='keep').",
