@@ -351,3 +351,38 @@ def test_a_users_function_off_by_two_flags_together_is_named_by_the_pair(monkeyp
     label = diagnosis._global_diagnosis([(case, *got)], DAPO, conv, 1e-8, (), judge_policy, "the device")
     assert label == "flags log_ratio_clamp=20.0, micro_batch='local_mean'"
     assert devices and set(devices) == {"the device"}
+
+
+def test_only_flags_that_change_a_failing_case_are_paired_and_an_invalid_one_is_skipped():
+    """``_flag_pairs`` mutmut_33 (an invalid flag value, a profile's ``adv_singleton='raw'`` under
+    ``adv_scale='batch_rewards'``, is skipped, not the end of the flags), 47 (a flag whose expected
+    value raises, GSPO-token with an importance-weighted KL, is no pair), 48 / 57 / 58 (a flag that
+    changes nothing is no pair), 52 (one that changes only the gradient, ``kl_gradient='none'``, is)."""
+    v = REP(get_preset("gspo"), kl_coef=0.1, kl_estimator="k3")
+    conv = Convention(kl_importance_weight=True, adv_scale="batch_rewards")
+    case = policy_loss_cases(v, conv, classes=("micro_batch",))[0]  # 3 parts of 2 rows, one row empty
+    profile = ("profile x", v, Convention(name="x", adv_singleton="raw", kl_gradient="none"))
+    flags = [flag for flag, _ in diagnosis._user_flag_values(conv, (profile,))]
+    assert flags.index("adv_singleton") < flags.index("kl_gradient")  # the invalid value comes first
+    failures = [(case, *expected_policy_loss(case, v, conv))]
+    pairs = [label for label, _ in diagnosis._flag_pairs(v, conv, (profile,), "cpu", failures)]
+    useful = ["empty_rows='keep'", "micro_batch='local_mean'", "kl_importance_weight=False",
+              "kl_gradient='none'"]
+    assert pairs == [f"flags {a}, {b}" for i, a in enumerate(useful) for b in useful[i + 1:]]
+    # kl_gradient='none' alone changes only the gradient (the KL term keeps its value)
+    alone = expected_policy_loss(case, v, REP(conv, kl_gradient="none"))
+    assert alone[0] == failures[0][1] and not alone[1].equal(failures[0][2])
+
+
+def test_an_alternative_whose_expected_value_cannot_be_computed_is_no_match(monkeypatch):
+    """``_unmasked_kl`` mutmut_57: an expected value that raises (here the device running out of
+    memory) makes the alternative no match, not a match."""
+    v = REP(DAPO, kl_coef=0.1, kl_estimator="k3")
+    case = policy_loss_cases(v, Convention(), classes=("micro_batch",))[0]
+    got = expected_policy_loss(case, v, Convention())
+
+    def out_of_memory(device, expect, case, *args):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(diagnosis, "expected_on", out_of_memory)
+    assert diagnosis._unmasked_kl(v, Convention(), "cpu")(case, *got, 1e-8, judge_policy) is False
