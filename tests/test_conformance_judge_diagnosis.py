@@ -386,3 +386,24 @@ def test_an_alternative_whose_expected_value_cannot_be_computed_is_no_match(monk
 
     monkeypatch.setattr(diagnosis, "expected_on", out_of_memory)
     assert diagnosis._unmasked_kl(v, Convention(), "cpu")(case, *got, 1e-8, judge_policy) is False
+
+
+def test_the_first_alternative_reproducing_every_failure_and_its_label_for_several_cases():
+    """``_first_reproducing`` mutmut_18 (an alternative that raises is skipped, not the end of the
+    search), 24 / 25 / 30-34 (the label says "on these cases" for two failures, "on this case" for one)."""
+    def raises(case, loss, grad, rtol, judge):
+        raise RuntimeError("out of memory")
+
+    def matches(case, loss, grad, rtol, judge):
+        return True
+
+    def cannot_tell(case, loss, grad, rtol, judge):
+        return None
+
+    flip = "a flipped sign (of the advantages or of the loss: the same on this case)"
+    alternatives = [("raises", raises), ("cannot tell", cannot_tell), (flip, matches)]
+    two = [(None, None, None)] * 2
+    assert diagnosis._first_reproducing(alternatives, two, 1e-8, judge_policy) == (
+        "a flipped sign (of the advantages or of the loss: the same on these cases)")
+    assert diagnosis._first_reproducing(alternatives, two[:1], 1e-8, judge_policy) == flip
+    assert diagnosis._first_reproducing(alternatives[:2], two, 1e-8, judge_policy) is None
