@@ -390,7 +390,7 @@ def test_an_alternative_whose_expected_value_cannot_be_computed_is_no_match(monk
 
 def test_the_first_alternative_reproducing_every_failure_and_its_label_for_several_cases():
     """``_first_reproducing`` mutmut_18 (an alternative that raises is skipped, not the end of the
-    search), 24 / 25 / 30-34 (the label says "on these cases" for two failures, "on this case" for one)."""
+    search), 15 / 16 (one that reproduces only the first failure is no match), 24 / 25 / 30-34 (the label says "on these cases" for two failures, "on this case" for one)."""
     def raises(case, loss, grad, rtol, judge):
         raise RuntimeError("out of memory")
 
@@ -401,9 +401,123 @@ def test_the_first_alternative_reproducing_every_failure_and_its_label_for_sever
         return None
 
     flip = "a flipped sign (of the advantages or of the loss: the same on this case)"
-    alternatives = [("raises", raises), ("cannot tell", cannot_tell), (flip, matches)]
-    two = [(None, None, None)] * 2
+    def first_only(case, loss, grad, rtol, judge):
+        return case == "first"
+
+    alternatives = [("raises", raises), ("cannot tell", cannot_tell), ("first only", first_only), (flip, matches)]
+    two = [("first", None, None), ("second", None, None)]
     assert diagnosis._first_reproducing(alternatives, two, 1e-8, judge_policy) == (
         "a flipped sign (of the advantages or of the loss: the same on these cases)")
-    assert diagnosis._first_reproducing(alternatives, two[:1], 1e-8, judge_policy) == flip
-    assert diagnosis._first_reproducing(alternatives[:2], two, 1e-8, judge_policy) is None
+    assert diagnosis._first_reproducing(alternatives, two[1:], 1e-8, judge_policy) == flip
+    assert diagnosis._first_reproducing(alternatives[:3], two, 1e-8, judge_policy) is None
+
+
+def test_with_explanations_passes_the_device_on_orders_cheapest_first_and_says_when_nothing_matches(monkeypatch):
+    """``with_explanations`` mutmut_22 / 32 / 48 (the alternatives of a framework mode and of a user's
+    function are computed on the check's device), 37 / 39 / 40 (a user's failing classes are tried
+    smallest case first), 58 (no alternative: ``NO_DIAGNOSIS``, not "matches None")."""
+    conv = Convention()
+    cases = {c.case_id: c for c in policy_loss_cases(DAPO, conv, classes=("inside_clip", "outside_clip"))}
+    got = {cid: (c, *expected_policy_loss(REP(c, advantages=-c.advantages), DAPO, conv))
+           for cid, c in cases.items()}
+    results = [_result("outside_clip/0", "outside_clip", 12, False), _result("inside_clip/0", "inside_clip", 5, False)]
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    with_explanations(results, got, DAPO, conv, "dapo", 1e-8, {}, (), judge_policy, "the device")
+    assert devices and set(devices) == {"the device"}
+    devices.clear()
+    with_explanations(results, got, DAPO, conv, "dapo", 1e-8, None, (), judge_policy, "the device")
+    assert devices and set(devices) == {"the device"}
+    tried = []
+
+    def nothing_matches(failures, *args):
+        tried.append([case.case_id for case, _, _ in failures])
+        return None
+
+    monkeypatch.setattr(diagnosis, "_global_diagnosis", nothing_matches)
+    out = with_explanations(results, got, DAPO, conv, "dapo", 1e-8, None, (), judge_policy)
+    assert tried == [["inside_clip/0", "outside_clip/0"]]
+    assert [r.explanation for r in out] == [diagnosis.NO_DIAGNOSIS] * 2
+
+
+def test_the_special_mistakes_each_reproduce_what_they_name(monkeypatch):
+    """``_special_mistakes`` mutmut_48-85: no gradient at all (the gradient times 0); ``ratio.detach()``
+    in the clipped branch (half the gradient on every token of the closed band [1 - eps_low, 1 + eps_high],
+    its bounds included; no match on a case without such a token); the KL averaged over padding, only
+    with a KL term, computed on the check's device."""
+    import torch
+
+    conv = Convention()
+    kl = REP(DAPO, kl_coef=0.1, kl_estimator="k3")
+    assert [label for label, _ in diagnosis._special_mistakes(DAPO, conv, "cpu")] == [
+        "no gradient at all (a detached ratio or loss)",
+        "ratio.detach() in the clipped branch (the gradient halved where the two branches tie)"]
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    (label, unmasked) = diagnosis._special_mistakes(kl, conv, "the device")[2]
+    assert label == "the KL term averaged over every position, padding included (kl.mean())"
+    case = policy_loss_cases(DAPO, conv, classes=("on_boundary",))[0]  # 7 tokens, 2 on each bound
+    loss, grad = expected_policy_loss(case, DAPO, conv)
+    r = torch.exp(case.logp - case.old_logp)
+    assert int((case.mask & ((r == 0.8) | (r == 1.28))).sum()) == 4 and bool(grad[case.mask].ne(0).all())
+    (_, none), (_, tied) = diagnosis._special_mistakes(DAPO, conv, "the device")
+    assert tied(case, loss, torch.where(case.mask, 0.5, 1.0) * grad, 1e-8, judge_policy) is True
+    # (on a kink the spec's own gradient passes against any alternative: the judge's subgradient note)
+    inside = policy_loss_cases(DAPO, conv, classes=("inside_clip",))[0]  # 14 tokens strictly inside
+    loss, grad = expected_policy_loss(inside, DAPO, conv)
+    assert none(inside, loss, grad * 0.0, 1e-8, judge_policy) is True
+    assert none(inside, loss, grad, 1e-8, judge_policy) is False
+    assert tied(inside, loss, grad, 1e-8, judge_policy) is False
+    outside = policy_loss_cases(DAPO, conv, classes=("outside_clip",))[0]  # no token in the band
+    assert tied(outside, *expected_policy_loss(outside, DAPO, conv), 1e-8, judge_policy) is False
+    from refimpl.kl import kl_k3
+
+    mb = policy_loss_cases(kl, conv, classes=("micro_batch",))[0]  # 3 parts of 2 rows
+    loss, grad = expected_policy_loss(mb, REP(kl, kl_coef=0.0), conv)
+    logp = mb.logp.detach().double().requires_grad_(True)
+    term = sum(kl_k3(logp[list(p)], mb.ref_logp.double()[list(p)]).mean() * 0.1 for p in mb.micro_batches)
+    (extra,) = torch.autograd.grad(term, logp)
+    assert unmasked(mb, loss + term.detach(), grad + extra, 1e-8, judge_policy) is True
+    assert devices and set(devices) == {"the device"}
+
+
+def test_a_users_alternatives_in_order_and_another_aggregation_on_micro_batches(monkeypatch):
+    """``_alternatives`` mutmut_20 (the shipped profiles are tried, last), 31-33 (the special mistakes
+    come right after the common ones), 47 / 48 (the ignored normaliser's label), 5 / 9 / 11 / 12 (another
+    aggregation on micro-batches cannot tell, None, where a flag does not match, False), 27 (a framework's
+    ignored normaliser is computed on the check's device)."""
+    conv = Convention()
+    extra = ("profile x", DAPO, Convention(name="x", kl_k3_form="naive"))
+    alternatives = diagnosis._alternatives(DAPO, conv, None, (extra,), "cpu")
+    base = labels(diagnosis_candidates(DAPO, conv, None, (extra,)))
+    special = ["no gradient at all (a detached ratio or loss)",
+               "ratio.detach() in the clipped branch (the gradient halved where the two branches tie)",
+               "a flipped sign (of the advantages or of the loss: the same on this case)",
+               "the advantages' sign flipped", "the loss's sign flipped",
+               "local means per micro-batch: the normalizer argument is ignored"]
+    assert [label for label, _ in alternatives] == [*base[:-1], *special, "profile x"]
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[0]
+    loss, grad = expected_policy_loss(case, DAPO, conv)
+    check = dict(alternatives)
+    assert check["aggregation 'seq_mean_token_mean'"](case, loss + 1.0, grad, 1e-8, judge_policy) is None
+    assert check["flag empty_rows='keep'"](case, loss + 1.0, grad, 1e-8, judge_policy) is False
+    devices = []
+
+    def recording(device, expect, case, *args):
+        devices.append(device)
+        return expected_on("cpu", expect, case, *args)
+
+    monkeypatch.setattr(diagnosis, "expected_on", recording)
+    label, ignored = diagnosis._alternatives(DAPO, conv, {}, (), "the device")[-1]
+    assert label == special[-1] and ignored(case, loss + 1.0, grad, 1e-8, judge_policy) is False
+    assert devices == ["the device"]

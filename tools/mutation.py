@@ -71,7 +71,8 @@ DEFAULT_DEVICE = "tests/test_default_device.py"
 # The conformance kit's fast tests (the real-framework tests are not needed to kill its mutants).
 KIT_TESTS = ["tests/test_conformance_judge*.py", "tests/test_conformance.py",
              "tests/test_conformance_classes.py", "tests/test_conformance_diagnosis.py",
-             "tests/test_conformance_zoo.py", "tests/test_checks.py"]
+             "tests/test_conformance_zoo.py", "tests/test_checks.py", "tests/test_conformance_kinks.py",
+             "tests/test_conformance_named_behaviours.py"]
 # module path -> globs of the test files that check it. mutmut runs, for each mutant, every selected
 # test that called the mutated function (until the first failure), so a widely used function (e.g.
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
