@@ -59,7 +59,8 @@ def test_the_alternatives_of_a_framework_mode_are_its_flags_one_then_two_at_a_ti
     aggregations = [v.aggregation for label, v, _ in out if label.startswith("aggregation")]
     assert aggregations == ["seq_mean_token_mean", "seq_sum", "seq_mean_token_sum", "seq_mean",
                             "seq_sqrt_token_mean"]
-    assert [v.max_length for label, v, _ in out if label == "aggregation 'seq_sum'"] == [16]
+    lengths = [v.max_length for label, v, _ in out if label.startswith("aggregation")]
+    assert lengths == [None, 16, None, None, None]
     # an unknown flag or an invalid value is skipped, alone and in pairs
     assert not any("no_such_flag" in label or "dual_clip" in label for label in labels(out))
     three = diagnosis_candidates(DAPO, conv, {"empty_rows": "keep", "token_sum_rows": "all", "micro_batch":
@@ -390,7 +391,8 @@ def test_an_alternative_whose_expected_value_cannot_be_computed_is_no_match(monk
 
 def test_the_first_alternative_reproducing_every_failure_and_its_label_for_several_cases():
     """``_first_reproducing`` mutmut_18 (an alternative that raises is skipped, not the end of the
-    search), 15 / 16 (one that reproduces only the first failure is no match), 24 / 25 / 30-34 (the label says "on these cases" for two failures, "on this case" for one)."""
+    search), 15 / 16 (one that reproduces only the first failure is no match), 24 / 25 / 30-34 (the
+    label says "on these cases" for two failures, "on this case" for one)."""
     def raises(case, loss, grad, rtol, judge):
         raise RuntimeError("out of memory")
 
@@ -404,7 +406,8 @@ def test_the_first_alternative_reproducing_every_failure_and_its_label_for_sever
     def first_only(case, loss, grad, rtol, judge):
         return case == "first"
 
-    alternatives = [("raises", raises), ("cannot tell", cannot_tell), ("first only", first_only), (flip, matches)]
+    alternatives = [("raises", raises), ("cannot tell", cannot_tell), ("first only", first_only),
+                    (flip, matches)]
     two = [("first", None, None), ("second", None, None)]
     assert diagnosis._first_reproducing(alternatives, two, 1e-8, judge_policy) == (
         "a flipped sign (of the advantages or of the loss: the same on these cases)")
@@ -412,7 +415,7 @@ def test_the_first_alternative_reproducing_every_failure_and_its_label_for_sever
     assert diagnosis._first_reproducing(alternatives[:3], two, 1e-8, judge_policy) is None
 
 
-def test_with_explanations_passes_the_device_on_orders_cheapest_first_and_says_when_nothing_matches(monkeypatch):
+def test_with_explanations_uses_the_device_orders_cheapest_first_and_says_when_nothing_matches(monkeypatch):
     """``with_explanations`` mutmut_22 / 32 / 48 (the alternatives of a framework mode and of a user's
     function are computed on the check's device), 37 / 39 / 40 (a user's failing classes are tried
     smallest case first), 58 (no alternative: ``NO_DIAGNOSIS``, not "matches None")."""
@@ -420,7 +423,8 @@ def test_with_explanations_passes_the_device_on_orders_cheapest_first_and_says_w
     cases = {c.case_id: c for c in policy_loss_cases(DAPO, conv, classes=("inside_clip", "outside_clip"))}
     got = {cid: (c, *expected_policy_loss(REP(c, advantages=-c.advantages), DAPO, conv))
            for cid, c in cases.items()}
-    results = [_result("outside_clip/0", "outside_clip", 12, False), _result("inside_clip/0", "inside_clip", 5, False)]
+    results = [_result("outside_clip/0", "outside_clip", 12, False),
+               _result("inside_clip/0", "inside_clip", 5, False)]
     devices = []
 
     def recording(device, expect, case, *args):
@@ -521,3 +525,46 @@ def test_a_users_alternatives_in_order_and_another_aggregation_on_micro_batches(
     label, ignored = diagnosis._alternatives(DAPO, conv, {}, (), "the device")[-1]
     assert label == special[-1] and ignored(case, loss + 1.0, grad, 1e-8, judge_policy) is False
     assert devices == ["the device"]
+
+
+def test_an_alternative_past_float32s_range_cannot_tell_a_reduced_precision_case():
+    """``_reproduces`` mutmut_2-15: for float32 inputs an alternative whose loss or gradient lies past
+    float32's largest value (inf included) cannot tell (None); exactly the largest value, or any
+    value for float64 inputs, is judged."""
+    import types
+
+    import torch
+
+    calls = []
+
+    def judge(case, got_loss, got_grad, exp_loss, exp_grad, ev, candidate, rtol):
+        calls.append(float(exp_loss))
+        return 0.0, 0.0, True, True, None
+
+    f32 = types.SimpleNamespace(logp=torch.zeros(1, dtype=torch.float32))
+    f64 = types.SimpleNamespace(logp=torch.zeros(1, dtype=torch.float64))
+    top = torch.finfo(torch.float32).max
+    small, grad = torch.tensor(1.0, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    for exp in ((torch.tensor(1e39, dtype=torch.float64), grad), (small, grad * 1e39),
+                (small, grad * float("inf")), (torch.tensor(1e39, dtype=torch.float64), grad[:0])):
+        assert diagnosis._reproduces(f32, small, grad, exp, DAPO, None, 1e-8, judge) is None
+    assert calls == []
+    for case, exp in ((f32, (torch.tensor(top, dtype=torch.float64), grad)), (f64, (small, grad * 1e39)),
+                      (f32, (small, grad[:0]))):
+        assert diagnosis._reproduces(case, small, grad, exp, DAPO, None, 1e-8, judge) is True
+    assert calls == [top, 1.0, 1.0]
+
+
+def test_another_aggregation_on_micro_batches_matches_as_summed_local_means_only_under_global_means():
+    """``_variant_check`` mutmut_41-43 (under local means the kit passes no global normaliser: a
+    mismatch is a mismatch, False) and 44 (the sum of the other aggregation's local means is a match)."""
+    conv = Convention()
+    case = policy_loss_cases(DAPO, conv, classes=("micro_batch",))[0]
+    seq = REP(DAPO, aggregation="seq_mean_token_mean")
+    local = expected_policy_loss(case, seq, Convention(micro_batch="local_mean"))
+    parts = len(case.micro_batches)
+    check = diagnosis._variant_check(seq, conv, "cpu", parts_local=True)
+    assert check(case, local[0] * parts, local[1] * parts, 1e-8, judge_policy) is True
+    loss, grad = expected_policy_loss(case, DAPO, conv)
+    local_check = diagnosis._variant_check(seq, Convention(micro_batch="local_mean"), "cpu", parts_local=True)
+    assert local_check(case, loss + 1.0, grad, 1e-8, judge_policy) is False
