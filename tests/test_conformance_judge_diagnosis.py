@@ -366,7 +366,10 @@ def test_only_flags_that_change_a_failing_case_are_paired_and_an_invalid_one_is_
     flags = [flag for flag, _ in diagnosis._user_flag_values(conv, (profile,))]
     assert flags.index("adv_singleton") < flags.index("kl_gradient")  # the invalid value comes first
     failures = [(case, *expected_policy_loss(case, v, conv))]
-    pairs = [label for label, _ in diagnosis._flag_pairs(v, conv, (profile,), "cpu", failures)]
+    out = diagnosis._flag_pairs(v, conv, (profile,), "cpu", failures)
+    pairs = [label for label, _ in out]
+    # a pair's check on micro-batches says no (False), not "cannot tell" (_variant_check mutmut_1)
+    assert out[1][1](case, failures[0][1] + 1.0, failures[0][2], 1e-8, judge_policy) is False  # global means
     useful = ["empty_rows='keep'", "micro_batch='local_mean'", "kl_importance_weight=False",
               "kl_gradient='none'"]
     assert pairs == [f"flags {a}, {b}" for i, a in enumerate(useful) for b in useful[i + 1:]]
@@ -568,3 +571,21 @@ def test_another_aggregation_on_micro_batches_matches_as_summed_local_means_only
     loss, grad = expected_policy_loss(case, DAPO, conv)
     local_check = diagnosis._variant_check(seq, Convention(micro_batch="local_mean"), "cpu", parts_local=True)
     assert local_check(case, loss + 1.0, grad, 1e-8, judge_policy) is False
+
+
+def test_the_halved_gradient_of_ratio_detach_is_on_the_band_only():
+    """``_special_mistakes`` mutmut_53 / 63: a row with r = 1 (in the band [0.8, 1.28]) and r = e^0.5
+    = 1.65 (above it; A < 0 keeps its gradient): the mistake halves the first token's gradient only."""
+    import torch
+
+    from refimpl.conformance.case_types import PolicyLossCase
+
+    row = lambda xs: torch.tensor([xs], dtype=torch.float64)  # noqa: E731
+    adv = torch.tensor([-0.5], dtype=torch.float64)
+    case = PolicyLossCase("mixed", 0, row([0.5, 0.5]), row([0.5, 0.0]), adv,
+                          torch.ones(1, 2, dtype=torch.bool), adv, torch.tensor([0]))
+    loss, grad = expected_policy_loss(case, DAPO, Convention())
+    assert bool(grad.ne(0).all())
+    tied = diagnosis._special_mistakes(DAPO, Convention(), "cpu")[1][1]
+    halved = grad * torch.tensor([[0.5, 1.0]], dtype=torch.float64)
+    assert tied(case, loss, halved, 1e-8, judge_policy) is True
