@@ -302,3 +302,61 @@ def test_cispo_weight_leaves_a_float32_ratio_that_underflows_to_zero_alone():
     new_old = evaluated_weight_old(logp, old, mask, LIGER, torch.float64)
     assert float(new_old[0, 0]) == 0.0
     assert within_ulps(math.exp(float(logp[0, 1] - new_old[0, 1])), f32_exp([-120.0, 0.3])[1])
+
+
+def test_three_quarters_on_a_float32_rounded_bound_for_float32_inputs():
+    """``_on_clip_bound`` mutmut_18 / 20-24: with float32 inputs the ratio sits on float32(1.2) and
+    float32(0.8) (float32(1.2) > 1.2 > float32(1.2) - ulp), so under ``clip_bound_tie="three_quarters"``
+    those two tokens, and no other, get 3/4 of the gradient; the same under a float64 default dtype
+    (the bounds rounded to float32 explicitly)."""
+    xs = [float32_tie(1.2), 0.05, float32_tie(0.8)]
+    conv = Convention(clip_bound_tie="three_quarters")
+    for default in (torch.float32, torch.float64):
+        logp, old, adv, mask = batch(xs, [0.5])
+        logp.requires_grad_(True)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            evaluated_ratio_logp(logp, old, adv, mask, PPO, conv, torch.float32).sum().backward()
+        finally:
+            torch.set_default_dtype(previous)
+        assert logp.grad[0].tolist() == [0.75, 1.0, 0.75]
+
+
+def test_three_quarters_on_a_gspo_token_row_whose_sequence_ratio_is_on_a_bound():
+    """``_gspo_token_bound_ties`` mutmut_8 (old_logp not 0: logp - old, not + old), 12 (the mean, not
+    the sum times the length, of a row of two tokens), 32 (one flag per row: two rows of three
+    tokens), 42 (a row off the bounds keeps its gradient): the upper bound is this machine's
+    exp(0.25) (taken as the kit takes it, over the rows' mean log-ratios), so row 0's
+    s = exp((0.25 + 0.25) / 2) sits on it exactly."""
+    e = float(torch.exp(torch.tensor([0.25, (0.01 + 0.02 + 0.03) / 3], dtype=torch.float64))[0])
+    variant = dataclasses.replace(PPO, ratio="gspo_token", eps_high=e - 1.0)  # 1 + (e - 1) == e exactly
+    old = torch.tensor([[-0.25, -0.25, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    logp = torch.tensor([[0.0, 0.0, 0.0], [0.01, 0.02, 0.03]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    adv = torch.tensor([0.5, -0.5], dtype=torch.float64)
+    conv = Convention(clip_bound_tie="three_quarters")
+    evaluated_ratio_logp(logp, old, adv, mask, variant, conv, torch.float64).sum().backward()
+    assert logp.grad.tolist() == [[0.75, 0.75, 1.0], [1.0, 1.0, 1.0]]
+
+
+def test_float64_ties_on_the_dual_clip_and_on_a_bound_that_is_also_the_dual_clip():
+    """``evaluated_ratio_logp`` mutmut_38 / 39 (a float64 ratio exactly on the dual clip c is halved
+    under ``dual_clip_tie="half"``), 40 (a variant without a dual clip: logp as it is), 135 (c = 1 +
+    eps_high: a token on both gets 3/4 of the halved gradient). Each bound is this machine's float64
+    ``exp`` of the token's log-ratio, taken over the same row."""
+    half = Convention(dual_clip_tie="half")
+    logp, old, adv, mask = batch([1.1, 0.05], [-0.5])
+    c = float(torch.exp(logp)[0, 0])
+    assert evaluated_ratio_logp(logp, old, adv, mask, PPO, half, torch.float64) is logp
+    logp.requires_grad_(True)
+    dual = dataclasses.replace(PPO, dual_clip=c)
+    evaluated_ratio_logp(logp, old, adv, mask, dual, half, torch.float64).sum().backward()
+    assert logp.grad[0].tolist() == [0.5, 1.0]
+    logp, old, adv, mask = batch([0.25, 0.05], [-0.5])
+    e = float(torch.exp(logp)[0, 0])
+    both = dataclasses.replace(PPO, eps_high=e - 1.0, dual_clip=e)  # 1 + (e - 1) == e exactly
+    logp.requires_grad_(True)
+    conv = Convention(dual_clip_tie="half", clip_bound_tie="three_quarters")
+    evaluated_ratio_logp(logp, old, adv, mask, both, conv, torch.float64).sum().backward()
+    assert logp.grad[0].tolist() == [0.375, 1.0]

@@ -39,6 +39,8 @@ Usage:
     python tools/mutation.py --sample 3 tabular/exact.py
     python tools/mutation.py --only 'refimpl.kl.x_kl_k3__*' refimpl/kl.py   # a partial run
     python tools/mutation.py --show refimpl/kl.py   # list the mutants and their changed lines
+    python tools/mutation.py --tests 'tests/test_conformance_judge*.py' refimpl/conformance/tolerance.py
+                                                    # a narrower test selection (a lower bound on the score)
     python tools/mutation.py --selftest             # planted mutants: a toy project and kl_k1
 """
 
@@ -69,7 +71,8 @@ DEFAULT_DEVICE = "tests/test_default_device.py"
 # The conformance kit's fast tests (the real-framework tests are not needed to kill its mutants).
 KIT_TESTS = ["tests/test_conformance_judge*.py", "tests/test_conformance.py",
              "tests/test_conformance_classes.py", "tests/test_conformance_diagnosis.py",
-             "tests/test_conformance_zoo.py", "tests/test_checks.py"]
+             "tests/test_conformance_zoo.py", "tests/test_checks.py", "tests/test_conformance_kinks.py",
+             "tests/test_conformance_named_behaviours.py"]
 # module path -> globs of the test files that check it. mutmut runs, for each mutant, every selected
 # test that called the mutated function (until the first failure), so a widely used function (e.g.
 # tabular.policy_evaluation) costs the whole selection per survivor: keep each selection to the files
@@ -324,12 +327,14 @@ def report(result: ModuleResult, min_score: float) -> list[str]:
 
 def run_all(root: Path, modules: list[str], *, sample: int, jobs: int, min_score: float,
             module_tests: dict[str, list[str]] | None = None, packages: tuple[str, ...] = PACKAGES,
-            quiet_problems: bool = False, only: list[str] | None = None) -> tuple[int, list[ModuleResult]]:
+            quiet_problems: bool = False, only: list[str] | None = None,
+            tests: list[str] | None = None) -> tuple[int, list[ModuleResult]]:
+    """Run each module; ``tests`` (globs) replaces every module's selection (MODULES and KILL_TESTS)."""
     module_tests = module_tests or MODULES
     scratch = root / ".mutation"
     results, problems = [], []
     for rel_path in modules:
-        globs = [*module_tests[rel_path], KILL_TESTS]
+        globs = tests or [*module_tests[rel_path], KILL_TESTS]
         result = run_module(root, rel_path, globs, sample=sample, jobs=jobs, scratch=scratch,
                             equivalent_dir=root / "mutation" / "equivalent", packages=packages,
                             only=only)
@@ -454,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=float(os.environ.get("MUTATION_MIN_SCORE", "0.95")))
     parser.add_argument("--only", action="append", metavar="GLOB",
                         help="run only the mutants whose names match (repeatable; a partial run)")
+    parser.add_argument("--tests", action="append", metavar="GLOB",
+                        help="test files to run instead of the module's selection (repeatable): a subset"
+                             " kills no more mutants, so its score is a lower bound; faster survivors")
     parser.add_argument("--show", action="store_true",
                         help="print the mutants (names and changed lines) instead of running them")
     parser.add_argument("--selftest", action="store_true")
@@ -475,8 +483,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sampling: every {args.sample}th mutant of each function (MUTATION_SAMPLE={args.sample})")
     if args.only:
         print(f"partial run: only the mutants matching {args.only}")
+    if args.tests:
+        print(f"test selection: {args.tests} instead of each module's")
     rc, _ = run_all(ROOT, modules, sample=args.sample, jobs=args.jobs, min_score=args.min_score,
-                    only=args.only)
+                    only=args.only, tests=args.tests)
     return rc
 
 

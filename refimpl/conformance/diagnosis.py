@@ -90,14 +90,11 @@ def _with_flags(v, conv: Convention, flags: dict):
 
 def _aggregations(v: PolicyLossVariant, conv: Convention) -> list:
     out = []
-    for agg in AGGREGATIONS:
+    for agg in AGGREGATIONS:  # every aggregation is valid with any variant (seq_sum given an L_max)
         if agg == v.aggregation:
             continue
-        try:
-            extra = {"max_length": v.max_length or 16} if agg == "seq_sum" else {}
-            out.append((f"aggregation {agg!r}", dataclasses.replace(v, aggregation=agg, **extra), conv))
-        except ValueError:
-            continue
+        extra = {"max_length": v.max_length or 16} if agg == "seq_sum" else {}
+        out.append((f"aggregation {agg!r}", dataclasses.replace(v, aggregation=agg, **extra), conv))
     return out
 
 
