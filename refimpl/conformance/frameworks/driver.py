@@ -40,11 +40,9 @@ the same way for every framework) and the source hash.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import importlib.metadata
 import pathlib
-import sys
 import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -143,18 +141,7 @@ def source_hash(files: list[pathlib.Path]) -> str:
 
 
 def distribution_version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (pip's name), None when it is not installed. Read once
-    per ``sys.path`` (a matrix asks for each mode: reading the metadata is most of a millisecond)."""
-    return _version_on_path(distribution, tuple(sys.path))
-
-
-def forget_installed_versions() -> None:
-    """After a pip install in this process: ``distribution_version`` reads the metadata again."""
-    _version_on_path.cache_clear()
-
-
-@functools.lru_cache(maxsize=256)
-def _version_on_path(distribution: str, path: tuple[str, ...]) -> str | None:
+    """The installed version of ``distribution`` (pip's name), None when it is not installed."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

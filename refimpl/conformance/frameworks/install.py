@@ -33,7 +33,6 @@ import tempfile
 
 from ..cli_args import one_line_errors
 from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
-from .driver import forget_installed_versions
 from .releases import install_release, release_command, release_dir, release_env
 
 __all__ = ["CONSTRAINED", "extra_requirements", "framework_requirements", "install_commands", "opt_in",
@@ -150,7 +149,6 @@ def run_install(args: argparse.Namespace) -> int:
                 print(f"refimpl frameworks install: pip exited {status} (above)", file=sys.stderr)
                 return 1
     if not args.dry_run:
-        forget_installed_versions()  # pip changed what is installed
         return run_list(argparse.Namespace(names=list(names)))
     return 0
 
