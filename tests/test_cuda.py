@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import traceback
 import weakref
 
 import pytest
@@ -94,8 +95,10 @@ class OnDevice(TorchFunctionMode):
         mode = self
 
         def apply(cls, *args, **kwargs):
-            args, kwargs = pytree.tree_map(mode._move, (args, kwargs))
+            # without the mode: _move reads each tensor's own device (inside the mode, reading
+            # x.device is itself an operation, which would move x and report the device)
             with _pop_mode_temporarily():
+                args, kwargs = pytree.tree_map(mode._move, (args, kwargs))
                 out = raw.__func__(cls, *args, **kwargs)
             pytree.tree_map(mode._mark, out)
             return out
@@ -258,7 +261,7 @@ def _check_on_device(build, dtypes, dtype) -> None:
     if isinstance(cpu, Exception):  # the CPU refuses this dtype: the device gives the same error
         assert type(got) is type(cpu) and str(got) == str(cpu), (got, cpu)
         return
-    assert not isinstance(got, Exception), got
+    assert not isinstance(got, Exception), "".join(traceback.format_exception(got))
     ref = _outcome(build, dtype, OnDevice("cpu", torch.float64))
     if isinstance(ref, ValueError):  # inputs valid only to their own precision (weights summing to 1 in
         ref = cpu                    # bfloat16): the CPU's result in that dtype is the reference
@@ -284,6 +287,33 @@ def test_on_device_is_transparent(name, dtype):
         else:
             nan = isinstance(value, float) and math.isnan(value) and math.isnan(other)
             assert value == other or nan, path
+
+
+def test_a_custom_autograd_function_gets_its_inputs_on_the_device():
+    """The mover hands a custom ``autograd.Function`` its CPU inputs on its device (here "meta", which
+    any machine has), its forward runs without the mode, and its backward's gradient reaches the CPU
+    input. (It once read each input's device inside its own mode, where that read is an operation that
+    moves: every input looked moved already and reached forward on the CPU.)"""
+    seen = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append((x.device.type, torch.overrides._get_current_function_mode() is None))
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 2 * grad
+
+    x = torch.ones(3, requires_grad=True)
+    with OnDevice("meta"):
+        y = Double.apply(x)
+    assert seen == [("meta", True)] and y.device.type == "meta"
+    with OnDevice("cpu", copy=True):
+        y = Double.apply(x)
+    y.sum().backward()
+    assert seen[1] == ("cpu", True) and torch.equal(x.grad, torch.full((3,), 2.0))
 
 
 def test_the_comparison_fails_on_a_wrong_result():

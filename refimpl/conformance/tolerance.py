@@ -83,7 +83,7 @@ def _term_magnitudes(case, variant: PolicyLossVariant, conv: Convention) -> dict
     forms), ``kappa`` the largest |unit log-ratio| and ``max_ratio``."""
     mask = case.mask
     logp, old = case.logp.double(), case.old_logp.double()
-    zero = torch.zeros((), dtype=torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
     x = torch.where(mask, logp - old, zero)
     lengths = mask.sum(-1).double()
     adv = case.advantages.double().abs()

@@ -2,23 +2,31 @@
 # The GPU measurements of issue 21 in one command, for a machine with one CUDA GPU (docs/results.md
 # "GPU" and docs/ci.md "On a GPU" say how it is called and what its figures mean).
 #
-#   bash tools/gpu/check.sh [PART ...]     PART: env tests suite frameworks losses logprobs train
+#   bash tools/gpu/check.sh [PART ...]     PART: env tests suite frameworks train losses logprobs steps
 #                                          (default: all, in that order; about 9 minutes on an H100)
 #
-# Run from the repository root. Each part writes one file to $OUT (default ./gpu-out): at most 8 files
+# The parts env, tests, suite, frameworks and train check correctness and may run side by side, in
+# separate calls of this script once env has run (it installs the wheels); losses, logprobs and steps
+# time things and should run alone.
+#
+# Run from the repository root. Each part writes one file to $OUT (default ./gpu-out): 8 files at most
 # in all, so that a remote runner that returns a few files brings every log back. Each part has its
 # own time limit and goes on after a failure; the exit status is that of the first failed part.
 # Needs torch with CUDA (and its triton), pytest, pytest-xdist and hypothesis. Wheels in .whl/ (made by
-# tools/gpu/wheels.sh: the frameworks for `check framework` and the benchmarks' framework columns)
-# are installed into /tmp/site first when present.
+# tools/gpu/wheels.sh: the frameworks for `check framework` and the benchmarks' framework columns, and
+# rl-oracle's own) are installed into the interpreter's environment first when present.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  # into the interpreter's own environment (a throwaway machine's): the reproduction scripts of
+  # tests/test_framework_findings.py run without PYTHONPATH, and rl-oracle's wheel gives the entry points
+  # (`refimpl report`, the pytest plugin) and the metadata `refimpl frameworks install` reads. Once per
+  # machine: a second call of this script (parts side by side) uses what the first installed.
+  [ -e /tmp/.rl-oracle-wheels ] || { $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade .whl/*.whl && touch /tmp/.rl-oracle-wheels; }
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 REFIMPL=($PY -m refimpl)
@@ -44,11 +52,16 @@ part_tests() {  # the CUDA module first, with whole tracebacks
 part_suite() {  # the whole suite with CUDA visible (failures listed with short tracebacks)
   run suite.log 360 $PY -m pytest -p no:cacheprovider -q -rfE --tb=short -n 14 --durations=15
 }
-part_frameworks() {  # every mode of every framework, expected values on the GPU too
-  local f
+part_frameworks() {  # every mode of every framework, expected values on the GPU too (side by side)
+  local f tmp
+  tmp=$(mktemp -d)
   for f in trl verl openrlhf liger skyrl areal; do
-    run frameworks.txt 120 "${REFIMPL[@]}" check framework "$f" --device cuda
+    (OUT=$tmp run "$f" 150 "${REFIMPL[@]}" check framework "$f" --device cuda; exit $status) &
   done
+  for f in trl verl openrlhf liger skyrl areal; do
+    wait -n || { [ $status -eq 0 ] && status=1; }
+  done
+  for f in trl verl openrlhf liger skyrl areal; do cat "$tmp/$f" >>"$OUT/frameworks.txt"; done
 }
 part_losses() {  # the fast path against the floor and the frameworks (graphs compiled first, in parallel)
   timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets ppo grpo dr_grpo --no-frameworks &
@@ -61,19 +74,25 @@ part_losses() {  # the fast path against the floor and the frameworks (graphs co
 part_logprobs() {
   run logprobs.txt 180 $PY benchmarks/logprobs.py --device cuda
 }
-part_train() {  # the default run on the GPU, eager and compiled, then seconds per RL step
-  local dir
+part_train() {  # the default run on the GPU, eager and compiled, side by side
+  local dir mode
   dir=$(mktemp -d)
-  run train.txt 240 "${REFIMPL[@]}" train --device cuda --out "$dir/eager"
-  run train.txt 300 "${REFIMPL[@]}" train --device cuda --compile true --out "$dir/compiled"
-  run train.txt 300 $PY benchmarks/trainer.py --steps --device cuda --repeats 3
+  (OUT=$dir run eager.log 240 "${REFIMPL[@]}" train --device cuda --out "$dir/eager"; exit $status) &
+  (OUT=$dir run compiled.log 300 "${REFIMPL[@]}" train --device cuda --compile true --out "$dir/compiled"; exit $status) &
+  for mode in eager compiled; do
+    wait -n || { [ $status -eq 0 ] && status=1; }
+  done
+  cat "$dir/eager.log" "$dir/compiled.log" >>"$OUT/train.txt"
+}
+part_steps() {  # seconds per RL step, CPU against CUDA, compile off and on
+  run steps.txt 300 $PY benchmarks/trainer.py --steps --device cuda --repeats 3
 }
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(env tests suite frameworks losses logprobs train)
+[ ${#parts[@]} -eq 0 ] && parts=(env tests suite frameworks train losses logprobs steps)
 for p in "${parts[@]}"; do
   case $p in
-    env|tests|suite|frameworks|losses|logprobs|train) "part_$p" ;;
-    *) echo "unknown part $p (env tests suite frameworks losses logprobs train)" >&2; exit 2 ;;
+    env|tests|suite|frameworks|train|losses|logprobs|steps) "part_$p" ;;
+    *) echo "unknown part $p (env tests suite frameworks train losses logprobs steps)" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -227,9 +227,9 @@ def kind_target(mode: Mode, functional) -> tuple[Callable, Callable]:
         def penalty(fn, lengths, *, max_len, cache_len):
             n = lengths.shape[0]
             width = max(int(lengths.max()), 1) if n else 1
-            mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
-            data = {"rewards": torch.zeros(n), "input_ids": torch.zeros(n, width, dtype=torch.long),
-                    "loss_mask": mask}
+            mask = (torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]).float()
+            data = {"rewards": mask.new_zeros(n), "loss_mask": mask,
+                    "input_ids": lengths.new_zeros((n, width), dtype=torch.long)}
             return fn(data, overlong_tokens=cache_len, overlong_penalty_factor=factor,
                       max_response_length=max_len)["rewards"]
 

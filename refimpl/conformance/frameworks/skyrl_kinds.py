@@ -88,7 +88,7 @@ def _kl_reward_target(mode: Mode, module) -> tuple[Callable, Callable]:
         metadata: dict
 
     def adapter(fn, scores, logp, ref_logp, mask, *, kl_coef):
-        last = torch.arange(mask.shape[1])[None, :] == (mask.sum(dim=-1)[:, None] - 1)
+        last = torch.arange(mask.shape[1], device=mask.device)[None, :] == (mask.sum(dim=-1)[:, None] - 1)
         data = _Batch(loss_mask=mask.to(logp.dtype), rewards=scores[:, None] * last,
                       base_action_log_probs=ref_logp, action_log_probs=logp)
         data.metadata = {}

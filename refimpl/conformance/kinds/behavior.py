@@ -106,9 +106,9 @@ def expected_behavior(case: KindCase, flags: BehaviorFlags) -> dict[str, Expecte
     if flags.behavior_cap_low > 0 and flags.behavior_weight == "applied" and flags.behavior_cap != "none":
         # a weight below the band: raised to its bottom ("truncate") or dropped ("mask": a weight beyond
         # the cap, which the mask drops), as the behaviour log-prob that gives that weight
-        low = torch.tensor(flags.behavior_cap_low, dtype=prox.dtype)
+        low = torch.tensor(flags.behavior_cap_low, dtype=prox.dtype, device=prox.device)
         below = (prox - behave) < torch.log(low)
-        dropped = torch.tensor(2 * flags.behavior_cap_value, dtype=prox.dtype)
+        dropped = torch.tensor(2 * flags.behavior_cap_value, dtype=prox.dtype, device=prox.device)
         target = torch.log(low) if flags.behavior_cap == "truncate" else torch.log(dropped)
         behave = torch.where(mask & below, prox - target, behave)
     variant = _variant(flags, case.params["eps"])

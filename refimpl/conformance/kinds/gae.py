@@ -104,12 +104,12 @@ def _row_gae(case: KindCase, flags: GAEFlags) -> tuple[torch.Tensor, torch.Tenso
         r, v = x["rewards"][i, :length], x["values"][i, :length]
         bootstrap = (bool(x["truncated"][i]) and flags.gae_truncation == "bootstrap"
                      and flags.gae_padding != "used")
-        last = x["final_values"][i] if bootstrap else torch.zeros((), dtype=v.dtype)
+        last = x["final_values"][i] if bootstrap else v.new_zeros(())
         next_values = torch.cat([v[1:], last.reshape(1)])
-        end = torch.zeros(length, dtype=torch.bool)
+        end = torch.zeros(length, dtype=torch.bool, device=v.device)
         end[-1] = True
-        out = gae_advantages(r[None], v[None], next_values[None], (end & ~torch.tensor(bootstrap))[None],
-                             (end & torch.tensor(bootstrap))[None], gamma, lam)
+        out = gae_advantages(r[None], v[None], next_values[None], (end & (not bootstrap))[None],
+                             (end & bootstrap)[None], gamma, lam)
         adv[i, :length], ret[i, :length] = out.advantages[0], out.returns[0]
     return adv, ret
 

@@ -82,7 +82,7 @@ def expected_kl_reward(case: KindCase, flags: KLRewardFlags) -> dict[str, Expect
         kl = estimate[flags.kl_reward_estimator]()
         if flags.kl_reward_value_clamp:
             kl = kl.clamp(-flags.kl_reward_value_clamp, flags.kl_reward_value_clamp)
-        last = torch.arange(mask.shape[1])[None, :] == (lengths[:, None] - 1)
+        last = torch.arange(mask.shape[1], device=mask.device)[None, :] == (lengths[:, None] - 1)
         rewards = -beta * kl * mask + x["scores"][:, None] * last
     return {"rewards": Expected(rewards, mask)}
 

@@ -106,7 +106,7 @@ def _whiten(fn, x, mask):
     maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator="gae",
                get_advantages_and_returns=lambda *a: gae(None, *a))
     n = x.shape[0]
-    experience = ns(rewards=torch.zeros(n, dtype=x.dtype), index=list(range(n)), kl=torch.zeros_like(x),
+    experience = ns(rewards=x.new_zeros(n), index=list(range(n)), kl=torch.zeros_like(x),
                     action_mask=mask, values=-x, info={})
     fn(maker, [experience])
     # the statistics are float32 (experience_maker.py:326, .float()): the result has float32 precision

@@ -118,7 +118,7 @@ def _kl_reward_target(mode: Mode):
 
     def adapter(fn, scores, logp, ref_logp, mask, *, kl_coef):
         lengths = mask.sum(dim=-1)
-        last = torch.arange(mask.shape[1])[None, :] == (lengths[:, None] - 1)
+        last = torch.arange(mask.shape[1], device=mask.device)[None, :] == (lengths[:, None] - 1)
         batch = _Batch(response_mask=mask.to(logp.dtype), token_level_scores=scores[:, None] * last,
                        old_log_probs=logp, ref_log_prob=ref_logp)
         batch.batch_size = [mask.shape[0]]
