@@ -23,6 +23,7 @@ from tensors on the check's device.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 
 import pytest
@@ -41,7 +42,8 @@ from refimpl.conformance.expected import (
     expected_policy_loss,
     expected_token_logprobs,
 )
-from refimpl.conformance.frameworks import FRAMEWORKS, load_driver
+from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
+from refimpl.conformance.kinds import KIND_REGISTRY
 from refimpl.conformance.presets import resolve_preset
 from refimpl.conformance.profiles import mode_convention
 from refimpl.kl import kl_k3
@@ -212,11 +214,12 @@ def test_every_kind_computes_its_expected_values_on_the_check_device(kind, monke
         assert report.ok, report.render()
 
 
-def _same_under_meta(expect, *args) -> str | None:
+def _same_under_meta(expect, *args, outside=None) -> str | None:
     """None when ``expect(*args)`` gives, inside ``with torch.device("meta")`` (where every allocation
     that names no device goes, as it goes to the GPU after ``torch.set_default_device("cuda")``),
-    bitwise the CPU results it gives outside; else what went wrong."""
-    outside = expect(*args)
+    bitwise the CPU results it gives outside (``outside``, when the caller has them); else what went
+    wrong."""
+    outside = expect(*args) if outside is None else outside
     try:
         with torch.device("meta"):
             inside = expect(*args)
@@ -250,6 +253,45 @@ def test_expected_values_allocate_on_their_inputs_device(framework):
                 calls = [(expected_group_advantages, c, conv) for c in advantage_cases()
                          if _defined(expected_group_advantages, c, conv)]
             failures += [(name, call[1].case_id, why) for call in calls if (why := _same_under_meta(*call))]
+    assert not failures, failures[:5]
+
+
+# fused_linear's expected values (a matrix product and its backward per row chunk) take seconds under the
+# device context's per-operation dispatch: the thorough profile only (make test-thorough)
+_THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+REGISTRY_KINDS_CHECKED = [k for k in sorted(KIND_REGISTRY) if _THOROUGH or k != "fused_linear"]
+
+
+@pytest.mark.parametrize("kind", REGISTRY_KINDS_CHECKED)
+def test_every_registry_kind_allocates_its_expected_values_on_the_case_device(kind):
+    """As above for the registry's kinds (GAE, the KL reward, the behaviour correction, whitening, ...):
+    under the kind's default flags and every driven framework's mode of the kind, every case's expected
+    values are the same inside ``with torch.device("meta")``. (On an H200, GAE's row recursion, the KL
+    reward's last-token mask and the behaviour weight's cap made their tensors on the CPU beside the
+    case's CUDA tensors: `check framework F --device cuda` failed for four frameworks.)"""
+    registry_kind = KIND_REGISTRY[kind]
+    flag_sets = [("default", registry_kind.make_flags())]
+    for framework in FRAMEWORKS + EXTRA_FRAMEWORKS:
+        flag_sets += [(f"{framework} {name}", registry_kind.make_flags(dict(mode.convention)))
+                      for name, mode in load_driver(framework).modes(kind).items()]
+    failures, distinct = [], {}
+    for label, flags in flag_sets:  # each distinct set of flags once (modes share them)
+        distinct.setdefault(flags, label)
+
+    def tensors(c, f):
+        return [x for e in registry_kind.expected(c, f).values() for x in (e.values, e.where)
+                if x is not None]
+
+    cases = registry_kind.cases(0)
+    for flags, label in distinct.items():
+        for case in cases:
+            try:
+                outside = tensors(case, flags)
+            except ValueError:  # the flags refuse the case
+                continue
+            if why := _same_under_meta(tensors, case, flags, outside=outside):
+                failures.append((label, case.case_class, why[:160]))
+    assert len(flag_sets) > 1 or kind not in ("gae", "kl_reward", "whitening"), flag_sets
     assert not failures, failures[:5]
 
 

@@ -102,7 +102,7 @@ def expected_fused_linear(case: KindCase, flags: FusedLinearFlags) -> dict[str, 
     x, eps = case.inputs, case.params["eps"]
     hidden = x["hidden"].double().requires_grad_(True)
     weight = x["weight"].double().requires_grad_(True)
-    everything = torch.arange(hidden.shape[0])
+    everything = torch.arange(hidden.shape[0], device=hidden.device)
     loss = _loss(hidden, weight, x, everything, eps, None)
     grad_hidden, grad_weight = torch.autograd.grad(loss, (hidden, weight))
     if flags.fused_weight_grad == "accumulated":  # one rounding to the weight's dtype per row chunk

@@ -108,7 +108,7 @@ def expected_whitening(case: KindCase, flags: WhiteningFlags) -> dict[str, Expec
     x, mask = case.inputs["advantages"], case.inputs["mask"]
     single = flags.whiten_std == "sample" and int(mask.sum()) == 1
     if single and flags.whiten_sample_single == "nan":
-        return {"advantages": Expected(torch.full(x.shape, math.nan, dtype=torch.float64), mask)}
+        return {"advantages": Expected(torch.full_like(x, math.nan, dtype=torch.float64), mask)}
     if flags.whiten_one_pass and flags.whiten_one_pass_dtype == "float64":
         out = _one_pass_float64(x, mask, flags)
     elif flags.whiten_one_pass:  # the one-pass float32 variance of the counted entries (not the spec)
