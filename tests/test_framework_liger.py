@@ -91,7 +91,9 @@ def test_half_precision_is_computed_in_float32_and_float64_is_rounded_to_it(name
 
 @pytest.mark.parametrize(("name", "flag", "failing"), [
     ("grpo", {"empty_rows": "drop"}, {"empty_rows"}),
+    ("sapo", {"empty_rows": "drop"}, {"empty_rows"}),
     ("dr_grpo", {"token_sum_rows": "nonempty"}, {"empty_rows"}),
+    ("luspo", {"token_sum_rows": "nonempty"}, {"empty_rows"}),
     ("bnpo", {"micro_batch": "global"}, {"micro_batch"}),
     ("dapo", {"masked_nonfinite": "ignore"}, {"masked_nonfinite"}),
 ])
@@ -136,3 +138,61 @@ def test_variants_liger_cannot_express_are_refused_in_one_line():
     assert driver.loss_kwargs("cispo", resolve_preset("cispo")[1])["epsilon_high"] == 1.28
     assert {"vespo", "compiled=True"} <= set(driver.unsupported_modes("policy_loss"))
     assert driver.modes("kl") == {} and driver.unsupported_modes("kl")
+
+
+def _signature_defaults(path, name):
+    """The literal defaults of ``def name`` in the installed file ``path`` (parsed, not imported: the Triton
+    path's module imports triton)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+    return {a.arg: ast.literal_eval(d) for a, d in zip(args, fn.args.defaults, strict=True)}
+
+
+def _pinned_root():
+    """The installed liger_kernel folder, the findings' release only (else the test skips)."""
+    if driver.installed_version() != driver.pinned_version:
+        pytest.skip(f"liger-kernel {driver.installed_version()}: the findings cite {driver.pinned_version}")
+    return driver.source_files()[1].parents[1]
+
+
+def test_the_defaults_findings_read_the_installed_signatures():
+    root = _pinned_root()
+    chunked = _signature_defaults(root / "chunked_loss" / "grpo_loss.py", "__init__")
+    assert {k: chunked[k] for k in ("loss_type", "beta", "use_ref_model", "epsilon_low", "epsilon_high")} == {
+        "loss_type": "dapo", "beta": 0.04, "use_ref_model": True, "epsilon_low": 0.2, "epsilon_high": 0.2}
+    triton = _signature_defaults(root / "transformers" / "grpo_loss.py", "triton_grpo_loss")
+    assert {k: triton[k] for k in ("temperature", "beta", "eps_low", "eps_high", "loss_type")} == {
+        "temperature": 0.9, "beta": 0.04, "eps_low": 0.2, "eps_high": 0.4, "loss_type": "dapo"}
+    # "a user who sets beta=0 and epsilon_high=0.28 gets DAPO's loss": the mode dapo is those settings
+    kwargs = driver.loss_kwargs("dapo", _variant(driver.modes()["dapo"]))
+    assert (kwargs["beta"], kwargs["epsilon_low"], kwargs["epsilon_high"]) == (0.0, 0.2, 0.28)
+
+
+@pytest.mark.parametrize(("path", "line", "quote"), [  # the lines the findings' texts cite besides `where`
+    ("ops/grpo_loss.py", 176, "if DELTA != 0.0:"),
+    ("ops/grpo_loss.py", 187, "is_clipped = (coef_1 > EPS_HIGH) & (advantage > 0)"),
+    ("ops/grpo_loss.py", 642, 'if delta is not None and loss_type in ("cispo", "sapo", "vespo"):'),
+    ("ops/grpo_loss.py", 646, "delta_val = 0.0 if delta is None else float(delta)"),
+    ("ops/grpo_loss.py", 729, "coef_1_for_loss = torch.clamp(coef_1, max=delta)"),
+    ("chunked_loss/fused_linear_ppo.py", 385, "_advantages_chunks = torch.chunk(advantages, chunks=chunks"),
+    ("chunked_loss/grpo_loss.py", 166, "advantages_expanded = advantages.unsqueeze(1).expand_as(coef_1)"),
+    ("chunked_loss/grpo_loss.py", 312, "advantages (torch.Tensor): Advantages tensor. Shape: (batch_size,)"),
+])
+def test_the_lines_the_findings_cite_hold_the_code(path, line, quote):
+    assert quote in (_pinned_root() / path).read_text().splitlines()[line - 1]
+
+
+def test_cispo_clip_fraction_counts_only_positive_advantages():
+    # finding cispo_clip_ratio (value only): two tokens at ratio 2 above the cap 1.5, A = +1 and -1; both
+    # weights are capped (gradient -1.5 A / 2 tokens, exact in float32), the metric counts one of the two
+    grpo = sys.modules[type(driver.target("policy_loss", "cispo")[0]).__module__]
+    logp = torch.full((2, 1), -1.0 + math.log(2.0), requires_grad=True)
+    one = torch.ones(2, 1)
+    loss, metrics = grpo.LigerFusedLinearGRPOFunction.ppo_loss_fn(
+        logp, one, torch.tensor([1.0, -1.0]), one, old_per_token_logps=torch.full((2, 1), -1.0), beta=0.0,
+        epsilon_high=1.5, loss_type="cispo")
+    assert torch.autograd.grad(loss, logp)[0].flatten().tolist() == [-0.75, 0.75]
+    assert metrics[-1].item() == 0.5  # the spec's clip fraction of this batch is 1.0

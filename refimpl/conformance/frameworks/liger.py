@@ -176,6 +176,12 @@ _UNSUPPORTED_LOSS = {
     "luspo with importance_sampling_level='token', or beta > 0": "per_token_loss is then [B, T] and "
     "luspo's sum runs over every position, the masked ones included, divided by B x T: each position "
     "of row i weighs T_i / (B T), no spec aggregation (finding luspo_token_level, a bug).",
+    "per-token advantages [N, T]": "the kit's policy cases carry per-sequence advantages [N], Liger's "
+    "documented shape; [N, T] ones are accepted and crossed between the rows of a chunk when chunk_size > 1 "
+    "(finding config:advantages, a validation finding with a script).",
+    "the metrics (mean KL, clip fraction)": "the adapter returns the loss: the kit judges the loss and its "
+    "gradient, not the logged metrics, where cispo's clip fraction counts only A > 0 tokens (finding "
+    "cispo_clip_ratio, value only).",
     "vllm_is_ratio": "the behaviour importance ratio comes from vLLM's log-probs, which the kit's calls "
     "do not carry.",
     "compiled=True": "Liger's default compiles ppo_loss_fn with torch.compile (Inductor needs a C compiler "

@@ -28,11 +28,19 @@ FINDINGS = (
     ),
     Finding(
         "config:delta", "validation",
-        "delta (INTELLECT-2's cap on the ratio, a dual clip) is checked only for delta > 0: a delta below "
-        "1 + epsilon_high caps ratios inside the clip band (A > 0 tokens lose their gradient before the "
-        "clip does), which no dual-clip formulation intends (c >= 1 + eps_high, policy_losses.md eq. (7)).",
+        "delta (INTELLECT-2's cap on the ratio, a dual clip) is checked only for delta > 0: a delta below 1 +"
+        " epsilon_high caps ratios inside the clip band (A > 0 tokens lose their gradient before the clip "
+        "does), which no dual-clip formulation intends (c >= 1 + eps_high, policy_losses.md eq. (7)). The "
+        "Triton path (triton_grpo_loss -> GrpoLossFunction) checks delta only against the loss type "
+        "(ops/grpo_loss.py:642) and maps it to delta_val = float(delta), 0.0 for None (:646), which its "
+        "kernels read as off (if DELTA != 0.0, :176, :391, :491): delta = 0 is accepted and disables the cap "
+        "at the token level, while at the sequence level the forward clamps coef_1 at max=0 in torch "
+        "(:728-729, is not None) and the backward kernel, DELTA = 0, does not (the gradient is not the "
+        "loss's); a negative delta is accepted too (every ratio capped below 0). Not driven there (triton and"
+        " a GPU): the script runs the chunked loss.",
         where="chunked_loss/grpo_loss.py:467", quote="if delta is not None and delta <= 0:",
-        affected="liger-kernel 0.8.5",
+        affected="liger-kernel 0.8.5 (chunked loss: delta <= 1 + epsilon_high; Triton path, "
+        "ops/grpo_loss.py:641-646: any delta, 0 and negative included)",
     ),
     Finding(
         "config:max_completion_length", "validation",
@@ -61,6 +69,55 @@ FINDINGS = (
         "and no gradient; epsilon_low >= 1 removes the lower clip without a word.",
         where="chunked_loss/grpo_loss.py:92", quote="lower_bound = 1 - epsilon_low",
         affected="liger-kernel 0.8.5",
+    ),
+    Finding(
+        "config:advantages", "validation",
+        "advantages are documented as per sequence, shape (batch_size,) (grpo_loss.py:312), and nothing "
+        "checks the shape: per-token advantages [B, T] are accepted and broadcast by advantages.unsqueeze(1),"
+        " [B, 1, T], against the chunk's [b, T] ratios, i.e. a [b, b, T] loss in which row i's ratio meets "
+        "every row's advantages. With chunk_size=1 (the default) b = 1 and the result is the per-token loss; "
+        "with chunk_size > 1 torch.chunk (fused_linear_ppo.py:385) puts several rows in a chunk and each "
+        "token's term is summed over the chunk's rows' advantages: the loss and gradient change with "
+        "chunk_size (A = [[1, 1, 1], [0, 0, 0]], ratio 1: dapo -0.5 with chunk_size=1, -1.0 with 2, and row "
+        "2, A = 0, gets a gradient). The kit's policy cases carry per-sequence advantages [N] (the "
+        "fused_linear kind's chunks too), so no mode shows it.",
+        where="chunked_loss/grpo_loss.py:199", quote="per_token_loss1 = coef_1 * advantages.unsqueeze(1)",
+        affected="liger-kernel 0.8.5 (chunked loss, every loss_type but sapo, whose expand_as, :166, "
+        "raises on [B, T]; cispo :160 and the clip metric :256 likewise)",
+    ),
+    Finding(
+        "defaults", "documented_default",
+        "LigerFusedLinearGRPOLoss() is loss_type='dapo' (documented: 'Defaults to \"dapo\"') with "
+        "beta=0.04 (:423), use_ref_model=True (:425) and epsilon_low = epsilon_high = 0.2 (:427-428): "
+        "DAPO's token mean with a k3 KL term and a symmetric clip band, where DAPO (Yu et al. 2025, "
+        "arXiv:2503.14476) drops the KL term and clips higher (eps_high 0.28); without reference "
+        "log-probs the defaults assert (fused_linear_ppo.py:229). A user who sets beta=0 and "
+        "epsilon_high=0.28 gets DAPO's loss (mode dapo).",
+        where="chunked_loss/grpo_loss.py:429", quote='loss_type: str = "dapo",',
+        affected="liger-kernel 0.8.5 (chunked loss; ppo_loss_fn's defaults, :108-111, likewise)",
+    ),
+    Finding(
+        "triton_defaults", "documented_default",
+        "triton_grpo_loss defaults to temperature=0.9 (:16), beta=0.04, eps_low=0.2, eps_high=0.4 and "
+        "loss_type='dapo' (:17-21): its log-probs are of the logits divided by 0.9, so unless the old "
+        "and reference log-probs were taken at temperature 0.9 too (TRL 1.16.0's GRPOConfig samples at "
+        "1.0, grpo_config.py:533) an on-policy token's ratio is not 1; eps_high 0.4 is neither DAPO's "
+        "0.28 nor the chunked loss's 0.2 "
+        "(finding defaults): the two Liger GRPO entry points disagree by default. Not driven: the kernels "
+        "need triton and a GPU.",
+        where="transformers/grpo_loss.py:16", quote="temperature=0.9,",
+        affected="liger-kernel 0.8.5 (Triton path)",
+    ),
+    Finding(
+        "cispo_clip_ratio", "value_only",
+        "cispo's clip-fraction metric counts a token only when its weight is capped and A > 0 (the PPO "
+        "rule, is_upper_clipped & (advantages > 0)), but CISPO's cap sg(min(r, epsilon_high)) scales the "
+        "gradient of every token above it whatever the sign of A (policy_losses.md eq. (9)): capped A < 0 "
+        "tokens are not counted, so the logged clip ratio understates the clipping. The loss and "
+        "gradient are right; the kit reads only the loss, not the metrics, so no mode shows it.",
+        where="chunked_loss/grpo_loss.py:257", quote="is_upper_clipped & (advantages.unsqueeze(1) > 0)",
+        affected="liger-kernel 0.8.5 (chunked loss; the Triton kernel likewise, ops/grpo_loss.py:187)",
+        function="ppo_loss_fn",
     ),
     Finding(
         "luspo_token_level", "bug",

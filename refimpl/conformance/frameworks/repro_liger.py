@@ -54,6 +54,25 @@ verdict("Liger's Triton GRPO loss, loss_type luspo, importance_sampling_level 's
         "-3.0 (LUSPO, and Liger's chunked path: sum T_i f_i / B, each sequence term times its length)",
         abs(value + 3.0) > 1e-6)
 """,
+        ("liger", "config:advantages"): silent + liger + """\
+torch.manual_seed(0)
+hidden, weight = torch.randn(2, 3, 4), torch.randn(5, 4)  # two rows of 3 tokens, an lm head of 5 tokens
+ids, mask = torch.tensor([[1, 3, 0], [2, 4, 1]]), torch.ones(2, 3, dtype=torch.long)
+adv = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # per-token advantages [B, T]: accepted
+got = {}
+for chunk_size in (1, 2):  # one row per chunk (the default), then both rows in one chunk
+    h = hidden.clone().requires_grad_(True)
+    loss_fn = grpo.LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=False,
+                                            chunk_size=chunk_size)
+    loss, _ = loss_fn(h, weight, ids, mask, adv)  # no old log-probs: ratio 1, dapo: -sum A / 6
+    got[chunk_size] = (loss.item(), torch.autograd.grad(loss, h)[0][1].abs().sum().item())
+verdict("Liger LigerFusedLinearGRPOLoss (dapo) given per-token advantages [B, T] = [[1, 1, 1], [0, 0, 0]] "
+        "at ratio 1 (chunked_loss/grpo_loss.py:199: advantages.unsqueeze(1) broadcasts against the chunk's "
+        "rows): loss and |gradient| of row 2 (A = 0) with chunk_size 1 / 2",
+        f"{got[1]} / {got[2]} (no error, no warning)",
+        "-0.5 and 0.0 for every chunk_size (or an error: advantages are documented as (batch_size,))",
+        abs(got[2][0] + 1.0) < 1e-6 and got[2][1] > 0.0)
+""",
         ("liger", "config:epsilon_high"): silent + liger + """\
 loss_fn = grpo.LigerFusedLinearGRPOLoss(loss_type="cispo", compiled=False)  # accepted: no error, no warning
 logp = torch.tensor([[-1.0]], requires_grad=True)  # old -1: ratio 1, A = 1
