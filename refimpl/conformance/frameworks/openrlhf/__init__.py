@@ -20,7 +20,9 @@ needed (``torch.distributed`` is only queried, never initialised).
 
 What a call does (``training_step`` of ``trainer/ray/ppo_actor.py``, single data-parallel rank):
 ``PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, token_level_loss, policy_loss_type)`` is
-called with per-token advantages (OpenRLHF broadcasts the sequence advantage to every token), the
+called with per-token advantages (the kit's one advantage per sequence repeated on every token: what
+OpenRLHF's group estimators give without KL in the reward; with the default KL in the reward they vary
+along the response, ``NOTES["per-token advantages"]``), the
 integer ``action_mask`` of its sample generator, ``dp_size=1`` and the optimizer step's
 ``batch_num_tokens`` / ``global_batch_size`` from OpenRLHF's own ``_optimizer_step_loss_norm``
 (``iter_grad_accum_global_norm``: global counts divided by the gradient-accumulation steps
@@ -42,9 +44,9 @@ from .adapters import (
     source_files,
     target,
 )
+from .findings import FINDINGS
 from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
 from .modes import (
-    FINDINGS,
     NOTES,
     PROFILE,
     RELEASE_FINDINGS,

@@ -31,7 +31,8 @@ _UTILS_PKG = "_refimpl_openrlhf_utils"
 
 
 _SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py",
-            "trainer/ppo_utils/experience_maker.py")  # the last: GAE and the whitening (kinds.py)
+            "trainer/ppo_utils/experience_maker.py",  # GAE, whitening, group advantages (kinds.py)
+            "trainer/ppo_utils/length_penalty.py")  # the overlong penalty (kinds.py)
 
 
 def _package_dir() -> pathlib.Path | None:
@@ -219,4 +220,8 @@ def target(kind: str, mode: str | Mode, variant=None) -> tuple[Callable, Callabl
         return _policy_target(_mode_variant(m) if variant is None else variant)
     if kind == "kl":
         return _kl_target(m)
+    if kind == "group_advantages":
+        from .advantages import advantage_target
+
+        return advantage_target(m)
     raise ValueError(f"kind {kind!r}: {unsupported_modes(kind)}")

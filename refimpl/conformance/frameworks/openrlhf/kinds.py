@@ -14,6 +14,12 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   (loss.py:215-241): the train/rollout importance weight on the ppo loss.
 * kl_reward: ``models.utils.compute_approx_kl`` then ``compute_reward`` (utils.py:69, 131), as
   ``make_experience`` and ``compute_advantages_and_returns`` call them (experience_maker.py:206, 284).
+* overlong: ``apply_overlong_penalty(experiences, max_new_tokens, overlong_buffer_len,
+  overlong_penalty_factor)`` (trainer/ppo_utils/length_penalty.py:16, its ``def`` executed from the
+  installed file), DAPO's penalty added to each experience's reward, with the kit's ``max_len`` as
+  ``max_new_tokens``: what ``apply_length_penalties`` passes when --rollout.max_new_tokens is set. When it
+  is not (the default), line 127 passes --data.max_len, the prompt + response limit (finding
+  overlong_max_len), which no case of the kind can show: the kind's ``max_len`` is the response limit.
 * whitening: the batch normalisation of ``compute_advantages_and_returns``
   (experience_maker.py:324-338, inline), run through the method itself with estimator "gae",
   ``gamma = 0`` and zero rewards, so that the advantages it whitens are ``-values * mask``: the
@@ -32,7 +38,7 @@ from .adapters import _modules
 
 __all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES"]
 
-KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py",)
+KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py", "trainer/ppo_utils/length_penalty.py")
 
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
@@ -75,6 +81,15 @@ KIND_MODES += tuple(
          + ("clamped into [0.5, 5]: a weight below 0.5 is raised to 0.5" if action == "clip"
             else "kept inside [0.5, 5], the token dropped outside"))
     for action, cap in (("clip", "truncate"), ("mask", "mask"))
+)
+KIND_MODES += (
+    Mode("overlong_penalty", kind="overlong",
+         framework_config={"reward.overlong_buffer_len": "the case's cache_len",
+                           "reward.overlong_penalty_factor": 1.0,
+                           "rollout.max_new_tokens": "the case's max_len"},
+         description="apply_overlong_penalty (length_penalty.py:16-56): -min(L - (max_new_tokens - "
+         "buffer), buffer) / buffer * factor added to the reward, with --rollout.max_new_tokens set "
+         "(unset, line 127 takes --data.max_len: finding overlong_max_len)"),
 )
 KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
 
@@ -172,4 +187,24 @@ def kind_target(mode: Mode):
                                                                    action_mask=action_mask, **info)
 
         return _modules()["loss"].ValueLoss, value
+    if mode.kind == "overlong":
+        return _overlong_target(mode)
     return _maker_method("compute_advantages_and_returns"), _whiten
+
+
+def _overlong_target(mode: Mode):
+    import torch
+
+    path = package_dir("openrlhf") / KIND_SOURCES[1]
+    fn = function_from_source(path, "apply_overlong_penalty", {"List": list})
+    factor = mode.framework_config["reward.overlong_penalty_factor"]
+
+    def penalty(fn, lengths, *, max_len, cache_len):
+        experience = types.SimpleNamespace(response_length=lengths,
+                                           rewards=torch.zeros(lengths.shape, dtype=torch.float32,
+                                                               device=lengths.device))
+        fn([experience], max_new_tokens=max_len, overlong_buffer_len=cache_len,
+           overlong_penalty_factor=factor)
+        return experience.rewards
+
+    return fn, penalty

@@ -1,0 +1,114 @@
+"""OpenRLHF's group advantages (kind "group_advantages"): the estimators ``group_norm``, ``dr_grpo`` and
+``rloo`` of ``RemoteExperienceMaker.compute_advantages_and_returns`` (trainer/ppo_utils/experience_maker.py),
+run through the method itself as kinds.py runs it for the whitening.
+
+What a call does (experience_maker.py:244-338): the rewards, promoted to at least float32 (line 244), are
+put back in prompt order and reshaped to ``(-1, n_samples_per_prompt)`` (line 256), then
+
+* group_norm (line 274): ``(r - mean) / (r.std() + 1e-9)``: sample std, eps 1e-9 outside the square root
+  (advantages.md eq. (5));
+* dr_grpo (line 272): ``r - mean`` (Dr. GRPO's centring, eq. (11)'s advantage);
+* rloo (line 269): ``r - (sum - r) / (n - 1)``, the leave-one-out baseline (eq. (6)).
+
+Each result goes through ``compute_reward`` (the default ``reward.clip_range`` (-10, 10) clamps it: finding
+reward_clip_range) onto the response's last token and ``get_cumulative_returns`` with gamma 1 (the method
+forces it, line 305), so every token of a response carries it; the driver's responses have one token.
+
+Precision. The driver passes the kit's float64 rewards, which line 244 keeps float64. The trainer's own
+rewards are float32 (``torch.tensor([reward_val])``, samples_generator.py:304), and in float32 a constant
+group of rewards that binary does not hold exactly (0.1 x 8) has a mean that rounds off the rewards, a
+std of ~1e-8 and advantages of about -0.83 for every member instead of 0: finding
+constant_group_rounding, shown by its standalone reproduction (the kit's cases have no such group).
+
+The batches one call cannot take. ``reshape(-1, n_samples_per_prompt)`` needs contiguous groups of one
+size: a batch of unequal or interleaved groups (the kit's cases unequal_groups, partial_group,
+singleton_group) is run one call per group, each with ``n_samples_per_prompt`` = that group's size, as a
+run with that setting computes it (AReaL's driver does the same, areal_kinds.py). A group of one is
+refused in one line, as OpenRLHF's launcher refuses ``n_samples_per_prompt`` 1 for these estimators
+(cli/train_ppo_ray.py:656-659); the modes' flag ``adv_singleton="error"`` expects that refusal.
+``reinforce_baseline`` (dr_grpo's centring, then the batch whitening of lines 324-338, driven as the
+whitening kind's mode advantage_whitening) is not a group estimator: modes.py lists it as unsupported.
+"""
+
+from __future__ import annotations
+
+import types
+
+from .. import Mode
+
+__all__ = ["ADV_MODES", "ADV_UNSUPPORTED", "advantage_target"]
+
+# group_norm: torch's sample std, eps 1e-9 added to it (a constant group: the formula, whose numerator
+# is the mean's rounding: in float32 that is finding constant_group_rounding, not 0)
+_GROUP_NORM = {"adv_std": "sample", "adv_eps": 1e-9, "adv_eps_inside_sqrt": False,
+               "adv_zero_variance": "formula", "adv_singleton": "error"}
+_CENTRED = {"adv_scale": "none", "adv_singleton": "error"}
+ADV_MODES = (
+    Mode("group_norm", kind="group_advantages", framework_config={"algo.advantage.estimator": "group_norm"},
+         convention=_GROUP_NORM,
+         description="compute_advantages_and_returns, estimator group_norm (experience_maker.py:274): "
+         "(r - mean) / (std + 1e-9), sample std"),
+    Mode("dr_grpo", kind="group_advantages", framework_config={"algo.advantage.estimator": "dr_grpo"},
+         convention=_CENTRED,
+         description="compute_advantages_and_returns, estimator dr_grpo (experience_maker.py:272): "
+         "r - mean"),
+    Mode("rloo", kind="group_advantages", framework_config={"algo.advantage.estimator": "rloo"},
+         convention={**_CENTRED, "adv_leave_one_out": True},
+         description="compute_advantages_and_returns, estimator rloo (experience_maker.py:269): "
+         "r - (sum - r) / (n - 1)"),
+)
+
+ADV_UNSUPPORTED = {
+    "reinforce_baseline": "dr_grpo's centring (experience_maker.py:272, mode dr_grpo) followed by the "
+    "batch whitening over every token of the step (lines 324-338, the whitening kind's mode "
+    "advantage_whitening): not a group estimator of the spec.",
+    "flash_reinforce": "the reward minus the rollout batch's mean (line 278): no group.",
+    "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator.",
+}
+
+
+def _blocks(group_ids) -> int | None:
+    """The group size when ``group_ids`` are contiguous groups of one size, else None."""
+    ids = group_ids.tolist()
+    starts = [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
+    sizes = {b - a for a, b in zip(starts, starts[1:] + [len(ids)], strict=True)}
+    return sizes.pop() if len(sizes) == 1 and len(set(ids)) == len(starts) else None
+
+
+def advantage_target(mode: Mode):
+    """``(fn, adapter)``: ``fn`` is ``compute_advantages_and_returns`` (executed from the installed file,
+    kinds.py) and ``adapter(fn, rewards, group_ids)`` the advantages ``[N]`` (module docstring)."""
+    import torch
+
+    from .kinds import _maker_method
+
+    estimator = mode.framework_config["algo.advantage.estimator"]
+    returns = _maker_method("get_cumulative_returns")
+    ns = types.SimpleNamespace
+
+    def run(fn, rewards, size: int):
+        if size < 2:
+            raise ValueError(f"{estimator} requires n_samples_per_prompt > 1 (cli/train_ppo_ray.py:659), "
+                             "got a group of 1")
+        args = ns(rollout=ns(n_samples_per_prompt=size), reward=ns(clip_range=(-10.0, 10.0)),
+                  algo=ns(advantage=ns(estimator=estimator, gamma=1.0, lambd=1.0, no_std_norm=False)))
+        maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator=estimator,
+                   get_cumulative_returns=lambda *a: returns(None, *a))
+        n = rewards.shape[0]
+        one = torch.ones((n, 1), dtype=rewards.dtype, device=rewards.device)  # one action token each
+        experience = ns(rewards=rewards, index=list(range(n)), kl=torch.zeros_like(one),
+                        action_mask=one, info={})
+        fn(maker, [experience])
+        return experience.advantages[:, 0]
+
+    def adapter(fn, rewards, group_ids):
+        size = _blocks(group_ids)
+        if size is not None:
+            return run(fn, rewards, size)
+        out = torch.empty_like(rewards)
+        for g in torch.unique(group_ids):  # groups one reshape cannot take: one call per group
+            rows = group_ids == g
+            out[rows] = run(fn, rewards[rows], int(rows.sum()))
+        return out
+
+    return _maker_method("compute_advantages_and_returns"), adapter
