@@ -40,13 +40,12 @@ stand_ins("deepspeed")
 identity_compile()  # utils.py:215 decorates compute_entropy, never called here
 utils = load_file("openrlhf", "models/utils.py")
 """ + silent + """\
-import math  # noqa: E402
 logp = torch.tensor([[-4.0]], requires_grad=True)
 ref = torch.tensor([[-1.0]])  # log(pi / ref) = -3: k3 = e^3 - 1 - 3 = 16.09
 kl = utils.compute_approx_kl(logp, ref, kl_estimator="k3")  # the KL loss's per-token term (use_loss)
 kl.sum().backward()
 verdict("OpenRLHF compute_approx_kl(k3) (models/utils.py:113) at log(pi / ref) = -3: value and gradient",
-        f"{kl.item()}, {logp.grad.item()}", f"{math.exp(3) - 4:.4f}, {1 - math.exp(3):.4f}",
+        f"{kl.item()}, {logp.grad.item()}", f"{torch.e ** 3 - 4:.4f}, {1 - torch.e ** 3:.4f}",
         logp.grad.item() == 0.0)
 """,
         ("openrlhf", "kl_reward_value_clamp"): """\
@@ -66,7 +65,6 @@ stand_ins("deepspeed")
 identity_compile()  # utils.py:215 decorates compute_entropy, never called here
 loss_module = load_file("openrlhf", "models/loss.py")
 """ + silent + """\
-import math  # noqa: E402
 old = torch.tensor([[0.0]])
 logp = torch.tensor([[0.1]], requires_grad=True)  # ratio e^0.1 = 1.105, inside [0.8, 1.2]
 adv, mask = torch.tensor([[-1.0]]), torch.ones(1, 1)
@@ -75,7 +73,7 @@ loss = loss_module.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=1.1
 loss.backward()
 verdict("OpenRLHF PolicyLoss(eps 0.2, dual_clip=1.1) (models/loss.py:156): accepted; the loss and gradient "
         "of a token with ratio 1.105 and A = -1", f"{loss.item()}, {logp.grad.item()}",
-        f"{math.exp(0.1):.4f}, {math.exp(0.1):.4f} (PPO's unclipped term)", logp.grad.item() == 0.0)
+        f"{torch.e ** 0.1:.4f}, {torch.e ** 0.1:.4f} (PPO's unclipped term)", logp.grad.item() == 0.0)
 """,
         ("openrlhf", "entropy_aggregation"): """\
 stand_ins("deepspeed")

@@ -42,10 +42,9 @@ from .adapters import (
     availability,
     installed_version,
     source_files,
-    target,
 )
 from .findings import FINDINGS
-from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
+from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target, target
 from .modes import (
     NOTES,
     PROFILE,

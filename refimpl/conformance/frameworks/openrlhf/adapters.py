@@ -220,8 +220,4 @@ def target(kind: str, mode: str | Mode, variant=None) -> tuple[Callable, Callabl
         return _policy_target(_mode_variant(m) if variant is None else variant)
     if kind == "kl":
         return _kl_target(m)
-    if kind == "group_advantages":
-        from .advantages import advantage_target
-
-        return advantage_target(m)
     raise ValueError(f"kind {kind!r}: {unsupported_modes(kind)}")

@@ -1,6 +1,7 @@
 """OpenRLHF's group advantages (kind "group_advantages"): the estimators ``group_norm``, ``dr_grpo`` and
 ``rloo`` of ``RemoteExperienceMaker.compute_advantages_and_returns`` (trainer/ppo_utils/experience_maker.py),
-run through the method itself as kinds.py runs it for the whitening.
+run through the method itself as kinds.py runs it for the whitening. This module holds the modes (data);
+kinds.py's ``advantage_target`` runs them.
 
 What a call does (experience_maker.py:244-338): the rewards, promoted to at least float32 (line 244), are
 put back in prompt order and reshaped to ``(-1, n_samples_per_prompt)`` (line 256), then
@@ -32,11 +33,9 @@ whitening kind's mode advantage_whitening) is not a group estimator: modes.py li
 
 from __future__ import annotations
 
-import types
-
 from .. import Mode
 
-__all__ = ["ADV_MODES", "ADV_UNSUPPORTED", "advantage_target"]
+__all__ = ["ADV_MODES", "ADV_UNSUPPORTED"]
 
 # group_norm: torch's sample std, eps 1e-9 added to it (a constant group: the formula, whose numerator
 # is the mean's rounding: in float32 that is finding constant_group_rounding, not 0)
@@ -65,50 +64,3 @@ ADV_UNSUPPORTED = {
     "flash_reinforce": "the reward minus the rollout batch's mean (line 278): no group.",
     "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator.",
 }
-
-
-def _blocks(group_ids) -> int | None:
-    """The group size when ``group_ids`` are contiguous groups of one size, else None."""
-    ids = group_ids.tolist()
-    starts = [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
-    sizes = {b - a for a, b in zip(starts, starts[1:] + [len(ids)], strict=True)}
-    return sizes.pop() if len(sizes) == 1 and len(set(ids)) == len(starts) else None
-
-
-def advantage_target(mode: Mode):
-    """``(fn, adapter)``: ``fn`` is ``compute_advantages_and_returns`` (executed from the installed file,
-    kinds.py) and ``adapter(fn, rewards, group_ids)`` the advantages ``[N]`` (module docstring)."""
-    import torch
-
-    from .kinds import _maker_method
-
-    estimator = mode.framework_config["algo.advantage.estimator"]
-    returns = _maker_method("get_cumulative_returns")
-    ns = types.SimpleNamespace
-
-    def run(fn, rewards, size: int):
-        if size < 2:
-            raise ValueError(f"{estimator} requires n_samples_per_prompt > 1 (cli/train_ppo_ray.py:659), "
-                             "got a group of 1")
-        args = ns(rollout=ns(n_samples_per_prompt=size), reward=ns(clip_range=(-10.0, 10.0)),
-                  algo=ns(advantage=ns(estimator=estimator, gamma=1.0, lambd=1.0, no_std_norm=False)))
-        maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator=estimator,
-                   get_cumulative_returns=lambda *a: returns(None, *a))
-        n = rewards.shape[0]
-        one = torch.ones((n, 1), dtype=rewards.dtype, device=rewards.device)  # one action token each
-        experience = ns(rewards=rewards, index=list(range(n)), kl=torch.zeros_like(one),
-                        action_mask=one, info={})
-        fn(maker, [experience])
-        return experience.advantages[:, 0]
-
-    def adapter(fn, rewards, group_ids):
-        size = _blocks(group_ids)
-        if size is not None:
-            return run(fn, rewards, size)
-        out = torch.empty_like(rewards)
-        for g in torch.unique(group_ids):  # groups one reshape cannot take: one call per group
-            rows = group_ids == g
-            out[rows] = run(fn, rewards[rows], int(rows.sum()))
-        return out
-
-    return _maker_method("compute_advantages_and_returns"), adapter

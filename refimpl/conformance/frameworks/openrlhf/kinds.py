@@ -34,9 +34,10 @@ import types
 
 from .. import Mode
 from ..sources import function_from_source, package_dir
+from . import adapters
 from .adapters import _modules
 
-__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES"]
+__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES", "advantage_target", "target"]
 
 KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py", "trainer/ppo_utils/length_penalty.py")
 
@@ -208,3 +209,62 @@ def _overlong_target(mode: Mode):
         return experience.rewards
 
     return fn, penalty
+
+
+# ----------------------------------------------------------------------------------------------
+# Group advantages (kind "group_advantages"; the modes: advantages.py)
+
+
+def _blocks(group_ids) -> int | None:
+    """The group size when ``group_ids`` are contiguous groups of one size, else None."""
+    ids = group_ids.tolist()
+    starts = [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
+    sizes = {b - a for a, b in zip(starts, starts[1:] + [len(ids)], strict=True)}
+    return sizes.pop() if len(sizes) == 1 and len(set(ids)) == len(starts) else None
+
+
+def advantage_target(mode: Mode):
+    """``(fn, adapter)``: ``fn`` is ``compute_advantages_and_returns`` (executed from the installed file)
+    and ``adapter(fn, rewards, group_ids)`` the advantages ``[N]`` (advantages.py's docstring)."""
+    import torch
+
+    estimator = mode.framework_config["algo.advantage.estimator"]
+    returns = _maker_method("get_cumulative_returns")
+    ns = types.SimpleNamespace
+
+    def run(fn, rewards, size: int):
+        if size < 2:
+            raise ValueError(f"{estimator} requires n_samples_per_prompt > 1 (cli/train_ppo_ray.py:659), "
+                             "got a group of 1")
+        args = ns(rollout=ns(n_samples_per_prompt=size), reward=ns(clip_range=(-10.0, 10.0)),
+                  algo=ns(advantage=ns(estimator=estimator, gamma=1.0, lambd=1.0, no_std_norm=False)))
+        maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator=estimator,
+                   get_cumulative_returns=lambda *a: returns(None, *a))
+        n = rewards.shape[0]
+        one = torch.ones((n, 1), dtype=rewards.dtype, device=rewards.device)  # one action token each
+        experience = ns(rewards=rewards, index=list(range(n)), kl=torch.zeros_like(one),
+                        action_mask=one, info={})
+        fn(maker, [experience])
+        return experience.advantages[:, 0]
+
+    def adapter(fn, rewards, group_ids):
+        size = _blocks(group_ids)
+        if size is not None:
+            return run(fn, rewards, size)
+        out = torch.empty_like(rewards)
+        for g in torch.unique(group_ids):  # groups one reshape cannot take: one call per group
+            rows = group_ids == g
+            out[rows] = run(fn, rewards[rows], int(rows.sum()))
+        return out
+
+    return _maker_method("compute_advantages_and_returns"), adapter
+
+
+def target(kind: str, mode, variant=None):
+    """``adapters.target`` (policy_loss, kl), and the group advantages: ``fn`` is
+    ``compute_advantages_and_returns``, ``adapter(fn, rewards, group_ids)`` the advantages ``[N]``."""
+    if kind == "group_advantages":
+        from .modes import _mode
+
+        return advantage_target(_mode(kind, mode))
+    return adapters.target(kind, mode, variant)
