@@ -31,7 +31,9 @@ backward; the adapter applies that division, the only arithmetic here that is no
 With a KL loss (``algo.kl.use_loss``, fixed controller ``kl_ctl = init_coef``) the adapter adds
 ``aggregate_loss(compute_approx_kl(logp, ref_logp, log_probs_old=old_logp, kl_estimator=...),
 action_mask, **loss_batch_info) * kl_coef`` as ``training_step`` does. The KL estimators are also
-driven alone (kind "kl").
+driven alone (kind "kl"); the group advantages of ``compute_advantages_and_returns`` (kind
+"group_advantages", advantages.py) and the registry's kinds (GAE, value loss, whitening, KL reward,
+behaviour correction, overlong penalty) run from kinds.py; the findings are in findings.py.
 """
 
 from __future__ import annotations

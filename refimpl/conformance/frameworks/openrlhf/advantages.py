@@ -13,7 +13,7 @@ put back in prompt order and reshaped to ``(-1, n_samples_per_prompt)`` (line 25
 
 Each result goes through ``compute_reward`` (the default ``reward.clip_range`` (-10, 10) clamps it: finding
 reward_clip_range) onto the response's last token and ``get_cumulative_returns`` with gamma 1 (the method
-forces it, line 305), so every token of a response carries it; the driver's responses have one token.
+forces it, lines 308-310), so every token of a response carries it; the driver's responses have one token.
 
 Precision. The driver passes the kit's float64 rewards, which line 244 keeps float64. The trainer's own
 rewards are float32 (``torch.tensor([reward_val])``, samples_generator.py:304), and in float32 a constant
@@ -63,4 +63,7 @@ ADV_UNSUPPORTED = {
     "advantage_whitening): not a group estimator of the spec.",
     "flash_reinforce": "the reward minus the rollout batch's mean (line 278): no group.",
     "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator.",
+    "float32 rewards": "the trainer's rewards are float32 (samples_generator.py:304); the kit's cases are "
+    "float64, which OpenRLHF keeps (experience_maker.py:244), so the float32 mean's rounding of a constant "
+    "group is shown by a script (finding constant_group_rounding).",
 }

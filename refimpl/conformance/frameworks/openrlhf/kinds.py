@@ -88,11 +88,17 @@ KIND_MODES += (
          framework_config={"reward.overlong_buffer_len": "the case's cache_len",
                            "reward.overlong_penalty_factor": 1.0,
                            "rollout.max_new_tokens": "the case's max_len"},
-         description="apply_overlong_penalty (length_penalty.py:16-56): -min(L - (max_new_tokens - "
+         description="apply_overlong_penalty (length_penalty.py:16-58): -min(L - (max_new_tokens - "
          "buffer), buffer) / buffer * factor added to the reward, with --rollout.max_new_tokens set "
          "(unset, line 127 takes --data.max_len: finding overlong_max_len)"),
 )
-KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
+    "overlong": {
+        "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "
+        "response limit (length_penalty.py:127), which the kind's cases (max_len: the response limit) cannot "
+        "express: shown by a script (finding overlong_max_len).",
+    },
+}
 
 
 @functools.cache

@@ -196,6 +196,8 @@ _UNSUPPORTED = {
         "cispo": "no CISPO gate in OpenRLHF 0.11.2",
         "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
         "the kit checks one step with a fixed coefficient (the fixed controller is in scope)",
+        "logged policy_loss / entropy_loss": "the logs of ppo_train, not the loss the optimizer steps on "
+        "(finding logged_loss_weighting, value only).",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
         "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation)",
     },
