@@ -9,6 +9,90 @@ __all__ = ["openrlhf_bodies"]
 def openrlhf_bodies(silent: str) -> dict[tuple[str, str], str]:
     """The bodies, keyed by (framework, finding key)."""
     return {
+        ("openrlhf", "constant_group_rounding"): """\
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+source = (root / "trainer/ppo_utils/experience_maker.py").read_text().splitlines()
+line = source[273].strip()  # line 274: group_norm, inline in compute_advantages_and_returns
+assert line.startswith("rewards = (rewards - rewards.mean("), line
+rewards = torch.tensor([[0.1] * 8])  # one prompt's 8 equal rewards, float32 as torch.tensor makes them
+advantages = eval(line.split("=", 1)[1], {"rewards": rewards})  # the installed expression itself
+verdict("OpenRLHF group_norm (trainer/ppo_utils/experience_maker.py:274) on a group of eight equal "
+        "float32 rewards 0.1: the advantages", advantages.tolist(), "[0.0] * 8 (no signal in the group)",
+        bool(advantages.abs().min() > 0.5))
+""",
+        ("openrlhf", "overlong_max_len"): """\
+bare_packages("openrlhf", "utils", "trainer", "trainer.ppo_utils")
+penalty = importlib.import_module("openrlhf.trainer.ppo_utils.length_penalty")
+""" + silent + """\
+ns = types.SimpleNamespace
+args = ns(reward=ns(overlong_buffer_len=512, overlong_penalty_factor=1.0, stop_properly_penalty_coef=None),
+          rollout=ns(max_new_tokens=None), data=ns(max_len=2048))  # the defaults but the buffer
+# a 600-token prompt: the response limit is 2048 - 600 = 1448 (cli/train_ppo_ray.py:403); truncated there
+experience = ns(rewards=torch.tensor([1.0]), response_length=torch.tensor([1448]), truncated=None, info={})
+penalty.apply_length_penalties([experience], args)
+verdict("OpenRLHF apply_length_penalties (trainer/ppo_utils/length_penalty.py:127), max_new_tokens None, "
+        "max_len 2048, buffer 512: the reward of a response truncated at its limit of 1448 tokens",
+        experience.rewards.tolist(), "[0.0] (1.0 - 1: DAPO's full penalty at the response limit)",
+        experience.rewards.item() == 1.0)
+""",
+        ("openrlhf", "kl_value_clamp"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+utils = load_file("openrlhf", "models/utils.py")
+""" + silent + """\
+logp = torch.tensor([[-4.0]], requires_grad=True)
+ref = torch.tensor([[-1.0]])  # log(pi / ref) = -3: k3 = e^3 - 1 - 3 = 16.09
+kl = utils.compute_approx_kl(logp, ref, kl_estimator="k3")  # the KL loss's per-token term (use_loss)
+kl.sum().backward()
+verdict("OpenRLHF compute_approx_kl(k3) (models/utils.py:113) at log(pi / ref) = -3: value and gradient",
+        f"{kl.item()}, {logp.grad.item()}", f"{torch.e ** 3 - 4:.4f}, {1 - torch.e ** 3:.4f}",
+        logp.grad.item() == 0.0)
+""",
+        ("openrlhf", "kl_reward_value_clamp"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+utils = load_file("openrlhf", "models/utils.py")
+""" + silent + """\
+logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-13.0]])  # log(pi / ref) = 12
+kl = utils.compute_approx_kl(logp, ref, kl_estimator="k1")  # the default estimator
+reward = utils.compute_reward(torch.tensor([0.0]), 0.1, kl, action_mask=torch.ones(1, 1))
+verdict("OpenRLHF compute_reward(kl_coef=0.1) of compute_approx_kl(k1) (models/utils.py:113) at "
+        "log(pi / ref) = 12: the KL reward", reward.tolist(), "[[-1.2]] (-0.1 * 12)",
+        abs(reward.item() + 1.0) < 1e-6)
+""",
+        ("openrlhf", "config:dual_clip"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+old = torch.tensor([[0.0]])
+logp = torch.tensor([[0.1]], requires_grad=True)  # ratio e^0.1 = 1.105, inside [0.8, 1.2]
+adv, mask = torch.tensor([[-1.0]]), torch.ones(1, 1)
+loss = loss_module.PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.2, dual_clip=1.1)(
+    logp, old, adv, action_mask=mask)[0]  # accepted: dual_clip 1.1 is inside the clip band
+loss.backward()
+verdict("OpenRLHF PolicyLoss(eps 0.2, dual_clip=1.1) (models/loss.py:156): accepted; the loss and gradient "
+        "of a token with ratio 1.105 and A = -1", f"{loss.item()}, {logp.grad.item()}",
+        f"{torch.e ** 0.1:.4f}, {torch.e ** 0.1:.4f} (PPO's unclipped term)", logp.grad.item() == 0.0)
+""",
+        ("openrlhf", "entropy_aggregation"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+call = (root / "trainer/ray/ppo_actor.py").read_text().splitlines()[346:351]  # lines 347-351
+assert "token_level_loss" not in "".join(call), call  # the entropy's call: aggregate_loss's default
+""" + silent + """\
+entropy = torch.tensor([[1.0, 0.0, 0.0], [4.0, 4.0, 4.0]])  # a 1-token and a 3-token response
+mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+info = {"dp_size": 1, "batch_num_tokens": torch.tensor(4.0), "global_batch_size": torch.tensor(2.0)}
+got = loss_module.aggregate_loss(entropy, mask, **info).item()  # ppo_actor.py:347's call
+seq = loss_module.aggregate_loss(entropy, mask, token_level_loss=False, **info).item()  # seq-mean-token-mean
+verdict("OpenRLHF's entropy term (trainer/ray/ppo_actor.py:347: aggregate_loss without token_level_loss) "
+        "under --actor.loss_agg_mode seq-mean-token-mean: responses of 1 and 3 tokens, entropies 1 and 4",
+        f"{got} (the token mean)", f"{seq} (the sequence mean of token means, as the policy term)",
+        abs(got - seq) > 0.1)
+""",
         ("openrlhf", "config:is_correction_mode"): """\
 stand_ins("deepspeed")
 identity_compile()  # utils.py:215 decorates compute_entropy, never called here

@@ -20,7 +20,9 @@ needed (``torch.distributed`` is only queried, never initialised).
 
 What a call does (``training_step`` of ``trainer/ray/ppo_actor.py``, single data-parallel rank):
 ``PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, token_level_loss, policy_loss_type)`` is
-called with per-token advantages (OpenRLHF broadcasts the sequence advantage to every token), the
+called with per-token advantages (the kit's one advantage per sequence repeated on every token: what
+OpenRLHF's group estimators give without KL in the reward; with the default KL in the reward they vary
+along the response, ``NOTES["per-token advantages"]``), the
 integer ``action_mask`` of its sample generator, ``dp_size=1`` and the optimizer step's
 ``batch_num_tokens`` / ``global_batch_size`` from OpenRLHF's own ``_optimizer_step_loss_norm``
 (``iter_grad_accum_global_norm``: global counts divided by the gradient-accumulation steps
@@ -29,7 +31,9 @@ backward; the adapter applies that division, the only arithmetic here that is no
 With a KL loss (``algo.kl.use_loss``, fixed controller ``kl_ctl = init_coef``) the adapter adds
 ``aggregate_loss(compute_approx_kl(logp, ref_logp, log_probs_old=old_logp, kl_estimator=...),
 action_mask, **loss_batch_info) * kl_coef`` as ``training_step`` does. The KL estimators are also
-driven alone (kind "kl").
+driven alone (kind "kl"); the group advantages of ``compute_advantages_and_returns`` (kind
+"group_advantages", advantages.py) and the registry's kinds (GAE, value loss, whitening, KL reward,
+behaviour correction, overlong penalty) run from kinds.py; the findings are in findings.py.
 """
 
 from __future__ import annotations
@@ -40,11 +44,10 @@ from .adapters import (
     availability,
     installed_version,
     source_files,
-    target,
 )
-from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
+from .findings import FINDINGS
+from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target, target
 from .modes import (
-    FINDINGS,
     NOTES,
     PROFILE,
     RELEASE_FINDINGS,

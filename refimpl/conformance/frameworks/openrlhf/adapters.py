@@ -31,7 +31,8 @@ _UTILS_PKG = "_refimpl_openrlhf_utils"
 
 
 _SOURCES = ("models/loss.py", "models/utils.py", "utils/loss_utils.py",
-            "trainer/ppo_utils/experience_maker.py")  # the last: GAE and the whitening (kinds.py)
+            "trainer/ppo_utils/experience_maker.py",  # GAE, whitening, group advantages (kinds.py)
+            "trainer/ppo_utils/length_penalty.py")  # the overlong penalty (kinds.py)
 
 
 def _package_dir() -> pathlib.Path | None:

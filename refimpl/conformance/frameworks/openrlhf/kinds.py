@@ -14,6 +14,12 @@ loss and the batch whitening of advantages, each OpenRLHF's own code called as i
   (loss.py:215-241): the train/rollout importance weight on the ppo loss.
 * kl_reward: ``models.utils.compute_approx_kl`` then ``compute_reward`` (utils.py:69, 131), as
   ``make_experience`` and ``compute_advantages_and_returns`` call them (experience_maker.py:206, 284).
+* overlong: ``apply_overlong_penalty(experiences, max_new_tokens, overlong_buffer_len,
+  overlong_penalty_factor)`` (trainer/ppo_utils/length_penalty.py:16, its ``def`` executed from the
+  installed file), DAPO's penalty added to each experience's reward, with the kit's ``max_len`` as
+  ``max_new_tokens``: what ``apply_length_penalties`` passes when --rollout.max_new_tokens is set. When it
+  is not (the default), line 127 passes --data.max_len, the prompt + response limit (finding
+  overlong_max_len), which no case of the kind can show: the kind's ``max_len`` is the response limit.
 * whitening: the batch normalisation of ``compute_advantages_and_returns``
   (experience_maker.py:324-338, inline), run through the method itself with estimator "gae",
   ``gamma = 0`` and zero rewards, so that the advantages it whitens are ``-values * mask``: the
@@ -28,11 +34,12 @@ import types
 
 from .. import Mode
 from ..sources import function_from_source, package_dir
+from . import adapters
 from .adapters import _modules
 
-__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES"]
+__all__ = ["KIND_MODES", "KIND_UNSUPPORTED", "kind_target", "KIND_SOURCES", "advantage_target", "target"]
 
-KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py",)
+KIND_SOURCES = ("trainer/ppo_utils/experience_maker.py", "trainer/ppo_utils/length_penalty.py")
 
 KIND_MODES = (
     Mode("gae", kind="gae", framework_config={"advantage_estimator": "gae"},
@@ -76,7 +83,22 @@ KIND_MODES += tuple(
             else "kept inside [0.5, 5], the token dropped outside"))
     for action, cap in (("clip", "truncate"), ("mask", "mask"))
 )
-KIND_UNSUPPORTED: dict[str, dict[str, str]] = {}
+KIND_MODES += (
+    Mode("overlong_penalty", kind="overlong",
+         framework_config={"reward.overlong_buffer_len": "the case's cache_len",
+                           "reward.overlong_penalty_factor": 1.0,
+                           "rollout.max_new_tokens": "the case's max_len"},
+         description="apply_overlong_penalty (length_penalty.py:16-58): -min(L - (max_new_tokens - "
+         "buffer), buffer) / buffer * factor added to the reward, with --rollout.max_new_tokens set "
+         "(unset, line 127 takes --data.max_len: finding overlong_max_len)"),
+)
+KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
+    "overlong": {
+        "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "
+        "response limit (length_penalty.py:127), which the kind's cases (max_len: the response limit) cannot "
+        "express: shown by a script (finding overlong_max_len).",
+    },
+}
 
 
 @functools.cache
@@ -172,4 +194,83 @@ def kind_target(mode: Mode):
                                                                    action_mask=action_mask, **info)
 
         return _modules()["loss"].ValueLoss, value
+    if mode.kind == "overlong":
+        return _overlong_target(mode)
     return _maker_method("compute_advantages_and_returns"), _whiten
+
+
+def _overlong_target(mode: Mode):
+    import torch
+
+    path = package_dir("openrlhf") / KIND_SOURCES[1]
+    fn = function_from_source(path, "apply_overlong_penalty", {"List": list})
+    factor = mode.framework_config["reward.overlong_penalty_factor"]
+
+    def penalty(fn, lengths, *, max_len, cache_len):
+        experience = types.SimpleNamespace(response_length=lengths,
+                                           rewards=torch.zeros(lengths.shape, dtype=torch.float32,
+                                                               device=lengths.device))
+        fn([experience], max_new_tokens=max_len, overlong_buffer_len=cache_len,
+           overlong_penalty_factor=factor)
+        return experience.rewards
+
+    return fn, penalty
+
+
+# ----------------------------------------------------------------------------------------------
+# Group advantages (kind "group_advantages"; the modes: advantages.py)
+
+
+def _blocks(group_ids) -> int | None:
+    """The group size when ``group_ids`` are contiguous groups of one size, else None."""
+    ids = group_ids.tolist()
+    starts = [i for i in range(len(ids)) if i == 0 or ids[i] != ids[i - 1]]
+    sizes = {b - a for a, b in zip(starts, starts[1:] + [len(ids)], strict=True)}
+    return sizes.pop() if len(sizes) == 1 and len(set(ids)) == len(starts) else None
+
+
+def advantage_target(mode: Mode):
+    """``(fn, adapter)``: ``fn`` is ``compute_advantages_and_returns`` (executed from the installed file)
+    and ``adapter(fn, rewards, group_ids)`` the advantages ``[N]`` (advantages.py's docstring)."""
+    import torch
+
+    estimator = mode.framework_config["algo.advantage.estimator"]
+    returns = _maker_method("get_cumulative_returns")
+    ns = types.SimpleNamespace
+
+    def run(fn, rewards, size: int):
+        if size < 2:
+            raise ValueError(f"{estimator} requires n_samples_per_prompt > 1 (cli/train_ppo_ray.py:659), "
+                             "got a group of 1")
+        args = ns(rollout=ns(n_samples_per_prompt=size), reward=ns(clip_range=(-10.0, 10.0)),
+                  algo=ns(advantage=ns(estimator=estimator, gamma=1.0, lambd=1.0, no_std_norm=False)))
+        maker = ns(strategy=ns(args=args), kl_ctl=ns(value=0.0), advantage_estimator=estimator,
+                   get_cumulative_returns=lambda *a: returns(None, *a))
+        n = rewards.shape[0]
+        one = torch.ones((n, 1), dtype=rewards.dtype, device=rewards.device)  # one action token each
+        experience = ns(rewards=rewards, index=list(range(n)), kl=torch.zeros_like(one),
+                        action_mask=one, info={})
+        fn(maker, [experience])
+        return experience.advantages[:, 0]
+
+    def adapter(fn, rewards, group_ids):
+        size = _blocks(group_ids)
+        if size is not None:
+            return run(fn, rewards, size)
+        out = torch.empty_like(rewards)
+        for g in torch.unique(group_ids):  # groups one reshape cannot take: one call per group
+            rows = group_ids == g
+            out[rows] = run(fn, rewards[rows], int(rows.sum()))
+        return out
+
+    return _maker_method("compute_advantages_and_returns"), adapter
+
+
+def target(kind: str, mode, variant=None):
+    """``adapters.target`` (policy_loss, kl), and the group advantages: ``fn`` is
+    ``compute_advantages_and_returns``, ``adapter(fn, rewards, group_ids)`` the advantages ``[N]``."""
+    if kind == "group_advantages":
+        from .modes import _mode
+
+        return advantage_target(_mode(kind, mode))
+    return adapters.target(kind, mode, variant)

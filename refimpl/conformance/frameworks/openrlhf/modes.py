@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from .. import Mode
-from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
+from ..findings import Finding
+from .advantages import ADV_MODES, ADV_UNSUPPORTED
 
 # The profile (flags of conventions.Convention, as data). Every mode carries the KL flags, since
 # OpenRLHF computes every KL (reward penalty or loss) with compute_approx_kl (models/utils.py):
@@ -195,6 +196,8 @@ _UNSUPPORTED = {
         "cispo": "no CISPO gate in OpenRLHF 0.11.2",
         "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
         "the kit checks one step with a fixed coefficient (the fixed controller is in scope)",
+        "logged policy_loss / entropy_loss": "the logs of ppo_train, not the loss the optimizer steps on "
+        "(finding logged_loss_weighting, value only).",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
         "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation)",
     },
@@ -202,82 +205,8 @@ _UNSUPPORTED = {
         "kl/*+unbiased_gradient": "algo.kl.unbiased_gradient=True returns the estimator's value with a "
         "straight-through k2 gradient (w * (logp - ref)); the kit's KL check differentiates the value",
     },
-    "group_advantages": {
-        "group_norm / dr_grpo / rloo / reinforce_baseline": "computed inline in "
-        "RemoteExperienceMaker.compute_advantages_and_returns (a method needing strategy args, "
-        "Experience objects and kl_ctl, in a module that imports ray), on rewards reshaped to "
-        "(-1, n_samples_per_prompt): equal, contiguous groups only; not a callable function",
-    },
+    "group_advantages": ADV_UNSUPPORTED,
 }
-
-
-#: what the driver fixes (printed in the matrix): the device of the step normalisers
-#: Departures OpenRLHF would likely want to change (the matrix lists them with the modes that show them).
-FINDINGS = (
-    Finding(
-        "empty_step", "bug",
-        "a step with no token (every row padding) divides the masked sum by a token count of 0: the loss "
-        "is 0 / 0 = NaN and so is every gradient entry (d/dx of sum(x * 0) / 0), which the optimizer "
-        "step then applies; the spec's loss is 0 with zero gradient.",
-        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
-        affected="openrlhf 0.11.2",
-    ),
-    Finding(
-        "value_empty_step", "bug",
-        "the critic's loss has the same division: ValueLoss.forward (models/loss.py:290) reduces through "
-        "aggregate_loss, so a critic step with no token (every row padding) is 0 / 0 = NaN in the loss "
-        "and in the gradient of every value whose term the value clip does not cut off, which the "
-        "critic's optimizer step then applies; the spec's value loss is 0 with zero gradient.",
-        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
-        affected="openrlhf 0.10.3 (models/loss.py:23), 0.10.4 and 0.11.2",
-    ),
-    Finding(
-        "config:kl_coef", "validation",
-        "a negative KL coefficient (--algo.kl.init_coef) is accepted without an error or a warning and "
-        "silently replaced by 0: compute_reward drops the KL reward and the actor skips the KL loss "
-        "(ppo_actor.py:319), so a sign mistake trains without any KL regularisation.",
-        where="models/utils.py:138", quote="if kl_coef <= 0.0:",
-        affected="openrlhf 0.11.2",
-    ),
-    dual_clip_tie_finding("models/loss.py:210", "clip2 = torch.max(clip1, self.dual_clip * advantages)",
-                          "openrlhf 0.11.2"),
-    # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)
-    ratio_overflow_finding("models/loss.py:196", "ratio = ratio.exp().unsqueeze(-1) * action_mask",
-                           "openrlhf 0.11.2 (policy_loss_type gspo)"),
-    Finding(
-        "config:is_correction_mode", "validation",
-        "with policy_loss_type gspo and is_correction_level token or seq, PolicyLoss takes GSPO's sequence "
-        "ratio against rollout_log_probs instead of the old log-probs (models/loss.py:192) and skips the "
-        "train/rollout correction, which runs for 'ppo' only: is_correction_mode, _gating and _threshold "
-        "are accepted and unused (a token the 'ppo' path masks, its weight pi_train / pi_rollout = e^3 "
-        "outside [0.5, 5], keeps GSPO's clipped term).",
-        where="models/loss.py:216",
-        quote='if self.is_correction_level != "off" and self.policy_loss_type == "ppo":',
-        affected="openrlhf 0.11.2",
-    ),
-    Finding(
-        "entropy_aggregation", "documented_default",
-        "the entropy bonus (--actor.entropy_coef) is aggregate_loss's default, a token mean over the step's "
-        "tokens, whatever --actor.loss_agg_mode (documented as the 'Policy-loss aggregation', "
-        "cli/train_ppo_ray.py:445): under seq-mean-token-mean the policy term weighs each sequence 1 / N "
-        "and the entropy each token, not the variant's aggregation for every term (policy_losses.md eq. "
-        "(12)); the KL loss likewise (flag kl_aggregation='token_mean'). Not driven: the kit's calls carry "
-        "no entropies.",
-        where="trainer/ray/ppo_actor.py:347", quote="entropy_loss = aggregate_loss(",
-        affected="openrlhf 0.11.2",
-    ),
-    Finding(
-        "dr_grpo_aggregation", "documented_default",
-        "--algo.advantage.estimator dr_grpo is Dr. GRPO's advantage only (the group mean subtracted, no "
-        "std); the loss keeps --actor.loss_agg_mode, whose only choices are token-mean and "
-        "seq-mean-token-mean (cli/train_ppo_ray.py:444): Dr. GRPO's constant normaliser (each sequence's "
-        "token sum over N x L_max, policy_losses.md eq. (11)) is not offered, so 'dr_grpo' trains its "
-        "advantages under a token or sequence mean.",
-        where="trainer/ppo_utils/experience_maker.py:271",
-        quote='elif args.algo.advantage.estimator in ["reinforce_baseline", "dr_grpo"]:',
-        affected="openrlhf 0.11.2",
-    ),
-)
 
 
 NOTES = {
@@ -288,6 +217,24 @@ NOTES = {
     "as on a machine without CUDA (its copy of loss_utils sees torch.cuda.is_available() False), so the "
     "profile (normalizer_rounding='float32_per_micro_batch') and the matrix describe that arithmetic "
     "on every machine; OpenRLHF's GPU arithmetic is not checked.",
+    "per-token advantages": "PolicyLoss takes advantages per token. With the default KL in the reward "
+    "(--algo.kl.init_coef 0.01, --algo.kl.use_loss off: compute_approx_kl in make_experience, "
+    "experience_maker.py:205-210, then -kl_coef * kl on every token in compute_reward, models/utils.py:144) "
+    "get_cumulative_returns makes them vary along the response, and gspo multiplies its one sequence "
+    "ratio by each token's advantage (models/loss.py:200), where GSPO (Zheng et al. 2025) has one "
+    "advantage per sequence. The kit's calls give one advantage per sequence, which the driver repeats "
+    "on every token: the case without KL in the reward.",
+    "KL loss with k1": "--algo.kl.use_loss keeps the default estimator k1 unless --algo.kl.estimator is set: "
+    "the loss term is then the token mean of log(pi / pi_ref), whose gradient is the score function, zero in "
+    "expectation on-policy (kl.md); the launcher only prints a recommendation "
+    "(cli/train_ppo_ray.py:730-731). The driver's KL-loss modes use k2 and k3.",
+    "adaptive KL controller": "--algo.kl.target selects AdaptiveKLController (trainer/ppo_utils/"
+    "kl_controller.py:4), the proportional rule of Ziegler et al. 2019 (arXiv:1909.08593): error "
+    "clip(KL / target - 1, -0.2, 0.2), coefficient times 1 + error * n_steps / horizon. It changes the "
+    "coefficient between steps; the kit checks one step with a fixed coefficient.",
+    "gspo clip": "--actor.policy_loss_type gspo keeps PPO's --actor.eps_clip default 0.2 "
+    "(cli/train_ppo_ray.py:406, 633-634) for its sequence ratio (finding gspo_clip_default); the driver's "
+    "gspo mode sets GSPO's (3e-4, 4e-4) with --actor.eps_clip_low_high.",
 }
 
 
@@ -341,7 +288,7 @@ def modes(kind: str = "policy_loss") -> dict[str, Mode]:
     from ..releases import release_modes
 
     _check_kind(kind)
-    chosen = {"policy_loss": _POLICY_MODES, "kl": _KL_MODES, "group_advantages": ()}[kind]
+    chosen = {"policy_loss": _POLICY_MODES, "kl": _KL_MODES, "group_advantages": ADV_MODES}[kind]
     flags = {v: {k: f for k, f in by_mode.items() if k in {m.name for m in chosen}}
              for v, by_mode in RELEASE_FLAGS.items()}
     return {m.name: m for m in release_modes(chosen, flags, "openrlhf")}

@@ -1,0 +1,166 @@
+"""OpenRLHF 0.11.2's findings (frameworks/findings.py explains the classes), each line checked against
+the installed code by tests/test_framework_findings.py."""
+
+from __future__ import annotations
+
+from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
+
+__all__ = ["FINDINGS"]
+
+#: Departures OpenRLHF would likely want to change (the matrix lists them with the modes that show them).
+FINDINGS = (
+    Finding(
+        "empty_step", "bug",
+        "a step with no token (every row padding) divides the masked sum by a token count of 0: the loss "
+        "is 0 / 0 = NaN and so is every gradient entry (d/dx of sum(x * 0) / 0), which the optimizer "
+        "step then applies; the spec's loss is 0 with zero gradient.",
+        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "value_empty_step", "bug",
+        "the critic's loss has the same division: ValueLoss.forward (models/loss.py:290) reduces through "
+        "aggregate_loss, so a critic step with no token (every row padding) is 0 / 0 = NaN in the loss "
+        "and in the gradient of every value whose term the value clip does not cut off, which the "
+        "critic's optimizer step then applies; the spec's value loss is 0 with zero gradient.",
+        where="models/loss.py:32", quote="return (loss * loss_mask).sum() / batch_num_tokens * dp_size",
+        affected="openrlhf 0.10.3 (models/loss.py:23), 0.10.4 and 0.11.2",
+    ),
+    Finding(
+        "config:kl_coef", "validation",
+        "a negative KL coefficient (--algo.kl.init_coef) is accepted without an error or a warning and "
+        "silently replaced by 0: compute_reward drops the KL reward and the actor skips the KL loss "
+        "(ppo_actor.py:319), so a sign mistake trains without any KL regularisation.",
+        where="models/utils.py:138", quote="if kl_coef <= 0.0:",
+        affected="openrlhf 0.11.2",
+    ),
+    dual_clip_tie_finding("models/loss.py:210", "clip2 = torch.max(clip1, self.dual_clip * advantages)",
+                          "openrlhf 0.11.2"),
+    # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)
+    ratio_overflow_finding("models/loss.py:196", "ratio = ratio.exp().unsqueeze(-1) * action_mask",
+                           "openrlhf 0.11.2 (policy_loss_type gspo)"),
+    Finding(
+        "config:is_correction_mode", "validation",
+        "with policy_loss_type gspo and is_correction_level token or seq, PolicyLoss takes GSPO's sequence "
+        "ratio against rollout_log_probs instead of the old log-probs (models/loss.py:192) and skips the "
+        "train/rollout correction, which runs for 'ppo' only: is_correction_mode, _gating and _threshold "
+        "are accepted and unused (a token the 'ppo' path masks, its weight pi_train / pi_rollout = e^3 "
+        "outside [0.5, 5], keeps GSPO's clipped term).",
+        where="models/loss.py:216",
+        quote='if self.is_correction_level != "off" and self.policy_loss_type == "ppo":',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "entropy_aggregation", "bug",
+        "the entropy bonus (--actor.entropy_coef) is aggregate_loss's default, a token mean over the step's "
+        "tokens, whatever --actor.loss_agg_mode (its help: 'Policy-loss aggregation', "
+        "cli/train_ppo_ray.py:445; neither --actor.entropy_coef's help nor the README says how the entropy "
+        "is aggregated): under seq-mean-token-mean the policy term weighs each sequence 1 / N and the "
+        "entropy each token, not the variant's aggregation for every term (policy_losses.md eq. (12)); the "
+        "KL loss likewise (flag kl_aggregation='token_mean'). Not driven: the kit's calls carry no "
+        "entropies.",
+        where="trainer/ray/ppo_actor.py:347", quote="entropy_loss = aggregate_loss(",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "logged_loss_weighting", "value_only",
+        "the logged policy_loss and entropy_loss (ppo_train, trainer/ray/ppo_actor.py:203-219) multiply each "
+        "micro-batch's loss, already divided by the step's global token count and multiplied by dp_size, by "
+        "the micro-batch's token count and divide the all-reduced sum by the all-reduced tokens: exact when "
+        "every rank's micro-batch holds the same number of tokens, biased otherwise (2 ranks with 1 and 3 "
+        "tokens of loss l: logged 1.25 l). The gradient is the step's (the kit checks it); only the "
+        "logs depart.",
+        where="trainer/ray/ppo_actor.py:209",
+        quote="value.float().mean().item() * scale if isinstance(value, torch.Tensor) else value * scale",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "constant_group_rounding", "bug",
+        "group_norm divides by the sample std plus 1e-9, outside the square root, with no test for a "
+        "constant group: in the trainer's float32 (samples_generator.py:304 makes the rewards with "
+        "torch.tensor) a group of equal rewards that binary does not hold exactly has a mean that rounds "
+        "off them, a std of ~1e-8 and one advantage of magnitude 0.8-0.96 for every member instead of 0 "
+        "(0.1 x 8: -0.831 "
+        "each; 0.7 x 8: 0.921 in magnitude; 0.1 x 3..6: 0), so a group without any signal pushes all its "
+        "responses one way. "
+        "float64 rewards (the kit's cases) give ~1e-8; the spec's constant group gives 0 (advantages.md eq. "
+        "(5)).",
+        where="trainer/ppo_utils/experience_maker.py:274",
+        quote="rewards = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-9)",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "reward_clip_range", "documented_default",
+        "--reward.clip_range (default (-10, 10), help 'Reward clip range', cli/train_ppo_ray.py:474) is "
+        "applied in compute_reward, after the group estimators have replaced the reward by its "
+        "baseline-subtracted or normalised value (experience_maker.py:268-278, then 284-289): for rloo / "
+        "reinforce_baseline / dr_grpo / group_norm it clips the advantage, not the reward (dr_grpo rewards "
+        "0 and 30 in a group of "
+        "2: advantages -10 and 10 instead of -15 and 15). The kit's cases stay inside +-10; the driver "
+        "passes the default.",
+        where="models/utils.py:142", quote="r = r.clamp(min=reward_clip_range[0], max=reward_clip_range[1])",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "overlong_max_len", "bug",
+        "the DAPO overlong penalty (--reward.overlong_buffer_len) takes its length limit from "
+        "--rollout.max_new_tokens and, when that is None (the default: the response limit is then "
+        "max_len - prompt_len per sample, cli/train_ppo_ray.py:403), from --data.max_len, the prompt + "
+        "response limit: the penalty starts prompt_len tokens late (max_len 2048, buffer 512, a 600-token "
+        "prompt: a response truncated at its limit of 1448 tokens gets no penalty; DAPO's is -1).",
+        where="trainer/ppo_utils/length_penalty.py:127",
+        quote='max_new_tokens = getattr(args.rollout, "max_new_tokens", None) or args.data.max_len',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "kl_value_clamp", "bug",
+        "compute_approx_kl clamps every estimator's value to [-10, 10]; with --algo.kl.use_loss the KL loss "
+        "is that value, so the clamp's zero derivative removes the KL gradient exactly where the policy has "
+        "moved farthest from the reference (k3 > 10; k2 > 10: |log r| > 4.47): k3 at log(pi / ref) = -3 is "
+        "10 with gradient 0, exact 16.09 and -19.09 (kl.md eq. (3)). The same clamp as SkyRL's (finding "
+        "kl_value_clamp of skyrl_pkg).",
+        where="models/utils.py:113", quote="value = value.clamp(min=-10, max=10)", affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "kl_reward_value_clamp", "bug",
+        "the KL in the reward (compute_reward, -kl_coef * compute_approx_kl) is clamped to [-10, 10] per "
+        "token, k1 included (the default estimator): where the policy has moved farthest from the reference "
+        "(|log r| > 10 for k1, k3 > 10) the penalty stops growing. The same clamp as AReaL's KLEstimator "
+        "(finding kl_reward_value_clamp of areal).",
+        where="models/utils.py:113", quote="value = value.clamp(min=-10, max=10)", affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "config:dual_clip", "validation",
+        "PolicyLoss asserts only dual_clip > 1: a dual clip inside the clip band (dual_clip <= 1 + eps_high, "
+        "e.g. 1.1 with eps 0.2) is accepted and clips A < 0 tokens that PPO's own clip leaves alone (the "
+        "dual clip needs c >= 1 + eps_high, policy_losses.md eq. (7)); AReaL's identical assert is its "
+        "finding config:c_clip.",
+        where="models/loss.py:156", quote="assert dual_clip > 1.0",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "gspo_clip_default", "documented_default",
+        "--actor.policy_loss_type gspo clips its sequence ratio with --actor.eps_clip, whose documented "
+        "default is PPO's 0.2 ('PPO clip range'; cli/train_ppo_ray.py:633-634 makes it both bounds): GSPO "
+        "(Zheng et al. 2025, arXiv:2507.18071) clips the length-normalised sequence ratio at 3e-4 / 4e-4, "
+        "a band about 500 times as wide. Setting --actor.eps_clip_low_high 3e-4 4e-4 "
+        "gives the paper's (the driver's gspo mode).",
+        where="cli/train_ppo_ray.py:406",
+        quote='parser.add_argument("--actor.eps_clip", type=float, default=0.2, help="PPO clip range")',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "dr_grpo_aggregation", "documented_default",
+        "--algo.advantage.estimator dr_grpo is Dr. GRPO's advantage only (the group mean subtracted, no "
+        "std); the loss keeps --actor.loss_agg_mode, whose only choices are token-mean and "
+        "seq-mean-token-mean (cli/train_ppo_ray.py:444): Dr. GRPO's constant normaliser (each sequence's "
+        "token sum over N x L_max, policy_losses.md eq. (11)) is not offered, so 'dr_grpo' trains its "
+        "advantages under a token or sequence mean. Documented: the README's estimator table says "
+        "'dr_grpo ... Removes local /std norm', and --help lists the two aggregations.",
+        where="trainer/ppo_utils/experience_maker.py:271",
+        quote='elif args.algo.advantage.estimator in ["reinforce_baseline", "dr_grpo"]:',
+        affected="openrlhf 0.11.2",
+    ),
+)
+
+
