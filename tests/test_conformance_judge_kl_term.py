@@ -135,3 +135,30 @@ def test_the_row_mean_of_a_batch_without_rows_is_zero():
     one = convention_loss(case.logp[1:2], case.old_logp[1:2], case.advantages[1:2], case.mask[1:2],
                           case.ref_logp[1:2], _NONE, conv, 3.0)
     assert float(one) == 0.5 * 2.0
+
+
+def test_the_row_mean_count_is_exact_on_the_cases_device_and_divided_by_the_micro_batches():
+    """The count ``(rows, micro_batches)`` divides as given: 2^24 + 1 rows (no float32 number) exactly
+    in the KL's dtype, a fractional per-micro-batch count (OpenRLHF's float32(count) / gas form) not
+    raised to 1, the micro-batches dividing in float64 after a float32 KL; under a meta default device
+    the values stay on the CPU. Kills in ``_row_mean_kl_term``: ``dtype=`` / ``device=`` dropped or None,
+    ``rows > 0`` changed to ``> 1``, ``/ micro_batches`` to ``*``, ``.to(float64)`` to ``.to(None)``."""
+    from refimpl.conformance.expected import convention_loss
+
+    case = _k1_case()
+    conv = Convention(kl_aggregation="row_mean_all_rows")
+
+    def term(convention, count):
+        return convention_loss(case.logp, case.old_logp, case.advantages, case.mask, case.ref_logp, _NONE,
+                               convention, 3.0, count)
+
+    big = 2.0**24 + 1
+    assert math.isclose(float(term(conv, (big, 1))), 0.5 * 7 / big, rel_tol=1e-15)  # 6e-8 off in float32
+    assert float(term(conv, (0.5, 2))) == 0.5 * 7 / 0.5 / 2
+    with torch.device("meta"):
+        on_meta = term(conv, (4.0, 1))
+    assert on_meta.device.type == "cpu" and float(on_meta) == 0.5 * 7 / 4
+    f32 = Convention(kl_aggregation="row_mean_all_rows", kl_compute_dtype="float32")
+    one = term(f32, (4.0, 1))
+    assert one.dtype == torch.float64 and float(one) == 0.875
+    assert float(term(f32, (4.0, 3))) == 0.875 / 3  # float32(0.875 / 3) is 1.6e-8 relative away

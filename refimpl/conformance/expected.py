@@ -265,8 +265,7 @@ def _row_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) -> t
     the seq_mean_token_mean aggregation with D the number of rows, an empty row counting 0 (the spec's
     D, eq. (11), and S of eq. (19) count the non-empty rows only)."""
     kl = _kl_tokens(logp, ref, variant, convention, mask)
-    m = mask.to(kl.dtype)
-    row_means = (kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    row_means = (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     rows, micro_batches = kl_denominator if kl_denominator is not None else (float(mask.shape[0]), 1)
     denominator = torch.tensor(rows if rows > 0 else 1.0, dtype=kl.dtype, device=kl.device)
     return (row_means.sum() / denominator * variant.kl_coef).to(torch.float64) / micro_batches
