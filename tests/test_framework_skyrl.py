@@ -139,6 +139,14 @@ def test_the_kl_loss_has_a_value_and_no_gradient():
     assert not _check("regular/sequence_mean+kl/k3", classes=("kl_penalty",), kl_gradient="estimator").ok
 
 
+def test_the_kl_loss_is_a_row_mean_over_every_row_whatever_the_reduction():
+    # worker.py:686: kl_loss_coef * masked_mean(kl, mask, dim=-1).mean() beside the token_mean policy term,
+    # not the policy's own aggregation (a token mean; kl_aggregation="row_mean_all_rows"). Every class has
+    # a KL term; empty_rows has rows of unequal lengths and an empty one
+    failing = _check("regular/token_mean+kl/k3", classes=("empty_rows",), kl_aggregation="policy")
+    assert failing.failing_classes() == ["empty_rows"]
+
+
 @pytest.mark.parametrize("name", sorted(driver.modes("group_advantages")))
 def test_advantage_estimator_passes_under_its_profile(name):
     mode = driver.modes("group_advantages")[name]

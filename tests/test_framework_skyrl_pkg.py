@@ -74,6 +74,15 @@ def test_the_kl_loss_has_its_gradient():
     assert not _check("regular/sequence_mean+kl/k3", classes=("kl_penalty",), kl_gradient="none").ok
 
 
+def test_the_kl_loss_is_a_row_mean_over_every_row_of_the_mini_batch():
+    # worker.py:1232: masked_mean(kl, mask, dim=-1).mean() weighed by the micro-batch's share of the rows
+    # (microbatch_weight): under token_mean it is neither the policy's aggregation nor a token mean
+    classes = ("empty_rows",)  # a KL term and rows of unequal lengths, one empty
+    assert _check("regular/token_mean+kl/k3", classes=classes).ok
+    assert _check("regular/token_mean+kl/k3", classes=classes, kl_aggregation="policy").failing_classes() == [
+        "empty_rows"]
+
+
 def test_cispo_defaults_to_the_one_sided_cap():
     # CISPOConfig.cispo_eps_clip_low = 1.0 in 0.4.0: the lower bound 1 - 1 = 0 leaves ratios below 1;
     # 0.3.0's default 0.0 (flag cispo_clip_low=0.0, RELEASE_FLAGS) fails here

@@ -121,7 +121,8 @@ class KLFlags:
     to [-c, c]; k3 only or every estimator: ``kl_value_clamp_scope``, or "weighted": the k3 term after
     ``kl_importance_weight``, Unsloth's order), ``kl_k3_form`` ("accurate"
     expm1 form, eq. (4), or "naive" ``exp(log r) - 1 - log r``), ``kl_compute_dtype`` ("input" or
-    "float32"), ``kl_aggregation`` (like the "policy" term, or a global "token_mean"),
+    "float32"), ``kl_aggregation`` (like the "policy" term, a global "token_mean", or
+    "row_mean_all_rows": each row's token mean averaged over every row, an empty row counting 0),
     ``kl_importance_weight`` (times the unit's differentiated ratio: TRL's bias-corrected KL),
     ``kl_gradient`` (its own "estimator" gradient, verl's straight-through "k2", or "none": the term
     adds its value and no gradient, SkyRL's ``@torch.no_grad()`` ``compute_approx_kl``)."""
@@ -140,7 +141,7 @@ class KLFlags:
         _choice(self, "kl_compute_dtype", ("input", "float32"))
         _choice(self, "kl_k3_form", ("accurate", "naive"))
         _choice(self, "kl_value_clamp_scope", ("k3", "all", "weighted"))
-        _choice(self, "kl_aggregation", ("policy", "token_mean"))
+        _choice(self, "kl_aggregation", ("policy", "token_mean", "row_mean_all_rows"))
         _choice(self, "kl_gradient", ("estimator", "k2", "none"))
         _positive_or_none(self, "kl_log_ratio_clamp", "kl_value_clamp", "kl_log_ratio_max")
         _bool(self, "kl_importance_weight")
@@ -401,7 +402,11 @@ FLAG_REASONS: dict[str, str] = {
     "**loss_batch_info): always a global token mean (in float32), also when the policy term is a "
     "sequence mean (seq-mean-token-mean); verl's geo_mean (GMPO) ignores loss_agg_mode for its "
     "policy term (a mean over rows) but ppo_loss aggregates its KL loss with it (token-mean over "
-    "the global tokens); the spec aggregates both terms alike.",
+    "the global tokens); SkyRL's worker adds kl_loss_coef * masked_mean(kl, mask, dim=-1).mean(), "
+    "each row's token mean averaged over every row of the micro-batch, an empty row counting 0 "
+    "('row_mean_all_rows', GRPO's 1/|o_i| form of Shao et al. 2024 eq. (3)), whatever loss_reduction "
+    "says (skyrl-train 0.3.1 workers/worker.py:686, skyrl 0.4.0 backends/skyrl_train/workers/"
+    "worker.py:1232); the spec aggregates both terms alike.",
     "sapo_tau_float32": "TRL builds SAPO's temperatures with torch.where(A > 0, tau_pos, tau_neg) from "
     "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
     "in float64 losses).",

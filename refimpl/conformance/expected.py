@@ -32,6 +32,8 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 * ``kl_aggregation="token_mean"``: the KL term is ``_token_mean_kl_term`` (a global token mean in
   the KL's compute dtype, also under ``micro_batch="local_sum"``; a local one under "local_mean",
   whose micro-batch losses are averaged) added to the policy term of the variant's own aggregation;
+* ``kl_aggregation="row_mean_all_rows"``: the KL term is ``_row_mean_kl_term`` (each row's token mean,
+  averaged over every row of the step, or of the micro-batch under "local_mean"), likewise added;
 * ``empty_rows`` / ``seq_sum_width`` / ``seq_sum_extra`` / ``token_sum_rows`` / ``micro_batch``: the
   denominator
   passed as ``normalizer=`` (``token_sum_rows`` for seq_sum and seq_mean_token_sum, ``empty_rows``
@@ -142,12 +144,13 @@ def convention_normalizer(mask: torch.Tensor, variant: PolicyLossVariant, conven
     return rows * (width + convention.seq_sum_extra)
 
 
-def _kl_denominator(tokens: float, micro_batches: int, convention: Convention) -> tuple[float, int]:
-    """(per-step token count, micro-batches) of a token-mean KL term: exact ``(tokens, 1)`` or,
-    under ``normalizer_rounding="float32_per_micro_batch"``, ``(float32(tokens) / mb, mb)``."""
+def _kl_denominator(count: float, micro_batches: int, convention: Convention) -> tuple[float, int]:
+    """(per-step count, micro-batches) of a KL term aggregated apart (its tokens or rows, ``_kl_count``):
+    exact ``(count, 1)`` or, under ``normalizer_rounding="float32_per_micro_batch"``,
+    ``(float32(count) / mb, mb)``."""
     if convention.normalizer_rounding != "float32_per_micro_batch":
-        return tokens, 1
-    return float(_host32(tokens) / micro_batches), micro_batches
+        return count, 1
+    return float(_host32(count) / micro_batches), micro_batches
 
 
 def rounded_normalizer(
@@ -249,6 +252,25 @@ def _k2_straight_through(value: torch.Tensor, logp: torch.Tensor, ref: torch.Ten
     return value.detach() + (k2 - k2.detach())
 
 
+def _kl_count(mask: torch.Tensor, convention: Convention) -> float:
+    """What a KL term aggregated apart from the policy term divides by: every row of ``mask``
+    (``kl_aggregation="row_mean_all_rows"``) or its tokens ("token_mean")."""
+    return float(mask.shape[0]) if convention.kl_aggregation == "row_mean_all_rows" else float(mask.sum())
+
+
+def _row_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) -> torch.Tensor:
+    """``kl_coef * sum_i [sum_t mask KL_{i,t} / max(T_i, 1)] / rows / micro_batches`` with
+    ``kl_denominator = (rows, micro_batches)`` (default: this batch's rows, 1), reduced in the KL's
+    compute dtype (flag ``kl_aggregation="row_mean_all_rows"``): policy_losses.md eq. (12)'s KL under
+    the seq_mean_token_mean aggregation with D the number of rows, an empty row counting 0 (the spec's
+    D, eq. (11), and S of eq. (19) count the non-empty rows only)."""
+    kl = _kl_tokens(logp, ref, variant, convention, mask)
+    row_means = (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    rows, micro_batches = kl_denominator if kl_denominator is not None else (float(mask.shape[0]), 1)
+    denominator = torch.tensor(rows if rows > 0 else 1.0, dtype=kl.dtype, device=kl.device)
+    return (row_means.sum() / denominator * variant.kl_coef).to(torch.float64) / micro_batches
+
+
 def _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator) -> torch.Tensor:
     """``kl_coef * sum(kl) / per_step / micro_batches`` with ``kl_denominator = (per_step,
     micro_batches)`` (default: this batch's token count, 1), reduced in the KL's compute dtype
@@ -266,14 +288,16 @@ def convention_loss(
 ) -> torch.Tensor:
     """The loss of one (micro-)batch under ``convention`` with denominator ``normalizer`` (md eq. (12)
     with the flags of the module docstring); ``variant`` is already effective. ``kl_denominator``
-    (per-step token count, micro-batches) is the KL term's under ``kl_aggregation="token_mean"``;
-    ``input_dtype`` the case's (float32 inputs have their ratio evaluated in float32)."""
-    if ref is not None and variant.kl_coef > 0 and convention.kl_aggregation == "token_mean":
+    (per-step count, micro-batches) is the KL term's under a ``kl_aggregation`` other than "policy"
+    (tokens for "token_mean", rows for "row_mean_all_rows"); ``input_dtype`` the case's (float32
+    inputs have their ratio evaluated in float32)."""
+    if ref is not None and variant.kl_coef > 0 and convention.kl_aggregation != "policy":
         policy = convention_loss(
             logp, old, adv, mask, None, dataclasses.replace(variant, kl_coef=0.0), convention, normalizer,
             input_dtype=input_dtype,
         )
-        return policy + _token_mean_kl_term(logp, ref, mask, variant, convention, kl_denominator)
+        term = _token_mean_kl_term if convention.kl_aggregation == "token_mean" else _row_mean_kl_term
+        return policy + term(logp, ref, mask, variant, convention, kl_denominator)
     clamped_logp = _clamped_logp(logp, old, convention.log_ratio_clamp)
     # CISPO: the clamp acts inside the detached weight only; A * logp keeps logp and its gradient
     cispo = variant.gate == "cispo"
@@ -328,9 +352,9 @@ def expected_policy_loss(
     parts = case.micro_batches or (tuple(range(case.logp.shape[0])),)
     index = [torch.tensor(p, dtype=torch.long, device=logp.device) for p in parts]
     local = [convention_normalizer(case.mask[i], variant, convention) for i in index]
-    tokens = [float(case.mask[i].sum()) for i in index]
+    kl_counts = [_kl_count(case.mask[i], convention) for i in index]
     total = torch.zeros((), dtype=torch.float64, device=logp.device)
-    for i, own, own_tokens in zip(index, local, tokens, strict=True):
+    for i, own, own_kl in zip(index, local, kl_counts, strict=True):
         denominator = sum(local) if convention.micro_batch == "global" else own
         denominator = rounded_normalizer(denominator, len(parts), convention, own)
         total = total + convention_loss(
@@ -342,8 +366,8 @@ def expected_policy_loss(
             variant,
             convention,
             denominator,
-            _kl_denominator(own_tokens if convention.micro_batch == "local_mean" else sum(tokens), len(parts),
-                            convention),
+            _kl_denominator(own_kl if convention.micro_batch == "local_mean" else sum(kl_counts),
+                            len(parts), convention),
             input_dtype=case.logp.dtype,
         )
     if convention.micro_batch == "local_mean":

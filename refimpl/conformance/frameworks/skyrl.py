@@ -98,6 +98,8 @@ _ROWS = {"zero_rows": "nan"}
 # the KL loss (use_kl_loss, worker.py:679-692): compute_approx_kl under @torch.no_grad() (ppo_utils.py:91),
 # k3 with log r clamped to +-20 and the value to +-10, exp(log r) - log r - 1 evaluated directly
 _KL_FLAGS = {"kl_gradient": "none", "kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
+# ... as masked_mean(kl, loss_mask, dim=-1).mean() whatever loss_reduction says (worker.py:686, a finding)
+_KL_LOSS = {**_KL_FLAGS, "kl_aggregation": "row_mean_all_rows"}
 
 
 def _cfg(loss: str, reduction: str, **keys) -> dict:
@@ -137,9 +139,15 @@ _POLICY_MODES = (
          variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
          framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
                                kl_estimator_type="k3"),
-         convention={**_ROWS, **_COMMON, **_SAFE_EXP, **_KL_FLAGS},
+         convention={**_ROWS, **_COMMON, **_SAFE_EXP, **_KL_LOSS},
          description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean(): a KL value without "
          "a gradient (use_kl_loss, the default config)"),
+    Mode("regular/token_mean+kl/k3", preset="ppo", variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
+         framework_config=_cfg("regular", "token_mean", use_kl_loss=True, kl_loss_coef=0.001,
+                               kl_estimator_type="k3"),
+         convention={**_ROWS, **_COMMON, **_SAFE_EXP, **_KL_LOSS},
+         description="token_mean (the default loss_reduction) + kl_loss_coef * masked_mean(k3, "
+         "dim=-1).mean(): the KL term a mean of row means over every row, not a token mean"),
     Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
          framework_config=_cfg("cispo", "token_mean", **{"cispo.cispo_eps_clip_low": 0.0}),
          convention={**_COMMON, **_SAFE_EXP, "cispo_clip_low": 0.0},
@@ -182,9 +190,6 @@ _KL_MODES = tuple(
 
 UNSUPPORTED = {
     "policy_loss": {
-        "use_kl_loss with token_mean / seq_mean_token_sum_norm": "the KL loss is always a mean of row means "
-        "over every row (worker.py:686), which the kit's KL term follows only with sequence_mean (the KL "
-        "loss is driven with regular/sequence_mean).",
         "use_tis (truncated importance sampling)": "needs the rollout log-probs, which the kit's calls do "
         "not carry.",
         "clip_cov / kl_cov selecting tokens": "pick tokens by a covariance ranking (clip_cov at random, "
@@ -293,6 +298,11 @@ FINDINGS = (
         "set it (train/utils/utils.py:500) and compares it with no response either.",
         upstream="https://github.com/NovaSky-AI/SkyRL/issues/1154 (the multi-turn max_seq_len; pull "
         "request 1303 made it a required setting)"),
+    skyrl_common.kl_row_mean_finding(
+        "workers/worker.py:686", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
+        "skyrl-train 0.3.1",
+        "the worker divides each micro-batch's loss by the accumulation steps, so the micro-batches' row "
+        "means are averaged (equal weights, however many rows each holds)"),
     skyrl_common.kl_cov_frac_finding("config/ppo_base_config.yaml:151", "kl_cov_frac: 0.2",
                                      "skyrl-train 0.3.1; skyrl 0.4.0 (train/config/config.py:823)"),
 )
@@ -379,9 +389,8 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     m = find_mode(MODES, mode, "SkyRL")
     v = variant
     m.check_shape(v, "SkyRL")
-    if v.kl_coef > 0 and (v.aggregation != "seq_mean_token_mean" or v.kl_estimator not in ("k1", "k2", "k3")):
-        raise ValueError("variant.kl_coef: SkyRL's KL loss (a mean of row means) is driven with "
-                         "sequence_mean and k1 / k2 / k3")
+    if v.kl_coef > 0 and v.kl_estimator not in ("k1", "k2", "k3"):
+        raise ValueError("variant.kl_estimator: SkyRL's KL loss is driven with k1 / k2 / k3")
     if v.entropy_coef or v.behavior_correction != "none":
         raise ValueError("variant.entropy_coef / behavior_correction: not driven for SkyRL")
     keys = dict(m.framework_config)
@@ -479,7 +488,6 @@ def target(mode: Mode, variant) -> tuple[Callable, Callable]:
     if mode.kind == "kl":
         return _kl_target(mode)
     return _advantage_target(mode)
-
 
 
 # ----------------------------------------------------------------------------------------------

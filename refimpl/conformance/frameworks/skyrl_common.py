@@ -9,7 +9,7 @@ from .driver import Mode
 from .findings import Finding
 
 __all__ = ["clip_cov_mode", "clip_cov_scaled_finding", "clip_ratio_c_finding", "cispo_defaults_finding",
-           "kl_cov_frac_finding",
+           "kl_cov_frac_finding", "kl_row_mean_finding",
            "kl_value_clamp_finding", "max_seq_len_finding", "maxrl_rewards_finding",
            "overflow_finding"]
 
@@ -134,5 +134,22 @@ def clip_cov_scaled_finding(where: str, quote: str, affected: str) -> Finding:
         "the token count and no token is cov-clipped: Clip-Cov is PPO-clip. The method (Cui et al. 2025, "
         "arXiv:2505.22617; PRIME-RL's code, which the docstring cites, and verl) takes the raw advantages. "
         "KL-Cov's top-k ranking changes likewise under per-row scalings (sequence_mean, prompt_mean).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def kl_row_mean_finding(where: str, quote: str, affected: str, micro_batches: str) -> Finding:
+    """The KL loss's aggregation, fixed whatever ``loss_reduction`` says (flag
+    ``kl_aggregation="row_mean_all_rows"``); ``micro_batches`` says how the release combines them."""
+    return Finding(
+        "kl_aggregation", "documented_default",
+        "the KL loss (use_kl_loss, on by default) is kl_loss_coef * masked_mean(kl, loss_mask, "
+        "dim=-1).mean(): each row's token mean averaged over every row, an empty row counting 0 (GRPO's "
+        f"1/|o_i| form, Shao et al. 2024 eq. (3)), whatever loss_reduction says; {micro_batches}. Under "
+        "the default token_mean the policy term weighs each token 1 / (the batch's tokens) and the KL "
+        "term 1 / (rows x T_i), where the spec aggregates both terms alike (policy_losses.md eq. (12)); "
+        "with sequence_mean they agree. SkyRL documents loss_reduction as the policy loss's reduction "
+        "(skyrl 0.4.0: 'applied per mini-batch by rescaling advantages', train/config/config.py:958) and "
+        "the KL loss as 'policy_loss + kl * kl_loss_coef' (config.py:915), with no reduction of its own.",
         where=where, quote=quote, affected=affected,
     )

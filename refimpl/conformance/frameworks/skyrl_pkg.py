@@ -104,6 +104,9 @@ _TIE = {"dual_clip_tie": "half"}
 # the KL loss: compute_approx_kl without @torch.no_grad() (the gradient flows), k3 with log r clamped
 # to +-20 and the value to +-10, exp(log r) - log r - 1 evaluated directly
 _KL_FLAGS = {"kl_log_ratio_clamp": 20.0, "kl_value_clamp": 10.0, "kl_k3_form": "naive"}
+# ... aggregated as masked_mean(kl, loss_mask, dim=-1).mean() whatever loss_reduction says (worker.py:1232),
+# each micro-batch's weighed by its share of the mini-batch's rows: a row mean over every row
+_KL_LOSS = {**_KL_FLAGS, "kl_aggregation": "row_mean_all_rows"}
 
 
 def _cfg(loss: str, reduction: str, **keys) -> dict:
@@ -140,9 +143,15 @@ _POLICY_MODES = (
          variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
          framework_config=_cfg("regular", "sequence_mean", use_kl_loss=True, kl_loss_coef=0.001,
                                kl_estimator_type="k3"),
-         convention={**_COMMON, **_SAFE_EXP, **_KL_FLAGS, "zero_rows": "nan"},
+         convention={**_COMMON, **_SAFE_EXP, **_KL_LOSS, "zero_rows": "nan"},
          description="sequence_mean + kl_loss_coef * masked_mean(k3, dim=-1).mean() (use_kl_loss, the "
          "default config), with its gradient"),
+    Mode("regular/token_mean+kl/k3", preset="ppo", variant_overrides={"kl_coef": 0.001, "kl_estimator": "k3"},
+         framework_config=_cfg("regular", "token_mean", use_kl_loss=True, kl_loss_coef=0.001,
+                               kl_estimator_type="k3"),
+         convention={**_COMMON, **_SAFE_EXP, **_KL_LOSS, "zero_rows": "nan"},
+         description="token_mean (the default loss_reduction) + kl_loss_coef * masked_mean(k3, "
+         "dim=-1).mean(), with its gradient: the KL term a mean of row means over every row"),
     Mode("cispo", preset="cispo", variant_overrides={"eps_high": 5.0},
          framework_config=_cfg("cispo", "token_mean"),
          convention={**_COMMON, **_SAFE_EXP, "zero_rows": "raise"},
@@ -188,9 +197,6 @@ _KL_MODES = tuple(
 
 UNSUPPORTED = {
     "policy_loss": {
-        "use_kl_loss with token_mean / seq_mean_token_sum_norm": "the KL loss is a mean of row means over "
-        "every row whatever the reduction (worker.py), which the kit's KL term follows only with "
-        "sequence_mean.",
         "token_mean_legacy / prompt_mean": "token_mean_legacy is SkyRL-train's per-micro-batch mean "
         "(driver skyrl); prompt_mean needs the prompts' boundaries, which the kit's calls do not carry.",
         "rollout_is / dppo / off_policy_correction / cispo_anchor='rollout'": "need the rollout log-probs.",
@@ -271,6 +277,11 @@ FINDINGS = (
     # whose `affected` give 0.4.0's lines: one script each
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
                                         "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
+    skyrl_common.kl_row_mean_finding(
+        f"{_BACKEND}/workers/worker.py:{977 if _RELEASE == '0.3.0' else 1232}",
+        "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()", "skyrl 0.3.0, 0.4.0",
+        "each micro-batch's KL loss is weighed by its share of the mini-batch's rows (microbatch_weight), "
+        "so the row means are averaged over every row of the mini-batch"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
     # verified in 0.4.0 only (0.3.0 has the selection at ppo_utils.py:919; its advantages not checked)
     *(() if _RELEASE == "0.3.0" else (skyrl_common.clip_cov_scaled_finding(
@@ -370,9 +381,8 @@ def config_keys(mode: str | Mode, variant) -> dict[str, object]:
     m = find_mode(MODES, mode, "skyrl")
     v = variant
     m.check_shape(v, "skyrl")
-    if v.kl_coef > 0 and (v.aggregation != "seq_mean_token_mean" or v.kl_estimator not in ("k1", "k2", "k3")):
-        raise ValueError("variant.kl_coef: skyrl's KL loss (a mean of row means) is driven with "
-                         "sequence_mean and k1 / k2 / k3")
+    if v.kl_coef > 0 and v.kl_estimator not in ("k1", "k2", "k3"):
+        raise ValueError("variant.kl_estimator: skyrl's KL loss is driven with k1 / k2 / k3")
     if v.entropy_coef or v.behavior_correction != "none":
         raise ValueError("variant.entropy_coef / behavior_correction: not driven for skyrl")
     keys = dict(m.framework_config)
