@@ -124,7 +124,8 @@ def cpi_step_size(g: float, eps: float, gamma: float) -> float:
         return 0.0
     if gamma == 0.0 or eps == 0.0:
         return 1.0
-    return min(1.0, (1.0 - gamma) ** 2 * g / (4.0 * gamma * eps))
+    # g / eps first: 4 gamma eps underflows to 0 where eps is subnormal (g = eps = 1e-323, gamma = 0.05)
+    return min(1.0, (1.0 - gamma) ** 2 * (g / eps) / (4.0 * gamma))
 
 
 def cpi_improvement_bound(g: float, eps: float, alpha: float, gamma: float) -> float:

@@ -84,6 +84,9 @@ def test_step_size_closed_form_cases():
     assert cpi.cpi_step_size(0.0, 1.0, 0.5) == 0.0
     assert cpi.cpi_step_size(0.0, 0.0, 0.5) == 0.0  # g = eps = 0 (pi optimal): no step, not alpha = 1
     assert cpi.cpi_step_size(-0.3, 1.0, 0.5) == 0.0
+    # subnormal g and eps (4 gamma eps would underflow to 0): the ratio g / eps = 1 decides
+    assert cpi.cpi_step_size(1e-323, 1e-323, 0.05) == 1.0
+    assert cpi.cpi_step_size(1e-323, 1e-323, 0.9) == pytest.approx(0.01 / 3.6, rel=1e-15, abs=0.0)
     assert cpi.cpi_step_size(0.3, 1.0, 0.0) == 1.0
     assert cpi.cpi_improvement_bound(0.2, 1.0, 0.05, 0.5) == pytest.approx(
         0.01 - 2 * 0.5 * 0.0025 / 0.25, abs=0.0
