@@ -64,17 +64,20 @@ def _outcome(fn, logp, old, adv, mask, v, **kwargs):
     return loss.detach(), grads, {k: m.detach() for k, m in metrics.items()}
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str, terms: float = 0.0) -> None:
-    """``got`` within ``_TOLERANCE_ULPS`` units ``u`` of ``expected`` on the scale of the largest of
-    ``expected`` and ``terms`` (the magnitude of the terms summed into it, where they may cancel)."""
+def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str, terms=None) -> None:
+    """``got`` within ``_TOLERANCE_ULPS`` units ``u`` of ``expected`` on the scale of ``expected``, or,
+    where that fails and ``terms`` is given, on the scale of ``terms()`` (the magnitude of the terms
+    summed into it, which may cancel) when it is the larger."""
     assert got.dtype == expected.dtype and got.shape == expected.shape, what
     g, e = got.double(), expected.double()
     assert torch.equal(torch.isfinite(g), torch.isfinite(e)), f"{what}: {got} vs {expected}"
     finite = torch.isfinite(e)
     assert torch.equal(g[~finite], e[~finite]), f"{what}: {got} vs {expected}"
     if finite.any():
-        scale = max(float(e[finite].abs().max()), terms) + 1e-300
+        scale = float(e[finite].abs().max()) + 1e-300
         error = float((g[finite] - e[finite]).abs().max())
+        if error > _TOLERANCE_ULPS * u * scale and terms is not None:
+            scale = max(scale, terms())
         assert error <= _TOLERANCE_ULPS * u * scale, f"{what}: error {error / scale:.3g} x max |expected|"
 
 
@@ -99,10 +102,9 @@ def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=Non
         assert got == expected
         return
     u = torch.finfo(expected[0].dtype).eps  # the compute dtype, promote_types(logp.dtype, float32)
-    try:
-        _close(got[0], expected[0], u, "loss")
-    except AssertionError:  # within the bound on the scale of the value: done; else on its terms' scale
-        _close(got[0], expected[0], u, "loss", _terms_magnitude(v, logp, old, adv, mask, **kwargs))
+    # the policy terms' scale, computed once and only where a comparison on the value's scale fails
+    terms = functools.cache(lambda: _terms_magnitude(v, logp, old, adv, mask, **kwargs))
+    _close(got[0], expected[0], u, "loss", terms)
     assert got[1].keys() == expected[1].keys()
     for name, grad in expected[1].items():
         if grad is None:
@@ -111,14 +113,8 @@ def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=Non
         u_in = torch.finfo(grad.dtype).eps
         _close(got[1][name], grad, u + u_in / _TOLERANCE_ULPS, f"d loss / d {name}")
     assert got[2].keys() == expected[2].keys()
-    for name, metric in expected[2].items():
-        try:
-            _close(got[2][name], metric, u, f"metric {name}")
-        except AssertionError:
-            if name != "policy_objective":  # the policy terms' sum: it cancels as the loss does
-                raise
-            terms = _terms_magnitude(v, logp, old, adv, mask, **kwargs)
-            _close(got[2][name], metric, u, f"metric {name}", terms)
+    for name, metric in expected[2].items():  # policy_objective: the policy terms' sum, as the loss
+        _close(got[2][name], metric, u, f"metric {name}", terms if name == "policy_objective" else None)
 
 
 def _kit_calls(v, golden_inputs_only: bool = False):
