@@ -52,16 +52,20 @@ part_tests() {  # the CUDA module first, with whole tracebacks
 part_suite() {  # the whole suite with CUDA visible (failures listed with short tracebacks)
   run suite.log 360 $PY -m pytest -p no:cacheprovider -q -rfE --tb=short -n 14 --durations=15
 }
+# side by side: `beside DIR NAME LIMIT COMMAND...` starts `run` in the background, its log in DIR/NAME;
+# `gather FILE DIR NAME...` waits for them (a failure sets status) and appends their logs to $OUT/FILE
+beside() { local dir=$1; shift; (OUT=$dir run "$@"; exit $status) & }
+gather() {
+  local file=$1 dir=$2 name
+  shift 2
+  for name in "$@"; do wait -n || { [ $status -eq 0 ] && status=1; }; done
+  for name in "$@"; do cat "$dir/$name" >>"$OUT/$file"; done
+}
 part_frameworks() {  # every mode of every framework, expected values on the GPU too (side by side)
-  local f tmp
+  local f tmp frameworks=(trl verl openrlhf liger skyrl areal)
   tmp=$(mktemp -d)
-  for f in trl verl openrlhf liger skyrl areal; do
-    (OUT=$tmp run "$f" 150 "${REFIMPL[@]}" check framework "$f" --device cuda; exit $status) &
-  done
-  for f in trl verl openrlhf liger skyrl areal; do
-    wait -n || { [ $status -eq 0 ] && status=1; }
-  done
-  for f in trl verl openrlhf liger skyrl areal; do cat "$tmp/$f" >>"$OUT/frameworks.txt"; done
+  for f in "${frameworks[@]}"; do beside "$tmp" "$f" 150 "${REFIMPL[@]}" check framework "$f" --device cuda; done
+  gather frameworks.txt "$tmp" "${frameworks[@]}"
 }
 part_losses() {  # the fast path against the floor and the frameworks (graphs compiled first, in parallel)
   timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets ppo grpo dr_grpo --no-frameworks &
@@ -75,14 +79,11 @@ part_logprobs() {
   run logprobs.txt 180 $PY benchmarks/logprobs.py --device cuda
 }
 part_train() {  # the default run on the GPU, eager and compiled, side by side
-  local dir mode
+  local dir
   dir=$(mktemp -d)
-  (OUT=$dir run eager.log 240 "${REFIMPL[@]}" train --device cuda --out "$dir/eager"; exit $status) &
-  (OUT=$dir run compiled.log 300 "${REFIMPL[@]}" train --device cuda --compile true --out "$dir/compiled"; exit $status) &
-  for mode in eager compiled; do
-    wait -n || { [ $status -eq 0 ] && status=1; }
-  done
-  cat "$dir/eager.log" "$dir/compiled.log" >>"$OUT/train.txt"
+  beside "$dir" eager.log 240 "${REFIMPL[@]}" train --device cuda --out "$dir/eager"
+  beside "$dir" compiled.log 300 "${REFIMPL[@]}" train --device cuda --compile true --out "$dir/compiled"
+  gather train.txt "$dir" eager.log compiled.log
 }
 part_steps() {  # seconds per RL step, CPU against CUDA, compile off and on
   run steps.txt 300 $PY benchmarks/trainer.py --steps --device cuda --repeats 3
