@@ -197,7 +197,8 @@ UNSUPPORTED = {
         "clip_cov_ub, mode clip_cov/no-selection); kl_cov shares its raw exp (finding ratio_overflow).",
         "gspo with token_mean / seq_mean_token_sum_norm": "SkyRL warns against it; GSPO's sequence ratio "
         "is driven with sequence_mean.",
-        "use_entropy_loss": "the entropy comes from the model's logits.",
+        "use_entropy_loss": "the entropy comes from the model's logits (its aggregation: finding "
+        "entropy_aggregation).",
     },
     "kl": {
         "abs": "|logp - ref_logp| is not a KL estimator of kl.md.",
@@ -298,9 +299,8 @@ FINDINGS = (
         "set it (train/utils/utils.py:500) and compares it with no response either.",
         upstream="https://github.com/NovaSky-AI/SkyRL/issues/1154 (the multi-turn max_seq_len; pull "
         "request 1303 made it a required setting)"),
-    skyrl_common.kl_row_mean_finding(
-        "workers/worker.py:686", "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()",
-        "skyrl-train 0.3.1",
+    *skyrl_common.loss_term_findings(
+        "workers/worker.py:686", "workers/worker.py:671", "skyrl-train 0.3.1",
         "the worker divides each micro-batch's loss by the accumulation steps, so the micro-batches' row "
         "means are averaged (equal weights, however many rows each holds)"),
     skyrl_common.kl_cov_frac_finding("config/ppo_base_config.yaml:151", "kl_cov_frac: 0.2",

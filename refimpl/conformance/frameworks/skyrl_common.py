@@ -9,7 +9,7 @@ from .driver import Mode
 from .findings import Finding
 
 __all__ = ["clip_cov_mode", "clip_cov_scaled_finding", "clip_ratio_c_finding", "cispo_defaults_finding",
-           "kl_cov_frac_finding", "kl_row_mean_finding",
+           "kl_cov_frac_finding", "loss_term_findings",
            "kl_value_clamp_finding", "max_seq_len_finding", "maxrl_rewards_finding",
            "overflow_finding"]
 
@@ -138,10 +138,12 @@ def clip_cov_scaled_finding(where: str, quote: str, affected: str) -> Finding:
     )
 
 
-def kl_row_mean_finding(where: str, quote: str, affected: str, micro_batches: str) -> Finding:
-    """The KL loss's aggregation, fixed whatever ``loss_reduction`` says (flag
-    ``kl_aggregation="row_mean_all_rows"``); ``micro_batches`` says how the release combines them."""
-    return Finding(
+def loss_term_findings(kl_where: str, entropy_where: str, affected: str, micro_batches: str) -> tuple:
+    """The KL loss's and the entropy bonus's aggregations, fixed whatever ``loss_reduction`` says (the
+    KL's: flag ``kl_aggregation="row_mean_all_rows"``; the entropy's is not driven, the kit's calls carry
+    no entropies). ``micro_batches`` says how the release combines the micro-batches' terms; the quoted
+    lines read the same in every release the drivers cover."""
+    kl = Finding(
         "kl_aggregation", "documented_default",
         "the KL loss (use_kl_loss, on by default) is kl_loss_coef * masked_mean(kl, loss_mask, "
         "dim=-1).mean(): each row's token mean averaged over every row, an empty row counting 0 (GRPO's "
@@ -151,5 +153,18 @@ def kl_row_mean_finding(where: str, quote: str, affected: str, micro_batches: st
         "with sequence_mean they agree. SkyRL documents loss_reduction as the policy loss's reduction "
         "(skyrl 0.4.0: 'applied per mini-batch by rescaling advantages', train/config/config.py:958) and "
         "the KL loss as 'policy_loss + kl * kl_loss_coef' (config.py:915), with no reduction of its own.",
-        where=where, quote=quote, affected=affected,
+        where=kl_where, quote="kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()", affected=affected,
     )
+    entropy = Finding(
+        "entropy_aggregation", "documented_default",
+        "the entropy bonus (use_entropy_loss, off by default) is entropy_loss_coef * masked_mean(entropy, "
+        "loss_mask): a token mean over the micro-batch's tokens whatever loss_reduction says, its "
+        "micro-batches combined as the KL loss's. Under sequence_mean the policy term weighs each row "
+        "1 / rows and the entropy each token 1 / (the micro-batch's tokens), where the spec aggregates every "
+        "term alike (policy_losses.md eq. (12)). SkyRL documents it as 'an entropy bonus to the policy "
+        "loss' (skyrl 0.4.0, train/config/config.py:920), with no reduction of its own, and 0.4.0's worker "
+        "says the KL and entropy terms 'are not pre-scaled, so we just average them across microbatches' "
+        "(backends/skyrl_train/workers/worker.py:1242). Not driven: the kit's calls carry no entropies.",
+        where=entropy_where, quote="entropy = masked_mean(entropy_BS, loss_mask)", affected=affected,
+    )
+    return kl, entropy

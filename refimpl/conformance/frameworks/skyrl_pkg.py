@@ -203,7 +203,8 @@ UNSUPPORTED = {
         "clip_cov / kl_cov": "pick tokens by a covariance ranking; no spec variant (their raw exp, as "
         "importance_sampling's: SkyRL-train's finding ratio_overflow, driver skyrl's clip_cov/no-selection).",
         "cross_entropy": "the SFT loss, not a policy-gradient loss of the spec.",
-        "use_entropy_loss": "the entropy comes from the model's logits.",
+        "use_entropy_loss": "the entropy comes from the model's logits (its aggregation: finding "
+        "entropy_aggregation).",
     },
     "kl": {"abs": "|logp - ref_logp| is not a KL estimator of kl.md."},
     "group_advantages": {
@@ -277,9 +278,9 @@ FINDINGS = (
     # whose `affected` give 0.4.0's lines: one script each
     skyrl_common.kl_value_clamp_finding(f"{_BACKEND}/utils/ppo_utils.py:118",
                                         "kld = torch.clamp(kld, min=-10, max=10)", "skyrl 0.4.0"),
-    skyrl_common.kl_row_mean_finding(
+    *skyrl_common.loss_term_findings(
         f"{_BACKEND}/workers/worker.py:{977 if _RELEASE == '0.3.0' else 1232}",
-        "kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()", "skyrl 0.3.0, 0.4.0",
+        f"{_BACKEND}/workers/worker.py:{962 if _RELEASE == '0.3.0' else 1217}", "skyrl 0.3.0, 0.4.0",
         "each micro-batch's KL loss is weighed by its share of the mini-batch's rows (microbatch_weight), "
         "so the row means are averaged over every row of the mini-batch"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
