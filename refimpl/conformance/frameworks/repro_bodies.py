@@ -435,6 +435,10 @@ verdict("verl ActorConfig(tau_pos=0.0) (trainer/ppo/core_algos.py:1659, gate sig
 """,
 })
 
+from .repro_verl import verl_bodies  # noqa: E402  (verl's later findings: repro_verl.py)
+
+BODIES.update(verl_bodies(_VERL, _SILENT, _verl_config))
+
 # CISPO with epsilon_high unset: TRL's GRPOTrainer.__init__ (grpo_trainer.py:946) takes epsilon_high =
 # epsilon (0.2), and cispo caps the weight at epsilon_high itself; one on-policy token (ratio 1), A = 1
 _CISPO_EXACT = """\

@@ -36,8 +36,9 @@ from .adapters import (
     source_files,
     target,
 )
+from .findings import FINDINGS
 from .kinds import KIND_MODES, KIND_UNSUPPORTED, kind_target
-from .modes import FINDINGS, NOTES, PROFILE, framework_config, modes, unsupported_modes
+from .modes import NOTES, PROFILE, framework_config, modes, unsupported_modes
 
 __all__ = [
     "NAME",

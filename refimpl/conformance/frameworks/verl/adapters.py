@@ -26,6 +26,7 @@ _SOURCES = (
     "workers/utils/losses.py",
     "trainer/ppo/ray_trainer.py",  # apply_kl_penalty (kinds.py)
     "trainer/ppo/rollout_corr_helper.py",  # the rollout correction's weights (kinds.py)
+    "trainer/ppo/v1/replay_buffer.py",  # DAPO's group filter (finding dapo_filter)
 )
 
 # ------------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ profile (``PROFILE``), the modes out of scope (``unsupported_modes``) and verl's
 from __future__ import annotations
 
 from .. import Mode
-from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding, zero_rows_finding
 
 __all__ = ["PROFILE", "NOTES", "framework_config", "modes", "unsupported_modes"]
 
@@ -48,8 +47,9 @@ _AGG_MODES = {
     # sum over the row's tokens, mean over all rows of the batch (policy_losses.md eq. (11))
     "seq-mean-token-sum": ("seq_mean_token_sum", {},
                            {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
-    # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max (in the
-    # trainer the default None gives the same: the padded width is rollout.response_length, see NOTES)
+    # Dr. GRPO: / (all rows x loss_scale_factor); the driver sets loss_scale_factor = L_max (the default
+    # None is the padded width: rollout.response_length in the legacy trainer, each micro-batch's
+    # longest response in the v1 one; NOTES, finding seq_sum_width)
     "seq-mean-token-sum-norm": ("seq_sum", {"max_length": 16},
                                 {"token_sum_rows": "all", "zero_rows": "nan", **_PROPAGATES}),
     # plain sum over the tokens, no denominator at all
@@ -80,8 +80,8 @@ def _policy_modes() -> dict[str, Mode]:
             framework_config={
                 "actor.policy_loss.loss_mode": "vanilla",
                 "actor.loss_agg_mode": agg,
-                # Dr. GRPO's constant: L_max (verl's default None is the padded width, which the trainer
-                # makes rollout.response_length, L_max again; the kit's cases are narrower than L_max)
+                # Dr. GRPO's constant: L_max (verl's default None is the padded width: finding
+                # seq_sum_width; the kit's cases are narrower than L_max)
                 **({"actor.loss_scale_factor": 16} if agg == "seq-mean-token-sum-norm" else {}),
             },
             convention={**_VANILLA, **flags},
@@ -273,86 +273,17 @@ PROFILE = {
     p: ("grpo",) + (("grpo/no_std",) if p == "dr_grpo" else ()) + (m,) for p, m in _PRESET_POLICY_MODE.items()
 }
 #: behaviours of verl 0.9.1 the profiles do not reproduce (stated, not silently approximated)
-#: Departures verl would likely want to change (the matrix lists them with the modes that show them).
-FINDINGS = (
-    Finding(
-        "kl_controller", "documented_default",
-        "kl_ctrl.type='adaptive' is the proportional controller of Ziegler et al. 2019 (arXiv:1909.08593) "
-        "that its docstring cites, beta *= 1 + clip(KL / target - 1, -0.2, 0.2) n_steps / horizon, not the "
-        "PPO paper's adaptive rule (policy_losses.md eq. (20): halve or double beta outside [target / 1.5, "
-        "1.5 target]). Not driven: the kit has no KL-controller kind.",
-        where="trainer/ppo/core_algos.py:173", quote="mult = 1 + proportional_error * n_steps / self.horizon",
-        affected="verl 0.9.1",
-    ),
-    Finding(
-        "fixed_aggregation", "bug",
-        "compute_policy_loss_sapo aggregates with 'seq-mean-token-mean' whatever actor.loss_agg_mode "
-        "says: the configured aggregation (and so each token's weight in the gradient) is ignored "
-        "without a word.",
-        where="trainer/ppo/core_algos.py:1689", quote='loss_agg_mode="seq-mean-token-mean"',
-        affected="verl 0.9.1",
-    ),
-    Finding(
-        "cispo_clip_low", "documented_default",
-        "compute_policy_loss_cispo clips its detached weight on both sides, to [1 - clip_ratio_low, "
-        "1 + clip_ratio_high] (0.2 below by default): the two-sided form of the CISPO paper's general "
-        "formula, with a documented default; MiniMax's setting caps it above only (clip_ratio_low = 1).",
-        where="trainer/ppo/core_algos.py:2079",
-        quote="clipped_ratio = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)",
-        affected="verl 0.9.1",
-    ),
-    # the driven compute_policy_loss_vanilla's line; the deprecated compute_policy_loss repeats it (:1274)
-    dual_clip_tie_finding("trainer/ppo/core_algos.py:1356",
-                          "clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)", "verl 0.9.1",
-                          function="compute_policy_loss_vanilla"),
-    zero_rows_finding("trainer/ppo/core_algos.py:1188",
-                      "loss = verl_F.masked_sum(seq_losses, seq_mask) / global_batch_size * dp_size",
-                      "verl 0.9.1 (the sequence aggregations)"),
-    Finding(
-        "empty_step", "value_only",
-        "the token-mean losses divide by the step's token count: a step with no token logs the loss "
-        "0 / 0 = NaN, while its gradient is exactly 0 (masked_sum zeroes the masked entries first), as "
-        "the spec's.",
-        where="trainer/ppo/core_algos.py:1175",
-        quote="loss = verl_F.masked_sum(loss_mat, loss_mask) / batch_num_tokens * dp_size",
-        affected="verl 0.9.1",
-    ),
-    ratio_overflow_finding("trainer/ppo/core_algos.py:1798", "ratio = torch.exp(negative_approx_kl)",
-                           "verl 0.9.1 (clip_cov; kl_cov, without a clip gate, exponentiates the raw "
-                           "log-ratio too, core_algos.py:1891: there a token with A = 0 gets -0 * inf = NaN)",
-                           function="compute_policy_loss_clip_cov"),
-    Finding(
-        "config:clip_ratio", "validation",
-        "actor.clip_ratio has no effect on the clip losses (vanilla, gspo, clip_cov, geo_mean, cispo): "
-        "ActorConfig (and actor.yaml) default clip_ratio_low and clip_ratio_high to 0.2, not None, so "
-        "their fallback to clip_ratio (core_algos.py:1321-1322 in vanilla, likewise in the others) never "
-        "fires. A user who sets only clip_ratio=0.1 trains with the band [0.8, 1.2], without an error or a "
-        "warning (only the DPPO losses use clip_ratio itself).",
-        where="workers/config/actor.py:159", quote="clip_ratio_low: float = 0.2", affected="verl 0.9.1",
-    ),
-    Finding(
-        "config:tau_pos", "validation",
-        "ActorConfig accepts SAPO temperatures tau_pos / tau_neg <= 0 (SAPO's gate sigmoid(tau (r - 1)) "
-        "4 / tau needs tau > 0): tau = 0 gives an infinite loss and a NaN gradient (4 / 0 times "
-        "sigmoid's zero slope); a negative tau makes the gate's value negative, with the gradient of "
-        "|tau| (sigmoid's slope is even).",
-        where="trainer/ppo/core_algos.py:1659", quote="return torch.sigmoid(tau * (x - 1.0)) * (4.0 / tau)",
-        affected="verl 0.9.1", function="gate_function",
-    ),
-)
-
-
 NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
     "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
     "log-ratio has exp exactly 3.0, so no case reaches the tie).",
-    "loss_scale_factor=None": "a documented default: agg_loss's seq-mean-token-sum-norm (Dr. GRPO) "
-    "divides by the padded width of its mask, loss_mask.shape[-1] (core_algos.py:1191; flag "
-    "seq_sum_width='padded_width'), which verl's trainer makes the constant rollout.response_length, "
-    "the generation budget L_max (the agent loop pads every response to it, "
-    "experimental/agent_loop/agent_loop.py:760-763), so the trainer's loss is Dr. GRPO's; only a "
-    "caller of agg_loss with its own padding gets its batch's width. The profile sets "
-    "loss_scale_factor = L_max, since the kit's cases are narrower than L_max.",
+    "loss_scale_factor=None": "a documented default (finding seq_sum_width): agg_loss's "
+    "seq-mean-token-sum-norm (Dr. GRPO) divides by the padded width of its mask, loss_mask.shape[-1] "
+    "(core_algos.py:1191; flag seq_sum_width='padded_width'). The legacy trainer pads every response to "
+    "rollout.response_length (experimental/agent_loop/agent_loop.py:760-763), L_max; the default v1 "
+    "trainer (trainer.use_v1: true) pads each micro-batch to its own longest response "
+    "(workers/utils/losses.py:91), so there the divisor varies. The profile sets loss_scale_factor = "
+    "L_max, Dr. GRPO's constant, since the kit's cases are narrower than L_max.",
     "adaptive KL controller": "not checked (no KL-controller kind): finding kl_controller",
     "standalone agg_loss": "called without global batch info, verl's sequence modes drop "
     "empty rows from the row count; the profile describes the trainer, whose "
@@ -460,7 +391,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "remax": "needs the greedy rollout's reward as baseline",
             "opo": "length-weighted group mean baseline: needs response lengths",
             "grpo_passk": "pass@k advantage: only the best response of a group gets a non-zero value",
-            "gpg": "GPG's rescaling by the batch's fraction of valid groups",
+            "gpg": "GPG's rescaling alpha = B / count_nonzero(rewards) (finding gpg_alpha: not GPG's "
+            "B / (B - M)), then the group mean without a std",
             "gdpo": "multi-reward decoupled normalisation: needs several reward channels",
             "optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",
             "tir_optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",

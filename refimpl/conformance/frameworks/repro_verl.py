@@ -1,0 +1,106 @@
+"""The verl driver's standalone reproductions beyond repro_bodies.py's first ones (findings in
+verl/findings.py): ``verl_bodies(verl, silent, config)`` returns them keyed as ``BODIES``, given
+repro_bodies.py's verl preamble (stand-ins, ``core_algos``, ``ActorConfig``), its warnings-as-errors
+preamble and its ``ActorConfig`` writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["verl_bodies"]
+
+_HELPER = """\
+rollout_corr = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+"""
+
+
+def verl_bodies(verl: str, silent: str, config: Callable[..., str]) -> dict[tuple[str, str], str]:
+    """The bodies, keyed by (framework, finding key)."""
+    return {
+        ("verl", "kl_value_clamp"): verl + """\
+logp = torch.tensor([-3.0], dtype=torch.float64, requires_grad=True)  # ref_logp - logp = 3
+kl = core_algos.kl_penalty(logp, torch.zeros(1, dtype=torch.float64), "low_var_kl")
+grad = torch.autograd.grad(kl.sum(), logp)[0].item()
+x = 3.0
+verdict("verl kl_penalty(..., 'low_var_kl') (trainer/ppo/core_algos.py:2245), ref_logp - logp = 3: k3 and "
+        "d k3 / d logp", f"{kl.item()}, {grad}", f"{torch.tensor(x).expm1().item() - x}, "
+        f"{-torch.tensor(x).expm1().item()} (kl.md eq. (4), no clamp)", kl.item() == 10.0 and grad == 0.0)
+""",
+        ("verl", "rejection_sampling_returns"): verl + _HELPER + """\
+# one response of 3 tokens, the outcome score 1 on its last token (where the reward managers put it);
+# the trainer's rejection sampling (token_k1, bounds 0.5_2) rejects that token, then GAE runs on the mask
+rewards = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
+values = torch.zeros(1, 3, dtype=torch.float64)
+log_ratio = torch.tensor([[0.0, 0.0, 1.5]], dtype=torch.float64)  # log(pi_train / pi_rollout) per token
+mask, _ = rollout_corr.compute_rollout_rejection_mask(log_ratio, torch.ones(1, 3, dtype=torch.float64),
+                                                       rollout_rs="token_k1", rollout_rs_threshold="0.5_2")
+_, returns = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=1.0)
+verdict("verl rollout_rs (trainer/ppo/rollout_corr_helper.py:1061 rewrites response_mask) then "
+        "compute_gae_advantage_return, gamma = lambda = 1: the returns of the kept tokens",
+        f"{returns[0, :2].tolist()} (mask {mask.tolist()})",
+        "[1.0, 1.0] (the score is a reward of the response)",
+        bool(mask[0, 2] == 0) and returns[0, :2].tolist() == [0.0, 0.0])
+""",
+        ("verl", "rs_k1_bounds"): verl + _HELPER + """\
+ratio = torch.tensor([[0.6, 1.9]], dtype=torch.float64)  # pi_train / pi_rollout of two tokens
+mask, _ = rollout_corr.compute_rollout_rejection_mask(torch.log(ratio), torch.ones(1, 2, dtype=torch.float64),
+                                                       rollout_rs="token_k1", rollout_rs_threshold="0.5_1.5")
+verdict("verl compute_rollout_rejection_mask (trainer/ppo/rollout_corr_helper.py:263), token_k1 with the "
+        "ratio bounds 0.5_1.5: keep-mask of the ratios (0.6, 1.9)", mask.tolist(),
+        "[[1.0, 0.0]] (0.6 inside [0.5, 1.5], 1.9 above it)", mask.tolist() == [[0.0, 1.0]])
+""",
+        ("verl", "geo_mean_is_weights"): verl
+        + config("clip_ratio_low=0.4, clip_ratio_high=0.4,", "geo_mean") + """\
+T = 20
+old = torch.zeros(1, T, dtype=torch.float64)
+logp = torch.zeros(1, T, dtype=torch.float64, requires_grad=True)  # on-policy: every ratio 1
+weights = torch.ones(1, T, dtype=torch.float64)
+weights[0, -1] = 0.0  # one token's rollout weight set to 0 (IcePop: outside its lower_upper bounds)
+loss, _ = core_algos.compute_policy_loss_geo_mean(old, logp, torch.ones(1, T, dtype=torch.float64),
+                                                  torch.ones(1, T, dtype=torch.bool),
+                                                  loss_agg_mode="token-mean", config=config,
+                                                  rollout_is_weights=weights)
+verdict("verl compute_policy_loss_geo_mean (trainer/ppo/core_algos.py:1996), A = 1, T = 20, one token "
+        "weight 0: the loss", loss.item(), "0.0 (the sequence's weight exp(mean log w) is 0)",
+        abs(loss.item()) > 0.1)
+""",
+        ("verl", "gpg_alpha"): verl + """\
+import numpy as np  # noqa: E402
+
+rewards = torch.tensor([[1.0], [0.0], [0.0], [0.0]], dtype=torch.float64)  # group a: 1, 0; group b: 0, 0
+index = np.array(["a", "a", "b", "b"], dtype=object)
+adv, _ = core_algos.compute_gpg_outcome_advantage(rewards, torch.ones(4, 1, dtype=torch.float64), index)
+# GPG: alpha = B / (B - M), M = 2 samples with advantage 0 (group b): alpha 2, advantages (1, -1, 0, 0)
+verdict("verl compute_gpg_outcome_advantage (trainer/ppo/core_algos.py:810), 0/1 rewards (1, 0 | 0, 0)",
+        adv[:, 0].tolist(), [1.0, -1.0, 0.0, 0.0], adv[:, 0].tolist() == [2.0, -2.0, 0.0, 0.0])
+""",
+        ("verl", "dapo_filter"): """\
+stand_ins("ray", "tensordict", "orjson", "transfer_queue")
+replay = load_file("verl", "trainer/ppo/v1/replay_buffer.py")  # not its package __init__ (the agent loop)
+# finished groups: "a" three rewards 0.1 (constant), "b" one sample (a singleton), "c" rewards 1, 0 (kept)
+scores = {"a_0_0": 0.1, "a_0_1": 0.1, "a_0_2": 0.1, "b_0_0": 1.0, "c_0_0": 1.0, "c_0_1": 0.0}
+replay.tq = types.SimpleNamespace(kv_batch_get=lambda keys, partition_id, select_fields: {
+    "rm_scores": [torch.tensor([0.0, scores[k]], dtype=torch.float64) for k in keys]})
+from collections import defaultdict  # noqa: E402
+
+buffer = types.SimpleNamespace(
+    filter_groups_metric="reward", finished_keys={"train": {"a", "b", "c"}},
+    _dapo_classification_cache=defaultdict(dict), partitions={"train": dict.fromkeys(scores, {})})
+dropped, _ = replay.ReplayBuffer._dapo_filtered_keys(buffer, "train")
+verdict("verl ReplayBuffer._dapo_filtered_keys (trainer/ppo/v1/replay_buffer.py:312), groups a = (0.1, 0.1, "
+        "0.1), b = (1.0,), c = (1.0, 0.0): the groups dropped", sorted(dropped),
+        "['a', 'b'] (advantages.md eq. (7): equal rewards, and the singleton)", sorted(dropped) != ["a", "b"])
+""",
+        ("verl", "config:clip_ratio_c"): silent + verl + config("clip_ratio_c=1.1,", "vanilla") + """\
+old = torch.tensor([[-1.0]], dtype=torch.float64)
+logp = torch.tensor([[-1.0 + 0.1397619424]], dtype=torch.float64, requires_grad=True)  # ratio 1.15
+loss, _ = core_algos.compute_policy_loss_vanilla(old, logp, -torch.ones(1, 1, dtype=torch.float64),
+                                                 torch.ones(1, 1, dtype=torch.bool),
+                                                 loss_agg_mode="token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("verl ActorConfig(clip_ratio_c=1.1) (trainer/ppo/core_algos.py:1331 asserts only > 1), "
+        "compute_policy_loss_vanilla: d loss / d logp of an A < 0 token at ratio 1.15 (inside [0.8, 1.2])",
+        f"{grad} (accepted: no error, no warning)", "1.15 (-A r; c must be >= 1 + clip_ratio_high)",
+        grad == 0.0)
+""",
+    }
