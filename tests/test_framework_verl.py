@@ -321,7 +321,8 @@ def test_version_and_source_hash_are_reported():
     files = driver.source_files()
     assert [f.name for f in files] == ["core_algos.py", "torch_functional.py", "actor.py", "losses.py",
                                        "ray_trainer.py", "rollout_corr_helper.py",  # these two: kinds.py
-                                       "replay_buffer.py"]  # finding dapo_filter
+                                       "replay_buffer.py", "utils.py"]  # v1: findings dapo_filter,
+    # rejection_sampling_sessions
     digest = source_hash(files)
     assert len(digest) == 12 and int(digest, 16) >= 0
 

@@ -18,6 +18,7 @@ driver = load_driver("verl")
 EXPECTED = {
     "kl_value_clamp": "bug",
     "rejection_sampling_returns": "bug",
+    "rejection_sampling_sessions": "bug",
     "rs_k1_bounds": "bug",
     "geo_mean_is_weights": "bug",
     "gpg_alpha": "bug",

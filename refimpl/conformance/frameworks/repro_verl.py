@@ -91,6 +91,52 @@ verdict("verl ReplayBuffer._dapo_filtered_keys (trainer/ppo/v1/replay_buffer.py:
         "0.1), b = (1.0,), c = (1.0, 0.0): the groups dropped", sorted(dropped),
         "['a', 'b'] (advantages.md eq. (7): equal rewards, and the singleton)", sorted(dropped) != ["a", "b"])
 """,
+        ("verl", "rejection_sampling_sessions"): verl + """\
+import ast  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("verl").submodule_search_locations)))
+namespace = {"torch": torch, "np": np, "core_algos": core_algos, "Any": Any, "Optional": Optional,
+             "AdvantageEstimator": core_algos.AdvantageEstimator, "DataProto": object, "AlgoConfig": object}
+for relative, name in (("trainer/ppo/ray_trainer.py", "compute_advantage"),
+                       ("trainer/ppo/v1/utils.py", "compute_advantage_for_multi_trajectories")):
+    path = root / relative  # the two defs as installed (their modules import the training stack)
+    node = next(n for n in ast.parse(path.read_text()).body
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    node.decorator_list = []
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+
+
+class Batch:  # what the two functions read of a DataProto: .batch, .non_tensor_batch, select_idxs, len
+    def __init__(self, batch, non_tensor_batch):
+        self.batch, self.non_tensor_batch = batch, non_tensor_batch
+
+    def select_idxs(self, idxs):
+        return Batch({k: v[idxs] for k, v in self.batch.items()},
+                     {k: v[idxs] for k, v in self.non_tensor_batch.items()})
+
+    def __len__(self):
+        return len(self.batch["response_mask"])
+
+
+# prompt u: session s0 has two outputs (a first turn, then its final output), session s1 one; the final
+# outputs score 1 and 0. Sequence-level rejection sampling emptied the mask of s0's final output (row 1)
+# before the advantages (v1/trainer_base.py:1771 then 1775); s0's first turn (row 0) is not rejected.
+keys = ["u_s0_0", "u_s0_1", "u_s1_0"]
+scores = torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+mask = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])
+data = Batch({"token_level_rewards": scores, "response_mask": mask},
+             {"uid": np.array(["u", "u", "u"], dtype=object)})
+out = namespace["compute_advantage_for_multi_trajectories"](data, batch_keys=keys,
+                                                            adv_estimator=core_algos.AdvantageEstimator.GRPO)
+first_turn = out.batch["advantages"][0].tolist()
+exact = (1.0 - 0.5) / (float(torch.tensor([1.0, 0.0]).std()) + 1e-6)  # the session's GRPO advantage
+verdict("verl compute_advantage_for_multi_trajectories (trainer/ppo/v1/utils.py:208), GRPO, the session's "
+        "final output rejected: the advantages of its unrejected first turn", first_turn, [exact, exact],
+        first_turn == [0.0, 0.0])
+""",
         ("verl", "config:clip_ratio_c"): silent + verl + config("clip_ratio_c=1.1,", "vanilla") + """\
 old = torch.tensor([[-1.0]], dtype=torch.float64)
 logp = torch.tensor([[-1.0 + 0.1397619424]], dtype=torch.float64, requires_grad=True)  # ratio 1.15

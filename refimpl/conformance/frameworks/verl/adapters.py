@@ -27,6 +27,7 @@ _SOURCES = (
     "trainer/ppo/ray_trainer.py",  # apply_kl_penalty (kinds.py)
     "trainer/ppo/rollout_corr_helper.py",  # the rollout correction's weights (kinds.py)
     "trainer/ppo/v1/replay_buffer.py",  # DAPO's group filter (finding dapo_filter)
+    "trainer/ppo/v1/utils.py",  # GRPO over agent sessions (finding rejection_sampling_sessions)
 )
 
 # ------------------------------------------------------------------------------------------------

@@ -111,6 +111,18 @@ FINDINGS = (
         quote='batch.batch["response_mask"] = modified_response_mask', affected=_AFFECTED,
     ),
     Finding(
+        "rejection_sampling_sessions", "bug",
+        "the v1 trainer's GRPO over agent sessions with several outputs "
+        "(compute_advantage_for_multi_trajectories) computes the group advantage of each session's final "
+        "output and reads it at argmax(response_mask) of that output, then gives it to every output of the "
+        "session. Rejection sampling runs first (v1/trainer_base.py:1771 then 1775): when it empties the "
+        "final output's mask (a sequence-level rollout_rs), the value read is advantage * 0 = 0, and the "
+        "session's other, unrejected outputs train on advantage 0 instead of the session's (advantages.md "
+        "eq. (1)-(5)).",
+        where="trainer/ppo/v1/utils.py:208",
+        quote='first_nnz_indices = final_data.batch["response_mask"].argmax(dim=1)', affected=_AFFECTED,
+    ),
+    Finding(
         "rs_k1_bounds", "bug",
         "rollout_rs token_k1 / seq_sum_k1 / seq_mean_k1 compare their lower_upper bounds, documented as "
         "ratio bounds (RolloutCorrectionConfig, rollout_is_threshold's lower_upper bounds the ratio "
