@@ -94,9 +94,10 @@ TRAINER_FINDINGS = (
     Finding(
         "config:epsilon", "validation",
         "GRPOConfig checks neither epsilon nor epsilon_high: a negative epsilon puts the lower clip bound "
-        "1 - epsilon above 1 (an on-policy token with A < 0 is clipped and gets no gradient), epsilon >= 1 "
-        "a lower bound <= 0, a negative epsilon_high an upper bound below 1 (policy_losses.md eq. (6): 0 <= "
-        "eps < 1).",
+        "1 - epsilon above 1 (with epsilon_high set, an on-policy token with A < 0 is clipped and gets no "
+        "gradient; unset, epsilon_high = epsilon and the band is [1.1, 0.9] for epsilon = -0.1: one with "
+        "A > 0 gets none), epsilon >= 1 a lower bound <= 0, a negative epsilon_high an upper bound below 1 "
+        "(policy_losses.md eq. (6): 0 <= eps < 1).",
         where="trainer/grpo_trainer.py:3113",
         quote="coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)", affected=_AFFECTED,
     ),
