@@ -33,6 +33,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode, areal_kinds
+from .areal_findings import TRAINER_FINDINGS
 from .areal_kinds import ADV_MODES, KIND_MODES, KIND_UNSUPPORTED
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
@@ -119,9 +120,10 @@ UNSUPPORTED = {
         "decoupled/rejection_sampling=None, "
         "flag behavior_weight='dropped'.",
         "rejection_sampling (mask / clamp, token / sequence)": "token-level mask and clamp on the ratio are "
-        "driven as the behavior_correction kind; sequence level and the KL metrics are not.",
+        "driven as the behavior_correction kind; sequence level and the KL metrics are not (the weight's "
+        "level against the ratio's: finding rejection_sampling_level).",
         "m2_threshold (M2PO)": "masks tokens by a second-moment rule over behaviour log-probs; no spec "
-        "variant.",
+        "variant (its token count against the engine's weight: finding m2po_normalizer).",
         "sapo with importance_sampling_level='sequence'": "a sequence ratio under the sigmoid gate is not a "
         "preset.",
         "teacher_logp (KDRL)": "a distillation term against a teacher's log-probs; no spec variant.",
@@ -153,12 +155,15 @@ FINDINGS = (
                            "ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)",
                            "areal 1.0.4"),
     Finding(
-        "behavior_weight", "documented_default",
+        "behavior_weight", "bug",
         "with use_decoupled_loss=True and the shipped rejection_sampling=None, ppo_actor_loss_fn takes the "
         "ratio against pi_prox but applies no pi_prox / pi_behave weight (the weight is multiplied in only "
-        "under rejection sampling): the decoupled objective without its behaviour correction. Documented: "
-        "None is 'equivalent to old behave_imp_weight_mode=disabled' (skip the importance weight "
-        "correction, cli_args.py:1559), and the config warns that filtering is disabled.",
+        "under rejection sampling): the decoupled objective without its behaviour correction "
+        "(policy_losses.md eq. (13)). Nothing a user reads says so: use_decoupled_loss's help is 'Use the "
+        "decoupled loss' (cli_args.py:1552), rejection_sampling's says None 'disables filtering' "
+        "(cli_args.py:1559) and the start-up warning that 'staleness filtering is disabled' (:1623-1635); "
+        "the weight is dropped, not only the filter. Stale tokens (w = e^0.5, e^-0.3): -0.5, -0.5 where "
+        "the decoupled loss gives -0.824, -0.370.",
         where="utils/functional/functional.py:535", quote="if rejection_sampling is not None:",
         affected="areal 1.0.4",
     ),
@@ -235,6 +240,8 @@ FINDINGS = (
     ),
 )
 
+
+FINDINGS += TRAINER_FINDINGS  # PPOActor's KL reward, EOS test, M2PO count, RS level (areal_findings.py)
 
 NOTES: dict[str, str] = {}
 

@@ -11,8 +11,10 @@ the driver passes the ``NormConfig`` fields it reads.
 
 What a group-advantages call does. ``PPOActor`` normalises twice (trainer/ppo/actor.py): the sequence
 rewards with ``reward_norm`` (``[bs]``, no mask, :172-173) and the per-token advantages with ``adv_norm``
-(``[bs, T]`` with the loss mask, :238-239). Without values, KL and discount (GRPO: ``kl_ctl`` 0,
-``discount`` = ``gae_lambda`` = 1) every response token's advantage is its sequence reward, so the
+(``[bs, T]`` with the loss mask, :238-239). Without values, KL and discount (GRPO with ``kl_ctl`` set to
+0: the shipped 0.1 without a reference model adds a KL reward against zeros, finding
+``kl_reward_no_reference``; ``discount`` = ``gae_lambda`` = 1) every response token's advantage is its
+sequence reward, so the
 ``adv_norm`` adapter broadcasts each reward over its response's tokens (the case's ``lengths``) and
 reads the first token's advantage back (every token of a response gets the same one). AReaL's groups
 are contiguous blocks of ``group_size``: a batch of such blocks, the last one possibly shorter (the
@@ -193,13 +195,15 @@ KIND_MODES = (
 KIND_UNSUPPORTED = {
     "gae": {"PPOActor._compute_advantages": "GAE runs inside the actor on the whole prompt + response "
             "sequence (loss mask rolled by one, the KL reward and the sequence reward placed by it, the last "
-            "position's advantage fixed to 0, values[:, -1] bootstrapped for rows without an EOS); its "
-            "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
+            "position's advantage fixed to 0, values[:, -1] bootstrapped for rows as long as the padded "
+            "batch, which it takes for rows without an EOS: finding eos_by_width); its inputs are not "
+            "per-token rewards, so the kit's GAE cases cannot be expressed."},
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
                   "(the group level is driven as group_advantages); the all-reduce over ranks."},
     "kl_reward": {"the actor's layout": "the actor rolls the loss mask by one position and puts the score at "
                   "seqlens - 2 (actor.py:175-212); the KL reward mode runs KLEstimator and lays the reward "
-                  "out as the kind does."},
+                  "out as the kind does. Without a reference model the actor takes the KL against zeros "
+                  "(finding kl_reward_no_reference)."},
 }
 
 

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 __all__ = ["areal_bodies"]
 
+_SILENT_AREAL = """\
+import warnings  # noqa: E402
+
+warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+"""
+
 # AReaL's utils/data.py imports its infrastructure: the two classes are executed from the installed file
 _AREAL_DATA = """\
 import ast  # noqa: E402
@@ -32,10 +38,131 @@ mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
 """
 
 
+# AReaL's trainer/ppo/actor.py imports its whole stack: the ``def``s a script runs are parsed from the
+# installed file (``actor_def``), with the defaults of PPOActorConfig read from api/cli_args.py
+# (``config_defaults``) and a stand-in actor holding what ``PPOActor.__init__`` (actor.py:44-66) copies
+_AREAL_ACTOR = _AREAL_DATA + """\
+from types import SimpleNamespace  # noqa: E402
+from typing import Any  # noqa: E402  (actor.py's annotations)
+
+actor_source = (root / "trainer" / "ppo" / "actor.py").read_text()
+
+
+def actor_def(name, **names):
+    \"\"\"actor.py's function ``name`` (``Class.method``: a method), run with ``names``.\"\"\"
+    owner, _, name = name.rpartition(".")
+    body = ast.parse(actor_source).body
+    if owner:
+        body = next(node for node in body if isinstance(node, ast.ClassDef) and node.name == owner).body
+    node = next(node for node in body if isinstance(node, ast.FunctionDef) and node.name == name)
+    namespace = {"torch": torch, "Any": Any, **names}
+    path = str(root / "trainer" / "ppo" / "actor.py")
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), namespace)
+    return namespace[name]
+
+
+def config_defaults(cls):
+    \"\"\"The literal ``field(default=...)`` values of the dataclass ``cls`` in api/cli_args.py.\"\"\"
+    tree = ast.parse((root / "api" / "cli_args.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    out = {}
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.value, ast.Call):
+            for keyword in item.value.keywords:
+                if keyword.arg == "default" and isinstance(keyword.value, ast.Constant):
+                    out[item.target.id] = keyword.value.value
+    return out
+
+
+def actor(**overrides):
+    config = SimpleNamespace(**{**config_defaults("PPOActorConfig"), **overrides})
+    return SimpleNamespace(config=config, reward_bias=config.reward_bias,
+                           reward_scaling=config.reward_scaling, reward_clip=config.reward_clip,
+                           kl_ctl=config.kl_ctl, kl_estimator=data["KLEstimator"](config.kl_estimator),
+                           adv_norm=None, reward_norm=None, discount=config.discount,
+                           gae_lambda=config.gae_lambda, mask_no_eos_with_zero=config.mask_no_eos_with_zero)
+
+
+def rollout(rows, rewards, logp=-2.0):
+    \"\"\"(prompt length, response length) per row, right-padded to the longest row.\"\"\"
+    width = max(p + r for p, r in rows)
+    att, lm, lp = (torch.zeros(len(rows), width, dtype=d) for d in (torch.long, torch.long, torch.float32))
+    for i, (p, r) in enumerate(rows):
+        att[i, : p + r], lm[i, p : p + r], lp[i, p : p + r] = 1, 1, logp
+    return {"input_ids": torch.ones_like(att), "attention_mask": att, "loss_mask": lm,
+            "logprobs": lp, "rewards": torch.tensor(rewards, dtype=torch.float32)}
+
+
+compute_advantages = actor_def("PPOActor._compute_advantages", reward_overlong_penalty=None)
+"""
+
+
 def areal_bodies(areal: str) -> dict[tuple[str, str], str]:
     """AReaL's later findings' script bodies; ``areal``: repro_bodies.py's preamble for functional.py."""
     _AREAL = areal
     return {
+        ("areal", "behavior_weight"): _AREAL + """\
+logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+prox = torch.tensor([[-1.0, -1.0]])  # pi_prox, recomputed: the ratio is 1
+behave = torch.tensor([[-1.5, -0.7]])  # the rollout's log-probs: w = pi_prox / pi_behave = e^0.5, e^-0.3
+loss, _ = functional.ppo_actor_loss_fn(logp, prox, behave, torch.ones(1, 2), 0.2, torch.ones(1, 2).bool(),
+                                       rejection_sampling=None)  # use_decoupled_loss=True, the default None
+grad = torch.autograd.grad(loss, logp)[0][0].tolist()
+exact = (-torch.exp(prox - behave)[0] / 2).tolist()
+verdict("AReaL ppo_actor_loss_fn, decoupled (proximal != behaviour log-probs), rejection_sampling=None "
+        "(utils/functional/functional.py:535): d loss / d logp, A = 1", grad,
+        f"{exact} (the decoupled loss: -w A / 2, w = pi_prox / pi_behave)", abs(grad[0] + 0.5) < 1e-7)
+""",
+        ("areal", "kl_reward_no_reference"): _AREAL_ACTOR + """\
+defaults = config_defaults("PPOActorConfig")
+ref = config_defaults("PPOConfig").get("ref")
+out = compute_advantages(actor(), rollout([(2, 3)], [0.0]))  # no "ref_logp": no reference model
+got = [round(v, 6) for v in out["advantages"][0].tolist()]
+verdict(f"AReaL PPOActor._compute_advantages (trainer/ppo/actor.py:194) with the defaults kl_ctl "
+        f"{defaults['kl_ctl']}, kl_estimator {defaults['kl_estimator']!r}, ref {ref}: a response of 3 tokens "
+        "at log pi = -2, task reward 0: the advantages", got,
+        "[0.0, 0.0, 0.0, 0.0, 0.0] (no reference model, no KL term: only the task reward)",
+        max(abs(v) for v in got) > 0.1)
+""",
+        ("areal", "eos_by_width"): _AREAL_ACTOR + """\
+# row 0: prompt 2, a response of 4 tokens that ends with EOS (the batch's longest row);
+# row 1: prompt 1, a response of 3 tokens cut by the length budget (no EOS); both rewarded 1
+out = compute_advantages(actor(kl_ctl=0.0, mask_no_eos_with_zero=True),
+                         rollout([(2, 4), (1, 3)], [1.0, 1.0]))
+got = [out["advantages"][0, 1].item(), out["advantages"][1, 0].item()]
+verdict("AReaL PPOActor._compute_advantages (trainer/ppo/actor.py:201), mask_no_eos_with_zero=True: the "
+        "advantage of [the finished longest row, the truncated shorter row]", got,
+        "[1.0, 0.0] (only the truncated response loses its reward)", got == [0.0, 1.0])
+""",
+        ("areal", "m2po_normalizer"): _AREAL_ACTOR + _AREAL + """\
+m2po = actor_def("_apply_m2po_masking", _get_m2po_loss_mask=actor_def("_get_m2po_loss_mask"))
+# a step of two micro-batches of 2 tokens, A = 1, ratio 1; in the first, one token's behaviour log-prob is
+# 2 nats off (second moment 4 > m2_threshold 1): M2PO masks it
+old = [torch.tensor([[-3.0, -1.0]]), torch.tensor([[-1.0, -1.0]])]
+total = 4  # the engine's total_loss_weight: loss_mask.count_nonzero() summed over the step (actor.py:363)
+grads = []
+for behave in old:
+    logp = torch.full((1, 2), -1.0, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kept = m2po(behave, logp.detach(), mask, 1.0)  # grpo_loss_fn, actor.py:448
+    loss, _ = functional.ppo_actor_loss_fn(logp, logp.detach(), behave, torch.ones(1, 2), 0.2, kept)
+    scale = int(mask.count_nonzero()) / total  # fsdp_engine.py:2120: local_weight / total_loss_weight
+    grad = torch.autograd.grad(loss * scale, logp)[0][0]
+    grads.append([round(g, 6) for g, k in zip(grad.tolist(), kept[0].tolist()) if k])
+verdict("AReaL grpo_loss_fn with m2_threshold=1 (trainer/ppo/actor.py:448), two micro-batches weighted by "
+        "the engine: d loss / d logp of the kept tokens of each", grads,
+        "one weight for every kept token (-1/3 each: a mean over the 3 kept tokens)",
+        grads == [[-0.5], [-0.25, -0.25]])
+""",
+        ("areal", "config:eps_clip"): _SILENT_AREAL + _AREAL + """\
+logp = torch.tensor([[-1.0]], requires_grad=True)  # ratio 1, A = 1
+loss, _ = functional.ppo_actor_loss_fn(logp, logp.detach(), logp.detach(), torch.ones(1, 1), 0.2,
+                                       torch.ones(1, 1).bool(), eps_clip_higher=-0.3)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("AReaL ppo_actor_loss_fn(eps_clip=0.2, eps_clip_higher=-0.3) (utils/functional/functional.py:518: "
+        "the band [0.8, 0.7]): accepted; d loss / d logp of an on-policy token with A = 1", grad,
+        "-1.0 (an on-policy token is inside any clip band)", grad == 0.0)
+""",
         ("areal", "adv_weighting"): _AREAL_DATA + """\
 out = norm(mean_level="group", std_level=None, group_size=2)(x, mask)
 got = [round(out[0, 0].item(), 6), round(out[1, 0].item(), 6)]

@@ -480,9 +480,11 @@ verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_rep
 
 from .repro_liger import liger_bodies  # noqa: E402  (the later scripts: repro_liger.py, repro_openrlhf.py)
 from .repro_openrlhf import openrlhf_bodies  # noqa: E402
+from .repro_trl import trl_bodies  # noqa: E402  (TRL's trainer findings: repro_trl.py)
 from .repro_tunix import TUNIX_BODIES  # noqa: E402  (a JAX framework's scripts: repro_tunix.py)
 
 BODIES.update(liger_bodies(_LIGER, _SILENT))
+BODIES.update(trl_bodies(_TRL, _SILENT))
 BODIES.update(openrlhf_bodies(_SILENT))
 
 BODIES.update(TUNIX_BODIES)

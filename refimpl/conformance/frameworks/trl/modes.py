@@ -6,6 +6,7 @@ import dataclasses
 
 from .. import Mode
 from ..findings import Finding, ratio_overflow_finding, zero_rows_finding
+from .findings import TRAINER_FINDINGS
 
 #: Flags every TRL mode carries (see conventions.FLAG_REASONS), besides the row counting below:
 #: - compute_dtype "input": TRL's loss runs in the dtype of the log-probs it is given;
@@ -152,7 +153,17 @@ _UNSUPPORTED = {
     "(note 'entropy bonus': a token mean whatever the loss type).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
-    "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none.",
+    "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none "
+    "(its level, a sequence product by default whatever the ratio's: finding vllm_is_level).",
+    "steps_per_generation > gradient_accumulation_steps": "the driver runs one generation batch per "
+    "optimizer step (TRL's default), where dapo's num_items_in_batch normaliser is exact; over several steps "
+    "it is their mean token count (finding generation_batch_normalizer).",
+    "RLOOTrainer, GMPOTrainer (experimental)": "RLOOTrainer._compute_loss (a clipped sequence-product ratio, "
+    "advantages with the leave-one-out baseline and the KL in the reward) and GMPOTrainer have no mode; "
+    "RLOO's exp of the summed log-ratio overflows under a closed gate (finding rloo_ratio_overflow) and "
+    "both average over every row, empty ones included (finding empty_rows).",
+    "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
+    "capped token only when A > 0: finding cispo_clip_ratio).",
     "router_aux_loss_coef": "the MoE auxiliary loss comes from the model's router logits.",
     "tool_mask": "multi-turn tool masks only change the mask, which the kit supplies directly.",
     "eval mode": "model.training=False drops the gradient-accumulation scaling; not a training loss.",
@@ -175,7 +186,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
     if kind == "group_advantages":
         return {"group": "TRL's advantages are inline in _generate_and_score_completions (they need a "
                          "model, generation and reward functions) and assume contiguous equal-size groups "
-                         "(rewards.view(-1, num_generations)); they cannot be called on their own."}
+                         "(rewards.view(-1, num_generations)); they cannot be called on their own (a "
+                         "constant group's rounding divided by std + 1e-4: finding constant_group_rounding)."}
     return dict(_UNSUPPORTED)
 
 
@@ -317,6 +329,7 @@ FINDINGS = (
         where="trainer/grpo_trainer.py:3110",
         quote="clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()", affected="trl 1.16.0",
     ),
+    *TRAINER_FINDINGS,  # the trainers' rows, advantages, normaliser, vLLM weight, RLOO (findings.py)
 )
 
 
