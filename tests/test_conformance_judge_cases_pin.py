@@ -39,9 +39,10 @@ from refimpl.conformance.conventions import Convention
 from refimpl.conformance.policy_cases import policy_loss_cases
 from refimpl.losses import PolicyLossVariant, get_preset
 
-# Variants that reach every branch of the generators: token level with a KL term (references in
-# every case, the kl_penalty class), sequence level with a KL term, a dual clip (three bounds),
-# and an ungated variant (the default band); the group classes also under another convention.
+# (variant, convention, seed) set-ups that reach every branch of the generators: token level with a
+# KL term (references in every case, the kl_penalty class), sequence level with a KL term, a dual
+# clip (three bounds), an ungated variant (the default band), the group classes under another
+# convention, and a seed other than 0 (each class's generator is seeded 1000 seed + k).
 VARIANTS = {
     "dapo_kl": (dataclasses.replace(get_preset("dapo"), kl_coef=0.1), Convention(), 0),
     "gspo_kl": (dataclasses.replace(get_preset("gspo"), kl_coef=0.1), Convention(), 0),
