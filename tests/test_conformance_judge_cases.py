@@ -248,3 +248,23 @@ def test_a_case_id_always_denotes_the_same_tensors():
         assert a.case_id == b.case_id and torch.equal(a.mask, b.mask)
         for x, y in ((a.logp, b.logp), (a.old_logp, b.old_logp), (a.advantages, b.advantages)):
             torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)  # bitwise, NaN padding too
+
+
+def test_half_precision_draws_give_up_with_a_one_line_error(monkeypatch):
+    """``policy_cases._half`` mutmut_27 (101 tries), 102-104 (the message): when every draw puts the
+    log-ratios on a clip bound (here each row drawn as log 0.8, DAPO's lower bound, within fp16's
+    rounding of 0.002 after the cast), the class gives up after 100 draws of its 4 rows with a
+    one-line error instead of returning a case on the boundary."""
+    import refimpl.conformance.policy_cases as pc
+
+    draws = []
+
+    def on_the_bound(g, shape, low, high):
+        draws.append(shape)
+        return torch.full(shape, math.log(0.8), dtype=torch.float64)
+
+    monkeypatch.setattr(pc, "_uniform", on_the_bound)
+    message = r"^could not draw half-precision ratios away from the clip boundaries$"
+    with pytest.raises(RuntimeError, match=message):
+        cases_of("dapo", "fp16")
+    assert len(draws) == 100 * 4

@@ -94,7 +94,7 @@ def _boundary(variant, seq, g, index):
     return cases
 
 
-def _extreme(variant, seq, g, index):
+def _extreme(g, index):
     lengths = [3, 2, 4, 1]
     values = [[50.0, -50.0, 20.5], [-30.0, 45.0], [-50.0, 0.1, 49.5, -20.5], [50.0]]
     adv = [1.0, -0.6, -1.2, 0.8]
@@ -109,7 +109,7 @@ def _mixed_rows(variant, g, lengths):
     return [[float(v) for v in _uniform(g, (n,), lo - 0.3, hi + 0.3)] for n in lengths]
 
 
-def _ragged(variant, seq, g, index):
+def _ragged(variant, g, index):
     cases = []
     for k, lengths in enumerate(([1, 6, 3, 2, 5, 4], [7, 1, 1, 4])):
         adv = [float(v) for v in _uniform(g, (len(lengths),), -1.5, 1.5)]
@@ -117,7 +117,7 @@ def _ragged(variant, seq, g, index):
     return cases
 
 
-def _empty(variant, seq, g, index):
+def _empty(variant, g, index):
     cases = []
     for k, lengths in enumerate(([3, 0, 5, 2], [0, 4, 0, 1, 2, 0])):
         adv = [float(v) for v in _uniform(g, (len(lengths),), -1.5, 1.5)]
@@ -149,7 +149,7 @@ def _group_cases(variant, g, index, case_class, rewards, group_ids, convention):
     )
 
 
-def _zero_variance(variant, seq, g, index, convention):
+def _zero_variance(variant, g, index, convention):
     return [
         _group_cases(
             variant,
@@ -166,7 +166,7 @@ def _zero_variance(variant, seq, g, index, convention):
     ]
 
 
-def _singleton(variant, seq, g, index, convention):
+def _singleton(variant, g, index, convention):
     return [
         _group_cases(
             variant, g, index, "singleton_group", [1.0, 0.0, 1.0, 0.25, 0.75], [0, 1, 1, 2, 2], convention
@@ -212,7 +212,7 @@ def _half(variant, seq, g, index, dtype):
     raise RuntimeError("could not draw half-precision ratios away from the clip boundaries")
 
 
-def _micro(variant, seq, g, index):
+def _micro(variant, g, index):
     lengths = [3, 5, 0, 2, 4, 1]
     adv = [float(v) for v in _uniform(g, (6,), -1.5, 1.5)]
     parts = ((0, 1), (2, 3), (4, 5))
@@ -241,7 +241,7 @@ def _micro(variant, seq, g, index):
     return [case, case2]
 
 
-def _kl(variant, seq, g, index):
+def _kl(variant, g, index):
     lengths = [3, 2, 4, 1]
     adv = [0.7, -1.2, 0.3, -0.4]
     rows = _mixed_rows(variant, g, lengths)
@@ -267,7 +267,7 @@ def _kl(variant, seq, g, index):
     ]
 
 
-def _masked_nonfinite(variant, seq, g, index):
+def _masked_nonfinite(variant, g, index):
     """NaN, +inf and -inf at every masked position of logp, old_logp and (with a KL term) ref_logp
     (one value per case; an all-masked row included); with a KL term, a fourth case with NaN in
     ref_logp only. The
@@ -304,7 +304,7 @@ def _masked_nonfinite(variant, seq, g, index):
     return cases
 
 
-def _padding_micro(variant, seq, g, index):
+def _padding_micro(variant, g, index):
     """Micro-batches of which one holds only padding (all rows fully masked): it contributes 0 to
     the loss and to the gradient, and 0 to the global normaliser."""
     lengths = [3, 2, 0, 0, 4, 1]
@@ -348,17 +348,17 @@ def policy_loss_cases(
         "inside_clip": lambda g: _inside(variant, seq, g, 0),
         "outside_clip": lambda g: _outside(variant, seq, g, 0),
         "on_boundary": lambda g: _boundary(variant, seq, g, 0),
-        "extreme_log_ratio": lambda g: _extreme(variant, seq, g, 0),
-        "ragged": lambda g: _ragged(variant, seq, g, 0),
-        "empty_rows": lambda g: _empty(variant, seq, g, 0),
-        "zero_variance_group": lambda g: _zero_variance(variant, seq, g, 0, convention),
-        "singleton_group": lambda g: _singleton(variant, seq, g, 0, convention),
+        "extreme_log_ratio": lambda g: _extreme(g, 0),
+        "ragged": lambda g: _ragged(variant, g, 0),
+        "empty_rows": lambda g: _empty(variant, g, 0),
+        "zero_variance_group": lambda g: _zero_variance(variant, g, 0, convention),
+        "singleton_group": lambda g: _singleton(variant, g, 0, convention),
         "bf16": lambda g: _half(variant, seq, g, 0, torch.bfloat16),
         "fp16": lambda g: _half(variant, seq, g, 0, torch.float16),
-        "micro_batch": lambda g: _micro(variant, seq, g, 0),
-        "kl_penalty": lambda g: _kl(variant, seq, g, 0),
-        "masked_nonfinite": lambda g: _masked_nonfinite(variant, seq, g, 0),
-        "padding_micro_batch": lambda g: _padding_micro(variant, seq, g, 0),
+        "micro_batch": lambda g: _micro(variant, g, 0),
+        "kl_penalty": lambda g: _kl(variant, g, 0),
+        "masked_nonfinite": lambda g: _masked_nonfinite(variant, g, 0),
+        "padding_micro_batch": lambda g: _padding_micro(variant, g, 0),
         "half_overflow": lambda g: half_overflow_cases(variant, seq, g, 0),
         "dual_clip_tie": lambda g: dual_clip_tie_cases(variant, seq, g, 0),
         "empty_step": lambda g: empty_step_cases(variant, seq, g, 0),
