@@ -91,6 +91,8 @@ THREAD_INSENSITIVE_MODULES = frozenset({
     "test_conformance_judge.py", "test_conformance_judge_cases.py", "test_conformance_judge_diagnosis.py",
     "test_conformance_judge_expected.py", "test_conformance_judge_ratio.py",
     "test_conformance_judge_report.py",
+    # the generated cases' pins: equal at 1, 2 and 4 threads (session 13's survey: 0 of 7 differ)
+    "test_conformance_judge_cases_pin.py",
 })
 THREAD_INSENSITIVE_TESTS = frozenset({
     *(f"test_conformance.py::{name}" for name in (
