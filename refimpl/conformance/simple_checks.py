@@ -122,7 +122,7 @@ def _advantage_inputs(case, adapter) -> tuple:
 def _float32_evaluation(case, got, expected):
     """``got`` with each entry that another float32 evaluation of the naive k3 ``exp(d) - d - 1`` may
     give taken as the expected one (``kl_compute_dtype="float32"``, ``kl_k3_form="naive"``: the expected
-    value is torch's float32 evaluation, rounding noise at small ``d = ref - logp``, kl.md eq. (3)). Its
+    value is torch's float32 evaluation, rounding noise at small ``d = ref - logp``, kl.md eq. (4)). Its
     terms ``exp(d)``, ``d`` and 1 meet in two rounded subtractions, ``exp`` within one ulp (XLA's and
     torch's differ there): the entry is within ``4 u (exp(d) + |d| + 1)``, u = 2^-24, of torch's. At
     ``d = +inf`` the form is ``inf - inf``, indeterminate: any non-finite value is that form's (torch
