@@ -115,4 +115,72 @@ verdict("OpenRLHF PolicyLoss(policy_loss_type='gspo', is_correction_level='token
         f"{loss['ppo']} (the token masked, as policy_loss_type 'ppo' does with these settings)",
         loss["ppo"] == 0.0 and loss["gspo"] != 0.0)
 """,
+        ("openrlhf", "reward_clip_range"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+utils = load_file("openrlhf", "models/utils.py")
+""" + silent + """\
+rewards = torch.tensor([[8.0, -8.0]])  # one prompt, two responses, inside the reward clip (-10, 10)
+baseline = (rewards.sum(-1, keepdim=True) - rewards) / 1  # rloo, experience_maker.py:269
+shaped = (rewards - baseline).reshape(-1)  # the value compute_reward receives as `r` (line 284)
+out = utils.compute_reward(shaped, 0.0, torch.zeros(2, 1), action_mask=torch.ones(2, 1),
+                           reward_clip_range=(-10.0, 10.0))  # --reward.clip_range's default
+verdict("OpenRLHF compute_reward (models/utils.py:142) with the default --reward.clip_range (-10, 10) after "
+        "rloo: rewards 8 and -8 (inside the clip) in a group of 2, the advantages", out.reshape(-1).tolist(),
+        "[16.0, -16.0] (advantages.md eq. (2); the rewards need no clip)",
+        out.abs().max().item() == 10.0)
+""",
+        ("openrlhf", "gae_interior_mask"): """\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+path = root / "trainer/ppo_utils/experience_maker.py"
+tree = ast.parse(path.read_text())  # the method's code as installed (the module imports ray)
+node = next(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+            if isinstance(n, ast.FunctionDef) and n.name == "get_advantages_and_returns")
+node.decorator_list = []  # @torch.no_grad() only
+space = {"torch": torch, "Tuple": tuple}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
+gae = space["get_advantages_and_returns"]
+""" + silent + """\
+mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # action, two observation tokens, action (multi-turn)
+values = torch.tensor([[0.5, 9.0, 9.0, 0.5]])  # the critic's values (those at observations are masked)
+rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
+gamma, lam = 0.9, 0.95
+advantages, _ = gae(None, values, rewards, mask, gamma, lam)
+exact = (gamma * 0.5 - 0.5) + gamma * lam * (1.0 - 0.5)  # over the actions: delta_0 + gamma lam delta_1
+verdict("OpenRLHF get_advantages_and_returns (trainer/ppo_utils/experience_maker.py:377) on a two-turn "
+        "response (action, 2 observation tokens, action), gamma 0.9, lambd 0.95: A_0",
+        advantages[0, 0].item(), exact, abs(advantages[0, 0].item() - exact) > 0.1)
+""",
+        ("openrlhf", "config:eps_clip"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+logp = torch.tensor([[-1.0]], requires_grad=True)  # on-policy: ratio 1
+loss = loss_module.PolicyLoss(clip_eps_low=-0.1, clip_eps_high=-0.1)(
+    logp, torch.tensor([[-1.0]]), torch.tensor([[1.0]]), action_mask=torch.ones(1, 1))[0]  # accepted
+loss.backward()
+verdict("OpenRLHF PolicyLoss(clip_eps_low=-0.1, clip_eps_high=-0.1) (models/loss.py:201): accepted; the "
+        "gradient of an on-policy token with A = 1", logp.grad.item(),
+        "-1.0 (ratio 1 lies inside every valid band, 0 <= eps < 1)", logp.grad.item() == 0.0)
+""",
+        ("openrlhf", "config:is_correction_threshold"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+logp = torch.tensor([[-1.0]], requires_grad=True)
+old = rollout = torch.tensor([[-1.0]])  # on-policy, no train/rollout mismatch: the weight is 1
+policy_loss = loss_module.PolicyLoss(is_correction_level="token", is_correction_mode="mask",
+                                     is_correction_threshold=(5.0, 0.5))  # LOW > HIGH: accepted
+loss = policy_loss(logp, old, torch.tensor([[1.0]]), action_mask=torch.ones(1, 1),
+                   rollout_log_probs=rollout)[0]
+loss.backward()
+verdict("OpenRLHF PolicyLoss(is_correction_level='token', mode 'mask', threshold (5.0, 0.5)) "
+        "(models/loss.py:217): accepted; the loss and gradient of an on-policy token with weight 1 and A = 1",
+        f"{loss.item()}, {logp.grad.item()}", "-1.0, -1.0 (a weight of 1 is never out of band)",
+        loss.item() == 0.0 and logp.grad.item() == 0.0)
+""",
     }

@@ -90,14 +90,16 @@ FINDINGS = (
         affected="openrlhf 0.11.2",
     ),
     Finding(
-        "reward_clip_range", "documented_default",
-        "--reward.clip_range (default (-10, 10), help 'Reward clip range', cli/train_ppo_ray.py:474) is "
-        "applied in compute_reward, after the group estimators have replaced the reward by its "
-        "baseline-subtracted or normalised value (experience_maker.py:268-278, then 284-289): for rloo / "
-        "reinforce_baseline / dr_grpo / group_norm it clips the advantage, not the reward (dr_grpo rewards "
-        "0 and 30 in a group of "
-        "2: advantages -10 and 10 instead of -15 and 15). The kit's cases stay inside +-10; the driver "
-        "passes the default.",
+        "reward_clip_range", "bug",
+        "--reward.clip_range (default (-10, 10)) is documented as a reward clip (help 'Reward clip range', "
+        "cli/train_ppo_ray.py:474) but applied in compute_reward, after the group estimators have replaced "
+        "the reward by its baseline-subtracted or normalised value (experience_maker.py:268-278, then "
+        "284-289): for rloo / reinforce_baseline / dr_grpo / group_norm it clips the advantage, not the "
+        "reward, which no setting of the option avoids short of widening it (rloo rewards 8 and -8, inside "
+        "the clip, in a group of 2: advantages 10 and -10 instead of 16 and -16; group_norm with one "
+        "success among n >= 102 responses: z = (n - 1) / sqrt(n) > 10, clipped; advantages.md eqs. (1)-(5) "
+        "have no clip). "
+        "The kit's cases stay inside +-10; the driver passes the default.",
         where="models/utils.py:142", quote="r = r.clamp(min=reward_clip_range[0], max=reward_clip_range[1])",
         affected="openrlhf 0.11.2",
     ),
@@ -117,7 +119,7 @@ FINDINGS = (
         "compute_approx_kl clamps every estimator's value to [-10, 10]; with --algo.kl.use_loss the KL loss "
         "is that value, so the clamp's zero derivative removes the KL gradient exactly where the policy has "
         "moved farthest from the reference (k3 > 10; k2 > 10: |log r| > 4.47): k3 at log(pi / ref) = -3 is "
-        "10 with gradient 0, exact 16.09 and -19.09 (kl.md eq. (3)). The same clamp as SkyRL's (finding "
+        "10 with gradient 0, exact 16.09 and -19.09 (kl.md eq. (4)). The same clamp as SkyRL's (finding "
         "kl_value_clamp of skyrl_pkg).",
         where="models/utils.py:113", quote="value = value.clamp(min=-10, max=10)", affected="openrlhf 0.11.2",
     ),
@@ -159,6 +161,60 @@ FINDINGS = (
         "'dr_grpo ... Removes local /std norm', and --help lists the two aggregations.",
         where="trainer/ppo_utils/experience_maker.py:271",
         quote='elif args.algo.advantage.estimator in ["reinforce_baseline", "dr_grpo"]:',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "gae_interior_mask", "bug",
+        "get_advantages_and_returns zeroes the values and rewards at every masked position (lines 377-378) "
+        "and runs the recursion over all of them: in a multi-turn response (the agent's observation tokens "
+        "inside it, masked by samples_generator.py:256-258) the value bootstrapped after a turn's last "
+        "action token is the 0 of the next, masked, position, and each observation token is one more "
+        "discount step. estimators.md eqs. (4)-(5) step over the actions (the next action's value "
+        "bootstraps): action, observation, observation, action with V = 0.5, reward 1 at the end, gamma "
+        "0.9, lambda 0.95: A_0 = 0.1415 instead of 0.3775. Exact with gamma = lambd = 1 (the defaults: the "
+        "sum telescopes); the kit's GAE cases have prefix masks only.",
+        where="trainer/ppo_utils/experience_maker.py:377", quote="values = action_mask * values",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "config:eps_clip", "validation",
+        "--actor.eps_clip / --actor.eps_clip_low_high are not range-checked (PolicyLoss checks only "
+        "dual_clip, models/loss.py:155-156): a negative epsilon makes the band [1 - eps_low, 1 + eps_high] "
+        "exclude ratio 1 (torch.clamp with min > max returns max), so an on-policy token gets the clipped "
+        "constant and no gradient (eps -0.1, A = 1: gradient 0 instead of -1 per token), and eps_low >= 1 "
+        "removes the lower clip without a word (policy_losses.md eq. (6): 0 <= eps < 1).",
+        where="models/loss.py:201",
+        quote="surr2 = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "config:is_correction_threshold", "validation",
+        "--algo.advantage.is_correction_threshold LOW HIGH is checked for its length only "
+        "(cli/train_ppo_ray.py:642): LOW > HIGH is accepted, and mask mode (the default) then keeps no "
+        "token at all (stat >= LOW and stat <= HIGH never holds): the policy loss is 0 with zero gradient "
+        "on every step, without a word (clip mode clamps every weight to HIGH).",
+        where="models/loss.py:217", quote="low, high = self.is_correction_threshold",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "adaptive_kl_controller", "documented_default",
+        "--algo.kl.target selects AdaptiveKLController, the proportional rule of Ziegler et al. 2019 "
+        "(arXiv:1909.08593, cited in its docstring): beta times 1 + clip(KL / target - 1, -0.2, 0.2) * "
+        "n_steps / horizon, not PPO's adaptive KL penalty (policy_losses.md eq. (20): doubled or halved "
+        "outside [target / 1.5, 1.5 target]); KL = 2 target, n_steps 256, horizon 10000: beta 0.1 -> 0.1005, "
+        "eq. (20) gives 0.2. Not driven: the kit checks one step with a fixed coefficient.",
+        where="trainer/ppo_utils/kl_controller.py:17",
+        quote="proportional_error = np.clip(current / target - 1, -0.2, 0.2)",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "kl_unbiased_weight_cap", "documented_default",
+        "--algo.kl.unbiased_gradient's help promises 'the true reverse-KL gradient' with the importance "
+        "weight w = pi_theta / pi_theta_old; compute_approx_kl caps w at KL_IS_WEIGHT_CLIP = 10 "
+        "(models/utils.py:64-66: 'we clamp for stability'), so the gradient is biased wherever w > 10. "
+        "Not driven (unsupported mode kl/*+unbiased_gradient).",
+        where="models/utils.py:124",
+        quote="w = (log_probs.float() - log_probs_old.float()).exp().clamp(max=KL_IS_WEIGHT_CLIP).detach()",
         affected="openrlhf 0.11.2",
     ),
 )
