@@ -145,6 +145,8 @@ def test_the_kl_loss_is_a_row_mean_over_every_row_whatever_the_reduction():
     # a KL term; empty_rows has rows of unequal lengths and an empty one
     failing = _check("regular/token_mean+kl/k3", classes=("empty_rows",), kl_aggregation="policy")
     assert failing.failing_classes() == ["empty_rows"]
+    # the term has no gradient in this release: its aggregation changes the logged loss only
+    assert {f.key: f.kind for f in driver.findings()}["kl_aggregation"] == "value_only"
 
 
 @pytest.mark.parametrize("name", sorted(driver.modes("group_advantages")))

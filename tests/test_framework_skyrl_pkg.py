@@ -97,3 +97,21 @@ def test_cispo_raises_on_a_batch_without_rows_in_its_logged_max():
     # ppo_utils.py:804: ratio.max() of an empty tensor; the profile's zero_rows="raise" names it
     assert _check("cispo", classes=("zero_rows",)).ok
     assert not _check("cispo", classes=("zero_rows",), zero_rows="zero").ok
+
+
+def test_kl_covs_penalty_is_summed_beside_the_scaled_advantages():
+    # finding kl_cov_scaled_penalty (ppo_utils.py:1024): the trainer divides A by the token count, not
+    # ppo_kl_coef * |log r|, and the loss returns the masked sum: four tokens at |log r| = 0.5, A = 0
+    import torch
+
+    utils = sys.modules["_refimpl_skyrl_pkg.ppo_utils"]
+    config = driver.algorithm_config({"policy_loss_type": "kl_cov", "kl_cov.kl_cov_frac": 1.0})
+    mask = torch.ones(1, 4, dtype=torch.float64)
+    scaled = utils.apply_loss_reduction_to_advantages_minibatch(torch.zeros_like(mask), mask, "token_mean",
+                                                                1, None)
+    loss, _ = utils.compute_policy_loss_kl_cov(torch.full_like(mask, 0.5), torch.zeros_like(mask), scaled,
+                                               config, loss_mask=mask)
+    assert loss.item() == 2.0  # the token mean of the penalty is 0.5
+    found = {f.key: f.kind for f in driver.findings()}
+    assert found["kl_cov_scaled_penalty"] == "bug" and found["token_mean_legacy"] == "documented_default"
+    assert found["kl_aggregation"] == "documented_default"  # the KL term has its gradient here

@@ -98,4 +98,18 @@ verdict("skyrl compute_policy_loss_clip_cov (backends/skyrl_train/utils/ppo_util
         f"{fraction['raw']} (Clip-Cov on the raw advantages, as Cui et al. 2025 and verl)",
         fraction["scaled"] == 0.0 < fraction["raw"])
 """,
+        ("skyrl_pkg", "kl_cov_scaled_penalty"): _PKG + """\
+config.policy_loss_type = "kl_cov"  # ppo_kl_coef 1.0 (the default)
+config.kl_cov.kl_cov_frac = 1.0  # every token gets the penalty (the default 0.2: the top 20 %)
+logp, old = torch.full((1, 4), 0.5), torch.zeros(1, 4)  # |log r| = 0.5 on 4 tokens
+adv, mask = torch.zeros(1, 4), torch.ones(1, 4)  # A = 0: the loss is the penalty alone
+# the advantages the trainer hands the loss (train/trainer.py:1527): divided by the token count
+scaled = ppo.apply_loss_reduction_to_advantages_minibatch(adv, mask, "token_mean", 1, None)
+loss = ppo.compute_policy_loss_kl_cov(logp, old, scaled, config, loss_mask=mask)[0].item()
+verdict("skyrl compute_policy_loss_kl_cov (backends/skyrl_train/utils/ppo_utils.py:1024) on the "
+        "advantages RayPPOTrainer._normalize_advantages passes it (token_mean), 4 tokens at |log r| = 0.5, "
+        "A = 0: the loss",
+        loss, "0.5 (the token mean of ppo_kl_coef * |log r|, as SkyRL-train 0.3.1's reduce_loss gives)",
+        loss == 2.0)
+""",
     }

@@ -261,11 +261,11 @@ FINDINGS = (
     Finding(
         "padding_values", "bug",
         "compute_gae_advantage_return runs the recursion over the padded row without the mask: the last "
-        "token of every response shorter than the batch's longest bootstraps gamma * V at the first "
-        "padding position (the critic's output on a pad token, never trained), where an ended response "
-        "has no next value, and the padding's TD errors flow back; with gamma * lambd < 1 its tokens' "
-        "advantages and the critic's returns shift (at the defaults gamma = lambd = 1 the padding "
-        "telescopes away exactly).",
+        "token of every response shorter than the batch's longest bootstraps gamma * V at index T_i, the "
+        "critic's output at the response's last token (model_wrapper.py:508-514; never trained), where an "
+        "ended response has no next value, and the pad tokens' TD errors flow back; with gamma * lambd < 1 "
+        "its tokens' advantages and the critic's returns shift (at the defaults gamma = lambd = 1 the "
+        "padding telescopes away exactly).",
         where="utils/ppo_utils.py:1018", quote="nextvalues = values[:, t + 1] if t < gen_len - 1 else 0.0",
         affected="skyrl-train 0.3.1; skyrl 0.4.0 (backends/skyrl_train/utils/ppo_utils.py:1332)",
     ),
@@ -302,7 +302,7 @@ FINDINGS = (
     *skyrl_common.loss_term_findings(
         "workers/worker.py:686", "workers/worker.py:671", "skyrl-train 0.3.1",
         "the worker divides each micro-batch's loss by the accumulation steps, so the micro-batches' row "
-        "means are averaged (equal weights, however many rows each holds)"),
+        "means are averaged (equal weights, however many rows each holds)", kl_kind="value_only"),
     skyrl_common.kl_cov_frac_finding("config/ppo_base_config.yaml:151", "kl_cov_frac: 0.2",
                                      "skyrl-train 0.3.1; skyrl 0.4.0 (train/config/config.py:823)"),
 )

@@ -9,7 +9,8 @@ from .driver import Mode
 from .findings import Finding
 
 __all__ = ["clip_cov_mode", "clip_cov_scaled_finding", "clip_ratio_c_finding", "cispo_defaults_finding",
-           "kl_cov_frac_finding", "loss_term_findings",
+           "kl_cov_frac_finding", "kl_cov_scaled_finding", "loss_term_findings", "scaled_advantage_findings",
+           "token_mean_legacy_finding",
            "kl_value_clamp_finding", "max_seq_len_finding", "maxrl_rewards_finding",
            "overflow_finding"]
 
@@ -51,7 +52,8 @@ def clip_ratio_c_finding(where: str, quote: str, affected: str) -> Finding:
         "config:clip_ratio_c", "validation",
         "dual_clip accepts any clip_ratio_c, below 1 included (the config, the trainer and the loss check "
         "nothing): the dual clip of Ye et al. 2020 needs c > 1 (beyond the clip band, 1 + eps_clip_high); "
-        "with c = 0.5 every A < 0 token at r > 0.5 gets the constant -A c, no gradient, inside the band.",
+        "with c = 0.5 every A < 0 token gets the constant -A c and no gradient, whatever r, inside the band "
+        "too (its clipped loss is at least (1 - eps_clip_low) |A| > c |A|).",
         where=where, quote=quote, affected=affected,
     )
 
@@ -138,13 +140,18 @@ def clip_cov_scaled_finding(where: str, quote: str, affected: str) -> Finding:
     )
 
 
-def loss_term_findings(kl_where: str, entropy_where: str, affected: str, micro_batches: str) -> tuple:
+def loss_term_findings(kl_where: str, entropy_where: str, affected: str, micro_batches: str,
+                       kl_kind: str = "documented_default") -> tuple:
     """The KL loss's and the entropy bonus's aggregations, fixed whatever ``loss_reduction`` says (the
     KL's: flag ``kl_aggregation="row_mean_all_rows"``; the entropy's is not driven, the kit's calls carry
     no entropies). ``micro_batches`` says how the release combines the micro-batches' terms; the quoted
-    lines read the same in every release the drivers cover."""
+    lines read the same in every release the drivers cover. ``kl_kind="value_only"``: a release whose
+    KL term has no gradient (SkyRL-train 0.3.1, finding kl_gradient) logs the aggregation only."""
+    kl_note = (" In this release compute_approx_kl runs under @torch.no_grad() (finding kl_gradient): the "
+               "KL term has no gradient, so its aggregation changes only the logged loss."
+               if kl_kind == "value_only" else "")
     kl = Finding(
-        "kl_aggregation", "documented_default",
+        "kl_aggregation", kl_kind,
         "the KL loss (use_kl_loss, on by default) is kl_loss_coef * masked_mean(kl, loss_mask, "
         "dim=-1).mean(): each row's token mean averaged over every row, an empty row counting 0 (GRPO's "
         f"1/|o_i| form, Shao et al. 2024 eq. (3)), whatever loss_reduction says; {micro_batches}. Under "
@@ -152,7 +159,8 @@ def loss_term_findings(kl_where: str, entropy_where: str, affected: str, micro_b
         "term 1 / (rows x T_i), where the spec aggregates both terms alike (policy_losses.md eq. (12)); "
         "with sequence_mean they agree. SkyRL documents loss_reduction as the policy loss's reduction "
         "(skyrl 0.4.0: 'applied per mini-batch by rescaling advantages', train/config/config.py:958) and "
-        "the KL loss as 'policy_loss + kl * kl_loss_coef' (config.py:915), with no reduction of its own.",
+        "the KL loss as 'policy_loss + kl * kl_loss_coef' (config.py:915), with no reduction of its own."
+        + kl_note,
         where=kl_where, quote="kl_loss = masked_mean(kl_loss, loss_mask, dim=-1).mean()", affected=affected,
     )
     entropy = Finding(
@@ -168,3 +176,46 @@ def loss_term_findings(kl_where: str, entropy_where: str, affected: str, micro_b
         where=entropy_where, quote="entropy = masked_mean(entropy_BS, loss_mask)", affected=affected,
     )
     return kl, entropy
+
+
+def kl_cov_scaled_finding(where: str, quote: str, affected: str) -> Finding:
+    """KL-Cov's penalty beside the advantages the trainer has divided by the normaliser (skyrl 0.4.0)."""
+    return Finding(
+        "kl_cov_scaled_penalty", "bug",
+        "compute_policy_loss_kl_cov adds ppo_kl_coef * |log r| to -A r on the selected tokens and returns "
+        "the masked sum (reduce_loss); the trainer has divided A by the loss reduction's normaliser "
+        "(RayPPOTrainer._normalize_advantages, train/trainer.py:1527: token_mean / the mini-batch's "
+        "tokens), not the penalty, so the KL-Cov penalty is summed over the tokens where Cui et al. 2025 "
+        "(and SkyRL-train 0.3.1, whose reduce_loss averaged both parts alike) average it: its weight "
+        "grows with the mini-batch's token count (token_mean; rows x T_i under sequence_mean). Four "
+        "tokens at |log r| = 0.5, A = 0, coefficient 1, token_mean: loss 2.0, where the token mean is 0.5.",
+        where=where, quote=quote, affected=affected, function="compute_policy_loss_kl_cov",
+    )
+
+
+def token_mean_legacy_finding(where: str, quote: str, affected: str) -> Finding:
+    """The per-micro-batch token mean kept as an option (skyrl 0.4.0)."""
+    return Finding(
+        "token_mean_legacy", "documented_default",
+        "loss_reduction='token_mean_legacy' keeps SkyRL-train 0.3.1's token mean per micro-batch (each "
+        "micro-batch divided by its own token count, the micro-batches averaged: driver skyrl's flag "
+        "micro_batch='local_mean'), documented as 'retaining the previous token_mean behavior' "
+        "(train/config/config.py:971); the spec's global normaliser (policy_losses.md section 4) differs "
+        "whenever the micro-batches hold unequal token counts. Not driven here (the kit's calls carry no "
+        "micro-batch size).",
+        where=where, quote=quote, affected=affected,
+    )
+
+
+def scaled_advantage_findings(backend: str) -> tuple:
+    """skyrl 0.4.0's findings of the reduction folded into the advantages (verified in 0.4.0 only;
+    0.3.0 has Clip-Cov's selection at ppo_utils.py:919, its advantages not checked)."""
+    ppo = f"{backend}/utils/ppo_utils.py"
+    return (clip_cov_scaled_finding(
+                f"{ppo}:976",
+                "top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (loss_mask > 0)",
+                "skyrl 0.4.0 (clip_cov; kl_cov's ranking, ppo_utils.py:1033)"),
+            kl_cov_scaled_finding(f"{ppo}:1024",
+                                  "pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl", "skyrl 0.4.0"),
+            token_mean_legacy_finding(f"{ppo}:1184", 'elif loss_reduction == "token_mean_legacy":',
+                                      "skyrl 0.4.0"))

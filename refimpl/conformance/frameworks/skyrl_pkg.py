@@ -253,7 +253,7 @@ FINDINGS = (
         "padding_values", "bug",
         "compute_gae_advantage_return runs the recursion over the padded row without the mask, as "
         "SkyRL-train's: the last token of a response shorter than the batch's longest bootstraps gamma * V "
-        "at the first padding position (a pad token's critic output) and the padding's TD errors flow back; "
+        "at index T_i (the critic's output at its last token, never trained), the pads' TD errors flow back; "
         "with gamma * lambd < 1 the advantages and returns shift (the defaults 1.0 telescope it away).",
         where=f"{_BACKEND}/utils/ppo_utils.py:1332",
         quote="nextvalues = values[:, t + 1] if t < gen_len - 1 else 0.0",
@@ -284,11 +284,7 @@ FINDINGS = (
         "each micro-batch's KL loss is weighed by its share of the mini-batch's rows (microbatch_weight), "
         "so the row means are averaged over every row of the mini-batch"),
     skyrl_common.kl_cov_frac_finding("train/config/config.py:823", "kl_cov_frac: float = 0.2", "skyrl 0.4.0"),
-    # verified in 0.4.0 only (0.3.0 has the selection at ppo_utils.py:919; its advantages not checked)
-    *(() if _RELEASE == "0.3.0" else (skyrl_common.clip_cov_scaled_finding(
-        f"{_BACKEND}/utils/ppo_utils.py:976",
-        "top_k_idx = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (loss_mask > 0)",
-        "skyrl 0.4.0 (clip_cov; kl_cov's ranking, ppo_utils.py:1033)"),)),
+    *(() if _RELEASE == "0.3.0" else skyrl_common.scaled_advantage_findings(_BACKEND)),  # Clip/KL-Cov, legacy
     skyrl_common.maxrl_rewards_finding(
         f"{_BACKEND}/utils/ppo_utils.py:{1366 if _RELEASE == '0.3.0' else 1423}",
         "scores[i] = (scores[i] - id2mean[index[i]]) / (id2mean[index[i]] + epsilon)", "skyrl 0.3.0, 0.4.0"),
