@@ -416,7 +416,7 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     groups = int(index.max()) + 1 if index.numel() else 0
     zeros = torch.zeros(groups, dtype=torch.float32, device=scores.device)
     count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
-    mean = zeros.clone().index_add_(0, index, scores) / count.clamp_min(1.0)
+    mean = zeros.clone().index_add_(0, index, scores) / count  # every group has a reward: count >= 1
     centred = scores - mean[index]
     squares = zeros.clone().index_add_(0, index, centred * centred)
     divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
