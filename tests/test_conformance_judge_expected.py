@@ -104,6 +104,22 @@ def test_micro_batch_normalisers_and_their_float32_roundings(micro_batch, roundi
     assert float(grad[3].abs().sum()) == 0.0
 
 
+def test_a_rounded_normaliser_below_one_is_not_raised_to_one():
+    """One token over 25 micro-batches (24 of them empty) under OpenRLHF's rounding: the step divides by
+    25 float32(1 / 25) = 1 - 2.2e-8 (openrlhf 0.11.2: loss_utils.py divides the float32 count by gas,
+    loss.py divides by it unclamped), not by 1: the spec's D >= 1 (policy_losses.md, "Empty masks") is
+    the count's. Kills ``convention_loss``'s clamp of the rounded normaliser (``max(normalizer, 1.0)``,
+    the ast driver's 1.0 -> 0.5 survivor, was 2.2e-8 off; ``> 0`` -> ``> 1`` now)."""
+    rows = [[0.3]] + [[]] * 24
+    conv = Convention(normalizer_rounding="float32_per_micro_batch")
+    d = openrlhf(1, gas=25)
+    assert d < 1.0 - 2e-8
+    loss, grad = expected_policy_loss(case_of(rows, [0.8] + [0.0] * 24, parts=tuple((i,) for i in range(25))),
+                                      NONE, conv)
+    assert float(loss) == pytest.approx(-0.8 * math.exp(0.3) / d, rel=1e-15, abs=0.0)
+    assert float(grad[0, 0]) == pytest.approx(-0.8 * math.exp(0.3) / d, rel=1e-15, abs=0.0)
+
+
 def test_the_roundings_differ_where_the_micro_batches_do_not_divide_the_count():
     assert len({7.0, openrlhf(7), areal(3, 7)}) == 3
     assert rounded_normalizer(7.0, 3, Convention()) == 7.0

@@ -330,7 +330,9 @@ def convention_loss(
             kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
         else:
             kwargs["ref_logp"] = ref
-    denominator = max(normalizer, 1.0)
+    # the spec's D >= 1 (an empty batch has loss 0) is the count's: a framework's rounded count is divided
+    # by as it is (OpenRLHF: one token over 25 micro-batches, 25 float32(1 / 25) = 1 - 2.2e-8)
+    denominator = normalizer if normalizer > 0 else 1.0
     loss, _ = reference_policy_loss(ratio_logp, ratio_old, adv, mask, variant, normalizer=denominator,
                                     **kwargs)
     return loss
