@@ -448,3 +448,17 @@ def test_a_sum_of_terms_exactly_the_largest_finite_value_is_no_overflow():
                                advantages=t([16376.0, 0.0, 0.0, 0.0], torch.float16))
     assert reference_magnitudes(case, VARIANTS["none"], INPUT)["sum"] == 65504.0
     assert half_tolerance(case, VARIANTS["none"], INPUT, 1.0)[2] is False
+
+
+def test_the_half_bound_follows_the_cases_device_not_the_default_one():
+    """The bound's zero is made on the case's device: under a meta default device (as under
+    ``torch.set_default_device("cuda")``) a CPU case's bound is the plain one. Kills
+    ``_term_magnitudes``' ``device=mask.device`` dropped or None (fifth pass)."""
+    for name, conv in (("gspo", INPUT), ("grpo_k3", LOOSE), ("cispo", F32)):
+        v = {**VARIANTS, **KL}[name]
+        dtype = torch.float64 if conv is F32 else torch.float16
+        case = padded_case(dtype, ref=True)
+        plain = half_tolerance(case, v, conv, 0.5), kl_gradient_slack(case, v, conv)
+        with torch.device("meta"):
+            on_meta = half_tolerance(case, v, conv, 0.5), kl_gradient_slack(case, v, conv)
+        assert on_meta == plain

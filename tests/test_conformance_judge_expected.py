@@ -104,6 +104,22 @@ def test_micro_batch_normalisers_and_their_float32_roundings(micro_batch, roundi
     assert float(grad[3].abs().sum()) == 0.0
 
 
+def test_a_rounded_normaliser_below_one_is_not_raised_to_one():
+    """One token over 25 micro-batches (24 of them empty) under OpenRLHF's rounding: the step divides by
+    25 float32(1 / 25) = 1 - 2.2e-8 (openrlhf 0.11.2: loss_utils.py divides the float32 count by gas,
+    loss.py divides by it unclamped), not by 1: the spec's D >= 1 (policy_losses.md, "Empty masks") is
+    the count's. Kills ``convention_loss``'s clamp of the rounded normaliser (``max(normalizer, 1.0)``,
+    the ast driver's 1.0 -> 0.5 survivor, was 2.2e-8 off; ``> 0`` -> ``> 1`` now)."""
+    rows = [[0.3]] + [[]] * 24
+    conv = Convention(normalizer_rounding="float32_per_micro_batch")
+    d = openrlhf(1, gas=25)
+    assert d < 1.0 - 2e-8
+    loss, grad = expected_policy_loss(case_of(rows, [0.8] + [0.0] * 24, parts=tuple((i,) for i in range(25))),
+                                      NONE, conv)
+    assert float(loss) == pytest.approx(-0.8 * math.exp(0.3) / d, rel=1e-15, abs=0.0)
+    assert float(grad[0, 0]) == pytest.approx(-0.8 * math.exp(0.3) / d, rel=1e-15, abs=0.0)
+
+
 def test_the_roundings_differ_where_the_micro_batches_do_not_divide_the_count():
     assert len({7.0, openrlhf(7), areal(3, 7)}) == 3
     assert rounded_normalizer(7.0, 3, Convention()) == 7.0
@@ -175,6 +191,9 @@ def test_effective_variant_of_every_flag():
     assert effective_variant(rep(ppo, eps_high=2.5), Convention(dual_clip=3.0)).dual_clip == 3.5
     assert effective_variant(rep(ppo, eps_high=None), Convention(dual_clip=3.0)).dual_clip == 3.0
     assert effective_variant(rep(ppo, dual_clip=4.0), Convention(dual_clip=3.0)).dual_clip == 4.0
+    # without eps_high the floor is 1 (not 1 + 1): a convention's c = 1.5 stays (kills mutmut_46,
+    # ``v.eps_high or 0.0`` -> ``or 1.0``, which max(3, 2) = 3 above cannot tell)
+    assert effective_variant(rep(ppo, eps_high=None), Convention(dual_clip=1.5)).dual_clip == 1.5
     assert effective_variant(gspo, Convention(dual_clip=3.0)) == gspo
     assert effective_variant(sapo, Convention(dual_clip=3.0)) == sapo
     tau = effective_variant(rep(sapo, tau_pos=1.1), Convention(sapo_tau_float32=True))
@@ -270,6 +289,11 @@ def test_kl_clamps_forms_dtypes_and_gradients():
     assert kl_of(lr, "k1", kl_value_clamp=1.0)[0] == [-3.0, 3.0, -0.5]  # scope "k3": k1 not clamped
     value, grad = kl_of(lr, "k1", kl_value_clamp=1.0, kl_value_clamp_scope="all")
     assert value == [-1.0, 1.0, -0.5] and grad == [0.0, 0.0, 1.0]
+    # the log-ratio clamps and the naive form are k3's: k1 and k2 stay as they are (kills ``_kl_tokens``'s
+    # ``k3 and (...)`` changed to ``or``, fifth pass mutmut_30, which gives them k3 of the clamped log r)
+    for flags in ({"kl_log_ratio_clamp": 2.0}, {"kl_log_ratio_max": 2.0}, {"kl_k3_form": "naive"}):
+        assert kl_of(lr, "k1", **flags) == ([-3.0, 3.0, -0.5], [1.0, 1.0, 1.0])
+        assert kl_of(lr, "k2", **flags) == ([4.5, 4.5, 0.125], [-3.0, 3.0, -0.5])
     value, grad = kl_of(lr, "k3", kl_gradient="k2")
     assert value == pytest.approx([k3(x) for x in lr], rel=1e-14, abs=0.0) and grad == [-3.0, 3.0, -0.5]
     value, grad = kl_of(lr, "k2", kl_gradient="none")
@@ -472,6 +496,17 @@ def test_the_sequence_cap_of_a_row_of_one_token():
     assert float(grad[0, 0]) == 0.0
 
 
+def test_a_sequence_log_ratio_exactly_on_the_cap_is_not_capped():
+    """GSPO-token's cap applies where ``log s_i`` exceeds c: a row whose mean log-ratio is exactly
+    c = 1 ((0.5 + 1.5) / 2, exact in float64) keeps its gradient -A e / T per token. Kills
+    ``_capped_sequence_logp``'s ``log_s > cap`` changed to ``>=`` (fifth pass, mutmut_18: the row
+    would be detached, gradient 0, with the same value)."""
+    v = PolicyLossVariant(ratio="gspo_token", gate="none", aggregation="seq_mean_token_mean")
+    loss, grad = expected_policy_loss(case_of([[0.5, 1.5]], [0.5]), v, Convention(sequence_log_ratio_cap=1.0))
+    assert float(loss) == pytest.approx(-0.5 * math.e, rel=1e-15, abs=0.0)
+    assert grad[0].tolist() == pytest.approx([-0.5 * math.e / 2] * 2, rel=1e-15, abs=0.0)
+
+
 def test_a_token_mean_kl_term_of_a_step_without_tokens_is_zero():
     """No token counts: the KL term's denominator is 1, not 0 (0 / 0 would be NaN). Kills
     ``_token_mean_kl_term``'s ``per_step > 0`` changed to ``>= 0``."""
@@ -640,6 +675,26 @@ def test_expected_token_logprobs_and_their_gradient_in_closed_form():
     assert out.tolist() == pytest.approx([math.log(0.75), math.log(2 / 3)], rel=1e-15, abs=0.0)
     want = [[0.5 * -0.25, 0.5 * 0.25, 0.0], [-2.0 * (1 / 3), -2.0 * (-1 / 3), 0.0]]
     for row, want_row in zip(grad.tolist(), want, strict=True):
+        assert row == pytest.approx(want_row, rel=1e-14, abs=1e-16)
+
+
+def test_expected_token_logprobs_of_the_kits_three_dimensional_logits():
+    """The kit's logit cases are ``[N, T, V]`` (``cases.logprob_cases``): rows (0, log 3, log 4) and
+    (log 2, 0, log 5) of one sequence, softmax (1, 3, 4) / 8 and (2, 1, 5) / 8, tokens 2 and 0: log p
+    = log(1/2), log(1/4), out ``[1, 2]``; the gradient w (onehot - softmax). Kills in
+    ``expected_token_logprobs`` (fifth pass, mutmut_14, 16, 19, 21) each ``-1`` dimension changed to
+    ``+1`` (the softmax over T, the gather along T, the tokens' and the result's unit dimension), which
+    2-D logits cannot tell apart."""
+    logits = torch.tensor([[[0.0, math.log(3.0), math.log(4.0)], [math.log(2.0), 0.0, math.log(5.0)]]],
+                          dtype=torch.float64)
+    case = LogprobCase("logprobs", 0, logits, torch.tensor([[2, 0]]),
+                       torch.tensor([[0.5, -2.0]], dtype=torch.float64))
+    out, grad = expected_token_logprobs(case)
+    assert out.shape == (1, 2) and grad.shape == (1, 2, 3)
+    assert out.tolist() == [[pytest.approx(math.log(0.5), rel=1e-15, abs=0.0),
+                             pytest.approx(math.log(0.25), rel=1e-15, abs=0.0)]]
+    want = [[0.5 * -1 / 8, 0.5 * -3 / 8, 0.5 * 4 / 8], [-2.0 * 6 / 8, -2.0 * -1 / 8, -2.0 * -5 / 8]]
+    for row, want_row in zip(grad[0].tolist(), want, strict=True):
         assert row == pytest.approx(want_row, rel=1e-14, abs=1e-16)
 
 

@@ -162,3 +162,18 @@ def test_the_row_mean_count_is_exact_on_the_cases_device_and_divided_by_the_micr
     one = term(f32, (4.0, 1))
     assert one.dtype == torch.float64 and float(one) == 0.875
     assert float(term(f32, (4.0, 3))) == 0.875 / 3  # float32(0.875 / 3) is 1.6e-8 relative away
+
+
+def test_a_float32_token_mean_kl_term_is_divided_by_the_micro_batches_in_float64():
+    """``kl_aggregation="token_mean"`` with ``kl_compute_dtype="float32"``: the KL sum 0.5 * 15 over the
+    count 6 is 1.25 in float32 (exact), then divided by 3 micro-batches in float64 (1.25 / 3; the
+    float32 quotient is 1.6e-8 relative away). Kills ``_token_mean_kl_term``'s ``.to(torch.float64)``
+    changed to ``.to(None)`` (fifth pass, mutmut_34), as ``_row_mean_kl_term``'s test above does."""
+    from refimpl.conformance.expected import convention_loss
+
+    case = _k1_case()
+    conv = Convention(kl_aggregation="token_mean", kl_compute_dtype="float32")
+    loss = convention_loss(case.logp, case.old_logp, case.advantages, case.mask, case.ref_logp, _NONE, conv,
+                           3.0, (6.0, 3))
+    assert loss.dtype == torch.float64 and float(loss) == 1.25 / 3
+    assert float(torch.tensor(1.25, dtype=torch.float32) / 3) != 1.25 / 3

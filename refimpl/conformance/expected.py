@@ -330,7 +330,9 @@ def convention_loss(
             kwargs["kl"] = _kl_tokens(logp, ref, variant, convention, mask)
         else:
             kwargs["ref_logp"] = ref
-    denominator = max(normalizer, 1.0)
+    # the spec's D >= 1 (an empty batch has loss 0) is the count's: a framework's rounded count is divided
+    # by as it is (OpenRLHF: one token over 25 micro-batches, 25 float32(1 / 25) = 1 - 2.2e-8)
+    denominator = normalizer if normalizer > 0 else 1.0
     loss, _ = reference_policy_loss(ratio_logp, ratio_old, adv, mask, variant, normalizer=denominator,
                                     **kwargs)
     return loss
@@ -416,7 +418,7 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     groups = int(index.max()) + 1 if index.numel() else 0
     zeros = torch.zeros(groups, dtype=torch.float32, device=scores.device)
     count = zeros.clone().index_add_(0, index, torch.ones_like(scores))
-    mean = zeros.clone().index_add_(0, index, scores) / count.clamp_min(1.0)
+    mean = zeros.clone().index_add_(0, index, scores) / count  # every group has a reward: count >= 1
     centred = scores - mean[index]
     squares = zeros.clone().index_add_(0, index, centred * centred)
     divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
