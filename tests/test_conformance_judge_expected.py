@@ -556,6 +556,31 @@ def test_float32_group_statistics_of_pairs_singletons_and_no_rewards():
     assert expected_group_advantages(empty, Convention(**FLOAT32_STATS)).tolist() == []
 
 
+def test_float32_group_statistics_keep_the_singleton_error_and_the_constant_group_zero():
+    """``adv_compute_dtype="float32"`` with the spec's other flags: ``adv_singleton="error"`` raises
+    as ``group_advantages`` does (before, the singleton got a value), and under
+    ``adv_zero_variance="zero"`` a constant group of two float32-inexact rewards is exactly 0, where
+    "formula" keeps the float32 statistics' rounding noise ((0.1 - float32 mean) / float32(0 + eps)
+    with the float32 mean 0.1 rounded: (0.1 - 0.10000000149) / 1e-6 = -1.49e-3); a group of distinct
+    rewards is the formula under both."""
+    case = AdvantageCase("adv", 0, torch.tensor([0.1, 0.1, 0.5, 1.5], dtype=torch.float64),
+                         torch.tensor([0, 0, 1, 1]))
+    zero = expected_group_advantages(case, Convention(**FLOAT32_STATS)).tolist()
+    formula = expected_group_advantages(case, Convention(adv_zero_variance="formula", **FLOAT32_STATS))
+    noise = (0.1 - float(F32(0.1))) / float(F32(0.0) + F32(1e-6))
+    assert zero[:2] == [0.0, 0.0] and formula.tolist()[:2] == [noise, noise]
+    assert noise == pytest.approx(-1.49e-3, rel=1e-2)
+    formula = formula.tolist()
+    assert zero[2:] == formula[2:] and zero[2] < 0.0 < zero[3]
+    single = AdvantageCase("adv", 0, torch.tensor([0.5, 1.5, 0.1], dtype=torch.float64),
+                           torch.tensor([0, 0, 1]))
+    with pytest.raises(ValueError, match=r"^a group has a single sample \(singleton='error'\)"):
+        expected_group_advantages(single, Convention(adv_singleton="error", **FLOAT32_STATS))
+    pair = AdvantageCase("adv", 0, torch.tensor([0.5, 1.5], dtype=torch.float64), torch.tensor([0, 0]))
+    assert expected_group_advantages(pair, Convention(adv_singleton="error", **FLOAT32_STATS)).tolist() == \
+        expected_group_advantages(pair, Convention(**FLOAT32_STATS)).tolist()
+
+
 def test_float32_statistics_follow_neither_the_default_device_nor_the_default_dtype():
     """The float32 group statistics, verl's float32 singleton divisor and a token-mean KL term made on
     the rewards' (case's) device in their own dtype, under a meta default device and a float64 default

@@ -59,6 +59,7 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -410,7 +411,9 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     ``std + eps``) whose group statistics are float32 (flag ``adv_compute_dtype``): rewards rounded
     to float32, per-group sums accumulated in index order, ``mean = sum / n``, the variance from the
     centred rewards, a singleton's mean 0 and std 1 (``adv_singleton="raw"``); then
-    ``(R - mean) / float32(std + eps)`` on the unrounded rewards."""
+    ``(R - mean) / float32(std + eps)`` on the unrounded rewards. ``adv_singleton="error"`` raises
+    and ``adv_zero_variance="zero"`` gives a constant group 0 (its rewards compared exactly), as in
+    float64."""
     if convention.adv_leave_one_out or convention.adv_scale != "group" or convention.adv_eps_inside_sqrt:
         raise ValueError("adv_compute_dtype='float32' is defined for adv_scale 'group' with std + eps")
     scores = case.rewards.to(torch.float32)
@@ -424,12 +427,19 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
     std = torch.sqrt(squares / divisor)
     single = count <= 1.0
+    if convention.adv_singleton == "error" and bool(single.any()):
+        raise ValueError("a group has a single sample (singleton='error'); pass singleton='zero' "
+                         "to give such samples advantage 0")
     if convention.adv_singleton == "raw":
         mean, std = torch.where(single, 0.0, mean), torch.where(single, 1.0, std)
     rewards = case.rewards.double()  # the advantage itself is formed in the rewards' dtype
     advantages = (rewards - mean[index].double()) / (std[index] + convention.adv_eps).double()
     if convention.adv_singleton == "zero":
         advantages = torch.where(single[index], 0.0, advantages)
+    if convention.adv_zero_variance == "zero":  # eq. (5)'s constant group: its rewards equal exactly
+        big = rewards.new_full((groups,), -math.inf).scatter_reduce(0, index, rewards, reduce="amax")
+        small = rewards.new_full((groups,), math.inf).scatter_reduce(0, index, rewards, reduce="amin")
+        advantages = torch.where((big == small)[index] & ~single[index], 0.0, advantages)
     return advantages
 
 
