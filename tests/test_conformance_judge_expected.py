@@ -574,7 +574,8 @@ def test_float32_group_statistics_keep_the_singleton_error_and_the_constant_grou
     assert zero[2:] == formula[2:] and zero[2] < 0.0 < zero[3]
     single = AdvantageCase("adv", 0, torch.tensor([0.5, 1.5, 0.1], dtype=torch.float64),
                            torch.tensor([0, 0, 1]))
-    with pytest.raises(ValueError, match=r"^a group has a single sample \(singleton='error'\)"):
+    with pytest.raises(ValueError, match=r"^a group has a single sample \(singleton='error'\); pass "
+                                         r"singleton='zero' to give such samples advantage 0$"):
         expected_group_advantages(single, Convention(adv_singleton="error", **FLOAT32_STATS))
     pair = AdvantageCase("adv", 0, torch.tensor([0.5, 1.5], dtype=torch.float64), torch.tensor([0, 0]))
     assert expected_group_advantages(pair, Convention(adv_singleton="error", **FLOAT32_STATS)).tolist() == \

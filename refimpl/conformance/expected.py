@@ -427,7 +427,7 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     divisor = (count - 1.0).clamp_min(1.0) if convention.adv_std == "sample" else count
     std = torch.sqrt(squares / divisor)
     single = count <= 1.0
-    if convention.adv_singleton == "error" and bool(single.any()):
+    if convention.adv_singleton == "error" and bool(single[index].any()):
         raise ValueError("a group has a single sample (singleton='error'); pass singleton='zero' "
                          "to give such samples advantage 0")
     if convention.adv_singleton == "raw":
