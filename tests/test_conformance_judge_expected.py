@@ -569,7 +569,7 @@ def test_float32_group_statistics_keep_the_singleton_error_and_the_constant_grou
     formula = expected_group_advantages(case, Convention(adv_zero_variance="formula", **FLOAT32_STATS))
     noise = (0.1 - float(F32(0.1))) / float(F32(0.0) + F32(1e-6))
     assert zero[:2] == [0.0, 0.0] and formula.tolist()[:2] == [noise, noise]
-    assert noise == pytest.approx(-1.49e-3, rel=1e-2)
+    assert noise == pytest.approx(-1.49e-3, rel=1e-2, abs=0.0)
     formula = formula.tolist()
     assert zero[2:] == formula[2:] and zero[2] < 0.0 < zero[3]
     single = AdvantageCase("adv", 0, torch.tensor([0.5, 1.5, 0.1], dtype=torch.float64),

@@ -62,6 +62,8 @@ ADV_UNSUPPORTED = {
     "batch whitening over every token of the step (lines 324-338, the whitening kind's mode "
     "advantage_whitening): not a group estimator of the spec.",
     "flash_reinforce": "the reward minus the rollout batch's mean (line 278): no group.",
+    "--reward.clip_range reached": "the clip applies to the estimators' output (finding reward_clip_range); "
+    "the advantages of the kit's cases stay inside the default +-10.",
     "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator.",
     "float32 rewards": "the trainer's rewards are float32 (samples_generator.py:304); the kit's cases are "
     "float64, which OpenRLHF keeps (experience_maker.py:244), so the float32 mean's rounding of a constant "

@@ -93,6 +93,11 @@ KIND_MODES += (
          "(unset, line 127 takes --data.max_len: finding overlong_max_len)"),
 )
 KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
+    "gae": {
+        "multi-turn masks (observation tokens inside a response)": "the kit's GAE cases have one episode "
+        "per row with a prefix mask; OpenRLHF runs the recursion through masked tokens (finding "
+        "gae_interior_mask).",
+    },
     "overlong": {
         "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "
         "response limit (length_penalty.py:127), which the kind's cases (max_len: the response limit) cannot "

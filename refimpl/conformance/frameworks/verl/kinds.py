@@ -60,7 +60,9 @@ KIND_MODES = (
 
 KIND_UNSUPPORTED = {
     "gae": {"multi-turn masks (observation tokens inside a response)": "the kit's GAE cases have one "
-            "episode per row with a prefix mask"},
+            "episode per row with a prefix mask",
+            "advantages at padding positions": "the kind judges the counted tokens; masked_whiten leaves "
+            "non-zero values at padding (finding gae_padding_output, value only)"},
 }
 
 

@@ -372,9 +372,14 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "kl_cov": "KL-Cov: a KL penalty on the top-k covariance tokens; not in the spec",
             "dro": "DRO: logp * A - beta / 2 (log r)^2, a quadratic penalty the spec does not define",
             "bypass_mode": "rollout-correction bypass (reinforce / ppo_clip over rollout log-probs, "
-            "with rejection-sampling masks): needs rollout_log_probs and RolloutCorrectionConfig",
+            "with rejection-sampling masks): needs rollout_log_probs and RolloutCorrectionConfig (its "
+            "rejection sampling: finding rejection_sampling_returns, finding rejection_sampling_sessions, "
+            "finding rs_k1_bounds)",
             "rollout_is_weights": "rollout importance weights (any loss mode) need "
-            "rollout_log_probs; the kit's behaviour correction is a separate variant field",
+            "rollout_log_probs; the kit's behaviour correction is a separate variant field (geo_mean's "
+            "token weights: finding geo_mean_is_weights)",
+            "seq-mean-token-sum-norm without loss_scale_factor": "divides by the padded width, which the "
+            "kit's calls set to L_max through loss_scale_factor (finding seq_sum_width)",
         }
     if kind == "kl":
         return {
@@ -394,6 +399,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "gpg": "GPG's rescaling alpha = B / count_nonzero(rewards) (finding gpg_alpha: not GPG's "
             "B / (B - M)), then the group mean without a std",
             "gdpo": "multi-reward decoupled normalisation: needs several reward channels",
+            "filter_groups (DAPO dynamic sampling)": "drops whole groups before the estimator; not an "
+            "advantage (finding dapo_filter)",
             "optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",
             "tir_optimal_token_baseline": "token-level baseline from sum pi^2 statistics of the model",
         }
