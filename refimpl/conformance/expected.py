@@ -59,11 +59,10 @@ How each flag is realised (spec: policy_losses.md eqs. (2)-(12)):
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-from refimpl.advantages import group_advantages
+from refimpl.advantages import _group_is_constant, group_advantages
 from refimpl.kl import kl_k1, kl_k2, kl_k3
 from refimpl.losses import PolicyLossVariant
 from refimpl.losses.policy import reference_policy_loss
@@ -437,9 +436,8 @@ def _float32_group_advantages(case: AdvantageCase, convention: Convention) -> to
     if convention.adv_singleton == "zero":
         advantages = torch.where(single[index], 0.0, advantages)
     if convention.adv_zero_variance == "zero":  # eq. (5)'s constant group: its rewards equal exactly
-        big = rewards.new_full((groups,), -math.inf).scatter_reduce(0, index, rewards, reduce="amax")
-        small = rewards.new_full((groups,), math.inf).scatter_reduce(0, index, rewards, reduce="amin")
-        advantages = torch.where((big == small)[index] & ~single[index], 0.0, advantages)
+        constant = _group_is_constant(rewards, index, groups)
+        advantages = torch.where(constant[index] & ~single[index], 0.0, advantages)
     return advantages
 
 
