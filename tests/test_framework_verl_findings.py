@@ -26,9 +26,16 @@ EXPECTED = {
     "config:clip_ratio_c": "validation",
     "rollout_is_sequence": "documented_default",
     "gspo_aggregation": "documented_default",
-    "seq_sum_width": "documented_default",
+    "seq_sum_width": "bug",
     "gae_padding_output": "value_only",
     "zero_rows": "value_only",
+    # the audit of issue 27 (source first): departures the kit had only in prose or not at all
+    "micro_batch": "bug",
+    "dppo_truncation_cap": "bug",
+    "config:clip_ratio_low": "validation",
+    "config:loss_scale_factor": "validation",
+    "rs_normalizer": "documented_default",
+    "value_clip": "documented_default",
 }
 
 
@@ -53,3 +60,41 @@ def test_an_empty_micro_batch_is_nan_only_without_the_trainers_global_counts():
         with_info = core.agg_loss(loss_mat, mask, mode, dp_size=1, batch_num_tokens=10, global_batch_size=4)
         assert with_info.item() == 0.0, mode
         assert math.isnan(core.agg_loss(loss_mat, mask, mode).item()), mode
+
+
+def test_the_findings_no_mode_shows_are_named_by_the_unsupported_modes():
+    """test-matrix's rule: a finding without a mode is named "finding KEY" in an unsupported reason."""
+    policy = " ".join(driver.unsupported_modes("policy_loss").values())
+    for key in ("dppo_truncation_cap", "rs_normalizer", "seq_sum_width", "config:loss_scale_factor"):
+        assert f"finding {key}" in policy, key
+    assert "finding value_clip" in " ".join(driver.unsupported_modes("value_loss").values())
+
+
+@pytest.mark.framework
+def test_rejection_sampling_normalises_differently_in_decoupled_and_bypass_mode():
+    """finding rs_normalizer: decoupled mode writes the rejection into the mask the engine counts
+    (token-mean's denominator loses the rejected token); bypass mode rejects inside the loss, after the
+    count (the denominator keeps it, as policy_losses.md eq. (13) 'mask' does)."""
+    if driver.availability() is not None:
+        pytest.skip(f"verl driver unavailable: {driver.availability()}")
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    core = driver.module._core_algos()
+    helper = __import__("verl.trainer.ppo.rollout_corr_helper", fromlist=["x"])
+    rollout = torch.tensor([[0.0, 0.0, 0.0, -3.0]], dtype=torch.float64)  # the last token is rejected
+    old, full = torch.zeros(1, 4, dtype=torch.float64), torch.ones(1, 4, dtype=torch.float64)
+    _, kept, _ = helper.compute_rollout_correction_and_rejection_mask(
+        old, rollout, full, rollout_rs="token_k2", rollout_rs_threshold=1.0)
+    assert kept.tolist() == [[1.0, 1.0, 1.0, 0.0]]
+    decoupled = core.agg_loss(-torch.ones(1, 4), kept, "token-mean", dp_size=1,
+                              batch_num_tokens=int(kept.sum()))
+    rs = RolloutCorrectionConfig(rollout_is=None, rollout_rs="token_k2", rollout_rs_threshold=1.0,
+                                 bypass_mode=True)
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                         use_torch_compile=False,
+                         policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rs))
+    config.global_batch_info.update(dp_size=1, batch_num_tokens=4, global_batch_size=1)  # the engine's count
+    bypass, _ = core.compute_policy_loss_bypass_mode(rollout, old, torch.ones(1, 4, dtype=torch.float64),
+                                                     full.bool(), loss_agg_mode="token-mean", config=config)
+    assert decoupled.item() == -1.0 and bypass.item() == pytest.approx(-0.75)

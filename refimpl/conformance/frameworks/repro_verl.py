@@ -149,4 +149,85 @@ verdict("verl ActorConfig(clip_ratio_c=1.1) (trainer/ppo/core_algos.py:1331 asse
         f"{grad} (accepted: no error, no warning)", "1.15 (-A r; c must be >= 1 + clip_ratio_high)",
         grad == 0.0)
 """,
+        ("verl", "micro_batch"): verl + config("", "geo_mean") + """\
+# one mini-batch of 4 on-policy responses (2 tokens, A = 1), trained as 2 micro-batches of 2 rows: the
+# engine calls the loss per micro-batch and sums them (workers/engine/fsdp/transformer_impl.py:761-767)
+old = torch.zeros(4, 2, dtype=torch.float64)
+logp = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+adv, mask = torch.ones(4, 2, dtype=torch.float64), torch.ones(4, 2, dtype=torch.bool)
+total = sum(core_algos.compute_policy_loss_geo_mean(old[i:i + 2], logp[i:i + 2], adv[i:i + 2], mask[i:i + 2],
+                                                    loss_agg_mode="token-mean", config=config)[0]
+            for i in (0, 2))
+grad = torch.autograd.grad(total, logp)[0][0, 0].item()
+verdict("verl compute_policy_loss_geo_mean (trainer/ppo/core_algos.py:2000: torch.mean over the "
+        "micro-batch), 4 rows A = 1 in 2 micro-batches, summed as the engine sums them: loss and "
+        "d loss / d logp[0, 0]",
+        f"{total.item()}, {grad}", "-1.0, -0.125 (the mean over the mini-batch's 4 rows: "
+        "policy_losses.md eq. (11))", total.item() == -2.0 and grad == -0.25)
+""",
+        ("verl", "config:clip_ratio_low"): silent + verl + config("clip_ratio_low=-0.1,", "vanilla") + """\
+old = torch.tensor([[-1.0]], dtype=torch.float64)
+logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)  # on-policy: ratio 1
+loss, _ = core_algos.compute_policy_loss_vanilla(old, logp, -torch.ones(1, 1, dtype=torch.float64),
+                                                 torch.ones(1, 1, dtype=torch.bool),
+                                                 loss_agg_mode="token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("verl ActorConfig(clip_ratio_low=-0.1) (trainer/ppo/core_algos.py:1348, the band [1.1, 1.2]), "
+        "compute_policy_loss_vanilla: d loss / d logp of an on-policy token (ratio 1) with A = -1",
+        f"{grad} (accepted: no error, no warning)",
+        "1.0 (-A r; or an error: clip_ratio_low must be in [0, 1], policy_losses.md eq. (6))", grad == 0.0)
+""",
+        ("verl", "config:loss_scale_factor"): silent + verl
+        + config("loss_agg_mode='seq-mean-token-sum-norm', loss_scale_factor=-1,", "vanilla") + """\
+# ppo_loss passes the config's factor with the global counts (workers/utils/losses.py:65-68)
+config.global_batch_info.update(dp_size=1, batch_num_tokens=4, global_batch_size=1,
+                                loss_scale_factor=config.loss_scale_factor)
+old = torch.zeros(1, 4, dtype=torch.float64)
+logp = torch.zeros(1, 4, dtype=torch.float64, requires_grad=True)  # one on-policy response, 4 tokens, A = 1
+loss, _ = core_algos.compute_policy_loss_vanilla(old, logp, torch.ones(1, 4, dtype=torch.float64),
+                                                 torch.ones(1, 4, dtype=torch.bool),
+                                                 loss_agg_mode="seq-mean-token-sum-norm", config=config)
+grad = torch.autograd.grad(loss, logp)[0][0, 0].item()
+verdict("verl ActorConfig(loss_scale_factor=-1) (trainer/ppo/core_algos.py:1193 divides by it unchecked), "
+        "seq-mean-token-sum-norm, A = 1: loss and d loss / d logp (a descent step raises the loss)",
+        f"{loss.item()}, {grad} (accepted: no error, no warning)",
+        "an error: L_max must be >= every response's length (policy_losses.md eq. (11))", loss.item() > 0)
+""",
+        ("verl", "dppo_truncation_cap"): verl + config("", "dppo_tv") + """\
+old = torch.tensor([[0.05]], dtype=torch.float64).log()
+# ratio 10; for A < 0 the TV mask keeps the token (pi - pi_old = 0.45 >= -clip_ratio_low)
+logp = torch.tensor([[0.5]], dtype=torch.float64).log().requires_grad_()
+loss, _ = core_algos.compute_policy_loss_dppo_tv(old, logp, -torch.ones(1, 1, dtype=torch.float64),
+                                                 torch.ones(1, 1, dtype=torch.bool),
+                                                 loss_agg_mode="token-mean", config=config)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("verl compute_policy_loss_dppo_tv (trainer/ppo/core_algos.py:1427: config.get('clip_ratio_c', 20.0)) "
+        f"with the default ActorConfig (clip_ratio_c = {config.clip_ratio_c}): d loss / d logp at ratio 10, "
+        "A = -1",
+        grad, "10.0 (the truncation at the code's 20; 'a large threshold is recommended')",
+        abs(grad - 3.0) < 1e-12)
+""",
+        ("verl", "seq_sum_width"): verl + config("loss_agg_mode='seq-mean-token-sum-norm',", "vanilla") + """\
+# the default trainer (trainer.use_v1: true) keeps responses unpadded; ppo_loss pads each micro-batch to its
+# own longest response (workers/utils/losses.py:91, to_padded_tensor of the nested tensors). One mini-batch
+# of 2 on-policy responses of 2 and 4 tokens (A = 1), rollout.response_length = 8, one row per micro-batch.
+lengths, response_length = (2, 4), 8
+config.global_batch_info.update(dp_size=1, batch_num_tokens=sum(lengths), global_batch_size=len(lengths),
+                                loss_scale_factor=config.loss_scale_factor)  # None: the default
+logps = [torch.zeros(n, dtype=torch.float64, requires_grad=True) for n in lengths]
+total = 0.0
+for logp in logps:
+    padded = torch.nested.as_nested_tensor([logp], layout=torch.jagged).to_padded_tensor(0.0)
+    ones = torch.ones_like(padded)
+    loss, _ = core_algos.compute_policy_loss_vanilla(padded.detach(), padded, ones, ones.bool(),
+                                                     loss_agg_mode="seq-mean-token-sum-norm", config=config)
+    total = total + loss
+grad = torch.autograd.grad(total, logps[0])[0][0].item()
+exact = -sum(lengths) / len(lengths) / response_length
+verdict("verl agg_loss seq-mean-token-sum-norm, loss_scale_factor=None (trainer/ppo/core_algos.py:1191: "
+        "loss_mask.shape[-1]), each micro-batch padded to its longest response: loss and d loss / d logp of "
+        "the short response's first token", f"{total.item()}, {grad}",
+        f"{exact}, {-1 / len(lengths) / response_length} (actor.yaml: 'If null, uses response_length' = 8)",
+        total.item() == -1.0 and grad == -0.25)
+""",
     }

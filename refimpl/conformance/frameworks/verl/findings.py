@@ -163,14 +163,16 @@ FINDINGS = (
         quote="we support aggregate the loss in different modes, default is token-mean.", affected=_AFFECTED,
     ),
     Finding(
-        "seq_sum_width", "documented_default",
+        "seq_sum_width", "bug",
         "agg_loss's seq-mean-token-sum-norm (Dr. GRPO) with loss_scale_factor=None divides by "
-        "loss_mask.shape[-1], the padded width of the loss's tensors (actor.yaml: 'If null, uses "
-        "response_length'; flag seq_sum_width='padded_width'). The legacy trainer pads every response to "
-        "rollout.response_length; the default trainer (trainer.use_v1: true) keeps responses unpadded and "
-        "ppo_loss pads each micro-batch to its own longest response (workers/utils/losses.py:91), so there "
-        "the divisor changes from micro-batch to micro-batch unless loss_scale_factor is set (read in the "
-        "code, not run: the v1 path needs tensordict).",
+        "loss_mask.shape[-1], the padded width of the loss's tensors, where actor.yaml documents 'If null, "
+        "uses response_length' (flag seq_sum_width='padded_width'). The legacy trainer pads every response "
+        "to rollout.response_length, as documented; the default trainer (trainer.use_v1: true) stores each "
+        "response unpadded (v1/agent_loop_tq.py:183-199) and ppo_loss pads each micro-batch to its own "
+        "longest response (workers/utils/losses.py:91; workers/utils/padding.py:113-119), so there the "
+        "divisor is neither response_length nor a constant: it changes from micro-batch to micro-batch "
+        "(policy_losses.md eq. (11): L_max, never the padded width), which the documentation does not "
+        "choose. Setting loss_scale_factor gives the paper's loss.",
         where="trainer/ppo/core_algos.py:1191", quote="horizon = loss_mask.shape[-1]", affected=_AFFECTED,
     ),
     Finding(
@@ -209,5 +211,70 @@ FINDINGS = (
         "of an A < 0 token at r in (1.1, 1.2], inside the band, and takes its gradient away.",
         where="trainer/ppo/core_algos.py:1331", quote="assert clip_ratio_c > 1.0", affected=_AFFECTED,
         function="compute_policy_loss_vanilla",
+    ),
+    # -- the audit of issue 27 (source first): departures the kit named only in prose or not at all --
+    Finding(
+        "micro_batch", "bug",
+        "compute_policy_loss_geo_mean (GMPO) returns torch.mean(pg_losses), a mean over the rows of the "
+        "micro-batch it is given, ignoring actor.loss_agg_mode and the global batch info ppo_loss fills "
+        "(workers/utils/losses.py:65-68) that every other verl loss divides by (flag "
+        "micro_batch='local_sum', mode geo_mean). The engine sums the "
+        "micro-batch losses without rescaling (workers/engine/fsdp/transformer_impl.py:761-767, "
+        "loss.backward() per micro-batch) and FSDP averages over the dp ranks, so the GMPO gradient of a "
+        "mini-batch is multiplied by its number of micro-batches per rank (ppo_mini_batch_size x n / dp / "
+        "ppo_micro_batch_size_per_gpu) and empty rows count in the mean (policy_losses.md eq. (11): "
+        "seq_mean over the non-empty rows of the whole batch).",
+        where="trainer/ppo/core_algos.py:2000", quote="pg_loss = torch.mean(pg_losses)", affected=_AFFECTED,
+    ),
+    Finding(
+        "rs_normalizer", "documented_default",
+        "rollout rejection sampling (rollout_rs) in decoupled mode writes its mask into response_mask "
+        "before the update (rollout_corr_helper.py:1061; documented: 'RS exclusions removed from "
+        "training'), so the engine's token count (workers/engine/fsdp/transformer_impl.py:730, "
+        "data['loss_mask'].sum()) leaves the rejected tokens out of token-mean's denominator; in bypass "
+        "mode the same rejection is applied inside the loss (core_algos.py:2514, effective_mask) after "
+        "that count, so there the rejected tokens stay in it. policy_losses.md eq. (13) 'mask' sets the "
+        "rejected token's weight to 0 and keeps D: the bypass mode's normaliser; one of 4 tokens "
+        "rejected gives the kept tokens the weight 1/3 in decoupled mode, 1/4 in bypass mode.",
+        where="trainer/ppo/rollout_corr_helper.py:1061",
+        quote='batch.batch["response_mask"] = modified_response_mask', affected=_AFFECTED,
+    ),
+    Finding(
+        "config:clip_ratio_low", "validation",
+        "ActorConfig accepts a negative clip_ratio_low or clip_ratio_high (workers/config/actor.py checks "
+        "neither): clip_ratio_low = -0.1 makes the band [1.1, 1.2], which excludes ratio 1, so an on-policy "
+        "token with A < 0 is clipped and gets no gradient (policy_losses.md eq. (6): 0 <= eps_low < 1, "
+        "eps_high >= 0). clip_ratio_low >= 1 is meaningful (no lower clip: 1 - eps <= 0).",
+        where="trainer/ppo/core_algos.py:1348", quote="ratio, 1 - cliprange_low, 1 + cliprange_high",
+        affected=_AFFECTED, function="compute_policy_loss_vanilla",
+    ),
+    Finding(
+        "config:loss_scale_factor", "validation",
+        "agg_loss's seq-mean-token-sum-norm divides by actor.loss_scale_factor without checking it: a "
+        "factor below the longest response (policy_losses.md eq. (11): L_max bounds every response's "
+        "length, a longer one is an error), 0 (an infinite loss) or a negative one (the loss's sign "
+        "flips: gradient ascent) is accepted without an error or a warning.",
+        where="trainer/ppo/core_algos.py:1193", quote="loss /= loss_scale_factor", affected=_AFFECTED,
+    ),
+    Finding(
+        "dppo_truncation_cap", "bug",
+        "compute_policy_loss_dppo_tv / dppo_kl truncate their detached ratio at config.get('clip_ratio_c', "
+        "20.0), with the comment 'a large threshold is recommended to avoid performance degradation due to "
+        "the truncation bias' (the DPPO paper, section 5.4), but ActorConfig.clip_ratio_c (the dual clip's "
+        "constant) defaults to 3.0 (workers/config/actor.py:163, actor.yaml:83), so the fallback 20 never "
+        "applies and DPPO's weight is capped at 3 by default: a token at ratio 10 gets 3 A of gradient, "
+        "not 10 A.",
+        where="trainer/ppo/core_algos.py:1427", quote='clip_ratio_c = config.get("clip_ratio_c", 20.0)',
+        affected=_AFFECTED, function="compute_policy_loss_dppo_tv",
+    ),
+    Finding(
+        "value_clip", "documented_default",
+        "compute_value_loss always uses the clipped value loss, max((V - R)^2, (V_old + clip(V - V_old, "
+        "-c, c) - R)^2) (policy_losses.md eq. (23)), with critic.cliprange_value = 0.5 by default "
+        "(critic.yaml: 'PPO value function clipping range'); the plain squared error of eq. (22), which "
+        "eq. (24) combines, is not selectable (only a cliprange_value larger than any value change "
+        "approximates it). The kind value_loss checks the clipped form (its 0.5 factor: flag value_scale).",
+        where="trainer/ppo/core_algos.py:2174", quote="clipped_vf_losses = torch.max(vf_losses1, vf_losses2)",
+        affected=_AFFECTED,
     ),
 )

@@ -63,6 +63,8 @@ KIND_UNSUPPORTED = {
             "episode per row with a prefix mask",
             "advantages at padding positions": "the kind judges the counted tokens; masked_whiten leaves "
             "non-zero values at padding (finding gae_padding_output, value only)"},
+    "value_loss": {"the unclipped value loss (policy_losses.md eq. (22))": "compute_value_loss always "
+                   "clips, with critic.cliprange_value = 0.5 by default (finding value_clip)"},
 }
 
 

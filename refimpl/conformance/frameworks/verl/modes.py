@@ -277,7 +277,7 @@ NOTES = {
     "dual-clip tie": "at a ratio exactly equal to clip_ratio_c verl's torch.min splits the "
     "gradient in half; the kit follows the inclusive gate of policy_losses.md eq. (6) (no float64 "
     "log-ratio has exp exactly 3.0, so no case reaches the tie).",
-    "loss_scale_factor=None": "a documented default (finding seq_sum_width): agg_loss's "
+    "loss_scale_factor=None": "a bug of the default trainer (finding seq_sum_width): agg_loss's "
     "seq-mean-token-sum-norm (Dr. GRPO) divides by the padded width of its mask, loss_mask.shape[-1] "
     "(core_algos.py:1191; flag seq_sum_width='padded_width'). The legacy trainer pads every response to "
     "rollout.response_length (experimental/agent_loop/agent_loop.py:760-763), L_max; the default v1 "
@@ -363,8 +363,10 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
     if kind == "policy_loss":
         return {
             "dppo_tv": "DPPO total-variation trust region: a mask from the probability difference "
-            "|pi - pi_old| needs the token probabilities' own trust-region family, not in the spec",
-            "dppo_kl": "DPPO KL trust region: a binary-KL mask, not in the spec's policy-loss family",
+            "|pi - pi_old| needs the token probabilities' own trust-region family, not in the spec (its "
+            "ratio is truncated at the dual clip's 3.0, not the code's 20: finding dppo_truncation_cap)",
+            "dppo_kl": "DPPO KL trust region: a binary-KL mask, not in the spec's policy-loss family "
+            "(truncated at 3.0 like dppo_tv: finding dppo_truncation_cap)",
             "gpg": "GPG: -logp * A without a ratio (a REINFORCE loss); not a member of the family",
             "clip_cov with a covariance band": "Clip-Cov: clips a random subset of the tokens whose "
             "covariance lies in (clip_cov_lb, clip_cov_ub) (torch.randperm without a seed): no "
@@ -374,12 +376,14 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "bypass_mode": "rollout-correction bypass (reinforce / ppo_clip over rollout log-probs, "
             "with rejection-sampling masks): needs rollout_log_probs and RolloutCorrectionConfig (its "
             "rejection sampling: finding rejection_sampling_returns, finding rejection_sampling_sessions, "
-            "finding rs_k1_bounds)",
+            "finding rs_k1_bounds; its token-mean keeps rejected tokens in the denominator, the decoupled "
+            "mode drops them: finding rs_normalizer)",
             "rollout_is_weights": "rollout importance weights (any loss mode) need "
             "rollout_log_probs; the kit's behaviour correction is a separate variant field (geo_mean's "
             "token weights: finding geo_mean_is_weights)",
             "seq-mean-token-sum-norm without loss_scale_factor": "divides by the padded width, which the "
-            "kit's calls set to L_max through loss_scale_factor (finding seq_sum_width)",
+            "kit's calls set to L_max through loss_scale_factor (finding seq_sum_width; a factor below the "
+            "responses' lengths, 0 or negative is accepted: finding config:loss_scale_factor)",
         }
     if kind == "kl":
         return {
