@@ -92,7 +92,8 @@ def dual_clip_tie_finding(where: str, quote: str, affected: str, function: str =
     )
 
 
-def ratio_overflow_finding(where: str, quote: str, affected: str, function: str = "") -> Finding:
+def ratio_overflow_finding(where: str, quote: str, affected: str, function: str = "",
+                           upstream: str = "") -> Finding:
     """The finding of ``ratio_overflow="nan"``: ``exp`` of the raw log-ratio overflows to inf above 88.72
     in float32 (and bf16); a closed gate then multiplies its zero derivative by inf: NaN."""
     return Finding(
@@ -100,7 +101,7 @@ def ratio_overflow_finding(where: str, quote: str, affected: str, function: str 
         "exp of the unclamped log-ratio is inf above 88.72 in float32: with a closed gate (A > 0 beyond "
         "1 + eps_high) the exact gradient is 0, but the clamp's zero derivative times exp's inf is NaN, "
         "and one NaN token poisons the step's gradient (a stale or mismatched old log-prob suffices).",
-        where=where, quote=quote, affected=affected, function=function,
+        where=where, quote=quote, affected=affected, function=function, upstream=upstream,
     )
 
 

@@ -65,7 +65,9 @@ FINDINGS = (
     ratio_overflow_finding("trainer/ppo/core_algos.py:1798", "ratio = torch.exp(negative_approx_kl)",
                            "verl 0.9.1 (clip_cov; kl_cov, without a clip gate, exponentiates the raw "
                            "log-ratio too, core_algos.py:1891: there a token with A = 0 gets -0 * inf = NaN)",
-                           function="compute_policy_loss_clip_cov"),
+                           function="compute_policy_loss_clip_cov",
+                           upstream="https://github.com/verl-project/verl/pull/6538 (open: clamps the "
+                           "log-ratio of clip_cov, kl_cov and geo_mean)"),
     Finding(
         "config:clip_ratio", "validation",
         "actor.clip_ratio has no effect on the clip losses (vanilla, gspo, clip_cov, geo_mean, cispo): "
@@ -131,6 +133,7 @@ FINDINGS = (
         "upper) are unaffected.",
         where="trainer/ppo/rollout_corr_helper.py:263", quote="token_k1: torch.Tensor = -log_ratio_safe",
         affected=_AFFECTED,
+        upstream="https://github.com/verl-project/verl/pull/6377 (closed without merging)",
     ),
     Finding(
         "rollout_is_sequence", "documented_default",
@@ -192,6 +195,8 @@ FINDINGS = (
         "(1, 0 | 0, 0) verl's alpha is 4, GPG's 2; with -1/+1 rewards it is always 1. The function's alpha "
         "and f_norm arguments are overwritten / unused.",
         where="trainer/ppo/core_algos.py:810", quote="m = torch.count_nonzero(scores)", affected=_AFFECTED,
+        upstream="https://github.com/verl-project/verl/pull/6803 (open; its author keeps alpha = bsz / "
+        "count_nonzero(scores) as 'the actual GPG scaling', against the paper's B / (B - M))",
     ),
     Finding(
         "dapo_filter", "bug",
