@@ -450,3 +450,22 @@ def test_findings_of_the_second_audit_are_classified():
     assert kinds["gae_interior_mask"] == "bug"
     assert kinds["config:eps_clip"] == kinds["config:is_correction_threshold"] == "validation"
     assert kinds["adaptive_kl_controller"] == kinds["kl_unbiased_weight_cap"] == "documented_default"
+
+
+def test_findings_of_audit_14_are_classified_and_named_where_no_mode_drives_them():
+    """Audit 14 (source first, kit second): GSPO's ratio against the rollout log-probs and reinforce
+    without gamma^t are bugs (scripts in tests/test_framework_findings.py), the per-token advantages GSPO
+    accepts a validation finding, the rest documented defaults or a logged value; each one that is not a
+    documented default is named by the unsupported mode (or note) of the path it sits on."""
+    kinds = {f.key: f.kind for f in driver.findings()}
+    assert kinds["gspo_rollout_ratio"] == kinds["reinforce_gamma"] == "bug"
+    assert kinds["config:advantages"] == "validation"
+    assert kinds["is_filter_ratio_empty_rows"] == "value_only"
+    assert {kinds[k] for k in ("is_correction_gating", "reinforce_baseline_whitening",
+                               "dynamic_filtering_mean")} == {"documented_default"}
+    reasons = " ".join(r for kind in ("policy_loss", "group_advantages")
+                       for r in driver.unsupported_modes(kind).values())
+    for key in ("gspo_rollout_ratio", "reinforce_gamma", "is_filter_ratio_empty_rows",
+                "is_correction_gating", "reinforce_baseline_whitening", "dynamic_filtering_mean"):
+        assert f"finding {key}" in reasons, key
+    assert "finding config:advantages" in driver.NOTES["per-token advantages"]

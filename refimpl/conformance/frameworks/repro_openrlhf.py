@@ -183,4 +183,65 @@ verdict("OpenRLHF PolicyLoss(is_correction_level='token', mode 'mask', threshold
         f"{loss.item()}, {logp.grad.item()}", "-1.0, -1.0 (a weight of 1 is never out of band)",
         loss.item() == 0.0 and logp.grad.item() == 0.0)
 """,
+        ("openrlhf", "gspo_rollout_ratio"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+T = 3
+old = torch.zeros(1, T, dtype=torch.float64)  # the trainer's log-probs of the sampled tokens
+logp = old.clone().requires_grad_(True)  # the first mini-batch of the step: pi_theta = pi_old
+rollout = old - 0.01  # the sampler's numerics: 0.01 nats of train/rollout mismatch per token
+adv, mask = torch.ones(1, T, dtype=torch.float64), torch.ones(1, T, dtype=torch.float64)
+policy_loss = loss_module.PolicyLoss(clip_eps_low=3e-4, clip_eps_high=4e-4, policy_loss_type="gspo",
+                                     is_correction_level="token")  # the mask band (0.5, 5) keeps e^0.01
+policy_loss(logp, old, adv, action_mask=mask, rollout_log_probs=rollout)[0].backward()
+w = torch.exp((old - rollout).mean())  # policy_losses.md eq. (13): the detached weight, outside the gate
+exact = (-w * 1.0 / T).item()  # s = 1 inside the band: d(-w s A) / d logp_t = -w A s / T
+verdict("OpenRLHF PolicyLoss(policy_loss_type='gspo', is_correction_level='token') (models/loss.py:192: "
+        "the sequence ratio against rollout_log_probs), pi_theta = pi_old, a train/rollout mismatch of 0.01 "
+        "nats per token, GSPO's eps 3e-4 / 4e-4, A = 1: the gradient per token", logp.grad.tolist(),
+        f"{[[exact] * T]} (s = 1, weight e^0.01)", logp.grad.abs().max().item() == 0.0)
+""",
+        ("openrlhf", "reinforce_gamma"): """\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+path = root / "trainer/ppo_utils/experience_maker.py"
+source = path.read_text()
+assert source.splitlines()[316].strip() == "experience.advantages = experience.returns.clone()"  # line 317
+tree = ast.parse(source)  # the method's code as installed (the module imports ray)
+node = next(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
+            if isinstance(n, ast.FunctionDef) and n.name == "get_cumulative_returns")
+node.decorator_list = []  # @torch.no_grad() only
+space = {"torch": torch, "Tuple": tuple}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
+returns_of = space["get_cumulative_returns"]
+""" + silent + """\
+gamma = 0.5
+rewards = torch.tensor([[0.0, 0.0, 1.0]])  # the reward on the last token of a 3-token response
+advantages = returns_of(None, rewards, torch.ones(1, 3), gamma)  # estimator reinforce: the returns
+exact = [gamma ** t * gamma ** (2 - t) for t in range(3)]  # estimators.md eq. (15): gamma^t G_t
+verdict("OpenRLHF estimator reinforce (trainer/ppo_utils/experience_maker.py:317, get_cumulative_returns) "
+        "with gamma 0.5, reward 1 on the last of 3 tokens: the advantages before the batch whitening",
+        advantages.tolist(), f"{[exact]} (each step's G_t weighted by gamma^t)",
+        abs(advantages[0, 0].item() - exact[0]) < 1e-12 and abs(advantages[0, 2].item() - exact[2]) > 0.5)
+""",
+        ("openrlhf", "config:advantages"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+old = torch.zeros(1, 2, dtype=torch.float64)
+logp = (old + torch.log(torch.tensor(1.01, dtype=torch.float64))).requires_grad_(True)  # s = 1.01
+adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)  # per token: the sequence's mean advantage is 0
+policy_loss = loss_module.PolicyLoss(clip_eps_low=3e-4, clip_eps_high=4e-4, policy_loss_type="gspo")
+loss = policy_loss(logp, old, adv, action_mask=torch.ones(1, 2, dtype=torch.float64))[0]  # accepted
+loss.backward()
+verdict("OpenRLHF PolicyLoss(policy_loss_type='gspo') (models/loss.py:200) with per-token advantages 1 and "
+        "-1 (mean 0) and a sequence ratio 1.01 above GSPO's band: accepted; the loss and gradient",
+        f"{loss.item()}, {logp.grad.tolist()}",
+        "0.0, [[0.0, 0.0]] (GSPO: one advantage per sequence, here 0)",
+        abs(loss.item()) > 1e-3 and logp.grad.abs().max().item() > 0.1)
+""",
     }

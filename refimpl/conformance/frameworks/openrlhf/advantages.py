@@ -60,11 +60,15 @@ ADV_MODES = (
 ADV_UNSUPPORTED = {
     "reinforce_baseline": "dr_grpo's centring (experience_maker.py:272, mode dr_grpo) followed by the "
     "batch whitening over every token of the step (lines 324-338, the whitening kind's mode "
-    "advantage_whitening): not a group estimator of the spec.",
+    "advantage_whitening): not a group estimator of the spec (finding reinforce_baseline_whitening).",
     "flash_reinforce": "the reward minus the rollout batch's mean (line 278): no group.",
     "--reward.clip_range reached": "the clip applies to the estimators' output (finding reward_clip_range); "
     "the advantages of the kit's cases stay inside the default +-10.",
-    "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator.",
+    "gae / reinforce": "per-token returns (driven as the gae kind), not a group estimator; reinforce with "
+    "gamma < 1 takes G_t without gamma^t (finding reinforce_gamma).",
+    "--algo.dynamic_filtering_enable": "a filter on each group's mean score in the rollout loop "
+    "(samples_generator.py:169-177), before the advantages: the kind's cases are the advantages of the "
+    "groups kept (finding dynamic_filtering_mean).",
     "float32 rewards": "the trainer's rewards are float32 (samples_generator.py:304); the kit's cases are "
     "float64, which OpenRLHF keeps (experience_maker.py:244), so the float32 mean's rounding of a constant "
     "group is shown by a script (finding constant_group_rounding).",

@@ -45,7 +45,8 @@ FINDINGS = (
         "ratio against rollout_log_probs instead of the old log-probs (models/loss.py:192) and skips the "
         "train/rollout correction, which runs for 'ppo' only: is_correction_mode, _gating and _threshold "
         "are accepted and unused (a token the 'ppo' path masks, its weight pi_train / pi_rollout = e^3 "
-        "outside [0.5, 5], keeps GSPO's clipped term).",
+        "outside [0.5, 5], keeps GSPO's clipped term). The ratio against the rollout log-probs changes the "
+        "loss itself, whatever the options: finding gspo_rollout_ratio (a bug).",
         where="models/loss.py:216",
         quote='if self.is_correction_level != "off" and self.policy_loss_type == "ppo":',
         affected="openrlhf 0.11.2",
@@ -65,11 +66,15 @@ FINDINGS = (
     Finding(
         "logged_loss_weighting", "value_only",
         "the logged policy_loss and entropy_loss (ppo_train, trainer/ray/ppo_actor.py:203-219) multiply each "
-        "micro-batch's loss, already divided by the step's global token count and multiplied by dp_size, by "
-        "the micro-batch's token count and divide the all-reduced sum by the all-reduced tokens: exact when "
-        "every rank's micro-batch holds the same number of tokens, biased otherwise (2 ranks with 1 and 3 "
-        "tokens of loss l: logged 1.25 l). The gradient is the step's (the kit checks it); only the "
-        "logs depart.",
+        "micro-batch's loss, already divided by the step's global token count over the accumulation steps "
+        "gas and multiplied by dp_size, by the micro-batch's own token count and divide the all-reduced sum "
+        "by the all-reduced tokens, and lines 253-254 weigh the micro-batches by their tokens again: exact "
+        "only when every micro-batch of the step, on every rank and at every accumulation step, holds the "
+        "same number of tokens, biased otherwise (2 ranks with 1 and 3 tokens of loss l: logged 1.25 l; one "
+        "rank, gas 2, micro-batches of 1 and 4 tokens whose token losses are -1 and 1: logged 1.2, the "
+        "step's loss 0.6). The gradient is the step's (the kit checks it); only the logs depart, the logged "
+        "kl of --algo.kl.use_loss (line 333) too, which ppo_trainer.py:253 hands to kl_ctl.update: with "
+        "--algo.kl.target (finding adaptive_kl_controller) that biased value moves the KL coefficient.",
         where="trainer/ray/ppo_actor.py:209",
         quote="value.float().mean().item() * scale if isinstance(value, torch.Tensor) else value * scale",
         affected="openrlhf 0.11.2",
@@ -215,6 +220,97 @@ FINDINGS = (
         "Not driven (unsupported mode kl/*+unbiased_gradient).",
         where="models/utils.py:124",
         quote="w = (log_probs.float() - log_probs_old.float()).exp().clamp(max=KL_IS_WEIGHT_CLIP).detach()",
+        affected="openrlhf 0.11.2",
+    ),
+    # audit 14 (source first, kit second): the departures it found that the kit did not name
+    Finding(
+        "gspo_rollout_ratio", "bug",
+        "with --actor.policy_loss_type gspo and the train/rollout correction on "
+        "(--algo.advantage.is_correction_level token or seq), PolicyLoss forms GSPO's sequence ratio "
+        "against rollout_log_probs, the sampler's log-probs, instead of old_log_probs, the trainer's own "
+        "(models/loss.py:191-192), and applies no behaviour weight: the clip then reads the train/rollout"
+        " mismatch as a policy change, so on the first mini-batch of a step (pi_theta = pi_old) a "
+        "sequence whose mean mismatch leaves GSPO's band loses its gradient. policy_losses.md eqs. (3) "
+        "and (13): s from old_logp, the detached weight exp(mean(old_logp - rollout_logp)) outside the "
+        "gate. Three tokens with a mismatch of 0.01 nats each, eps 3e-4 / 4e-4, A = 1: gradient 0 per "
+        "token instead of -e^0.01 / 3 = -0.3367 (the options this path ignores: finding "
+        "config:is_correction_mode).",
+        where="models/loss.py:192", quote="log_ratio = log_probs - rollout_log_probs",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "reinforce_gamma", "bug",
+        "--algo.advantage.estimator reinforce with --algo.advantage.gamma < 1 (the only estimator that keeps "
+        "a gamma other than 1, experience_maker.py:308-310) gives every token the reward-to-go G_t, "
+        "discounted from t (get_cumulative_returns, lines 417-419), as its advantage (line 317), without "
+        "the gamma^t that weighs step t in the policy gradient: estimators.md eq. (17) "
+        "(reward_to_go_no_gamma, errata.md entry 8), not the gradient of J for gamma < 1; eq. (15) weighs "
+        "gamma^t G_t. Three tokens, reward 1 on the last, gamma 0.5: 0.25, 0.5, 1 (before the batch "
+        "whitening) instead of 0.25, 0.25, 0.25. Exact with gamma = 1, the default.",
+        where="trainer/ppo_utils/experience_maker.py:317",
+        quote="experience.advantages = experience.returns.clone()",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "is_filter_ratio_empty_rows", "value_only",
+        "with --algo.advantage.is_correction_level seq the logged is_filter_ratio is filtered.float().mean() "
+        "over every row of the micro-batch (models/loss.py:243-244): an all-padding row's statistic is "
+        "masked_mean's 0 / 0 = NaN, which the band test reads as out of band, so the row counts as a "
+        "filtered sequence (one kept sequence and one empty row: 0.5 instead of 0). Its coefficient 0 "
+        "multiplies a masked term: the loss and gradient are right, only the logged fraction departs.",
+        where="models/loss.py:244", quote="is_filter_ratio = filtered.float().mean()",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "is_correction_gating", "documented_default",
+        "--algo.advantage.is_correction_level seq and --algo.advantage.is_correction_gating binary_kl / tv "
+        "(--help: 'a rejection filter, mask only', 'a trust region, upper bound only') gate a unit on a "
+        "statistic the spec's behaviour correction does not have, the geometric mean of the sequence's "
+        "weights pi_train / pi_rollout or the mean of a sampled-token binary KL / total variation between "
+        "the two policies, and drop the whole unit, its kept tokens keeping their own weights "
+        "(models/loss.py:222-239); policy_losses.md eq. (13) weighs each unit by its own weight, truncated "
+        "or masked at a cap. No spec variant: not driven (the token level is, modes is_correction/token/*, "
+        "with the lower bound of the default band [0.5, 5] as flag behavior_cap_low).",
+        where="models/loss.py:222", quote='if self.is_correction_gating == "ratio":',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "reinforce_baseline_whitening", "documented_default",
+        "--algo.advantage.estimator reinforce_baseline subtracts the group mean (experience_maker.py:272) "
+        "and then whitens over every response token of the step (lines 325-338: the masked token mean "
+        "subtracted, divided by the token-weighted population std floored at 1e-4; "
+        "--algo.advantage.no_std_norm 'disable dividing by std for advantages while keeping mean "
+        "normalization'): a response counts once per token, so long responses set the batch's mean and std "
+        "and the group-centred advantages move (in one group a 1-token response with reward 1 and a 3-token "
+        "one with reward 0: 1.73 and -0.58 per token, where advantages.md eq. (5)'s batch scale, one value "
+        "per response, gives 1 and -1). gae and reinforce go through the same whitening (the whitening "
+        "kind's mode advantage_whitening passes: token weights are eq. (20)'s 'token' option).",
+        where="trainer/ppo_utils/experience_maker.py:325",
+        quote='if args.algo.advantage.estimator in ["gae", "reinforce", "reinforce_baseline"]:',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "dynamic_filtering_mean", "documented_default",
+        "--algo.dynamic_filtering_enable keeps a prompt's group when the mean of its scores lies strictly "
+        "inside --algo.dynamic_filtering_range ('Dynamic filtering rewards range', default (0, 1); "
+        "samples_generator.py:169-177); DAPO's dynamic sampling (advantages.md eq. (7)) keeps a group unless "
+        "all its rewards are equal. The two agree for 0/1 scores under the default range; for graded scores "
+        "a constant group inside the range is kept (no signal) and a varied one whose mean is outside it is "
+        "dropped (scores 0 and 2: mean 1, dropped).",
+        where="trainer/ppo_utils/samples_generator.py:173", quote="if not (min_r < avg_reward < max_r):",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "config:advantages", "validation",
+        "PolicyLoss(policy_loss_type='gspo') takes advantages per token and gates its one sequence ratio "
+        "with each token's own (models/loss.py:200-205), with no check that they are constant along the "
+        "response; GSPO has one advantage per sequence (policy_losses.md section 2: sequence levels need "
+        "per-sequence advantages). OpenRLHF makes them vary whenever the KL is in the reward (the default: "
+        "--algo.kl.init_coef 0.01 without --algo.kl.use_loss; compute_reward puts -kl_coef * kl on every "
+        "token and get_cumulative_returns sums it from t on) and with the gae estimator. A sequence ratio "
+        "1.01, above GSPO's band, with token advantages 1 and -1 (their mean 0): a non-zero loss and "
+        "gradient where the sequence's advantage 0 gives 0 and 0.",
+        where="models/loss.py:200", quote="surr1 = ratio * advantages",
         affected="openrlhf 0.11.2",
     ),
 )

@@ -182,9 +182,12 @@ _UNSUPPORTED = {
         "'truncate' / 'mask' with is_correction_threshold (0, cap) (tests/test_framework_openrlhf.py, "
         "direct inputs), but PolicyLossCall and the kit's cases carry no rollout (behaviour) log-probs",
         "is_correction seq level, binary_kl / tv gating, lower threshold > 0": "no spec variant: a "
-        "per-sequence geometric-mean or divergence gate that keeps per-token weights, or a lower cut",
-        "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases) and "
-        "ignores is_correction_mode / _gating / _threshold (finding config:is_correction_mode)",
+        "per-sequence geometric-mean or divergence gate that keeps per-token weights, or a lower cut "
+        "(finding is_correction_gating; the seq level's logged is_filter_ratio counts an empty row as "
+        "filtered: finding is_filter_ratio_empty_rows)",
+        "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases: "
+        "finding gspo_rollout_ratio) and ignores is_correction_mode / _gating / _threshold (finding "
+        "config:is_correction_mode)",
         "gspo/dual-clip": "GSPO's sequence ratio with dual_clip has no spec variant (dual_clip needs the "
         "token-level clip gate)",
         "dr_grpo (seq_sum)": "aggregate_loss has only token-mean and seq-mean-token-mean; no "
@@ -223,7 +226,8 @@ NOTES = {
     "get_cumulative_returns makes them vary along the response, and gspo multiplies its one sequence "
     "ratio by each token's advantage (models/loss.py:200), where GSPO (Zheng et al. 2025) has one "
     "advantage per sequence. The kit's calls give one advantage per sequence, which the driver repeats "
-    "on every token: the case without KL in the reward.",
+    "on every token: the case without KL in the reward (PolicyLoss accepts per-token advantages for gspo "
+    "without a check: finding config:advantages).",
     "KL loss with k1": "--algo.kl.use_loss keeps the default estimator k1 unless --algo.kl.estimator is set: "
     "the loss term is then the token mean of log(pi / pi_ref), whose gradient is the score function, zero in "
     "expectation on-policy (kl.md); the launcher only prints a recommendation "
