@@ -38,7 +38,8 @@ FINDINGS = (
                           "openrlhf 0.11.2"),
     # policy_loss_type "gspo" only: "ppo" clamps the log-ratio to +-20 first (loss.py:187)
     ratio_overflow_finding("models/loss.py:196", "ratio = ratio.exp().unsqueeze(-1) * action_mask",
-                           "openrlhf 0.11.2 (policy_loss_type gspo)"),
+                           "openrlhf 0.11.2 (policy_loss_type gspo)",
+                           upstream="https://github.com/OpenRLHF/OpenRLHF/pull/1293 (open)"),
     Finding(
         "config:is_correction_mode", "validation",
         "with policy_loss_type gspo and is_correction_level token or seq, PolicyLoss takes GSPO's sequence "
