@@ -176,3 +176,18 @@ def test_reward_overlong_penalty_has_no_floor():
     assert run_kind_check(kind, fn, dict(mode.convention), adapter=adapter).ok
     failing = run_kind_check(kind, fn, adapter=adapter).failing_classes()
     assert failing == ["beyond_max_len", "cache_is_max_len"]
+
+
+def test_audit_findings_no_mode_drives_are_named_by_an_unsupported_mode():
+    """Issue 27's audit of AReaL's trainer (areal_findings.AUDIT_FINDINGS): the bugs and value-only
+    departures no mode drives (the reward's position, rejection sampling's KL metric, Normalization's
+    leave-one-out std, the distillation term, ...) are each named, ``finding KEY``, by the unsupported
+    mode that says why no mode runs them, as the real matrix requires (tests/test_framework_matrix.py)."""
+    from refimpl.conformance.frameworks import areal, areal_kinds
+    from refimpl.conformance.frameworks.areal_findings import AUDIT_FINDINGS
+
+    reasons = " ".join(r for table in (areal.UNSUPPORTED, areal_kinds.KIND_UNSUPPORTED)
+                       for kind in table.values() for r in kind.values())
+    shown = {f.key for f in AUDIT_FINDINGS if f.kind in ("bug", "value_only")}
+    assert shown and {k for k in shown if f"finding {k}" not in reasons} == set()
+    assert {f.key for f in AUDIT_FINDINGS} <= {f.key for f in driver.findings()}

@@ -33,7 +33,7 @@ import functools
 from collections.abc import Callable
 
 from . import Mode, areal_kinds
-from .areal_findings import TRAINER_FINDINGS
+from .areal_findings import AUDIT_FINDINGS, TRAINER_FINDINGS
 from .areal_kinds import ADV_MODES, KIND_MODES, KIND_UNSUPPORTED
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
@@ -121,12 +121,17 @@ UNSUPPORTED = {
         "flag behavior_weight='dropped'.",
         "rejection_sampling (mask / clamp, token / sequence)": "token-level mask and clamp on the ratio are "
         "driven as the behavior_correction kind; sequence level and the KL metrics are not (the weight's "
-        "level against the ratio's: finding rejection_sampling_level).",
+        "level against the ratio's: finding rejection_sampling_level; metric 'kl_k3' filters on 1/r - 1 + "
+        "log r where its help says r - log r - 1: finding rejection_kl_metric; a non-finite log-ratio "
+        "becomes weight 1: finding rejection_nonfinite_weight).",
         "m2_threshold (M2PO)": "masks tokens by a second-moment rule over behaviour log-probs; no spec "
         "variant (its token count against the engine's weight: finding m2po_normalizer).",
         "sapo with importance_sampling_level='sequence'": "a sequence ratio under the sigmoid gate is not a "
         "preset.",
-        "teacher_logp (KDRL)": "a distillation term against a teacher's log-probs; no spec variant.",
+        "teacher_logp (KDRL)": "a distillation term against a teacher's log-probs; no spec variant. With "
+        "rl_loss_weight != 0 it is k1 = logp - teacher_logp used as a loss term, zero expected gradient "
+        "(finding distill_k1_loss); with 0, a per-token reward without return-to-go (finding "
+        "distill_per_token_reward).",
         "KL": "AReaL puts its KL into the rewards (kl_ctl * KLEstimator in compute_advantages), never into "
         "the actor loss.",
     },
@@ -138,6 +143,10 @@ UNSUPPORTED = {
     "group_advantages": {
         "mean_level / std_level 'batch'": "a batch statistic, not a group estimator (advantages.md eq. (14) "
         "is TRL's batch std of the raw rewards).",
+        "mean_leave1out with std_level set": "the std is taken about each element's leave-one-out mean, "
+        "so RLOO's n / (n - 1) cancels (finding adv_leave_one_out_std); no flag expresses that std.",
+        "mean_level None with std_level set": "the std is the root mean square about 0 (finding "
+        "adv_std_uncentred); no flag expresses it.",
     },
 }
 
@@ -161,7 +170,7 @@ FINDINGS = (
         "under rejection sampling): the decoupled objective without its behaviour correction "
         "(policy_losses.md eq. (13)). Nothing a user reads says so: use_decoupled_loss's help is 'Use the "
         "decoupled loss' (cli_args.py:1552), rejection_sampling's says None 'disables filtering' "
-        "(cli_args.py:1559) and the start-up warning that 'staleness filtering is disabled' (:1623-1635); "
+        "(cli_args.py:1559) and the start-up warning that 'staleness filtering is disabled' (:1623-1634); "
         "the weight is dropped, not only the filter. Stale tokens (w = e^0.5, e^-0.3): -0.5, -0.5 where "
         "the decoupled loss gives -0.824, -0.370.",
         where="utils/functional/functional.py:535", quote="if rejection_sampling is not None:",
@@ -242,6 +251,7 @@ FINDINGS = (
 
 
 FINDINGS += TRAINER_FINDINGS  # PPOActor's KL reward, EOS test, M2PO count, RS level (areal_findings.py)
+FINDINGS += AUDIT_FINDINGS  # issue 27's audit: reward position, RS metric, Normalization, distillation, ...
 
 NOTES: dict[str, str] = {}
 
@@ -338,7 +348,7 @@ def _policy_target(m: Mode, variant) -> tuple[Callable, Callable]:
         if sapo:
             loss, _stat = fn(logprobs=call.logp, old_logprobs=call.old_logp, advantages=advantages,
                              loss_mask=mask, **kwargs)
-        else:  # without the decoupled loss the proximal log-probs are the old ones (actor.py:169-190)
+        else:  # without the decoupled loss the proximal log-probs are the old ones (actor.py:178-191)
             loss, _stat = fn(logprobs=call.logp, proximal_logprobs=call.old_logp, old_logprobs=call.old_logp,
                              advantages=advantages, loss_mask=mask, rejection_sampling=None, **kwargs)
         local, scale = _engine_scale(call, variant.aggregation == "token_mean")

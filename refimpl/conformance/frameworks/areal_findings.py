@@ -1,14 +1,18 @@
 """What the AReaL driver found in AReaL 1.0.4's trainer beyond the functions its modes drive
 (``TRAINER_FINDINGS``; areal.py's ``FINDINGS`` lists them after the losses' own): ``PPOActor``'s KL reward
 without a reference model, its test for a missing EOS, M2PO's token count, the rejection-sampling weight's
-level and the clip bounds it never checks. Each has its class and verified line (findings.py); every bug
+level and the clip bounds it never checks; then the audit of issue 27 (``AUDIT_FINDINGS``): the task
+reward's position, rejection sampling's KL metric and non-finite weights, Normalization's leave-one-out
+std, uncentred std, group size and empty input, the distillation terms, the reward clip, GSPO's
+per-token advantages and the settings accepted silently.
+Each has its class and verified line (findings.py); every bug
 and validation finding has a standalone script (repro_areal.py)."""
 
 from __future__ import annotations
 
 from .findings import Finding
 
-__all__ = ["TRAINER_FINDINGS"]
+__all__ = ["TRAINER_FINDINGS", "AUDIT_FINDINGS"]
 
 _AFFECTED = "areal 1.0.4"
 
@@ -66,5 +70,128 @@ TRAINER_FINDINGS = (
         "eps_clip_higher puts the upper clip bound below 1 (an on-policy token with A > 0 is clipped and "
         "gets no gradient), eps_clip >= 1 a lower bound <= 0 (policy_losses.md eq. (6): 0 <= eps < 1).",
         where="utils/functional/functional.py:518", quote="1.0 - eps_clip,", affected=_AFFECTED,
+    ),
+)
+
+
+AUDIT_FINDINGS = (
+    Finding(
+        "reward_last_trainable", "bug",
+        "PPOActor._compute_advantages puts the task reward on position seqlens - 2 (the sequence's last "
+        "token), not on the last trainable one, and the GAE loop skips every position whose loss mask is 0 "
+        "(lastgaelam * (1 - mask), actor.py:231): a multi-turn trajectory that ends with tokens the policy "
+        "did not generate (a tool or environment turn, loss mask 0) loses its reward entirely, every "
+        "advantage 0 (estimators.md eq. (1), (5): the reward of the last action reaches every earlier one).",
+        where="trainer/ppo/actor.py:206", quote="indices = torch.clip(seqlens - 2, min=0)",
+        affected=_AFFECTED + " (trajectories whose last token has loss mask 0)",
+    ),
+    Finding(
+        "rejection_kl_metric", "bug",
+        "apply_rejection_sampling's metric 'kl_k3' calls KLEstimator._compute_approx_kl(log_probs=prox, "
+        "log_probs_base=behave), whose k3 negates the log-ratio: it filters on 1/r - 1 + log r "
+        "(r = pi_prox / pi_behave), while RejectionSamplingConfig's help documents k3 = r - log(r) - 1 "
+        "(kl.md eq. (4) with "
+        "the samples from pi_behave). The two disagree on which tokens are rejected: r = (6.69, 0.061), "
+        "upper 2: the documented k3 (3.79, 1.86) keeps (False, True), AReaL keeps (True, False). (The help's "
+        "'kl_k1 = log(r), forward KL unbiased estimator' has mean -KL(behave || prox) under those samples.)",
+        where="utils/functional/functional.py:242", quote="metric = KLEstimator._compute_approx_kl(",
+        affected=_AFFECTED + " (rejection_sampling.metric 'kl_k3')",
+    ),
+    Finding(
+        "rejection_nonfinite_weight", "bug",
+        "apply_rejection_sampling replaces a non-finite log(pi_prox / pi_behave) by 0 before it filters and "
+        "weighs: a token whose behaviour log-prob is -inf (w = +inf, policy_losses.md eq. (13): masked or "
+        "capped) gets weight 1 and passes the filter as an on-policy token.",
+        where="utils/functional/functional.py:233",
+        quote="log_ratio = torch.where(torch.isfinite(log_ratio), log_ratio, 0.0)",
+        affected=_AFFECTED + " (rejection_sampling set, a non-finite behaviour or proximal log-prob)",
+    ),
+    Finding(
+        "adv_leave_one_out_std", "bug",
+        "Normalization with mean_leave1out and a std level takes the std about each element's leave-one-out "
+        "mean, i.e. of n/(n-1) (x - mean): n/(n-1) times the std of the rewards, so RLOO's factor cancels "
+        "and A = (x - mean) / std, not advantages.md eq. (2) + (5)'s n/(n-1) (x - mean) / std. "
+        "Rewards (1, 0, 0, 0), one group, eps 0: (1.5, -0.5, -0.5, -0.5) instead of (2, -0.667, -0.667, "
+        "-0.667).",
+        where="utils/data.py:1472", quote="group_mean_slice = mean[s]  # already computed and expanded",
+        affected=_AFFECTED + " (reward_norm / adv_norm with mean_leave1out and std_level set)",
+    ),
+    Finding(
+        "adv_std_uncentred", "bug",
+        "Normalization with mean_level None and a std level divides by the root mean square about 0, not by "
+        "the std (its mean is the zero tensor it did not subtract): rewards (1, 2, 3), std_level 'batch', "
+        "eps 0: (0.378, 0.756, 1.134) instead of x / std = (1, 2, 3).",
+        where="utils/data.py:1445", quote='else:  # mean_level == "none"',
+        affected=_AFFECTED + " (mean_level None with std_level set)",
+    ),
+    Finding(
+        "adv_all_masked", "value_only",
+        "Normalization returns its input unnormalised when the loss mask has no token (advantages.md eq. "
+        "(22): no counted entry gives 0); the loss masks every position of such a batch, so training is "
+        "unchanged, the logged advantages are the raw ones.",
+        where="utils/data.py:1409", quote="return x.float()", affected=_AFFECTED,
+    ),
+    Finding(
+        "distill_k1_loss", "bug",
+        "with a teacher and rl_loss_weight != 0 (KDRL, the default 1.0) grpo_loss_fn adds "
+        "distill_loss_weight times the token mean of logp - teacher_logp, k1 used as a loss term: its "
+        "expected gradient is 0 "
+        "(kl.md eq. (7)), so the teacher moves the policy only through noise. One state, 3 tokens, logits "
+        "(0.3, -0.2, 0.5), teacher logits (2, -1, 0): E[grad] = (0, 0, 0) where grad KL(pi || teacher) = "
+        "(-0.526, 0.217, 0.308).",
+        where="trainer/ppo/actor.py:507",
+        quote="rkl_penalty_per_token = (logprobs - teacher_logp) * loss_mask",
+        affected=_AFFECTED + " (teacher_logp given, rl_loss_weight != 0)",
+    ),
+    Finding(
+        "distill_per_token_reward", "documented_default",
+        "pure distillation (rl_loss_weight 0) uses teacher_logp - logp of each token as that token's reward "
+        "with an importance weight and no return-to-go (the 'reverse KL' of its comment, the discount-0 "
+        "on-policy distillation recipe): the gradient of the sequence reverse KL also credits a token with "
+        "the later tokens' terms (kl.md eq. (8b)).",
+        where="trainer/ppo/actor.py:496", quote="rkl_reward = teacher_logp - logprobs.detach()",
+        affected=_AFFECTED + " (teacher_logp given, rl_loss_weight 0)",
+    ),
+    Finding(
+        "reward_clip_default", "documented_default",
+        "PPOActor clips (reward + reward_bias) * reward_scaling to [-reward_clip, reward_clip] before the "
+        "advantages, with reward_clip 20 by default ('Maximum absolute value for reward clipping', "
+        "cli_args.py:1488-1490): rewards beyond +-20 are cut (advantages.md has no clip).",
+        where="trainer/ppo/actor.py:169", quote="reward_score = torch.clip(",
+        affected=_AFFECTED + " (|reward * reward_scaling| > 20)",
+    ),
+    Finding(
+        "gspo_token_advantages", "documented_default",
+        "importance_sampling_level='sequence' with per-token advantages (a critic's GAE) replaces them by "
+        "each row's mean advantage (its docstring says so, functional.py:74-77); GSPO's sequence ratio is "
+        "defined with one advantage per sequence (policy_losses.md section 2).",
+        where="utils/functional/functional.py:145",
+        quote="masked_advantages.sum(dim=-1, keepdim=True) / seq_lengths",
+        affected=_AFFECTED + " (importance_sampling_level 'sequence', per-token advantages)",
+    ),
+    Finding(
+        "config:group_size", "validation",
+        "NormConfig accepts mean_level 'group' with its default group_size 1 (it rejects only "
+        "group_size < 1): every group is one sample, its mean the sample itself, and every advantage "
+        "is 0 (std_unbiased, the "
+        "default, sets a singleton's std to 1), silently. Rewards (1, 0, 1, 0): (0, 0, 0, 0).",
+        where="api/cli_args.py:93", quote=") and self.group_size < 1:",
+        affected=_AFFECTED + " (reward_norm / adv_norm with mean_level 'group' and no group_size)",
+    ),
+    Finding(
+        "config:overlong_tokens", "validation",
+        "overlong_tokens is never checked: 0 divides by zero in reward_overlong_penalty, a NaN reward at "
+        "L = max_new_tokens and -inf beyond (advantages.md eq. (8) needs L_cache > 0); overlong_tokens > "
+        "max_new_tokens is accepted too.",
+        where="utils/functional/functional.py:798",
+        quote="-exceed_len / overlong_tokens * overlong_penalty_factor, 0",
+        affected=_AFFECTED + " (overlong_reward_penalty with overlong_tokens <= 0)",
+    ),
+    Finding(
+        "config:m2_threshold", "validation",
+        "m2_threshold <= 0 is accepted: no suffix of second moments averages below it, so M2PO masks every "
+        "token of the micro-batch but one, silently.",
+        where="trainer/ppo/actor.py:841", quote="num_to_mask = n - 1",
+        affected=_AFFECTED + " (m2_threshold <= 0)",
     ),
 )

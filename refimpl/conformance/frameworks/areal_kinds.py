@@ -196,10 +196,13 @@ KIND_UNSUPPORTED = {
     "gae": {"PPOActor._compute_advantages": "GAE runs inside the actor on the whole prompt + response "
             "sequence (loss mask rolled by one, the KL reward and the sequence reward placed by it, the last "
             "position's advantage fixed to 0, values[:, -1] bootstrapped for rows as long as the padded "
-            "batch, which it takes for rows without an EOS: finding eos_by_width); its inputs are not "
-            "per-token rewards, so the kit's GAE cases cannot be expressed."},
+            "batch, which it takes for rows without an EOS: finding eos_by_width; the task reward on "
+            "position seqlens - 2 is lost when that position is not trainable, the GAE skipping masked "
+            "positions: finding reward_last_trainable); its inputs are not per-token rewards, so the kit's "
+            "GAE cases cannot be expressed."},
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
-                  "(the group level is driven as group_advantages); the all-reduce over ranks."},
+                  "(the group level is driven as group_advantages); the all-reduce over ranks. A mask "
+                  "without a token returns the input unnormalised (finding adv_all_masked)."},
     "kl_reward": {"the actor's layout": "the actor rolls the loss mask by one position and puts the score at "
                   "seqlens - 2 (actor.py:175-212); the KL reward mode runs KLEstimator and lays the reward "
                   "out as the kind does. Without a reference model the actor takes the KL against zeros "

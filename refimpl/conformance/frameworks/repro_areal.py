@@ -217,4 +217,140 @@ verdict("AReaL ppo_actor_loss_fn(importance_sampling_level='sequence') (GSPO, "
         "utils/functional/functional.py:542), T = (3, 1): d loss / d logp of each row's first token", got,
         "[-0.166667, -0.5] (GSPO's seq_mean: -A / (N T_i))", got == [-0.25, -0.25])
 """,
+        **_audit_bodies(_AREAL),
+    }
+
+
+# AReaL's utils/constants.py (enums and constants only) and trainer/ppo/stats.py (torch only) as installed,
+# for grpo_loss_fn; its stats_tracker calls only log, so a stand-in records nothing
+_AREAL_LOSS_FN = """\
+def load(relative, name):
+    spec = importlib.util.spec_from_file_location(name, root / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+constants = load("utils/constants.py", "_repro_areal_constants")
+stats = load("trainer/ppo/stats.py", "_repro_areal_stats")
+logging_only = SimpleNamespace(denominator=lambda **k: None, stat=lambda **k: None, scalar=lambda **k: None)
+names = {k: getattr(constants, k) for k in dir(constants) if k.startswith(("PROX_", "ProxLogp"))}
+grpo_loss_fn = actor_def(
+    "grpo_loss_fn", RejectionSamplingConfig=object, ppo_actor_loss_fn=functional.ppo_actor_loss_fn,
+    sapo_loss_fn=functional.sapo_loss_fn, stats_tracker=logging_only,
+    infer_token_denominator=stats.infer_token_denominator,
+    _resolve_proximal_logp=actor_def("_resolve_proximal_logp", **names),
+    _log_proximal_approximation_stats=lambda **k: None, **names)
+"""
+
+# NormConfig.__post_init__ as installed (api/cli_args.py), run on a stand-in holding the fields it reads
+_NORM_CONFIG = """\
+cli_path = root / "api" / "cli_args.py"
+norm_class = next(n for n in ast.parse(cli_path.read_text()).body
+                  if isinstance(n, ast.ClassDef) and n.name == "NormConfig")
+post_init = next(n for n in norm_class.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+checked = {}
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), str(cli_path), "exec"), checked)
+"""
+
+
+def _audit_bodies(_AREAL: str) -> dict[tuple[str, str], str]:
+    """The scripts of the findings of issue 27's audit (areal_findings.AUDIT_FINDINGS)."""
+    return {
+        ("areal", "reward_last_trainable"): _AREAL_ACTOR + """\
+# prompt 1 token, then 2 generated tokens (loss mask 1) and a 2-token environment turn (loss mask 0) last
+batch = {"input_ids": torch.ones(1, 5, dtype=torch.long),
+         "attention_mask": torch.ones(1, 5, dtype=torch.long), "loss_mask": torch.tensor([[0, 1, 1, 0, 0]]),
+         "logprobs": torch.tensor([[0.0, -2.0, -2.0, 0.0, 0.0]]), "rewards": torch.tensor([1.0])}
+out = compute_advantages(actor(kl_ctl=0.0), batch)
+got = [round(v, 6) for v in out["advantages"][0].tolist()]
+verdict("AReaL PPOActor._compute_advantages (trainer/ppo/actor.py:206), a trajectory ending with a "
+        "non-trainable turn, task reward 1, kl_ctl 0, discount = gae_lambda = 1: the advantages", got,
+        "1.0 at the two generated tokens (rolled positions 0 and 1): the reward of the last action",
+        max(abs(v) for v in got) == 0.0)
+""",
+        ("areal", "rejection_kl_metric"): _AREAL_DATA + _AREAL + """\
+functional.KLEstimator = data["KLEstimator"]  # functional.py's own import: the class of utils/data.py
+prox = torch.tensor([[-0.1, -3.0]])  # pi_prox
+behave = torch.tensor([[-2.0, -0.2]])  # pi_behave (the rollout): r = pi_prox / pi_behave = 6.69, 0.061
+config = types.SimpleNamespace(level="token", action="mask", metric="kl_k3", agg="mean", upper=2.0,
+                               lower=None)
+got = functional.apply_rejection_sampling(prox, behave, torch.ones(1, 2), None, config).loss_mask
+got = got.bool()[0].tolist()
+r = torch.exp(prox - behave)[0]
+k3 = r - torch.log(r) - 1
+verdict("AReaL apply_rejection_sampling(metric='kl_k3', upper=2) (utils/functional/functional.py:242): "
+        "the tokens kept", got, f"{(k3 <= 2).tolist()} (the help's k3 = r - log(r) - 1 = "
+        f"{[round(v, 3) for v in k3.tolist()]})", got == [True, False])
+""",
+        ("areal", "rejection_nonfinite_weight"): _AREAL + """\
+prox = torch.tensor([[-1.0, -1.0]])
+behave = torch.tensor([[-1.0, -float("inf")]])  # the second token: pi_behave = 0, w = +inf
+config = types.SimpleNamespace(level="token", action="mask", metric="ratio", agg="mean", upper=5.0,
+                               lower=None)
+res = functional.apply_rejection_sampling(prox, behave, torch.ones(1, 2), None, config)
+got = [res.loss_mask[0, 1].item(), res.behave_imp_weight[0, 1].item()]
+verdict("AReaL apply_rejection_sampling(metric='ratio', action='mask', upper=5) "
+        "(utils/functional/functional.py:233), a token with behaviour log-prob -inf: [loss mask, weight]",
+        got, "[0.0, ...] (w = +inf > 5: rejected)", got == [1.0, 1.0])
+""",
+        ("areal", "adv_leave_one_out_std"): _AREAL_DATA + """\
+rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])  # one group of 4
+got = norm(mean_level="group", mean_leave1out=True, std_level="group", group_size=4, eps=0.0)(rewards)
+got = [round(v, 6) for v in got.tolist()]
+exact = [round(v, 6) for v in (4 / 3 * (rewards - rewards.mean()) / rewards.std()).tolist()]
+verdict("AReaL Normalization(mean_level='group', mean_leave1out=True, std_level='group', eps=0) "
+        "(utils/data.py:1472) on rewards (1, 0, 0, 0): the advantages", got,
+        f"{exact} (RLOO's centring over the sample std of the rewards)", got == [1.5, -0.5, -0.5, -0.5])
+""",
+        ("areal", "adv_std_uncentred"): _AREAL_DATA + """\
+rewards = torch.tensor([1.0, 2.0, 3.0])
+got = [round(v, 6) for v in norm(mean_level=None, std_level="batch", group_size=1, eps=0.0)(rewards).tolist()]
+verdict("AReaL Normalization(mean_level=None, std_level='batch', eps=0) (utils/data.py:1445) on rewards "
+        "(1, 2, 3): the scaled rewards", got, "[1.0, 2.0, 3.0] (x / std, the sample std 1)",
+        got == [0.377964, 0.755929, 1.133893])
+""",
+        ("areal", "distill_k1_loss"): _AREAL_ACTOR + _AREAL + _AREAL_LOSS_FN + """\
+z = torch.tensor([0.3, -0.2, 0.5], requires_grad=True)  # the policy's logits at one state
+teacher = torch.log_softmax(torch.tensor([2.0, -1.0, 0.0]), 0)
+pi = torch.softmax(z.detach(), 0)
+expected_grad = torch.zeros(3)
+for a in range(3):  # every sampled token, weighted by its probability: the expected gradient
+    logp = torch.log_softmax(z, 0)[a].reshape(1, 1)
+    batch = {"logprobs": logp.detach(), "advantages": torch.zeros(1, 1), "loss_mask": torch.ones(1, 1),
+             "prox_logp": logp.detach(), "teacher_logp": teacher[a].reshape(1, 1), "distill_loss_weight": 1.0}
+    loss = grpo_loss_fn(logp, torch.zeros(1, 1), batch, eps_clip=0.2, eps_clip_higher=None, c_clip=None)
+    expected_grad += pi[a] * torch.autograd.grad(loss, z)[0]
+q = torch.softmax(z, 0)
+exact = torch.autograd.grad((q * (torch.log(q) - teacher)).sum(), z)[0]
+got = [round(v, 6) for v in expected_grad.tolist()]
+verdict("AReaL grpo_loss_fn with teacher_logp, rl_loss_weight 1 (trainer/ppo/actor.py:507), A = 0: "
+        "E[d loss / d logits] over the sampled token", got,
+        f"{[round(v, 6) for v in exact.tolist()]} (grad KL(pi || teacher))", max(abs(v) for v in got) < 1e-6)
+""",
+        ("areal", "config:group_size"): _SILENT_AREAL + _AREAL_ACTOR + _NORM_CONFIG + """\
+size = config_defaults("NormConfig")["group_size"]
+checked["__post_init__"](SimpleNamespace(mean_level="group", std_level="group", group_size=size))  # passes
+got = norm(mean_level="group", std_level="group", group_size=size)(torch.tensor([1.0, 0.0, 1.0, 0.0]))
+got = got.tolist()
+verdict(f"AReaL NormConfig(mean_level='group', std_level='group') with its default group_size {size} "
+        "(api/cli_args.py:93): accepted; Normalization on rewards (1, 0, 1, 0)", got,
+        "an error (a group of one has no baseline), or the group the rewards were sampled in",
+        size == 1 and got == [0.0, 0.0, 0.0, 0.0])
+""",
+        ("areal", "config:overlong_tokens"): _SILENT_AREAL + _AREAL + """\
+data = {"rewards": torch.zeros(1), "input_ids": torch.zeros(1, 20, dtype=torch.long),
+        "loss_mask": torch.ones(1, 20)}  # a response of exactly max_new_tokens = 20 tokens
+got = functional.reward_overlong_penalty(data, overlong_tokens=0, overlong_penalty_factor=1.0,
+                                         max_response_length=20)["rewards"].item()
+verdict("AReaL reward_overlong_penalty(overlong_tokens=0) (utils/functional/functional.py:798), "
+        "L = max_new_tokens = 20: accepted; the reward", got,
+        "an error (advantages.md eq. (8) needs L_cache > 0)", got != got)
+""",
+        ("areal", "config:m2_threshold"): _SILENT_AREAL + _AREAL_ACTOR + """\
+mask = actor_def("_get_m2po_loss_mask")(torch.tensor([3.0, 2.0, 1.0, 0.5]), 0.0)  # sorted second moments
+got = mask.tolist()
+verdict("AReaL _get_m2po_loss_mask(m2_threshold=0) (trainer/ppo/actor.py:841): accepted; the tokens kept",
+        got, "an error (a mean of squares is never below 0)", got == [False, False, False, True])
+""",
     }
