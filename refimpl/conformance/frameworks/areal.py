@@ -175,6 +175,8 @@ FINDINGS = (
         "the decoupled loss gives -0.824, -0.370.",
         where="utils/functional/functional.py:535", quote="if rejection_sampling is not None:",
         affected="areal 1.0.4",
+        upstream="https://github.com/areal-project/AReaL/pull/1088 (merged: made rejection_sampling=None the "
+        "default and added the start-up warning; it does not mention the dropped weight)",
     ),
     Finding(
         "config:c_clip", "validation",
@@ -210,6 +212,8 @@ FINDINGS = (
         "mean 0 and std 0, so their advantage is R / eps (1e5 R with the default eps 1e-5).",
         where="utils/data.py:1424", quote="for i in range(0, bs // self.group_size):",
         affected="areal 1.0.4",
+        upstream="https://github.com/areal-project/AReaL/issues/1419 (closed as stale, not fixed; fix "
+        "proposed in pull request 1673, open)",
     ),
     Finding(
         "kl_reward_value_clamp", "bug",
@@ -246,6 +250,8 @@ FINDINGS = (
         where="utils/functional/functional.py:542",
         quote="pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count",
         affected="areal 1.0.4", function="ppo_actor_loss_fn",
+        upstream="https://github.com/areal-project/AReaL/issues/1423 (filed as a feature request, closed as "
+        "stale; pull request 1546 adds the option, open)",
     ),
 )
 

@@ -51,6 +51,8 @@ TRAINER_FINDINGS = (
         where="trainer/ppo/actor.py:448",
         quote="loss_mask = _apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)",
         affected=_AFFECTED + " (m2_threshold set, more than one micro-batch)",
+        upstream="https://github.com/areal-project/AReaL/issues/1730 (open; fix proposed in pull request "
+        "1732)",
     ),
     Finding(
         "rejection_sampling_level", "documented_default",
