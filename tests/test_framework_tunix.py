@@ -176,3 +176,18 @@ def test_a_group_of_one_is_refused_as_grpo_config_refuses_it():
     pair, triple = 0.5**0.5 + 1e-6, (75 / 9) ** 0.5 + 1e-6  # stds of {1, 2} and {0, 5, 5}
     expected = [-0.5 / pair, (-10 / 3) / triple, 0.5 / pair, (5 / 3) / triple, (5 / 3) / triple]
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+
+
+def test_the_audits_findings_are_classed_and_the_clip_bound_tie_is_no_bug():
+    """Issue 27's source-first audit: the new findings with their classes; the 3/4 on the non-closing
+    bound is jnp.clip's choice on an exact float tie (subgradient class, not a bug); the dual-clip tie is
+    jnp.minimum's (JAX), not PyTorch's."""
+    found = {f.key: f for f in driver.findings()}
+    assert {k: found[k].kind for k in ("packed_rows", "completion_mask_pad_eos", "stale_old_logps",
+                                       "config:epsilon_low", "kl_loss_mode_k1", "ppo_kl_reward_k3",
+                                       "clip_bound_tie")} == {
+        "packed_rows": "bug", "completion_mask_pad_eos": "bug", "stale_old_logps": "bug",
+        "config:epsilon_low": "validation", "kl_loss_mode_k1": "documented_default",
+        "ppo_kl_reward_k3": "documented_default", "clip_bound_tie": "subgradient"}
+    assert "jnp.minimum" in found["dual_clip_tie"].text and "PyTorch" not in found["dual_clip_tie"].text
+    assert "finding packed_rows" in found["seq_sum_width='padded_width'"].text

@@ -86,28 +86,6 @@ def statements(relative, first, count):
     raise SystemExit(print(f"{relative} has no statement {first!r}") or 2)
 '''
 
-TUNIX_BODIES[("tunix", "clip_bound_tie")] = _PPO_LOSS + """\
-# a float32 log-ratio whose exp is exactly the lower clip bound 1 - 0.2 (as jnp.clip compares it)
-bound = np.float32(0.8)
-d = np.float32(np.log(0.8))
-for step in range(64):
-    if np.asarray(jnp.exp(jnp.float32(d))) == bound:
-        break
-    d = np.nextafter(d, np.float32(1.0) if np.asarray(jnp.exp(jnp.float32(d))) < bound else np.float32(-1.0))
-ids = jnp.zeros((1, 1), jnp.int32)
-example = types.SimpleNamespace(prompt_ids=jnp.zeros((1, 1), jnp.int32), completion_ids=ids,
-                                completion_mask=jnp.ones((1, 1)), advantages=jnp.ones((1, 1)),
-                                old_per_token_logps=jnp.zeros((1, 1)), ref_per_token_logps=None)
-config = types.SimpleNamespace(epsilon_low=0.2, epsilon_high=0.2, entropy_coef=None)
-grad = nnx.grad(lambda model: loss_fn(model, example, config, 0, 1)[0])(Policy(jnp.full((1, 1), d)))
-grad = float(np.asarray(grad.logp[...])[0, 0])
-verdict("Tunix ppo_policy_loss_fn (rl/algo_core.py:223; grpo_loss_fn's :438 likewise), A = 1 at a float32 "
-        f"ratio exactly on the lower clip bound {float(bound)}: d loss / d logp (max(-A r, -A clip(r)) is "
-        "-A r "
-        "on both sides of that bound: no kink)", grad,
-        f"{-float(bound)} (-A r, unique)", abs(grad - 0.75 * -float(bound)) < 1e-6)
-"""
-
 TUNIX_BODIES[("tunix", "whiten_sample_single")] = """\
 stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
 bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
@@ -171,4 +149,81 @@ verdict("Tunix DAPOConfig.dynamic_sampling (rl/grpo/dapo_learner.py:65, default 
         f"{default}): every line of the installed package naming it", uses,
         "a read of the setting: DAPO's dynamic sampling drops the groups whose rewards are all equal",
         default is True and all(u.startswith("rl/grpo/dapo_learner.py:") for u in uses) and len(uses) <= 2)
+"""
+
+TUNIX_BODIES[("tunix", "config:epsilon_low")] = _FROM_SOURCE + """\
+import warnings  # noqa: E402
+
+warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+tree = ast.parse((root / "rl/ppo/ppo_learner.py").read_text())
+config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOConfig")
+post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+namespace = {}
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), "ppo_learner.py", "exec"), namespace)  # its def
+self = types.SimpleNamespace(epsilon=0.2, epsilon_low=0.0, epsilon_high=None, epsilon_c=None,
+                             kl_method="low_var_kl")
+namespace["__post_init__"](self)
+verdict("Tunix PPOConfig(epsilon=0.2, epsilon_low=0.0).__post_init__ (rl/ppo/ppo_learner.py:101): accepted; "
+        "the lower clip epsilon it keeps", self.epsilon_low, "0.0 (no lower clip), or an error",
+        self.epsilon_low == 0.2)
+"""
+
+TUNIX_BODIES[("tunix", "packed_rows")] = _PPO_LOSS.replace("ppo_policy_loss_fn", "grpo_loss_fn") + """\
+common_module = importlib.import_module("tunix.rl.common")
+utils = importlib.import_module("tunix.rl.utils")
+# two responses of one group, 1 and 3 tokens, advantages 1 and 0, each after a one-token prompt, as the
+# learner hands them to sequence packing (right-padded to 3 completion tokens)
+example = common_module.TrainExample(
+    prompt_ids=jnp.array([[7], [7]]), prompt_mask=jnp.ones((2, 1), jnp.int32),
+    completion_ids=jnp.array([[5, 0, 0], [5, 6, 8]]), completion_mask=jnp.array([[1, 0, 0], [1, 1, 1]]),
+    advantages=jnp.array([1.0, 0.0]), ref_per_token_logps=None, old_per_token_logps=None)
+(packed,) = next(utils.pack_sequences(iter([[example]]), max_token_budget=8))  # rl/utils.py:404
+config = types.SimpleNamespace(beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_algo="grpo", temperature=1.0,
+                               loss_agg_mode="sequence-mean-token-mean", kl_loss_mode="kl",
+                               kl_clamp_value=None)
+logp = jnp.full(packed.completion_ids.shape, -1.0)
+loss = float(loss_fn(Policy(logp), packed, config, 0, 1)[0])  # on-policy: ratio 1, loss -mean A
+verdict("Tunix grpo_loss_fn on a sequence-packed row (rl/utils.py:404, then common.aggregate_loss), "
+        "sequence-mean-token-mean, two responses of 1 and 3 tokens with advantages 1 and 0: the loss",
+        f"{loss} (shape {tuple(packed.completion_ids.shape)}: one row)",
+        "-0.5 (the mean over the two responses of their token means: -(1 + 0) / 2)", abs(loss + 0.25) < 1e-6)
+"""
+
+TUNIX_BODIES[("tunix", "completion_mask_pad_eos")] = _FROM_SOURCE + """\
+path, lines = statements("rl/grpo/grpo_learner.py",
+                         "completion_mask = np.not_equal(padded_completion_ids, pad_value)", 1)
+pad_value = eos = 0  # a tokenizer whose pad id is its EOS id
+padded_completion_ids = np.array([[5, 6, eos, pad_value]])  # the completion 5, 6, EOS, right-padded
+scope = {"np": np, "padded_completion_ids": padded_completion_ids, "pad_value": pad_value}
+exec(compile(ast.Module(body=lines, type_ignores=[]), str(path), "exec"), scope)  # Tunix's statement
+mask = np.asarray(scope["completion_mask"]).astype(int)
+verdict("Tunix GRPOLearner's loss mask (rl/grpo/grpo_learner.py:256; ppo_learner.py:280 likewise) of the "
+        "completion 5, 6, EOS with pad id == EOS id", mask.tolist(), "[[1, 1, 1, 0]] (the EOS token is "
+        "part of the response, as common.make_completion_mask keeps it)", mask[0, 2] == 0)
+"""
+
+TUNIX_BODIES[("tunix", "stale_old_logps")] = _FROM_SOURCE + _PPO_LOSS.replace(
+    "ppo_policy_loss_fn", "grpo_loss_fn") + """\
+path = root / "rl/grpo/grpo_learner.py"
+lines = [n for n in ast.walk(ast.parse(path.read_text()))
+         if isinstance(n, ast.If) and ast.unparse(n.test) == "self.algo_config.num_iterations > 1"]
+# the learner's step with num_iterations=1 (GRPOConfig's default): no old log-probs are computed
+scope = {"self": types.SimpleNamespace(algo_config=types.SimpleNamespace(num_iterations=1))}
+exec(compile(ast.Module(body=lines, type_ignores=[]), str(path), "exec"), scope)  # Tunix's statement
+old = scope["old_per_token_logps"]
+# a token sampled by the rollout's stale weights (log-prob -1.5) that the optimiser has since raised to
+# -1.0: ratio exp(0.5) = 1.65 > 1 + epsilon, A > 0: PPO's clip closes the gate (gradient 0)
+ids = jnp.zeros((1, 1), jnp.int32)
+example = types.SimpleNamespace(prompt_ids=ids, completion_ids=ids, completion_mask=jnp.ones((1, 1)),
+                                advantages=jnp.ones((1,)),
+                                old_per_token_logps=old, ref_per_token_logps=None)
+config = types.SimpleNamespace(beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_algo="grpo", temperature=1.0,
+                               loss_agg_mode="sequence-mean-token-mean", kl_loss_mode="kl",
+                               kl_clamp_value=None)
+grad = nnx.grad(lambda model: loss_fn(model, example, config, 0, 1)[0])(Policy(jnp.full((1, 1), -1.0)))
+grad = float(np.asarray(grad.logp[...])[0, 0])
+verdict("Tunix GRPO learner with num_iterations=1 (rl/grpo/grpo_learner.py:284: old log-probs "
+        f"{old}), grpo_loss_fn on a token the sampler drew at log-prob -1.5 and the policy now gives -1.0 "
+        "(ratio 1.65 to the sampler), A = 1: d loss / d logp", f"{grad} (ratio taken as 1: unclipped)",
+        "0.0 (the clip gate is closed against the sampling policy)", old is None and abs(grad + 1.0) < 1e-6)
 """

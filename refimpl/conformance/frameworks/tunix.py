@@ -184,6 +184,13 @@ UNSUPPORTED = {
         "ppo + KL": "ppo_policy_loss_fn reads getattr(algo_config, 'kl_coef', 0.0) (algo_core.py:256), a "
         "field PPOConfig does not have (its slots dataclass cannot take it): PPO's KL goes into the reward "
         "(ppo_learner.py:357-367), not the loss.",
+        "sequence packing": "max_seq_token_per_tpu packs several sequences into one row (rl/utils.py:404) "
+        "that grpo_loss_fn aggregates as one sequence (finding packed_rows, shown by its script); the kit's "
+        "calls are one sequence per row.",
+        "the learners' masks and old log-probs": "built in the learners' rollout steps, which need the RL "
+        "cluster: the loss mask is completion_ids != pad_id (finding completion_mask_pad_eos) and with "
+        "num_iterations=1 the old log-probs are the current policy's (finding stale_old_logps), each shown "
+        "by its script.",
     },
     "group_advantages": {
         "gae": "token-level (PPO's critic): the gae kind, not group advantages.",

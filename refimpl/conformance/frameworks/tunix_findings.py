@@ -4,7 +4,7 @@ prose (``NOTES``). Kept apart from tunix.py, the driver's modes and calls."""
 
 from __future__ import annotations
 
-from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
+from .findings import Finding, ratio_overflow_finding
 
 __all__ = ["FINDINGS", "NOTES"]
 
@@ -20,7 +20,8 @@ FINDINGS = (
         "whose default is the padded width of the batch (per_token_loss.shape[-1]), not a constant L_max. "
         "The GRPO learner pads every completion to rollout_config.max_tokens_to_generate "
         "(grpo/grpo_learner.py:243-247), so in its trainer the width is that budget, Dr. GRPO's L_max; "
-        "only a caller of aggregate_loss with its own padding (as the kit's driver) gets the batch's width.",
+        "a caller of aggregate_loss with its own padding (as the kit's driver) gets the batch's width, and "
+        "the trainer with sequence packing (max_seq_token_per_tpu) the pack's (finding packed_rows).",
         where="rl/common.py:568", quote="norm = _check_get_norm(kwargs, per_token_loss.shape[-1])",
         affected=_AFFECTED,
     ),
@@ -35,18 +36,25 @@ FINDINGS = (
         affected=f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn likewise, algo_core.py:223)",
     ),
     Finding(
-        "clip_bound_tie", "bug",
+        "clip_bound_tie", "subgradient",
         "the same 3/4 at a ratio exactly on the other bound (A > 0 at 1 - epsilon, A < 0 at 1 + "
         "epsilon_high), where both branches of max(-A r, -A clip(r)) are -A r around the bound: the loss is "
-        "differentiable there, its derivative -A r unique, and the token gets 3/4 of it. Reached only by a "
-        "float32 ratio exactly equal to the bound (flag clip_bound_tie='three_quarters').",
+        "differentiable there (policy_losses.md section 3: no kink), its derivative -A r, and the token "
+        "gets 3/4 of it. It is jnp.clip's choice at its own kink (1/2 at a bound) carried by the chain "
+        "rule, on a float32 ratio exactly equal to the bound only: a set of measure zero on which automatic "
+        "differentiation may return any element of a conservative field, not a bug to file (flag "
+        "clip_bound_tie='three_quarters' reproduces it, as the spec's subdifferential does not cover it).",
         where="rl/algo_core.py:438", quote="per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
         affected=f"{_AFFECTED} (grpo_loss_fn, gspo-token included; ppo_policy_loss_fn, algo_core.py:223)",
     ),
-    dual_clip_tie_finding("rl/algo_core.py:460",
-                          "pg_loss_clipped_dual = jnp.minimum(pg_loss_3, per_token_loss)",
-                          f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)",
-                          function="grpo_loss_fn"),
+    Finding(
+        "dual_clip_tie", "subgradient",
+        "at a ratio exactly on the dual clip (A < 0) the gradient is A r / 2, the average of the two "
+        "one-sided derivatives (jnp.minimum's choice at a tie); a valid subgradient of the kink, not a bug "
+        "(the spec's inclusive gate keeps A r).",
+        where="rl/algo_core.py:460", quote="pg_loss_clipped_dual = jnp.minimum(pg_loss_3, per_token_loss)",
+        affected=f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn, algo_core.py:236)", function="grpo_loss_fn",
+    ),
     Finding(
         "zero_rows='raise'", "value_only",
         "grpo_loss_fn logs is_ratio/max as jnp.max over the whole batch: on a batch without rows a max over "
@@ -107,6 +115,61 @@ FINDINGS = (
         "setting it on or off changes nothing, without a warning.",
         where="rl/grpo/dapo_learner.py:65", quote="dynamic_sampling: bool = True", affected=_AFFECTED,
     ),
+    # found by the source-first audit of issue 27
+    Finding(
+        "config:epsilon_low", "validation",
+        "PPOConfig.__post_init__ replaces epsilon_low (and epsilon_high) by epsilon whenever it is falsy: "
+        "an explicit epsilon_low=0.0 (no lower clip) silently becomes 0.2, without an error or a warning.",
+        where="rl/ppo/ppo_learner.py:101",
+        quote="self.epsilon_low = self.epsilon_low if self.epsilon_low else self.epsilon", affected=_AFFECTED,
+    ),
+    Finding(
+        "packed_rows", "bug",
+        "with sequence packing (training_config.max_seq_token_per_tpu, rl_learner.py:721-728) pack_sequences "
+        "puts every sequence of a pack into one row (rl/utils.py:404) and grpo_loss_fn aggregates rows: "
+        "sequence-mean-token-mean becomes a token mean per pack over the number of packs, the Dr. GRPO norm "
+        "the pack budget, and gspo-token's sequence ratio (algo_core.py:418-420) the mean log-ratio of the "
+        "whole pack. Two responses of 1 and 3 tokens with advantages 1 and 0 in one pack: GRPO's loss "
+        "-0.25 where policy_losses.md eq. (10)-(11) give -0.5.",
+        where="rl/utils.py:404", quote="c_ids_arr = jnp.array(_pad(packed_c_ids, pad_id, pad_len))[None, :]",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "completion_mask_pad_eos", "bug",
+        "the GRPO and PPO learners build the loss mask as completion_ids != pad_id (grpo_learner.py:256, "
+        "ppo_learner.py:280): where the tokenizer's pad id is its EOS id the EOS token leaves the loss (and "
+        "PPO puts the reward on the token before it): the policy is never taught to stop. "
+        "common.make_completion_mask, which keeps the first EOS, is not used there.",
+        where="rl/grpo/grpo_learner.py:256",
+        quote="completion_mask = np.not_equal(padded_completion_ids, pad_value)", affected=_AFFECTED,
+    ),
+    Finding(
+        "kl_loss_mode_k1", "documented_default",
+        "GRPOConfig's default KL is beta=0.04 with kl_loss_mode='kl' (documented: 'Default: kl'), the k1 "
+        "estimator logp - ref_logp as a loss term: its gradient is beta per token whatever the reference, "
+        "zero in expectation (kl.md eq. (7)), so the default penalty does not pull towards the reference; "
+        "Shao et al. 2024, eq. (4) use k3 ('low_var_kl').",
+        where="rl/grpo/grpo_learner.py:96", quote='kl_loss_mode: str = "kl"', affected=_AFFECTED,
+    ),
+    Finding(
+        "ppo_kl_reward_k3", "documented_default",
+        "PPOLearner subtracts beta times the per-token KL from the rewards (ppo_learner.py:357-367) with "
+        "PPOConfig's default kl_method 'low_var_kl' (k3): as a reward with the score-function gradient k3 "
+        "is biased unless its pathwise term is added (kl.md, table of section 3); k1 is the unbiased "
+        "reward form (Ouyang et al. 2022, eq. (2)).",
+        where="rl/ppo/ppo_learner.py:98", quote='kl_method: str = "low_var_kl"', affected=_AFFECTED,
+    ),
+    Finding(
+        "stale_old_logps", "bug",
+        "with num_iterations=1 the GRPO learner computes no old log-probs (grpo_learner.py:284-302) and "
+        "grpo_loss_fn takes the current policy's, detached (algo_core.py:403-404): ratio 1, the clip never "
+        "acts. With mini_batch_size below the batch and a rollout that does not share the actor's weights "
+        "(vLLM, another mesh), the sampler's weights are synced only after the global step "
+        "(rl_learner.py:591-609), so every mini-batch after the first was sampled by a policy the "
+        "optimiser has since moved: off-policy tokens are trained as on-policy, unclipped.",
+        where="rl/grpo/grpo_learner.py:284", quote="if self.algo_config.num_iterations > 1:",
+        affected=_AFFECTED,
+    ),
 )
 
 NOTES = {
@@ -120,7 +183,8 @@ NOTES = {
     "clip bounds": "jnp.clip passes half of its derivative at a bound and jnp.maximum splits the tie that "
     "makes: 3/4 of the gradient at a ratio exactly on 1 - epsilon or 1 + epsilon_high, whatever the sign "
     "of A (flag clip_bound_tie='three_quarters'). On the bound that closes the gate it is a subgradient "
-    "(finding on_boundary), on the other a departure (finding clip_bound_tie); jnp.minimum halves the "
+    "(finding on_boundary), on the other a departure on that exact float only, jnp.clip's own choice "
+    "(finding clip_bound_tie, not a bug); jnp.minimum halves the "
     "dual clip's tie, a subgradient the judge accepts with a note (finding dual_clip_tie).",
     "zero_rows": "grpo_loss_fn raises on a batch without rows: its logged is_ratio/max is jnp.max over a "
     "zero-size array (algo_core.py:477; flag zero_rows='raise'). Tunix never forms one: "

@@ -60,7 +60,8 @@ KIND_UNSUPPORTED = {
     "gae": {"truncated responses": "compute_gae_advantages has no input for a bootstrap value: a "
             "truncated response is treated as terminated (gae_truncation='terminate')"},
     "kl_reward": {"ppo kl in the reward": "computed inline in PPOLearner's rollout step "
-                  "(ppo_learner.py:357-367), which needs the RL cluster"},
+                  "(ppo_learner.py:357-367), which needs the RL cluster; its default estimator is k3 "
+                  "(finding ppo_kl_reward_k3)"},
 }
 
 

@@ -118,31 +118,48 @@ _LOSSES = (
           level="sequence", aggregation="seq_mean_token_sum"),
     _mode("grpo+kl/k3", "grpo", "grpo", {**_LER, **_KL}, "grpo with beta 0.04: the clamped k3 term "
           "times the ratio", kl_coef=0.04, kl_estimator="k3"),
+    # UNSLOTH_GRPO_ROLLOUT_LOGPROBS_AS_OLD=1 (verl's bypass mode: the rollout's log-probs are pi_old):
+    # grpo_accumulated_loss sets rollout_logps_as_old (rl_replacements.py:3768) and grpo_compute_loss
+    # clamps the log-ratio to [-20, 20] before exp (:1117-1120), verl's stability clamp
+    _mode("grpo/rollout-logps-as-old", "grpo", "grpo", {**_LER, "log_ratio_clamp": 20.0},
+          "grpo with the rollout's log-probs as old (UNSLOTH_GRPO_ROLLOUT_LOGPROBS_AS_OLD=1): the "
+          "log-ratio clamped to +-20 before exp", config={"rollout_logps_as_old": True}),
 )
 #: what a release computes differently from the pinned one (releases.py): before 2026.10.9 the k3 term
 #: is clamped to [-10, 10] before the importance weight, and bnpo divides by TRL's global token count
 #: (num_items_in_batch) when it has one
 _BEFORE_2026_10_9 = {"bnpo": {"micro_batch": "global"}, "grpo+kl/k3": {"kl_value_clamp_scope": "k3"}}
 RELEASE_FLAGS = {"2026.9.9": _BEFORE_2026_10_9, "2026.10.8": _BEFORE_2026_10_9}
-MODES = release_modes(_LOSSES, RELEASE_FLAGS, DISTRIBUTION)
+_RELEASE = distribution_version(DISTRIBUTION)
+#: modes and findings checked against 2026.10.9 only (the audit of issue 27 read that release)
+_PINNED_ONLY = ("grpo/rollout-logps-as-old",)
+_RELEASE_LOSSES = tuple(m for m in _LOSSES if _RELEASE not in RELEASE_FLAGS or m.name not in _PINNED_ONLY)
+MODES = release_modes(_RELEASE_LOSSES, RELEASE_FLAGS, DISTRIBUTION)
 UNSUPPORTED = {
     "policy_loss": {
         "vespo": "VESPO's Gamma weights come from TRL's GRPOTrainer.get_gamma_weights (the TRL driver "
         "does not drive it either); no gate in refimpl's policy-loss family.",
         "delta < 1 + epsilon_high": "delta (two-sided clipping) at or above 1 + epsilon_high is the dual "
         "clip (mode dapo/delta); below it, delta caps the ratio of A > 0 tokens inside the clip band, a "
-        "setting TRL's GRPOConfig accepts silently (TRL finding config:delta), not a spec variant.",
+        "setting TRL's GRPOConfig accepts silently (TRL finding config:delta) and Unsloth's "
+        "grpo_compute_loss too (finding config:delta), not a spec variant.",
         "vllm_importance_sampling_correction / off_policy_mask_threshold / rollout_rs": "need vLLM's "
-        "sampling log-probs, which the kit's calls do not carry.",
+        "sampling log-probs, which the kit's calls do not carry; TRL's default mode weighs token ratios "
+        "by one sequence-level weight (finding vllm_is_sequence_weight).",
         "sample_weight / entropy_mask / entropy bonus": "need Unsloth's generation step or the model's "
-        "entropies.",
+        "entropies; the bonus is a token mean over the batch whatever the loss type (finding "
+        "entropy_token_mean).",
         "grpo_accumulated_loss": "needs a model: the log-probabilities come from its hidden states "
-        "through the LM head.",
+        "through the LM head; it rebuilds the loss mask from the pad id, which drops the EOS token "
+        "where pad == eos (finding completion_mask_pad_eos, shown by its script).",
         "UnslothEfficientGRPO": "the trainer's path to grpo_compute_loss: its gradient is the same and its "
         "value float32 (finding efficient_value_float32), checked against the modes in the tests, not a "
-        "mode of the matrix (the kit's flags round a loss's value and gradient together).",
+        "mode of the matrix (the kit's flags round a loss's value and gradient together); its backward "
+        "ignores grad_output (finding efficient_grad_output).",
         "n_chunks > 1": "the trainer always calls UnslothEfficientGRPO with one chunk "
-        "(_warn_deprecated_n_chunks).",
+        "(_warn_deprecated_n_chunks). A direct call with n_chunks > 1 normalises each torch.chunk on its "
+        "own and divides the sum by n_chunks (rl_replacements.py:1354-1405): dapo's and cispo's global "
+        "normaliser comes out / n_chunks, and torch.chunk may return fewer chunks than asked.",
     },
     "kl": {"k3": "Unsloth has no standalone KL function: its k3 term is inline in grpo_compute_loss "
                  "(mode grpo+kl/k3)."},
@@ -152,7 +169,6 @@ UNSUPPORTED = {
 
 PROFILE = {p: (p,) for p in ("grpo", "bnpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo")} | {"ppo": ("bnpo",)}
 
-_RELEASE = distribution_version(DISTRIBUTION)
 #: the line of the float32 accumulator in each release's rl_replacements.py
 _ACCUMULATOR_LINE = {"2026.9.9": 743, "2026.10.8": 1202}.get(_RELEASE or "", 1314)
 _BNPO = (
@@ -163,6 +179,60 @@ _BNPO = (
         "in TRL's bnpo.",
         where="rl_replacements.py:1228", quote="loss = (loss_i * mask).sum() / mask.sum().clamp(min=1.0)",
         affected="unsloth-zoo 2026.10.9",
+    ),
+)
+_AFFECTED = "unsloth-zoo 2026.10.9"
+#: found by the source-first audit of issue 27 (lines verified in 2026.10.9)
+_FINDINGS_2026_10_9 = (
+    Finding(
+        "config:delta", "validation",
+        "delta (TRL's two-sided clipping, -min(min(r, delta) A, clip(r) A)) below 1 + epsilon_high is "
+        "accepted without an error or a warning: an A > 0 token whose ratio lies between delta and "
+        "1 + epsilon_high, inside the clip band, gets gradient 0 instead of -A r (delta 1.1, epsilon_high "
+        "0.2, ratio 1.15); cispo and sapo ignore delta, also silently.",
+        where="rl_replacements.py:1159", quote="loss_1 = torch.clamp(coef_1, max=delta) * advantages",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "completion_mask_pad_eos", "bug",
+        "grpo_accumulated_loss rebuilds the loss mask from the token ids (rl_replacements.py:2972-2975: "
+        "left_pack_padding, then create_completion_attention_mask's ids != pad_token_id): where the pad id "
+        "is the EOS id (TRL sets pad = eos when a tokenizer has no pad token; Qwen2.5's base tokenizers "
+        "ship it so) the completion's EOS token leaves the loss, where TRL's completion_mask keeps it, and "
+        "TRL's num_items_in_batch still counts it: the policy is never taught to stop.",
+        where="rl_replacements.py:719", quote="non_padding_mask = (completion_input_ids != pad_token_id)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "vllm_is_sequence_weight", "documented_default",
+        "with use_vllm and vllm_importance_sampling_correction, TRL's default "
+        "vllm_importance_sampling_mode 'sequence_mask' (and sequence_truncate) weighs every token ratio by "
+        "one sequence weight exp(sum_t (old - sampling)) (the geometric modes: its mean), where "
+        "policy_losses.md eq. (13) takes the behaviour weight at the ratio's level (per token for token "
+        "ratios); TRL documents the modes.",
+        where="rl_replacements.py:1031",
+        quote="importance_sampling_ratio = importance_sampling_ratio.sum(dim=-1, keepdim=True)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "entropy_token_mean", "documented_default",
+        "the entropy bonus (entropy_coef != 0) is the entropy's token mean over the batch (divided by the "
+        "accumulation steps) for every loss_type, TRL >= 1.10's rule (grpo_entropy_bonus_weights' "
+        "docstring), not aggregated like the policy term (policy_losses.md eq. (12)): under grpo, sapo, "
+        "dr_grpo and luspo a long response's tokens weigh more than a short one's.",
+        where="rl_replacements.py:1500",
+        quote="return weights * (-entropy_coef / weights.sum().clamp(min = 1.0) / accumulation_steps)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "efficient_grad_output", "documented_default",
+        "UnslothEfficientGRPO.backward returns the gradient computed in the forward and ignores the "
+        "incoming grad_output unless DeepSpeed's upstream_scale is set (UnslothGRPOEntropyBonus' docstring "
+        "says why: the mixed-precision scale is applied inside): loss * c backpropagates the gradient of "
+        "loss, so a caller that weights or rescales the returned loss changes its value only.",
+        where="rl_replacements.py:1427",
+        quote="def backward(ctx, grad_output, dcompletion_length, dmean_kl,",
+        affected=_AFFECTED,
     ),
 )
 FINDINGS = (
@@ -192,6 +262,7 @@ FINDINGS = (
         quote="accumulated_loss              = torch.zeros(1, device = device)[0]",
         affected="unsloth-zoo 2026.9.9, 2026.10.8, 2026.10.9",
     ),
+    *(() if _RELEASE in RELEASE_FLAGS else _FINDINGS_2026_10_9),
 )
 
 NOTES = {
@@ -303,6 +374,8 @@ def loss_kwargs(mode: str | Mode, variant) -> dict[str, object]:
         keys.update(epsilon_low=v.eps_low, epsilon_high=v.eps_high)
         if v.dual_clip is not None:  # a clip gate's dual clip, >= 1 + eps_high (the variant holds it)
             keys["delta"] = v.dual_clip
+    if m.framework_config.get("rollout_logps_as_old"):
+        keys["rollout_logps_as_old"] = True
     if loss_type == "dr_grpo":
         if v.max_length is None:
             raise ValueError("variant.max_length (max_completion_length) is required by dr_grpo")
