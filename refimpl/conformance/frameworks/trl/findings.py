@@ -24,7 +24,9 @@ TRAINER_FINDINGS = (
         "per_sequence_loss.mean() (rloo_trainer.py:1833) and the experimental GMPOTrainer likewise "
         "(experimental/gmpo/gmpo_trainer.py:120); policy_losses.md eq. (11) counts rows with T_i > 0. Each "
         "empty row scales the others' gradient by (rows - empty) / rows (an all-zero tool_mask too): two "
-        "rows, one truncated, A = 1, ratio 1: -0.25 per token instead of -0.5 (grpo).",
+        "rows, one truncated, A = 1, ratio 1: -0.25 per token instead of -0.5 (grpo). In RLOOTrainer and "
+        "GMPOTrainer the empty row's ratio is exp(0) = 1, so it also adds -A_i / rows to the loss value "
+        "(with no gradient): rows (1 token, A = 1 | empty, A = 3): loss -2 instead of -1.",
         where="trainer/grpo_trainer.py:3154",
         quote="loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
         affected=_AFFECTED + " (grpo, sapo, gspo, dr_grpo, luspo; RLOOTrainer, GMPOTrainer)",
@@ -103,7 +105,8 @@ TRAINER_FINDINGS = (
         "1 - epsilon above 1 (with epsilon_high set, an on-policy token with A < 0 is clipped and gets no "
         "gradient; unset, epsilon_high = epsilon and the band is [1.1, 0.9] for epsilon = -0.1: one with "
         "A > 0 gets none), epsilon >= 1 a lower bound <= 0, a negative epsilon_high an upper bound below 1 "
-        "(policy_losses.md eq. (6): 0 <= eps < 1).",
+        "(policy_losses.md eq. (6): 0 <= eps < 1). RLOOConfig, AsyncGRPOConfig and GMPOConfig check them no "
+        "more (each accepts epsilon=-0.1 silently).",
         where="trainer/grpo_trainer.py:3113",
         quote="coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)", affected=_AFFECTED,
     ),
