@@ -139,10 +139,13 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
-        "repro_trl_config_delta.py", "repro_trl_config_epsilon.py", "repro_trl_config_epsilon_high.py",
-        "repro_trl_config_sapo_temperature_neg.py", "repro_trl_constant_group_rounding.py",
-        "repro_trl_empty_rows.py", "repro_trl_generation_batch_normalizer.py", "repro_trl_ratio_overflow.py",
-        "repro_trl_rloo_ratio_overflow.py"]
+        "repro_trl_async_grpo_normalizer.py", "repro_trl_async_grpo_ratio_overflow.py",
+        "repro_trl_config_delta.py", "repro_trl_config_entropy_coef.py", "repro_trl_config_epsilon.py",
+        "repro_trl_config_epsilon_high.py", "repro_trl_config_multi_objective_aggregation.py",
+        "repro_trl_config_sapo_temperature_neg.py", "repro_trl_config_top_entropy_quantile.py",
+        "repro_trl_constant_group_rounding.py", "repro_trl_empty_rows.py",
+        "repro_trl_generation_batch_normalizer.py", "repro_trl_gmpo_vllm_is.py",
+        "repro_trl_ratio_overflow.py", "repro_trl_rloo_ratio_overflow.py"]
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
     assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver

@@ -438,3 +438,82 @@ def test_time_loss_times_trls_loss(installed):
     seconds = trl.time_loss("dapo", variant_of("dapo"), case.logp, case.old_logp, case.advantages, case.mask,
                             repeats=3)
     assert 0.0 < seconds < 10.0
+
+
+# ----------------------------------------------------------------------------------------------
+# the claims of TRL's findings that the modes do not drive (audit 14)
+
+
+def test_delta_at_one_plus_epsilon_high_is_the_exact_dual_clip(installed):
+    """Finding config:delta is about delta *below* 1 + epsilon_high: at exactly 1 + epsilon_high TRL's loss
+    is eq. (7)'s dual clip with c = 1 + eps_high, every float64 class to float64 rounding."""
+    variant = dataclasses.replace(variant_of("grpo"), dual_clip=1.2)  # eps_high 0.2
+    conv = convention_from_flags("trl", trl.modes()["grpo"].convention)
+    fn, adapter = trl.target("policy_loss", "grpo", variant)
+    report = check_policy_loss(fn, variant, convention=conv, adapter=adapter, classes=FLOAT64_CLASSES)
+    assert report.ok, report.render()
+    assert max(max_errors(report)) <= EXACT
+
+
+def test_a_negative_sapo_temperature_has_the_gradient_of_its_absolute_value(installed):
+    """Finding config:sapo_temperature_neg: tau = 0 is inf / NaN, but a negative tau is harmless for
+    training: the gate's derivative 4 sigma(z) (1 - sigma(z)) is even in z = tau (r - 1), so TRL's gradient
+    is that of |tau|, and the loss moves by the constant 4 A / |tau| (TRL's float32 temperature)."""
+    fields = dataclasses.asdict(variant_of("sapo"))
+    logp = torch.tensor([[-0.5, -1.5, -1.0]], dtype=torch.float64)
+    old = torch.full((1, 3), -1.0, dtype=torch.float64)
+    adv = torch.tensor([-1.0], dtype=torch.float64)  # A <= 0: tau_neg
+    got = {}
+    for tau in (1.05, -1.05):  # a namespace: refimpl's variant refuses tau <= 0, TRL's config does not
+        variant = SimpleNamespace(**{**fields, "tau_neg": tau})
+        leaf = logp.clone().requires_grad_(True)
+        call = SimpleNamespace(logp=leaf, old_logp=old, advantages=adv, normalizer=None, ref_logp=None,
+                               mask=torch.ones(1, 3, dtype=torch.bool))
+        loss = trl.trl_policy_loss(call, mode="sapo", variant=variant)
+        got[tau] = (loss.item(), torch.autograd.grad(loss, leaf)[0])
+    assert torch.allclose(got[1.05][1], got[-1.05][1], rtol=1e-12, atol=0.0)
+    shift = 4.0 * adv.item() / float(torch.tensor(1.05, dtype=torch.float32))
+    assert got[-1.05][0] - got[1.05][0] == pytest.approx(shift, rel=1e-12)
+
+
+def test_dapo_with_fewer_steps_per_generation_than_accumulation_steps(installed):
+    """Finding generation_batch_normalizer, spg < GA: each micro-batch is a generation batch of its own
+    and is divided by its own token count x GA / spg: micro-batches of 1 and 3 tokens, GA 2, spg 1, A = 1,
+    ratio 1: -1/2 and -1/6 per token where the step's token mean gives -1/4 (spg = GA is exact)."""
+    from refimpl.conformance.frameworks.trl.adapters import _stand_in_trainer
+
+    trainer_class, _ = trl._trl()
+    keys = trl.grpo_config_kwargs("dapo", variant_of("dapo"))
+    grads = {}
+    for spg in (1, 2):
+        args = SimpleNamespace(**vars(trl._grpo_config(tuple(sorted(keys.items())), 2)))  # GA 2
+        args.steps_per_generation = spg
+        for width in (1, 3):
+            leaf = torch.full((1, width), -1.0, dtype=torch.float64, requires_grad=True)
+            trainer = _stand_in_trainer(args, leaf, 2)
+            tokens = width if spg == 1 else 4  # num_items_in_batch: the generation batch's tokens
+            inputs = {"prompt_ids": torch.zeros((1, 0), dtype=torch.long),
+                      "prompt_mask": torch.zeros((1, 0), dtype=torch.long),
+                      "completion_ids": torch.zeros((1, width), dtype=torch.long),
+                      "completion_mask": torch.ones((1, width), dtype=torch.long),
+                      "advantages": torch.tensor([1.0], dtype=torch.float64),
+                      "old_per_token_logps": leaf.detach().clone(),
+                      "num_items_in_batch": torch.tensor(tokens)}
+            loss = trainer_class._compute_loss(trainer, trainer.model, inputs)
+            grads[spg, width] = torch.autograd.grad(loss, leaf)[0].flatten().tolist()
+    assert grads[2, 1] == pytest.approx([-0.25]) and grads[2, 3] == pytest.approx([-0.25] * 3)
+    assert grads[1, 1] == pytest.approx([-0.5]) and grads[1, 3] == pytest.approx([-1 / 6] * 3)
+
+
+def test_the_experimental_trainers_findings_are_named_where_no_mode_shows_them():
+    """GMPOTrainer's and AsyncGRPOTrainer's findings (no mode drives them) each have their class, and an
+    unsupported mode's reason names each one that is not a validation finding."""
+    kinds = {"gmpo_vllm_is": "bug", "async_grpo_normalizer": "bug", "async_grpo_ratio_overflow": "bug",
+             "config:entropy_coef": "validation", "config:top_entropy_quantile": "validation",
+             "config:multi_objective_aggregation": "validation", "vllm_is_clip_min": "documented_default"}
+    findings = {f.key: f.kind for f in trl.findings()}
+    assert {key: findings.get(key) for key in kinds} == kinds
+    reasons = " ".join([*trl.unsupported_modes().values(),
+                        *trl.unsupported_modes("group_advantages").values()])
+    for key in kinds:
+        assert f"finding {key}" in reasons, key

@@ -51,6 +51,99 @@ def advantages(rewards, num_generations, scale_rewards="group"):
 """
 
 
+# TRL's normalize_then_sum advantages (grpo_trainer.py:2790-2800), run from the installed file like
+# _ADVANTAGES: the statements of that elif branch, parsed with ast, executed on given rewards
+_NORMALIZE_THEN_SUM = """\
+import ast  # noqa: E402
+
+from trl.trainer.utils import nanstd  # noqa: E402  (grpo_trainer.py's own)
+
+source = pathlib.Path(next(iter(importlib.util.find_spec("trl").submodule_search_locations))) / "trainer"
+source = source / "grpo_trainer.py"
+branch = next(node for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.If)
+              and isinstance(node.test, ast.Compare)
+              and getattr(node.test.left, "attr", "") == "multi_objective_aggregation"
+              and getattr(node.test.comparators[0], "value", "") == "normalize_then_sum")
+code = compile(ast.Module(body=branch.body, type_ignores=[]), str(source), "exec")
+
+
+def advantages(rewards, num_generations, scale_rewards):
+    namespace = {"torch": torch, "nanstd": nanstd, "rewards_per_func": rewards[:, None], "device": "cpu",
+                 "unscorable_mask": torch.zeros(len(rewards), dtype=torch.bool),
+                 "num_generations": num_generations,
+                 "self": SimpleNamespace(reward_weights=torch.ones(1), reward_funcs=[None],
+                                         scale_rewards=scale_rewards)}
+    exec(code, namespace)
+    return namespace["advantages"]
+
+
+"""
+
+# the experimental GMPOTrainer on the preamble's stand-in: GMPOTrainer.__init__ only calls GRPOTrainer's
+_GMPO = """\
+from trl.experimental.gmpo import GMPOConfig, GMPOTrainer  # noqa: E402
+
+gmpo = object.__new__(GMPOTrainer)
+gmpo.__dict__.update(trainer.__dict__)  # the attributes GRPOTrainer.__init__ sets that _compute_loss reads
+gmpo.epsilon_low = gmpo.epsilon_high = 0.4  # GMPOConfig's epsilon (log space)
+
+
+def gmpo_loss(logp, entropy, adv, **extra):
+    logp = logp.clone().requires_grad_(True)
+    gmpo._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
+    n, width = logp.shape
+    empty, ids = torch.zeros((n, 0), dtype=torch.long), torch.zeros((n, width), dtype=torch.long)
+    inputs = {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": ids,
+              "completion_mask": torch.ones_like(ids), "advantages": adv,
+              "old_per_token_logps": logp.detach().clone(), **extra}  # ratio 1
+    loss = GMPOTrainer._compute_loss(gmpo, gmpo.model, inputs)
+    return loss, torch.autograd.grad(loss, logp)[0]
+
+
+"""
+
+# the experimental AsyncGRPOTrainer.compute_loss on one packed row: the model (a fused-head forward over the
+# packed tokens) returns the given log-probs; the collator's inputs for one completion of n tokens
+_ASYNC = """\
+import collections  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer  # noqa: E402
+
+
+def async_grad(log_probs, old, adv, accumulation_steps):
+    leaf = log_probs.clone().requires_grad_(True)
+    n = leaf.numel()
+    trainer = object.__new__(AsyncGRPOTrainer)  # the attributes __init__ sets that compute_loss reads
+    trainer.epsilon_low = trainer.epsilon_high = 0.2
+    trainer.aux_loss_enabled = False
+    trainer.accelerator = SimpleNamespace(num_processes=1, reduce=lambda t, reduction="sum": t,
+                                          gather=lambda t: t)
+    trainer.current_gradient_accumulation_steps = accumulation_steps
+    trainer._metrics = {"train": collections.defaultdict(list)}
+    trainer._step_forward_tokens = trainer._step_trained_tokens = trainer._step_samples = 0.0
+    trainer._step_seq_len_weighted = trainer._step_forward_s = 0.0
+
+    def model(**kwargs):
+        return SimpleNamespace(log_probs=leaf.view(1, n), entropy=torch.zeros(1, n))
+
+    row = torch.arange(n).view(1, n)
+    unused = torch.full((1, 1), -1)
+    inputs = {"attention_mask": torch.ones(1, n, dtype=torch.long), "token_index": row,
+              "input_ids": torch.zeros(1, n, dtype=torch.long), "position_ids": row,
+              "shift_labels": torch.zeros(1, n, dtype=torch.long), "old_log_probs": old.view(1, n),
+              "advantages": adv.view(1, n), "segment_id": torch.zeros(1, n, dtype=torch.long),
+              "tree_kv_index": unused, "tree_cu_seqlens_q": unused, "tree_cu_seqlens_k": unused,
+              "tree_max_seqlens": torch.tensor([[n, n]]),
+              "global_n_tokens": torch.tensor([float(n)]),  # the collator's count: this micro-batch's tokens
+              "global_n_forward_tokens": torch.tensor([float(n)]), "mean_seq_len": torch.tensor([float(n)])}
+    loss = AsyncGRPOTrainer.compute_loss(trainer, model, inputs)
+    return torch.autograd.grad(loss, leaf)[0]
+
+
+"""
+
+
 def trl_bodies(trl: str, silent: str) -> dict[tuple[str, str], str]:
     """TRL's trainer findings' script bodies; ``trl``, ``silent``: repro_bodies.py's preambles."""
     return {
@@ -127,5 +220,82 @@ loss, grad = grad_of(logp, logp.clone(), torch.tensor([1.0]), torch.ones(1, 1))
 verdict("TRL GRPOConfig(epsilon=-0.1) (trainer/grpo_trainer.py:3113: the band [1.1, 0.9]): accepted; "
         "d loss / d logp of an on-policy token with A = 1, loss_type dapo", grad.item(),
         "-1.0 (an on-policy token is inside any clip band)", grad.item() == 0.0)
+""",
+        ("trl", "gmpo_vllm_is"): trl + _GMPO + """\
+# use_vllm with GRPOConfig's default vllm_importance_sampling_correction=True: GRPOTrainer's generation puts
+# the weight pi_old / pi_vllm into inputs["importance_sampling_ratio"]; here 0.5 on the one token
+gmpo.use_vllm = gmpo.vllm_importance_sampling_correction = True
+loss, grad = gmpo_loss(torch.full((1, 1), -1.0), torch.zeros(1, 1), torch.tensor([1.0]),
+                       importance_sampling_ratio=torch.tensor([[0.5]]))
+verdict("TRL experimental GMPOTrainer._compute_loss (experimental/gmpo/gmpo_trainer.py:105), use_vllm with "
+        "the importance-sampling correction, weight 0.5, ratio 1, A = 1: loss and d loss / d logp",
+        f"loss {loss.item()}, gradient {grad.item()}", "loss -0.5, gradient -0.5 (the weight times -A r)",
+        abs(grad.item() + 1.0) < 1e-6)
+""",
+        ("trl", "config:entropy_coef"): silent + trl + _GMPO + """\
+import tempfile  # noqa: E402
+
+with tempfile.TemporaryDirectory() as out:  # accepted: no error, no warning
+    args = GMPOConfig(output_dir=out, entropy_coef=1.0, report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2)
+gmpo.entropy_coef = args.entropy_coef  # as GRPOTrainer.__init__ sets them (grpo_trainer.py:846-849)
+gmpo._entropy_bonus_enabled = args.entropy_coef != 0.0 or args.use_adaptive_entropy
+loss, _ = gmpo_loss(torch.full((1, 1), -1.0), torch.full((1, 1), 2.0), torch.tensor([0.0]))
+verdict("TRL experimental GMPOConfig(entropy_coef=1.0) (experimental/gmpo/gmpo_trainer.py:120): accepted; "
+        "GMPOTrainer's loss of a token with entropy 2 and A = 0", loss.item(),
+        "-2.0 (the entropy bonus -entropy_coef * H, as GRPOTrainer adds it)", abs(loss.item()) < 1e-12)
+""",
+        ("trl", "async_grpo_normalizer"): _ASYNC + """\
+# one optimizer step of two micro-batches (gradient_accumulation_steps 2) of 1 and 3 tokens, A = 1, ratio 1
+grads = [async_grad(torch.full((k,), -1.0), torch.full((k,), -1.0), torch.ones(k), 2).tolist()
+         for k in (1, 3)]
+verdict("TRL experimental AsyncGRPOTrainer.compute_loss "
+        "(experimental/async_grpo/async_grpo_trainer.py:1541), gradient_accumulation_steps 2, "
+        "micro-batches of 1 and 3 tokens, A = 1, ratio 1: d loss / d logp",
+        grads, "[[-0.25], [-0.25, -0.25, -0.25]] (the token mean over the step's 4 tokens)",
+        abs(grads[0][0] + 0.5) < 1e-6)
+""",
+        ("trl", "async_grpo_ratio_overflow"): _ASYNC + """\
+# float32, log-ratio 95 against vLLM's log-prob (old -100), A = 1: the clip gate is closed
+grad = async_grad(torch.tensor([-5.0]), torch.tensor([-100.0]), torch.ones(1), 1)
+verdict("TRL experimental AsyncGRPOTrainer.compute_loss "
+        "(experimental/async_grpo/async_grpo_trainer.py:1528), float32 log-ratio 95 under a closed gate: "
+        "d loss / d logp", grad.tolist(),
+        "[0.0] (the gate is closed)", bool(torch.isnan(grad).all()))
+""",
+        ("trl", "config:top_entropy_quantile"): silent + trl + _CALL + """\
+import tempfile  # noqa: E402
+
+with tempfile.TemporaryDirectory() as out:  # both accepted: no error, no warning (the help: range [0, 1])
+    for rho in (1.5, -0.5):
+        trl.GRPOConfig(output_dir=out, top_entropy_quantile=rho, report_to="none", use_cpu=True, bf16=False,
+                       per_device_train_batch_size=2, num_generations=2)
+trainer.accelerator.pad_across_processes = lambda t, dim=0, pad_index=0: t  # one process
+logp = torch.full((1, 2), -1.0)
+got = {}
+for rho in (1.0, 1.5, -0.5):
+    trainer.top_entropy_quantile = rho
+    try:
+        got[rho] = grad_of(logp, logp.clone(), torch.tensor([1.0]), torch.ones(1, 2))[1].tolist()
+    except RuntimeError as error:  # torch.quantile's q = 1 - rho outside [0, 1]
+        got[rho] = f"RuntimeError at the first step: {str(error).splitlines()[0]}"
+verdict("TRL GRPOConfig(top_entropy_quantile=1.5 / -0.5) (trainer/grpo_trainer.py:3049): accepted; "
+        "d loss / d logp of a step", f"1.5: {got[1.5]} (= 1.0's {got[1.0]}); -0.5: {got[-0.5]}",
+        "an error when the config is built: top_entropy_quantile must be in [0, 1]",
+        got[1.5] == got[1.0] and isinstance(got[-0.5], str))
+""",
+        ("trl", "config:multi_objective_aggregation"): silent + trl + _NORMALIZE_THEN_SUM + """\
+import tempfile  # noqa: E402
+
+with tempfile.TemporaryDirectory() as out:  # accepted: no error, no warning
+    trl.GRPOConfig(output_dir=out, multi_objective_aggregation="normalize_then_sum", scale_rewards="none",
+                   report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+                   num_generations=2)
+rewards = torch.tensor([0.0, 2.0, 0.0, 4.0])  # one reward function, two groups of 2
+got = advantages(rewards, 2, "none")
+verdict("TRL GRPOConfig(multi_objective_aggregation='normalize_then_sum', scale_rewards='none') "
+        "(trainer/grpo_trainer.py:2799): accepted; the advantages of rewards (0, 2 | 0, 4)", got.tolist(),
+        "[-1.0, 1.0, -2.0, 2.0] (scale_rewards='none': the centred rewards, advantages.md eq. (5))",
+        abs(got[3].item() - 2.0) > 0.5)
 """,
     }

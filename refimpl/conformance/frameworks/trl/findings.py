@@ -1,8 +1,9 @@
 """What the TRL driver found in TRL 1.16.0's trainers beyond the modes it drives (``TRAINER_FINDINGS``;
 modes.py's ``FINDINGS`` lists them after the loss's own): the rows a truncated completion leaves empty,
 the advantages of a constant group, the normaliser of a generation batch spread over several optimizer
-steps, the vLLM importance-sampling weight's level, RLOOTrainer's sequence ratio, the CISPO metric and
-two settings accepted silently. Each has its class and verified line (findings.py); every bug and
+steps, the vLLM importance-sampling weight's level and lower bound, RLOOTrainer's sequence ratio, the
+CISPO metric, the experimental GMPOTrainer's dropped behaviour weight and AsyncGRPOTrainer's normaliser and
+ratio, and settings accepted silently. Each has its class and verified line (findings.py); every bug and
 validation finding has a standalone script (repro_trl.py)."""
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ TRAINER_FINDINGS = (
         "per_sequence_loss.mean() (rloo_trainer.py:1833) and the experimental GMPOTrainer likewise "
         "(experimental/gmpo/gmpo_trainer.py:120); policy_losses.md eq. (11) counts rows with T_i > 0. Each "
         "empty row scales the others' gradient by (rows - empty) / rows (an all-zero tool_mask too): two "
-        "rows, one truncated, A = 1, ratio 1: -0.25 per token instead of -0.5 (grpo).",
+        "rows, one truncated, A = 1, ratio 1: -0.25 per token instead of -0.5 (grpo). In RLOOTrainer and "
+        "GMPOTrainer the empty row's ratio is exp(0) = 1, so it also adds -A_i / rows to the loss value "
+        "(with no gradient): rows (1 token, A = 1 | empty, A = 3): loss -2 instead of -1.",
         where="trainer/grpo_trainer.py:3154",
         quote="loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
         affected=_AFFECTED + " (grpo, sapo, gspo, dr_grpo, luspo; RLOOTrainer, GMPOTrainer)",
@@ -47,10 +50,13 @@ TRAINER_FINDINGS = (
         "token in the global accumulated batch'; policy_losses.md eq. (11)). With steps_per_generation > "
         "gradient_accumulation_steps a step with fewer tokens than the average gets a larger weight per "
         "token: steps of 1 and 3 tokens, A = 1, ratio 1: -0.5 per token in both instead of -1 and -1/3. "
-        "The default (steps_per_generation = gradient_accumulation_steps) is exact.",
+        "With steps_per_generation < gradient_accumulation_steps (set explicitly) each micro-batch is a "
+        "generation batch of its own and is divided by its own token count times GA / spg: the step is a "
+        "mean of micro-batch token means (micro-batches of 1 and 3 tokens, spg 1, GA 2: -1/2 and -1/6 per "
+        "token instead of -1/4). The default (steps_per_generation = gradient_accumulation_steps) is exact.",
         where="trainer/grpo_trainer.py:3172",
         quote="normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_gen",
-        affected=_AFFECTED + " (dapo, cispo, vespo with steps_per_generation > gradient_accumulation_steps)",
+        affected=_AFFECTED + " (dapo, cispo, vespo with steps_per_generation != gradient_accumulation_steps)",
     ),
     Finding(
         "vllm_is_level", "documented_default",
@@ -85,8 +91,10 @@ TRAINER_FINDINGS = (
     Finding(
         "config:sapo_temperature_neg", "validation",
         "GRPOConfig accepts sapo_temperature_neg / sapo_temperature_pos <= 0 without an error or a warning: "
-        "tau = 0 gives an infinite loss and a NaN gradient (4 / tau), a negative tau flips the gate "
-        "(policy_losses.md eq. (8) needs tau > 0).",
+        "tau = 0 gives an infinite loss and a NaN gradient (4 / tau; policy_losses.md eq. (8) needs tau > "
+        "0). A negative tau is harmless for training: the gate's derivative 4 sigma(z) (1 - sigma(z)), z = "
+        "tau (r - 1), is even in z, so the gradient is that of |tau|, and only the logged loss moves, by "
+        "the constant 4 A / |tau|.",
         where="trainer/grpo_trainer.py:3123",
         quote="soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures",
         affected=_AFFECTED,
@@ -97,8 +105,81 @@ TRAINER_FINDINGS = (
         "1 - epsilon above 1 (with epsilon_high set, an on-policy token with A < 0 is clipped and gets no "
         "gradient; unset, epsilon_high = epsilon and the band is [1.1, 0.9] for epsilon = -0.1: one with "
         "A > 0 gets none), epsilon >= 1 a lower bound <= 0, a negative epsilon_high an upper bound below 1 "
-        "(policy_losses.md eq. (6): 0 <= eps < 1).",
+        "(policy_losses.md eq. (6): 0 <= eps < 1). RLOOConfig, AsyncGRPOConfig and GMPOConfig check them no "
+        "more (each accepts epsilon=-0.1 silently).",
         where="trainer/grpo_trainer.py:3113",
         quote="coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)", affected=_AFFECTED,
+    ),
+    # the experimental trainers (GMPOTrainer, AsyncGRPOTrainer) and GRPOTrainer's options the modes do not
+    # drive (audit 14: each found in the installed source, reproduced by its script where a bug or a setting)
+    Finding(
+        "gmpo_vllm_is", "bug",
+        "the experimental GMPOTrainer inherits GRPOTrainer's generation, which computes the vLLM "
+        "importance-sampling weight (vllm_importance_sampling_correction=True is the default), but its "
+        "_compute_loss never reads inputs['importance_sampling_ratio']: the behaviour correction "
+        "(policy_losses.md eq. (13)) is silently dropped (its docstring: 'everything else ... is inherited "
+        "unchanged'). A weight of 0.5 at ratio 1, A = 1: loss -1 and gradient -1 instead of -0.5.",
+        where="experimental/gmpo/gmpo_trainer.py:105", quote="per_sequence_loss = -coef * advantages",
+        affected=_AFFECTED + " (GMPOTrainer with use_vllm=True)",
+    ),
+    Finding(
+        "config:entropy_coef", "validation",
+        "GMPOConfig inherits every GRPOConfig field, and GMPOTrainer accepts without an error or a warning "
+        "settings its _compute_loss never reads: entropy_coef and use_adaptive_entropy (no entropy bonus "
+        "is added), off_policy_mask_threshold, delta, loss_type, importance_sampling_level, "
+        "use_bias_correction_kl and the MoE router_aux_loss_coef. entropy_coef 1 with entropy 2 and A = 0: "
+        "loss 0 instead of -2.",
+        where="experimental/gmpo/gmpo_trainer.py:120", quote="loss = per_sequence_loss.mean()",
+        affected=_AFFECTED + " (GMPOTrainer)",
+    ),
+    Finding(
+        "async_grpo_normalizer", "bug",
+        "the experimental AsyncGRPOTrainer divides each micro-batch's token sum by global_n_tokens, the "
+        "token count of that micro-batch only (the collator's n_trained_tokens, async_grpo_trainer.py:613), "
+        "then by gradient_accumulation_steps: an optimizer step is the mean of its micro-batches' token "
+        "means, not policy_losses.md eq. (11)'s token mean over the accumulated batch (the code's comment "
+        "claims 'correct per-token normalization'; undocumented). Micro-batches of 1 and 3 tokens, GA 2, "
+        "A = 1, ratio 1: -1/2 and -1/6 per token instead of -1/4; exact with GA 1 or equal token counts "
+        "(the TokenBudgetBatcher and variable lengths make them unequal).",
+        where="experimental/async_grpo/async_grpo_trainer.py:1541",
+        quote="loss = loss / tokens_per_rank.to(torch.float32)",
+        affected=_AFFECTED + " (AsyncGRPOTrainer, gradient_accumulation_steps > 1)",
+    ),
+    Finding(
+        "async_grpo_ratio_overflow", "bug",
+        "the experimental AsyncGRPOTrainer takes torch.exp of the raw log-ratio against vLLM's sampling "
+        "log-probs before its clip gate: above 88.72 in float32 the ratio is inf and a token with a closed "
+        "gate (A > 0 beyond 1 + epsilon_high) gets 0 * inf = NaN where the exact gradient is 0 (as "
+        "GRPOTrainer's finding ratio_overflow).",
+        where="experimental/async_grpo/async_grpo_trainer.py:1528", quote="coef_1 = torch.exp(log_ratio)",
+        affected=_AFFECTED + " (AsyncGRPOTrainer)",
+    ),
+    Finding(
+        "config:top_entropy_quantile", "validation",
+        "GRPOConfig documents top_entropy_quantile's range as [0.0-1.0] but checks it nowhere: 1.5 is "
+        "accepted and silently means 1.0 (no entropy mask: the branch runs only below 1.0), and -0.5 is "
+        "accepted and fails only at the first training step, inside torch.quantile (1 - rho = 1.5).",
+        where="trainer/grpo_trainer.py:3049", quote="if self.top_entropy_quantile < 1.0:",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:multi_objective_aggregation", "validation",
+        "with multi_objective_aggregation='normalize_then_sum' the advantages are always divided by stds "
+        "(each reward function's per group, then the batch std of their weighted sum) and scale_rewards "
+        "is never read: GRPOConfig accepts scale_rewards='none' (Dr. GRPO, advantages.md eq. (5) "
+        "scale='none') or 'batch' with it without an error or a warning. Rewards (0, 2 | 0, 4), groups "
+        "of 2, one reward function, scale_rewards='none': advantages +-0.866 instead of (-1, 1, -2, 2).",
+        where="trainer/grpo_trainer.py:2799",
+        quote="advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "vllm_is_clip_min", "documented_default",
+        "vllm_importance_sampling_clip_min (default None, documented) adds a lower bound that "
+        "policy_losses.md eq. (13) does not have: the '*_truncate' modes raise a weight below C_min to "
+        "C_min (w <- clamp(w, C_min, C_max), eq. (13): min(w, cap)) and the '*_mask' modes set it to 0 "
+        "(eq. (13) keeps every w <= cap). Not driven (the kit's calls carry no vLLM log-probs).",
+        where="trainer/grpo_trainer.py:2683", quote="min=self.vllm_importance_sampling_clip_min,",
+        affected=_AFFECTED + " (use_vllm=True with vllm_importance_sampling_clip_min set)",
     ),
 )

@@ -148,20 +148,28 @@ _UNSUPPORTED = {
     "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
     "(kl_importance_weight=False).",
     "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
-    "does not provide.",
+    "does not provide (values outside [0, 1] are accepted: finding config:top_entropy_quantile).",
     "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies "
     "(note 'entropy bonus': a token mean whatever the loss type).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
     "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none "
-    "(its level, a sequence product by default whatever the ratio's: finding vllm_is_level).",
-    "steps_per_generation > gradient_accumulation_steps": "the driver runs one generation batch per "
+    "(its level, a sequence product by default whatever the ratio's: finding vllm_is_level; its lower "
+    "bound clip_min: finding vllm_is_clip_min).",
+    "steps_per_generation != gradient_accumulation_steps": "the driver runs one generation batch per "
     "optimizer step (TRL's default), where dapo's num_items_in_batch normaliser is exact; over several steps "
-    "it is their mean token count (finding generation_batch_normalizer).",
+    "it is their mean token count, over a part of a step that part's own (finding "
+    "generation_batch_normalizer).",
     "RLOOTrainer, GMPOTrainer (experimental)": "RLOOTrainer._compute_loss (a clipped sequence-product ratio, "
     "advantages with the leave-one-out baseline and the KL in the reward) and GMPOTrainer have no mode; "
     "RLOO's exp of the summed log-ratio overflows under a closed gate (finding rloo_ratio_overflow) and "
-    "both average over every row, empty ones included (finding empty_rows).",
+    "both average over every row, empty ones included (finding empty_rows); GMPOTrainer drops the vLLM "
+    "importance-sampling weight its generation computes (finding gmpo_vllm_is) and ignores entropy_coef "
+    "and other GRPOConfig settings (finding config:entropy_coef).",
+    "AsyncGRPOTrainer (experimental)": "its compute_loss (the clip loss on packed tree rows, vLLM's "
+    "log-probs as the old ones) needs the packing collator's inputs and a fused-head model; it divides "
+    "each micro-batch by its own token count (finding async_grpo_normalizer) and exponentiates the raw "
+    "log-ratio (finding async_grpo_ratio_overflow).",
     "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
     "capped token only when A > 0: finding cispo_clip_ratio).",
     "router_aux_loss_coef": "the MoE auxiliary loss comes from the model's router logits.",
@@ -187,7 +195,9 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
         return {"group": "TRL's advantages are inline in _generate_and_score_completions (they need a "
                          "model, generation and reward functions) and assume contiguous equal-size groups "
                          "(rewards.view(-1, num_generations)); they cannot be called on their own (a "
-                         "constant group's rounding divided by std + 1e-4: finding constant_group_rounding)."}
+                         "constant group's rounding divided by std + 1e-4: finding constant_group_rounding; "
+                         "multi_objective_aggregation='normalize_then_sum' ignores scale_rewards: finding "
+                         "config:multi_objective_aggregation)."}
     return dict(_UNSUPPORTED)
 
 
@@ -312,10 +322,10 @@ FINDINGS = (
                       "trl 1.16.0 (grpo, sapo, gspo; dr_grpo and luspo likewise)"),
     Finding(
         "config:delta", "validation",
-        "GRPOConfig accepts a two-sided clip delta at or below 1 + epsilon_high without an error or a "
-        "warning (its help only recommends delta > 1 + epsilon): the ratio is capped at delta inside the "
-        "clip band, and an A > 0 token there loses its gradient (e.g. delta 1.1, epsilon_high 0.28, "
-        "ratio 1.22).",
+        "GRPOConfig accepts a two-sided clip delta below 1 + epsilon_high without an error or a warning "
+        "(its help only recommends delta > 1 + epsilon): the ratio is capped at delta inside the clip band, "
+        "and an A > 0 token there loses its gradient (e.g. delta 1.1, epsilon_high 0.28, ratio 1.22; below "
+        "1 even an on-policy token's). delta = 1 + epsilon_high itself is eq. (7)'s dual clip, exact.",
         where="trainer/grpo_trainer.py:3116", quote="coef_1 = torch.clamp(coef_1, max=self.args.delta)",
         affected="trl 1.16.0",
     ),
