@@ -30,6 +30,8 @@ TRAINER_FINDINGS = (
         where="trainer/grpo_trainer.py:3154",
         quote="loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
         affected=_AFFECTED + " (grpo, sapo, gspo, dr_grpo, luspo; RLOOTrainer, GMPOTrainer)",
+        upstream="https://github.com/huggingface/trl/issues/6369 (closed by pull request 6439, in 1.16.0, "
+        "for dapo, cispo and vespo only: the paths above are not reported)",
     ),
     Finding(
         "constant_group_rounding", "bug",
@@ -57,6 +59,8 @@ TRAINER_FINDINGS = (
         where="trainer/grpo_trainer.py:3172",
         quote="normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_gen",
         affected=_AFFECTED + " (dapo, cispo, vespo with steps_per_generation != gradient_accumulation_steps)",
+        upstream="https://github.com/huggingface/trl/pull/6024 (merged: the rescale, meant as 'the token "
+        "count expected in one accumulation window'; the per-step count is not discussed)",
     ),
     Finding(
         "vllm_is_level", "documented_default",
