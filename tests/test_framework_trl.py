@@ -520,3 +520,15 @@ def test_the_experimental_trainers_findings_are_named_where_no_mode_shows_them()
                         *trl.unsupported_modes("group_advantages").values()])
     for key in kinds:
         assert f"finding {key}" in reasons, key
+
+
+def test_the_audit_14b_findings_are_classified_and_named_where_no_mode_shows_them():
+    """The cispo cap's documented form, delta with the loss types that ignore it, and the sequence-level
+    metrics' row count: each has its class and an unsupported mode's reason names it."""
+    kinds = {"cispo_cap": "documented_default", "config:loss_type": "validation",
+             "sequence_metrics_rows": "value_only"}
+    findings = {f.key: f.kind for f in trl.findings()}
+    assert {key: findings.get(key) for key in kinds} == kinds
+    reasons = " ".join(trl.unsupported_modes().values())
+    for key in kinds:
+        assert f"finding {key}" in reasons, key

@@ -284,6 +284,23 @@ verdict("TRL GRPOConfig(top_entropy_quantile=1.5 / -0.5) (trainer/grpo_trainer.p
         "an error when the config is built: top_entropy_quantile must be in [0, 1]",
         got[1.5] == got[1.0] and isinstance(got[-0.5], str))
 """,
+        ("trl", "config:loss_type"): silent + trl + _CALL + """\
+import tempfile  # noqa: E402
+
+with tempfile.TemporaryDirectory() as out:  # accepted: no error, no warning
+    args = trl.GRPOConfig(output_dir=out, loss_type="sapo", delta=1.1, report_to="none", use_cpu=True,
+                          bf16=False, per_device_train_batch_size=2, num_generations=2)
+trainer.loss_type = "sapo"
+logp, old = torch.full((1, 1), -1.0), torch.full((1, 1), -1.5)  # ratio exp(0.5) = 1.65, above delta
+got = {}
+for delta in (None, args.delta):
+    trainer.args.delta = delta
+    got[delta] = grad_of(logp, old, torch.tensor([-1.0]), torch.ones(1, 1))[1].item()
+verdict("TRL GRPOConfig(loss_type='sapo', delta=1.1) (trainer/grpo_trainer.py:3115: delta is read by the "
+        "clip losses only): accepted; d loss / d logp of a token with ratio 1.65, A = -1",
+        f"{got[args.delta]} with delta, {got[None]} without",
+        "an error or a warning: delta has no effect with sapo, cispo or vespo", got[args.delta] == got[None])
+""",
         ("trl", "config:multi_objective_aggregation"): silent + trl + _NORMALIZE_THEN_SUM + """\
 import tempfile  # noqa: E402
 

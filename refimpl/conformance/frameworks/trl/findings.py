@@ -2,7 +2,8 @@
 modes.py's ``FINDINGS`` lists them after the loss's own): the rows a truncated completion leaves empty,
 the advantages of a constant group, the normaliser of a generation batch spread over several optimizer
 steps, the vLLM importance-sampling weight's level and lower bound, RLOOTrainer's sequence ratio, the
-CISPO metric, the experimental GMPOTrainer's dropped behaviour weight and AsyncGRPOTrainer's normaliser and
+CISPO metric and cap, delta with the losses that ignore it, the sequence-level metrics' rows, the
+experimental GMPOTrainer's dropped behaviour weight and AsyncGRPOTrainer's normaliser and
 ratio, and settings accepted silently. Each has its class and verified line (findings.py); every bug and
 validation finding has a standalone script (repro_trl.py)."""
 
@@ -185,5 +186,37 @@ TRAINER_FINDINGS = (
         "(eq. (13) keeps every w <= cap). Not driven (the kit's calls carry no vLLM log-probs).",
         where="trainer/grpo_trainer.py:2683", quote="min=self.vllm_importance_sampling_clip_min,",
         affected=_AFFECTED + " (use_vllm=True with vllm_importance_sampling_clip_min set)",
+    ),
+    # audit 14b (source first): the cispo cap's documented form, delta read by the clip losses only, and
+    # the sequence-level metrics' row count
+    Finding(
+        "cispo_cap", "documented_default",
+        "loss_type='cispo' caps the detached weight at epsilon_high itself, sg(min(r, epsilon_high)), "
+        "ScaleRL's eps_max (the epsilon_high help: 'corresponds to the eps_max param ... recommended "
+        "value is 5.0'), not at 1 + eps_high as CISPO writes it (MiniMax 2025; policy_losses.md eq. (9), "
+        "eps_high 0.28): the paper's epsilon_high=0.28 caps every weight at 0.28 (an on-policy token's "
+        "gradient 0.28 A instead of A). The driver passes epsilon_high = 1 + eps_high, so the cispo mode "
+        "runs eq. (9)'s cap; unset, the cap is 0.2 (finding config:epsilon_high).",
+        where="trainer/grpo_trainer.py:3110",
+        quote="clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()", affected=_AFFECTED,
+    ),
+    Finding(
+        "config:loss_type", "validation",
+        "delta (the two-sided clip's cap) is read only in the branch of the clip losses (grpo, bnpo, "
+        "dr_grpo, dapo, luspo): GRPOConfig accepts it with loss_type 'sapo', 'cispo' or 'vespo' without "
+        "an error or a warning, and it has no effect there (sapo with delta=1.1, a token with ratio 1.65 "
+        "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0).",
+        where="trainer/grpo_trainer.py:3115", quote="if self.args.delta is not None:",
+        affected=_AFFECTED + " (loss_type sapo, cispo, vespo)",
+    ),
+    Finding(
+        "sequence_metrics_rows", "value_only",
+        "with importance_sampling_level='sequence' the logged clip fractions (clip_ratio/low_mean, "
+        "high_mean, region_mean) and vespo/phi_seq_mean divide by x.shape[0], every row of the batch, "
+        "including the rows mask_truncated_completions empties (the token-level path divides by "
+        "mask.sum()): two rows clipped and one empty row log 0.667 instead of 1. The loss is right.",
+        where="trainer/grpo_trainer.py:3261",
+        quote="local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)",
+        affected=_AFFECTED + " (importance_sampling_level='sequence')",
     ),
 )

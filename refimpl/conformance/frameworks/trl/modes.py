@@ -171,7 +171,14 @@ _UNSUPPORTED = {
     "each micro-batch by its own token count (finding async_grpo_normalizer) and exponentiates the raw "
     "log-ratio (finding async_grpo_ratio_overflow).",
     "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
-    "capped token only when A > 0: finding cispo_clip_ratio).",
+    "capped token only when A > 0: finding cispo_clip_ratio; at importance_sampling_level='sequence' the "
+    "clip fractions count empty rows too: finding sequence_metrics_rows).",
+    "delta with sapo / cispo / vespo": "delta is read only in the clip losses' branch "
+    "(grpo_trainer.py:3115); with the other loss types it is accepted and has no effect (finding "
+    "config:loss_type).",
+    "cispo with epsilon_high as the cap": "the cispo mode is driven with epsilon_high = 1 + eps_high, "
+    "eq. (9)'s cap; TRL's documented cap is epsilon_high itself, ScaleRL's eps_max (finding cispo_cap; "
+    "0.2 when unset: finding config:epsilon_high).",
     "router_aux_loss_coef": "the MoE auxiliary loss comes from the model's router logits.",
     "tool_mask": "multi-turn tool masks only change the mask, which the kit supplies directly.",
     "eval mode": "model.training=False drops the gradient-accumulation scaling; not a training loss.",
