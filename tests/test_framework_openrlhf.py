@@ -469,3 +469,17 @@ def test_findings_of_audit_14_are_classified_and_named_where_no_mode_drives_them
                 "is_correction_gating", "reinforce_baseline_whitening", "dynamic_filtering_mean"):
         assert f"finding {key}" in reasons, key
     assert "finding config:advantages" in driver.NOTES["per-token advantages"]
+
+
+def test_findings_of_audit_14b_are_classified_and_named_where_no_mode_drives_them():
+    """Audit 14b (source first, kit second): the value clip and the reward clip on by default are
+    documented defaults, --algo.kl.unbiased_gradient ignored with the KL in the reward a validation finding
+    (its script runs in tests/test_framework_findings.py); each is named by the unsupported mode of the
+    path it sits on (kinds gae, value_loss, kl)."""
+    kinds = {f.key: f.kind for f in driver.findings()}
+    assert kinds["value_clip_default"] == kinds["reward_clip_default"] == "documented_default"
+    assert kinds["config:unbiased_gradient"] == "validation"
+    named = {"gae": "reward_clip_default", "value_loss": "value_clip_default",
+             "kl": "config:unbiased_gradient"}
+    for kind, key in named.items():
+        assert f"finding {key}" in " ".join(driver.unsupported_modes(kind).values()), (kind, key)

@@ -244,4 +244,28 @@ verdict("OpenRLHF PolicyLoss(policy_loss_type='gspo') (models/loss.py:200) with 
         "0.0, [[0.0, 0.0]] (GSPO: one advantage per sequence, here 0)",
         abs(loss.item()) > 1e-3 and logp.grad.abs().max().item() > 0.1)
 """,
+        ("openrlhf", "config:unbiased_gradient"): """\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+maker = ast.parse((root / "trainer/ppo_utils/experience_maker.py").read_text())  # it imports ray
+call = next(n for n in ast.walk(maker) if isinstance(n, ast.Call) and getattr(n.func, "id", "") ==
+            "compute_approx_kl" and n.lineno == 206)  # make_experience: the KL in the reward
+passed = sorted(k.arg for k in call.keywords)
+launcher = ast.parse((root / "cli/train_ppo_ray.py").read_text())  # the launcher's checks (line 727)
+check = next(n for n in ast.walk(launcher) if isinstance(n, ast.If) and n.lineno == 727)
+assert ast.unparse(check.test) == "args.algo.kl.use_loss", ast.unparse(check.test)
+""" + silent + """\
+ns = types.SimpleNamespace
+args = ns(algo=ns(kl=ns(use_loss=False, unbiased_gradient=True, estimator="k1")))  # KL in the reward
+printed = []  # what the launcher's checks print (its print() calls, collected)
+exec(compile(ast.Module(body=[check], type_ignores=[]), "train_ppo_ray.py", "exec"),
+     {"args": args, "print": lambda *a, **k: printed.append(" ".join(map(str, a)))})
+verdict("OpenRLHF --algo.kl.unbiased_gradient without --algo.kl.use_loss (the KL in the reward, "
+        "trainer/ppo_utils/experience_maker.py:206): the launcher's KL checks (cli/train_ppo_ray.py:727-734) "
+        "and the keywords of the KL reward's compute_approx_kl call",
+        f"printed {printed}; the call passes {passed} (the flag never reaches it)",
+        "an error or a warning: the flag has no effect unless the KL is a loss",
+        printed == [] and "unbiased_gradient" not in passed)
+""",
     }

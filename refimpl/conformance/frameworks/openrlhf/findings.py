@@ -100,7 +100,7 @@ FINDINGS = (
         "--reward.clip_range (default (-10, 10)) is documented as a reward clip (help 'Reward clip range', "
         "cli/train_ppo_ray.py:474) but applied in compute_reward, after the group estimators have replaced "
         "the reward by its baseline-subtracted or normalised value (experience_maker.py:268-278, then "
-        "284-289): for rloo / reinforce_baseline / dr_grpo / group_norm it clips the advantage, not the "
+        "284-290): for rloo / reinforce_baseline / dr_grpo / group_norm it clips the advantage, not the "
         "reward, which no setting of the option avoids short of widening it (rloo rewards 8 and -8, inside "
         "the clip, in a group of 2: advantages 10 and -10 instead of 16 and -16; group_norm with one "
         "success among n >= 102 responses: z = (n - 1) / sqrt(n) > 10, clipped; advantages.md eqs. (1)-(5) "
@@ -314,6 +314,41 @@ FINDINGS = (
         where="models/loss.py:200", quote="surr1 = ratio * advantages",
         affected="openrlhf 0.11.2",
     ),
+    # audit 14b (source first, kit second): the departures it found that the kit did not name
+    Finding(
+        "config:unbiased_gradient", "validation",
+        "--algo.kl.unbiased_gradient ('When using KL as a loss, keep the chosen estimator's value but "
+        "backprop the true reverse-KL gradient ...') is read by the actor's KL loss only "
+        "(trainer/ray/ppo_actor.py:325); without --algo.kl.use_loss the KL is in the reward, computed by "
+        "make_experience's compute_approx_kl call, which does not pass it (experience_maker.py:206-210), and "
+        "the launcher's check of the KL options (cli/train_ppo_ray.py:727-734) prints only an estimator "
+        "recommendation: the flag is accepted and has no effect, without a word (the default KL in the "
+        "reward trains with the plain estimator).",
+        where="trainer/ppo_utils/experience_maker.py:206", quote="kl = compute_approx_kl(",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "value_clip_default", "documented_default",
+        "--critic.value_clip defaults to 0.5 ('PPO value clip range'), so the critic's ValueLoss "
+        "(models/loss.py:282-286, built as ValueLoss(value_clip) by ppo_critic.py:60) is the clipped form "
+        "max((V - R)^2, (V_old + clip(V - V_old, -0.5, 0.5) - R)^2), policy_losses.md eq. (23), an absolute "
+        "band in the reward's units, where PPO's value loss (Schulman et al. 2017, eq. (9); eq. (22)) is "
+        "unclipped; the option is type=float, so no command-line value turns the clip off (only a band wider "
+        "than any value change). The value_loss kind's cases give the clip explicitly.",
+        where="cli/train_ppo_ray.py:409",
+        quote='"--critic.value_clip", type=float, default=0.5, help="PPO value clip range")',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "reward_clip_default", "documented_default",
+        "--reward.clip_range defaults to (-10, 10) ('Reward clip range'): compute_reward clamps every score "
+        "(models/utils.py:141-142), so with the gae and reinforce estimators (no group baseline) a reward "
+        "model's score beyond +-10 is clipped before the KL is added and the returns are formed (scores 15 "
+        "and 25 both train as 10), where the spec's returns (estimators.md eq. (1)) take the reward as it "
+        "is; the option's default is on, and only a wider range turns it off. For the group estimators the "
+        "same clamp falls on the advantages (finding reward_clip_range, a bug).",
+        where="cli/train_ppo_ray.py:474",
+        quote='parser.add_argument("--reward.clip_range", type=float, nargs=2, default=(-10, 10)',
+        affected="openrlhf 0.11.2",
+    ),
 )
-
-

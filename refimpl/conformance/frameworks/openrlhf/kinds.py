@@ -97,6 +97,14 @@ KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
         "multi-turn masks (observation tokens inside a response)": "the kit's GAE cases have one episode "
         "per row with a prefix mask; OpenRLHF runs the recursion through masked tokens (finding "
         "gae_interior_mask).",
+        "scores beyond --reward.clip_range": "compute_reward clamps the score to the default (-10, 10) "
+        "before the returns (models/utils.py:142), a documented default (finding reward_clip_default); the "
+        "kind's cases give the per-token rewards directly.",
+    },
+    "value_loss": {
+        "--critic.value_clip default": "the trainer's ValueLoss(value_clip) clips with the default 0.5, "
+        "which no command-line value turns off (finding value_clip_default); the kind's cases give the clip "
+        "explicitly, with and without it.",
     },
     "overlong": {
         "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "

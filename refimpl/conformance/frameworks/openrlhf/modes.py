@@ -206,7 +206,9 @@ _UNSUPPORTED = {
     },
     "kl": {
         "kl/*+unbiased_gradient": "algo.kl.unbiased_gradient=True returns the estimator's value with a "
-        "straight-through k2 gradient (w * (logp - ref)); the kit's KL check differentiates the value",
+        "straight-through k2 gradient (w * (logp - ref)); the kit's KL check differentiates the value; "
+        "without --algo.kl.use_loss the KL in the reward never reads the flag (finding "
+        "config:unbiased_gradient)",
     },
     "group_advantages": ADV_UNSUPPORTED,
 }
