@@ -191,3 +191,13 @@ def test_the_audits_findings_are_classed_and_the_clip_bound_tie_is_no_bug():
         "ppo_kl_reward_k3": "documented_default", "clip_bound_tie": "subgradient"}
     assert "jnp.minimum" in found["dual_clip_tie"].text and "PyTorch" not in found["dual_clip_tie"].text
     assert "finding packed_rows" in found["seq_sum_width='padded_width'"].text
+
+
+def test_dapo_config_skips_grpo_configs_checks():
+    """The second audit's finding: DAPOConfig.__post_init__ does not call GRPOConfig's, so a group of one
+    is accepted (NaN advantages; the script shows it); the modes' singleton rule says which config."""
+    found = {f.key: f for f in driver.findings()}
+    finding = found["config:num_generations"]
+    assert finding.kind == "validation" and finding.where == "rl/grpo/dapo_learner.py:75"
+    reasons = " ".join(r for kind in driver.module.UNSUPPORTED.values() for r in kind.values())
+    assert "finding config:num_generations" in reasons

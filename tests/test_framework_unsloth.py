@@ -123,3 +123,13 @@ def test_the_audits_findings_are_those_of_the_code_a_user_trains_with():
     for key in ("config:delta", "completion_mask_pad_eos", "vllm_is_sequence_weight", "entropy_token_mean",
                 "efficient_grad_output"):
         assert f"finding {key}" in reasons, key
+
+
+def test_dr_grpo_accepts_completions_longer_than_max_completion_length():
+    """The second audit's finding: dr_grpo's L_max is never checked against the mask's responses (the
+    script shows it; here its class, line and the unsupported mode that names it)."""
+    found = {f.key: f for f in driver.findings()}
+    finding = found["config:max_completion_length"]
+    assert finding.kind == "validation" and finding.where == "rl_replacements.py:1231"
+    reasons = " ".join(r for kind in driver.module.UNSUPPORTED.values() for r in kind.values())
+    assert "finding config:max_completion_length" in reasons

@@ -227,3 +227,30 @@ verdict("Tunix GRPO learner with num_iterations=1 (rl/grpo/grpo_learner.py:284: 
         "(ratio 1.65 to the sampler), A = 1: d loss / d logp", f"{grad} (ratio taken as 1: unclipped)",
         "0.0 (the clip gate is closed against the sampling policy)", old is None and abs(grad + 1.0) < 1e-6)
 """
+
+TUNIX_BODIES[("tunix", "config:num_generations")] = _FROM_SOURCE + """\
+import warnings  # noqa: E402
+
+stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+algo_core = importlib.import_module("tunix.rl.algo_core")
+tree = ast.parse((root / "rl/grpo/dapo_learner.py").read_text())
+config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DAPOConfig")
+post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+namespace = {}
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), "dapo_learner.py", "exec"), namespace)  # its def
+buffer = {"enable": True, "overlong_buffer_length": 4096, "overlong_buffer_penalty": 1.0,
+          "max_response_length": 20480}  # DAPOConfig's default overlong_buffer
+self = types.SimpleNamespace(num_generations=1, loss_algo="grpo", beta=None, epsilon=0.2, epsilon_high=0.28,
+                             overlong_buffer=buffer)  # DAPOConfig's defaults, num_generations=1
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+    namespace["__post_init__"](self)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # numpy's RuntimeWarning on a std with ddof=1 of one value, at the step
+    advantages = np.asarray(algo_core.compute_advantages(np.array([1.0, 0.0]), self.num_generations))
+verdict("Tunix DAPOConfig(num_generations=1).__post_init__ (rl/grpo/dapo_learner.py:75, GRPOConfig's check "
+        "at grpo_learner.py:100 skipped): accepted; compute_advantages of two prompts' rewards 1 and 0",
+        advantages.tolist(), "an error (GRPOConfig(num_generations=1) raises), or a documented rule for a "
+        "group of one", bool(np.isnan(advantages).all()))
+"""

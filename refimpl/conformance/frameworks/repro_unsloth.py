@@ -42,4 +42,19 @@ verdict("Unsloth grpo_accumulated_loss's loss mask (rl_replacements.py:2975, "
         "pad id == EOS id: the completion tokens in the loss", f"{kept} (mask {mask.int().tolist()})",
         "3 (TRL's completion_mask keeps the EOS token)", kept == 2)
 """,
+        ("unsloth", "config:max_completion_length"): unsloth + silent + """\
+# dr_grpo on one row of 4 completion tokens, on-policy (ratio 1), A = 1, with max_completion_length 2:
+# the response is longer than the L_max the loss divides by (policy_losses.md eq. (11): an error)
+logp = torch.zeros((1, 4), dtype=torch.float64, requires_grad=True)
+keys = {"loss_type": "dr_grpo", "importance_sampling_level": "token", "use_bias_correction_kl": True,
+        "num_processes": 1, "use_vllm": False, "epsilon_low": 0.2, "epsilon_high": 0.2,
+        "current_gradient_accumulation_steps": 1, "max_completion_length": 2}
+ids = torch.zeros((1, 4), dtype=torch.long)
+loss = rl.grpo_compute_loss(None, logp, logp.detach(), None, ids, torch.ones_like(ids), 0.0,
+                            torch.tensor([1.0], dtype=torch.float64), **keys)[0].item()  # accepted
+verdict("Unsloth grpo_compute_loss(loss_type='dr_grpo', max_completion_length=2) (rl_replacements.py:1231) "
+        "on a response of 4 tokens: accepted; the loss", f"{loss} (-4 / (1 x 2): no error, no warning)",
+        "an error: the response is longer than max_completion_length, the L_max of Dr. GRPO's denominator",
+        loss == -2.0)
+""",
     }

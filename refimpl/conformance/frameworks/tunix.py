@@ -159,7 +159,8 @@ _KL_KIND = tuple(
     for kl, (estimator, flags) in _KL_MODES.items()
 )
 # the estimators of algo_core.py:548-617 (numpy on the reward manager's float64 rewards); GRPOConfig
-# rejects num_generations <= 1 (grpo_learner.py:99), so a singleton group is an error
+# rejects num_generations <= 1 (grpo_learner.py:99), so a singleton group is an error; DAPOConfig does
+# not (finding config:num_generations: its advantages are then NaN)
 _ADVANTAGES = {
     # name: (function, flags)
     "grpo": ("compute_advantages", {"adv_std": "sample", "adv_eps": 1e-6, "adv_eps_inside_sqrt": False,
@@ -194,6 +195,10 @@ UNSUPPORTED = {
     },
     "group_advantages": {
         "gae": "token-level (PPO's critic): the gae kind, not group advantages.",
+        "a group of one (DAPOConfig)": "GRPOConfig refuses num_generations <= 1, the modes' singleton "
+        "rule (adv_singleton='error'); DAPOConfig's __post_init__ skips that check: num_generations=1 is "
+        "accepted and compute_advantages gives NaN, compute_rloo_advantages 0 (finding "
+        "config:num_generations, shown by its script).",
     },
 }
 

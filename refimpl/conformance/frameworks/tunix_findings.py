@@ -170,6 +170,16 @@ FINDINGS = (
         where="rl/grpo/grpo_learner.py:284", quote="if self.algo_config.num_iterations > 1:",
         affected=_AFFECTED,
     ),
+    Finding(
+        "config:num_generations", "validation",
+        "DAPOConfig.__post_init__ replaces GRPOConfig's without calling it, so the checks GRPOConfig makes "
+        "(num_generations > 1, loss_algo in grpo / gspo-token: grpo_learner.py:99-110) do not run for "
+        "DAPO: DAPOConfig(num_generations=1) is accepted without an error or a warning, and the advantage "
+        "estimators then see groups of one: compute_advantages' sample std (ddof=1) of one reward is NaN, "
+        "so every advantage and the loss are NaN (numpy's only notice is a RuntimeWarning at the step), "
+        "compute_rloo_advantages returns zeros (algo_core.py:585-587).",
+        where="rl/grpo/dapo_learner.py:75", quote="def __post_init__(self):", affected=_AFFECTED,
+    ),
 )
 
 NOTES = {

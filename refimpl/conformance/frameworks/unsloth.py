@@ -160,6 +160,9 @@ UNSUPPORTED = {
         "(_warn_deprecated_n_chunks). A direct call with n_chunks > 1 normalises each torch.chunk on its "
         "own and divides the sum by n_chunks (rl_replacements.py:1354-1405): dapo's and cispo's global "
         "normaliser comes out / n_chunks, and torch.chunk may return fewer chunks than asked.",
+        "dr_grpo with completions longer than max_completion_length": "Dr. GRPO's L_max bounds every "
+        "response (policy_losses.md eq. (11)); grpo_compute_loss divides by it without checking, and by "
+        "8192 when the key is missing (finding config:max_completion_length, shown by its script).",
     },
     "kl": {"k3": "Unsloth has no standalone KL function: its k3 term is inline in grpo_compute_loss "
                  "(mode grpo+kl/k3)."},
@@ -232,6 +235,18 @@ _FINDINGS_2026_10_9 = (
         "loss, so a caller that weights or rescales the returned loss changes its value only.",
         where="rl_replacements.py:1427",
         quote="def backward(ctx, grad_output, dcompletion_length, dmean_kl,",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:max_completion_length", "validation",
+        "dr_grpo divides the token sum by rows x max_completion_length and never checks that a "
+        "completion fits in it: a mask wider than max_completion_length (policy_losses.md eq. (11): T_i <= "
+        "L_max, a longer response is an error) is accepted without an error or a warning, and a call "
+        "without the key divides by 8192 (grpo_compute_loss's default, rl_replacements.py:952). TRL's "
+        "generation (tool results included) keeps completions within max_completion_length, so this "
+        "reaches a direct caller of grpo_compute_loss, not the trainer.",
+        where="rl_replacements.py:1231",
+        quote="loss = (loss_i * mask).sum() / (loss_i.size(0) * max_completion_length)",
         affected=_AFFECTED,
     ),
 )
