@@ -191,3 +191,20 @@ def test_audit_findings_no_mode_drives_are_named_by_an_unsupported_mode():
     shown = {f.key for f in AUDIT_FINDINGS if f.kind in ("bug", "value_only")}
     assert shown and {k for k in shown if f"finding {k}" not in reasons} == set()
     assert {f.key for f in AUDIT_FINDINGS} <= {f.key for f in driver.findings()}
+
+
+def test_second_audit_findings_are_classified_and_named_by_an_unsupported_mode():
+    """A second audit of AReaL's trainer (source first, kit second): mask_no_eos_with_zero replacing only
+    the reward, the overlong budget's own field, M2PO and the critic's setting without effect, the
+    log-linear proximal policy. Each is a finding of its class, and since no mode drives it, an
+    unsupported mode names it ``finding KEY``."""
+    from refimpl.conformance.frameworks import areal, areal_kinds
+    from refimpl.conformance.frameworks.areal_findings import AUDIT_FINDINGS
+
+    want = {"mask_no_eos_reward_only": "bug", "config:max_new_tokens": "validation",
+            "config:m2_threshold_coupled": "validation", "config:critic_mask_no_eos": "validation",
+            "prox_logp_loglinear": "documented_default"}
+    assert {f.key: f.kind for f in AUDIT_FINDINGS if f.key in want} == want
+    reasons = " ".join(r for table in (areal.UNSUPPORTED, areal_kinds.KIND_UNSUPPORTED)
+                       for kind in table.values() for r in kind.values())
+    assert [k for k in want if f"finding {k}" not in reasons] == []

@@ -118,14 +118,17 @@ UNSUPPORTED = {
         "rejection_sampling=None the decoupled loss applies no pi_prox / pi_behave weight at all "
         "(functional.py:535-539 weighs only under rejection sampling): mode "
         "decoupled/rejection_sampling=None, "
-        "flag behavior_weight='dropped'.",
+        "flag behavior_weight='dropped'. prox_logp_method='loglinear' interpolates pi_prox between the "
+        "behaviour and the current log-probs instead of recomputing it (finding prox_logp_loglinear).",
         "rejection_sampling (mask / clamp, token / sequence)": "token-level mask and clamp on the ratio are "
         "driven as the behavior_correction kind; sequence level and the KL metrics are not (the weight's "
         "level against the ratio's: finding rejection_sampling_level; metric 'kl_k3' filters on 1/r - 1 + "
         "log r where its help says r - log r - 1: finding rejection_kl_metric; a non-finite log-ratio "
         "becomes weight 1: finding rejection_nonfinite_weight).",
         "m2_threshold (M2PO)": "masks tokens by a second-moment rule over behaviour log-probs; no spec "
-        "variant (its token count against the engine's weight: finding m2po_normalizer).",
+        "variant (its token count against the engine's weight: finding m2po_normalizer; without "
+        "use_decoupled_loss the proximal log-probs are the old ones and it masks nothing: finding "
+        "config:m2_threshold_coupled).",
         "sapo with importance_sampling_level='sequence'": "a sequence ratio under the sigmoid gate is not a "
         "preset.",
         "teacher_logp (KDRL)": "a distillation term against a teacher's log-probs; no spec variant. With "

@@ -4,7 +4,9 @@ without a reference model, its test for a missing EOS, M2PO's token count, the r
 level and the clip bounds it never checks; then the audit of issue 27 (``AUDIT_FINDINGS``): the task
 reward's position, rejection sampling's KL metric and non-finite weights, Normalization's leave-one-out
 std, uncentred std, group size and empty input, the distillation terms, the reward clip, GSPO's
-per-token advantages and the settings accepted silently.
+per-token advantages and the settings accepted silently; then a second audit's: mask_no_eos_with_zero
+zeroing only the reward, the overlong budget's own field, M2PO and the critic's setting without effect,
+the log-linear proximal policy.
 Each has its class and verified line (findings.py); every bug
 and validation finding has a standalone script (repro_areal.py)."""
 
@@ -50,7 +52,7 @@ TRAINER_FINDINGS = (
         "one token masked in the first, A = 1: -0.5 and -0.25 per kept token instead of one weight for all.",
         where="trainer/ppo/actor.py:448",
         quote="loss_mask = _apply_m2po_masking(old_logp, prox_logp, loss_mask, m2_threshold)",
-        affected=_AFFECTED + " (m2_threshold set, more than one micro-batch)",
+        affected=_AFFECTED + " (use_decoupled_loss with m2_threshold set, more than one micro-batch)",
         upstream="https://github.com/areal-project/AReaL/issues/1730 (open; fix proposed in pull request "
         "1732)",
     ),
@@ -195,5 +197,59 @@ AUDIT_FINDINGS = (
         "token of the micro-batch but one, silently.",
         where="trainer/ppo/actor.py:841", quote="num_to_mask = n - 1",
         affected=_AFFECTED + " (m2_threshold <= 0)",
+    ),
+    # a second audit (source first, kit second): four settings and one approximation no finding named
+    Finding(
+        "mask_no_eos_reward_only", "bug",
+        "mask_no_eos_with_zero ('Mask truncated generations (no EOS token) and exclude from training', "
+        "cli_args.py:1503-1507) only adds 0 instead of the task reward for a row without EOS "
+        "(actor.py:207-210), after reward_norm has normalised the group with that reward (actor.py:172-173): "
+        "the row's tokens keep their loss mask, stay in the loss with the KL-only advantage and in its token "
+        "count, and its raw reward still shifts its group's baseline (advantages.md eq. (9): every token of "
+        "a truncated sample leaves the mask). Group of 2 (the longest row truncated, rewards (1, 0)): loss "
+        "mask (1, 1, 1, 1) kept and advantages (0, -0.707) where dropping the sample leaves the other "
+        "alone in its group. Which row counts as truncated is finding eos_by_width.",
+        where="trainer/ppo/actor.py:209", quote="seq_no_eos_mask, 0, reward_score",
+        affected=_AFFECTED + " (mask_no_eos_with_zero=True)",
+    ),
+    Finding(
+        "config:max_new_tokens", "validation",
+        "the overlong penalty's budget is actor.max_new_tokens (actor.py:163; default 1024, "
+        "cli_args.py:1593-1596), a field of its own, never compared with the generation budget "
+        "gconfig.max_new_tokens (default 16384, cli_args.py:170-172): with overlong_reward_penalty and the "
+        "two defaults, every response longer than 1024 - overlong_tokens tokens is punished, without the "
+        "floor (finding overlong_floor), though the rollout allowed it (advantages.md eq. (8): L_max is the "
+        "generation limit). L = 1100, overlong_tokens 64, factor 1: -2.19 where the rollout's budget "
+        "gives 0.",
+        where="trainer/ppo/actor.py:163", quote="max_response_length=self.config.max_new_tokens,",
+        affected=_AFFECTED + " (overlong_reward_penalty with actor.max_new_tokens != gconfig.max_new_tokens)",
+    ),
+    Finding(
+        "config:m2_threshold_coupled", "validation",
+        "m2_threshold (M2PO) is accepted without use_decoupled_loss, where it does nothing: the coupled "
+        "path makes the proximal log-probs the old ones (actor.py:186 with recompute_logprob, :191 "
+        "without), so every second moment (old - prox)^2 is 0 and no token is ever masked, silently. "
+        "Behaviour log-probs 3 nats from the recomputed ones, m2_threshold 1: every token kept.",
+        where="trainer/ppo/actor.py:191", quote='data["prox_logp"] = old_logp',
+        affected=_AFFECTED + " (m2_threshold set, use_decoupled_loss=False)",
+    ),
+    Finding(
+        "config:critic_mask_no_eos", "validation",
+        "PPOCriticConfig.mask_no_eos_with_zero (cli_args.py:1662-1667, 'Mask truncated generations ... and "
+        "exclude from training') is read only into the logged scalars (critic.py:49-53): the critic trains "
+        "on the returns the actor computed with the actor's own setting, whatever the critic's says.",
+        where="trainer/ppo/critic.py:50", quote="mask_no_eos_with_zero=self.config.mask_no_eos_with_zero,",
+        affected=_AFFECTED + " (critic.mask_no_eos_with_zero != actor.mask_no_eos_with_zero)",
+    ),
+    Finding(
+        "prox_logp_loglinear", "documented_default",
+        "prox_logp_method='loglinear' skips the proximal forward pass and takes pi_prox as old_logp + "
+        "alpha (logp - old_logp), alpha = (v_theta - 1 - v_behave) / (v_theta - v_behave) clipped to [0, 1], "
+        "logp detached (actor.py:648-667, 735-745): an interpolation, not the proximal policy of the "
+        "decoupled loss (policy_losses.md eq. (13): the recomputed log-probs); the help documents it "
+        "('log-linear interpolation to approximate proximal policy', cli_args.py:1577).",
+        where="trainer/ppo/actor.py:665",
+        quote="approximations[PROX_APPROX_METHOD_LOGLINEAR] = old_logp + alpha * (",
+        affected=_AFFECTED + " (use_decoupled_loss=True, prox_logp_method 'loglinear')",
     ),
 )

@@ -198,8 +198,15 @@ KIND_UNSUPPORTED = {
             "position's advantage fixed to 0, values[:, -1] bootstrapped for rows as long as the padded "
             "batch, which it takes for rows without an EOS: finding eos_by_width; the task reward on "
             "position seqlens - 2 is lost when that position is not trainable, the GAE skipping masked "
-            "positions: finding reward_last_trainable); its inputs are not per-token rewards, so the kit's "
-            "GAE cases cannot be expressed."},
+            "positions: finding reward_last_trainable; mask_no_eos_with_zero replaces only the task reward "
+            "by 0, after reward_norm, and the row stays in the loss: finding mask_no_eos_reward_only); its "
+            "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
+    "value_loss": {"PPOCritic's mask_no_eos_with_zero": "the critic's own setting is only logged "
+                   "(critic.py:49-53): its targets are the actor's returns (finding "
+                   "config:critic_mask_no_eos)."},
+    "overlong": {"the actor's budget": "the mode passes max_response_length itself; the trainer passes "
+                 "actor.max_new_tokens (actor.py:163), never compared with gconfig.max_new_tokens "
+                 "(finding config:max_new_tokens)."},
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
                   "(the group level is driven as group_advantages); the all-reduce over ranks. A mask "
                   "without a token returns the input unnormalised (finding adv_all_masked)."},

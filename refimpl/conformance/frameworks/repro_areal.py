@@ -353,4 +353,69 @@ got = mask.tolist()
 verdict("AReaL _get_m2po_loss_mask(m2_threshold=0) (trainer/ppo/actor.py:841): accepted; the tokens kept",
         got, "an error (a mean of squares is never below 0)", got == [False, False, False, True])
 """,
+        **_second_audit_bodies(_AREAL),
+    }
+
+
+def _second_audit_bodies(_AREAL: str) -> dict[tuple[str, str], str]:
+    """The scripts of a second audit's findings (the end of areal_findings.AUDIT_FINDINGS)."""
+    return {
+        ("areal", "mask_no_eos_reward_only"): _AREAL_ACTOR + """\
+stand_in = actor(kl_ctl=0.0, mask_no_eos_with_zero=True)
+stand_in.reward_norm = norm(mean_level="group", std_level="group", group_size=2)  # GRPO's group std
+# one group: row 0 (prompt 2, 4 tokens) cut by the budget, no EOS (the longest row: AReaL's own test,
+# finding eos_by_width, takes it for truncated too), reward 1; row 1 (prompt 1, 2 tokens) ends with EOS, 0
+out = compute_advantages(stand_in, rollout([(2, 4), (1, 2)], [1.0, 0.0]))
+got = [int(out["loss_mask"][0].sum().item()), round(out["advantages"][0].abs().max().item(), 6),
+       round(out["advantages"][1, 0].item(), 6)]
+verdict("AReaL PPOActor._compute_advantages (trainer/ppo/actor.py:209), mask_no_eos_with_zero=True, "
+        "reward_norm by group: [trained tokens of the truncated row, its largest |advantage|, the finished "
+        "row's advantage]", got,
+        "[0, ..., ...] (advantages.md eq. (9): every token of the truncated sample leaves the loss, and its "
+        "reward leaves its group's baseline)", got[0] == 4 and got[1] == 0.0 and abs(got[2] + 0.707) < 1e-3)
+""",
+        ("areal", "config:max_new_tokens"): _SILENT_AREAL + _AREAL_ACTOR + _AREAL + """\
+budget = config_defaults("PPOActorConfig")["max_new_tokens"]  # the penalty's L_max (actor.py:163)
+rollout_budget = config_defaults("GenerationHyperparameters")["max_new_tokens"]  # the generation limit
+penalised = actor_def("PPOActor._compute_advantages",
+                      reward_overlong_penalty=functional.reward_overlong_penalty)
+stand_in = actor(kl_ctl=0.0, overlong_reward_penalty=True, overlong_tokens=64, overlong_penalty_factor=1.0)
+out = penalised(stand_in, rollout([(1, 1100)], [0.0]))  # a 1100-token response, task reward 0
+got = round(out["advantages"][0, 0].item(), 6)
+verdict(f"AReaL PPOActor._compute_advantages with overlong_reward_penalty (trainer/ppo/actor.py:163), "
+        f"overlong_tokens 64, factor 1, the defaults actor.max_new_tokens {budget} and "
+        f"gconfig.max_new_tokens {rollout_budget}: accepted; the advantage of a 1100-token response", got,
+        f"0.0 (advantages.md eq. (8) with L_max = the generation budget {rollout_budget})",
+        budget < 1100 <= rollout_budget - 64 and got < -1.0)
+""",
+        ("areal", "config:m2_threshold_coupled"): _SILENT_AREAL + _AREAL_ACTOR + """\
+m2po = actor_def("_apply_m2po_masking", _get_m2po_loss_mask=actor_def("_get_m2po_loss_mask"))
+batch = rollout([(1, 3)], [1.0])  # the rollout's (behaviour) log-probs, -2 on 3 response tokens
+behave = torch.roll(batch["logprobs"], shifts=-1, dims=-1)  # in the recomputed log-probs' layout
+prox = behave.clone()
+prox[0, 1] -= 3.0  # the trainer's recomputed log-prob of one token is 3 nats away
+mask = torch.roll(batch["loss_mask"], shifts=-1, dims=-1).bool()
+exact = m2po(behave, prox.clone(), mask, 1.0)[mask].tolist()  # M2PO's rule on the two log-probs
+batch["prox_logp"] = prox
+out = compute_advantages(actor(kl_ctl=0.0, recompute_logprob=True), batch)  # use_decoupled_loss False
+# grpo_loss_fn (actor.py:432, 448) masks with input_data["logprobs"] and input_data["prox_logp"]
+got = m2po(out["logprobs"], out["prox_logp"], out["loss_mask"].bool(), 1.0)[mask].tolist()
+verdict("AReaL M2PO (trainer/ppo/actor.py:448) with m2_threshold 1 and use_decoupled_loss=False "
+        "(actor.py:186-191): accepted; the tokens kept", got,
+        f"{exact} (the token 3 nats off, second moment 9, masked) or an error", got == [True, True, True]
+        and exact == [True, False, True])
+""",
+        ("areal", "config:critic_mask_no_eos"): _SILENT_AREAL + _AREAL_DATA + """\
+critic_path = root / "trainer" / "ppo" / "critic.py"
+tree = ast.parse(critic_path.read_text())
+uses = sorted(n.lineno for n in ast.walk(tree)
+              if isinstance(n, ast.Attribute) and n.attr == "mask_no_eos_with_zero")
+logged = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") ==
+          "scalars"]  # scalars = dict(...), passed to stats_tracker.scalar(**scalars) only
+inside = [any(a.lineno <= line <= a.end_lineno for a in logged) for line in uses]
+verdict("AReaL PPOCritic (trainer/ppo/critic.py:50): the lines that read config.mask_no_eos_with_zero, and "
+        "whether each is inside the logged scalars", [uses, inside],
+        "a use that changes the critic's targets or loss mask (or an error: the actor's setting decides)",
+        bool(uses) and all(inside))
+""",
     }
