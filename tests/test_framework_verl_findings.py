@@ -72,9 +72,9 @@ def test_the_findings_no_mode_shows_are_named_by_the_unsupported_modes():
 
 @pytest.mark.framework
 def test_rejection_sampling_normalises_differently_in_decoupled_and_bypass_mode():
-    """finding rs_normalizer: decoupled mode writes the rejection into the mask the engine counts
-    (token-mean's denominator loses the rejected token); bypass mode rejects inside the loss, after the
-    count (the denominator keeps it, as policy_losses.md eq. (13) 'mask' does)."""
+    """finding rs_normalizer: the legacy trainer's decoupled mode writes the rejection into the mask the
+    engine counts (token-mean's denominator loses the rejected token); bypass mode rejects inside the
+    loss, after the count (the denominator keeps it, as policy_losses.md eq. (13) 'mask' does)."""
     if driver.availability() is not None:
         pytest.skip(f"verl driver unavailable: {driver.availability()}")
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -98,3 +98,31 @@ def test_rejection_sampling_normalises_differently_in_decoupled_and_bypass_mode(
     bypass, _ = core.compute_policy_loss_bypass_mode(rollout, old, torch.ones(1, 4, dtype=torch.float64),
                                                      full.bool(), loss_agg_mode="token-mean", config=config)
     assert decoupled.item() == -1.0 and bypass.item() == pytest.approx(-0.75, abs=1e-12)  # float64
+
+
+@pytest.mark.framework
+def test_which_trainer_recounts_the_rejected_tokens_in_the_engines_denominator():
+    """finding rs_normalizer, read from the installed trainers: the engine's token count is
+    loss_mask.sum(); the legacy trainer re-derives loss_mask from the rewritten response_mask, the v1
+    trainer stores it in the agent loop and writes back only response_mask after the correction."""
+    if driver.availability() is not None:
+        pytest.skip(f"verl driver unavailable: {driver.availability()}")
+    root = driver.module.adapters._package_dir()
+
+    def lines(path):
+        return (root / path).read_text().splitlines()
+
+    assert 'batch_num_tokens = data["loss_mask"].sum().to(get_device_id())' in lines(
+        "workers/engine/fsdp/transformer_impl.py")[729]
+    assert lines("workers/utils/padding.py")[70].strip() == 'data["loss_mask"] = data["response_mask"]'
+    assert "left_right_2_no_padding(batch_td)" in lines("trainer/ppo/ray_trainer.py")[1334]
+    agent_loop = lines("trainer/ppo/v1/agent_loop_tq.py")
+    assert agent_loop[198].strip() == 'field["loss_mask"] = field["response_mask"]'
+    v1 = lines("trainer/ppo/v1/trainer_base.py")
+    assert v1[1789:1791] == ["        if rollout_correction:", '            fields.append("response_mask")']
+    written = [line for line in "\n".join(v1[1786:1800]).splitlines() if "fields" in line]
+    assert not any("loss_mask" in line for line in written)
+    # nothing in the v1 trainer or the engine workers rewrites loss_mask
+    for path in ("trainer/ppo/v1/trainer_base.py", "trainer/ppo/v1/utils.py", "workers/engine_workers.py",
+                 "workers/utils/losses.py"):
+        assert not any('["loss_mask"] =' in line for line in lines(path)), path

@@ -235,12 +235,17 @@ FINDINGS = (
         "rs_normalizer", "documented_default",
         "rollout rejection sampling (rollout_rs) in decoupled mode writes its mask into response_mask "
         "before the update (rollout_corr_helper.py:1061; documented: 'RS exclusions removed from "
-        "training'), so the engine's token count (workers/engine/fsdp/transformer_impl.py:730, "
-        "data['loss_mask'].sum()) leaves the rejected tokens out of token-mean's denominator; in bypass "
-        "mode the same rejection is applied inside the loss (core_algos.py:2514, effective_mask) after "
-        "that count, so there the rejected tokens stay in it. policy_losses.md eq. (13) 'mask' sets the "
-        "rejected token's weight to 0 and keeps D: the bypass mode's normaliser; one of 4 tokens "
-        "rejected gives the kept tokens the weight 1/3 in decoupled mode, 1/4 in bypass mode.",
+        "training'), while the engine divides token-mean by data['loss_mask'].sum() "
+        "(workers/engine/fsdp/transformer_impl.py:730), so the denominator depends on the trainer. The "
+        "legacy trainer (trainer.use_v1: false) re-derives loss_mask from the rewritten response_mask "
+        "(ray_trainer.py:1335, workers/utils/padding.py:71): the rejected tokens leave the denominator. "
+        "The default trainer (trainer.use_v1: true) stores loss_mask once, from the rollout's "
+        "response_mask (v1/agent_loop_tq.py:199), and writes back only response_mask after the "
+        "correction (v1/trainer_base.py:1790-1791): there, as in bypass mode (the rejection applied "
+        "inside the loss, core_algos.py:2514, effective_mask, after the count), the rejected tokens stay "
+        "in it. policy_losses.md eq. (13) 'mask' sets the rejected token's weight to 0 and keeps D (the "
+        "v1 trainer's and bypass mode's normaliser); one of 4 tokens rejected gives the kept tokens the "
+        "weight 1/3 in the legacy trainer's decoupled mode, 1/4 in the v1 trainer and in bypass mode.",
         where="trainer/ppo/rollout_corr_helper.py:1061",
         quote='batch.batch["response_mask"] = modified_response_mask', affected=_AFFECTED,
     ),

@@ -376,8 +376,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
             "bypass_mode": "rollout-correction bypass (reinforce / ppo_clip over rollout log-probs, "
             "with rejection-sampling masks): needs rollout_log_probs and RolloutCorrectionConfig (its "
             "rejection sampling: finding rejection_sampling_returns, finding rejection_sampling_sessions, "
-            "finding rs_k1_bounds; its token-mean keeps rejected tokens in the denominator, the decoupled "
-            "mode drops them: finding rs_normalizer)",
+            "finding rs_k1_bounds; its token-mean keeps rejected tokens in the denominator, as the v1 "
+            "trainer's decoupled mode does; the legacy trainer's drops them: finding rs_normalizer)",
             "rollout_is_weights": "rollout importance weights (any loss mode) need "
             "rollout_log_probs; the kit's behaviour correction is a separate variant field (geo_mean's "
             "token weights: finding geo_mean_is_weights)",
