@@ -141,7 +141,8 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
         "repro_trl_async_grpo_normalizer.py", "repro_trl_async_grpo_ratio_overflow.py",
         "repro_trl_config_delta.py", "repro_trl_config_entropy_coef.py", "repro_trl_config_epsilon.py",
-        "repro_trl_config_epsilon_high.py", "repro_trl_config_multi_objective_aggregation.py",
+        "repro_trl_config_epsilon_high.py", "repro_trl_config_loss_type.py",
+        "repro_trl_config_multi_objective_aggregation.py",
         "repro_trl_config_sapo_temperature_neg.py", "repro_trl_config_top_entropy_quantile.py",
         "repro_trl_constant_group_rounding.py", "repro_trl_empty_rows.py",
         "repro_trl_generation_batch_normalizer.py", "repro_trl_gmpo_vllm_is.py",
@@ -151,7 +152,8 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [
         "repro_tunix_completion_mask_pad_eos.py", "repro_tunix_config_dynamic_sampling.py",
-        "repro_tunix_config_epsilon_low.py", "repro_tunix_overlong_characters.py",
+        "repro_tunix_config_epsilon_low.py", "repro_tunix_config_num_generations.py",
+        "repro_tunix_overlong_characters.py",
         "repro_tunix_overlong_floor.py", "repro_tunix_packed_rows.py", "repro_tunix_ppo_rewards_int32.py",
         "repro_tunix_ratio_overflow.py", "repro_tunix_stale_old_logps.py",
         "repro_tunix_whiten_sample_single.py"]
