@@ -6,6 +6,24 @@ from __future__ import annotations
 __all__ = ["openrlhf_bodies"]
 
 
+def _experience_method(name: str, var: str) -> str:
+    """Script text binding ``var`` to the method ``name`` of trainer/ppo_utils/experience_maker.py, its
+    code as installed (parsed with ast: the module imports ray; ``source`` holds the file's text)."""
+    return f"""\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+path = root / "trainer/ppo_utils/experience_maker.py"
+source = path.read_text()
+node = next(n for c in ast.parse(source).body if isinstance(c, ast.ClassDef) for n in c.body
+            if isinstance(n, ast.FunctionDef) and n.name == "{name}")
+node.decorator_list = []  # @torch.no_grad() only
+space = {{"torch": torch, "Tuple": tuple}}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
+{var} = space["{name}"]
+"""
+
+
 def openrlhf_bodies(silent: str) -> dict[tuple[str, str], str]:
     """The bodies, keyed by (framework, finding key)."""
     return {
@@ -130,19 +148,8 @@ verdict("OpenRLHF compute_reward (models/utils.py:142) with the default --reward
         "[16.0, -16.0] (advantages.md eq. (2); the rewards need no clip)",
         out.abs().max().item() == 10.0)
 """,
-        ("openrlhf", "gae_interior_mask"): """\
-import ast  # noqa: E402
-
-root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
-path = root / "trainer/ppo_utils/experience_maker.py"
-tree = ast.parse(path.read_text())  # the method's code as installed (the module imports ray)
-node = next(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
-            if isinstance(n, ast.FunctionDef) and n.name == "get_advantages_and_returns")
-node.decorator_list = []  # @torch.no_grad() only
-space = {"torch": torch, "Tuple": tuple}
-exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
-gae = space["get_advantages_and_returns"]
-""" + silent + """\
+        ("openrlhf", "gae_interior_mask"): (_experience_method("get_advantages_and_returns", "gae")
+                                            + silent + """\
 mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])  # action, two observation tokens, action (multi-turn)
 values = torch.tensor([[0.5, 9.0, 9.0, 0.5]])  # the critic's values (those at observations are masked)
 rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
@@ -152,7 +159,7 @@ exact = (gamma * 0.5 - 0.5) + gamma * lam * (1.0 - 0.5)  # over the actions: del
 verdict("OpenRLHF get_advantages_and_returns (trainer/ppo_utils/experience_maker.py:377) on a two-turn "
         "response (action, 2 observation tokens, action), gamma 0.9, lambd 0.95: A_0",
         advantages[0, 0].item(), exact, abs(advantages[0, 0].item() - exact) > 0.1)
-""",
+"""),
         ("openrlhf", "config:eps_clip"): """\
 stand_ins("deepspeed")
 identity_compile()  # utils.py:215 decorates compute_entropy, never called here
@@ -203,20 +210,8 @@ verdict("OpenRLHF PolicyLoss(policy_loss_type='gspo', is_correction_level='token
         "nats per token, GSPO's eps 3e-4 / 4e-4, A = 1: the gradient per token", logp.grad.tolist(),
         f"{[[exact] * T]} (s = 1, weight e^0.01)", logp.grad.abs().max().item() == 0.0)
 """,
-        ("openrlhf", "reinforce_gamma"): """\
-import ast  # noqa: E402
-
-root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
-path = root / "trainer/ppo_utils/experience_maker.py"
-source = path.read_text()
+        ("openrlhf", "reinforce_gamma"): _experience_method("get_cumulative_returns", "returns_of") + """\
 assert source.splitlines()[316].strip() == "experience.advantages = experience.returns.clone()"  # line 317
-tree = ast.parse(source)  # the method's code as installed (the module imports ray)
-node = next(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body
-            if isinstance(n, ast.FunctionDef) and n.name == "get_cumulative_returns")
-node.decorator_list = []  # @torch.no_grad() only
-space = {"torch": torch, "Tuple": tuple}
-exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
-returns_of = space["get_cumulative_returns"]
 """ + silent + """\
 gamma = 0.5
 rewards = torch.tensor([[0.0, 0.0, 1.0]])  # the reward on the last token of a 3-token response

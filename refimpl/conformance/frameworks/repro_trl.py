@@ -23,9 +23,12 @@ def grad_of(logp, old, adv, mask, num_items=None):
 
 """
 
-# TRL's inline group advantages (grpo_trainer.py:2761-2788, the default multi_objective_aggregation), run
-# from the installed file: the statements of that branch, parsed with ast, executed on given rewards
-_ADVANTAGES = """\
+def _branch_advantages(aggregation: str) -> str:
+    """TRL's inline group advantages for one ``multi_objective_aggregation`` (grpo_trainer.py:2761-2800:
+    "sum_then_normalize", the default, or "normalize_then_sum"), run from the installed file: the
+    statements of that branch, parsed with ast, executed on given rewards as ``advantages(rewards,
+    num_generations, scale_rewards)``."""
+    return """\
 import ast  # noqa: E402
 
 from trl.trainer.utils import nanstd  # noqa: E402  (grpo_trainer.py's own)
@@ -35,39 +38,11 @@ source = source / "grpo_trainer.py"
 branch = next(node for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.If)
               and isinstance(node.test, ast.Compare)
               and getattr(node.test.left, "attr", "") == "multi_objective_aggregation"
-              and getattr(node.test.comparators[0], "value", "") == "sum_then_normalize")
+              and getattr(node.test.comparators[0], "value", "") == "AGGREGATION")
 code = compile(ast.Module(body=branch.body, type_ignores=[]), str(source), "exec")
 
 
 def advantages(rewards, num_generations, scale_rewards="group"):
-    namespace = {"torch": torch, "nanstd": nanstd, "rewards_per_func": rewards[:, None], "device": "cpu",
-                 "unscorable_mask": torch.zeros(len(rewards), dtype=torch.bool),
-                 "num_generations": num_generations,
-                 "self": SimpleNamespace(reward_weights=torch.ones(1), scale_rewards=scale_rewards)}
-    exec(code, namespace)
-    return namespace["advantages"]
-
-
-"""
-
-
-# TRL's normalize_then_sum advantages (grpo_trainer.py:2790-2800), run from the installed file like
-# _ADVANTAGES: the statements of that elif branch, parsed with ast, executed on given rewards
-_NORMALIZE_THEN_SUM = """\
-import ast  # noqa: E402
-
-from trl.trainer.utils import nanstd  # noqa: E402  (grpo_trainer.py's own)
-
-source = pathlib.Path(next(iter(importlib.util.find_spec("trl").submodule_search_locations))) / "trainer"
-source = source / "grpo_trainer.py"
-branch = next(node for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.If)
-              and isinstance(node.test, ast.Compare)
-              and getattr(node.test.left, "attr", "") == "multi_objective_aggregation"
-              and getattr(node.test.comparators[0], "value", "") == "normalize_then_sum")
-code = compile(ast.Module(body=branch.body, type_ignores=[]), str(source), "exec")
-
-
-def advantages(rewards, num_generations, scale_rewards):
     namespace = {"torch": torch, "nanstd": nanstd, "rewards_per_func": rewards[:, None], "device": "cpu",
                  "unscorable_mask": torch.zeros(len(rewards), dtype=torch.bool),
                  "num_generations": num_generations,
@@ -77,7 +52,11 @@ def advantages(rewards, num_generations, scale_rewards):
     return namespace["advantages"]
 
 
-"""
+""".replace("AGGREGATION", aggregation)
+
+
+_ADVANTAGES = _branch_advantages("sum_then_normalize")
+_NORMALIZE_THEN_SUM = _branch_advantages("normalize_then_sum")
 
 # the experimental GMPOTrainer on the preamble's stand-in: GMPOTrainer.__init__ only calls GRPOTrainer's
 _GMPO = """\
