@@ -188,7 +188,7 @@ def test_the_audits_findings_are_classed_and_the_clip_bound_tie_is_no_bug():
                                        "clip_bound_tie")} == {
         "packed_rows": "bug", "completion_mask_pad_eos": "bug", "stale_old_logps": "bug",
         "config:epsilon_low": "validation", "kl_loss_mode_k1": "documented_default",
-        "ppo_kl_reward_k3": "documented_default", "clip_bound_tie": "subgradient"}
+        "ppo_kl_reward_k3": "documented_default", "clip_bound_tie": "autodiff_tie"}
     assert "jnp.minimum" in found["dual_clip_tie"].text and "PyTorch" not in found["dual_clip_tie"].text
     assert "finding packed_rows" in found["seq_sum_width='padded_width'"].text
 

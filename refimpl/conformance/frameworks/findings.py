@@ -14,6 +14,11 @@ The classes (``FINDING_KINDS``):
   ``torch.min`` splitting the gradient at a tie: any value between the one-sided derivatives is a
   subgradient, so it is **not a bug**; the kit names it so that nobody files it as one (and its judge
   accepts any value of the subdifferential, with a note);
+* ``autodiff_tie``: automatic differentiation's value on an exact floating-point tie where the loss is
+  differentiable (e.g. ``jnp.clip``'s half derivative at a bound carried through the chain rule): not a
+  subgradient of the spec's loss, but a value on a set of inputs of measure zero, which an automatic
+  differentiation system may return (an element of a conservative field, Bolte & Pauwels 2021) and
+  training meets with probability zero; **not a bug to file**, named so that nobody does;
 * ``validation``: a setting that makes no sense (a dual clip inside the clip band, responses longer
   than the length the loss divides by, reference log-probs given and dropped) accepted without an
   error or a warning. Its key is ``config:<parameter>``; like a bug it has a standalone script
@@ -39,6 +44,7 @@ FINDING_KINDS = {
     "value_only": "a logged value departs, the gradient is right",
     "documented_default": "a documented default departs from the paper",
     "subgradient": "a valid subgradient at a kink, not a bug",
+    "autodiff_tie": "automatic differentiation's value on an exact float tie (measure zero), not a bug",
     "validation": "a nonsensical setting accepted silently",
 }
 #: the classes whose findings have a standalone script (repro.py)

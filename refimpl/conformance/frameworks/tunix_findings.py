@@ -36,14 +36,15 @@ FINDINGS = (
         affected=f"{_AFFECTED} (grpo_loss_fn; ppo_policy_loss_fn likewise, algo_core.py:223)",
     ),
     Finding(
-        "clip_bound_tie", "subgradient",
+        "clip_bound_tie", "autodiff_tie",
         "the same 3/4 at a ratio exactly on the other bound (A > 0 at 1 - epsilon, A < 0 at 1 + "
         "epsilon_high), where both branches of max(-A r, -A clip(r)) are -A r around the bound: the loss is "
         "differentiable there (policy_losses.md section 3: no kink), its derivative -A r, and the token "
-        "gets 3/4 of it. It is jnp.clip's choice at its own kink (1/2 at a bound) carried by the chain "
-        "rule, on a float32 ratio exactly equal to the bound only: a set of measure zero on which automatic "
-        "differentiation may return any element of a conservative field, not a bug to file (flag "
-        "clip_bound_tie='three_quarters' reproduces it, as the spec's subdifferential does not cover it).",
+        "gets 3/4 of it, which is not a subgradient of the loss. It is jnp.clip's choice at its own kink "
+        "(1/2 at a bound) carried by the chain rule, on a float32 ratio exactly equal to the bound only: a "
+        "set of inputs of measure zero, on which automatic differentiation may return an element of a "
+        "conservative field (Bolte & Pauwels 2021) and which training meets with probability zero; not a "
+        "bug to file (flag clip_bound_tie='three_quarters' reproduces it).",
         where="rl/algo_core.py:438", quote="per_token_loss = jnp.maximum(pg_loss_1, pg_loss_2)",
         affected=f"{_AFFECTED} (grpo_loss_fn, gspo-token included; ppo_policy_loss_fn, algo_core.py:223)",
     ),
