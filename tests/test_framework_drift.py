@@ -17,7 +17,9 @@ from refimpl.conformance.frameworks.drift import (
     compare,
     drift_data,
     drift_markdown,
+    locate_findings,
     named_releases,
+    package_root,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -91,6 +93,33 @@ def test_a_flag_value_finding_is_present_where_a_profile_holds_that_value_and_wo
     text = drift_markdown(data)
     assert "- **tunix 0.1.6 -> tunix 0.1.7**: not compared (no rl/algo_core.py)" in text
     assert f"  - {CHANGES[('tunix', '0.1.7')]}" in text
+
+
+def test_a_finding_whose_quoted_code_the_release_lacks_is_not_present_there(tmp_path, monkeypatch):
+    """A finding cites the pinned release's line: in a release whose file does not hold the quoted code
+    (or has no such file) it is not present, so the drift neither lists it there nor calls it fixed."""
+    monkeypatch.chdir(tmp_path)
+    old_root = tmp_path / releases.release_dir("trl", "1.14.2") / "trl"
+    (old_root / "trainer").mkdir(parents=True)
+    (old_root / "trainer" / "grpo_trainer.py").write_text("x = 1\nloss = per_token_loss.sum()\n")
+    assert package_root("trl", "1.14.2").resolve() == old_root
+    assert package_root("trl", "1.13.0") is None  # not installed anywhere
+    row = _row([_mode("grpo", {})])
+    row["findings"] = [
+        {"key": "here", "where": "trainer/grpo_trainer.py:40", "quote": "loss = per_token_loss.sum()"},
+        {"key": "gone", "where": "trainer/grpo_trainer.py:41", "quote": "coef_1 = torch.exp(log_ratio)"},
+        {"key": "no_file", "where": "experimental/async_grpo.py:9", "quote": "x = 1"},
+        {"key": "no_line"},
+    ]
+    located = locate_findings(row, old_root)
+    assert [f.get("located") for f in located["findings"]] == [True, False, False, None]
+    assert locate_findings(row, None) is row
+    new = {**row, "findings": [{k: v for k, v in f.items()} for f in row["findings"]]}
+    data = drift_data({"trl": {"1.14.2": located, "1.16.0": new}})
+    assert data["trl"]["releases"][0]["findings"] == ["here", "no_line"]
+    assert data["trl"]["releases"][1]["findings"] == ["gone", "here", "no_file", "no_line"]
+    assert data["trl"]["steps"][0]["findings_introduced"] == ["gone", "no_file"]
+    assert data["trl"]["steps"][0]["findings_fixed"] == []
 
 
 def test_every_framework_has_releases_and_its_pinned_one_among_them():

@@ -13,15 +13,10 @@ import sys
 
 import pytest
 
-from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
+from refimpl.conformance.frameworks import EXTRA_FRAMEWORKS, FRAMEWORKS, PACKAGES, load_driver
 from refimpl.conformance.frameworks.findings import FINDING_KINDS, REPRODUCED_KINDS, Finding, as_findings
 from refimpl.conformance.frameworks.install import opt_in
 from refimpl.conformance.frameworks.repro import ARRAYS, BODIES, repro_script, write_repros
-
-#: the import name of each framework's installed package, whose folder a finding's path is relative to
-PACKAGES = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "liger": "liger_kernel",
-            "skyrl": "skyrl_train", "areal": "areal", "skyrl_pkg": "skyrl", "unsloth": "unsloth_zoo",
-            "tunix": "tunix"}
 
 
 def test_every_framework_has_its_package_named_here():

@@ -30,6 +30,7 @@ __all__ = [
     "DISPLAY_NAMES",
     "EXTRA_DISPLAY_NAMES",
     "EXTRA_FRAMEWORKS",
+    "PACKAGES",
     "distribution_version",
     "framework_list",
     "load_driver",
@@ -57,6 +58,11 @@ EXTRA_DISPLAY_NAMES: dict[str, str] = {
     "tunix": "Tunix (JAX)",
 }
 EXTRA_FRAMEWORKS: tuple[str, ...] = tuple(EXTRA_DISPLAY_NAMES)
+#: the import name of each framework's installed package, whose folder a finding's ``where`` is relative
+#: to (findings.py)
+PACKAGES: dict[str, str] = {"trl": "trl", "verl": "verl", "openrlhf": "openrlhf", "liger": "liger_kernel",
+                            "skyrl": "skyrl_train", "areal": "areal", "skyrl_pkg": "skyrl",
+                            "unsloth": "unsloth_zoo", "tunix": "tunix"}
 
 
 def load_driver(name: str) -> Driver:

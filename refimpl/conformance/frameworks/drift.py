@@ -12,17 +12,19 @@ releases.py), and the matrix checks that the release passes under it.
 Between consecutive releases the document lists, per framework and mode: modes added or removed (a
 mode is present when its driver runs it without an error), profile flags gained, lost or changed,
 case classes that fail under the release's profile (a change no flag of the kit reproduces), and
-findings introduced or fixed (a finding is present in a release when its driver lists it there
-and, when its key is a flag, a mode's profile of that release holds it). ``SUCCESSORS`` chains a
-package to its successor (SkyRL-train -> skyrl): a finding of the predecessor's last release that
-its ``affected`` says holds in a release of the successor package (``named_releases``; the fact
-has one home, the predecessor's finding) is present in the successor's releases up to the newest it
-names, whether or not the successor's driver lists it, so that it is not reported fixed there. A
-failing class whose name is the key of a finding the driver lists for that release (a
-release-specific finding, findings.py's ``RELEASE_FINDINGS``: a departure no flag of the kit
-reproduces, with its verified line) is written with that finding; any other failure is written as
-unexplained. ``CHANGES`` says in words what each change
-is, each statement checked against both releases' installed code.
+findings introduced or fixed (a finding is present in a release when its driver lists it there, when
+its key is a flag a mode's profile of that release holds it, and when it cites a line its quoted
+code occurs in that file of the release: ``locate_findings``; the kit verified the line on the
+pinned release only, and an older release whose file lacks the code is not said to have the
+finding). ``SUCCESSORS`` chains a package to its successor (SkyRL-train -> skyrl): a finding of the
+predecessor's last release that its ``affected`` says holds in a release of the successor package
+(``named_releases``; the fact has one home, the predecessor's finding) is present in the successor's
+releases up to the newest it names, whether or not the successor's driver lists it, so that it is
+not reported fixed there. A failing class whose name is the key of a finding the driver lists for
+that release (a release-specific finding, findings.py's ``RELEASE_FINDINGS``: a departure no flag of
+the kit reproduces, with its verified line) is written with that finding; any other failure is
+written as unexplained. ``CHANGES`` says in words what each change is, each statement checked
+against both releases' installed code.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 
-from . import EXTRA_FRAMEWORKS, FRAMEWORKS, load_driver
-from .releases import install_release, release_env
+from . import EXTRA_FRAMEWORKS, FRAMEWORKS, PACKAGES, load_driver
+from .releases import install_release, release_dir, release_env
 
 __all__ = ["RELEASES", "SUCCESSORS", "CHANGES", "release_row", "compare", "drift_data", "drift_markdown",
            "named_releases", "register"]
@@ -146,14 +148,46 @@ def _modes(row: dict) -> dict[str, dict]:
 
 def _present_findings(row: dict) -> set[str]:
     """The findings of a release: those its driver lists there whose key, when it is a flag, some
-    mode's profile of that release holds (a release whose RELEASE_FLAGS drop the flag is fixed), and
-    those a predecessor package's findings carry into it (``row["carried"]``, ``_carried``)."""
+    mode's profile of that release holds (a release whose RELEASE_FLAGS drop the flag is fixed) and
+    whose quoted code that release's file holds (``located`` not False: ``locate_findings``), and those a
+    predecessor package's findings carry into it (``row["carried"]``, ``_carried``)."""
     from ..conventions import FLAGS
 
     modes = list(_modes(row).values())
-    return {f["key"] for f in row.get("findings", [])
-            if f["key"].split("=")[0] not in FLAGS or any(_held(f["key"], m["profile"]) for m in modes)
+    return {f["key"] for f in row.get("findings", []) if f.get("located") is not False
+            and (f["key"].split("=")[0] not in FLAGS or any(_held(f["key"], m["profile"]) for m in modes))
             } | set(row.get("carried", ()))
+
+
+def package_root(name: str, version: str) -> pathlib.Path | None:
+    """The folder of framework ``name``'s package at release ``version``: the environment's where that
+    release is the installed one, else the release's own directory (``releases.release_dir``); None
+    where neither holds it."""
+    import importlib.util
+
+    driver = load_driver(name)
+    if driver.installed_version() == version:
+        spec = importlib.util.find_spec(PACKAGES[name])
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        return pathlib.Path(locations[0]) if locations else None
+    root = release_dir(_distribution(name), version) / PACKAGES[name]
+    return root if root.is_dir() else None
+
+
+def locate_findings(row: dict, root: pathlib.Path | None) -> dict:
+    """``row`` with ``located`` on each finding that cites a line (``where``, ``quote``): whether the quoted
+    code occurs in that file under ``root`` at all (a line number moves between releases; the pinned
+    release's exact line is checked by tests/test_framework_findings.py). Unchanged without ``root``."""
+    if root is None:
+        return row
+    findings = []
+    for finding in row.get("findings", []):
+        if finding.get("where"):
+            path = root / finding["where"].rsplit(":", 1)[0]
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            finding = {**finding, "located": finding["quote"] in text}
+        findings.append(finding)
+    return {**row, "findings": findings} if findings else row
 
 
 _VERSION = r"\d+(?:\.\d+)+"
@@ -354,7 +388,9 @@ def drift_markdown(data: dict) -> str:
              "Generated by `make drift` (`refimpl frameworks drift`;",
              "refimpl/conformance/frameworks/drift.py):",
              "each release installed into its own directory, the same drivers, the matrix under each",
-             "release's profile. Do not edit by hand.", "", "## Summary", "",
+             "release's profile. A finding is present in a release when the release's file holds its",
+             "quoted code (the kit checks the exact line on the pinned release only). Do not edit by hand.",
+             "", "## Summary", "",
              "| framework | release: modes passing / driven, findings present |", "| --- | --- |"]
     for name, entry in data.items():
         cells = []
@@ -409,6 +445,8 @@ def run_drift(args: argparse.Namespace) -> int:
                     row = json.loads(cached.read_text())
                 else:
                     continue
+                if row.get("available", True):
+                    row = locate_findings(row, package_root(name, version))
                 rows.setdefault(name, {})[version] = row
     data = drift_data(rows)
     out = pathlib.Path(args.out)
