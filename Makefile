@@ -51,8 +51,8 @@ check-frameworks: $(FRAMEWORKS_STAMP)
 
 # The matrix of every framework at several releases (refimpl/conformance/frameworks/drift.py's RELEASES,
 # each installed into .frameworks-releases/DIST-X with pip --no-deps --target) and what changed between
-# them: docs/conformance-drift.md. Not in CI: 57 minutes for 24 releases on the shared 2-core machine
-# under load. Tunix's releases need JAX in the venv (the Tunix stamp below: refimpl frameworks install tunix).
+# them: docs/conformance-drift.md. Not in CI: 11 minutes for 24 releases on the 2-core machine at load 2-5
+# (session 15; 57 minutes at load 10). Tunix's releases need JAX in the venv (the Tunix stamp below: refimpl frameworks install tunix).
 drift: $(VENV)/.frameworks-tunix
 	OMP_NUM_THREADS=1 $(BIN)/refimpl frameworks drift --out docs/conformance-drift.md
 
