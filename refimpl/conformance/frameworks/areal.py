@@ -74,7 +74,10 @@ _SOURCES = ("utils/functional/functional.py", "trainer/ppo/actor.py", "engine/fs
 _INSTALL = "refimpl frameworks install areal"
 
 # The profile (flags of conventions.Convention, as data):
-# * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss);
+# * compute_dtype "input": nothing is upcast (bf16 / fp16 log-probs give a bf16 / fp16 loss); the
+#   trainer itself passes float32 log-probs (log_softmax of logits.float(), utils/functional/
+#   vocab_parallel.py:18, 26; the rollout's are float32, workflow/rlvr.py:173), so this is the
+#   function's behaviour on such inputs, not a dtype AReaL trains in;
 # * masked_nonfinite "propagate": ppo_actor_loss_fn masks the ratio with torch.where *after* exp, so
 #   a NaN / inf log-prob at a masked position makes exp's gradient NaN (0 * NaN) there, and
 #   sapo_loss_fn exponentiates every position;
@@ -124,7 +127,9 @@ UNSUPPORTED = {
         "driven as the behavior_correction kind; sequence level and the KL metrics are not (the weight's "
         "level against the ratio's: finding rejection_sampling_level; metric 'kl_k3' filters on 1/r - 1 + "
         "log r where its help says r - log r - 1: finding rejection_kl_metric; a non-finite log-ratio "
-        "becomes weight 1: finding rejection_nonfinite_weight).",
+        "becomes weight 1: finding rejection_nonfinite_weight; a ratio band with lower >= 1 rejects the "
+        "on-policy tokens, and the filter acts without use_decoupled_loss although the start-up warning "
+        "says it is ignored: finding config:rejection_sampling_lower).",
         "m2_threshold (M2PO)": "masks tokens by a second-moment rule over behaviour log-probs; no spec "
         "variant (its token count against the engine's weight: finding m2po_normalizer; without "
         "use_decoupled_loss the proximal log-probs are the old ones and it masks nothing: finding "
@@ -137,6 +142,10 @@ UNSUPPORTED = {
         "distill_per_token_reward).",
         "KL": "AReaL puts its KL into the rewards (kl_ctl * KLEstimator in compute_advantages), never into "
         "the actor loss.",
+        "entropy and the logged statistics": "grpo_loss_fn detaches the entropy and only logs it "
+        "(actor.py:434): no entropy term to drive; a logit of -inf makes the logged entropy NaN (finding "
+        "entropy_masked_logit), and the logged approx_kl is log pi_theta - log pi_prox, minus the k1 "
+        "estimate (finding approx_kl_sign).",
     },
     "kl": {
         "KLEstimator": "its estimates shape the reward (actor.py:202), not a differentiated loss term: "
@@ -183,9 +192,10 @@ FINDINGS = (
     ),
     Finding(
         "config:c_clip", "validation",
-        "ppo_actor_loss_fn asserts only c_clip > 1: a dual clip inside the clip band (c_clip <= 1 + "
-        "eps_clip_higher, e.g. 1.1 with eps_clip 0.2) is accepted and clips A < 0 tokens that PPO's own "
-        "clip leaves alone (the dual clip needs c >= 1 + eps_high, policy_losses.md eq. (7)).",
+        "ppo_actor_loss_fn asserts only c_clip > 1: a dual clip inside the clip band (c_clip < 1 + "
+        "eps_high, eps_high being eps_clip_higher or, when that is None, eps_clip; e.g. 1.1 with eps_clip "
+        "0.2) is accepted and clips A < 0 tokens that PPO's own clip leaves alone (the dual clip needs "
+        "c >= 1 + eps_high, policy_losses.md eq. (7); c = 1 + eps_high itself is allowed).",
         where="utils/functional/functional.py:527", quote="assert c_clip > 1.0, c_clip",
         affected="areal 1.0.4",
     ),

@@ -6,7 +6,8 @@ reward's position, rejection sampling's KL metric and non-finite weights, Normal
 std, uncentred std, group size and empty input, the distillation terms, the reward clip, GSPO's
 per-token advantages and the settings accepted silently; then a second audit's: mask_no_eos_with_zero
 zeroing only the reward, the overlong budget's own field, M2PO and the critic's setting without effect,
-the log-linear proximal policy.
+the log-linear proximal policy; then a third audit's: SAPO's ignored clip settings, rejection sampling's
+band above 1 and its warning, the logged entropy and approx_kl.
 Each has its class and verified line (findings.py); every bug
 and validation finding has a standalone script (repro_areal.py)."""
 
@@ -251,5 +252,49 @@ AUDIT_FINDINGS = (
         where="trainer/ppo/actor.py:665",
         quote="approximations[PROX_APPROX_METHOD_LOGLINEAR] = old_logp + alpha * (",
         affected=_AFFECTED + " (use_decoupled_loss=True, prox_logp_method 'loglinear')",
+    ),
+    # a third audit (source first, kit second): two settings accepted silently, two logged values
+    Finding(
+        "config:sapo_ignores_clip", "validation",
+        "with use_sapo_loss=True, grpo_loss_fn calls sapo_loss_fn, which takes no clip arguments: eps_clip, "
+        "eps_clip_higher and c_clip are accepted and have no effect, and PPOActorConfig.__post_init__'s SAPO "
+        "check (cli_args.py:1637-1647) reads only the temperatures and use_decoupled_loss. A user who sets "
+        "a clip band or a dual clip for SAPO (policy_losses.md eq. (8): SAPO's soft gate replaces the clip) "
+        "gets the same loss and gradient, silently.",
+        where="api/cli_args.py:1637", quote="if self.use_sapo_loss:",
+        affected=_AFFECTED + " (use_sapo_loss with eps_clip / eps_clip_higher / c_clip set)",
+    ),
+    Finding(
+        "config:rejection_sampling_lower", "validation",
+        "RejectionSamplingConfig with metric 'ratio' checks only lower > 0 and lower <= upper: a lower bound "
+        ">= 1 (e.g. 1.5) is accepted, and every token whose pi_prox / pi_behave is below it, the on-policy "
+        "ones (ratio 1) included, is rejected (mask) or raised to it (clamp). Without use_decoupled_loss the "
+        "start-up warning says 'Filtering will be ignored' (cli_args.py:1614-1618), but grpo_loss_fn passes "
+        "rejection_sampling to ppo_actor_loss_fn whatever use_decoupled_loss says (actor.py:353, 477), with "
+        "the proximal log-probs equal to the old ones: ratio 1, so lower 1.5 masks every token and the "
+        "gradient is 0 (policy_losses.md eq. (13): the cap bounds w from above; w = 1 is never rejected).",
+        where="api/cli_args.py:1421", quote="if self.lower is not None and self.lower <= 0:",
+        affected=_AFFECTED + " (rejection_sampling metric 'ratio' with lower >= 1)",
+    ),
+    Finding(
+        "entropy_masked_logit", "value_only",
+        "_gather_logprobs_entropy forms the entropy as -sum(p log p) from log_softmax: a logit of -inf (a "
+        "masked vocabulary entry, kl.md section 6) gives 0 * -inf = NaN, so the logged entropy is NaN "
+        "(kl.md eq. (5): 0 log 0 = 0; the tensor-parallel path's softmax * logits likewise, "
+        "vocab_parallel.py:297). "
+        "grpo_loss_fn detaches the entropy and only logs it (actor.py:434, 533): the gradient is unchanged.",
+        where="utils/functional/vocab_parallel.py:27",
+        quote="entropy = -torch.sum(log_probs.exp() * log_probs, dim=-1)",
+        affected=_AFFECTED + " (a logit of -inf)",
+    ),
+    Finding(
+        "approx_kl_sign", "value_only",
+        "ppo_actor_loss_fn logs approx_kl = logprobs - proximal_logprobs = log(pi_theta / pi_prox) (and "
+        "behave_approx_kl = log(pi_prox / pi_behave), functional.py:536): under samples from the older "
+        "policy its mean is -KL(pi_prox || pi_theta), the negative of the k1 estimate (kl.md eq. (2)), and "
+        "the opposite sign of the same log's kl_div_direct (actor.py:1052). Logging only.",
+        where="utils/functional/functional.py:548",
+        quote="approx_kl=(logprobs - proximal_logprobs).detach(),",
+        affected=_AFFECTED,
     ),
 )

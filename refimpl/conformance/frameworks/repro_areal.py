@@ -418,4 +418,62 @@ verdict("AReaL PPOCritic (trainer/ppo/critic.py:50): the lines that read config.
         "a use that changes the critic's targets or loss mask (or an error: the actor's setting decides)",
         bool(uses) and all(inside))
 """,
+        **_third_audit_bodies(_AREAL),
+    }
+
+
+def _third_audit_bodies(_AREAL: str) -> dict[tuple[str, str], str]:
+    """The scripts of a third audit's validation findings (the end of areal_findings.AUDIT_FINDINGS)."""
+    return {
+        ("areal", "config:sapo_ignores_clip"): _SILENT_AREAL + _AREAL_ACTOR + _AREAL + _AREAL_LOSS_FN
+        + """\
+cli_path = root / "api" / "cli_args.py"
+config_class = next(n for n in ast.parse(cli_path.read_text()).body
+                    if isinstance(n, ast.ClassDef) and n.name == "PPOActorConfig")
+post_init = next(n for n in config_class.body
+                 if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+sapo_check = next(n for n in ast.walk(post_init)
+                  if isinstance(n, ast.If) and ast.unparse(n.test) == "self.use_sapo_loss")
+read = sorted({n.attr for n in ast.walk(sapo_check) if isinstance(n, ast.Attribute)} - {"use_sapo_loss"})
+
+
+def sapo(**clip):  # A < 0 at ratio 2 (log-ratio 0.7 against the old log-prob 0)
+    logp = torch.tensor([[0.7]], requires_grad=True)
+    batch = {"logprobs": torch.zeros(1, 1), "advantages": torch.tensor([[-1.0]]),
+             "loss_mask": torch.ones(1, 1), "prox_logp": torch.zeros(1, 1)}
+    loss = grpo_loss_fn(logp, torch.zeros(1, 1), batch, use_sapo_loss=True, **clip)
+    return [round(loss.item(), 6), round(torch.autograd.grad(loss, logp)[0].item(), 6)]
+
+
+got = [sapo(eps_clip=0.2, eps_clip_higher=None, c_clip=None),
+       sapo(eps_clip=0.01, eps_clip_higher=0.02, c_clip=1.5)]
+verdict(f"AReaL PPOActorConfig.__post_init__'s SAPO check (api/cli_args.py:1637) reads {read}; "
+        "grpo_loss_fn(use_sapo_loss=True) [loss, gradient] with the default clip and with eps_clip 0.01, "
+        "eps_clip_higher 0.02, c_clip 1.5", got,
+        "an error or a warning (the clip settings do nothing for SAPO)",
+        got[0] == got[1] and not {"eps_clip", "eps_clip_higher", "c_clip"} & set(read))
+""",
+        ("areal", "config:rejection_sampling_lower"): _SILENT_AREAL + _AREAL_ACTOR + _AREAL
+        + _AREAL_LOSS_FN + """\
+cli_path = root / "api" / "cli_args.py"
+config_class = next(n for n in ast.parse(cli_path.read_text()).body
+                    if isinstance(n, ast.ClassDef) and n.name == "RejectionSamplingConfig")
+post_init = next(n for n in config_class.body
+                 if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+checked = {}
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), str(cli_path), "exec"), checked)
+config = SimpleNamespace(level="token", action="mask", metric="ratio", agg="mean", upper=2.0, lower=1.5)
+checked["__post_init__"](config)  # passes: lower > 0 and lower <= upper are all it asks
+logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+batch = {"logprobs": logp.detach().clone(), "advantages": torch.tensor([[1.0, -1.0]]),
+         "loss_mask": torch.ones(1, 2), "prox_logp": logp.detach().clone()}  # coupled: prox = old
+loss = grpo_loss_fn(logp, torch.zeros(1, 2), batch, eps_clip=0.2, eps_clip_higher=None, c_clip=None,
+                    rejection_sampling=config, use_decoupled_loss=False)
+grad = torch.autograd.grad(loss, logp)[0][0].tolist()
+verdict("AReaL RejectionSamplingConfig(metric='ratio', lower=1.5, upper=2) (api/cli_args.py:1421): accepted; "
+        "grpo_loss_fn with use_decoupled_loss=False (the warning: 'Filtering will be ignored'), on-policy "
+        "tokens, A = (1, -1): d loss / d logp", grad,
+        "[-0.5, 0.5] (the filter ignored as the warning says; a band without ratio 1 an error)",
+        grad == [0.0, 0.0])
+""",
     }
