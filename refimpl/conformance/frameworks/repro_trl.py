@@ -294,4 +294,96 @@ verdict("TRL GRPOConfig(multi_objective_aggregation='normalize_then_sum', scale_
         "[-1.0, 1.0, -2.0, 2.0] (scale_rewards='none': the centred rewards, advantages.md eq. (5))",
         abs(got[3].item() - 2.0) > 0.5)
 """,
+        ("trl", "entropy_quantile_micro_batch"): trl + """\
+trainer.accelerator.pad_across_processes = lambda t, dim=0, pad_index=0: t  # one process
+rho = 0.25  # top_entropy_quantile: keep the top quarter of the tokens by entropy
+first, second = torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([[5.0, 6.0, 7.0, 8.0]])
+ones = torch.ones(1, 4)
+# an optimizer step of two micro-batches (gradient_accumulation_steps 2): _compute_loss calls the mask per
+# micro-batch
+got = [GRPOTrainer.get_high_entropy_mask(trainer, e, ones, 1 - rho) for e in (first, second)]
+kept = torch.cat([first, second])[torch.cat(got).bool()].tolist()
+step = torch.cat([first, second])
+exact = step[step >= torch.quantile(step.flatten(), 1 - rho)].tolist()  # the step's batch quantile
+verdict("TRL GRPOTrainer.get_high_entropy_mask (trainer/grpo_trainer.py:1413), top_entropy_quantile 0.25, "
+        "two micro-batches of entropies (1, 2, 3, 4) and (5, 6, 7, 8): the entropies of the kept tokens",
+        kept, f"{exact} (the top quarter of the step's batch)", kept != exact)
+""",
+        ("trl", "sdpo_dapo_normalizer"): """\
+import collections  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from trl.experimental.sdpo import SDPOTrainer  # noqa: E402
+
+sdpo = object.__new__(SDPOTrainer)  # the attributes SDPOTrainer.__init__ sets that compute_loss reads
+sdpo.loss_type, sdpo.importance_sampling_level = "dapo", "token"  # SDPOConfig's defaults
+sdpo.epsilon_low = sdpo.epsilon_high = 0.2
+sdpo.max_completion_length = 4
+sdpo.model = SimpleNamespace(training=True)
+sdpo.accelerator = SimpleNamespace(gather=lambda t: t)
+sdpo._metrics = {"train": collections.defaultdict(list)}
+sdpo.args = SimpleNamespace(distillation_weight=0.0)  # the policy term alone
+sdpo.current_gradient_accumulation_steps = 2
+
+
+def step_part(mask, adv):  # one micro-batch through SDPOTrainer.compute_loss (uniform logits, ratio 1)
+    n, width = mask.shape
+    sdpo._forward_logits = lambda **kwargs: torch.zeros(n, width, 3)
+    inputs = {"prompt_ids": torch.zeros((n, 0), dtype=torch.long), "prompt_mask": torch.zeros((n, 0)),
+              "completion_ids": torch.zeros((n, width), dtype=torch.long), "completion_mask": mask,
+              "advantages": adv}
+    return SDPOTrainer.compute_loss(sdpo, sdpo.model, inputs).item()
+
+
+got = step_part(torch.tensor([[1.0, 1, 1, 1]]), torch.tensor([1.0])) + step_part(
+    torch.tensor([[1.0, 0, 0, 0]]), torch.tensor([-1.0]))
+exact = (-4 * 1.0 + 1 * 1.0) / 5  # -A r summed over the step's 5 tokens, over 5
+verdict("TRL experimental SDPOTrainer.compute_loss, loss_type dapo (experimental/sdpo/sdpo_trainer.py:1175), "
+        "gradient_accumulation_steps 2, micro-batches of 4 tokens (A = 1) and 1 token (A = -1), ratio 1: the "
+        "step's loss", got, f"{exact} (the token mean over the accumulated batch, as SDPOConfig's help says)",
+        abs(got - exact) > 1e-6)
+""",
+        ("trl", "sdpo_scale_none"): """\
+import collections  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from trl.experimental.sdpo import SDPOTrainer  # noqa: E402
+
+
+class Stop(Exception):  # raised once the advantages are in the batch, before the teacher's prompts
+    pass
+
+
+seen = {}
+
+
+def build(batch, prompts, rewards, feedbacks=None):
+    seen["advantages"] = batch["advantages"].clone()
+    raise Stop
+
+
+rewards = torch.tensor([[1.0], [0.0], [0.0], [0.0]])  # one group of 4, one reward function
+sdpo = SimpleNamespace(  # the attributes SDPOTrainer._prepare_training_batch reads up to the advantages
+    accelerator=SimpleNamespace(device="cpu", process_index=0, num_processes=1),
+    model=SimpleNamespace(training=True), reward_weights=torch.ones(1),
+    sample_rollouts=lambda inputs: {"completion_ids": torch.zeros(4, 2, dtype=torch.long)},
+    _get_completion_ids_list=lambda batch: [[0, 0]] * 4,
+    processing_class=SimpleNamespace(batch_decode=lambda ids, skip_special_tokens=True: ["x"] * 4),
+    _calculate_rewards=lambda *args, **kwargs: rewards,
+    num_generations=4, num_generations_eval=4, scale_rewards="none",
+    _record_reward_diagnostics=lambda *args, **kwargs: None,
+    _record_completion_metrics=lambda *args, **kwargs: None,
+    teacher_context_builder=SimpleNamespace(build=build, last_metrics={}),
+    _metrics={"train": collections.defaultdict(list)})
+try:
+    SDPOTrainer._prepare_training_batch(sdpo, [{"prompt": "p"}] * 4)
+except Stop:
+    pass
+got = seen["advantages"]
+exact = rewards[:, 0] - rewards[:, 0].mean()
+verdict("TRL experimental SDPOTrainer._prepare_training_batch, scale_rewards='none' "
+        "(experimental/sdpo/sdpo_trainer.py:864), rewards (1, 0, 0, 0) in one group: the advantages",
+        got.tolist(), f"{exact.tolist()} (the centred rewards, advantages.md eq. (5) scale='none')",
+        not torch.allclose(got, exact, rtol=0.0, atol=1e-7))
+""",
     }

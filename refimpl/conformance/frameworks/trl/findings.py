@@ -3,8 +3,9 @@ modes.py's ``FINDINGS`` lists them after the loss's own): the rows a truncated c
 the advantages of a constant group, the normaliser of a generation batch spread over several optimizer
 steps, the vLLM importance-sampling weight's level and lower bound, RLOOTrainer's sequence ratio, the
 CISPO metric and cap, delta with the losses that ignore it, the sequence-level metrics' rows, the
-experimental GMPOTrainer's dropped behaviour weight and AsyncGRPOTrainer's normaliser and
-ratio, and settings accepted silently. Each has its class and verified line (findings.py); every bug and
+entropy mask's per-micro-batch quantile, the experimental GMPOTrainer's dropped behaviour weight,
+AsyncGRPOTrainer's normaliser and ratio, SDPOTrainer's dapo normaliser and unscaled advantages, and
+settings accepted silently. Each has its class and verified line (findings.py); every bug and
 validation finding has a standalone script (repro_trl.py)."""
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ TRAINER_FINDINGS = (
         "float32 (torch.nanmean, nanstd): the centred values are rounding noise, and dividing them by "
         "std + 1e-4 ~ 1e-4 makes them advantages of up to 7e-5 (R = 0.1), 1.2e-3 (R = 1.3) and 0.37 "
         "(R = 1000.1, groups of 8); advantages.md (6): a zero-variance group's advantage is exactly 0. "
-        "frac_reward_zero_std counts the group (torch.isclose) but its advantages are not zeroed. 0/1 "
-        "rewards are exact and unaffected; weighted sums of reward functions or offset rewards are.",
+        "The logged frac_reward_zero_std (torch.isclose(std, 0), atol 1e-8, :2788) counts the group only "
+        "while its float32 std residue is below 1e-8 (R = 0.1: 8e-9); at R = 1.3 (1.3e-7) and 1000.1 "
+        "(6.5e-5) it misses it too. 0/1 rewards are exact and unaffected; weighted sums of reward "
+        "functions or offset rewards are.",
         where="trainer/grpo_trainer.py:2787", quote="advantages = advantages / (std_rewards + 1e-4)",
         affected=_AFFECTED + " (scale_rewards 'group' or 'batch')",
     ),
@@ -218,5 +221,43 @@ TRAINER_FINDINGS = (
         where="trainer/grpo_trainer.py:3261",
         quote="local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)",
         affected=_AFFECTED + " (importance_sampling_level='sequence')",
+    ),
+    # audit 15 (source first): the entropy mask's quantile and the experimental SDPOTrainer's policy term
+    Finding(
+        "entropy_quantile_micro_batch", "bug",
+        "top_entropy_quantile (rho, Wang et al. 2025, 'Beyond the 80/20 rule') keeps the tokens whose "
+        "entropy is at least the batch's (1 - rho)-quantile; get_high_entropy_mask takes that quantile over "
+        "the tokens of one micro-batch (gathered across ranks, called from _compute_loss), not over the "
+        "batch of the optimizer step, so under gradient accumulation the kept set depends on the split "
+        "(the help: 'Keeps ... only the top-rho quantile of tokens by entropy'; exact with one micro-batch "
+        "per step). rho 0.25, micro-batches of entropies (1, 2, 3, 4) and (5, 6, 7, 8): the tokens 4 and 8 "
+        "are kept instead of 7 and 8. Not driven (the kit's calls carry no entropies).",
+        where="trainer/grpo_trainer.py:1413", quote="entropy_threshold = torch.quantile(gathered, threshold)",
+        affected=_AFFECTED + " (GRPOTrainer, GMPOTrainer with top_entropy_quantile < 1 and "
+        "gradient_accumulation_steps > 1)",
+    ),
+    Finding(
+        "sdpo_dapo_normalizer", "bug",
+        "the experimental SDPOTrainer's policy term with loss_type='dapo' (its default) divides by the "
+        "micro-batch's own token count, the same line as its 'bnpo' (:1171), and compute_loss then divides "
+        "by gradient_accumulation_steps (:1143): an optimizer step is the mean of its micro-batches' token "
+        "means, while SDPOConfig's help says 'normalizing with the number of active tokens in the global "
+        "accumulated batch' (GRPOTrainer's dapo does, with num_items_in_batch; policy_losses.md eq. (11) "
+        "token_mean). Micro-batches of 4 tokens (A = 1) and 1 token (A = -1), GA 2, ratio 1: step loss 0 "
+        "instead of -0.6.",
+        where="experimental/sdpo/sdpo_trainer.py:1175",
+        quote="loss = (per_token_loss * completion_mask).sum() / completion_mask.sum().clamp(min=1.0)",
+        affected=_AFFECTED + " (SDPOTrainer, distillation_weight < 1, gradient_accumulation_steps > 1)",
+    ),
+    Finding(
+        "sdpo_scale_none", "bug",
+        "the experimental SDPOTrainer with scale_rewards='none' sets std_rewards to 1 (:859) and still "
+        "divides by std_rewards + 1e-4: every advantage is the centred reward times 1 / 1.0001, where "
+        "advantages.md eq. (5) scale='none' (Dr. GRPO) is the centred reward itself (GRPOTrainer's 'none' "
+        "skips the division). A constant factor 0.9999 on the policy term: negligible alone, it shifts the "
+        "balance against the distillation term by 1e-4. Rewards (1, 0, 0, 0): 0.749925 instead of 0.75.",
+        where="experimental/sdpo/sdpo_trainer.py:864",
+        quote="advantages = (rewards - mean_grouped_rewards) / (std_rewards + 1e-4)",
+        affected=_AFFECTED + " (SDPOTrainer with scale_rewards='none')",
     ),
 )

@@ -48,7 +48,8 @@ _LOCAL_MEAN = {"micro_batch": "local_mean"}
 _GLOBAL_TOKENS: dict = {}
 # coef_1 = torch.exp(log_importance_weights) (grpo_trainer.py:3095) overflows above 88.72 in float32: a
 # closed gate's 0 times inf is a NaN gradient (cispo's min(coef_1, epsilon_high) is finite, but with
-# beta > 0 its bias-corrected KL term k3 * coef_1 is 0 * inf there, NaN as well)
+# beta > 0 its bias-corrected KL term k3 * coef_1 is k3 (> 0 there) times inf: an infinite loss and a
+# NaN gradient)
 _EXP = {"ratio_overflow": "nan"}
 # grpo / sapo / gspo / dr_grpo / luspo take a .mean() or divide by size(0) over the rows: 0 rows, 0 / 0
 _ROWS = {"zero_rows": "nan"}
@@ -148,7 +149,9 @@ _UNSUPPORTED = {
     "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
     "(kl_importance_weight=False).",
     "top_entropy_quantile < 1": "the entropy mask needs the model's per-token entropies, which the kit "
-    "does not provide (values outside [0, 1] are accepted: finding config:top_entropy_quantile).",
+    "does not provide; its quantile is taken per micro-batch, not over the optimizer step's batch (finding "
+    "entropy_quantile_micro_batch), and values outside [0, 1] are accepted (finding "
+    "config:top_entropy_quantile).",
     "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies "
     "(note 'entropy bonus': a token mean whatever the loss type).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
@@ -170,6 +173,10 @@ _UNSUPPORTED = {
     "log-probs as the old ones) needs the packing collator's inputs and a fused-head model; it divides "
     "each micro-batch by its own token count (finding async_grpo_normalizer) and exponentiates the raw "
     "log-ratio (finding async_grpo_ratio_overflow).",
+    "SDPOTrainer (experimental)": "its policy term (_compute_policy_loss, beside the self-distillation "
+    "loss) needs its teacher and rollout machinery; its 'dapo' is a micro-batch token mean, not the global "
+    "one its help states (finding sdpo_dapo_normalizer), and scale_rewards='none' still divides the "
+    "advantages by 1 + 1e-4 (finding sdpo_scale_none).",
     "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
     "capped token only when A > 0: finding cispo_clip_ratio; at importance_sampling_level='sequence' the "
     "clip fractions count empty rows too: finding sequence_metrics_rows).",
