@@ -254,3 +254,216 @@ verdict("Tunix DAPOConfig(num_generations=1).__post_init__ (rl/grpo/dapo_learner
         advantages.tolist(), "an error (GRPOConfig(num_generations=1) raises), or a documented rule for a "
         "group of one", bool(np.isnan(advantages).all()))
 """
+
+# found by the blind source-first audit of session 15
+
+#: a model whose logits are its one parameter (inputs ignored), so the real forward pass
+#: common.compute_per_token_logps (its temperature included) runs on known logits
+_LOGITS_MODEL = '''\
+stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+common = importlib.import_module("tunix.rl.common")
+from flax import nnx  # noqa: E402  (Tunix's model library)
+
+
+class Model(nnx.Module):  # the logits are the parameter, whatever the tokens
+    def __init__(self, logits):
+        self.w = nnx.Param(logits)
+
+    def __call__(self, tokens, positions=None, cache=None, attention_mask=None, **kwargs):
+        return self.w[...], None
+
+
+model = Model(jnp.asarray(np.random.default_rng(0).normal(size=(1, 4, 5)), jnp.float32))
+prompt, completion = jnp.array([[3]], jnp.int32), jnp.array([[1, 2, 4]], jnp.int32)
+T = 0.7  # the rollout temperature (RolloutConfig.temperature)
+
+
+def method(relative, cls, name, **names):
+    """Tunix's own ``def`` ``cls.name`` of the installed file, executed alone (its module imports more)."""
+    path = root / relative
+    body = next(n for n in ast.parse(path.read_text()).body
+                if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace = {"jax": jax, "common": common, **names}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+rollout = types.SimpleNamespace(_sampler=types.SimpleNamespace(model_def_and_state=lambda: nnx.split(model)),
+                                pad_id=lambda: 0, eos_id=lambda: 9)
+old = method("rl/rollout/vanilla_rollout.py", "VanillaRollout", "get_per_token_logps")(
+    rollout, prompt, completion)
+'''
+
+TUNIX_BODIES[("tunix", "old_logps_temperature")] = _FROM_SOURCE + _LOGITS_MODEL + """\
+graphdef, state = nnx.split(model)
+# grpo_loss_fn's forward pass (rl/algo_core.py:386-398)
+new = common.compute_per_token_logps(graphdef, state, prompt, completion, 0, 9, temperature=T)
+ratio = np.exp(np.asarray(new - old))[0]
+verdict("Tunix GRPO learner, num_iterations > 1, rollout temperature 0.7: old log-probs from VanillaRollout."
+        "get_per_token_logps (rl/rollout/vanilla_rollout.py:82, no temperature), new ones from "
+        "grpo_loss_fn's "
+        "compute_per_token_logps(..., temperature=0.7), same weights: the ratios", ratio.tolist(),
+        "[1.0, 1.0, 1.0] (the policy has not moved)", bool(np.abs(ratio - 1.0).max() > 1e-3))
+"""
+
+TUNIX_BODIES[("tunix", "ppo_logps_temperature")] = _FROM_SOURCE + _LOGITS_MODEL + """\
+worker = types.SimpleNamespace(_model_states={"reference": nnx.split(model)})  # reference == policy
+ref = method("rl/inference/inference_worker.py", "InferenceWorker", "get_ref_per_token_logps")(
+    worker, prompt, completion, 0, 9, temperature=T)  # rl_cluster.py:1005 passes the rollout temperature
+loss_fn = next(n for n in ast.parse((root / "rl/algo_core.py").read_text()).body
+               if isinstance(n, ast.FunctionDef) and n.name == "ppo_policy_loss_fn")
+call = next(n for n in ast.walk(loss_fn) if isinstance(n, ast.Call)
+            and ast.unparse(n.func) == "common.compute_per_token_logps")
+untempered = "temperature" not in [k.arg for k in call.keywords]  # rl/algo_core.py:198
+kl = np.asarray(common.compute_kl_divergence(old, ref, method="kl"))[0]  # PPOLearner's in-reward KL
+verdict("Tunix PPO, rollout temperature 0.7, policy == reference: old log-probs from VanillaRollout at T = 1 "
+        f"(ppo_policy_loss_fn's forward pass at T = 1 too: {untempered}), reference at T "
+        "(rl_cluster.py:1005): "
+        "the per-token KL penalty (k1) of the rewards", kl.tolist(),
+        "[0.0, 0.0, 0.0] (the policy is the reference)", untempered and bool(np.abs(kl).max() > 1e-3))
+"""
+
+TUNIX_BODIES[("tunix", "config:overlong_buffer")] = _SHAPING + """\
+import warnings  # noqa: E402
+
+config = next(n for n in ast.parse(path.read_text()).body
+              if isinstance(n, ast.ClassDef) and n.name == "DAPOConfig")
+post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), str(path), "exec"), namespace)  # its def
+buffer = {"enable": True, "overlong_buffer_length": 4096, "overlong_buffer_penalty": 1.0,
+          "max_response_length": 1024}  # L_cache 4096 > L_max 1024
+self = types.SimpleNamespace(beta=None, epsilon=0.2, epsilon_high=0.28, overlong_buffer=buffer)
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+    namespace["__post_init__"](self)
+value = namespace["reward_shaping"]([""], ["x"], None, overlong_buffer=buffer)[0]
+verdict("Tunix DAPOConfig(overlong_buffer_length=4096, max_response_length=1024).__post_init__ "
+        "(rl/grpo/dapo_learner.py:98, signs only): accepted; reward_shaping of a one-token response", value,
+        "an error (DAPO needs 0 < L_cache <= L_max), or 0.0 for a response far within the budget",
+        value < 0.0)
+"""
+
+TUNIX_BODIES[("tunix", "config:max_seq_token_per_tpu")] = """\
+stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+common = importlib.import_module("tunix.rl.common")
+utils = importlib.import_module("tunix.rl.utils")
+completion = jnp.array([[5, 6, 0, 0, 0, 0], [5, 6, 7, 8, 9, 10]])  # responses of 2 and 6 tokens, one group
+example = common.TrainExample(
+    prompt_ids=jnp.array([[7], [7]]), prompt_mask=jnp.ones((2, 1), jnp.int32), completion_ids=completion,
+    completion_mask=(completion != 0).astype(jnp.int32), advantages=jnp.array([0.7071, -0.7071]),
+    ref_per_token_logps=None, old_per_token_logps=None)
+packs = list(utils.pack_sequences(iter([[example]]), max_token_budget=5))  # max_seq_token_per_tpu=5
+trained = sum(int(p.completion_mask.sum()) for (p,) in packs)
+verdict("Tunix pack_sequences (rl/utils.py:447) with max_seq_token_per_tpu=5 and responses of 1 + 2 and "
+        "1 + 6 "
+        "tokens: the completion tokens trained", trained, "8 (every response), or an error for a budget "
+        "below a response's length", trained < 8)
+"""
+
+TUNIX_BODIES[("tunix", "entropy_neg_inf")] = """\
+stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+algo_core = importlib.import_module("tunix.rl.algo_core")
+logits = jnp.array([[[0.0, 1.0, -jnp.inf]]])  # a masked vocabulary entry
+value = float(algo_core.compute_entropy_from_logits(logits)[0, 0])
+grad = np.asarray(jax.grad(lambda x: algo_core.compute_entropy_from_logits(x).sum())(logits))
+p = np.exp([0.0, 1.0]) / np.exp([0.0, 1.0]).sum()
+verdict("Tunix compute_entropy_from_logits (rl/algo_core.py:172) of logits (0, 1, -inf): entropy and "
+        "gradient",
+        f"{value}, {grad.tolist()}", f"{float(-(p * np.log(p)).sum())} (0 log 0 = 0), a finite gradient",
+        bool(np.isnan(value) or not np.isfinite(grad).all()))
+"""
+
+TUNIX_BODIES[("tunix", "vanilla_drops_eos")] = _FROM_SOURCE + """\
+path, lines = statements("generate/sampler.py", "token_buffer = token_buffers[i]", 4)  # Sampler.__call__'s
+helpers = root / "generate/utils.py"
+node = next(n for n in ast.parse(helpers.read_text()).body
+            if isinstance(n, ast.FunctionDef) and n.name == "np_find_first_eos_idx")
+namespace = {"np": np, "jax": jax}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(helpers), "exec"), namespace)  # Tunix's own def
+eos, pad = 1, 0
+scope = {"token_buffers": [np.array([7, 8, 5, 6, eos, pad, pad])], "i": 0, "echo": False,
+         "max_prompt_length": 2, "out_tokens": [], "utils": types.SimpleNamespace(**namespace),
+         "self": types.SimpleNamespace(eos_ids=np.array([eos]),
+                                       tokenizer=types.SimpleNamespace(pad_id=lambda: pad))}
+exec(compile(ast.Module(body=lines, type_ignores=[]), str(path), "exec"), scope)  # Tunix's four statements
+out = scope["out_tokens"][0].tolist()
+verdict("Tunix Sampler.__call__ (vanilla engine, generate/sampler.py:950) on the generated tokens 5, 6, EOS: "
+        "the completion handed to the learners", out, "[5, 6, 1] (the response with its EOS action)",
+        eos not in out)
+"""
+
+TUNIX_BODIES[("tunix", "config:epsilon_c")] = _FROM_SOURCE + _PPO_LOSS + """\
+import warnings  # noqa: E402
+
+config = next(n for n in ast.parse((root / "rl/ppo/ppo_learner.py").read_text()).body
+              if isinstance(n, ast.ClassDef) and n.name == "PPOConfig")
+post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+namespace = {}
+exec(compile(ast.Module(body=[post_init], type_ignores=[]), "ppo_learner.py", "exec"), namespace)  # its def
+self = types.SimpleNamespace(epsilon=0.2, epsilon_low=None, epsilon_high=0.28, epsilon_c=1.1,
+                             kl_method="low_var_kl", entropy_coef=None)  # c = 1.1 < 1 + epsilon_high
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
+    namespace["__post_init__"](self)
+r = 1.2  # inside the clip band [0.8, 1.28], A = -1
+ids = jnp.zeros((1, 1), jnp.int32)
+example = types.SimpleNamespace(prompt_ids=ids, completion_ids=ids, completion_mask=jnp.ones((1, 1)),
+                                advantages=-jnp.ones((1, 1)),
+                                old_per_token_logps=jnp.array([[-1.0 - np.log(r)]]),
+                                ref_per_token_logps=None)
+value, grad = jax.value_and_grad(lambda lp: loss_fn(Policy(lp), example, self, 0, 1)[0])(
+    jnp.full((1, 1), -1.0))
+verdict("Tunix PPOConfig(epsilon_high=0.28, epsilon_c=1.1).__post_init__ (rl/ppo/ppo_learner.py:105): "
+        "accepted; "
+        "ppo_policy_loss_fn at r = 1.2, A = -1: loss and d loss / d logp",
+        f"{float(value)}, {float(grad[0, 0])}", "an error (c >= 1 + epsilon_high), or the clip's 1.2, 1.2",
+        abs(float(grad[0, 0])) < 1e-6)
+"""
+
+TUNIX_BODIES[("tunix", "config:epsilon")] = _FROM_SOURCE + """\
+import warnings  # noqa: E402
+
+accepted = []
+for relative, cls, fields in [
+        ("rl/grpo/grpo_learner.py", "GRPOConfig", {"num_generations": 2, "loss_algo": "grpo"}),
+        ("rl/ppo/ppo_learner.py", "PPOConfig", {"epsilon_low": None, "epsilon_high": None, "epsilon_c": None,
+                                                "kl_method": "kl"})]:
+    config = next(n for n in ast.parse((root / relative).read_text()).body
+                  if isinstance(n, ast.ClassDef) and n.name == cls)
+    post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+    namespace = {}
+    exec(compile(ast.Module(body=[post_init], type_ignores=[]), relative, "exec"), namespace)  # its def
+    self = types.SimpleNamespace(epsilon=1.5, **fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would end the script: accepted silently only
+        namespace["__post_init__"](self)
+    accepted.append(f"{cls}(epsilon=1.5): lower clip bound {1 - getattr(self, 'epsilon_low', self.epsilon)}")
+verdict("Tunix GRPOConfig / PPOConfig __post_init__ (rl/grpo/grpo_learner.py:97, rl/ppo/ppo_learner.py:100) "
+        "with epsilon = 1.5", accepted, "an error: 1 - epsilon <= 0 is no lower bound for a positive ratio",
+        len(accepted) == 2)
+"""
+
+TUNIX_BODIES[("tunix", "reward_nan_as_zero")] = """\
+bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
+reward_manager = importlib.import_module("tunix.rl.reward_manager")
+algorithm_config = importlib.import_module("tunix.rl.algorithm_config")
+
+
+def correctness(prompts, completions, **kwargs):  # a grader that failed on the first sample
+    return [float("nan"), 1.0]
+
+
+def style(prompts, completions, **kwargs):
+    return [0.5, 0.5]
+
+
+manager = reward_manager.SequenceRewardManager([correctness, style], algorithm_config.AlgorithmConfig())
+rewards = manager(prompts=["p", "p"], completions=["a", "b"], mode="train")["rewards"]
+verdict("Tunix SequenceRewardManager (rl/reward_manager.py:170, np.nansum) of the reward functions "
+        "(NaN, 1.0) and (0.5, 0.5): the rewards", rewards.tolist(), "[nan, 1.5] (or an error for the NaN)",
+        bool(np.isfinite(rewards[0])))
+"""

@@ -178,7 +178,9 @@ MODES = _LOSSES + _KL_KIND + _ADV_KIND
 
 UNSUPPORTED = {
     "policy_loss": {
-        "entropy_coef (ppo)": "the entropy bonus needs the model's logits; the kit's calls carry log-probs.",
+        "entropy_coef (ppo)": "the entropy bonus needs the model's logits; the kit's calls carry log-probs. "
+        "compute_entropy_from_logits is NaN for a -inf logit (0 * -inf; finding entropy_neg_inf, shown by "
+        "its script).",
         "sampler_is_weights": "truncated importance weights computed upstream from the sampler's log-probs, "
         "which the kit's calls do not carry.",
         "kl_clamp_value": "None by default (algorithm_config.py:39); a set clamp is not a mode here.",
@@ -186,11 +188,16 @@ UNSUPPORTED = {
         "field PPOConfig does not have (its slots dataclass cannot take it): PPO's KL goes into the reward "
         "(ppo_learner.py:357-367), not the loss.",
         "sequence packing": "max_seq_token_per_tpu packs several sequences into one row (rl/utils.py:404) "
-        "that grpo_loss_fn aggregates as one sequence (finding packed_rows, shown by its script); the kit's "
+        "that grpo_loss_fn aggregates as one sequence (finding packed_rows, shown by its script) and drops a "
+        "sequence longer than the budget with a warning (finding config:max_seq_token_per_tpu); the kit's "
         "calls are one sequence per row.",
         "the learners' masks and old log-probs": "built in the learners' rollout steps, which need the RL "
-        "cluster: the loss mask is completion_ids != pad_id (finding completion_mask_pad_eos) and with "
-        "num_iterations=1 the old log-probs are the current policy's (finding stale_old_logps), each shown "
+        "cluster: the loss mask is completion_ids != pad_id (finding completion_mask_pad_eos), the vanilla "
+        "engine returns completions without their EOS (finding vanilla_drops_eos), with num_iterations=1 "
+        "the old log-probs are the current policy's (finding stale_old_logps), with num_iterations > 1 the "
+        "vanilla rollout's at temperature 1 (finding old_logps_temperature), PPO's policy log-probs ignore "
+        "the rollout temperature its reference log-probs use (finding ppo_logps_temperature), and the "
+        "reward manager sums the reward functions with np.nansum (finding reward_nan_as_zero), each shown "
         "by its script.",
     },
     "group_advantages": {
@@ -370,7 +377,9 @@ def tunix_loss(fn: Callable, call, config) -> object:
     scalar whose gradient reaches ``call.logp``."""
     import numpy as np
 
-    mask = call.mask.to("cpu").int().numpy()  # make_completion_mask's int32 (common.py:495)
+    # the learners' mask is np.not_equal(completion_ids, pad_id), a bool array (grpo_learner.py:256,
+    # ppo_learner.py:280); int32 0/1 here gives the same products and sums
+    mask = call.mask.to("cpu").int().numpy()
     kl = getattr(config, "beta", 0.0) != 0.0  # ref log-probs only then: grpo_learner.py:262
     loss = _loss_of_logp(fn, tuple(sorted(vars(config).items())))
     advantages = float32(call.advantages)

@@ -181,6 +181,110 @@ FINDINGS = (
         "compute_rloo_advantages returns zeros (algo_core.py:585-587).",
         where="rl/grpo/dapo_learner.py:75", quote="def __post_init__(self):", affected=_AFFECTED,
     ),
+    # found by the blind source-first audit of session 15 (each bug and validation with its script)
+    Finding(
+        "old_logps_temperature", "bug",
+        "with num_iterations > 1 the GRPO learner takes the old log-probs from "
+        "rl_cluster.get_old_per_token_logps (grpo_learner.py:291), i.e. the rollout's get_per_token_logps; "
+        "the vanilla engine's calls compute_per_token_logps without a temperature (default 1.0), while "
+        "grpo_loss_fn's new log-probs use the rollout temperature (algo_core.py:397, copied at "
+        "grpo_learner.py:169). For a rollout temperature T != 1 the ratio at the first iteration, with the "
+        "same weights, is softmax(z / T) / softmax(z) instead of 1 (policy_losses.md eq. (1): the ratio is "
+        "against the policy that sampled), so the clip acts on a temperature artefact (T = 0.7: ratios "
+        "0.86, 1.02, 0.67 on three tokens).",
+        where="rl/rollout/vanilla_rollout.py:82", quote="return common.compute_per_token_logps(",
+        affected=f"{_AFFECTED} (vanilla rollout engine; rl_cluster.get_actor_per_token_logps passes T, "
+        "only the agentic learner calls it)",
+    ),
+    Finding(
+        "ppo_logps_temperature", "bug",
+        "ppo_policy_loss_fn computes the policy's log-probs without the rollout temperature (no "
+        "temperature= in its compute_per_token_logps call) and PPOLearner's old log-probs come from the "
+        "vanilla rollout at temperature 1 (vanilla_rollout.py:82), but the reference log-probs are computed "
+        "at the rollout temperature (rl_cluster.py:1005): for T != 1 the in-reward KL penalty "
+        "(ppo_learner.py:360-366) compares a T = 1 policy with a T-tempered reference and is nonzero when "
+        "the policy is the reference (T = 0.7, k1: 0.149, -0.016, 0.395 on three tokens; the exact KL is "
+        "0), and the ratio is between T = 1 distributions while the samples come from the tempered one.",
+        where="rl/algo_core.py:198", quote="per_token_logps, logits = common.compute_per_token_logps(",
+        affected=_AFFECTED, function="ppo_policy_loss_fn",
+    ),
+    Finding(
+        "config:overlong_buffer", "validation",
+        "DAPOConfig.__post_init__ checks each overlong_buffer value for sign only: an "
+        "overlong_buffer_length larger than max_response_length (a negative expected length, "
+        "dapo_learner.py:121) is accepted and every response is penalised (4096 > 1024: a one-token "
+        "response gets -0.75), and max_response_length (default 20480) is never compared with the "
+        "rollout's max_tokens_to_generate, the budget it stands for (Yu et al. 2025, section 3.4: "
+        "0 < L_cache <= L_max, L_max the generation limit).",
+        where="rl/grpo/dapo_learner.py:98", quote='if buffer["overlong_buffer_length"] <= 0:',
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:max_seq_token_per_tpu", "validation",
+        "with sequence packing a prompt + response longer than the token budget max_seq_token_per_tpu is "
+        "dropped from training (rl/utils.py:447-453, an absl warning per sequence, no error): the setting "
+        "is accepted although responses exceed it, and the dropped response's group keeps advantages "
+        "computed with it, so the remaining ones no longer sum to zero (a budget of 5 with responses of "
+        "1 + 2 and 1 + 6 tokens trains 2 of 8 tokens).",
+        where="rl/utils.py:447", quote="if tokens > max_token_budget:", affected=_AFFECTED,
+    ),
+    Finding(
+        "entropy_neg_inf", "bug",
+        "compute_entropy_from_logits forms -sum(softmax * log_softmax): a -inf logit (a masked vocabulary "
+        "entry) gives 0 * -inf = NaN, where a -inf logit is a zero-probability entry that drops out of the "
+        "sum (kl.md section 6: 0 log 0 = 0), and NaN gradients; ppo_policy_loss_fn adds -entropy_coef "
+        "times it to the loss (algo_core.py:249-252), so a PPO step with an entropy bonus is NaN; "
+        "grpo_loss_fn only logs it (aux 'entropy', value only).",
+        where="rl/algo_core.py:172", quote="return -jnp.sum(probs * log_probs, axis=-1)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "vanilla_drops_eos", "bug",
+        "the vanilla rollout engine's Sampler returns each completion as token_buffer[start_idx:end_idx] "
+        "with end_idx the first EOS's index, exclusive: the EOS token never reaches the learners, so "
+        "log pi(EOS | prefix), the decision to stop, is never in the GRPO / PPO loss (and PPO's reward sits "
+        "on the last token before it), whatever the pad id (finding completion_mask_pad_eos is the vLLM "
+        "engine's case, which keeps the EOS: vllm_sampler.py:361-376).",
+        where="generate/sampler.py:950", quote="out_tokens.append(token_buffer[start_idx:end_idx])",
+        affected=f"{_AFFECTED} (rollout_engine 'vanilla')",
+    ),
+    Finding(
+        "config:epsilon_c", "validation",
+        "PPOConfig.__post_init__ requires only epsilon_c > 1: a dual clip inside the clip band "
+        "(1 < c < 1 + epsilon_high) is accepted, and for A < 0 it removes the gradient of in-band tokens "
+        "with c < r <= 1 + epsilon_high (epsilon_c=1.1, epsilon_high=0.28, r = 1.2: loss 1.1 with gradient "
+        "0 where the clip gives 1.2 and -A r); dual-clip PPO takes c >= 1 + epsilon_high (Ye et al. 2020; "
+        "policy_losses.md eq. (7)). grpo_loss_fn reads epsilon_c by getattr with no check at all.",
+        where="rl/ppo/ppo_learner.py:105", quote="if self.epsilon_c is not None and self.epsilon_c <= 1.0:",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:epsilon", "validation",
+        "no config checks the clip band: GRPOConfig(epsilon=1.5), DAPOConfig(epsilon=1.5, "
+        "epsilon_high=2.0) and PPOConfig(epsilon_low=1.5) are accepted, a lower bound 1 - epsilon <= 0 "
+        "that no positive ratio reaches (the lower clip disappears), and a negative epsilon puts the "
+        "lower bound above 1 (policy_losses.md eq. (6) takes 0 <= eps_low < 1).",
+        where="rl/grpo/grpo_learner.py:97", quote="epsilon: float = 0.2", affected=_AFFECTED,
+    ),
+    Finding(
+        "reward_nan_as_zero", "bug",
+        "SequenceRewardManager sums the reward functions with np.nansum: a NaN from one function (a "
+        "grader that failed) is counted as 0 and the sample is trained on the other functions' reward "
+        "(all NaN: 0), and enters its group's baseline, without an error or a warning; the docstring says "
+        "'the sum across all the provided reward functions' (RLLearner._compute_rewards, "
+        "rl_learner.py:183-184).",
+        where="rl/reward_manager.py:170", quote="sum_rewards = np.nansum(rewards, axis=1)",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "pg_clipfrac_lower_aggregation", "value_only",
+        "grpo_loss_fn aggregates the logged dual-clip fraction pg_clipfrac_lower with the loss's "
+        "loss_agg_mode: under seq-mean-token-sum and sequence-mean-token-sum-norm it is a per-response "
+        "count of dual-clipped tokens (above 1 for long responses), under sequence-mean-token-scale that "
+        "count over the padded width; the loss is unaffected (pg_clipfrac uses masked_mean).",
+        where="rl/algo_core.py:456", quote="pg_clipfrac_lower = common.aggregate_loss(",
+        affected=_AFFECTED,
+    ),
 )
 
 NOTES = {

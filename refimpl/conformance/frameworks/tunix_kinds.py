@@ -4,7 +4,8 @@ masked whitening and its clipped value loss, each ``tunix/rl/algo_core.py``'s ow
 float32 output to float32's tolerance). Kept apart from tunix.py, which passes its loaded modules.
 
 * gae: ``compute_gae_advantages(rewards, values, completion_mask, gamma, gae_lambda)``
-  (algo_core.py:34), the int32 completion mask; it whitens the advantages inside
+  (algo_core.py:34), the completion mask as int32 0/1 (PPOLearner passes np.not_equal's bool: the same
+  arithmetic); it whitens the advantages inside
   (``masked_whiten``, algo_core.py:111) and has no input for a truncated response.
 * whitening: ``masked_whiten(x, completion_mask)`` (algo_core.py:116).
 * value_loss: ``ppo_value_loss_fn(model, train_example, clip_range_value, pad_id, eos_id)``
