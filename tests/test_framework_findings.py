@@ -116,7 +116,8 @@ def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
         arrays = {"jax", "numpy", "flax"} if name in ARRAYS else {"torch"}  # a JAX framework: no torch
         assert imports <= {"importlib", "pathlib", "sys", "types", "omegaconf", "verl", "trl",
                            "warnings", "collections", "dataclasses", "os", "tempfile", *arrays,
-                           "ast", "numpy", "typing"}, imports  # a def parsed from its file (AReaL, Tunix)
+                           "ast", "numpy", "typing",  # a def parsed from its file (AReaL, Tunix)
+                           "itertools"}, imports  # the namespace of OpenRLHF's compute_advantages_and_returns
         assert arrays - {"flax"} <= imports
         assert "refimpl" not in script
 

@@ -483,3 +483,25 @@ def test_findings_of_audit_14b_are_classified_and_named_where_no_mode_drives_the
              "kl": "config:unbiased_gradient"}
     for kind, key in named.items():
         assert f"finding {key}" in " ".join(driver.unsupported_modes(kind).values()), (kind, key)
+
+
+def test_findings_of_audit_15_are_classified_and_named_where_no_mode_drives_them():
+    """Audit 15 (source first, kit second): the multi-turn response length, the KL outside RLOO's baseline,
+    the adaptive controller's per-token KL, the trailing accumulation window and the entropy of a -inf
+    logit are bugs, --algo.advantage.no_std_norm ignored by group_norm a validation finding (scripts in
+    tests/test_framework_findings.py), the KL in the reward by default a documented default; each is named
+    by the unsupported mode of the path it sits on."""
+    kinds = {f.key: f.kind for f in driver.findings()}
+    bugs = ("multiturn_response_length", "rloo_kl_outside_baseline", "adaptive_kl_per_token",
+            "grad_accum_partial_window", "entropy_neg_inf")
+    assert {kinds[k] for k in bugs} == {"bug"}
+    assert kinds["config:no_std_norm"] == "validation"
+    assert kinds["kl_in_reward_default"] == "documented_default"
+    named = {"overlong": ("multiturn_response_length",),
+             "group_advantages": ("kl_in_reward_default", "rloo_kl_outside_baseline", "config:no_std_norm"),
+             "policy_loss": ("adaptive_kl_per_token", "grad_accum_partial_window", "entropy_neg_inf")}
+    for kind, keys in named.items():
+        reasons = " ".join(driver.unsupported_modes(kind).values())
+        for key in keys:
+            assert f"finding {key}" in reasons, (kind, key)
+    assert "does not run" in driver.unsupported_modes("policy_loss")["gspo/dual-clip"]  # a spec variant

@@ -24,6 +24,51 @@ exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space
 """
 
 
+def _generator_method() -> str:
+    """Script text binding ``process`` to ``SamplesGenerator._process_response_into_experience`` as
+    installed (parsed with ast: samples_generator.py imports vllm and ray), with ``Experience`` a
+    namespace of the fields it is given."""
+    return """\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+path = root / "trainer/ppo_utils/samples_generator.py"
+node = next(n for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef) for n in c.body
+            if isinstance(n, ast.FunctionDef) and n.name == "_process_response_into_experience")
+space = {"torch": torch, "Experience": lambda **fields: types.SimpleNamespace(**fields)}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
+process = space["_process_response_into_experience"]
+"""
+
+
+def _advantages_method() -> str:
+    """Script text binding ``advantages_of(experiences, args, kl_coef, estimator)`` to the installed
+    ``RemoteExperienceMaker.compute_advantages_and_returns`` (with its ``get_cumulative_returns``), the
+    length penalties off (``apply_length_penalties`` is a no-op here: no penalty option is set)."""
+    return (_experience_method("get_cumulative_returns", "returns_of") + """\
+import itertools  # noqa: E402
+
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+utils = load_file("openrlhf", "models/utils.py")
+node = next(n for c in ast.parse(source).body if isinstance(c, ast.ClassDef) for n in c.body
+            if isinstance(n, ast.FunctionDef) and n.name == "compute_advantages_and_returns")
+node.decorator_list = []  # @torch.no_grad() only
+quiet = types.SimpleNamespace(warning=lambda *a, **k: None, info=lambda *a, **k: None)
+space = {"torch": torch, "itertools": itertools, "List": list, "Experience": object, "logger": quiet,
+         "compute_reward": utils.compute_reward, "masked_mean": utils.masked_mean,
+         "apply_length_penalties": lambda experiences, args: None}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), space)
+
+
+def advantages_of(experiences, args, kl_coef, estimator):
+    maker = types.SimpleNamespace(strategy=types.SimpleNamespace(args=args), advantage_estimator=estimator,
+                                  kl_ctl=types.SimpleNamespace(value=kl_coef),
+                                  get_cumulative_returns=lambda r, m, g: returns_of(None, r, m, g))
+    return space["compute_advantages_and_returns"](maker, experiences)
+""")
+
+
 def openrlhf_bodies(silent: str) -> dict[tuple[str, str], str]:
     """The bodies, keyed by (framework, finding key)."""
     return {
@@ -262,5 +307,113 @@ verdict("OpenRLHF --algo.kl.unbiased_gradient without --algo.kl.use_loss (the KL
         f"printed {printed}; the call passes {passed} (the flag never reaches it)",
         "an error or a warning: the flag has no effect unless the KL is a loss",
         printed == [] and "unbiased_gradient" not in passed)
+""",
+        ("openrlhf", "multiturn_response_length"): _generator_method() + silent + """\
+response = {"observation_tokens": list(range(100, 120)), "action_ranges": [(4, 7), (17, 20)],
+            "reward": 1.0, "scores": 1.0, "rollout_log_probs": None, "prompt": "p", "label": "l"}
+# a 4-token prompt, a turn of 3 action tokens, 10 observation tokens, a turn of 3 action tokens
+experience = process(None, response, max_len=2048)
+generated = sum(end - start for start, end in response["action_ranges"])
+verdict("OpenRLHF SamplesGenerator._process_response_into_experience "
+        "(trainer/ppo_utils/samples_generator.py:273) on a two-turn agent response, 3 + 3 action tokens "
+        "around 10 observation tokens: response_length (read by the DAPO overlong penalty)",
+        int(experience.response_length[0]), f"{generated} (the generated tokens)",
+        int(experience.response_length[0]) == 16)
+""",
+        ("openrlhf", "rloo_kl_outside_baseline"): _advantages_method() + silent + """\
+ns = types.SimpleNamespace
+args = ns(rollout=ns(n_samples_per_prompt=2), reward=ns(clip_range=(-10.0, 10.0)),
+          algo=ns(advantage=ns(estimator="rloo", gamma=1.0, lambd=1.0, no_std_norm=False)))
+kl = torch.tensor([[1.0, 1.0], [0.0, 0.0]])  # the KL estimator per token (the KL in the reward)
+experience = ns(rewards=torch.tensor([1.0, 0.0]), index=[0, 1], action_mask=torch.ones(2, 2), kl=kl,
+                values=None, info={})
+(out,) = advantages_of([experience], args, 0.1, "rloo")  # kl_coef 0.1
+regularised = torch.tensor([1.0, 0.0]) - 0.1 * kl.sum(-1)  # RLOO's reward: R - beta KL
+exact = regularised - (regularised.sum() - regularised) / 1  # leave-one-out over the group of 2
+verdict("OpenRLHF compute_advantages_and_returns, estimator rloo "
+        "(trainer/ppo_utils/experience_maker.py:269), "
+        "KL in the reward with kl_coef 0.1: scores 1 and 0, summed KL 2 and 0, the first token's advantages",
+        out.advantages[:, 0].tolist(), f"{exact.tolist()} (the leave-one-out baseline of R - beta KL)",
+        abs(out.advantages[1, 0].item() - exact[1].item()) > 0.1)
+""",
+        ("openrlhf", "adaptive_kl_per_token"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+utils = load_file("openrlhf", "models/utils.py")
+control = load_file("openrlhf", "trainer/ppo_utils/kl_controller.py")
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+line = (root / "trainer/ppo_utils/experience_maker.py").read_text().splitlines()[214].strip()
+assert line == "kl_mean = masked_mean(kl, samples.action_mask, dim=-1)", line  # line 215: info["kl"]
+""" + silent + """\
+mask = torch.tensor([[1.0] + [0.0] * 8, [1.0] * 9], dtype=torch.float64)  # responses of 1 and 9 tokens
+kl = 0.1 * mask  # 0.1 nats per token
+fed = utils.masked_mean(kl, mask, dim=-1).mean().item()  # status["kl"]: the per-response values' mean
+sequence_kl = (kl * mask).sum(-1).mean().item()  # Ziegler et al. 2019: the KL of the responses
+ours, paper = control.AdaptiveKLController(0.1, 0.5, 10000), control.AdaptiveKLController(0.1, 0.5, 10000)
+ours.update(fed, 10000)  # ppo_trainer.py:253 (n_steps = horizon: one full step of the rule)
+paper.update(sequence_kl, 10000)
+verdict("OpenRLHF AdaptiveKLController (target 0.5) fed status['kl'] "
+        "(trainer/ppo_utils/experience_maker.py:215:"
+        " each response's per-token mean), responses of 1 and 9 tokens at 0.1 nats per token: the new beta",
+        f"{ours.value} (fed {fed})", f"{paper.value} (fed the sequence KL {sequence_kl}: on target)",
+        abs(ours.value - paper.value) > 1e-3)
+""",
+        ("openrlhf", "grad_accum_partial_window"): """\
+stand_ins("deepspeed")
+identity_compile()  # utils.py:215 decorates compute_entropy, never called here
+loss_module = load_file("openrlhf", "models/loss.py")
+loss_utils = load_file("openrlhf", "utils/loss_utils.py")
+""" + silent + """\
+gas = 4  # DeepSpeed's gradient_accumulation_steps (deepspeed.py:455-456)
+calls = [[3, 5, 2, 4, 6, 1], [2, 2, 3, 3, 4, 4]]  # action tokens of the micro-batches of two ppo_train calls
+weights = []  # per micro-batch: (tokens, the weight of one token after DeepSpeed's loss / gas)
+for tokens in calls:
+    masks = [torch.ones(1, t) for t in tokens]
+    for mask, info in loss_utils.iter_grad_accum_global_norm(iter(masks), None, gas, lambda m: m):
+        per_token = torch.ones_like(mask, requires_grad=True)
+        (loss_module.aggregate_loss(per_token, mask, **info) / gas).backward()
+        weights.append((mask.shape[1], per_token.grad[0, 0].item()))
+# DeepSpeed's engine.step() steps at every gas-th micro-step of its own counter
+sums = [round(sum(n * w for n, w in weights[i:i + gas]), 6) for i in range(0, len(weights), gas)]
+verdict("OpenRLHF iter_grad_accum_global_norm (utils/loss_utils.py:102, the trailing partial window) under "
+        "DeepSpeed's accumulation of gas = 4 micro-batches: two ppo_train calls of 6 micro-batches, the sum "
+        "of the token weights of each optimizer step", sums, "[1.0, 1.0, 1.0] (each step one token mean)",
+        max(abs(x - 1.0) for x in sums) > 0.1)
+""",
+        ("openrlhf", "config:no_std_norm"): """\
+import ast  # noqa: E402
+
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+source = (root / "trainer/ppo_utils/experience_maker.py").read_text()
+method = next(n for c in ast.parse(source).body if isinstance(c, ast.ClassDef) for n in c.body
+              if isinstance(n, ast.FunctionDef) and n.name == "compute_advantages_and_returns")
+whiten = next(n for n in ast.walk(method) if isinstance(n, ast.If) and n.lineno == 325)
+reads = [n.lineno for n in ast.walk(method) if isinstance(n, ast.Attribute) and n.attr == "no_std_norm"]
+assert reads and all(whiten.lineno <= r <= whiten.end_lineno for r in reads), reads  # only line 325's branch
+assert "group_norm" not in ast.unparse(whiten.test), ast.unparse(whiten.test)
+line = source.splitlines()[273].strip()  # line 274: group_norm
+assert line.startswith("rewards = (rewards - rewards.mean("), line
+""" + silent + """\
+rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])  # one success in a group of 4, no_std_norm set
+advantages = eval(line.split("=", 1)[1], {"rewards": rewards})  # the installed expression itself
+centred = rewards - rewards.mean(-1, keepdim=True)
+verdict("OpenRLHF --algo.advantage.estimator group_norm with --algo.advantage.no_std_norm "
+        "(trainer/ppo_utils/experience_maker.py:325: the flag is read in the whitening branch only): "
+        "accepted; "
+        "the advantages of one success in a group of 4", advantages.tolist(),
+        f"{centred.tolist()} (not divided by the std, as the flag says; or an error)",
+        abs(advantages[0, 0].item() - 1.5) < 1e-6)
+""",
+        ("openrlhf", "entropy_neg_inf"): """\
+stand_ins("deepspeed")
+identity_compile()  # the eager body of compute_entropy (utils.py:215 compiles it; the values are the same)
+utils = load_file("openrlhf", "models/utils.py")
+""" + silent + """\
+logits = torch.tensor([[[0.0, 1.0, float("-inf")]]])  # one position, a token masked out of the vocabulary
+entropy = utils.compute_entropy(logits)
+p = torch.softmax(torch.tensor([0.0, 1.0]), -1)
+exact = -(p * p.log()).sum().item()  # 0 log 0 = 0: the -inf entry drops out
+verdict("OpenRLHF compute_entropy (models/utils.py:218) of logits (0, 1, -inf)", entropy.flatten().tolist(),
+        f"{exact:.6f}", bool(torch.isnan(entropy).all()))
 """,
     }

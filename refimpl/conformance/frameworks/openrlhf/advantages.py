@@ -8,8 +8,8 @@ put back in prompt order and reshaped to ``(-1, n_samples_per_prompt)`` (line 25
 
 * group_norm (line 274): ``(r - mean) / (r.std() + 1e-9)``: sample std, eps 1e-9 outside the square root
   (advantages.md eq. (5));
-* dr_grpo (line 272): ``r - mean`` (Dr. GRPO's centring, eq. (11)'s advantage);
-* rloo (line 269): ``r - (sum - r) / (n - 1)``, the leave-one-out baseline (eq. (6)).
+* dr_grpo (line 272): ``r - mean`` (Dr. GRPO's centring, eq. (1));
+* rloo (line 269): ``r - (sum - r) / (n - 1)``, the leave-one-out baseline (eq. (2)).
 
 Each result goes through ``compute_reward`` (the default ``reward.clip_range`` (-10, 10) clamps it: finding
 reward_clip_range) onto the response's last token and ``get_cumulative_returns`` with gamma 1 (the method
@@ -69,6 +69,12 @@ ADV_UNSUPPORTED = {
     "--algo.dynamic_filtering_enable": "a filter on each group's mean score in the rollout loop "
     "(samples_generator.py:169-177), before the advantages: the kind's cases are the advantages of the "
     "groups kept (finding dynamic_filtering_mean).",
+    "KL in the reward (--algo.kl.use_loss off, the default)": "compute_reward adds -kl_coef * kl to every "
+    "token after the estimator (experience_maker.py:284-290), outside the group normalisation (finding "
+    "kl_in_reward_default) and, for rloo, outside the leave-one-out baseline (finding "
+    "rloo_kl_outside_baseline); the kind's cases have no KL.",
+    "--algo.advantage.no_std_norm with group_norm": "the flag is read by the batch whitening only "
+    "(experience_maker.py:325): group_norm still divides by the std (finding config:no_std_norm).",
     "float32 rewards": "the trainer's rewards are float32 (samples_generator.py:304); the kit's cases are "
     "float64, which OpenRLHF keeps (experience_maker.py:244), so the float32 mean's rounding of a constant "
     "group is shown by a script (finding constant_group_rounding).",

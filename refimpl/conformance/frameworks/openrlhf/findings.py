@@ -351,4 +351,109 @@ FINDINGS = (
         quote='parser.add_argument("--reward.clip_range", type=float, nargs=2, default=(-10, 10)',
         affected="openrlhf 0.11.2",
     ),
+    # audit 15 (source first, kit second): the departures it found that the kit did not name
+    Finding(
+        "multiturn_response_length", "bug",
+        "the sample generator sets response_length, documented as the 'number of generated tokens' "
+        "(trainer/ppo_utils/experience.py:59), to the span from the first to the last action token "
+        "(samples_generator.py:273): in a multi-turn (agent) rollout the observation tokens between the "
+        "turns are counted as generated, and the DAPO overlong penalty (length_penalty.py:49) and the length "
+        "metrics "
+        "read that span. DAPO (Yu et al. 2025, section 3.4; advantages.md eq. (8)) measures the response's "
+        "generated length: two turns of 3 action tokens around 10 observation tokens give 16, not 6, so a "
+        "response is penalised (or cut off the buffer) for the environment's tokens. Exact for single-turn "
+        "responses.",
+        where="trainer/ppo_utils/samples_generator.py:273",
+        quote="response_length = (ones_indices[-1] - ones_indices[0] + 1).item()",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "kl_in_reward_default", "documented_default",
+        "the group estimators (group_norm, dr_grpo, rloo, reinforce_baseline) keep the default KL in the "
+        "reward (--algo.kl.init_coef 0.01, --algo.kl.use_loss off): make_experience computes the estimator "
+        "(k1 by default) against the reference (experience_maker.py:205-210) and compute_reward adds "
+        "-kl_coef * kl to every token, so each token's return is the group-normalised score plus the "
+        "unnormalised KL reward-to-go and the advantage varies along the response; GRPO (Shao et al. 2024, "
+        "eq. (3)) puts the KL (k3) in the loss and gives every token the normalised outcome reward. "
+        "--algo.kl.use_loss ('whether to use KL loss from GRPO') with --algo.kl.estimator k3 gives GRPO's "
+        "form (the driver's modes run it).",
+        where="cli/train_ppo_ray.py:524",
+        quote='"--algo.kl.use_loss", action="store_true", default=False, help="whether to use KL loss from',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "rloo_kl_outside_baseline", "bug",
+        "--algo.advantage.estimator rloo applies the leave-one-out baseline to the score only "
+        "(experience_maker.py:269-270); with the default KL in the reward (finding kl_in_reward_default) "
+        "compute_reward then adds -kl_coef * kl per token and get_cumulative_returns sums it from t on, "
+        "outside the baseline. RLOO (Ahmadian et al. 2024; Kool et al. 2019) baselines the "
+        "KL-regularised sequence reward R(y) - beta KL(y) with the other samples' mean of the same quantity: "
+        "the expectation is the same (a baseline independent of the sample, reward-to-go), the per-sample "
+        "estimate is not (scores 1 and 0, summed KL 2 and 0, beta 0.1: first-token advantages 0.8 and -1.0 "
+        "instead of 0.8 and -0.8), and no option gives RLOO's (with --algo.kl.use_loss the KL leaves the "
+        "reward).",
+        where="trainer/ppo_utils/experience_maker.py:269",
+        quote="baseline = (rewards.sum(-1, keepdim=True) - rewards) / (args.rollout.n_samples_per_prompt",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "adaptive_kl_per_token", "bug",
+        "--algo.kl.target (AdaptiveKLController, the rule of Ziegler et al. 2019, arXiv:1909.08593: "
+        "e = clip(KL_t / KL_target - 1, -0.2, 0.2) with KL_t the KL between the policy's and the reference's "
+        "response distributions) is fed status['kl'] (ppo_trainer.py:253), which is each response's "
+        "per-token mean of the estimator (experience_maker.py:215, masked_mean(kl, action_mask, dim=-1)) "
+        "averaged over the responses (with --algo.kl.use_loss the token-mean KL loss): a per-token quantity, "
+        "1/length of the sequence KL, so a target set in the paper's units (nats per response) is reached "
+        "only by a KL that many times larger, and long and short responses weigh alike (two responses of "
+        "1 and 9 tokens with 0.1 nats per token: 0.1 fed, the sequence KL 0.5; target 0.5: beta shrinks by "
+        "the "
+        "clipped -0.2 step instead of staying). --algo.kl.target has no help text; ppo_trainer.py:252 says "
+        "'AdaptiveKLController is incompatible here'.",
+        where="trainer/ppo_utils/experience_maker.py:215",
+        quote="kl_mean = masked_mean(kl, samples.action_mask, dim=-1)",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "grad_accum_partial_window", "bug",
+        "iter_grad_accum_global_norm (utils/loss_utils.py:102-105) gives a trailing window of k < gas "
+        "micro-batches its own token count divided by gas, as if it were a whole optimizer step, but "
+        "DeepSpeed runs with gradient_accumulation_steps = gas (utils/deepspeed/deepspeed.py:455-456) and "
+        "its "
+        "engine.step(), called after every micro-batch (trainer/ray/ppo_actor.py:360, ppo_critic.py:174), "
+        "steps only at each gas-th micro-step of its own global counter: the partial window's gradient stays "
+        "in the buffers and is summed into the next step, whose micro-batches carry another window's "
+        "normaliser, and every later step of the run stays shifted. A step is one token mean over its own "
+        "micro-batches (policy_losses.md section 4: the per-token weights of a step sum to 1); two ppo_train "
+        "calls of 6 micro-batches each with gas 4 give steps whose token weights sum to 1, then 1.4 and 1.6 "
+        "(tokens 3, 5, 2, 4, 6, 1 and 2, 2, 3, 3, 4, 4). It happens whenever the "
+        "micro-batches per epoch are not a multiple of gas: rollout.batch_size * n_samples_per_prompt not a "
+        "multiple of train.batch_size (not checked by cli/train_ppo_ray.py), or an episode's short last "
+        "rollout batch (samples_generator.py:16-37 returns the prompts left).",
+        where="utils/loss_utils.py:102", quote="if window:  # trailing partial step",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "config:no_std_norm", "validation",
+        "--algo.advantage.no_std_norm ('disable dividing by std for advantages while keeping mean "
+        "normalization', cli/train_ppo_ray.py:526-531) is read only by the batch whitening of gae, reinforce "
+        "and reinforce_baseline (experience_maker.py:325-335); with --algo.advantage.estimator group_norm "
+        "the advantages are still divided by the group std (line 274) without an error or a warning (one "
+        "success in a group of 4: 1.5, -0.5, -0.5, -0.5 where the mean-centred advantages, Dr. GRPO's "
+        "(Liu et al. 2025, section 3.2; the estimator dr_grpo), are 0.75, -0.25, -0.25, -0.25).",
+        where="trainer/ppo_utils/experience_maker.py:325",
+        quote='if args.algo.advantage.estimator in ["gae", "reinforce", "reinforce_baseline"]:',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "entropy_neg_inf", "bug",
+        "compute_entropy forms logsumexp(z) - sum(softmax(z) * z) (models/utils.py:216-219): a logit of -inf "
+        "(a token masked out of the vocabulary) gives softmax 0 times -inf = NaN, so that position's "
+        "entropy, the entropy bonus of --actor.entropy_coef (trainer/ray/ppo_actor.py:347-353, computed "
+        "whenever the option is set, 0 included) and, with a non-zero coefficient, every gradient entry of "
+        "the step are NaN. H = -sum_v p_v log p_v with 0 log 0 = 0: a -inf logit drops out (kl.md eq. (5) "
+        "and section 6); logits (0, 1, -inf) give 0.5822, not NaN.",
+        where="models/utils.py:218",
+        quote="entropy = torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)",
+        affected="openrlhf 0.11.2",
+    ),
 )

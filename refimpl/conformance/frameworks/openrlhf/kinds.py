@@ -110,6 +110,8 @@ KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
         "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "
         "response limit (length_penalty.py:127), which the kind's cases (max_len: the response limit) cannot "
         "express: shown by a script (finding overlong_max_len).",
+        "multi-turn responses": "response_length spans the observation tokens between the turns "
+        "(samples_generator.py:273; finding multiturn_response_length); the kind's cases give the length.",
     },
 }
 

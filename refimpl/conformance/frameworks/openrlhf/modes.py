@@ -188,8 +188,9 @@ _UNSUPPORTED = {
         "gspo + is_correction": "GSPO then takes its ratio against rollout_log_probs (not in the cases: "
         "finding gspo_rollout_ratio) and ignores is_correction_mode / _gating / _threshold (finding "
         "config:is_correction_mode)",
-        "gspo/dual-clip": "GSPO's sequence ratio with dual_clip has no spec variant (dual_clip needs the "
-        "token-level clip gate)",
+        "gspo/dual-clip": "a spec variant (GSPO's sequence_mean ratio with the clip gate and dual_clip >= "
+        "1 + eps_high, policy_losses.md eq. (7): the dual clip needs the clip gate, not the token level) "
+        "that the driver does not run; OpenRLHF applies dual_clip to GSPO's ratio (models/loss.py:203-212)",
         "dr_grpo (seq_sum)": "aggregate_loss has only token-mean and seq-mean-token-mean; no "
         "sum / (sequences x L_max) aggregation (--algo.advantage.estimator dr_grpo changes only the "
         "advantages: mean-centred, not divided by the std; finding dr_grpo_aggregation)",
@@ -198,11 +199,17 @@ _UNSUPPORTED = {
         "sapo": "no SAPO gate in OpenRLHF 0.11.2",
         "cispo": "no CISPO gate in OpenRLHF 0.11.2",
         "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
-        "the kit checks one step with a fixed coefficient (the fixed controller is in scope)",
+        "the kit checks one step with a fixed coefficient (the fixed controller is in scope); the KL the "
+        "controller reads is each response's per-token mean, not the response's KL (finding "
+        "adaptive_kl_per_token)",
+        "a trailing partial gradient-accumulation window": "iter_grad_accum_global_norm normalises it as a "
+        "whole optimizer step, but DeepSpeed, which the kit does not run, folds it into the next step "
+        "(finding grad_accum_partial_window); the kit's cases are whole steps",
         "logged policy_loss / entropy_loss": "the logs of ppo_train, not the loss the optimizer steps on "
         "(finding logged_loss_weighting, value only).",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
-        "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation)",
+        "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation; NaN "
+        "for a -inf logit: finding entropy_neg_inf)",
     },
     "kl": {
         "kl/*+unbiased_gradient": "algo.kl.unbiased_gradient=True returns the estimator's value with a "
@@ -365,7 +372,7 @@ def policy_loss_kwargs(variant) -> dict[str, object]:
         )
     if v.ratio == "sequence_mean":
         if v.dual_clip is not None:
-            raise ValueError("variant.dual_clip: not expressible for OpenRLHF's gspo (no spec variant)")
+            raise ValueError("variant.dual_clip: the driver does not run OpenRLHF's gspo with dual_clip")
         if v.aggregation not in ("seq_mean", "seq_mean_token_mean"):
             raise ValueError(
                 f"variant.aggregation: OpenRLHF's gspo forces the sequence mean, got {v.aggregation!r}"
