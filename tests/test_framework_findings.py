@@ -149,10 +149,15 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
     assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == [
-        "repro_tunix_completion_mask_pad_eos.py", "repro_tunix_config_dynamic_sampling.py",
+        "repro_tunix_completion_mask_pad_eos.py", "repro_tunix_config_beta.py",
+        "repro_tunix_config_clip_range_value.py", "repro_tunix_config_dynamic_sampling.py",
+        "repro_tunix_config_entropy_coef.py",
         "repro_tunix_config_epsilon.py", "repro_tunix_config_epsilon_c.py",
-        "repro_tunix_config_epsilon_low.py", "repro_tunix_config_max_seq_token_per_tpu.py",
+        "repro_tunix_config_epsilon_low.py", "repro_tunix_config_gae_lambda.py",
+        "repro_tunix_config_kl_clamp_value.py", "repro_tunix_config_max_seq_token_per_tpu.py",
         "repro_tunix_config_num_generations.py", "repro_tunix_config_overlong_buffer.py",
+        "repro_tunix_config_sampler_is.py", "repro_tunix_config_sampler_is_threshold.py",
+        "repro_tunix_config_top_p.py",
         "repro_tunix_entropy_neg_inf.py", "repro_tunix_old_logps_temperature.py",
         "repro_tunix_overlong_characters.py",
         "repro_tunix_overlong_floor.py", "repro_tunix_packed_rows.py", "repro_tunix_ppo_logps_temperature.py",

@@ -482,6 +482,7 @@ from .repro_liger import liger_bodies  # noqa: E402  (the later scripts: repro_l
 from .repro_openrlhf import openrlhf_bodies  # noqa: E402
 from .repro_trl import trl_bodies  # noqa: E402  (TRL's trainer findings: repro_trl.py)
 from .repro_tunix import TUNIX_BODIES  # noqa: E402  (a JAX framework's scripts: repro_tunix.py)
+from .repro_tunix_sweep import TUNIX_SWEEP_BODIES  # noqa: E402  (its sweep's: repro_tunix_sweep.py)
 from .repro_unsloth import unsloth_bodies  # noqa: E402  (Unsloth's later findings: repro_unsloth.py)
 
 BODIES.update(liger_bodies(_LIGER, _SILENT))
@@ -489,4 +490,5 @@ BODIES.update(trl_bodies(_TRL, _SILENT))
 BODIES.update(openrlhf_bodies(_SILENT))
 
 BODIES.update(TUNIX_BODIES)
+BODIES.update(TUNIX_SWEEP_BODIES)
 BODIES.update(unsloth_bodies(_UNSLOTH, _SILENT))

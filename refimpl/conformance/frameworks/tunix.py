@@ -182,8 +182,14 @@ UNSUPPORTED = {
         "compute_entropy_from_logits is NaN for a -inf logit (0 * -inf; finding entropy_neg_inf, shown by "
         "its script).",
         "sampler_is_weights": "truncated importance weights computed upstream from the sampler's log-probs, "
-        "which the kit's calls do not carry.",
-        "kl_clamp_value": "None by default (algorithm_config.py:39); a set clamp is not a mode here.",
+        "which the kit's calls do not carry (the agentic learner's sampler_is='token', "
+        "agentic_grpo_learner.py:659-674); sampler_is and sampler_is_threshold are not checked: another "
+        "value, or 'token' with use_rollout_logps=False, applies no correction and a threshold <= 0 zeroes "
+        "or negates every token's loss (findings config:sampler_is, config:sampler_is_threshold, each "
+        "shown by its script).",
+        "kl_clamp_value": "None by default (algorithm_config.py:39); a set clamp is not a mode here. A "
+        "value <= 0 is accepted and makes the KL a constant without gradient (finding "
+        "config:kl_clamp_value, shown by its script).",
         "ppo + KL": "ppo_policy_loss_fn reads getattr(algo_config, 'kl_coef', 0.0) (algo_core.py:256), a "
         "field PPOConfig does not have (its slots dataclass cannot take it): PPO's KL goes into the reward "
         "(ppo_learner.py:357-367), not the loss.",

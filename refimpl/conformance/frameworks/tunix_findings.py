@@ -193,8 +193,9 @@ FINDINGS = (
         "against the policy that sampled), so the clip acts on a temperature artefact (T = 0.7: ratios "
         "0.86, 1.02, 0.67 on three tokens).",
         where="rl/rollout/vanilla_rollout.py:82", quote="return common.compute_per_token_logps(",
-        affected=f"{_AFFECTED} (vanilla rollout engine; rl_cluster.get_actor_per_token_logps passes T, "
-        "only the agentic learner calls it)",
+        affected=f"{_AFFECTED} (vanilla rollout engine; the sglang_jax engine's get_per_token_logps, "
+        "sglang_jax_rollout.py:107, passes no temperature either, and no model state: a TypeError there; "
+        "rl_cluster.get_actor_per_token_logps passes T, only the agentic learner calls it)",
     ),
     Finding(
         "ppo_logps_temperature", "bug",
@@ -283,6 +284,117 @@ FINDINGS = (
         "count of dual-clipped tokens (above 1 for long responses), under sequence-mean-token-scale that "
         "count over the padded width; the loss is unaffected (pg_clipfrac uses masked_mean).",
         where="rl/algo_core.py:456", quote="pg_clipfrac_lower = common.aggregate_loss(",
+        affected=_AFFECTED,
+    ),
+    # found by the systematic sweep of session 15 (configuration, logged metrics, the training path)
+    Finding(
+        "config:kl_clamp_value", "validation",
+        "AlgorithmConfig.kl_clamp_value (every learner's config inherits it) is documented as 'a positive "
+        "float' but never checked: compute_kl_divergence applies jnp.clip(kl, -clamp_value, clamp_value) "
+        "(common.py:164-165), so kl_clamp_value=0.0 makes every per-token KL 0 and a negative value makes "
+        "it the constant -|value| (jnp.clip's max wins over its min): the in-loss KL of GRPO / DAPO / Dr. "
+        "GRPO / the agentic learner and PPO's in-reward KL have no gradient (GRPO's logged 'kl' is 0 or "
+        "negative), the beta penalty silently off, without an error or a warning.",
+        where="rl/algorithm_config.py:39", quote="kl_clamp_value: float | None = None", affected=_AFFECTED,
+    ),
+    Finding(
+        "config:beta", "validation",
+        "GRPOConfig, PPOConfig and the agentic GRPOConfig accept a negative beta (none of their "
+        "__post_init__ checks it; the learners only test beta != 0.0, grpo_learner.py:262, "
+        "ppo_learner.py:357): GRPO then adds beta * kl_loss with beta < 0 (algo_core.py:536-537), PPO "
+        "subtracts beta * kl from the rewards (ppo_learner.py:367), each rewarding divergence from the "
+        "reference, where the KL penalty's coefficient is >= 0 (Shao et al. 2024, eq. (3); Ouyang et al. "
+        "2022, eq. (2); kl.md).",
+        where="rl/grpo/grpo_learner.py:95", quote="beta: float = 0.04", affected=f"{_AFFECTED} (GRPOConfig; "
+        "PPOConfig ppo/ppo_learner.py:91; agentic GRPOConfig agentic/agentic_grpo_learner.py:101)",
+    ),
+    Finding(
+        "config:clip_range_value", "validation",
+        "PPOConfig.clip_range_value is not checked: a negative value is accepted and ppo_value_loss_fn's "
+        "jnp.clip(vpreds, values - c, values + c) (algo_core.py:314-316) then returns the constant "
+        "values + c (the upper bound below the lower one), so max(unclipped, clipped) takes that "
+        "constant branch, gradient 0, wherever (values + c - return)^2 is the larger: old value 0, "
+        "return 1, prediction 0.1 with c = -0.2 gives loss 0.72 and gradient 0 where c = 0.2 gives "
+        "0.405 and -0.9 (the clipped value loss of Schulman et al. 2017 takes c > 0; policy_losses.md "
+        "eq. (23)).",
+        where="rl/ppo/ppo_learner.py:97", quote="clip_range_value: float = 0.2", affected=_AFFECTED,
+    ),
+    Finding(
+        "config:entropy_coef", "validation",
+        "PPOConfig.entropy_coef (the entropy bonus, 'Set to None or 0.0 to disable') is not checked: a "
+        "negative value is accepted and ppo_policy_loss_fn subtracts entropy_coef * entropy "
+        "(algo_core.py:249-252), an entropy penalty that drives the policy towards determinism, while "
+        "PPOLearner logs loss/entropy only for entropy_coef > 0 (ppo_learner.py:221-225): the penalty acts "
+        "unlogged, without an error or a warning (the bonus's coefficient is >= 0: Schulman et al. 2017, "
+        "eq. (9)).",
+        where="rl/ppo/ppo_learner.py:96", quote="entropy_coef: float | None = None", affected=_AFFECTED,
+    ),
+    Finding(
+        "config:gae_lambda", "validation",
+        "PPOConfig accepts any gamma and gae_lambda (its __post_init__ checks the clip epsilons and "
+        "kl_method only): compute_gae_advantages runs with gamma = 1.5 (a return of 2.25 for a reward of "
+        "1 two tokens later, above every reward sum) or gae_lambda = -0.5 without an error or a warning, "
+        "where GAE takes gamma, lambda in [0, 1] (Schulman et al. 2016; estimators.md section 2).",
+        where="rl/ppo/ppo_learner.py:90", quote="gae_lambda: float = 0.95",
+        affected=f"{_AFFECTED} (PPOConfig.gamma, ppo/ppo_learner.py:89, likewise)",
+    ),
+    Finding(
+        "config:sampler_is", "validation",
+        "the agentic GRPOConfig.sampler_is (the truncated importance-sampling correction of the "
+        "sampler-trainer mismatch) is documented as None | 'token' but never checked: any other value "
+        "('sequence', 'Token') is accepted and silently applies no correction (agentic_grpo_learner.py:"
+        "660-664 tests == 'token'); and 'token' works only together with use_rollout_logps=True and the "
+        "sampler's log-probs (rollout_per_token_logps is None otherwise: agentic_grpo_learner.py:439-467): "
+        "with use_rollout_logps=False it is accepted and silently off (policy_losses.md eq. (13)).",
+        where="rl/agentic/agentic_grpo_learner.py:125", quote='sampler_is: str | None = None',
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:sampler_is_threshold", "validation",
+        "the agentic GRPOConfig.sampler_is_threshold (the cap of the truncated importance weights "
+        "min(exp(trainer_logp - sampler_logp), threshold), agentic_grpo_learner.py:668-674) is not "
+        "checked: 0 makes every weight 0, so every token's policy loss is multiplied by 0 and the step "
+        "trains nothing; a negative threshold makes every weight negative and the update ascends the "
+        "loss, without an error or a warning (truncated IS takes a cap C > 0, usually >= 1: "
+        "policy_losses.md eq. (13)).",
+        where="rl/agentic/agentic_grpo_learner.py:126", quote="sampler_is_threshold: float = 2.0",
+        affected=_AFFECTED,
+    ),
+    Finding(
+        "config:top_p", "validation",
+        "RolloutConfig.top_p < 1 and top_k (the vanilla sampler's sample_top_p, generate/sampler.py:111-154; "
+        "vLLM's sampling knobs) are accepted for training rollouts without a check or a warning, but every "
+        "log-prob the learners use (policy, old, reference: common.compute_per_token_logps, "
+        "rl/common.py:379-384) is of the untruncated softmax(z / T): tokens are drawn from the truncated "
+        "distribution q and trained as if drawn from pi, with no importance correction (top_p = 0.5 over "
+        "probabilities 0.665, 0.245, 0.090: the sampler draws only the first token, the trainer's pi gives "
+        "it 0.665); the on-policy gradient and the ratio's old policy are pi's only for top_p = 1 and no "
+        "top_k (policy_losses.md eq. (1), (13)). temperature = 0 ('greedy', RolloutConfig's comment) "
+        "trains on T = 1 log-probs (common.py:379 skips T = 0).",
+        where="rl/rollout/base_rollout.py:85", quote="top_p: float | None = 1.0", affected=_AFFECTED,
+    ),
+    Finding(
+        "entropy_aggregation", "value_only",
+        "grpo_loss_fn's logged 'entropy' (the agentic learner's metric, agentic_grpo_learner.py:261) is the "
+        "per-token entropy aggregated with the loss's loss_agg_mode: under seq-mean-token-sum and "
+        "sequence-mean-token-sum-norm a per-response sum of entropies (grows with the length), under "
+        "sequence-mean-token-scale that sum over the padded width, not the mean token entropy; the loss "
+        "does not use it (finding pg_clipfrac_lower_aggregation is the same for the dual-clip fraction).",
+        where="rl/algo_core.py:540", quote="entropy_loss = common.aggregate_loss(", affected=_AFFECTED,
+    ),
+    Finding(
+        "metric_micro_batch_mean", "value_only",
+        "the learners' logged token fractions and means (pg_clipfrac, pg_clipfrac_lower, kl, ppo_kl, "
+        "is_ratio/mean, the critic's vf_clipfrac and vpred_mean) are computed per micro-batch as masked "
+        "means and RLTrainer._post_process_train_step appends one value per micro-batch, reduced with "
+        "np.mean (grpo_learner.py:197-200, ppo_learner.py:218-232): a mean of micro-batch means, not the "
+        "fraction of the mini-batch's counted tokens, whenever micro-batches hold different token counts "
+        "(a micro-batch of 1 token clipped and one of 99 tokens unclipped logs 0.5, not 0.01); a "
+        "micro-batch without counted tokens (the agentic learner's degenerate_group_masking zeroes a "
+        "group's mask, agentic_grpo_learner.py:558-562) enters as 0. Metrics only (the loss's own "
+        "per-micro-batch normaliser is flag micro_batch='local_mean').",
+        where="rl/trainer.py:84",
+        quote="self._buffered_train_metrics.additional_metrics[metric_name][0].append(",
         affected=_AFFECTED,
     ),
 )
