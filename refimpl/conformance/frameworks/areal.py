@@ -35,6 +35,7 @@ from collections.abc import Callable
 from . import Mode, areal_kinds
 from .areal_findings import AUDIT_FINDINGS, TRAINER_FINDINGS
 from .areal_kinds import ADV_MODES, KIND_MODES, KIND_UNSUPPORTED
+from .areal_sweep import SWEEP_FINDINGS
 from .driver import find_mode
 from .findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
 from .sources import (
@@ -139,13 +140,21 @@ UNSUPPORTED = {
         "teacher_logp (KDRL)": "a distillation term against a teacher's log-probs; no spec variant. With "
         "rl_loss_weight != 0 it is k1 = logp - teacher_logp used as a loss term, zero expected gradient "
         "(finding distill_k1_loss); with 0, a per-token reward without return-to-go (finding "
-        "distill_per_token_reward).",
+        "distill_per_token_reward); a negative distill_loss_weight is accepted and drives the policy "
+        "away from the teacher (finding config:distill_loss_weight).",
         "KL": "AReaL puts its KL into the rewards (kl_ctl * KLEstimator in compute_advantages), never into "
         "the actor loss.",
         "entropy and the logged statistics": "grpo_loss_fn detaches the entropy and only logs it "
         "(actor.py:434): no entropy term to drive; a logit of -inf makes the logged entropy NaN (finding "
         "entropy_masked_logit), and the logged approx_kl is log pi_theta - log pi_prox, minus the k1 "
-        "estimate (finding approx_kl_sign).",
+        "estimate (finding approx_kl_sign). Under rejection_sampling 'mask' the logged importance_weight "
+        "counts each rejected token as a ratio of 0 (finding importance_weight_rejected) and "
+        "rs_filtered_fraction is an unweighted mean over micro-batches (finding rs_filtered_fraction_mean); "
+        "with overlong_reward_penalty the logged task_reward is the penalised one (finding "
+        "task_reward_overlong).",
+        "actor.temperature": "the cases carry log-probs, not logits; the trainer's log-probs divide the "
+        "logits by actor.temperature, the rollout samples at gconfig.temperature, and nothing compares the "
+        "two (finding config:temperature).",
     },
     "kl": {
         "KLEstimator": "its estimates shape the reward (actor.py:202), not a differentiated loss term: "
@@ -159,6 +168,9 @@ UNSUPPORTED = {
         "so RLOO's n / (n - 1) cancels (finding adv_leave_one_out_std); no flag expresses that std.",
         "mean_level None with std_level set": "the std is the root mean square about 0 (finding "
         "adv_std_uncentred); no flag expresses it.",
+        "eps <= 0, mean_leave1out without a mean": "NormConfig accepts both: eps 0 gives NaN for a group "
+        "of equal rewards, a negative eps can flip the advantages (finding config:norm_eps); mean_leave1out "
+        "with mean_level None does nothing (finding config:mean_leave1out).",
     },
 }
 
@@ -271,6 +283,7 @@ FINDINGS = (
 
 FINDINGS += TRAINER_FINDINGS  # PPOActor's KL reward, EOS test, M2PO count, RS level (areal_findings.py)
 FINDINGS += AUDIT_FINDINGS  # issue 27's audit: reward position, RS metric, Normalization, distillation, ...
+FINDINGS += SWEEP_FINDINGS  # a sweep: settings accepted out of range or ignored, two logged values
 
 NOTES: dict[str, str] = {}
 

@@ -7,7 +7,8 @@ std, uncentred std, group size and empty input, the distillation terms, the rewa
 per-token advantages and the settings accepted silently; then a second audit's: mask_no_eos_with_zero
 zeroing only the reward, the overlong budget's own field, M2PO and the critic's setting without effect,
 the log-linear proximal policy; then a third audit's: SAPO's ignored clip settings, rejection sampling's
-band above 1 and its warning, the logged entropy and approx_kl.
+band above 1 and its warning, the logged entropy and approx_kl; then a sweep's (``SWEEP_FINDINGS``,
+areal_sweep.py): settings accepted in a nonsensical range or ignored, two logged values.
 Each has its class and verified line (findings.py); every bug
 and validation finding has a standalone script (repro_areal.py)."""
 
@@ -39,7 +40,7 @@ TRAINER_FINDINGS = (
         "the finished longest row loses its reward (a correct answer scored 0) while the truncated one "
         "keeps it; with a critic the finished row's GAE bootstraps from values[:, -1] (actor.py:223) and "
         "the truncated row's does not (estimators.md eq. (1), (4): bootstrap after a truncation, never "
-        "after a termination).",
+        "after a termination). The logged no_eos_ratios (actor.py:301) uses the same rule.",
         where="trainer/ppo/actor.py:201", quote="seq_no_eos_mask = seqlens == attn_mask.shape[1]",
         affected=_AFFECTED + " (mask_no_eos_with_zero=True, or a critic)",
     ),

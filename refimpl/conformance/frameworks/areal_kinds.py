@@ -199,21 +199,26 @@ KIND_UNSUPPORTED = {
             "batch, which it takes for rows without an EOS: finding eos_by_width; the task reward on "
             "position seqlens - 2 is lost when that position is not trainable, the GAE skipping masked "
             "positions: finding reward_last_trainable; mask_no_eos_with_zero replaces only the task reward "
-            "by 0, after reward_norm, and the row stays in the loss: finding mask_no_eos_reward_only); its "
-            "inputs are not per-token rewards, so the kit's GAE cases cannot be expressed."},
+            "by 0, after reward_norm, and the row stays in the loss: finding mask_no_eos_reward_only; "
+            "discount and gae_lambda outside [0, 1], reward_clip <= 0 and reward_scaling <= 0 are "
+            "accepted: findings config:discount, config:reward_clip, config:reward_scaling); its inputs are "
+            "not per-token rewards, so the kit's GAE cases cannot be expressed."},
     "value_loss": {"PPOCritic's mask_no_eos_with_zero": "the critic's own setting is only logged "
                    "(critic.py:49-53): its targets are the actor's returns (finding "
-                   "config:critic_mask_no_eos)."},
+                   "config:critic_mask_no_eos); a negative eps_clip is accepted and pins the clipped "
+                   "value at old_value - |eps| (finding config:critic_eps_clip)."},
     "overlong": {"the actor's budget": "the mode passes max_response_length itself; the trainer passes "
                  "actor.max_new_tokens (actor.py:163), never compared with gconfig.max_new_tokens "
-                 "(finding config:max_new_tokens)."},
+                 "(finding config:max_new_tokens); a negative overlong_penalty_factor inverts the "
+                 "penalty (finding config:overlong_penalty_factor)."},
     "whitening": {"adv_norm with mean_level / std_level 'batch'": "the batch level of Normalization "
                   "(the group level is driven as group_advantages); the all-reduce over ranks. A mask "
                   "without a token returns the input unnormalised (finding adv_all_masked)."},
     "kl_reward": {"the actor's layout": "the actor rolls the loss mask by one position and puts the score at "
                   "seqlens - 2 (actor.py:175-212); the KL reward mode runs KLEstimator and lays the reward "
                   "out as the kind does. Without a reference model the actor takes the KL against zeros "
-                  "(finding kl_reward_no_reference)."},
+                  "(finding kl_reward_no_reference); a negative kl_ctl rewards divergence and drops the "
+                  "reference model (finding config:kl_ctl)."},
 }
 
 

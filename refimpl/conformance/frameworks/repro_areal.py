@@ -4,6 +4,8 @@ returns them keyed as repro_bodies.py's ``BODIES``, given its preamble that load
 
 from __future__ import annotations
 
+from .repro_areal_sweep import sweep_bodies
+
 __all__ = ["areal_bodies"]
 
 _SILENT_AREAL = """\
@@ -476,4 +478,5 @@ verdict("AReaL RejectionSamplingConfig(metric='ratio', lower=1.5, upper=2) (api/
         "[-0.5, 0.5] (the filter ignored as the warning says; a band without ratio 1 an error)",
         grad == [0.0, 0.0])
 """,
+        **sweep_bodies(_AREAL, _AREAL_ACTOR, _NORM_CONFIG, _SILENT_AREAL, _AREAL_LOSS_FN),  # a sweep's
     }
