@@ -117,7 +117,8 @@ def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
         assert imports <= {"importlib", "pathlib", "sys", "types", "omegaconf", "verl", "trl",
                            "warnings", "collections", "dataclasses", "os", "tempfile", *arrays,
                            "ast", "numpy", "typing",  # a def parsed from its file (AReaL, Tunix)
-                           "itertools"}, imports  # the namespace of OpenRLHF's compute_advantages_and_returns
+                           "itertools",  # the namespace of OpenRLHF's compute_advantages_and_returns
+                           "asyncio"}, imports  # OpenRLHF's agent executors (utils/agent.py) are coroutines
         assert arrays - {"flax"} <= imports
         assert "refimpl" not in script
 

@@ -480,6 +480,7 @@ verdict("Unsloth grpo_compute_loss, loss_type cispo without epsilon_high (rl_rep
 
 from .repro_liger import liger_bodies  # noqa: E402  (the later scripts: repro_liger.py, repro_openrlhf.py)
 from .repro_openrlhf import openrlhf_bodies  # noqa: E402
+from .repro_openrlhf_sweep import openrlhf_sweep_bodies  # noqa: E402
 from .repro_trl import trl_bodies  # noqa: E402  (TRL's trainer findings: repro_trl.py)
 from .repro_tunix import TUNIX_BODIES  # noqa: E402  (a JAX framework's scripts: repro_tunix.py)
 from .repro_tunix_sweep import TUNIX_SWEEP_BODIES  # noqa: E402  (its sweep's: repro_tunix_sweep.py)
@@ -488,6 +489,7 @@ from .repro_unsloth import unsloth_bodies  # noqa: E402  (Unsloth's later findin
 BODIES.update(liger_bodies(_LIGER, _SILENT))
 BODIES.update(trl_bodies(_TRL, _SILENT))
 BODIES.update(openrlhf_bodies(_SILENT))
+BODIES.update(openrlhf_sweep_bodies(_SILENT))
 
 BODIES.update(TUNIX_BODIES)
 BODIES.update(TUNIX_SWEEP_BODIES)

@@ -78,4 +78,7 @@ ADV_UNSUPPORTED = {
     "float32 rewards": "the trainer's rewards are float32 (samples_generator.py:304); the kit's cases are "
     "float64, which OpenRLHF keeps (experience_maker.py:244), so the float32 mean's rounding of a constant "
     "group is shown by a script (finding constant_group_rounding).",
+    "the logged return": "experience.info['return'] (experience_maker.py:321) is a log, not an input of "
+    "the loss: for the group estimators it sums the baseline-subtracted score and the KL reward (finding "
+    "logged_return_baselined, value only).",
 }

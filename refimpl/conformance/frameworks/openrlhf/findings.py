@@ -4,6 +4,7 @@ the installed code by tests/test_framework_findings.py."""
 from __future__ import annotations
 
 from ..findings import Finding, dual_clip_tie_finding, ratio_overflow_finding
+from .findings_sweep import SWEEP_FINDINGS
 
 __all__ = ["FINDINGS"]
 
@@ -457,3 +458,6 @@ FINDINGS = (
         affected="openrlhf 0.11.2",
     ),
 )
+
+# the sweep of the CLI options, metrics and training path (findings_sweep.py)
+FINDINGS = FINDINGS + SWEEP_FINDINGS

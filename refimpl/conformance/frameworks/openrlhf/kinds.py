@@ -100,18 +100,30 @@ KIND_UNSUPPORTED: dict[str, dict[str, str]] = {
         "scores beyond --reward.clip_range": "compute_reward clamps the score to the default (-10, 10) "
         "before the returns (models/utils.py:142), a documented default (finding reward_clip_default); the "
         "kind's cases give the per-token rewards directly.",
+        "gamma or lambd outside [0, 1]": "accepted unchecked and used as given (finding config:gamma); the "
+        "spec's discount and trace parameters lie in [0, 1], so no case states the expected value.",
     },
     "value_loss": {
         "--critic.value_clip default": "the trainer's ValueLoss(value_clip) clips with the default 0.5, "
         "which no command-line value turns off (finding value_clip_default); the kind's cases give the clip "
         "explicitly, with and without it.",
+        "--critic.value_clip <= 0": "accepted unchecked; 0 stops the critic's gradient once V is nearer "
+        "the return than V_old (finding config:value_clip); the spec's clip is > 0.",
+        "the critic's logged values": "ppo_train's log (ppo_critic.py:179), not the loss: a mean of the "
+        "micro-batches' token means (finding critic_logged_values, value only).",
     },
     "overlong": {
         "--rollout.max_new_tokens unset": "apply_length_penalties then passes --data.max_len, the prompt + "
         "response limit (length_penalty.py:127), which the kind's cases (max_len: the response limit) cannot "
         "express: shown by a script (finding overlong_max_len).",
         "multi-turn responses": "response_length spans the observation tokens between the turns "
-        "(samples_generator.py:273; finding multiturn_response_length); the kind's cases give the length.",
+        "(samples_generator.py:273; finding multiturn_response_length), and the agent executor ignores "
+        "--rollout.max_new_tokens, the penalty's L_max (utils/agent.py:94; finding config:max_new_tokens); "
+        "the kind's cases give the length and the limit.",
+        "buffer <= 0 or a negative penalty factor": "accepted unchecked: no penalty, or a bonus (findings "
+        "config:overlong_buffer_len, config:overlong_penalty_factor); shown by scripts.",
+        "--reward.stop_properly_penalty_coef": "ProRL's truncation penalty is no spec variant; its "
+        "multiplicative form raises a negative reward (finding config:stop_properly_penalty_coef).",
     },
 }
 
