@@ -141,7 +141,7 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
         "repro_trl_config_entropy_coef_min.py", "repro_trl_config_epsilon.py",
         "repro_trl_config_epsilon_high.py", "repro_trl_config_loss_type.py",
         "repro_trl_config_multi_objective_aggregation.py", "repro_trl_config_off_policy_mask_threshold.py",
-        "repro_trl_config_reward_clip_range.py",
+        "repro_trl_config_ref_model_mixup_alpha.py", "repro_trl_config_reward_clip_range.py",
         "repro_trl_config_sapo_temperature_neg.py", "repro_trl_config_top_entropy_quantile.py",
         "repro_trl_config_vespo_lambda_neg.py", "repro_trl_config_vllm_importance_sampling_clip_max.py",
         "repro_trl_constant_group_rounding.py", "repro_trl_empty_rows.py",

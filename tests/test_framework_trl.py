@@ -540,7 +540,7 @@ def test_the_sweep_15_findings_are_classified_and_named_where_no_mode_shows_them
     trainers' rewards: each has its class and an unsupported mode's reason names it."""
     kinds = {"config:beta": "validation", "config:off_policy_mask_threshold": "validation",
              "config:vespo_lambda_neg": "validation", "config:entropy_coef_min": "validation",
-             "config:reward_clip_range": "validation",
+             "config:reward_clip_range": "validation", "config:ref_model_mixup_alpha": "validation",
              "config:vllm_importance_sampling_clip_max": "validation", "config:beta1": "validation",
              "frac_reward_zero_std": "value_only", "vllm_is_metrics": "value_only",
              "sdpo_unscorable_rewards": "bug", "a2po_all_incorrect": "bug"}

@@ -240,4 +240,18 @@ verdict("TRL experimental SDPOTrainer._prepare_training_batch (experimental/sdpo
         f"{[round(v, 4) for v in exact.tolist()]} (the unscorable sample gets 0 and is left out of the "
         "baseline, as GRPOTrainer and RLOOTrainer do)", abs(got[2].item()) > 0.1)
 """,
+        ("trl", "config:ref_model_mixup_alpha"): silent + trl + _CONFIG + """\
+from trl.trainer.callbacks import SyncRefModelCallback  # noqa: E402
+
+args = config(sync_ref_model=True, beta=0.1, ref_model_mixup_alpha=1.5)  # accepted: no error, no warning
+policy, reference = torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False)
+with torch.no_grad():
+    policy.weight.fill_(1.0)
+    reference.weight.fill_(0.0)
+SyncRefModelCallback._sync_target_model(policy, reference, args.ref_model_mixup_alpha)
+got = reference.weight.item()
+verdict("TRL GRPOConfig(sync_ref_model=True, ref_model_mixup_alpha=1.5) (trainer/callbacks.py:132): "
+        "accepted; the reference's weight after a sync (policy weight 1, reference 0)", got,
+        "an error: TR-DPO's alpha is in [0, 1] (a mixture of the two models lies in [0, 1])", got > 1.0)
+""",
     }

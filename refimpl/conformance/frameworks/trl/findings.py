@@ -212,7 +212,9 @@ TRAINER_FINDINGS = (
         "delta (the two-sided clip's cap) is read only in the branch of the clip losses (grpo, bnpo, "
         "dr_grpo, dapo, luspo): GRPOConfig accepts it with loss_type 'sapo', 'cispo' or 'vespo' without "
         "an error or a warning, and it has no effect there (sapo with delta=1.1, a token with ratio 1.65 "
-        "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0).",
+        "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0). "
+        "Likewise epsilon / epsilon_high set explicitly with 'sapo' or 'vespo' (neither reads a clip bound) "
+        "and epsilon with 'cispo' (only its cap epsilon_high is read) are accepted and have no effect.",
         where="trainer/grpo_trainer.py:3115", quote="if self.args.delta is not None:",
         affected=_AFFECTED + " (loss_type sapo, cispo, vespo)",
     ),
@@ -400,5 +402,17 @@ TRAINER_FINDINGS = (
         "is kept (rewards (-1, -1)). Right for 0 / 1 rewards only.",
         where="experimental/a2po/a2po_trainer.py:272", quote="if rewards[j].sum() == 0:",
         affected=_AFFECTED + " (A2POTrainer, filter_all_incorrect=True, rewards other than 0 / 1)",
+    ),
+    Finding(
+        "config:ref_model_mixup_alpha", "validation",
+        "sync_ref_model's mixing weight (TR-DPO's alpha, 'pi_ref = alpha * pi_theta + (1 - alpha) * "
+        "pi_ref_prev') is not checked by GRPOConfig or RLOOConfig: alpha > 1 extrapolates the reference "
+        "past the policy and alpha < 0 moves it away, so the KL term (GRPOTrainer's loss, RLOOTrainer's "
+        "reward) is taken against a model that is no mixture of the two (alpha 1.5, policy weight 1, "
+        "reference 0: the new reference weight 1.5; TR-DPO: 0 <= alpha <= 1). ref_model_sync_steps = 0 "
+        "fails only at the first step's end (a modulo by zero).",
+        where="trainer/callbacks.py:132",
+        quote="target_param.data.mul_(1.0 - alpha).add_(copy_param.data, alpha=alpha)",
+        affected=_AFFECTED + " (GRPOTrainer, RLOOTrainer with sync_ref_model=True, beta > 0)",
     ),
 )

@@ -176,6 +176,8 @@ _UNSUPPORTED = {
     "importance-sampling weight its generation computes (finding gmpo_vllm_is) and ignores entropy_coef "
     "and other GRPOConfig settings (finding config:entropy_coef). RLOOConfig accepts an inverted "
     "reward_clip_range (finding config:reward_clip_range) and a negative beta (finding config:beta).",
+    "sync_ref_model": "the reference is a fixed input of the kit's calls; TR-DPO's mixing weight is not "
+    "checked to lie in [0, 1] (finding config:ref_model_mixup_alpha).",
     "AsyncGRPOTrainer (experimental)": "its compute_loss (the clip loss on packed tree rows, vLLM's "
     "log-probs as the old ones) needs the packing collator's inputs and a fused-head model; it divides "
     "each micro-batch by its own token count (finding async_grpo_normalizer) and exponentiates the raw "
