@@ -115,7 +115,7 @@ def test_every_bug_has_a_standalone_reproduction_and_every_reproduction_a_bug():
                    if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
         arrays = {"jax", "numpy", "flax"} if name in ARRAYS else {"torch"}  # a JAX framework: no torch
         assert imports <= {"importlib", "pathlib", "sys", "types", "omegaconf", "verl", "trl",
-                           "warnings", "collections", "dataclasses", "os", "tempfile", *arrays,
+                           "warnings", "collections", "dataclasses", "os", "tempfile", "math", *arrays,
                            "ast", "numpy", "typing",  # a def parsed from its file (AReaL, Tunix)
                            "itertools",  # the namespace of OpenRLHF's compute_advantages_and_returns
                            "asyncio"}, imports  # OpenRLHF's agent executors (utils/agent.py) are coroutines
@@ -136,16 +136,22 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
     assert "exists; choose an empty directory" in capsys.readouterr().err
     assert main(["check", "framework", "trl", "--repro", str(tmp_path / "t")]) == 0
     assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
+        "repro_trl_a2po_all_incorrect.py",
         "repro_trl_async_grpo_normalizer.py", "repro_trl_async_grpo_ratio_overflow.py",
-        "repro_trl_config_delta.py", "repro_trl_config_entropy_coef.py", "repro_trl_config_epsilon.py",
+        "repro_trl_config_beta.py", "repro_trl_config_beta1.py",
+        "repro_trl_config_delta.py", "repro_trl_config_entropy_coef.py",
+        "repro_trl_config_entropy_coef_min.py", "repro_trl_config_epsilon.py",
         "repro_trl_config_epsilon_high.py", "repro_trl_config_loss_type.py",
-        "repro_trl_config_multi_objective_aggregation.py",
+        "repro_trl_config_multi_objective_aggregation.py", "repro_trl_config_off_policy_mask_threshold.py",
+        "repro_trl_config_ref_model_mixup_alpha.py", "repro_trl_config_reward_clip_range.py",
         "repro_trl_config_sapo_temperature_neg.py", "repro_trl_config_top_entropy_quantile.py",
+        "repro_trl_config_vespo_lambda_neg.py", "repro_trl_config_vllm_importance_sampling_clip_max.py",
         "repro_trl_constant_group_rounding.py", "repro_trl_empty_rows.py",
         "repro_trl_entropy_quantile_micro_batch.py",
         "repro_trl_generation_batch_normalizer.py", "repro_trl_gmpo_vllm_is.py",
         "repro_trl_ratio_overflow.py", "repro_trl_rloo_ratio_overflow.py",
-        "repro_trl_sdpo_dapo_normalizer.py", "repro_trl_sdpo_scale_none.py"]
+        "repro_trl_sdpo_dapo_normalizer.py", "repro_trl_sdpo_scale_none.py",
+        "repro_trl_sdpo_unscorable_rewards.py"]
     assert main(["check", "framework", "liger", "--repro", str(tmp_path / "l")]) == 0  # validation too
     assert "repro_liger_config_delta.py" in {p.name for p in (tmp_path / "l").iterdir()}
     assert main(["check", "framework", "tunix", "--repro", str(tmp_path / "x")]) == 0  # an extra driver

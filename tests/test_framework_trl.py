@@ -532,3 +532,21 @@ def test_the_audit_14b_findings_are_classified_and_named_where_no_mode_shows_the
     reasons = " ".join(trl.unsupported_modes().values())
     for key in kinds:
         assert f"finding {key}" in reasons, key
+
+
+def test_the_sweep_15_findings_are_classified_and_named_where_no_mode_shows_them():
+    """The settings sweep (beta, the off-policy mask's threshold, VESPO's lambda, the adaptive entropy band,
+    RLOO's reward clip, the vLLM weight's cap, A*-PO's beta1), the logged metrics and the experimental
+    trainers' rewards: each has its class and an unsupported mode's reason names it."""
+    kinds = {"config:beta": "validation", "config:off_policy_mask_threshold": "validation",
+             "config:vespo_lambda_neg": "validation", "config:entropy_coef_min": "validation",
+             "config:reward_clip_range": "validation", "config:ref_model_mixup_alpha": "validation",
+             "config:vllm_importance_sampling_clip_max": "validation", "config:beta1": "validation",
+             "frac_reward_zero_std": "value_only", "vllm_is_metrics": "value_only",
+             "sdpo_unscorable_rewards": "bug", "a2po_all_incorrect": "bug"}
+    findings = {f.key: f.kind for f in trl.findings()}
+    assert {key: findings.get(key) for key in kinds} == kinds
+    reasons = " ".join([*trl.unsupported_modes().values(),
+                        *trl.unsupported_modes("group_advantages").values()])
+    for key in kinds:
+        assert f"finding {key}" in reasons, key

@@ -4,6 +4,8 @@ returns them keyed as repro_bodies.py's ``BODIES``, given its preamble that buil
 
 from __future__ import annotations
 
+from .repro_trl_sweep import trl_sweep_bodies
+
 __all__ = ["trl_bodies"]
 
 # one call of GRPOTrainer._compute_loss on the trainer of the preamble: ``grad_of(logp, old, adv, mask)``
@@ -125,7 +127,7 @@ def async_grad(log_probs, old, adv, accumulation_steps):
 
 def trl_bodies(trl: str, silent: str) -> dict[tuple[str, str], str]:
     """TRL's trainer findings' script bodies; ``trl``, ``silent``: repro_bodies.py's preambles."""
-    return {
+    return trl_sweep_bodies(trl, silent) | {
         ("trl", "empty_rows"): trl + _CALL + """\
 trainer.loss_type = "grpo"
 logp = torch.full((2, 2), -1.0)  # ratio 1; row 1 truncated: mask_truncated_completions zeroed its mask

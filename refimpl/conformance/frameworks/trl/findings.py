@@ -4,8 +4,10 @@ the advantages of a constant group, the normaliser of a generation batch spread 
 steps, the vLLM importance-sampling weight's level and lower bound, RLOOTrainer's sequence ratio, the
 CISPO metric and cap, delta with the losses that ignore it, the sequence-level metrics' rows, the
 entropy mask's per-micro-batch quantile, the experimental GMPOTrainer's dropped behaviour weight,
-AsyncGRPOTrainer's normaliser and ratio, SDPOTrainer's dapo normaliser and unscaled advantages, and
-settings accepted silently. Each has its class and verified line (findings.py); every bug and
+AsyncGRPOTrainer's normaliser and ratio, SDPOTrainer's dapo normaliser, unscaled advantages and unscorable
+rewards, A2POTrainer's all-incorrect filter, the logged zero-std fraction and vLLM weights, and settings
+accepted silently (sweep 15: beta, the off-policy threshold, VESPO's lambda, the entropy band, RLOO's
+reward clip, the vLLM cap, A*-PO's beta1). Each has its class and verified line (findings.py); every bug and
 validation finding has a standalone script (repro_trl.py)."""
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ TRAINER_FINDINGS = (
         "sapo average the row means over every row (:3154), dr_grpo divides by per_token_loss.size(0) * "
         "max_completion_length (:3164), luspo takes .sum(-1).mean() (:3179), RLOOTrainer "
         "per_sequence_loss.mean() (rloo_trainer.py:1833) and the experimental GMPOTrainer likewise "
-        "(experimental/gmpo/gmpo_trainer.py:120); policy_losses.md eq. (11) counts rows with T_i > 0. Each "
+        "(experimental/gmpo/gmpo_trainer.py:120), as do the experimental SDPOTrainer's grpo and dr_grpo "
+        "(sdpo_trainer.py:1169, :1173); policy_losses.md eq. (11) counts rows with T_i > 0. Each "
         "empty row scales the others' gradient by (rows - empty) / rows (an all-zero tool_mask too): two "
         "rows, one truncated, A = 1, ratio 1: -0.25 per token instead of -0.5 (grpo). In RLOOTrainer and "
         "GMPOTrainer the empty row's ratio is exp(0) = 1, so it also adds -A_i / rows to the loss value "
         "(with no gradient): rows (1 token, A = 1 | empty, A = 3): loss -2 instead of -1.",
         where="trainer/grpo_trainer.py:3154",
         quote="loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
-        affected=_AFFECTED + " (grpo, sapo, gspo, dr_grpo, luspo; RLOOTrainer, GMPOTrainer)",
+        affected=_AFFECTED + " (grpo, sapo, gspo, dr_grpo, luspo; RLOOTrainer, GMPOTrainer, SDPOTrainer)",
         upstream="https://github.com/huggingface/trl/issues/6369 (closed by pull request 6439, in 1.16.0, "
         "for dapo, cispo and vespo only: the paths above are not reported)",
     ),
@@ -113,8 +116,8 @@ TRAINER_FINDINGS = (
         "1 - epsilon above 1 (with epsilon_high set, an on-policy token with A < 0 is clipped and gets no "
         "gradient; unset, epsilon_high = epsilon and the band is [1.1, 0.9] for epsilon = -0.1: one with "
         "A > 0 gets none), epsilon >= 1 a lower bound <= 0, a negative epsilon_high an upper bound below 1 "
-        "(policy_losses.md eq. (6): 0 <= eps < 1). RLOOConfig, AsyncGRPOConfig and GMPOConfig check them no "
-        "more (each accepts epsilon=-0.1 silently).",
+        "(policy_losses.md eq. (6): 0 <= eps < 1). RLOOConfig, AsyncGRPOConfig, GMPOConfig and the "
+        "experimental SDPOConfig check them no more (each accepts epsilon=-0.1 silently).",
         where="trainer/grpo_trainer.py:3113",
         quote="coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)", affected=_AFFECTED,
     ),
@@ -158,9 +161,10 @@ TRAINER_FINDINGS = (
         "the experimental AsyncGRPOTrainer takes torch.exp of the raw log-ratio against vLLM's sampling "
         "log-probs before its clip gate: above 88.72 in float32 the ratio is inf and a token with a closed "
         "gate (A > 0 beyond 1 + epsilon_high) gets 0 * inf = NaN where the exact gradient is 0 (as "
-        "GRPOTrainer's finding ratio_overflow).",
+        "GRPOTrainer's finding ratio_overflow). The experimental SDPOTrainer's policy term does the same "
+        "(experimental/sdpo/sdpo_trainer.py:1163, coef_1 = torch.exp(log_ratio) before its clip).",
         where="experimental/async_grpo/async_grpo_trainer.py:1528", quote="coef_1 = torch.exp(log_ratio)",
-        affected=_AFFECTED + " (AsyncGRPOTrainer)",
+        affected=_AFFECTED + " (AsyncGRPOTrainer, SDPOTrainer)",
     ),
     Finding(
         "config:top_entropy_quantile", "validation",
@@ -208,7 +212,9 @@ TRAINER_FINDINGS = (
         "delta (the two-sided clip's cap) is read only in the branch of the clip losses (grpo, bnpo, "
         "dr_grpo, dapo, luspo): GRPOConfig accepts it with loss_type 'sapo', 'cispo' or 'vespo' without "
         "an error or a warning, and it has no effect there (sapo with delta=1.1, a token with ratio 1.65 "
-        "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0).",
+        "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0). "
+        "Likewise epsilon / epsilon_high set explicitly with 'sapo' or 'vespo' (neither reads a clip bound) "
+        "and epsilon with 'cispo' (only its cap epsilon_high is read) are accepted and have no effect.",
         where="trainer/grpo_trainer.py:3115", quote="if self.args.delta is not None:",
         affected=_AFFECTED + " (loss_type sapo, cispo, vespo)",
     ),
@@ -217,7 +223,9 @@ TRAINER_FINDINGS = (
         "with importance_sampling_level='sequence' the logged clip fractions (clip_ratio/low_mean, "
         "high_mean, region_mean) and vespo/phi_seq_mean divide by x.shape[0], every row of the batch, "
         "including the rows mask_truncated_completions empties (the token-level path divides by "
-        "mask.sum()): two rows clipped and one empty row log 0.667 instead of 1. The loss is right.",
+        "mask.sum()): two rows clipped and one empty row log 0.667 instead of 1. The loss is right. "
+        "RLOOTrainer's clip fractions (rloo_trainer.py:1854, a nanmean over the gathered rows) count the "
+        "rows mask_truncated_completions empties likewise (their ratio is exp(0) = 1, never clipped).",
         where="trainer/grpo_trainer.py:3261",
         quote="local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)",
         affected=_AFFECTED + " (importance_sampling_level='sequence')",
@@ -259,5 +267,152 @@ TRAINER_FINDINGS = (
         where="experimental/sdpo/sdpo_trainer.py:864",
         quote="advantages = (rewards - mean_grouped_rewards) / (std_rewards + 1e-4)",
         affected=_AFFECTED + " (SDPOTrainer with scale_rewards='none')",
+    ),
+    # sweep 15 (every GRPOConfig / RLOOConfig / experimental config field on the loss, advantage, reward, KL,
+    # masking and sampling-correction path): settings accepted in a nonsensical range
+    Finding(
+        "config:beta", "validation",
+        "GRPOConfig and RLOOConfig (and GMPOConfig, SDPOConfig, which inherit or copy the field) accept a "
+        "negative beta without an error or a warning: GRPOTrainer adds beta * k3 to every token's loss, so "
+        "the KL 'penalty' rewards moving away from the reference (a token 1 nat above the reference, A = 0, "
+        "beta = -0.1, the default use_bias_correction_kl: d loss / d logp = -0.1, a descent step raises it "
+        "further), and RLOOTrainer's "
+        "rewards - beta * KL_seq pays a bonus per nat of divergence (policy_losses.md eq. (12): beta >= 0). "
+        "SDPOConfig documents beta as the 'KL coefficient' (DeepSeek-R1's 0.001), but SDPOTrainer only "
+        "stores it (sdpo_trainer.py:583) and never loads a reference or adds a KL term: any beta is "
+        "accepted and ignored.",
+        where="trainer/grpo_trainer.py:3150",
+        quote="per_token_loss = per_token_loss + self.beta * per_token_kl",
+        affected=_AFFECTED + " (GRPOTrainer, RLOOTrainer, GMPOTrainer, SDPOTrainer)",
+    ),
+    Finding(
+        "config:off_policy_mask_threshold", "validation",
+        "off_policy_mask_threshold (DeepSeek-V3.2's delta) 'expects a positive value' (its help) but "
+        "GRPOConfig checks nothing: a negative threshold drops every negative-advantage sequence whose mean "
+        "log(pi_old / pi_theta) is above it, on-policy ones included (their mean is 0 > delta), so the "
+        "policy learns from A >= 0 rows only (two on-policy rows, A = +1 and -1, delta = -0.1: mask (1, 0) "
+        "instead of (1, 1)). GMPOTrainer accepts and ignores it (finding config:entropy_coef).",
+        where="trainer/grpo_trainer.py:2967", quote="is_low_kl = avg_seq_kl <= off_policy_threshold",
+        affected=_AFFECTED + " (GRPOTrainer with off_policy_mask_threshold < 0)",
+    ),
+    Finding(
+        "config:vespo_lambda_neg", "validation",
+        "VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) needs lambda > 0 (the decay for w > 1) and k > 0 "
+        "(the down-weighting of w < 1, as the help of vespo_k_* says); GRPOConfig checks none of "
+        "vespo_k_pos, vespo_k_neg, vespo_lambda_pos, vespo_lambda_neg, and get_gamma_weights silently "
+        "replaces a lambda <= 0 by 1e-4 (phi = w^k: no decay at all), while a k <= 0 is used as given "
+        "(phi grows as w falls, up to w = 1e-8's clamp). vespo_lambda_neg = -1, A = -1, w = e: phi = 20.09 "
+        "(the clamp's lambda 1e-4) for the lambda the user set. Not driven (vespo is an unsupported mode).",
+        where="trainer/grpo_trainer.py:3012",
+        quote="lambda_seq = torch.where(is_nonneg_adv, lambda_pos, lambda_neg).clamp(min=1e-4)",
+        affected=_AFFECTED + " (loss_type='vespo')",
+    ),
+    Finding(
+        "config:entropy_coef_min", "validation",
+        "use_adaptive_entropy's band [entropy_coef_min, entropy_coef_max] and step entropy_coef_delta are "
+        "not checked: GRPOConfig accepts entropy_coef_min > entropy_coef_max (the controller then jumps to "
+        "entropy_coef_min = the larger value when the entropy is above the target and to entropy_coef_max "
+        "when it falls below: inverted, Skywork-OR1 raises the coefficient when the entropy is low), a "
+        "negative entropy_coef_delta (the same inversion) and an initial entropy_coef outside the band. "
+        "entropy_coef 0.3, band (0.5, 0.1), entropy 3 > target 0.2: the coefficient becomes 0.5 instead of "
+        "0.295. Not driven (the kit's calls carry no entropies).",
+        where="trainer/grpo_trainer.py:3237",
+        quote="self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min",
+        affected=_AFFECTED + " (GRPOTrainer with use_adaptive_entropy=True)",
+    ),
+    Finding(
+        "config:reward_clip_range", "validation",
+        "RLOOConfig accepts an inverted reward_clip_range (low > high) without an error or a warning: "
+        "torch.clamp with min > max gives every reward the upper bound, so every leave-one-out advantage "
+        "is 0 and nothing is learned (rewards (0, 0.5, 1, -1), range (1, -1): all -1). Not driven "
+        "(RLOOTrainer has no mode).",
+        where="trainer/rloo_trainer.py:1661",
+        quote="rewards = rewards.clamp(min=self.reward_clip_range[0], max=self.reward_clip_range[1])",
+        affected=_AFFECTED + " (RLOOTrainer)",
+    ),
+    Finding(
+        "config:vllm_importance_sampling_clip_max", "validation",
+        "GRPOConfig checks only vllm_importance_sampling_clip_min < clip_max: a cap below 1 (even <= 0) is "
+        "accepted, and the behaviour weight of a token the sampler and the trainer agree on (w = 1) is "
+        "truncated to the cap ('*_truncate') or set to 0 ('*_mask', every on-policy token dropped; "
+        "policy_losses.md eq. (13): a cap >= 1 keeps w = 1); a '*_truncate' mode with clip_min set and "
+        "clip_max=None is accepted too and truncates nothing from above (the sequence product's exp can be "
+        "inf). token_mask, clip_max 0.5, three tokens with w = 1: weights (0, 0, 0). Not driven (the kit's "
+        "calls carry no vLLM log-probs).",
+        where="trainer/grpo_trainer.py:2698",
+        quote="invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (",
+        affected=_AFFECTED + " (use_vllm=True, vllm_importance_sampling_correction=True)",
+    ),
+    # sweep 15: logged metrics, the experimental SDPOTrainer's unscorable rewards and A2POTrainer (A*-PO)
+    Finding(
+        "frac_reward_zero_std", "value_only",
+        "the logged frac_reward_zero_std (the fraction of groups whose rewards do not vary) is computed from "
+        "the std the advantages divide by: with scale_rewards='batch' (:2777) or "
+        "multi_objective_aggregation='normalize_then_sum' (:2798) that is the batch's std, broadcast to "
+        "every row, so the metric is 0 or 1 for the whole batch (groups (1, 1) and (0, 1): 0.0 instead of "
+        "0.5). RLOOTrainer's (rloo_trainer.py:1701) is the std of the rewards after the KL penalty "
+        "(beta > 0), so a group whose task rewards are all equal is not counted (its logged reward_std "
+        "leaves the KL out). The advantages are unaffected.",
+        where="trainer/grpo_trainer.py:2788",
+        quote="is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))  # for logging",
+        affected=_AFFECTED + " (scale_rewards='batch', normalize_then_sum; RLOOTrainer with beta > 0)",
+    ),
+    Finding(
+        "vllm_is_metrics", "value_only",
+        "the logged sampling/importance_sampling_ratio/{min, mean, max} in the sequence_* modes take every "
+        "row's weight (:2875, flatten()), rows the masks empty included (mask_truncated_completions: their "
+        "log-weight sum is 0, weight 1), where the token modes take the masked tokens only; and the /mean "
+        "and sampling/sampling_logp_difference/mean are the mean over ranks of each rank's mean, not the "
+        "mean over the batch's tokens (or rows) when ranks hold different counts. The weights applied to "
+        "the loss are unaffected.",
+        where="trainer/grpo_trainer.py:2875",
+        quote="flat_is_ratio = vllm_importance_sampling_ratio.flatten()",
+        affected=_AFFECTED + " (use_vllm=True, vllm_importance_sampling_correction=True)",
+    ),
+    Finding(
+        "sdpo_unscorable_rewards", "bug",
+        "the experimental SDPOTrainer turns a completion for which every reward function returned None into "
+        "reward 0 (nansum of NaNs) and keeps it in its group's mean and std, so it shifts the baseline and "
+        "gets an advantage of its own; GRPOTrainer (grpo_trainer.py:2756, 'nansum would collapse it to 0, "
+        "which both biases the per-group baseline and hands the completion a spurious advantage'), "
+        "RLOOTrainer and AsyncGRPOTrainer mark it NaN, leave it out of the baseline and give it 0. Rewards "
+        "(1, 0, None, 0): advantages (1.4997, -0.4999, -0.4999, -0.4999) instead of (1.1545, -0.5773, 0, "
+        "-0.5773).",
+        where="experimental/sdpo/sdpo_trainer.py:850",
+        quote="rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+        affected=_AFFECTED + " (SDPOTrainer with reward functions that return None)",
+    ),
+    Finding(
+        "config:beta1", "validation",
+        "the experimental A2POConfig (A*-PO) has no __post_init__ checks: beta1 <= 0 is accepted, and Stage "
+        "1's V* = beta1 (logsumexp(r / beta1) - log n) becomes a soft minimum for beta1 < 0 (rewards (0, 1), "
+        "beta1 -0.5: V* = 0.283 instead of 0.717 with 0.5) and 0 / 0 = NaN for beta1 = 0; beta2 <= 0 is "
+        "accepted too (the regression target r - V* is then matched by beta2 log(pi / pi_ref) of the "
+        "opposite sign, or not at all). A*-PO's V* is a KL-regularised soft maximum (beta1 > 0).",
+        where="experimental/a2po/a2po_trainer.py:268",
+        quote="v_star = beta1 * (torch.logsumexp(rewards / beta1, dim=1) - math.log(n))",
+        affected=_AFFECTED + " (A2POTrainer)",
+    ),
+    Finding(
+        "a2po_all_incorrect", "bug",
+        "the experimental A2POTrainer's filter_all_incorrect (default True; its help: 'drop prompts for "
+        "which all reference samples are incorrect') treats a prompt as all-incorrect when its reference "
+        "rewards sum to 0: with rewards that are not 0 / 1 (e.g. +-1, or a format penalty) a prompt with "
+        "correct samples is dropped from training (rewards (1, -1)) and one whose samples are all wrong "
+        "is kept (rewards (-1, -1)). Right for 0 / 1 rewards only.",
+        where="experimental/a2po/a2po_trainer.py:272", quote="if rewards[j].sum() == 0:",
+        affected=_AFFECTED + " (A2POTrainer, filter_all_incorrect=True, rewards other than 0 / 1)",
+    ),
+    Finding(
+        "config:ref_model_mixup_alpha", "validation",
+        "sync_ref_model's mixing weight (TR-DPO's alpha, 'pi_ref = alpha * pi_theta + (1 - alpha) * "
+        "pi_ref_prev') is not checked by GRPOConfig or RLOOConfig: alpha > 1 extrapolates the reference "
+        "past the policy and alpha < 0 moves it away, so the KL term (GRPOTrainer's loss, RLOOTrainer's "
+        "reward) is taken against a model that is no mixture of the two (alpha 1.5, policy weight 1, "
+        "reference 0: the new reference weight 1.5; TR-DPO: 0 <= alpha <= 1). ref_model_sync_steps = 0 "
+        "fails only at the first step's end (a modulo by zero).",
+        where="trainer/callbacks.py:132",
+        quote="target_param.data.mul_(1.0 - alpha).add_(copy_param.data, alpha=alpha)",
+        affected=_AFFECTED + " (GRPOTrainer, RLOOTrainer with sync_ref_model=True, beta > 0)",
     ),
 )

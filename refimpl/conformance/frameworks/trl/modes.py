@@ -143,7 +143,8 @@ SCALE_REWARDS = {"group": "group", "batch": "batch_rewards", "none": "none"}
 
 _UNSUPPORTED = {
     "vespo": "VESPO (loss_type='vespo'): its Gamma weighting of the sequence ratio (get_gamma_weights) has "
-    "no gate in refimpl's policy-loss family.",
+    "no gate in refimpl's policy-loss family (a lambda <= 0 is silently raised to 1e-4 and a k <= 0 is "
+    "accepted: finding config:vespo_lambda_neg).",
     "importance_sampling_level='sequence' with bnpo / dr_grpo / dapo / cispo": "TRL warns against it "
     "(grpo_trainer.py:928: length-weighted sequence ratios); not a mode of the matrix.",
     "use_bias_correction_kl=False": "the profiles use TRL's default (True); False is the reference KL term "
@@ -153,12 +154,17 @@ _UNSUPPORTED = {
     "entropy_quantile_micro_batch), and values outside [0, 1] are accepted (finding "
     "config:top_entropy_quantile).",
     "entropy_coef / use_adaptive_entropy": "the entropy bonus needs the model's per-token entropies "
-    "(note 'entropy bonus': a token mean whatever the loss type).",
-    "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent.",
+    "(note 'entropy bonus': a token mean whatever the loss type); the adaptive controller's band and step "
+    "are not checked (finding config:entropy_coef_min).",
+    "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent; a "
+    "negative threshold is accepted and drops on-policy negative-advantage rows (finding "
+    "config:off_policy_mask_threshold).",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
     "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none "
     "(its level, a sequence product by default whatever the ratio's: finding vllm_is_level; its lower "
-    "bound clip_min: finding vllm_is_clip_min).",
+    "bound clip_min: finding vllm_is_clip_min; a cap below 1 is accepted: finding "
+    "config:vllm_importance_sampling_clip_max; its logged weights count emptied rows: finding "
+    "vllm_is_metrics).",
     "steps_per_generation != gradient_accumulation_steps": "the driver runs one generation batch per "
     "optimizer step (TRL's default), where dapo's num_items_in_batch normaliser is exact; over several steps "
     "it is their mean token count, over a part of a step that part's own (finding "
@@ -168,7 +174,10 @@ _UNSUPPORTED = {
     "RLOO's exp of the summed log-ratio overflows under a closed gate (finding rloo_ratio_overflow) and "
     "both average over every row, empty ones included (finding empty_rows); GMPOTrainer drops the vLLM "
     "importance-sampling weight its generation computes (finding gmpo_vllm_is) and ignores entropy_coef "
-    "and other GRPOConfig settings (finding config:entropy_coef).",
+    "and other GRPOConfig settings (finding config:entropy_coef). RLOOConfig accepts an inverted "
+    "reward_clip_range (finding config:reward_clip_range) and a negative beta (finding config:beta).",
+    "sync_ref_model": "the reference is a fixed input of the kit's calls; TR-DPO's mixing weight is not "
+    "checked to lie in [0, 1] (finding config:ref_model_mixup_alpha).",
     "AsyncGRPOTrainer (experimental)": "its compute_loss (the clip loss on packed tree rows, vLLM's "
     "log-probs as the old ones) needs the packing collator's inputs and a fused-head model; it divides "
     "each micro-batch by its own token count (finding async_grpo_normalizer) and exponentiates the raw "
@@ -176,10 +185,17 @@ _UNSUPPORTED = {
     "SDPOTrainer (experimental)": "its policy term (_compute_policy_loss, beside the self-distillation "
     "loss) needs its teacher and rollout machinery; its 'dapo' is a micro-batch token mean, not the global "
     "one its help states (finding sdpo_dapo_normalizer), and scale_rewards='none' still divides the "
-    "advantages by 1 + 1e-4 (finding sdpo_scale_none).",
+    "advantages by 1 + 1e-4 (finding sdpo_scale_none); an unscorable completion gets reward 0 inside its "
+    "group's baseline (finding sdpo_unscorable_rewards); its beta is accepted and ignored (finding "
+    "config:beta).",
+    "A2POTrainer (experimental)": "A*-PO's regression of beta2 log(pi / pi_ref) on r - V* is no "
+    "policy-gradient loss of refimpl's family, and Stage 1 needs generation; beta1 / beta2 are not checked "
+    "(finding config:beta1) and filter_all_incorrect tests a zero reward sum (finding a2po_all_incorrect).",
     "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
     "capped token only when A > 0: finding cispo_clip_ratio; at importance_sampling_level='sequence' the "
-    "clip fractions count empty rows too: finding sequence_metrics_rows).",
+    "clip fractions count empty rows too: finding sequence_metrics_rows; frac_reward_zero_std is a batch "
+    "value under scale_rewards='batch': finding frac_reward_zero_std; the vLLM weight's metrics: finding "
+    "vllm_is_metrics).",
     "delta with sapo / cispo / vespo": "delta is read only in the clip losses' branch "
     "(grpo_trainer.py:3115); with the other loss types it is accepted and has no effect (finding "
     "config:loss_type).",
@@ -211,7 +227,8 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
                          "(rewards.view(-1, num_generations)); they cannot be called on their own (a "
                          "constant group's rounding divided by std + 1e-4: finding constant_group_rounding; "
                          "multi_objective_aggregation='normalize_then_sum' ignores scale_rewards: finding "
-                         "config:multi_objective_aggregation)."}
+                         "config:multi_objective_aggregation; frac_reward_zero_std counts the batch, "
+                         "not the groups, under scale_rewards='batch': finding frac_reward_zero_std)."}
     return dict(_UNSUPPORTED)
 
 
