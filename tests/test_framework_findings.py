@@ -169,7 +169,8 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
         "repro_tunix_overlong_characters.py",
         "repro_tunix_overlong_floor.py", "repro_tunix_packed_rows.py", "repro_tunix_ppo_logps_temperature.py",
         "repro_tunix_ppo_rewards_int32.py", "repro_tunix_ratio_overflow.py",
-        "repro_tunix_reward_nan_as_zero.py", "repro_tunix_stale_old_logps.py",
+        "repro_tunix_reward_nan_as_zero.py", "repro_tunix_rollout_logps_truncation.py",
+        "repro_tunix_stale_old_logps.py",
         "repro_tunix_vanilla_drops_eos.py", "repro_tunix_whiten_sample_single.py"]
     assert main(["check", "framework", "openrlhf", "--repro", str(tmp_path / "o")]) == 0
     assert "repro_openrlhf_value_empty_step.py" in {p.name for p in (tmp_path / "o").iterdir()}

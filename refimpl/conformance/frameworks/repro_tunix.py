@@ -93,7 +93,8 @@ algo_core = importlib.import_module("tunix.rl.algo_core")
 out = np.asarray(algo_core.masked_whiten(jnp.array([[0.5, 9.0]]), jnp.array([[1, 0]])))
 verdict("Tunix masked_whiten (rl/algo_core.py:156, Bessel's mask_sum / (mask_sum - 1)) of a batch with one "
         "counted token: the whitened values", out.tolist(),
-        "[[0.0, ...]] (one entry: centred 0, variance 0; the spec gives 0)", bool(np.isnan(out[0, 0])))
+        "an error for a sample variance of one entry (the spec; its population variance gives [[0.0, ...]])",
+        bool(np.isnan(out[0, 0])))
 """
 
 _SHAPING = _FROM_SOURCE + """\
@@ -394,6 +395,23 @@ out = scope["out_tokens"][0].tolist()
 verdict("Tunix Sampler.__call__ (vanilla engine, generate/sampler.py:950) on the generated tokens 5, 6, EOS: "
         "the completion handed to the learners", out, "[5, 6, 1] (the response with its EOS action)",
         eos not in out)
+"""
+
+TUNIX_BODIES[("tunix", "rollout_logps_truncation")] = _FROM_SOURCE + """\
+path = root / "generate/sampler.py"
+node = next(n for n in ast.parse(path.read_text()).body
+            if isinstance(n, ast.FunctionDef) and n.name == "sample_top_p")
+namespace = {"jax": jax, "jnp": jnp}
+exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)  # Tunix's own def
+logits = jnp.array([[[2.0, 1.0, 0.5, -1.0]]])  # one step, four tokens, temperature 1, top_k = 2
+token, logp = namespace["sample_top_p"](logits, jax.random.PRNGKey(0), 1.0, 1.0, 2, return_logprobs=True)
+z = np.asarray(logits[0, -1], dtype=np.float64)
+kept = np.sort(z)[-2:]  # the two tokens top_k keeps, renormalised: the distribution sampled from
+exact = float(z[int(token[0])] - np.log(np.exp(kept).sum()))
+verdict("Tunix sample_top_p (generate/sampler.py:148), top_k=2 over logits (2, 1, 0.5, -1): the returned "
+        f"log-prob of the sampled token {int(token[0])}", round(float(logp[0]), 6),
+        f"{exact:.6f} (its log-prob under the top-2 distribution it was drawn from)",
+        abs(float(logp[0]) - exact) > 1e-4)
 """
 
 TUNIX_BODIES[("tunix", "config:epsilon_c")] = _FROM_SOURCE + _PPO_LOSS + """\

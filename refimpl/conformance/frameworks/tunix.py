@@ -186,7 +186,9 @@ UNSUPPORTED = {
         "agentic_grpo_learner.py:659-674); sampler_is and sampler_is_threshold are not checked: another "
         "value, or 'token' with use_rollout_logps=False, applies no correction and a threshold <= 0 zeroes "
         "or negates every token's loss (findings config:sampler_is, config:sampler_is_threshold, each "
-        "shown by its script).",
+        "shown by its script); the vanilla sampler's log-probs they start from (also the old log-probs of "
+        "use_rollout_logps) are of the untruncated softmax when top_k / top_p truncate the distribution "
+        "sampled (finding rollout_logps_truncation, shown by its script).",
         "kl_clamp_value": "None by default (algorithm_config.py:39); a set clamp is not a mode here. A "
         "value <= 0 is accepted and makes the KL a constant without gradient (finding "
         "config:kl_clamp_value, shown by its script).",

@@ -60,7 +60,7 @@ FINDINGS = (
         "zero_rows='raise'", "value_only",
         "grpo_loss_fn logs is_ratio/max as jnp.max over the whole batch: on a batch without rows a max over "
         "a zero-size array raises ValueError and the step stops (the loss itself would be 0). Tunix never "
-        "forms one: train_micro_batch_size must divide mini_batch_size (rl_cluster.py:133).",
+        "forms one: train_micro_batch_size must divide mini_batch_size (rl_cluster.py:134).",
         where="rl/algo_core.py:477",
         quote="is_ratio_max = jnp.max(jnp.where(completion_mask > 0, is_ratio, 0.0))",
         affected=_AFFECTED,
@@ -77,7 +77,8 @@ FINDINGS = (
         "whiten_sample_single", "bug",
         "masked_whiten (the whitening inside compute_gae_advantages) of a batch with one counted token: "
         "masked_var's Bessel factor mask_sum / (mask_sum - 1) is 1 / 0, times a variance of 0: NaN "
-        "advantages and a NaN step, where the spec gives 0 (verl and SkyRL raise instead). Reached only by "
+        "advantages and a NaN step, where the spec raises for a sample variance of one counted entry "
+        "(advantages.md section 4; its population variance gives 0), as verl and SkyRL do. Reached only by "
         "a PPO batch whose responses hold one token in all.",
         where="rl/algo_core.py:156", quote="bessel_corr = mask_sum / (mask_sum - 1)",
         affected=f"{_AFFECTED} (masked_whiten, compute_gae_advantages)",
@@ -249,6 +250,20 @@ FINDINGS = (
         where="generate/sampler.py:950", quote="out_tokens.append(token_buffer[start_idx:end_idx])",
         affected=f"{_AFFECTED} (rollout_engine 'vanilla')",
     ),
+    # found by the blind source-first audit of session 15, round 4
+    Finding(
+        "rollout_logps_truncation", "bug",
+        "the vanilla sampler's sample_top_p draws the token from the top_k / top_p truncated, renormalised "
+        "distribution (generate/sampler.py:135-145) but returns its log-prob under the untruncated "
+        "softmax(z / T): the rollout log-probs (RolloutConfig.return_logprobs) are not those of the policy "
+        "that sampled. The agentic GRPO learner uses them as the old log-probs (use_rollout_logps=True, its "
+        "default: agentic_grpo_learner.py:439-441) and in the sampler-IS weights (lines 666-674), so with "
+        "top_k or top_p < 1 the ratio's and the weights' behaviour probability is wrong (top_k=2 over "
+        "logits 2, 1, 0.5, -1: log-prob -0.495 returned for the first token, -0.313 under the distribution "
+        "sampled; policy_losses.md eq. (1), (13)). Finding config:top_p is the trainer's side of it.",
+        where="generate/sampler.py:148", quote="logp = jax.nn.log_softmax(next_token_logits, axis=-1)",
+        affected=f"{_AFFECTED} (rollout_engine 'vanilla')",
+    ),
     Finding(
         "config:epsilon_c", "validation",
         "PPOConfig.__post_init__ requires only epsilon_c > 1: a dual clip inside the clip band "
@@ -415,7 +430,7 @@ NOTES = {
     "dual clip's tie, a subgradient the judge accepts with a note (finding dual_clip_tie).",
     "zero_rows": "grpo_loss_fn raises on a batch without rows: its logged is_ratio/max is jnp.max over a "
     "zero-size array (algo_core.py:477; flag zero_rows='raise'). Tunix never forms one: "
-    "train_micro_batch_size must divide mini_batch_size (rl_cluster.py:133). ppo_policy_loss_fn returns 0.",
+    "train_micro_batch_size must divide mini_batch_size (rl_cluster.py:134). ppo_policy_loss_fn returns 0.",
     "gspo-token's clamp": "the +-20 clamp of the token log-ratios acts inside the detached sequence ratio "
     "only (algo_core.py:414-425): the token term logp - sg(logp) keeps its gradient, as the kit's "
     "log_ratio_clamp does for GSPO-token (a stability clamp like verl's and SkyRL's, no finding).",
@@ -425,7 +440,8 @@ NOTES = {
     "(kl_compute_dtype='float32': within four roundings of its terms, simple_checks.py).",
     "single_token": "masked_whiten (GAE's and the whitening mode) gives NaN for a batch with one counted "
     "token: masked_var's Bessel factor mask_sum / (mask_sum - 1) is 1 / 0 (algo_core.py:156), times a "
-    "variance of 0 (flag whiten_sample_single='nan', finding whiten_sample_single); the spec gives 0.",
+    "variance of 0 (flag whiten_sample_single='nan', finding whiten_sample_single); the spec raises for a "
+    "sample variance of one entry (0 with the population variance).",
     "kl default": "GRPOConfig's default KL is beta=0.04 with kl_loss_mode='kl', the k1 estimator "
     "logp - ref_logp as a loss (grpo_learner.py:95-96), whose gradient is beta per token whatever the "
     "reference (mode grpo+kl/kl).",
