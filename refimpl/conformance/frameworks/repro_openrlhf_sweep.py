@@ -234,4 +234,19 @@ verdict("OpenRLHF MultiTurnAgentExecutor.execute (utils/agent.py:94) with --roll
         "--data.max_len 1000, a 10-token prompt: the generation budget and the tokens generated",
         f"{budgets}, {generated}", "[16], 16 (the response budget the option sets)", generated > 16)
 """,
+        ("openrlhf", "config:loss_agg_mode"): _LOSS + """\
+loss_module = load_file("openrlhf", "models/loss.py")
+""" + silent + """\
+# --actor.loss_agg_mode token-mean (the default: token_level_loss=True) with --actor.policy_loss_type gspo
+policy = loss_module.PolicyLoss(token_level_loss=True, policy_loss_type="gspo")  # accepted silently
+logp = torch.zeros(2, 3, requires_grad=True)
+old = torch.tensor([[-0.1, 0.0, 0.0], [-0.1, -0.1, -0.1]])  # a 1-token and a 3-token response, ratio e^0.1
+adv, mask = torch.tensor([[1.0] * 3, [-1.0] * 3]), torch.tensor([[1, 0, 0], [1, 1, 1]])
+loss = policy(logp, old, adv, action_mask=mask)[0]
+verdict("OpenRLHF PolicyLoss(token_level_loss=True, policy_loss_type='gspo') (models/loss.py:152): accepted; "
+        "its aggregation and the loss of a 1-token (A = 1) and a 3-token (A = -1) response, ratio e^0.1 "
+        "(eps 0.2: unclipped)", f"token_level_loss={policy.token_level_loss}, loss {loss.item():.6f}",
+        f"token_level_loss=True (the setting given), loss {(-torch.e ** 0.1 + 3 * torch.e ** 0.1) / 4:.6f} "
+        "(each token weighs 1/4), or an error", policy.token_level_loss is False)
+""",
     }

@@ -191,4 +191,54 @@ SWEEP_FINDINGS = (
         quote='experience.info["return"] = reward.sum(dim=-1)',
         affected="openrlhf 0.11.2",
     ),
+    # audit 15r4 (source first, kit second): the departures it found that the kit did not name
+    Finding(
+        "config:loss_agg_mode", "validation",
+        "--actor.policy_loss_type gspo sets PolicyLoss.token_level_loss to False in its constructor "
+        "(models/loss.py:150-152: 'GSPO requires sequence-level loss'), so --actor.loss_agg_mode token-mean, "
+        "the default, is replaced by the sequence mean without an error or a warning: the launcher "
+        "(cli/train_ppo_ray.py:630-771) never compares the two options. GSPO's own aggregation is the "
+        "sequence mean (Zheng et al. 2025; policy_losses.md eq. (11)), so the loss is GSPO's; the setting "
+        "the user gave is ignored (responses of 1 and 3 tokens: each weighs 1/2, not 1/4 and 3/4).",
+        where="models/loss.py:152", quote="self.token_level_loss = False",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "kl_loss_k1_default", "documented_default",
+        "--algo.kl.use_loss keeps --algo.kl.estimator's default k1 (cli/train_ppo_ray.py:449-456; the help: "
+        "'In GRPO, k3 is utilized as the loss function'), and the launcher only prints a recommendation "
+        "(line 731): the KL loss is then the token mean of log(pi / pi_ref), whose gradient is the score "
+        "function grad log pi, zero in expectation on-policy (kl.md section 3; policy_losses.md eq. (26): "
+        "k1 gives 0), so the KL term does not regularise in expectation; GRPO (Shao et al. 2024, eq. (4)) "
+        "uses k3. Setting --algo.kl.estimator k3 (or k2) gives the paper's form (the driver's KL-loss modes "
+        "do).",
+        where="cli/train_ppo_ray.py:731",
+        quote="to 'k2' or 'k3' when using KL as a loss",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "gae_lambda_default", "documented_default",
+        "--algo.advantage.lambd and --algo.advantage.gamma ('PPO GAE lambd / gamma') default to 1 "
+        "(cli/train_ppo_ray.py:410-411): with the gae estimator the advantage is the Monte-Carlo return "
+        "minus V(s_t) (estimators.md eq. (5) at lambda = 1), not the lambda = 0.95, gamma = 0.99 of PPO's "
+        "experiments (Schulman et al. 2017, Table 3; GAE, Schulman et al. 2016). Setting the two options "
+        "gives the paper's (the kit's gae kind passes gamma and lambda explicitly).",
+        where="cli/train_ppo_ray.py:410",
+        quote='parser.add_argument("--algo.advantage.lambd", type=float, default=1, help="PPO GAE lambd")',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "empty_micro_batch_metrics", "value_only",
+        "PolicyLoss's metrics clip_ratio and ppo_kl are masked_mean over the micro-batch's action tokens "
+        "(models/loss.py:257-258; masked_mean, models/utils.py:202, divides by mask.sum() unclamped): a "
+        "micro-batch without an action token (every row padding, e.g. a prompt that fills "
+        "--data.max_len, samples_generator.py:263) gives 0 / 0 = NaN, and ppo_train multiplies each value "
+        "by the micro-batch's token count, here 0 (trainer/ray/ppo_actor.py:207-209: NaN * 0 = NaN), so "
+        "the logged ppo_clip_ratio and ppo_kl of the whole step are NaN. The loss divides by the step's "
+        "global count and its gradient is right; policy_losses.md section 5: an empty batch's metrics are "
+        "finite (0).",
+        where="models/loss.py:257",
+        quote="clip_ratio = masked_mean(torch.lt(surr2, surr1).float(), action_mask, dim=None)",
+        affected="openrlhf 0.11.2",
+    ),
 )

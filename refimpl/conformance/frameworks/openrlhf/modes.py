@@ -194,6 +194,8 @@ _UNSUPPORTED = {
         "dr_grpo (seq_sum)": "aggregate_loss has only token-mean and seq-mean-token-mean; no "
         "sum / (sequences x L_max) aggregation (--algo.advantage.estimator dr_grpo changes only the "
         "advantages: mean-centred, not divided by the std; finding dr_grpo_aggregation)",
+        "gspo with --actor.loss_agg_mode token-mean": "PolicyLoss replaces it by the sequence mean "
+        "(models/loss.py:152) without a word (finding config:loss_agg_mode); the gspo mode runs that mean",
         "gspo_token": "OpenRLHF has no GSPO-token form (its gspo back-propagates the sequence ratio "
         "exactly; the two agree for per-sequence advantages)",
         "sapo": "no SAPO gate in OpenRLHF 0.11.2",
@@ -206,7 +208,8 @@ _UNSUPPORTED = {
         "whole optimizer step, but DeepSpeed, which the kit does not run, folds it into the next step "
         "(finding grad_accum_partial_window); the kit's cases are whole steps",
         "logged policy_loss / entropy_loss": "the logs of ppo_train, not the loss the optimizer steps on "
-        "(finding logged_loss_weighting, value only).",
+        "(finding logged_loss_weighting, value only; a micro-batch without action tokens logs a NaN "
+        "ppo_clip_ratio / ppo_kl for the step: finding empty_micro_batch_metrics).",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
         "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation; NaN "
         "for a -inf logit: finding entropy_neg_inf)",
