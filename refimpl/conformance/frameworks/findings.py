@@ -9,7 +9,9 @@ The classes (``FINDING_KINDS``):
   framework's own documentation does not choose;
 * ``value_only``: a logged value departs (e.g. NaN) while the gradient is right;
 * ``documented_default``: a documented default that departs from the paper's formula (a user who sets
-  the option gets the paper's);
+  the option gets the paper's), or a documented choice no option undoes (the framework's docs state
+  what it computes, e.g. OpenRLHF's dr_grpo estimator as Dr. GRPO's advantage without its normaliser:
+  the finding's text says that no option gives the paper's);
 * ``subgradient``: a choice of subgradient where the loss has a kink, e.g. PyTorch's ``torch.max`` /
   ``torch.min`` splitting the gradient at a tie: any value between the one-sided derivatives is a
   subgradient, so it is **not a bug**; the kit names it so that nobody files it as one (and its judge
