@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -232,8 +233,8 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
     """One block of a token-level ratio (md eqs. (2), (6)-(9), (15)): writes the gradient's per-token
     factor into ``slope_out`` and the per-row sums of the unit terms into ``rows_out`` (None: a new
     tensor; both zero at masked tokens; times A where A is per token, ``adv``, else divided by A and, for
-    SAPO, by 4 / tau). Returns (ratio, sum of open gates over all tokens (masked: open) or None, the
-    row sums)."""
+    SAPO, by 4 / tau). Returns (ratio, or None where its memory was reused (CISPO), sum of open gates
+    over all tokens (masked: open) or None, the row sums)."""
     r = torch.exp(x)
     weight = mf if adv is None else adv  # zero at masked tokens
     opened = None
@@ -253,7 +254,8 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
         term.mul_(mf) if adv is None else term.mul_(weight * gate.scale)
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
         _cispo_weight(r, v, out=slope_out).mul_(weight)
-        term = slope_out * logp
+        term = torch.mul(slope_out, logp, out=r)  # (the ratio's memory: approx_kl forms exp again if needed)
+        r = None
     else:  # "none": r A, its own slope
         term = torch.mul(r, weight, out=slope_out)
     return r, opened, torch.sum(term, dim=-1, out=rows_out)
@@ -262,25 +264,27 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
 def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional: dict, normalizer):
     """``policy_loss``'s ``(loss, metrics)`` (md eq. (12)) from inputs that ``check_policy_inputs`` has
     accepted, or None where the reference must decide (see the module docstring)."""
-    if logp.device.type != "cpu" or logp.numel() == 0 or not _supported(variant, advantages, optional,
-                                                                           normalizer):
+    if not logp.is_cpu or logp.numel() == 0 or not _supported(variant, advantages, optional, normalizer):
         return None
     dtype = _COMPUTE_DTYPES.get(logp.dtype) or torch.promote_types(logp.dtype, torch.float32)
+    # detached inputs (``optional`` is detached where it is read): nothing is recorded
+    old, adv, mask = (x.detach() if x.requires_grad else x for x in (old_logp, advantages, mask))
     mf = None
     if mask.dtype != torch.bool:
         mf = _float_mask(mask, dtype)
         if mf is None:
             return None
-    with torch.no_grad():  # (no detach needed: nothing is recorded)
-        adv = advantages if advantages.dtype == dtype else advantages.to(dtype)
-        result = _compute(logp, old_logp, adv, mask, mf, variant, optional, normalizer, dtype)
+    adv = adv if adv.dtype == dtype else adv.to(dtype)
+    result = _compute(logp.detach(), old, adv, mask, mf, variant, optional, normalizer, dtype)
     if result is None:
         return None
     loss, metrics, grads = result
+    # the inputs whose gradient the loss carries: logp, and entropy and kl where they enter it
     entropy = optional["entropy"] if variant.entropy_coef > 0 else None
     kl = optional["kl"] if variant.kl_coef > 0 else None
-    loss = _ClosedFormLoss.apply(loss, grads, logp, entropy, kl)
-    return loss, metrics
+    if entropy is None and kl is None:
+        return _ClosedFormLoss.apply(loss, grads[:1], logp), metrics
+    return _ClosedFormLoss.apply(loss, grads, logp, entropy, kl), metrics
 
 
 class _Blocks(NamedTuple):
@@ -364,25 +368,25 @@ def _total(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
-    """(term, d term / d u, gate open (bool) or None, ratio) per sequence unit ``[N]`` (md eqs. (3)-(9));
-    for CISPO the slope is d term / d unit log-prob and the term is formed by the caller. Each a new
-    tensor."""
+    """(term over A, d term / d u, gate open (bool) or None, ratio) per sequence unit ``[N]`` (md eqs.
+    (3)-(9)), each a new tensor; for CISPO the slope is d term / d unit log-prob and the term is formed
+    by the caller (None)."""
     v = variant
     ratio = torch.exp(u)
     if v.gate == "clip":  # min(r, upper) where A > 0, clamp(r, lower, dual) elsewhere (md eqs. (6)-(7))
         lower, upper, dual = _clip_bounds(v)
         clipped = torch.where(adv > 0, ratio.clamp(max=upper), ratio.clamp(min=lower, max=dual))
         opened = clipped == ratio  # the inclusive gate: a ratio on a bound is inside
-        return clipped * adv, torch.mul(ratio, adv).mul_(opened), opened, ratio
+        return clipped, torch.mul(ratio, adv).mul_(opened), opened, ratio
     if v.gate == "sapo":
         positive = adv > 0
         tau = _by_sign(positive, v.tau_pos, v.tau_neg, u.dtype)
         scale = _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, u.dtype)
         sigma = torch.sigmoid(tau * (ratio - 1.0))
-        return sigma * scale * adv, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
+        return sigma * scale, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
     if v.gate == "cispo":
         return None, _cispo_weight(ratio, v).mul_(adv), None, ratio
-    return ratio * adv, ratio * adv, None, ratio
+    return ratio, ratio * adv, None, ratio
 
 
 def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
@@ -432,89 +436,92 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         return None
     row_scale = math.sqrt(v.group_size) if v.aggregation == "seq_sqrt_token_mean" else 1.0
     length1 = lengths if all_nonempty else lengths.clamp(min=1.0)  # (every length >= 1: the same values)
-    # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G)
-    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else row_scale
+    # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G): per row
+    # (a tensor, and as Python floats for the sums) under the per-sequence means, else a float
+    per_sequence_mean = v.aggregation in _PER_SEQUENCE_MEAN
+    token_row = (row_scale / length1) if per_sequence_mean else row_scale
+    row_weights = [row_scale / max(count, 1.0) for count in counts] if per_sequence_mean else None
     scale = -1.0 / denominator
     masked_tokens = tokens < n * t
     token_units = max(tokens, 1.0)
+    # the per-row values are read once (one stack and tolist) and summed in double precision; where A
+    # is per row, the advantages (or (4 / tau) A) are among them, ``checked``: their sum must be finite
     if token_level:
-        sums = blocks.rows
+        weights = None
         if not per_token_adv:  # the rows carry the term over A (SAPO: over (4 / tau) A)
-            sums = sums * (advantages if v.gate != "sapo" else gate.scale.view(-1) * advantages)
+            weights = advantages if v.gate != "sapo" else gate.scale.view(-1) * advantages
         row_factor = token_row * (4.0 * scale if v.gate == "sapo" else scale)
         if not per_token_adv:
             row_factor = advantages * row_factor
         grad = _Factor(blocks.slope, row_factor)
-        objective = sums.sum()
-        if isinstance(token_row, torch.Tensor):
-            policy = (sums * token_row).sum()
-        else:  # (a multiplication by 1 is exact: skipped)
-            policy = objective if token_row == 1.0 else objective * token_row
-        scalars = [objective, policy, blocks.k3, blocks.log_ratio_sum]
-        if blocks.opened is not None:
-            scalars.append(blocks.opened)
+        per_row = [blocks.rows.tolist()] if weights is None else torch.stack((blocks.rows, weights)).tolist()
+        checked = None if weights is None else per_row[1]
+        terms = per_row[0] if weights is None else list(map(operator.mul, *per_row))
+        objective = sum(terms)
+        # (a multiplication by 1 is exact: skipped)
+        policy = objective if row_weights is None else sum(map(operator.mul, terms, row_weights))
+        scalars = [blocks.k3, blocks.log_ratio_sum] + ([] if blocks.opened is None else [blocks.opened])
     else:  # one unit per sequence (md eqs. (3)-(5)): everything per row, then broadcast
         total = blocks.rows  # (a buffer of the blocks: divided in place)
         if v.ratio in ("sequence_mean", "gspo_token"):
             total = total.div_(length1)
         adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
-        term, slope, opened, ratio = _unit_gate(v, total, adv)
-        if v.gate == "cispo":
+        unit, slope, opened, ratio = _unit_gate(v, total, adv)
+        if v.gate == "cispo":  # the term sg(clip(r)) A times the unit's log-prob (md eq. (9))
             unit_logp = blocks.unit_logp.div_(length1) if v.ratio == "sequence_mean" else blocks.unit_logp
-            term = slope * unit_logp
-        if v.ratio == "gspo_token":  # md eq. (5): the sequence ratio's value on every token, slope 1
-            objective = (term * lengths).sum()
-            # a row's token mean of len_i copies of its term is the term itself
-            policy = (term if v.aggregation in _PER_SEQUENCE_MEAN else term * lengths).sum() * row_scale
+            unit = slope * unit_logp
+        vectors = [unit, ratio, adv] + ([] if opened is None else [opened])
+        per_row = torch.stack(vectors if all_nonempty else vectors + [advantages]).tolist()
+        ratios, advs = per_row[1:3]
+        checked = per_row[-1] if not all_nonempty else advs
+        terms = per_row[0] if v.gate == "cispo" else list(map(operator.mul, per_row[0], advs))
+        gspo_token = v.ratio == "gspo_token"
+        objective = sum(map(operator.mul, terms, counts)) if gspo_token else sum(terms)
+        if gspo_token:  # a row's token mean of len_i copies of its term is the term itself
+            policy = sum(terms) if per_sequence_mean else objective
             grad_rows = slope.mul_(token_row)
-            opened_units = None if opened is None else (lengths * opened).sum()
-            ratio_sum = (ratio * lengths).sum()  # minus the tokens below: sum of r - 1 over the tokens
-            ratio_offset = tokens
         else:
-            objective = term.sum()
-            if v.aggregation in _PER_TOKEN_COPIES:
-                policy = (term * lengths).sum()
-                grad_rows = slope.mul_(lengths)
-            else:
-                policy = objective
-                grad_rows = slope
+            copies = v.aggregation in _PER_TOKEN_COPIES
+            policy = sum(map(operator.mul, terms, counts)) if copies else objective
+            grad_rows = slope.mul_(lengths) if copies else slope
             if v.ratio == "sequence_mean":
                 grad_rows = grad_rows.div_(length1)
             if row_scale != 1.0:  # (sqrt(G); a multiplication by 1 is exact: skipped)
-                policy, grad_rows = policy * row_scale, grad_rows.mul_(row_scale)
-            opened_units = None if opened is None else opened.sum()
-            ratio_sum = ratio.sum()  # minus n below: sum of r - 1 (an empty row's ratio is 1)
-            ratio_offset = float(n)
+                grad_rows = grad_rows.mul_(row_scale)
+        policy *= row_scale
         grad = _Factor(mf, grad_rows.mul_(scale))
-        scalars = [objective, policy, blocks.k3, ratio_sum, *_row_extremes(ratio, nonempty)]
-        if opened_units is not None:
-            scalars.append(opened_units)
+        # the units: a row's tokens (GSPO-token: the sequence ratio's value on each, md eq. (5)) or the
+        # row (an empty row's ratio is 1: r - 1 = 0)
+        opened_units = None if opened is None else (
+            sum(map(operator.mul, per_row[3], counts)) if gspo_token else sum(per_row[3]))
+        ratio_sum = sum((r - 1.0) * c for r, c in zip(ratios, counts, strict=True)) if gspo_token else (
+            sum(ratios) - n if all_nonempty else sum(r - 1.0 for r in ratios))
+        unit_ratios = ratios if all_nonempty else [r for r, c in zip(ratios, counts, strict=True) if c]
+        scalars = [blocks.k3]
     regularised = _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad, dtype)
     grad, grad_entropy, grad_kl, contributions, extra = regularised
-    tail = list(extra.values()) + ([] if per_token_adv else [advantages.sum()])
-    values = torch.stack(scalars + contributions + tail).tolist()
-    if not (per_token_adv or math.isfinite(values[-1])):  # a non-finite advantage: the reference decides
+    if checked is not None and not math.isfinite(sum(checked)):  # a non-finite A: the reference decides
         return None
-    objective, policy, k3 = values[:3]
+    values = torch.stack(scalars + contributions + list(extra.values())).tolist()
+    k3 = values[0]
     if token_level:
         units = token_units
-        ratio_mean = 1.0 + (k3 + values[3]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
-        closed = 0.0 if blocks.opened is None else tokens - (values[4] - (n * t - tokens))
+        ratio_mean = 1.0 + (k3 + values[1]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
+        closed = 0.0 if blocks.opened is None else tokens - (values[2] - (n * t - tokens))
         if masked_tokens and (blocks.low >= 0.0 or blocks.high <= 0.0):  # not both sides of 1
             low, high = _masked_token_extremes(logp, old, mf, dtype)
         else:  # masked tokens hold log-ratio 0, and exp is monotonic
             low, high = math.exp(blocks.low), math.exp(blocks.high)
         masked_units = masked_tokens
     else:
-        gspo_token = v.ratio == "gspo_token"
         units = token_units if gspo_token else max(sequences, 1.0)
-        ratio_mean = 1.0 + (values[3] - ratio_offset) / units
-        low, high = values[4:6]
-        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - values[6]
+        ratio_mean = 1.0 + ratio_sum / units
+        low, high = min(unit_ratios, default=math.inf), max(unit_ratios, default=-math.inf)
+        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - opened_units
         masked_units = masked_tokens if gspo_token else not all_nonempty
     if masked_units:  # the reference fills the masked units with the mean
         low, high = min(low, ratio_mean), max(high, ratio_mean)
-    extra_values = values[len(scalars) + len(contributions):len(scalars) + len(contributions) + len(extra)]
+    extra_values = values[len(scalars) + len(contributions):]
     loss = (-policy + sum(values[len(scalars):len(scalars) + len(contributions)])) / denominator
     if not math.isfinite(loss):
         return None
@@ -588,9 +595,9 @@ class _ClosedFormLoss(torch.autograd.Function):
     incoming one, in one pass per input and in its dtype."""
 
     @staticmethod
-    def forward(ctx, loss, grads, logp, entropy, kl):
+    def forward(ctx, loss, grads, *inputs):  # inputs: logp, or logp, entropy and kl (each None or a tensor)
         ctx.grads = grads
-        ctx.dtypes = tuple(None if x is None else x.dtype for x in (logp, entropy, kl))
+        ctx.dtypes = tuple(None if x is None else x.dtype for x in inputs)
         return loss.clone()
 
     @staticmethod
