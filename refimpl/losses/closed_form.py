@@ -59,6 +59,7 @@ _PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
 # 2 MB L2 (2**15 to 2**17 within the noise, 2**19 and the whole batch 1.5-2x slower at 2**22)
 _BLOCK_ELEMENTS = 1 << 16
 _SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (module docstring)
+_ZERO = {dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float32, torch.float64)}  # (never written)
 _COMPUTE_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
                    torch.float64: torch.float64}  # promote_types(dtype, float32), looked up
 _LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
@@ -278,13 +279,13 @@ def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional:
     result = _compute(logp.detach(), old, adv, mask, mf, variant, optional, normalizer, dtype)
     if result is None:
         return None
-    loss, metrics, grads = result
+    loss, metrics, grads = result  # (the loss a float: a tensor of the compute dtype in forward)
     # the inputs whose gradient the loss carries: logp, and entropy and kl where they enter it
     entropy = optional["entropy"] if variant.entropy_coef > 0 else None
     kl = optional["kl"] if variant.kl_coef > 0 else None
     if entropy is None and kl is None:
-        return _ClosedFormLoss.apply(loss, grads[:1], logp), metrics
-    return _ClosedFormLoss.apply(loss, grads, logp, entropy, kl), metrics
+        return _ClosedFormLoss.apply(loss, dtype, grads[:1], logp), metrics
+    return _ClosedFormLoss.apply(loss, dtype, grads, logp, entropy, kl), metrics
 
 
 class _Blocks(NamedTuple):
@@ -363,30 +364,36 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
                    _total(opens) if opens else None, low, high)
 
 
+def _read(scalars: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as floats (one or two: each read alone; more: one stack)."""
+    return [float(x) for x in scalars] if len(scalars) <= 2 else torch.stack(scalars).tolist()
+
+
 def _total(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
-def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
-    """(term over A, d term / d u, gate open (bool) or None, ratio) per sequence unit ``[N]`` (md eqs.
-    (3)-(9)), each a new tensor; for CISPO the slope is d term / d unit log-prob and the term is formed
-    by the caller (None)."""
+def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor):
+    """(term over A, d term / d (A u) times ``weight``, gate open (bool) or None, ratio) per sequence unit
+    ``[N]`` (md eqs. (3)-(9)), each a new tensor; CISPO: the term over A and the unit's log-prob, its
+    slope with respect to that log-prob (``adv`` gives the sign of A)."""
     v = variant
     ratio = torch.exp(u)
     if v.gate == "clip":  # min(r, upper) where A > 0, clamp(r, lower, dual) elsewhere (md eqs. (6)-(7))
         lower, upper, dual = _clip_bounds(v)
         clipped = torch.where(adv > 0, ratio.clamp(max=upper), ratio.clamp(min=lower, max=dual))
         opened = clipped == ratio  # the inclusive gate: a ratio on a bound is inside
-        return clipped, torch.mul(ratio, adv).mul_(opened), opened, ratio
+        return clipped, torch.mul(ratio, weight).mul_(opened), opened, ratio
     if v.gate == "sapo":
         positive = adv > 0
         tau = _by_sign(positive, v.tau_pos, v.tau_neg, u.dtype)
         scale = _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, u.dtype)
         sigma = torch.sigmoid(tau * (ratio - 1.0))
-        return sigma * scale, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
+        return sigma * scale, 4.0 * weight * sigma * (1.0 - sigma) * ratio, None, ratio
     if v.gate == "cispo":
-        return None, _cispo_weight(ratio, v).mul_(adv), None, ratio
-    return ratio, ratio * adv, None, ratio
+        clipped = _cispo_weight(ratio, v)
+        return clipped, clipped * weight, None, ratio
+    return ratio, ratio * weight, None, ratio
 
 
 def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
@@ -444,8 +451,8 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     scale = -1.0 / denominator
     masked_tokens = tokens < n * t
     token_units = max(tokens, 1.0)
-    # the per-row values are read once (one stack and tolist) and summed in double precision; where A
-    # is per row, the advantages (or (4 / tau) A) are among them, ``checked``: their sum must be finite
+    # the per-row values are read (``tolist``) and summed in double precision; where A is per row, the
+    # advantages (or (4 / tau) A) are among them, ``checked``: their sum must be finite
     if token_level:
         weights = None
         if not per_token_adv:  # the rows carry the term over A (SAPO: over (4 / tau) A)
@@ -454,9 +461,10 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         if not per_token_adv:
             row_factor = advantages * row_factor
         grad = _Factor(blocks.slope, row_factor)
-        per_row = [blocks.rows.tolist()] if weights is None else torch.stack((blocks.rows, weights)).tolist()
-        checked = None if weights is None else per_row[1]
-        terms = per_row[0] if weights is None else list(map(operator.mul, *per_row))
+        checked = None if weights is None else weights.tolist()
+        terms = blocks.rows.tolist()
+        if weights is not None:
+            terms = list(map(operator.mul, terms, checked))
         objective = sum(terms)
         # (a multiplication by 1 is exact: skipped)
         policy = objective if row_weights is None else sum(map(operator.mul, terms, row_weights))
@@ -466,34 +474,42 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         if v.ratio in ("sequence_mean", "gspo_token"):
             total = total.div_(length1)
         adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
-        unit, slope, opened, ratio = _unit_gate(v, total, adv)
-        if v.gate == "cispo":  # the term sg(clip(r)) A times the unit's log-prob (md eq. (9))
-            unit_logp = blocks.unit_logp.div_(length1) if v.ratio == "sequence_mean" else blocks.unit_logp
-            unit = slope * unit_logp
-        vectors = [unit, ratio, adv] + ([] if opened is None else [opened])
-        per_row = torch.stack(vectors if all_nonempty else vectors + [advantages]).tolist()
-        ratios, advs = per_row[1:3]
-        checked = per_row[-1] if not all_nonempty else advs
-        terms = per_row[0] if v.gate == "cispo" else list(map(operator.mul, per_row[0], advs))
         gspo_token = v.ratio == "gspo_token"
+        # the gradient's per-row factor times the unit's d term / d (A u): A times the row's weight in
+        # the loss, md eqs. (10)-(11) (len_i where a unit counts once per token, over len_i for the
+        # mean log-ratio, or GSPO-token's per-sequence mean of its copies; sqrt(G)), over -D; for an
+        # empty row A = 0 (len_i / max(len_i, 1) is 1 elsewhere)
+        factor = scale * row_scale
+        if gspo_token:
+            over_length, times_length = per_sequence_mean, False
+        else:
+            copies = v.aggregation in _PER_TOKEN_COPIES
+            mean = v.ratio == "sequence_mean"
+            over_length, times_length = mean and not copies, copies and not mean
+        if over_length:
+            weight = torch.addcdiv(_ZERO[dtype], adv, length1, value=factor)
+        elif times_length:
+            weight = torch.addcmul(_ZERO[dtype], adv, lengths, value=factor)
+        else:
+            weight = adv * factor
+        unit, slope, opened, ratio = _unit_gate(v, total, adv, weight)
+        ratios, advs = ratio.tolist(), adv.tolist()
+        checked = advs if all_nonempty else advantages.tolist()
+        terms = list(map(operator.mul, unit.tolist(), advs))
+        if v.gate == "cispo":  # sg(clip(r)) A times the unit's log-prob (md eq. (9))
+            unit_logp = blocks.unit_logp.div_(length1) if v.ratio == "sequence_mean" else blocks.unit_logp
+            terms = list(map(operator.mul, terms, unit_logp.tolist()))
         objective = sum(map(operator.mul, terms, counts)) if gspo_token else sum(terms)
         if gspo_token:  # a row's token mean of len_i copies of its term is the term itself
             policy = sum(terms) if per_sequence_mean else objective
-            grad_rows = slope.mul_(token_row)
         else:
-            copies = v.aggregation in _PER_TOKEN_COPIES
             policy = sum(map(operator.mul, terms, counts)) if copies else objective
-            grad_rows = slope.mul_(lengths) if copies else slope
-            if v.ratio == "sequence_mean":
-                grad_rows = grad_rows.div_(length1)
-            if row_scale != 1.0:  # (sqrt(G); a multiplication by 1 is exact: skipped)
-                grad_rows = grad_rows.mul_(row_scale)
         policy *= row_scale
-        grad = _Factor(mf, grad_rows.mul_(scale))
+        grad = _Factor(mf, slope)
         # the units: a row's tokens (GSPO-token: the sequence ratio's value on each, md eq. (5)) or the
         # row (an empty row's ratio is 1: r - 1 = 0)
         opened_units = None if opened is None else (
-            sum(map(operator.mul, per_row[3], counts)) if gspo_token else sum(per_row[3]))
+            sum(map(operator.mul, opened.tolist(), counts)) if gspo_token else sum(opened.tolist()))
         ratio_sum = sum((r - 1.0) * c for r, c in zip(ratios, counts, strict=True)) if gspo_token else (
             sum(ratios) - n if all_nonempty else sum(r - 1.0 for r in ratios))
         unit_ratios = ratios if all_nonempty else [r for r, c in zip(ratios, counts, strict=True) if c]
@@ -502,7 +518,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     grad, grad_entropy, grad_kl, contributions, extra = regularised
     if checked is not None and not math.isfinite(sum(checked)):  # a non-finite A: the reference decides
         return None
-    values = torch.stack(scalars + contributions + list(extra.values())).tolist()
+    values = _read(scalars + contributions + list(extra.values()))
     k3 = values[0]
     if token_level:
         units = token_units
@@ -529,7 +545,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     metrics += [value / token_units for value in extra_values]
     names = ("policy_objective", "clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "approx_kl",
              "normalizer", *extra)
-    loss, *metrics = lengths.new_tensor([loss, *metrics]).unbind()  # one tensor, rounded once
+    metrics = lengths.new_tensor(metrics).unbind()  # one tensor, each rounded once (the loss: by the caller)
     return loss, dict(zip(names, metrics, strict=True)), (grad, grad_entropy, grad_kl)
 
 
@@ -595,17 +611,17 @@ class _ClosedFormLoss(torch.autograd.Function):
     incoming one, in one pass per input and in its dtype."""
 
     @staticmethod
-    def forward(ctx, loss, grads, *inputs):  # inputs: logp, or logp, entropy and kl (each None or a tensor)
+    def forward(ctx, loss: float, dtype, grads, *inputs):  # inputs: logp, or logp, entropy, kl (or None)
         ctx.grads = grads
         ctx.dtypes = tuple(None if x is None else x.dtype for x in inputs)
-        return loss.clone()
+        return torch.scalar_tensor(loss, dtype=dtype)  # (on the CPU, as the closed form runs)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        out = [None, None]
+        out = [None, None, None]
         # (a CPU scalar; the incoming gradient of a plain ``loss.backward()`` is 1: no multiplication)
         scaled = grad_loss.requires_grad or float(grad_loss) != 1.0
-        for saved, dtype, needed in zip(ctx.grads, ctx.dtypes, ctx.needs_input_grad[2:], strict=True):
+        for saved, dtype, needed in zip(ctx.grads, ctx.dtypes, ctx.needs_input_grad[3:], strict=True):
             if not needed or saved is None:
                 out.append(None)
                 continue
