@@ -34,9 +34,10 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
   never synchronises) returns None, and the reference then gives its exact value or its error.
 
 Rounding: the same formulas in another order, within a few units of the compute dtype's roundoff u of
-the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's ``r - 1``
-is the rounded ratio minus one (the reference's ``expm1``: an absolute error of u in the gate's
-argument, below u in the sigmoid). float64 runs the reference's own k3 for ``approx_kl``.
+the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's token-level
+gate argument ``tau (r - 1)`` is ``tau r - tau`` from the rounded ratio in one ``addcmul`` (the
+reference's ``tau expm1(l)``: an absolute error of about 2 u tau in the argument, a quarter of that in
+the sigmoid). float64 runs the reference's own k3 for ``approx_kl``.
 """
 
 from __future__ import annotations
@@ -202,32 +203,38 @@ class _TokenGate(NamedTuple):
 
     low: torch.Tensor | None  # clip: the clamp's bounds
     high: torch.Tensor | None
-    tau: torch.Tensor | None  # SAPO: the temperature and the term's factor 4 / tau
+    neg_tau: torch.Tensor | None  # SAPO: minus the temperature, and the term's factor 4 / tau
     scale: torch.Tensor | None
 
 
 _NO_GATE = _TokenGate(None, None, None, None)
 
 
+@functools.lru_cache(maxsize=256)
+def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` rounded once to ``dtype``: a 0-d CPU tensor, shared (never written)."""
+    return torch.tensor(value, dtype=dtype)
+
+
 def _by_sign(positive: torch.Tensor, if_positive: float, otherwise: float,
              dtype: torch.dtype) -> torch.Tensor:
     """``if_positive`` where ``positive`` (bool), else ``otherwise``, each rounded once to ``dtype``."""
-    values = torch.full(positive.shape, otherwise, dtype=dtype, device=positive.device)
-    return values.masked_fill_(positive, if_positive)
+    return torch.where(positive, _scalar(if_positive, dtype), _scalar(otherwise, dtype))
 
 
 def _token_gate(variant, positive: torch.Tensor, dtype: torch.dtype) -> _TokenGate:
     """The clip bounds of md eqs. (6)-(7) (A > 0: ``(-inf, upper]``; A <= 0: ``[lower, dual]``) or
-    SAPO's temperature and factor (md eq. (8)) by the sign of A (``positive``, ``[N, 1]`` or ``[N, T]``)."""
+    SAPO's temperature (negated) and factor (md eq. (8)) by the sign of A (``positive``, ``[N, 1]`` or
+    ``[N, T]``)."""
     v = variant
     if v.gate == "clip":
         lower, upper, dual = _clip_bounds(v)
         return _TokenGate(_by_sign(positive, -math.inf, lower, dtype), _by_sign(positive, upper, dual, dtype),
                           None, None)
     if v.gate == "sapo":
-        return _TokenGate(None, None, _by_sign(positive, v.tau_pos, v.tau_neg, dtype),
+        return _TokenGate(None, None, _by_sign(positive, -v.tau_pos, -v.tau_neg, dtype),
                           _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, dtype))
-    return _TokenGate(None, None, None, None)
+    return _NO_GATE
 
 
 def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
@@ -248,11 +255,14 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
         slope_out.mul_(r).mul_(weight)
         term.mul_(weight)
     elif v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
-        term = torch.sub(r, 1.0).mul_(gate.tau).sigmoid_()
-        torch.addcmul(term, term, term, value=-1.0, out=slope_out).mul_(r).mul_(weight)
-        # per-token A: times (4 / tau) A per token, 4 / tau rounded once from the variant's floats, as the
-        # reference forms it; per-row A: the caller multiplies the row sums by (4 / tau) A
-        term.mul_(mf) if adv is None else term.mul_(weight * gate.scale)
+        sigma = torch.addcmul(gate.neg_tau, r, gate.neg_tau, value=-1.0).sigmoid_()  # tau r - tau
+        if adv is None:  # per-row A: the caller multiplies the row sums by (4 / tau) A
+            term = sigma * mf
+            torch.addcmul(term, term, sigma, value=-1.0, out=slope_out).mul_(r)
+        else:  # per-token A: times (4 / tau) A per token, 4 / tau rounded once from the variant's floats,
+            # as the reference forms it
+            torch.addcmul(sigma, sigma, sigma, value=-1.0, out=slope_out).mul_(r).mul_(weight)
+            term = sigma.mul_(weight * gate.scale)
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
         _cispo_weight(r, v, out=slope_out).mul_(weight)
         term = torch.mul(slope_out, logp, out=r)  # (the ratio's memory: approx_kl forms exp again if needed)
@@ -446,7 +456,9 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G): per row
     # (a tensor, and as Python floats for the sums) under the per-sequence means, else a float
     per_sequence_mean = v.aggregation in _PER_SEQUENCE_MEAN
-    token_row = (row_scale / length1) if per_sequence_mean else row_scale
+    token_row = None  # (formed below only where a regulariser needs it)
+    if given:
+        token_row = (row_scale / length1) if per_sequence_mean else row_scale
     row_weights = [row_scale / max(count, 1.0) for count in counts] if per_sequence_mean else None
     scale = -1.0 / denominator
     masked_tokens = tokens < n * t
@@ -457,9 +469,14 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         weights = None
         if not per_token_adv:  # the rows carry the term over A (SAPO: over (4 / tau) A)
             weights = advantages if v.gate != "sapo" else gate.scale.view(-1) * advantages
-        row_factor = token_row * (4.0 * scale if v.gate == "sapo" else scale)
-        if not per_token_adv:
-            row_factor = advantages * row_factor
+        # A (per row) times the row weight of md eq. (10) (times sqrt(G)) over -D (SAPO: times 4)
+        factor = (4.0 * scale if v.gate == "sapo" else scale) * row_scale
+        if per_token_adv:
+            row_factor = length1.reciprocal().mul_(factor) if per_sequence_mean else factor
+        elif per_sequence_mean:
+            row_factor = torch.addcdiv(_ZERO[dtype], advantages, length1, value=factor)
+        else:
+            row_factor = advantages * factor
         grad = _Factor(blocks.slope, row_factor)
         checked = None if weights is None else weights.tolist()
         terms = blocks.rows.tolist()
