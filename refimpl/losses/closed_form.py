@@ -279,7 +279,9 @@ def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional:
         return None
     dtype = _COMPUTE_DTYPES.get(logp.dtype) or torch.promote_types(logp.dtype, torch.float32)
     # detached inputs (``optional`` is detached where it is read): nothing is recorded
-    old, adv, mask = (x.detach() if x.requires_grad else x for x in (old_logp, advantages, mask))
+    old, adv = old_logp.detach() if old_logp.requires_grad else old_logp, advantages
+    if adv.requires_grad or mask.requires_grad:
+        adv, mask = adv.detach(), mask.detach()
     mf = None
     if mask.dtype != torch.bool:
         mf = _float_mask(mask, dtype)
