@@ -28,6 +28,12 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
   same bound), plus, in a block with some |l| > 1/2, ``(exp(l) - l) - (exp(c) - c)`` with c the
   clamped value (exactly 0 where |l| <= 1/2; elsewhere a difference of terms within a factor of ~10
   of k3, so within ~10 roundoffs of it);
+- per call (what a small batch, e.g. 64 x 512, costs: tens of ATen calls at a few microseconds each,
+  and the Python between them), few small ops: the per-row values that the loss and the metrics sum
+  (the rows' terms, ratios and gates, the advantages) are read with ``tolist`` and summed in double
+  precision; the per-row gradient factor takes A, its aggregation weight and 1 / D in one op; the
+  blocks' scalars are read together; the loss stays a float until ``_ClosedFormLoss.forward`` makes
+  it a tensor;
 - the guards: any non-finite input sum, ratio sum or loss, a mask that is not 0/1, a normaliser or
   L_max that the reference refuses, or a part this path does not implement (GMPO's log-clip, the
   behaviour correction, GSPO-token with per-token advantages, an accelerator, where the reference
@@ -424,9 +430,10 @@ def _row_extremes(ratio: torch.Tensor, nonempty: torch.Tensor | None) -> list[to
 
 
 def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dtype):
-    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss).
-    The per-row quantities are tensors; the scalars are read once (one ``tolist``) and combined as
-    Python floats (double precision), each metric rounded once to ``dtype``."""
+    """(loss as a float, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or
+    loss). The per-row quantities that are summed are read as Python floats (``tolist``), the scalars
+    of the blocks once, and combined in double precision, each metric rounded once to ``dtype``; the
+    per-row gradient factors stay tensors."""
     v = variant
     n, t = logp.shape
     per_token_adv = advantages.ndim == 2
