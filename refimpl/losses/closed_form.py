@@ -421,14 +421,6 @@ def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
     return float(torch.where(unmasked, r, math.inf).min()), float(torch.where(unmasked, r, -math.inf).max())
 
 
-def _row_extremes(ratio: torch.Tensor, nonempty: torch.Tensor | None) -> list[torch.Tensor]:
-    """[min, max] of the per-row ratio over the non-empty rows (``nonempty`` None: every row; +-inf
-    where there is none)."""
-    if nonempty is None:
-        return list(torch.aminmax(ratio))
-    return [torch.where(nonempty, ratio, math.inf).min(), torch.where(nonempty, ratio, -math.inf).max()]
-
-
 def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dtype):
     """(loss as a float, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or
     loss). The per-row quantities that are summed are read as Python floats (``tolist``), the scalars
