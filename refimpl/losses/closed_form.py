@@ -28,21 +28,29 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
   same bound), plus, in a block with some |l| > 1/2, ``(exp(l) - l) - (exp(c) - c)`` with c the
   clamped value (exactly 0 where |l| <= 1/2; elsewhere a difference of terms within a factor of ~10
   of k3, so within ~10 roundoffs of it);
+- per call (what a small batch, e.g. 64 x 512, costs: tens of ATen calls at a few microseconds each,
+  and the Python between them), few small ops: the per-row values that the loss and the metrics sum
+  (the rows' terms, ratios and gates, the advantages) are read with ``tolist`` and summed in double
+  precision; the per-row gradient factor takes A, its aggregation weight and 1 / D in one op; the
+  blocks' scalars are read together; the loss stays a float until ``_ClosedFormLoss.forward`` makes
+  it a tensor;
 - the guards: any non-finite input sum, ratio sum or loss, a mask that is not 0/1, a normaliser or
   L_max that the reference refuses, or a part this path does not implement (GMPO's log-clip, the
   behaviour correction, GSPO-token with per-token advantages, an accelerator, where the reference
   never synchronises) returns None, and the reference then gives its exact value or its error.
 
 Rounding: the same formulas in another order, within a few units of the compute dtype's roundoff u of
-the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's ``r - 1``
-is the rounded ratio minus one (the reference's ``expm1``: an absolute error of u in the gate's
-argument, below u in the sigmoid). float64 runs the reference's own k3 for ``approx_kl``.
+the reference on the scale of each result (tests/test_policy_loss_closed_form.py). SAPO's token-level
+gate argument ``tau (r - 1)`` is ``tau r - tau`` from the rounded ratio in one ``addcmul`` (the
+reference's ``tau expm1(l)``: an absolute error of about 2 u tau in the argument, a quarter of that in
+the sigmoid). float64 runs the reference's own k3 for ``approx_kl``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -58,6 +66,9 @@ _PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
 # 2 MB L2 (2**15 to 2**17 within the noise, 2**19 and the whole batch 1.5-2x slower at 2**22)
 _BLOCK_ELEMENTS = 1 << 16
 _SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (module docstring)
+_ZERO = {dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float32, torch.float64)}  # (never written)
+_COMPUTE_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
+                   torch.float64: torch.float64}  # promote_types(dtype, float32), looked up
 _LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
 
 
@@ -122,6 +133,7 @@ def _supported(variant, advantages: torch.Tensor, optional: dict, normalizer: ob
 _MINIMAX = (0.500000012013975, 0.16666665455835278, 0.04166579594170558, 0.008333452172743349,
             0.001398199736462015, 0.00019875629149246135)
 _TERMS = len(_MINIMAX)
+_FACTORIALS = tuple(math.factorial(k) for k in range(_TERMS + 3))
 
 
 @functools.cache
@@ -137,7 +149,7 @@ def _series_terms(bound: float) -> int:
     first, 2 bound^K / (K + 2)!, below 2**-27 (a sixteenth of float32's roundoff); more than
     ``_TERMS`` (|l| above about 0.23): the minimax polynomial instead."""
     terms = 2
-    while terms <= _TERMS and 2.0 * bound**terms / math.factorial(terms + 2) > 2.0**-27:
+    while terms <= _TERMS and 2.0 * bound**terms / _FACTORIALS[terms + 2] > 2.0**-27:
         terms += 1
     return terms
 
@@ -159,10 +171,10 @@ def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None
     minimax = terms > _TERMS
     terms = min(terms, _TERMS)
     c = _series_coefficients(x.dtype, minimax)
-    top = _MINIMAX[terms - 1] if minimax else 1.0 / math.factorial(terms + 1)
+    top = _MINIMAX[terms - 1] if minimax else 1.0 / _FACTORIALS[terms + 1]
     poly = torch.add(c[terms - 2], clamped, alpha=top)
-    for coefficient in c[terms - 3::-1] if terms > 2 else ():
-        poly = torch.addcmul(coefficient, poly, clamped)
+    for coefficient in c[terms - 3::-1] if terms > 2 else ():  # (Horner in place: one temporary)
+        torch.addcmul(coefficient, poly, clamped, out=poly)
     total = poly.mul_(clamped).mul_(clamped).sum()
     if large:  # (exp(l) - l) - (exp(c) - c): exactly 0 wherever c = l
         excess = torch.sub(torch.exp(x) if ratio is None else ratio, x)
@@ -175,15 +187,6 @@ def _clip_bounds(variant) -> tuple[float, float, float]:
     lower = 0.0 if variant.eps_low is None else 1.0 - variant.eps_low
     upper = math.inf if variant.eps_high is None else 1.0 + variant.eps_high
     return lower, upper, math.inf if variant.dual_clip is None else variant.dual_clip
-
-
-def _clip(r: torch.Tensor, positive: torch.Tensor, variant) -> torch.Tensor:
-    """``min(r, upper)`` where A > 0, ``clamp(r, lower, dual)`` elsewhere: the unit's term divided by A
-    (md eqs. (6)-(7); ``positive`` a 0/1 float tensor broadcastable to ``r``). ``lerp`` with weight 0
-    or 1 returns one of its ends exactly."""
-    lower, upper, dual = _clip_bounds(variant)
-    negative = r.clamp(min=lower, max=dual)
-    return torch.lerp(negative, r.clamp(max=upper), positive)
 
 
 def _cispo_bounds(variant) -> tuple[float | None, float | None]:
@@ -206,36 +209,46 @@ class _TokenGate(NamedTuple):
 
     low: torch.Tensor | None  # clip: the clamp's bounds
     high: torch.Tensor | None
-    tau: torch.Tensor | None  # SAPO: the temperature and the term's factor 4 / tau
+    neg_tau: torch.Tensor | None  # SAPO: minus the temperature, and the term's factor 4 / tau
     scale: torch.Tensor | None
+
+
+_NO_GATE = _TokenGate(None, None, None, None)
+
+
+@functools.lru_cache(maxsize=256)
+def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` rounded once to ``dtype``: a 0-d CPU tensor, shared (never written)."""
+    return torch.tensor(value, dtype=dtype)
 
 
 def _by_sign(positive: torch.Tensor, if_positive: float, otherwise: float,
              dtype: torch.dtype) -> torch.Tensor:
     """``if_positive`` where ``positive`` (bool), else ``otherwise``, each rounded once to ``dtype``."""
-    values = torch.full(positive.shape, otherwise, dtype=dtype, device=positive.device)
-    return values.masked_fill_(positive, if_positive)
+    return torch.where(positive, _scalar(if_positive, dtype), _scalar(otherwise, dtype))
 
 
 def _token_gate(variant, positive: torch.Tensor, dtype: torch.dtype) -> _TokenGate:
     """The clip bounds of md eqs. (6)-(7) (A > 0: ``(-inf, upper]``; A <= 0: ``[lower, dual]``) or
-    SAPO's temperature and factor (md eq. (8)) by the sign of A (``positive``, ``[N, 1]`` or ``[N, T]``)."""
+    SAPO's temperature (negated) and factor (md eq. (8)) by the sign of A (``positive``, ``[N, 1]`` or
+    ``[N, T]``)."""
     v = variant
     if v.gate == "clip":
         lower, upper, dual = _clip_bounds(v)
         return _TokenGate(_by_sign(positive, -math.inf, lower, dtype), _by_sign(positive, upper, dual, dtype),
                           None, None)
     if v.gate == "sapo":
-        return _TokenGate(None, None, _by_sign(positive, v.tau_pos, v.tau_neg, dtype),
+        return _TokenGate(None, None, _by_sign(positive, -v.tau_pos, -v.tau_neg, dtype),
                           _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, dtype))
-    return _TokenGate(None, None, None, None)
+    return _NO_GATE
 
 
 def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
     """One block of a token-level ratio (md eqs. (2), (6)-(9), (15)): writes the gradient's per-token
-    factor into ``slope_out`` and the per-row sums of the unit terms into ``rows_out`` (both zero at
-    masked tokens; times A where A is per token, ``adv``, else divided by A and, for SAPO, by 4 / tau).
-    Returns (ratio, sum of open gates over all tokens (masked: open) or None)."""
+    factor into ``slope_out`` and the per-row sums of the unit terms into ``rows_out`` (None: a new
+    tensor; both zero at masked tokens; times A where A is per token, ``adv``, else divided by A and, for
+    SAPO, by 4 / tau). Returns (ratio, or None where its memory was reused (CISPO), sum of open gates
+    over all tokens (masked: open) or None, the row sums)."""
     r = torch.exp(x)
     weight = mf if adv is None else adv  # zero at masked tokens
     opened = None
@@ -248,41 +261,49 @@ def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
         slope_out.mul_(r).mul_(weight)
         term.mul_(weight)
     elif v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
-        term = torch.sub(r, 1.0).mul_(gate.tau).sigmoid_()
-        torch.addcmul(term, term, term, value=-1.0, out=slope_out).mul_(r).mul_(weight)
-        # (4 / tau) A per token, 4 / tau rounded once from the variant's floats, as the reference forms it
-        term.mul_(gate.scale).mul_(mf) if adv is None else term.mul_(weight * gate.scale)
+        sigma = torch.addcmul(gate.neg_tau, r, gate.neg_tau, value=-1.0).sigmoid_()  # tau r - tau
+        if adv is None:  # per-row A: the caller multiplies the row sums by (4 / tau) A
+            term = sigma * mf
+            torch.addcmul(term, term, sigma, value=-1.0, out=slope_out).mul_(r)
+        else:  # per-token A: times (4 / tau) A per token, 4 / tau rounded once from the variant's floats,
+            # as the reference forms it
+            torch.addcmul(sigma, sigma, sigma, value=-1.0, out=slope_out).mul_(r).mul_(weight)
+            term = sigma.mul_(weight * gate.scale)
     elif v.gate == "cispo":  # md eq. (9): sg(clip(r)) A logp, slope clip(r) A
         _cispo_weight(r, v, out=slope_out).mul_(weight)
-        term = slope_out * logp
+        term = torch.mul(slope_out, logp, out=r)  # (the ratio's memory: approx_kl forms exp again if needed)
+        r = None
     else:  # "none": r A, its own slope
         term = torch.mul(r, weight, out=slope_out)
-    torch.sum(term, dim=-1, out=rows_out)
-    return r, opened
+    return r, opened, torch.sum(term, dim=-1, out=rows_out)
 
 
 def closed_form_policy_loss(logp, old_logp, advantages, mask, variant, optional: dict, normalizer):
     """``policy_loss``'s ``(loss, metrics)`` (md eq. (12)) from inputs that ``check_policy_inputs`` has
     accepted, or None where the reference must decide (see the module docstring)."""
-    if logp.device.type != "cpu" or logp.numel() == 0 or not _supported(variant, advantages, optional,
-                                                                           normalizer):
+    if not logp.is_cpu or logp.numel() == 0 or not _supported(variant, advantages, optional, normalizer):
         return None
-    dtype = torch.promote_types(logp.dtype, torch.float32)
+    dtype = _COMPUTE_DTYPES.get(logp.dtype) or torch.promote_types(logp.dtype, torch.float32)
+    # detached inputs (``optional`` is detached where it is read): nothing is recorded
+    old, adv = old_logp.detach() if old_logp.requires_grad else old_logp, advantages
+    if adv.requires_grad or mask.requires_grad:
+        adv, mask = adv.detach(), mask.detach()
     mf = None
     if mask.dtype != torch.bool:
         mf = _float_mask(mask, dtype)
         if mf is None:
             return None
-    with torch.no_grad():  # (no detach needed: nothing is recorded)
-        adv = advantages if advantages.dtype == dtype else advantages.to(dtype)
-        result = _compute(logp, old_logp, adv, mask, mf, variant, optional, normalizer, dtype)
+    adv = adv if adv.dtype == dtype else adv.to(dtype)
+    result = _compute(logp.detach(), old, adv, mask, mf, variant, optional, normalizer, dtype)
     if result is None:
         return None
-    loss, metrics, grads = result
+    loss, metrics, grads = result  # (the loss a float: a tensor of the compute dtype in forward)
+    # the inputs whose gradient the loss carries: logp, and entropy and kl where they enter it
     entropy = optional["entropy"] if variant.entropy_coef > 0 else None
     kl = optional["kl"] if variant.kl_coef > 0 else None
-    loss = _ClosedFormLoss.apply(loss, grads, logp, entropy, kl)
-    return loss, metrics
+    if entropy is None and kl is None:
+        return _ClosedFormLoss.apply(loss, dtype, grads[:1], logp), metrics
+    return _ClosedFormLoss.apply(loss, dtype, grads, logp, entropy, kl), metrics
 
 
 class _Blocks(NamedTuple):
@@ -294,7 +315,7 @@ class _Blocks(NamedTuple):
     unit_logp: torch.Tensor | None  # [N] sum of mask * logp (CISPO at sequence level)
     mask: torch.Tensor  # [N, T] the float mask
     k3: torch.Tensor  # sum of k3 over the tokens
-    log_ratio_sum: torch.Tensor  # sum of the log-ratio over the tokens
+    log_ratio_sum: torch.Tensor | None  # sum of the log-ratio over the tokens (token level)
     opened: torch.Tensor | None  # clip at token level: open gates over all tokens (masked: open)
     low: float  # extremes of the log-ratio over all tokens (masked: 0)
     high: float
@@ -314,23 +335,26 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
         full_mask, bool_mask = bool_mask.to(dtype), None
     else:
         full_mask = logp.new_empty((n, t), dtype=dtype)
-    lengths = logp.new_empty(n, dtype=dtype)
-    rows = logp.new_empty(n, dtype=dtype)
+    # the outputs of the row sums: buffers the blocks write into, or (one block) None: new tensors
+    lengths = None if whole else logp.new_empty(n, dtype=dtype)
+    rows = None if whole else logp.new_empty(n, dtype=dtype)
     slope = logp.new_empty((n, t), dtype=dtype) if token_level else full_mask
-    unit_logp = logp.new_empty(n, dtype=dtype) if v.gate == "cispo" and not token_level else None
+    unit_logp = logp.new_empty(n, dtype=dtype) if v.gate == "cispo" and not (token_level or whole) else None
     k3, log_ratio_sums, opens = [], [], []
     low, high = math.inf, -math.inf
+    m, lp, before, a, g, lengths_out, rows_out, slope_out, unit_out = (
+        full_mask, logp, old, adv if per_token_adv else None, gate, lengths, rows, slope, unit_logp)
     for i in range(0, n, step):
-        block = slice(i, i + step)
-
-        def take(z, block=block):
-            return z if whole or z is None else z[block]
-
-        m = take(full_mask)
-        if bool_mask is not None:
-            m.copy_(bool_mask[block])
-        torch.sum(m, dim=-1, out=take(lengths))
-        lp, before = take(logp), take(old)
+        if not whole:  # views of the block's rows
+            block = slice(i, i + step)
+            m, lp, before = full_mask[block], logp[block], old[block]
+            if bool_mask is not None:
+                m.copy_(bool_mask[block])
+            a = adv[block] if per_token_adv else None
+            g = _TokenGate(*(None if p is None else p[block] for p in gate))
+            lengths_out, rows_out, slope_out = lengths[block], rows[block], slope[block]
+            unit_out = None if unit_logp is None else unit_logp[block]
+        lengths_out = torch.sum(m, dim=-1, out=lengths_out)
         if lp.dtype != dtype or before.dtype != dtype:  # half-precision inputs: the compute dtype first
             lp, before = lp.to(dtype), before.to(dtype)
         x = torch.sub(lp, before).mul_(m)
@@ -340,45 +364,54 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
         low, high = min(low, lo), max(high, hi)
         ratio = None
         if token_level:
-            a = take(adv) * m if per_token_adv else None
-            g = gate if whole else _TokenGate(*(take(p) for p in gate))
-            ratio, opened = _token_block(v, x, m, a, g, lp, take(slope), take(rows))
+            ratio, opened, rows_out = _token_block(v, x, m, None if a is None else a * m, g, lp, slope_out,
+                                                   rows_out)
             log_ratio_sums.append(x.sum())
             if opened is not None:
                 opens.append(opened)
         else:
-            torch.sum(x, dim=-1, out=take(rows))
-            if unit_logp is not None:
-                torch.sum(lp * m, dim=-1, out=take(unit_logp))
+            rows_out = torch.sum(x, dim=-1, out=rows_out)
+            if v.gate == "cispo":
+                unit_out = torch.sum(lp * m, dim=-1, out=unit_out)
         k3.append(_k3_sum(x, lo, hi, ratio))
-    log_ratio_sum = _total(log_ratio_sums) if token_level else rows.sum()
+    # (sequence levels: the log-ratio's sum is not needed, their ratio metrics come from the units)
+    log_ratio_sum = _total(log_ratio_sums) if token_level else None
+    if whole:
+        lengths, rows, unit_logp = lengths_out, rows_out, unit_out
     return _Blocks(lengths, rows, slope, unit_logp, full_mask, _total(k3), log_ratio_sum,
                    _total(opens) if opens else None, low, high)
+
+
+def _read(scalars: list[torch.Tensor]) -> list[float]:
+    """0-d tensors as floats (one or two: each read alone; more: one stack)."""
+    return [float(x) for x in scalars] if len(scalars) <= 2 else torch.stack(scalars).tolist()
 
 
 def _total(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
 
 
-def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor):
-    """(term, d term / d u, gate open (0/1) or None, ratio) per sequence unit ``[N]`` (md eqs. (3)-(9));
-    for CISPO the slope is d term / d unit log-prob and the term is formed by the caller."""
+def _unit_gate(variant, u: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor):
+    """(term over A, d term / d (A u) times ``weight``, gate open (bool) or None, ratio) per sequence unit
+    ``[N]`` (md eqs. (3)-(9)), each a new tensor; CISPO: the term over A and the unit's log-prob, its
+    slope with respect to that log-prob (``adv`` gives the sign of A)."""
     v = variant
     ratio = torch.exp(u)
-    positive = (adv > 0).to(u.dtype)
-    if v.gate == "clip":
-        clipped = _clip(ratio, positive, v)
-        opened = (clipped == ratio).to(u.dtype)
-        return clipped * adv, opened * ratio * adv, opened, ratio
+    if v.gate == "clip":  # min(r, upper) where A > 0, clamp(r, lower, dual) elsewhere (md eqs. (6)-(7))
+        lower, upper, dual = _clip_bounds(v)
+        clipped = torch.where(adv > 0, ratio.clamp(max=upper), ratio.clamp(min=lower, max=dual))
+        opened = clipped == ratio  # the inclusive gate: a ratio on a bound is inside
+        return clipped, torch.mul(ratio, weight).mul_(opened), opened, ratio
     if v.gate == "sapo":
-        full = adv.new_full
-        tau = torch.where(adv > 0, full((), v.tau_pos), full((), v.tau_neg))
-        scale = torch.where(adv > 0, full((), 4.0 / v.tau_pos), full((), 4.0 / v.tau_neg))
+        positive = adv > 0
+        tau = _by_sign(positive, v.tau_pos, v.tau_neg, u.dtype)
+        scale = _by_sign(positive, 4.0 / v.tau_pos, 4.0 / v.tau_neg, u.dtype)
         sigma = torch.sigmoid(tau * (ratio - 1.0))
-        return sigma * scale * adv, 4.0 * adv * sigma * (1.0 - sigma) * ratio, None, ratio
+        return sigma * scale, 4.0 * weight * sigma * (1.0 - sigma) * ratio, None, ratio
     if v.gate == "cispo":
-        return None, _cispo_weight(ratio, v) * adv, None, ratio
-    return ratio * adv, ratio * adv, None, ratio
+        clipped = _cispo_weight(ratio, v)
+        return clipped, clipped * weight, None, ratio
+    return ratio, ratio * weight, None, ratio
 
 
 def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
@@ -388,40 +421,29 @@ def _masked_token_extremes(logp, old, mf, dtype) -> tuple[float, float]:
     return float(torch.where(unmasked, r, math.inf).min()), float(torch.where(unmasked, r, -math.inf).max())
 
 
-def _row_extremes(ratio: torch.Tensor, nonempty: torch.Tensor, all_nonempty: bool) -> list[torch.Tensor]:
-    """[min, max] of the per-row ratio over the non-empty rows (+-inf where there is none)."""
-    if all_nonempty:
-        return list(torch.aminmax(ratio))
-    return [torch.where(nonempty, ratio, math.inf).min(), torch.where(nonempty, ratio, -math.inf).max()]
-
-
 def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dtype):
-    """(loss, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or loss).
-    The per-row quantities are tensors; the scalars are read once (one ``tolist``) and combined as
-    Python floats (double precision), each metric rounded once to ``dtype``."""
+    """(loss as a float, metrics, (d/d logp, d/d entropy, d/d kl)) or None (a non-finite input, ratio or
+    loss). The per-row quantities that are summed are read as Python floats (``tolist``), the scalars
+    of the blocks once, and combined in double precision, each metric rounded once to ``dtype``; the
+    per-row gradient factors stay tensors."""
     v = variant
     n, t = logp.shape
     per_token_adv = advantages.ndim == 2
     token_level = v.ratio == "token"
-    gate = _TokenGate(None, None, None, None)
+    gate = _NO_GATE
     if token_level and v.gate in ("clip", "sapo"):
         positive = advantages > 0
         gate = _token_gate(v, positive if per_token_adv else positive.unsqueeze(-1), dtype)
-        if v.gate == "sapo" and not per_token_adv:  # the term's factor per row: (4 / tau) A
-            gate = gate._replace(scale=gate.scale * advantages.unsqueeze(-1))
     blocks = _run_blocks(v, logp, old, advantages, mask, mf, dtype, gate)
     # a ratio beyond the dtype's range (its gradient factor would be 0 * inf): the reference decides
     if blocks is None or blocks.high >= _LOG_MAX[dtype]:
         return None
     lengths, mf = blocks.lengths, blocks.mask
-    first = [lengths.sum(), *torch.aminmax(lengths)] + ([] if per_token_adv else [advantages.sum()])
-    first = torch.stack(first).tolist()
-    tokens, shortest, longest = first[:3]
-    if not all(math.isfinite(value) for value in first):
-        return None
+    counts = lengths.tolist()  # whole numbers: their sum in double precision is exact
+    tokens, shortest, longest = sum(counts), min(counts), max(counts)
     all_nonempty = shortest > 0
     nonempty = None if all_nonempty else lengths > 0
-    sequences = float(n) if all_nonempty else float(nonempty.sum())
+    sequences = float(n) if all_nonempty else float(sum(length > 0 for length in counts))
     local = _local_normalizer(tokens, sequences, longest, v)
     denominator = None if local is None else _denominator(normalizer, local, dtype)
     if denominator is None:
@@ -431,85 +453,109 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     if given and not bool(torch.isfinite(torch.stack([x.sum() for x in given.values()])).all()):
         return None
     row_scale = math.sqrt(v.group_size) if v.aggregation == "seq_sqrt_token_mean" else 1.0
-    length1 = lengths.clamp(min=1.0)
-    # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G)
-    token_row = (row_scale / length1) if v.aggregation in _PER_SEQUENCE_MEAN else row_scale
+    length1 = lengths if all_nonempty else lengths.clamp(min=1.0)  # (every length >= 1: the same values)
+    # the weight of a token's term in its row's contribution (md eq. (10)), times sqrt(G): per row
+    # (a tensor, and as Python floats for the sums) under the per-sequence means, else a float
+    per_sequence_mean = v.aggregation in _PER_SEQUENCE_MEAN
+    token_row = None  # (formed below only where a regulariser needs it)
+    if given:
+        token_row = (row_scale / length1) if per_sequence_mean else row_scale
+    row_weights = [row_scale / max(count, 1.0) for count in counts] if per_sequence_mean else None
     scale = -1.0 / denominator
     masked_tokens = tokens < n * t
     token_units = max(tokens, 1.0)
+    # the per-row values are read (``tolist``) and summed in double precision; where A is per row, the
+    # advantages (or (4 / tau) A) are among them, ``checked``: their sum must be finite
     if token_level:
-        sums = blocks.rows
-        if not per_token_adv and v.gate != "sapo":  # SAPO's rows carry (4 / tau) A already
-            sums = sums * advantages  # an empty row's sum is 0
-        row_factor = token_row * (4.0 * scale if v.gate == "sapo" else scale)
-        if not per_token_adv:
-            row_factor = advantages * row_factor
-        grad = _Factor(blocks.slope, row_factor)
-        objective = sums.sum()
-        if isinstance(token_row, torch.Tensor):
-            policy = (sums * token_row).sum()
-        else:  # (a multiplication by 1 is exact: skipped)
-            policy = objective if token_row == 1.0 else objective * token_row
-        scalars = [objective, policy, blocks.k3, blocks.log_ratio_sum]
-        if blocks.opened is not None:
-            scalars.append(blocks.opened)
-    else:  # one unit per sequence (md eqs. (3)-(5)): everything per row, then broadcast
-        total = blocks.rows
-        if v.ratio in ("sequence_mean", "gspo_token"):
-            total = total / length1
-        adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
-        term, slope, opened, ratio = _unit_gate(v, total, adv)
-        if v.gate == "cispo":
-            unit_logp = blocks.unit_logp / length1 if v.ratio == "sequence_mean" else blocks.unit_logp
-            term = slope * unit_logp
-        if v.ratio == "gspo_token":  # md eq. (5): the sequence ratio's value on every token, slope 1
-            objective = (term * lengths).sum()
-            # a row's token mean of len_i copies of its term is the term itself
-            policy = (term if v.aggregation in _PER_SEQUENCE_MEAN else term * lengths).sum() * row_scale
-            grad_rows = slope * token_row
-            opened_units = None if opened is None else (opened * lengths).sum()
-            ratio_sum = ((ratio - 1.0) * lengths).sum()
+        weights = None
+        if not per_token_adv:  # the rows carry the term over A (SAPO: over (4 / tau) A)
+            weights = advantages if v.gate != "sapo" else gate.scale.view(-1) * advantages
+        # A (per row) times the row weight of md eq. (10) (times sqrt(G)) over -D (SAPO: times 4)
+        factor = (4.0 * scale if v.gate == "sapo" else scale) * row_scale
+        if per_token_adv:
+            row_factor = length1.reciprocal().mul_(factor) if per_sequence_mean else factor
+        elif per_sequence_mean:
+            row_factor = torch.addcdiv(_ZERO[dtype], advantages, length1, value=factor)
         else:
-            objective = term.sum()
-            if v.aggregation in _PER_TOKEN_COPIES:
-                policy = (term * lengths).sum()
-                grad_rows = slope * lengths
-            else:
-                policy = objective
-                grad_rows = slope
-            if v.ratio == "sequence_mean":
-                grad_rows = grad_rows / length1
-            if row_scale != 1.0:  # (sqrt(G); a multiplication by 1 is exact: skipped)
-                policy, grad_rows = policy * row_scale, grad_rows * row_scale
-            opened_units = None if opened is None else opened.sum()
-            ratio_sum = (ratio - 1.0).sum()
-        grad = _Factor(mf, grad_rows * scale)
-        scalars = [objective, policy, blocks.k3, ratio_sum, *_row_extremes(ratio, nonempty, all_nonempty)]
-        if opened_units is not None:
-            scalars.append(opened_units)
+            row_factor = advantages * factor
+        grad = _Factor(blocks.slope, row_factor)
+        checked = None if weights is None else weights.tolist()
+        terms = blocks.rows.tolist()
+        if weights is not None:
+            terms = list(map(operator.mul, terms, checked))
+        objective = sum(terms)
+        # (a multiplication by 1 is exact: skipped)
+        policy = objective if row_weights is None else sum(map(operator.mul, terms, row_weights))
+        scalars = [blocks.k3, blocks.log_ratio_sum] + ([] if blocks.opened is None else [blocks.opened])
+    else:  # one unit per sequence (md eqs. (3)-(5)): everything per row, then broadcast
+        total = blocks.rows  # (a buffer of the blocks: divided in place)
+        if v.ratio in ("sequence_mean", "gspo_token"):
+            total = total.div_(length1)
+        adv = advantages if all_nonempty else torch.where(nonempty, advantages, 0.0)
+        gspo_token = v.ratio == "gspo_token"
+        # the gradient's per-row factor times the unit's d term / d (A u): A times the row's weight in
+        # the loss, md eqs. (10)-(11) (len_i where a unit counts once per token, over len_i for the
+        # mean log-ratio, or GSPO-token's per-sequence mean of its copies; sqrt(G)), over -D; for an
+        # empty row A = 0 (len_i / max(len_i, 1) is 1 elsewhere)
+        factor = scale * row_scale
+        if gspo_token:
+            over_length, times_length = per_sequence_mean, False
+        else:
+            copies = v.aggregation in _PER_TOKEN_COPIES
+            mean = v.ratio == "sequence_mean"
+            over_length, times_length = mean and not copies, copies and not mean
+        if over_length:
+            weight = torch.addcdiv(_ZERO[dtype], adv, length1, value=factor)
+        elif times_length:
+            weight = torch.addcmul(_ZERO[dtype], adv, lengths, value=factor)
+        else:
+            weight = adv * factor
+        unit, slope, opened, ratio = _unit_gate(v, total, adv, weight)
+        ratios, advs = ratio.tolist(), adv.tolist()
+        checked = advs if all_nonempty else advantages.tolist()
+        terms = list(map(operator.mul, unit.tolist(), advs))
+        if v.gate == "cispo":  # sg(clip(r)) A times the unit's log-prob (md eq. (9))
+            unit_logp = blocks.unit_logp.div_(length1) if v.ratio == "sequence_mean" else blocks.unit_logp
+            terms = list(map(operator.mul, terms, unit_logp.tolist()))
+        objective = sum(map(operator.mul, terms, counts)) if gspo_token else sum(terms)
+        if gspo_token:  # a row's token mean of len_i copies of its term is the term itself
+            policy = sum(terms) if per_sequence_mean else objective
+        else:
+            policy = sum(map(operator.mul, terms, counts)) if copies else objective
+        policy *= row_scale
+        grad = _Factor(mf, slope)
+        # the units: a row's tokens (GSPO-token: the sequence ratio's value on each, md eq. (5)) or the
+        # row (an empty row's ratio is 1: r - 1 = 0)
+        opened_units = None if opened is None else (
+            sum(map(operator.mul, opened.tolist(), counts)) if gspo_token else sum(opened.tolist()))
+        ratio_sum = sum((r - 1.0) * c for r, c in zip(ratios, counts, strict=True)) if gspo_token else (
+            sum(ratios) - n if all_nonempty else sum(r - 1.0 for r in ratios))
+        unit_ratios = ratios if all_nonempty else [r for r, c in zip(ratios, counts, strict=True) if c]
+        scalars = [blocks.k3]
     regularised = _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scale, grad, dtype)
     grad, grad_entropy, grad_kl, contributions, extra = regularised
-    values = torch.stack(scalars + contributions + list(extra.values())).tolist()
-    objective, policy, k3 = values[:3]
+    if checked is not None and not math.isfinite(sum(checked)):  # a non-finite A: the reference decides
+        return None
+    values = _read(scalars + contributions + list(extra.values()))
+    k3 = values[0]
     if token_level:
         units = token_units
-        ratio_mean = 1.0 + (k3 + values[3]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
-        closed = 0.0 if blocks.opened is None else tokens - (values[4] - (n * t - tokens))
+        ratio_mean = 1.0 + (k3 + values[1]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
+        closed = 0.0 if blocks.opened is None else tokens - (values[2] - (n * t - tokens))
         if masked_tokens and (blocks.low >= 0.0 or blocks.high <= 0.0):  # not both sides of 1
             low, high = _masked_token_extremes(logp, old, mf, dtype)
         else:  # masked tokens hold log-ratio 0, and exp is monotonic
             low, high = math.exp(blocks.low), math.exp(blocks.high)
         masked_units = masked_tokens
     else:
-        gspo_token = v.ratio == "gspo_token"
         units = token_units if gspo_token else max(sequences, 1.0)
-        ratio_mean = 1.0 + values[3] / units
-        low, high = values[4:6]
-        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - values[6]
+        ratio_mean = 1.0 + ratio_sum / units
+        low, high = min(unit_ratios, default=math.inf), max(unit_ratios, default=-math.inf)
+        closed = 0.0 if opened is None else (tokens if gspo_token else float(n)) - opened_units
         masked_units = masked_tokens if gspo_token else not all_nonempty
     if masked_units:  # the reference fills the masked units with the mean
         low, high = min(low, ratio_mean), max(high, ratio_mean)
-    extra_values = values[len(values) - len(extra):]
+    extra_values = values[len(scalars) + len(contributions):]
     loss = (-policy + sum(values[len(scalars):len(scalars) + len(contributions)])) / denominator
     if not math.isfinite(loss):
         return None
@@ -517,7 +563,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     metrics += [value / token_units for value in extra_values]
     names = ("policy_objective", "clip_fraction", "ratio_mean", "ratio_min", "ratio_max", "approx_kl",
              "normalizer", *extra)
-    loss, *metrics = lengths.new_tensor([loss, *metrics]).unbind()  # one tensor, rounded once
+    metrics = lengths.new_tensor(metrics).unbind()  # one tensor, each rounded once (the loss: by the caller)
     return loss, dict(zip(names, metrics, strict=True)), (grad, grad_entropy, grad_kl)
 
 
@@ -583,21 +629,23 @@ class _ClosedFormLoss(torch.autograd.Function):
     incoming one, in one pass per input and in its dtype."""
 
     @staticmethod
-    def forward(ctx, loss, grads, logp, entropy, kl):
+    def forward(ctx, loss: float, dtype, grads, *inputs):  # inputs: logp, or logp, entropy, kl (or None)
         ctx.grads = grads
-        ctx.dtypes = tuple(None if x is None else x.dtype for x in (logp, entropy, kl))
-        return loss.clone()
+        ctx.dtypes = tuple(None if x is None else x.dtype for x in inputs)
+        return torch.scalar_tensor(loss, dtype=dtype)  # (on the CPU, as the closed form runs)
 
     @staticmethod
     def backward(ctx, grad_loss):
-        out = [None, None]
-        for saved, dtype, needed in zip(ctx.grads, ctx.dtypes, ctx.needs_input_grad[2:], strict=True):
+        out = [None, None, None]
+        # (a CPU scalar; the incoming gradient of a plain ``loss.backward()`` is 1: no multiplication)
+        scaled = grad_loss.requires_grad or float(grad_loss) != 1.0
+        for saved, dtype, needed in zip(ctx.grads, ctx.dtypes, ctx.needs_input_grad[3:], strict=True):
             if not needed or saved is None:
                 out.append(None)
                 continue
-            factor = grad_loss * _row_column(saved.per_row)
-            if factor.dtype != saved.per_token.dtype:
-                factor = factor.to(saved.per_token.dtype)
+            factor = _row_column(saved.per_row)
+            if scaled:
+                factor = factor * grad_loss.to(saved.per_token.dtype)
             grad = torch.mul(saved.per_token, factor)
             out.append(grad if grad.dtype == dtype else grad.to(dtype))
         return tuple(out)
