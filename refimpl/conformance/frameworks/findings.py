@@ -101,14 +101,16 @@ def dual_clip_tie_finding(where: str, quote: str, affected: str, function: str =
 
 
 def ratio_overflow_finding(where: str, quote: str, affected: str, function: str = "",
-                           upstream: str = "") -> Finding:
+                           upstream: str = "", extra: str = "") -> Finding:
     """The finding of ``ratio_overflow="nan"``: ``exp`` of the raw log-ratio overflows to inf above 88.72
-    in float32 (and bf16); a closed gate then multiplies its zero derivative by inf: NaN."""
+    in float32 (and bf16); a closed gate then multiplies its zero derivative by inf: NaN. ``extra``: a
+    sentence on the framework's own gates (e.g. a soft gate that saturates)."""
     return Finding(
         "ratio_overflow", "bug",
         "exp of the unclamped log-ratio is inf above 88.72 in float32: with a closed gate (A > 0 beyond "
         "1 + eps_high) the exact gradient is 0, but the clamp's zero derivative times exp's inf is NaN, "
-        "and one NaN token poisons the step's gradient (a stale or mismatched old log-prob suffices).",
+        "and one NaN token poisons the step's gradient (a stale or mismatched old log-prob suffices)."
+        + (" " + extra if extra else ""),
         where=where, quote=quote, affected=affected, function=function, upstream=upstream,
     )
 

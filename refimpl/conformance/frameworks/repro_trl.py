@@ -388,4 +388,21 @@ verdict("TRL experimental SDPOTrainer._prepare_training_batch, scale_rewards='no
         got.tolist(), f"{exact.tolist()} (the centred rewards, advantages.md eq. (5) scale='none')",
         not torch.allclose(got, exact, rtol=0.0, atol=1e-7))
 """,
+        ("trl", "opsm_unscored_tokens"): trl + """\
+trainer.loss_type, trainer.off_policy_mask_threshold = "dapo", 0.5
+logp = torch.full((1, 4), -1.0, requires_grad=True)  # ratio 1 against the recomputed old log-probs
+trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+nan = float("nan")  # three tokens vLLM could not score; the scored one is 1 nat off-policy
+empty, ids = torch.zeros((1, 0), dtype=torch.long), torch.zeros((1, 4), dtype=torch.long)
+inputs = {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": ids,
+          "completion_mask": torch.ones_like(ids), "advantages": torch.tensor([-1.0]),
+          "old_per_token_logps": logp.detach().clone(), "num_items_in_batch": torch.tensor(4),
+          "sampling_per_token_logps": torch.tensor([[0.0, nan, nan, nan]])}
+grad = torch.autograd.grad(GRPOTrainer._compute_loss(trainer, trainer.model, inputs), logp)[0]
+verdict("TRL GRPOTrainer.get_off_policy_mask (trainer/grpo_trainer.py:2964), off_policy_mask_threshold 0.5, "
+        "A = -1, one scored token with log(pi_sampler / pi_theta) = 1 and three unscorable (NaN): "
+        "d loss / d logp", grad.tolist(),
+        "[[0.0, 0.0, 0.0, 0.0]] (the scored tokens' mean KL 1 > 0.5: the sequence is dropped)",
+        bool(grad.abs().sum() > 0))
+""",
     }

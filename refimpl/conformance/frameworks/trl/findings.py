@@ -5,10 +5,11 @@ steps, the vLLM importance-sampling weight's level and lower bound, RLOOTrainer'
 CISPO metric and cap, delta with the losses that ignore it, the sequence-level metrics' rows, the
 entropy mask's per-micro-batch quantile, the experimental GMPOTrainer's dropped behaviour weight,
 AsyncGRPOTrainer's normaliser and ratio, SDPOTrainer's dapo normaliser, unscaled advantages and unscorable
-rewards, A2POTrainer's all-incorrect filter, the logged zero-std fraction and vLLM weights, and settings
-accepted silently (sweep 15: beta, the off-policy threshold, VESPO's lambda, the entropy band, RLOO's
-reward clip, the vLLM cap, A*-PO's beta1). Each has its class and verified line (findings.py); every bug and
-validation finding has a standalone script (repro_trl.py)."""
+rewards, A2POTrainer's all-incorrect filter, the logged zero-std fraction and vLLM weights, the off-policy
+mask's unscorable tokens, the clip metrics under delta, and settings accepted silently
+(sweep 15: beta, the off-policy threshold, VESPO's lambda, the entropy band, RLOO's reward clip, the vLLM
+cap, A*-PO's beta1). Each has its class and verified line (findings.py); every bug and validation finding
+has a standalone script (repro_trl.py)."""
 
 from __future__ import annotations
 
@@ -414,5 +415,32 @@ TRAINER_FINDINGS = (
         where="trainer/callbacks.py:132",
         quote="target_param.data.mul_(1.0 - alpha).add_(copy_param.data, alpha=alpha)",
         affected=_AFFECTED + " (GRPOTrainer, RLOOTrainer with sync_ref_model=True, beta > 0)",
+    ),
+    # audit 15 round 4 (source first): the off-policy mask's unscorable tokens, the clip metrics under delta
+    Finding(
+        "opsm_unscored_tokens", "bug",
+        "off_policy_mask_threshold (DeepSeek-V3.2's off-policy sequence masking: drop a sequence with A < 0 "
+        "whose mean over its tokens of log(pi_sampler / pi_theta) exceeds delta) sets the KL of a token "
+        "vLLM could not score (NaN log-prob) to 0 (:2961) but still counts it in the sequence's length "
+        "(:2964): the mean is diluted by every unscorable token, so a sequence that is off-policy on the "
+        "tokens that carry evidence is kept (TRL's own vLLM metrics exclude such tokens because 'counting "
+        "them as zero instead would understate the divergence', :2864). Four tokens, one scored with KL 1, "
+        "three NaN, A = -1, delta 0.5: mean 0.25, kept (dapo gradient 0.25 per token) where the mean "
+        "over the scored tokens, 1, drops it (gradient 0). Not driven (the kit's calls carry no vLLM "
+        "log-probs).",
+        where="trainer/grpo_trainer.py:2964",
+        quote="avg_seq_kl = seq_kl_sum / mask.sum(dim=1, keepdim=True).clamp(min=1.0)",
+        affected=_AFFECTED + " (off_policy_mask_threshold set, use_vllm=True with unscorable tokens)",
+    ),
+    Finding(
+        "delta_clip_metrics", "value_only",
+        "with delta set, the logged clip fractions (clip_ratio/high_mean, high_max, region_mean) test "
+        "coef_1 after it was capped at delta (:3116): with delta <= 1 + epsilon_high (finding config:delta) "
+        "no token is ever counted as high-clipped although the cap zeroes their gradient, and with delta "
+        "above the band the count is right. delta 1.1, epsilon_high 0.2, a token with ratio 1.3 and A = 1: "
+        "clip_ratio/high_mean 0 instead of 1. The loss is the one finding config:delta describes.",
+        where="trainer/grpo_trainer.py:3275",
+        quote="is_high_clipped = (coef_1 > 1 + self.epsilon_high) & (advantages > 0)",
+        affected=_AFFECTED + " (delta set, clip losses)",
     ),
 )

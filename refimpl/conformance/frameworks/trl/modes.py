@@ -158,7 +158,8 @@ _UNSUPPORTED = {
     "are not checked (finding config:entropy_coef_min).",
     "off_policy_mask_threshold": "off-policy sequence masking (DeepSeek-V3.2) has no refimpl equivalent; a "
     "negative threshold is accepted and drops on-policy negative-advantage rows (finding "
-    "config:off_policy_mask_threshold).",
+    "config:off_policy_mask_threshold); tokens vLLM could not score count as KL 0 in the sequence's mean "
+    "(finding opsm_unscored_tokens).",
     "use_vllm with vllm_importance_sampling_correction": "the behaviour importance ratio is computed "
     "outside the loss (_generate_and_score_completions) from vLLM's log-probs; the kit's call has none "
     "(its level, a sequence product by default whatever the ratio's: finding vllm_is_level; its lower "
@@ -193,7 +194,8 @@ _UNSUPPORTED = {
     "(finding config:beta1) and filter_all_incorrect tests a zero reward sum (finding a2po_all_incorrect).",
     "logged metrics": "the kit judges the loss, not TRL's logged metrics (cispo's clip fraction counts a "
     "capped token only when A > 0: finding cispo_clip_ratio; at importance_sampling_level='sequence' the "
-    "clip fractions count empty rows too: finding sequence_metrics_rows; frac_reward_zero_std is a batch "
+    "clip fractions count empty rows too: finding sequence_metrics_rows; with delta the clip fractions test "
+    "the delta-capped ratio: finding delta_clip_metrics; frac_reward_zero_std is a batch "
     "value under scale_rewards='batch': finding frac_reward_zero_std; the vLLM weight's metrics: finding "
     "vllm_is_metrics).",
     "delta with sapo / cispo / vespo": "delta is read only in the clip losses' branch "
@@ -347,7 +349,11 @@ FINDINGS = (
         affected="trl 1.16.0",
     ),
     ratio_overflow_finding("trainer/grpo_trainer.py:3095", "coef_1 = torch.exp(log_importance_weights)",
-                           "trl 1.16.0"),
+                           "trl 1.16.0 (grpo, bnpo, dr_grpo, dapo, luspo, sapo; cispo with beta > 0)",
+                           extra="loss_type='sapo' has no closed branch, but its gate saturates "
+                           "(grpo_trainer.py:3123, sigmoid(tau (inf - 1)) = 1): the sigmoid's zero "
+                           "derivative times exp's inf is NaN for either sign of A, where SAPO's exact "
+                           "gradient is 0 (policy_losses.md section 5, Range)."),
     zero_rows_finding("trainer/grpo_trainer.py:3154",
                       "loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
                       "trl 1.16.0 (grpo, sapo, gspo; dr_grpo and luspo likewise)"),
