@@ -189,7 +189,9 @@ FINDINGS = (
         "dual_clip, models/loss.py:155-156): a negative epsilon makes the band [1 - eps_low, 1 + eps_high] "
         "exclude ratio 1 (torch.clamp with min > max returns max), so an on-policy token gets the clipped "
         "constant and no gradient (eps -0.1, A = 1: gradient 0 instead of -1 per token), and eps_low >= 1 "
-        "removes the lower clip without a word (policy_losses.md eq. (6): 0 <= eps < 1).",
+        "removes the lower clip without a word (policy_losses.md eq. (6): 0 <= eps < 1). Given both, "
+        "--actor.eps_clip_low_high silently replaces --actor.eps_clip (cli/train_ppo_ray.py:633-634 reads "
+        "eps_clip only when eps_clip_low_high is None; no warning).",
         where="models/loss.py:201",
         quote="surr2 = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages",
         affected="openrlhf 0.11.2",

@@ -241,4 +241,45 @@ SWEEP_FINDINGS = (
         quote="clip_ratio = masked_mean(torch.lt(surr2, surr1).float(), action_mask, dim=None)",
         affected="openrlhf 0.11.2",
     ),
+    Finding(
+        "kl_coef_default", "documented_default",
+        "--algo.kl.init_coef ('KL penalty in PPO') defaults to 0.01 for both places the KL can go: with "
+        "--algo.kl.use_loss (the help: 'whether to use KL loss from GRPO') it is the KL loss's coefficient "
+        "(trainer/ray/ppo_actor.py:338, 'loss = actor_loss + kl_loss * kl_ctl'), a quarter of GRPO's "
+        "beta = 0.04 "
+        "(Shao et al. 2024, section 4.2: 'the KL coefficient is 0.04'); in the reward (the default) it is "
+        "half of InstructGPT's beta = 0.02 (Ouyang et al. 2022, appendix C.4). Setting --algo.kl.init_coef "
+        "gives the paper's; the kit's kinds pass the coefficient explicitly.",
+        where="cli/train_ppo_ray.py:438",
+        quote='parser.add_argument("--algo.kl.init_coef", type=float, default=0.01, '
+              'help="KL penalty in PPO")',
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "reinforce_gae_mean_subtracted", "documented_default",
+        "--algo.advantage.estimator reinforce and gae always have the step's token-weighted mean advantage "
+        "subtracted (compute_advantages_and_returns, experience_maker.py:325-338), and divided by its std "
+        "unless --algo.advantage.no_std_norm: 'reinforce' is REINFORCE with a batch-mean baseline and a "
+        "batch scale, not Williams's (1992) return-weighted score function (estimators.md: the return "
+        "itself), and gae's advantages are whitened where the GAE / PPO papers use A_t as computed. The "
+        "estimator's help does not say so; the mean subtraction is documented only through no_std_norm's "
+        "help ('while keeping mean normalization'), and no option turns it off, so the paper's unwhitened "
+        "advantage is not available (reinforce, a step of one response with reward 1: every token's "
+        "advantage 0).",
+        where="trainer/ppo_utils/experience_maker.py:330",
+        quote="mean = (all_advantages * all_action_masks).sum() / num_actions",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "clip_ratio_dual_clip", "value_only",
+        "the logged clip_ratio (ppo_clip_ratio) counts a token iff surr2 < surr1 (models/loss.py:257), i.e. "
+        "only the hard clip's cut-off; with --actor.dual_clip c a token with A < 0 and ratio > c, whose "
+        "loss the dual clip replaces by -c A with zero gradient (loss.py:208-212), has surr1 < surr2 and is "
+        "not counted: ratios (4, 1.5, 1), A = -1, eps 0.2, c 3 log clip_ratio 0 while the first token's "
+        "gradient is cut (the usual clip fraction, |r - 1| > eps, is 2/3; the tokens whose gradient a clip "
+        "removes are 1/3). The gradient is right.",
+        where="models/loss.py:257",
+        quote="clip_ratio = masked_mean(torch.lt(surr2, surr1).float(), action_mask, dim=None)",
+        affected="openrlhf 0.11.2",
+    ),
 )

@@ -209,7 +209,8 @@ _UNSUPPORTED = {
         "(finding grad_accum_partial_window); the kit's cases are whole steps",
         "logged policy_loss / entropy_loss": "the logs of ppo_train, not the loss the optimizer steps on "
         "(finding logged_loss_weighting, value only; a micro-batch without action tokens logs a NaN "
-        "ppo_clip_ratio / ppo_kl for the step: finding empty_micro_batch_metrics).",
+        "ppo_clip_ratio / ppo_kl for the step: finding empty_micro_batch_metrics; ppo_clip_ratio leaves "
+        "out the tokens the dual clip cuts: finding clip_ratio_dual_clip).",
         "entropy bonus": "actor.entropy_coef needs the model's logits (entropy computed by the Actor); "
         "the kit's cases carry no entropy (its token-mean aggregation: finding entropy_aggregation; NaN "
         "for a -inf logit: finding entropy_neg_inf)",
