@@ -9,10 +9,12 @@ imports its whole infrastructure (aiohttp, uvloop, hydra, ...), so it is install
 ``--no-deps`` and the driver executes the one installed file it runs, ``utils/functional/functional.py``,
 unchanged, as the private module ``_refimpl_areal.functional`` (``sources.load_source``). That file
 imports ``RejectionSamplingConfig`` from ``areal.api.cli_args`` and ``KLEstimator`` from
-``areal.utils.data`` (each pulling in the infrastructure); both are used only by
-``apply_rejection_sampling``, which the driven modes never reach (``rejection_sampling=None``), so
-stand-ins serve those two names while the file executes and are removed from ``sys.modules``
-afterwards. Nothing in site-packages is edited.
+``areal.utils.data`` (each pulling in the infrastructure); both serve only
+``apply_rejection_sampling``: the config class as an annotation, ``KLEstimator`` for the KL metrics.
+The policy-loss modes never reach it (``rejection_sampling=None``); the behaviour-correction modes
+``decoupled/clamp`` and ``decoupled/mask`` (areal_kinds.py) do, with a plain config of metric 'ratio',
+which uses neither name. So stand-ins serve those two names while the file executes and are removed
+from ``sys.modules`` afterwards. Nothing in site-packages is edited.
 
 What a call does. ``grpo_loss_fn`` (trainer/ppo/actor.py:408-480) calls
 ``ppo_actor_loss_fn(logprobs, proximal_logprobs, old_logprobs, advantages, eps_clip, loss_mask,
@@ -143,7 +145,8 @@ UNSUPPORTED = {
         "distill_per_token_reward); a negative distill_loss_weight is accepted and drives the policy "
         "away from the teacher (finding config:distill_loss_weight).",
         "KL": "AReaL puts its KL into the rewards (kl_ctl * KLEstimator in compute_advantages), never into "
-        "the actor loss.",
+        "the actor loss; kl_estimator 'k2' / 'k3' are accepted for that reward, where only k1's "
+        "score-function gradient is the KL's (finding config:kl_estimator).",
         "entropy and the logged statistics": "grpo_loss_fn detaches the entropy and only logs it "
         "(actor.py:434): no entropy term to drive; a logit of -inf makes the logged entropy NaN (finding "
         "entropy_masked_logit), and the logged approx_kl is log pi_theta - log pi_prox, minus the k1 "
@@ -168,6 +171,8 @@ UNSUPPORTED = {
         "so RLOO's n / (n - 1) cancels (finding adv_leave_one_out_std); no flag expresses that std.",
         "mean_level None with std_level set": "the std is the root mean square about 0 (finding "
         "adv_std_uncentred); no flag expresses it.",
+        "mean_level 'batch' with std_level 'group'": "each group's std is taken about the batch mean, not "
+        "the group's own (finding adv_std_batch_mean); no flag expresses it.",
         "eps <= 0, mean_leave1out without a mean": "NormConfig accepts both: eps 0 gives NaN for a group "
         "of equal rewards, a negative eps can flip the advantages (finding config:norm_eps); mean_leave1out "
         "with mean_level None does nothing (finding config:mean_leave1out).",
@@ -306,10 +311,12 @@ def _functional():
     private_package(_PRIVATE)
 
     class _Unused:
-        """Stands in for a name the driven losses never use (rejection sampling only)."""
+        """Stands in for a name the driven losses never call (an annotation; rejection sampling's KL
+        metrics, which no mode drives)."""
 
         def __init__(self, *args, **kwargs):
-            raise RuntimeError("rejection sampling is not driven by refimpl's AReaL driver")
+            raise RuntimeError("rejection sampling's config class and KL metrics are not driven by refimpl's "
+                               "AReaL driver")
 
     stand_ins = {
         "areal.api.cli_args": stand_in("areal.api.cli_args", RejectionSamplingConfig=_Unused),

@@ -7,7 +7,8 @@ std, uncentred std, group size and empty input, the distillation terms, the rewa
 per-token advantages and the settings accepted silently; then a second audit's: mask_no_eos_with_zero
 zeroing only the reward, the overlong budget's own field, M2PO and the critic's setting without effect,
 the log-linear proximal policy; then a third audit's: SAPO's ignored clip settings, rejection sampling's
-band above 1 and its warning, the logged entropy and approx_kl; then a sweep's (``SWEEP_FINDINGS``,
+band above 1 and its warning, the logged entropy and approx_kl; then a fourth audit's: a group std about
+the batch mean, the KL reward's estimator; then a sweep's (``SWEEP_FINDINGS``,
 areal_sweep.py): settings accepted in a nonsensical range or ignored, two logged values.
 Each has its class and verified line (findings.py); every bug
 and validation finding has a standalone script (repro_areal.py)."""
@@ -180,9 +181,15 @@ AUDIT_FINDINGS = (
         "NormConfig accepts mean_level 'group' with its default group_size 1 (it rejects only "
         "group_size < 1): every group is one sample, its mean the sample itself, and every advantage "
         "is 0 (std_unbiased, the "
-        "default, sets a singleton's std to 1), silently. Rewards (1, 0, 1, 0): (0, 0, 0, 0).",
+        "default, sets a singleton's std to 1), silently. Rewards (1, 0, 1, 0): (0, 0, 0, 0). Nor is "
+        "group_size ever compared with gconfig.n_samples, the size of the groups the rollout samples "
+        "(rl_trainer.py:616 passes n_samples to prepare_batch only; no __post_init__ reads both): "
+        "group_size 2 with n_samples 4 normalises each half of a group on its own, silently. Rewards (1, "
+        "0, 1, 0.5), eps 0: (0.707, -0.707, 0.707, -0.707) where the group of 4 gives (0.783, -1.306, "
+        "0.783, -0.261).",
         where="api/cli_args.py:93", quote=") and self.group_size < 1:",
-        affected=_AFFECTED + " (reward_norm / adv_norm with mean_level 'group' and no group_size)",
+        affected=_AFFECTED + " (reward_norm / adv_norm with mean_level 'group' and no group_size, or a "
+        "group_size other than gconfig.n_samples)",
     ),
     Finding(
         "config:overlong_tokens", "validation",
@@ -297,5 +304,30 @@ AUDIT_FINDINGS = (
         where="utils/functional/functional.py:548",
         quote="approx_kl=(logprobs - proximal_logprobs).detach(),",
         affected=_AFFECTED,
+    ),
+    # a fourth audit (source first, kit second): a std about another level's mean, the KL reward's estimator
+    Finding(
+        "adv_std_batch_mean", "bug",
+        "Normalization with mean_level 'batch' and std_level 'group' passes the batch mean to each group's "
+        "_compute_std (utils/data.py:1472, 1481-1484), so a group is divided by its spread about the batch "
+        "mean, not by its own std (advantages.md eq. (3): the group's variance about the group's mean): a "
+        "group far from the batch mean gets a small advantage whatever its internal spread. Rewards (3, 1, "
+        "0, 0), groups of 2, std_unbiased, eps 0: the first group's (1.0, 0.0) where (x - batch mean) / "
+        "std_g gives (1.414, 0.0). (mean_level None is finding adv_std_uncentred.)",
+        where="utils/data.py:1484", quote="group_mean_slice,",
+        affected=_AFFECTED + " (mean_level 'batch' with std_level 'group')",
+    ),
+    Finding(
+        "config:kl_estimator", "validation",
+        "kl_estimator 'k2' or 'k3' is accepted for the actor's KL reward (actor.py:202; PPOActorConfig's "
+        "choices k1, k2, k3, its help 'KL divergence estimator'), where the estimate is a detached per-token "
+        "reward followed by the score-function gradient: only k1 gives the gradient of the KL there; k3 "
+        "lacks its pathwise term and k2 is biased in value (kl.md section 3, table: 'as reward with score "
+        "function'). One decision, pi = softmax(0.3, -0.2, 0.5), pi_ref = softmax(2, -1, 0), kl_ctl 1: "
+        "E[grad log pi * (-k)] w.r.t. the logits is (0.526, -0.217, -0.308) = -grad KL(pi || pi_ref) with "
+        "k1, (0.149, -0.113, -0.036) with k2 and (0.035, -0.045, 0.009) with k3, silently.",
+        where="trainer/ppo/actor.py:202",
+        quote="rewards = -self.kl_ctl * self.kl_estimator(old_logp, ref_logp)",
+        affected=_AFFECTED + " (kl_estimator 'k2' / 'k3' with a reference model)",
     ),
 )

@@ -335,10 +335,16 @@ size = config_defaults("NormConfig")["group_size"]
 checked["__post_init__"](SimpleNamespace(mean_level="group", std_level="group", group_size=size))  # passes
 got = norm(mean_level="group", std_level="group", group_size=size)(torch.tensor([1.0, 0.0, 1.0, 0.0]))
 got = got.tolist()
+rewards = torch.tensor([1.0, 0.0, 1.0, 0.5])  # one group of gconfig.n_samples = 4
+checked["__post_init__"](SimpleNamespace(mean_level="group", std_level="group", group_size=2))  # passes
+half = norm(mean_level="group", std_level="group", group_size=2, eps=0.0)(rewards)
+half = [round(v, 3) for v in half.tolist()]
+full = [round(v, 3) for v in ((rewards - rewards.mean()) / rewards.std()).tolist()]
 verdict(f"AReaL NormConfig(mean_level='group', std_level='group') with its default group_size {size} "
-        "(api/cli_args.py:93): accepted; Normalization on rewards (1, 0, 1, 0)", got,
-        "an error (a group of one has no baseline), or the group the rewards were sampled in",
-        size == 1 and got == [0.0, 0.0, 0.0, 0.0])
+        "(api/cli_args.py:93): accepted; Normalization on rewards (1, 0, 1, 0); then group_size 2 for a "
+        "group of n_samples 4, rewards (1, 0, 1, 0.5), eps 0: accepted", [got, half],
+        f"an error (a group of one has no baseline), or the group the rewards were sampled in: {full}",
+        size == 1 and got == [0.0, 0.0, 0.0, 0.0] and half != full)
 """,
         ("areal", "config:overlong_tokens"): _SILENT_AREAL + _AREAL + """\
 data = {"rewards": torch.zeros(1), "input_ids": torch.zeros(1, 20, dtype=torch.long),

@@ -1,4 +1,5 @@
-"""The standalone scripts of a sweep's validation findings for AReaL (areal_sweep.SWEEP_FINDINGS), keyed as
+"""The standalone scripts of a sweep's validation findings for AReaL (areal_sweep.SWEEP_FINDINGS) and of a
+fourth audit's two findings (the end of areal_findings.AUDIT_FINDINGS), keyed as
 repro_bodies.py's ``BODIES``; they reuse repro_areal.py's preambles (functional.py, utils/data.py's two
 classes, actor.py's functions and api/cli_args.py's defaults, each run from the installed file), passed
 in by repro_areal.py."""
@@ -144,5 +145,47 @@ for length in (10, 20):
 verdict("AReaL reward_overlong_penalty(overlong_penalty_factor=-1) (utils/functional/functional.py:798), "
         "max_new_tokens 20, overlong_tokens 5: accepted; the rewards of responses of 10 and 20 tokens", got,
         "[0.0, -1.0] with factor 1, or an error (DAPO's factor is > 0)", got == [-1.0, 0.0])
+""",
+        **_fourth_audit_bodies(_AREAL_ACTOR, _SILENT_AREAL),
+    }
+
+
+def _fourth_audit_bodies(_AREAL_ACTOR: str, _SILENT_AREAL: str) -> dict[tuple[str, str], str]:
+    """The scripts of a fourth audit's findings (the end of areal_findings.AUDIT_FINDINGS)."""
+    return {
+        ("areal", "adv_std_batch_mean"): _AREAL_ACTOR + """\
+rewards = torch.tensor([3.0, 1.0, 0.0, 0.0])  # two groups of 2; the batch mean is 1
+out = norm(mean_level="batch", std_level="group", group_size=2, eps=0.0)(rewards)
+got = [round(v, 6) for v in out[:2].tolist()]
+first = rewards[:2]
+exact = [round(v, 6) for v in ((first - rewards.mean()) / first.std()).tolist()]
+verdict("AReaL Normalization(mean_level='batch', std_level='group', eps=0) (utils/data.py:1484) on rewards "
+        "(3, 1, 0, 0), groups of 2: the first group's advantages", got,
+        f"{exact} (x - batch mean over the group's own sample std)", got == [1.0, 0.0])
+""",
+        ("areal", "config:kl_estimator"): _SILENT_AREAL + _AREAL_ACTOR + """\
+cli_tree = ast.parse((root / "api" / "cli_args.py").read_text())
+actor_class = next(n for n in cli_tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOActorConfig")
+field_call = next(item.value for item in actor_class.body
+                  if isinstance(item, ast.AnnAssign) and item.target.id == "kl_estimator")
+choices = ast.literal_eval(next(kw.value for kw in field_call.keywords if kw.arg == "metadata"))["choices"]
+z = torch.tensor([0.3, -0.2, 0.5], requires_grad=True)  # the policy's logits at one state (one decision)
+ref = torch.log_softmax(torch.tensor([2.0, -1.0, 0.0]), 0)
+pi = torch.softmax(z.detach(), 0)
+got = {}
+for name in ("k1", "k3"):
+    grad = torch.zeros(3)
+    for a in range(3):  # every sampled token, weighted by its probability: the expected gradient
+        logp = torch.log_softmax(z, 0)[a]
+        reward = -1.0 * data["KLEstimator"](name)(logp.detach().reshape(1), ref[a].reshape(1))  # kl_ctl 1
+        grad += pi[a] * torch.autograd.grad(logp * reward.item(), z)[0]  # the score-function gradient
+    got[name] = [round(v, 3) for v in grad.tolist()]
+q = torch.softmax(z, 0)
+exact = [round(-v, 3) for v in torch.autograd.grad((q * (torch.log(q) - ref)).sum(), z)[0].tolist()]
+verdict(f"AReaL PPOActorConfig.kl_estimator choices {choices} accepted for the KL reward "
+        "(trainer/ppo/actor.py:202); the expected policy gradient of the reward -KLEstimator(k) at one "
+        "decision, per estimator", got,
+        f"{exact} = -grad KL(pi || pi_ref) (k1 gives it; k2 / k3 as a detached reward do not)",
+        got["k1"] == exact and got["k3"] != exact)
 """,
     }
