@@ -249,4 +249,24 @@ verdict("OpenRLHF PolicyLoss(token_level_loss=True, policy_loss_type='gspo') (mo
         f"token_level_loss=True (the setting given), loss {(-torch.e ** 0.1 + 3 * torch.e ** 0.1) / 4:.6f} "
         "(each token weighs 1/4), or an error", policy.token_level_loss is False)
 """,
+        ("openrlhf", "kl_mean_empty_row"): _LOSS + """\
+utils = load_file("openrlhf", "models/utils.py")
+controller = load_file("openrlhf", "trainer/ppo_utils/kl_controller.py")
+root = pathlib.Path(next(iter(importlib.util.find_spec("openrlhf").submodule_search_locations)))
+line = (root / "trainer/ppo_utils/experience_maker.py").read_text().splitlines()[214].strip()
+assert line == "kl_mean = masked_mean(kl, samples.action_mask, dim=-1)", line  # line 215
+""" + silent + """\
+kl = torch.tensor([[0.0, 0.0], [0.1, 0.1]])  # per-token KL of an empty response and a 2-token one
+mask = torch.tensor([[0, 0], [1, 1]])  # the first response has no action token
+kl_mean = utils.masked_mean(kl, mask, dim=-1)  # info["kl"], experience_maker.py:215
+status_kl = kl_mean.float().mean().item()  # ppo_train's sample-weighted mean (ppo_actor.py:207-219)
+ctl = controller.AdaptiveKLController(0.01, 0.1, 10000)  # --algo.kl.target 0.1
+ctl.update(status_kl, 2)  # ppo_trainer.py:253
+reward = utils.compute_reward(torch.tensor([1.0, 0.0]), ctl.value, kl, action_mask=mask)
+verdict("OpenRLHF make_experience's per-response KL (trainer/ppo_utils/experience_maker.py:215) with one "
+        "empty response, then AdaptiveKLController.update (target 0.1) and compute_reward: the logged kl, "
+        "the KL coefficient and the next rewards", f"{kl_mean.tolist()}, {ctl.value}, {reward.tolist()}",
+        "a finite kl (the empty row contributes 0, not counted: 0.1), a finite coefficient (0.01 at "
+        "KL = target), finite rewards", bool(torch.isnan(reward).all()))
+""",
     }

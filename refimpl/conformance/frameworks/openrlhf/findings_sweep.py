@@ -282,4 +282,38 @@ SWEEP_FINDINGS = (
         quote="clip_ratio = masked_mean(torch.lt(surr2, surr1).float(), action_mask, dim=None)",
         affected="openrlhf 0.11.2",
     ),
+    # audit 15r5 (source first, kit second): the departures it found that the kit did not name
+    Finding(
+        "kl_mean_empty_row", "bug",
+        "make_experience logs each response's KL as masked_mean(kl, action_mask, dim=-1) "
+        "(trainer/ppo_utils/experience_maker.py:215; masked_mean, models/utils.py:202, divides by the "
+        "unclamped mask sum): a response without an action token (a prompt that fills --data.max_len, "
+        "samples_generator.py:263) gives 0 / 0 = NaN in info['kl'], ppo_train's sample-weighted mean of the "
+        "step's metrics is then NaN, and ppo_trainer.py:253 hands that status['kl'] to kl_ctl.update: with "
+        "--algo.kl.target (AdaptiveKLController, kl_controller.py:17-19) the KL coefficient becomes NaN "
+        "and, with the KL in the reward (the default), compute_reward's -kl_coef * kl makes every reward, "
+        "advantage and gradient of the next step NaN. With the fixed coefficient only the logged kl is "
+        "NaN. policy_losses.md section 5: an all-masked row contributes 0 and is not counted, and an empty "
+        "batch's metrics are finite (one empty and one 2-token response with KL 0.1 per token, target 0.1: "
+        "logged kl NaN instead of 0.1, coefficient and next rewards NaN instead of finite).",
+        where="trainer/ppo_utils/experience_maker.py:215",
+        quote="kl_mean = masked_mean(kl, samples.action_mask, dim=-1)",
+        affected="openrlhf 0.11.2",
+    ),
+    Finding(
+        "behavior_correction_default", "documented_default",
+        "--algo.advantage.is_correction_level defaults to off (cli/train_ppo_ray.py:261-267): in the default "
+        "synchronous training PolicyLoss forms the ratio against old_log_probs, the DeepSpeed actor's "
+        "recomputed log-probs (models/loss.py:185), and applies no weight for the responses having been "
+        "sampled by vLLM, whose numerics (kernels, precision) give different log-probs for the same weights; "
+        "vLLM is not even asked for them (samples_generator.py:206). The sampling policy then differs from "
+        "pi_old with no correction, where decoupled PPO (Hilton et al. 2022; policy_losses.md eq. (13)) and "
+        "the truncated IS of Yao et al. 2025 weigh each token by pi_old / pi_behaviour (a token that vLLM "
+        "gives probability 0.5 and the trainer 0.25: weight 0.5, default 1). Setting "
+        "--algo.advantage.is_correction_level token (mode clip or mask) gives the correction; findings "
+        "config:async_enable and config:top_p state the same gap for async training and for top_p < 1.",
+        where="models/loss.py:216",
+        quote='if self.is_correction_level != "off" and self.policy_loss_type == "ppo":',
+        affected="openrlhf 0.11.2",
+    ),
 )

@@ -203,7 +203,8 @@ _UNSUPPORTED = {
         "KL loss with algo.kl.target (adaptive KL controller)": "kl_ctl changes between steps; "
         "the kit checks one step with a fixed coefficient (the fixed controller is in scope); the KL the "
         "controller reads is each response's per-token mean, not the response's KL (finding "
-        "adaptive_kl_per_token)",
+        "adaptive_kl_per_token), and NaN for a response without an action token, which makes the "
+        "coefficient and the next rewards NaN (finding kl_mean_empty_row)",
         "a trailing partial gradient-accumulation window": "iter_grad_accum_global_norm normalises it as a "
         "whole optimizer step, but DeepSpeed, which the kit does not run, folds it into the next step "
         "(finding grad_accum_partial_window); the kit's cases are whole steps",
