@@ -236,7 +236,8 @@ FINDINGS = (
         "entry) gives 0 * -inf = NaN, where a -inf logit is a zero-probability entry that drops out of the "
         "sum (kl.md section 6: 0 log 0 = 0), and NaN gradients; ppo_policy_loss_fn adds -entropy_coef "
         "times it to the loss (algo_core.py:249-252), so a PPO step with an entropy bonus is NaN; "
-        "grpo_loss_fn only logs it (aux 'entropy', value only).",
+        "grpo_loss_fn only logs it (aux 'entropy', value only). Reached only where the model's logits hold "
+        "-inf (a vocabulary mask in the model or a caller's).",
         where="rl/algo_core.py:172", quote="return -jnp.sum(probs * log_probs, axis=-1)",
         affected=_AFFECTED,
     ),

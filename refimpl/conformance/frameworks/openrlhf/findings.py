@@ -454,7 +454,8 @@ FINDINGS = (
         "entropy, the entropy bonus of --actor.entropy_coef (trainer/ray/ppo_actor.py:347-353, computed "
         "whenever the option is set, 0 included) and, with a non-zero coefficient, every gradient entry of "
         "the step are NaN. H = -sum_v p_v log p_v with 0 log 0 = 0: a -inf logit drops out (kl.md eq. (5) "
-        "and section 6); logits (0, 1, -inf) give 0.5822, not NaN.",
+        "and section 6); logits (0, 1, -inf) give 0.5822, not NaN. Reached only where the model's logits "
+        "hold -inf (a vocabulary mask in the model's head or a caller's); OpenRLHF itself sets none.",
         where="models/utils.py:218",
         quote="entropy = torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)",
         affected="openrlhf 0.11.2",
