@@ -149,6 +149,7 @@ def test_repro_writes_one_script_per_bug_and_never_replaces_a_file(tmp_path, cap
         "repro_trl_constant_group_rounding.py", "repro_trl_empty_rows.py",
         "repro_trl_entropy_quantile_micro_batch.py",
         "repro_trl_generation_batch_normalizer.py", "repro_trl_gmpo_vllm_is.py",
+        "repro_trl_kl_k3_overflow.py",
         "repro_trl_opsm_unscored_tokens.py", "repro_trl_ratio_overflow.py",
         "repro_trl_rloo_ratio_overflow.py", "repro_trl_sdpo_dapo_normalizer.py",
         "repro_trl_sdpo_scale_none.py", "repro_trl_sdpo_unscorable_rewards.py"]

@@ -411,8 +411,10 @@ FLAG_REASONS: dict[str, str] = {
     "Python floats, a float32 tensor: tau_neg = 1.05 becomes 1.0499999523 (1.3e-8 to 2.6e-6 relative "
     "in float64 losses).",
     "kl_importance_weight": "TRL's use_bias_correction_kl (default True; DeepSeek-V3.2) multiplies the "
-    "per-token k3 term by the importance ratio exp(logp - old_logp) (GSPO: the sequence ratio), "
-    "differentiated, so the KL gradient is the unbiased reverse-KL gradient under off-policy samples.",
+    "per-token k3 term by the importance ratio exp(logp - old_logp), differentiated, so the KL gradient is "
+    "the unbiased reverse-KL gradient under off-policy samples; with GSPO's sequence ratio "
+    "(importance_sampling_level='sequence') every token's k3 is weighted by the sequence's geometric-mean "
+    "ratio, not by its own pi / pi_old (specs/kl.md section 2), which is not unbiased.",
     "compute_dtype": "the spec computes the loss in at least float32 ('float32_min'); TRL, verl and "
     "OpenRLHF compute it in the log-probs' own dtype ('input'), so bf16 / fp16 inputs give a loss with "
     "bf16 / fp16 rounding (checked against a bound from the dtype's unit roundoff and the reduction "

@@ -388,6 +388,23 @@ verdict("TRL experimental SDPOTrainer._prepare_training_batch, scale_rewards='no
         got.tolist(), f"{exact.tolist()} (the centred rewards, advantages.md eq. (5) scale='none')",
         not torch.allclose(got, exact, rtol=0.0, atol=1e-7))
 """,
+        ("trl", "kl_k3_overflow"): trl + """\
+trainer.beta, trainer.args.use_bias_correction_kl = 0.1, True  # the default bias-corrected k3 term
+logp = torch.tensor([[-91.0]], requires_grad=True)  # ratio 1; ref_logp - logp = 90 > 88.72 (float32)
+trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
+empty, ids = torch.zeros((1, 0), dtype=torch.long), torch.zeros((1, 1), dtype=torch.long)
+inputs = {"prompt_ids": empty, "prompt_mask": empty, "completion_ids": ids,
+          "completion_mask": torch.ones_like(ids), "advantages": torch.tensor([0.0]),
+          "old_per_token_logps": torch.tensor([[-91.0]]), "ref_per_token_logps": torch.tensor([[-1.0]]),
+          "num_items_in_batch": torch.tensor(1)}
+loss = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+grad = torch.autograd.grad(loss, logp)[0].item()
+verdict("TRL GRPOTrainer._compute_loss (trainer/grpo_trainer.py:3101), beta 0.1, use_bias_correction_kl, "
+        "float32, ratio 1, ref_logp - logp = 90, A = 0: loss and d loss / d logp",
+        f"loss {loss.item()}, gradient {grad}",
+        "gradient -9.0 (beta (r k3 + r (1 - e^x)) = -beta x: the e^x cancel); the value e^90 - 91 overflows "
+        "float32: an error, not inf", grad != grad)
+""",
         ("trl", "opsm_unscored_tokens"): trl + """\
 trainer.loss_type, trainer.off_policy_mask_threshold = "dapo", 0.5
 logp = torch.full((1, 4), -1.0, requires_grad=True)  # ratio 1 against the recomputed old log-probs

@@ -6,7 +6,7 @@ CISPO metric and cap, delta with the losses that ignore it, the sequence-level m
 entropy mask's per-micro-batch quantile, the experimental GMPOTrainer's dropped behaviour weight,
 AsyncGRPOTrainer's normaliser and ratio, SDPOTrainer's dapo normaliser, unscaled advantages and unscorable
 rewards, A2POTrainer's all-incorrect filter, the logged zero-std fraction and vLLM weights, the off-policy
-mask's unscorable tokens, the clip metrics under delta, and settings accepted silently
+mask's unscorable tokens, the clip metrics under delta, the k3 term's overflow, and settings accepted silently
 (sweep 15: beta, the off-policy threshold, VESPO's lambda, the entropy band, RLOO's reward clip, the vLLM
 cap, A*-PO's beta1). Each has its class and verified line (findings.py); every bug and validation finding
 has a standalone script (repro_trl.py)."""
@@ -215,7 +215,9 @@ TRAINER_FINDINGS = (
         "an error or a warning, and it has no effect there (sapo with delta=1.1, a token with ratio 1.65 "
         "and A = -1: the same gradient as without delta, where the dual clip it stands for gives 0). "
         "Likewise epsilon / epsilon_high set explicitly with 'sapo' or 'vespo' (neither reads a clip bound) "
-        "and epsilon with 'cispo' (only its cap epsilon_high is read) are accepted and have no effect.",
+        "and epsilon with 'cispo' and epsilon_high set (only the cap epsilon_high is read; with "
+        "epsilon_high unset, epsilon becomes the cap, :946, finding config:epsilon_high) are accepted and "
+        "have no effect.",
         where="trainer/grpo_trainer.py:3115", quote="if self.args.delta is not None:",
         affected=_AFFECTED + " (loss_type sapo, cispo, vespo)",
     ),
@@ -415,6 +417,24 @@ TRAINER_FINDINGS = (
         where="trainer/callbacks.py:132",
         quote="target_param.data.mul_(1.0 - alpha).add_(copy_param.data, alpha=alpha)",
         affected=_AFFECTED + " (GRPOTrainer, RLOOTrainer with sync_ref_model=True, beta > 0)",
+    ),
+    # audit 15 round 5 (source first): the k3 term's own overflow
+    Finding(
+        "kl_k3_overflow", "bug",
+        "the k3 term is evaluated as exp(x) - x - 1, x = ref_logp - logp (:3101): above x = 88.72 in "
+        "float32 exp(x) is inf, so k3 is inf without an error (specs/kl.md eq. (4): kl_k3 raises where "
+        "the value overflows), and with use_bias_correction_kl=True (the default) the gradient of "
+        "coef_1 * k3, coef_1 k3 + coef_1 (1 - e^x), is inf - inf = NaN, where the exact one is finite: "
+        "the two e^x cancel, -x at ratio 1 (x = 90, beta 0.1: -9 per token instead of NaN); one such "
+        "token poisons the step's gradient. A token the trainer's policy finds e^88.7 times less likely "
+        "than the reference (a vLLM-sampled token the trainer scores near -inf, or a policy far from the "
+        "reference). The experimental GMPOTrainer evaluates the same expression "
+        "(experimental/gmpo/gmpo_trainer.py:112, no importance weight: an infinite gradient). Not the "
+        "flag kl_k3_form='naive' (the cancellation of small |x|); the ratio's own overflow is finding "
+        "ratio_overflow.",
+        where="trainer/grpo_trainer.py:3101",
+        quote="torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps)",
+        affected=_AFFECTED + " (beta > 0; GMPOTrainer)",
     ),
     # audit 15 round 4 (source first): the off-policy mask's unscorable tokens, the clip metrics under delta
     Finding(

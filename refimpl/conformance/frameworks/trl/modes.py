@@ -222,7 +222,9 @@ def unsupported_modes(kind: str = "policy_loss") -> dict[str, str]:
     _check_kind(kind)
     if kind == "kl":
         return {"k3": "TRL has no standalone KL function: its k3 term is inline in _compute_loss "
-                      "(checked as policy_loss with beta > 0)."}
+                      "(checked as policy_loss with beta > 0; the kit's cases keep ref_logp - logp below "
+                      "float32's exp overflow, where TRL's k3 is inf and its bias-corrected gradient NaN: "
+                      "finding kl_k3_overflow)."}
     if kind == "group_advantages":
         return {"group": "TRL's advantages are inline in _generate_and_score_completions (they need a "
                          "model, generation and reward functions) and assume contiguous equal-size groups "
