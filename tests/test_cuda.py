@@ -64,6 +64,15 @@ def _in_place(func, kwargs) -> bool:
     return "out" in kwargs or name == "__setitem__" or (name.endswith("_") and not name.startswith("__"))
 
 
+def _written(args, kwargs) -> tuple:
+    """What an in-place call writes: its ``out=`` tensor(s) where given, else its first argument (an
+    ``out=`` call only reads its first argument, e.g. a shared constant)."""
+    if "out" in kwargs:
+        out = kwargs["out"]
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return args[:1]
+
+
 # getters and conversions that must see the tensor itself, not a copy
 _AS_IS = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.data_ptr, torch.Tensor.grad.__get__,
           torch.Tensor.is_leaf.__get__, torch.Tensor._version.__get__}
@@ -114,7 +123,7 @@ class OnDevice(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _AS_IS:
             return func(*args, **kwargs)
-        if _in_place(func, kwargs) and args and self._outside(args[0]):
+        if _in_place(func, kwargs) and any(self._outside(x) for x in _written(args, kwargs)):
             name = getattr(func, "__name__", func)
             raise AssertionError(f"{name}: in place on a tensor from outside OnDevice")
         args, kwargs = pytree.tree_map(self._move, (args, kwargs))

@@ -66,7 +66,8 @@ _PER_TOKEN_COPIES = ("token_mean", "seq_sum", "seq_mean_token_sum")
 # 2 MB L2 (2**15 to 2**17 within the noise, 2**19 and the whole batch 1.5-2x slower at 2**22)
 _BLOCK_ELEMENTS = 1 << 16
 _SERIES_BOUND = 0.5  # |l| up to which approx_kl's k3 is its Taylor series (module docstring)
-_ZERO = {dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float32, torch.float64)}  # (never written)
+_ZERO = {dtype: torch.zeros((), dtype=dtype, device="cpu")  # (never written)
+         for dtype in (torch.float32, torch.float64)}
 _COMPUTE_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float32,
                    torch.float64: torch.float64}  # promote_types(dtype, float32), looked up
 _LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
@@ -218,8 +219,9 @@ _NO_GATE = _TokenGate(None, None, None, None)
 
 @functools.lru_cache(maxsize=256)
 def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` rounded once to ``dtype``: a 0-d CPU tensor, shared (never written)."""
-    return torch.tensor(value, dtype=dtype)
+    """``value`` rounded once to ``dtype``: a 0-d CPU tensor, shared (never written; on the CPU whatever
+    the default device, which must not reach the cache)."""
+    return torch.tensor(value, dtype=dtype, device="cpu")
 
 
 def _by_sign(positive: torch.Tensor, if_positive: float, otherwise: float,
@@ -632,7 +634,7 @@ class _ClosedFormLoss(torch.autograd.Function):
     def forward(ctx, loss: float, dtype, grads, *inputs):  # inputs: logp, or logp, entropy, kl (or None)
         ctx.grads = grads
         ctx.dtypes = tuple(None if x is None else x.dtype for x in inputs)
-        return torch.scalar_tensor(loss, dtype=dtype)  # (on the CPU, as the closed form runs)
+        return torch.scalar_tensor(loss, dtype=dtype, device="cpu")  # (the closed form runs on the CPU)
 
     @staticmethod
     def backward(ctx, grad_loss):
