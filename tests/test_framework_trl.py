@@ -508,42 +508,31 @@ def test_dapo_with_fewer_steps_per_generation_than_accumulation_steps(installed)
     assert grads[1, 3] == pytest.approx([-1 / 6] * 3, abs=1e-12)
 
 
-def test_the_experimental_trainers_findings_are_named_where_no_mode_shows_them():
-    """GMPOTrainer's and AsyncGRPOTrainer's findings (no mode drives them) each have their class, and an
-    unsupported mode's reason names each one that is not a validation finding."""
-    kinds = {"gmpo_vllm_is": "bug", "async_grpo_normalizer": "bug", "async_grpo_ratio_overflow": "bug",
-             "config:entropy_coef": "validation", "config:top_entropy_quantile": "validation",
-             "config:multi_objective_aggregation": "validation", "vllm_is_clip_min": "documented_default"}
-    findings = {f.key: f.kind for f in trl.findings()}
-    assert {key: findings.get(key) for key in kinds} == kinds
-    reasons = " ".join([*trl.unsupported_modes().values(),
-                        *trl.unsupported_modes("group_advantages").values()])
-    for key in kinds:
-        assert f"finding {key}" in reasons, key
+#: findings no mode shows, by the audit that found them: each has its class, and an unsupported mode's
+#: reason names it (GMPOTrainer's and AsyncGRPOTrainer's; the cispo cap's documented form, delta with the
+#: loss types that ignore it, the sequence-level metrics' rows; the settings sweep: beta, the off-policy
+#: mask's threshold, VESPO's lambda, the adaptive entropy band, RLOO's reward clip, the vLLM weight's cap,
+#: A*-PO's beta1, the logged metrics and the experimental trainers' rewards)
+_UNSHOWN = {
+    "experimental trainers": {
+        "gmpo_vllm_is": "bug", "async_grpo_normalizer": "bug", "async_grpo_ratio_overflow": "bug",
+        "config:entropy_coef": "validation", "config:top_entropy_quantile": "validation",
+        "config:multi_objective_aggregation": "validation", "vllm_is_clip_min": "documented_default"},
+    "audit 14b": {"cispo_cap": "documented_default", "config:loss_type": "validation",
+                  "sequence_metrics_rows": "value_only"},
+    "sweep 15": {
+        "config:beta": "validation", "config:off_policy_mask_threshold": "validation",
+        "config:vespo_lambda_neg": "validation", "config:entropy_coef_min": "validation",
+        "config:reward_clip_range": "validation", "config:ref_model_mixup_alpha": "validation",
+        "config:vllm_importance_sampling_clip_max": "validation", "config:beta1": "validation",
+        "frac_reward_zero_std": "value_only", "vllm_is_metrics": "value_only",
+        "sdpo_unscorable_rewards": "bug", "a2po_all_incorrect": "bug"},
+}
 
 
-def test_the_audit_14b_findings_are_classified_and_named_where_no_mode_shows_them():
-    """The cispo cap's documented form, delta with the loss types that ignore it, and the sequence-level
-    metrics' row count: each has its class and an unsupported mode's reason names it."""
-    kinds = {"cispo_cap": "documented_default", "config:loss_type": "validation",
-             "sequence_metrics_rows": "value_only"}
-    findings = {f.key: f.kind for f in trl.findings()}
-    assert {key: findings.get(key) for key in kinds} == kinds
-    reasons = " ".join(trl.unsupported_modes().values())
-    for key in kinds:
-        assert f"finding {key}" in reasons, key
-
-
-def test_the_sweep_15_findings_are_classified_and_named_where_no_mode_shows_them():
-    """The settings sweep (beta, the off-policy mask's threshold, VESPO's lambda, the adaptive entropy band,
-    RLOO's reward clip, the vLLM weight's cap, A*-PO's beta1), the logged metrics and the experimental
-    trainers' rewards: each has its class and an unsupported mode's reason names it."""
-    kinds = {"config:beta": "validation", "config:off_policy_mask_threshold": "validation",
-             "config:vespo_lambda_neg": "validation", "config:entropy_coef_min": "validation",
-             "config:reward_clip_range": "validation", "config:ref_model_mixup_alpha": "validation",
-             "config:vllm_importance_sampling_clip_max": "validation", "config:beta1": "validation",
-             "frac_reward_zero_std": "value_only", "vllm_is_metrics": "value_only",
-             "sdpo_unscorable_rewards": "bug", "a2po_all_incorrect": "bug"}
+@pytest.mark.parametrize("audit", sorted(_UNSHOWN))
+def test_findings_no_mode_shows_are_classified_and_named_by_an_unsupported_mode(audit):
+    kinds = _UNSHOWN[audit]
     findings = {f.key: f.kind for f in trl.findings()}
     assert {key: findings.get(key) for key in kinds} == kinds
     reasons = " ".join([*trl.unsupported_modes().values(),

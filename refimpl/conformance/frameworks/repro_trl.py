@@ -4,7 +4,9 @@ returns them keyed as repro_bodies.py's ``BODIES``, given its preamble that buil
 
 from __future__ import annotations
 
-from .repro_trl_sweep import trl_sweep_bodies
+from .repro_trl_sweep import SDPO_ADVANTAGES, trl_sweep_bodies
+
+_NAMESPACE = "from types import SimpleNamespace  # noqa: E402\n"
 
 __all__ = ["trl_bodies"]
 
@@ -345,43 +347,9 @@ verdict("TRL experimental SDPOTrainer.compute_loss, loss_type dapo (experimental
         "step's loss", got, f"{exact} (the token mean over the accumulated batch, as SDPOConfig's help says)",
         abs(got - exact) > 1e-6)
 """,
-        ("trl", "sdpo_scale_none"): """\
-import collections  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-from trl.experimental.sdpo import SDPOTrainer  # noqa: E402
-
-
-class Stop(Exception):  # raised once the advantages are in the batch, before the teacher's prompts
-    pass
-
-
-seen = {}
-
-
-def build(batch, prompts, rewards, feedbacks=None):
-    seen["advantages"] = batch["advantages"].clone()
-    raise Stop
-
-
+        ("trl", "sdpo_scale_none"): _NAMESPACE + SDPO_ADVANTAGES + """\
 rewards = torch.tensor([[1.0], [0.0], [0.0], [0.0]])  # one group of 4, one reward function
-sdpo = SimpleNamespace(  # the attributes SDPOTrainer._prepare_training_batch reads up to the advantages
-    accelerator=SimpleNamespace(device="cpu", process_index=0, num_processes=1),
-    model=SimpleNamespace(training=True), reward_weights=torch.ones(1),
-    sample_rollouts=lambda inputs: {"completion_ids": torch.zeros(4, 2, dtype=torch.long)},
-    _get_completion_ids_list=lambda batch: [[0, 0]] * 4,
-    processing_class=SimpleNamespace(batch_decode=lambda ids, skip_special_tokens=True: ["x"] * 4),
-    _calculate_rewards=lambda *args, **kwargs: rewards,
-    num_generations=4, num_generations_eval=4, scale_rewards="none",
-    _record_reward_diagnostics=lambda *args, **kwargs: None,
-    _record_completion_metrics=lambda *args, **kwargs: None,
-    teacher_context_builder=SimpleNamespace(build=build, last_metrics={}),
-    _metrics={"train": collections.defaultdict(list)})
-try:
-    SDPOTrainer._prepare_training_batch(sdpo, [{"prompt": "p"}] * 4)
-except Stop:
-    pass
-got = seen["advantages"]
+got = sdpo_advantages(rewards, scale_rewards="none")
 exact = rewards[:, 0] - rewards[:, 0].mean()
 verdict("TRL experimental SDPOTrainer._prepare_training_batch, scale_rewards='none' "
         "(experimental/sdpo/sdpo_trainer.py:864), rewards (1, 0, 0, 0) in one group: the advantages",

@@ -5,7 +5,7 @@ its preamble that builds a stand-in ``GRPOTrainer`` (``trl``) and the one that t
 
 from __future__ import annotations
 
-__all__ = ["trl_sweep_bodies"]
+__all__ = ["SDPO_ADVANTAGES", "trl_sweep_bodies"]
 
 # a GRPOConfig built with the given keys: accepted (the ``silent`` preamble turns a warning into an error)
 _CONFIG = """\
@@ -73,7 +73,7 @@ def a2po(kind):
 """
 
 # SDPOTrainer._prepare_training_batch up to its advantages, on a stand-in holding what it reads there
-_SDPO_ADVANTAGES = """\
+SDPO_ADVANTAGES = """\
 import collections  # noqa: E402
 import os  # noqa: E402
 
@@ -228,7 +228,7 @@ verdict("TRL experimental A2POTrainer._estimate_optimal_values (experimental/a2p
         "(p0: one correct, one incorrect; p1: both incorrect)", got,
         "['p1'] (the help: 'drop prompts for which all reference samples are incorrect')", got == ["p0"])
 """,
-        ("trl", "sdpo_unscorable_rewards"): trl + _SDPO_ADVANTAGES + """\
+        ("trl", "sdpo_unscorable_rewards"): trl + SDPO_ADVANTAGES + """\
 rewards = torch.tensor([[1.0], [0.0], [float("nan")], [0.0]])  # one group of 4; sample 2 unscorable (None)
 got = sdpo_advantages(rewards)
 scored = torch.tensor([1.0, 0.0, 0.0])
