@@ -86,6 +86,27 @@ def statements(relative, first, count):
     raise SystemExit(print(f"{relative} has no statement {first!r}") or 2)
 '''
 
+#: a config class's __post_init__ of the installed file, executed alone on a namespace of fields (the
+#: learners' modules import the RL cluster); a warning ends the script: accepted silently only
+_POST_INIT_DEF = '''\
+import warnings  # noqa: E402
+
+
+def post_init(relative, cls, **fields):
+    """``cls.__post_init__`` of the installed ``relative`` run on ``fields``: the namespace it leaves."""
+    config = next(n for n in ast.parse((root / relative).read_text()).body
+                  if isinstance(n, ast.ClassDef) and n.name == cls)
+    node = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
+    namespace = {}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), relative, "exec"), namespace)  # Tunix's def
+    self = types.SimpleNamespace(**fields)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        namespace["__post_init__"](self)
+    return self
+'''
+_POST_INIT = _FROM_SOURCE + _POST_INIT_DEF
+
 TUNIX_BODIES[("tunix", "whiten_sample_single")] = """\
 stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
 bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
@@ -152,18 +173,9 @@ verdict("Tunix DAPOConfig.dynamic_sampling (rl/grpo/dapo_learner.py:65, default 
         default is True and all(u.startswith("rl/grpo/dapo_learner.py:") for u in uses) and len(uses) <= 2)
 """
 
-TUNIX_BODIES[("tunix", "config:epsilon_low")] = _FROM_SOURCE + """\
-import warnings  # noqa: E402
-
-warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
-tree = ast.parse((root / "rl/ppo/ppo_learner.py").read_text())
-config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOConfig")
-post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-namespace = {}
-exec(compile(ast.Module(body=[post_init], type_ignores=[]), "ppo_learner.py", "exec"), namespace)  # its def
-self = types.SimpleNamespace(epsilon=0.2, epsilon_low=0.0, epsilon_high=None, epsilon_c=None,
-                             kl_method="low_var_kl")
-namespace["__post_init__"](self)
+TUNIX_BODIES[("tunix", "config:epsilon_low")] = _POST_INIT + """\
+self = post_init("rl/ppo/ppo_learner.py", "PPOConfig", epsilon=0.2, epsilon_low=0.0, epsilon_high=None,
+                 epsilon_c=None, kl_method="low_var_kl")
 verdict("Tunix PPOConfig(epsilon=0.2, epsilon_low=0.0).__post_init__ (rl/ppo/ppo_learner.py:101): accepted; "
         "the lower clip epsilon it keeps", self.epsilon_low, "0.0 (no lower clip), or an error",
         self.epsilon_low == 0.2)
@@ -229,24 +241,14 @@ verdict("Tunix GRPO learner with num_iterations=1 (rl/grpo/grpo_learner.py:284: 
         "0.0 (the clip gate is closed against the sampling policy)", old is None and abs(grad + 1.0) < 1e-6)
 """
 
-TUNIX_BODIES[("tunix", "config:num_generations")] = _FROM_SOURCE + """\
-import warnings  # noqa: E402
-
+TUNIX_BODIES[("tunix", "config:num_generations")] = _POST_INIT + """\
 stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
 bare_packages("tunix")  # the package __init__ imports the trainers, samplers and checkpointing
 algo_core = importlib.import_module("tunix.rl.algo_core")
-tree = ast.parse((root / "rl/grpo/dapo_learner.py").read_text())
-config = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DAPOConfig")
-post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-namespace = {}
-exec(compile(ast.Module(body=[post_init], type_ignores=[]), "dapo_learner.py", "exec"), namespace)  # its def
 buffer = {"enable": True, "overlong_buffer_length": 4096, "overlong_buffer_penalty": 1.0,
           "max_response_length": 20480}  # DAPOConfig's default overlong_buffer
-self = types.SimpleNamespace(num_generations=1, loss_algo="grpo", beta=None, epsilon=0.2, epsilon_high=0.28,
-                             overlong_buffer=buffer)  # DAPOConfig's defaults, num_generations=1
-with warnings.catch_warnings():
-    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
-    namespace["__post_init__"](self)
+self = post_init("rl/grpo/dapo_learner.py", "DAPOConfig", num_generations=1, loss_algo="grpo", beta=None,
+                 epsilon=0.2, epsilon_high=0.28, overlong_buffer=buffer)  # DAPOConfig's defaults, G = 1
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # numpy's RuntimeWarning on a std with ddof=1 of one value, at the step
     advantages = np.asarray(algo_core.compute_advantages(np.array([1.0, 0.0]), self.num_generations))
@@ -326,19 +328,11 @@ verdict("Tunix PPO, rollout temperature 0.7, policy == reference: old log-probs 
         "[0.0, 0.0, 0.0] (the policy is the reference)", untempered and bool(np.abs(kl).max() > 1e-3))
 """
 
-TUNIX_BODIES[("tunix", "config:overlong_buffer")] = _SHAPING + """\
-import warnings  # noqa: E402
-
-config = next(n for n in ast.parse(path.read_text()).body
-              if isinstance(n, ast.ClassDef) and n.name == "DAPOConfig")
-post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-exec(compile(ast.Module(body=[post_init], type_ignores=[]), str(path), "exec"), namespace)  # its def
+TUNIX_BODIES[("tunix", "config:overlong_buffer")] = _SHAPING + _POST_INIT_DEF + """\
 buffer = {"enable": True, "overlong_buffer_length": 4096, "overlong_buffer_penalty": 1.0,
           "max_response_length": 1024}  # L_cache 4096 > L_max 1024
-self = types.SimpleNamespace(beta=None, epsilon=0.2, epsilon_high=0.28, overlong_buffer=buffer)
-with warnings.catch_warnings():
-    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
-    namespace["__post_init__"](self)
+self = post_init("rl/grpo/dapo_learner.py", "DAPOConfig", beta=None, epsilon=0.2, epsilon_high=0.28,
+                 overlong_buffer=buffer)
 value = namespace["reward_shaping"]([""], ["x"], None, overlong_buffer=buffer)[0]
 verdict("Tunix DAPOConfig(overlong_buffer_length=4096, max_response_length=1024).__post_init__ "
         "(rl/grpo/dapo_learner.py:98, signs only): accepted; reward_shaping of a one-token response", value,
@@ -414,19 +408,9 @@ verdict("Tunix sample_top_p (generate/sampler.py:148), top_k=2 over logits (2, 1
         abs(float(logp[0]) - exact) > 1e-4)
 """
 
-TUNIX_BODIES[("tunix", "config:epsilon_c")] = _FROM_SOURCE + _PPO_LOSS + """\
-import warnings  # noqa: E402
-
-config = next(n for n in ast.parse((root / "rl/ppo/ppo_learner.py").read_text()).body
-              if isinstance(n, ast.ClassDef) and n.name == "PPOConfig")
-post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-namespace = {}
-exec(compile(ast.Module(body=[post_init], type_ignores=[]), "ppo_learner.py", "exec"), namespace)  # its def
-self = types.SimpleNamespace(epsilon=0.2, epsilon_low=None, epsilon_high=0.28, epsilon_c=1.1,
-                             kl_method="low_var_kl", entropy_coef=None)  # c = 1.1 < 1 + epsilon_high
-with warnings.catch_warnings():
-    warnings.simplefilter("error")  # a warning about the setting would end the script: accepted silently only
-    namespace["__post_init__"](self)
+TUNIX_BODIES[("tunix", "config:epsilon_c")] = _POST_INIT + _PPO_LOSS + """\
+self = post_init("rl/ppo/ppo_learner.py", "PPOConfig", epsilon=0.2, epsilon_low=None, epsilon_high=0.28,
+                 epsilon_c=1.1, kl_method="low_var_kl", entropy_coef=None)  # c = 1.1 < 1 + epsilon_high
 r = 1.2  # inside the clip band [0.8, 1.28], A = -1
 ids = jnp.zeros((1, 1), jnp.int32)
 example = types.SimpleNamespace(prompt_ids=ids, completion_ids=ids, completion_mask=jnp.ones((1, 1)),
@@ -442,23 +426,13 @@ verdict("Tunix PPOConfig(epsilon_high=0.28, epsilon_c=1.1).__post_init__ (rl/ppo
         abs(float(grad[0, 0])) < 1e-6)
 """
 
-TUNIX_BODIES[("tunix", "config:epsilon")] = _FROM_SOURCE + """\
-import warnings  # noqa: E402
-
+TUNIX_BODIES[("tunix", "config:epsilon")] = _POST_INIT + """\
 accepted = []
 for relative, cls, fields in [
         ("rl/grpo/grpo_learner.py", "GRPOConfig", {"num_generations": 2, "loss_algo": "grpo"}),
         ("rl/ppo/ppo_learner.py", "PPOConfig", {"epsilon_low": None, "epsilon_high": None, "epsilon_c": None,
                                                 "kl_method": "kl"})]:
-    config = next(n for n in ast.parse((root / relative).read_text()).body
-                  if isinstance(n, ast.ClassDef) and n.name == cls)
-    post_init = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-    namespace = {}
-    exec(compile(ast.Module(body=[post_init], type_ignores=[]), relative, "exec"), namespace)  # its def
-    self = types.SimpleNamespace(epsilon=1.5, **fields)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a warning would end the script: accepted silently only
-        namespace["__post_init__"](self)
+    self = post_init(relative, cls, epsilon=1.5, **fields)
     accepted.append(f"{cls}(epsilon=1.5): lower clip bound {1 - getattr(self, 'epsilon_low', self.epsilon)}")
 verdict("Tunix GRPOConfig / PPOConfig __post_init__ (rl/grpo/grpo_learner.py:97, rl/ppo/ppo_learner.py:100) "
         "with epsilon = 1.5", accepted, "an error: 1 - epsilon <= 0 is no lower bound for a positive ratio",

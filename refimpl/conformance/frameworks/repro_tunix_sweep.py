@@ -4,31 +4,12 @@ ones are repro_tunix.py's (whose ``_FROM_SOURCE`` helpers these reuse)."""
 
 from __future__ import annotations
 
-from .repro_tunix import _FROM_SOURCE
+from .repro_tunix import _FROM_SOURCE, _POST_INIT
 
 __all__ = ["TUNIX_SWEEP_BODIES"]
 
 TUNIX_SWEEP_BODIES: dict[tuple[str, str], str] = {}
 
-#: a config class's __post_init__ of the installed file, executed alone on a namespace of fields (the
-#: learners' modules import the RL cluster); a warning ends the script: accepted silently only
-_POST_INIT = _FROM_SOURCE + '''\
-import warnings  # noqa: E402
-
-
-def post_init(relative, cls, **fields):
-    """``cls.__post_init__`` of the installed ``relative`` run on ``fields``: the namespace it leaves."""
-    config = next(n for n in ast.parse((root / relative).read_text()).body
-                  if isinstance(n, ast.ClassDef) and n.name == cls)
-    node = next(n for n in config.body if isinstance(n, ast.FunctionDef) and n.name == "__post_init__")
-    namespace = {}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), relative, "exec"), namespace)  # Tunix's def
-    self = types.SimpleNamespace(**fields)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        namespace["__post_init__"](self)
-    return self
-'''
 
 TUNIX_SWEEP_BODIES[("tunix", "config:kl_clamp_value")] = """\
 stand_ins("humanize")  # tunix/sft/utils.py's memory log lines
