@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import shutil
 import types
@@ -91,6 +92,32 @@ def _terms_magnitude(v, logp, old, adv, mask, **kwargs) -> float:
     return abs(float(outcome[0]))
 
 
+def _k3_terms_magnitude(logp, old, mask) -> float:
+    """The scale of ``approx_kl``'s terms: the token mean of |expm1(l)| + |l|. The reference forms k3 as
+    ``expm1(l) - l``, which cancels for small |l| (an error of about u |l| on a k3 of l^2 / 2), where
+    the fast paths' series does not; the comparison allows the reference's own error."""
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    l = (logp.detach().to(dtype) - old.to(dtype)).double()
+    m = mask.bool()  # (padding may hold NaN: where, not a product)
+    terms = torch.where(m, torch.expm1(l).abs() + l.abs(), 0.0)
+    return float(terms.sum() / m.sum().clamp(min=1))
+
+
+def _kl_terms_magnitude(logp, mask, kwargs) -> float:
+    """The scale of the ``kl`` metric's terms: the token mean of |d| + |expm1(-d)| + d^2 / 2 with
+    d = logp - ref_logp (k1 has both signs, k3 is formed as a difference), or of |kl| where the per-token
+    KL is given; 0 without either."""
+    m = mask.bool()  # (padding may hold NaN: where, not a product)
+    if kwargs.get("ref_logp") is not None:
+        d = logp.detach().double() - kwargs["ref_logp"].double()
+        terms = d.abs() + torch.expm1(-d).abs() + d * d / 2
+    elif kwargs.get("kl") is not None:
+        terms = kwargs["kl"].detach().double().abs()
+    else:
+        return 0.0
+    return float(torch.where(m, terms, 0.0).sum() / m.sum().clamp(min=1))
+
+
 def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=None, **kwargs) -> None:
     """``fast`` (default: ``fused_policy_loss`` with ``compile``) equal to ``reference_policy_loss``
     within the bound of the module docstring, or raising the same error."""
@@ -113,8 +140,14 @@ def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=Non
         u_in = torch.finfo(grad.dtype).eps
         _close(got[1][name], grad, u + u_in / _TOLERANCE_ULPS, f"d loss / d {name}")
     assert got[2].keys() == expected[2].keys()
+    k3_terms = functools.cache(lambda: _k3_terms_magnitude(logp, old, mask))
+    # ratio_mean is 1 + mean(r - 1): its rounding is relative to 1 + max |r - 1|, not to the mean
+    spread = max(float(expected[2]["ratio_max"]) - 1.0, 1.0 - float(expected[2]["ratio_min"]), 0.0)
+    scales = {"policy_objective": terms, "approx_kl": k3_terms,  # sums whose terms may cancel
+              "ratio_mean": lambda: 1.0 + spread if math.isfinite(spread) else 0.0,
+              "kl": functools.cache(lambda: _kl_terms_magnitude(logp, mask, kwargs))}
     for name, metric in expected[2].items():  # policy_objective: the policy terms' sum, as the loss
-        _close(got[2][name], metric, u, f"metric {name}", terms if name == "policy_objective" else None)
+        _close(got[2][name], metric, u, f"metric {name}", scales.get(name))
 
 
 def _kit_calls(v, golden_inputs_only: bool = False):
