@@ -4,11 +4,12 @@ Both compute md eq. (12) (specs/policy_losses.md) from the same inputs in the sa
 differ only in the order of their roundings (a closed-form gradient instead of autograd's chain,
 fused loops instead of separate passes, and on the compiled path inductor's vectorised exp /
 expm1, within an ulp or two of ATen's). So the loss, every metric and every gradient agree to a
-few units of the compute dtype's roundoff ``u`` on the scale of the result: with ``K`` rounded
+few units of the compute dtype's roundoff ``u`` on the scale of the result (plus as many subnormal
+spacings of the result's dtype: in gradual underflow a rounding's error is absolute): with ``K`` rounded
 elementwise operations per term and sums of ``n`` terms (n <= 48 here) the bound is
 ``(K + n) u`` relative to the largest magnitude (``_TOLERANCE_ULPS`` = 64 units covers K <= 16; for
 the loss, the larger of its value and its terms' magnitude, ``_terms_magnitude``: advantages of both
-signs cancel, e.g. a group's advantages summing to 0 at ratio 1),
+signs cancel, e.g. a group's advantages summing to 0 at ratio 1, and a KL term an entropy bonus),
 plus one rounding of the gradient to the input dtype ``u_in`` (bf16 / fp16 inputs). Errors must be
 the same ValueError / TypeError with the same message.
 
@@ -77,19 +78,45 @@ def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str, terms
     if finite.any():
         scale = float(e[finite].abs().max()) + 1e-300
         error = float((g[finite] - e[finite]).abs().max())
-        if error > _TOLERANCE_ULPS * u * scale and terms is not None:
+        # below the smallest normal number a rounding's error is absolute: at most the subnormal spacing
+        # of the result's dtype (float32: 2**-149), so tiny results carry as many of those as units
+        info = torch.finfo(got.dtype)
+        underflow = _TOLERANCE_ULPS * info.smallest_normal * info.eps
+        if error > _TOLERANCE_ULPS * u * scale + underflow and terms is not None:
             scale = max(scale, terms())
-        assert error <= _TOLERANCE_ULPS * u * scale, f"{what}: error {error / scale:.3g} x max |expected|"
+        assert error <= _TOLERANCE_ULPS * u * scale + underflow, (
+            f"{what}: error {error / scale:.3g} x max |expected|")
 
 
 def _terms_magnitude(v, logp, old, adv, mask, **kwargs) -> float:
-    """The scale of the loss's terms where they may cancel (advantages of both signs): the reference
-    loss with every advantage's magnitude, whose policy terms all have one sign (a gate that depends
-    on A's sign bounds the same ratio from the other side); 0 where that raises or is not finite."""
-    outcome = _outcome(reference_policy_loss, logp, old, adv.abs(), mask, v, **kwargs)
-    if outcome[0] == "raises" or not bool(torch.isfinite(outcome[0])):
-        return 0.0
-    return abs(float(outcome[0]))
+    """The scale of the loss's terms where they may cancel (advantages of both signs; a KL term, whose
+    k1 estimate has both signs, against an entropy bonus): the sum of three reference losses whose
+    terms each have one sign, the policy terms with every advantage's magnitude and no regulariser (a
+    gate that depends on A's sign bounds the same ratio from the other side), the KL term alone with
+    |k1| (reference log-probs moved to ``logp - |logp - ref_logp|``) or |kl|, the entropy bonus alone
+    with |entropy|; a part that raises or is not finite counts 0."""
+    none = {"ref_logp": None, "kl": None, "entropy": None}
+    given = {**none, **kwargs}
+    parts = [(dataclasses.replace(v, kl_coef=0.0, entropy_coef=0.0), adv.abs(), {**given, **none})]
+    zero = torch.zeros_like(adv)
+    if v.kl_coef > 0 and (given["ref_logp"] is not None or given["kl"] is not None):
+        kl = {**given, "entropy": None}
+        if given["ref_logp"] is not None:
+            d = logp.detach() - given["ref_logp"]
+            kl["ref_logp"] = logp.detach() - d.abs()
+        if given["kl"] is not None:
+            kl["kl"] = given["kl"].detach().abs()
+        parts.append((dataclasses.replace(v, entropy_coef=0.0), zero, kl))
+    if v.entropy_coef > 0 and given["entropy"] is not None:
+        entropy = {**given, "ref_logp": None, "kl": None, "entropy": given["entropy"].detach().abs()}
+        parts.append((dataclasses.replace(v, kl_coef=0.0), zero, entropy))
+    total = 0.0
+    for variant, a, keywords in parts:
+        keywords = {k: x for k, x in keywords.items() if x is not None or k not in none}
+        outcome = _outcome(reference_policy_loss, logp, old, a, mask, variant, **keywords)
+        if outcome[0] != "raises" and bool(torch.isfinite(outcome[0])):
+            total += abs(float(outcome[0]))
+    return total
 
 
 def _k3_terms_magnitude(logp, old, mask) -> float:
