@@ -9,7 +9,9 @@ spacings of the result's dtype: in gradual underflow a rounding's error is absol
 elementwise operations per term and sums of ``n`` terms (n <= 48 here) the bound is
 ``(K + n) u`` relative to the largest magnitude (``_TOLERANCE_ULPS`` = 64 units covers K <= 16; for
 the loss, the larger of its value and its terms' magnitude, ``_terms_magnitude``: advantages of both
-signs cancel, e.g. a group's advantages summing to 0 at ratio 1, and a KL term an entropy bonus),
+signs cancel, e.g. a group's advantages summing to 0 at ratio 1, and a KL term against an entropy
+bonus; for a gradient, the sum of its policy and KL terms' magnitudes at a token,
+``_gradient_terms_magnitude``),
 plus one rounding of the gradient to the input dtype ``u_in`` (bf16 / fp16 inputs). Errors must be
 the same ValueError / TypeError with the same message.
 
@@ -88,35 +90,56 @@ def _close(got: torch.Tensor, expected: torch.Tensor, u: float, what: str, terms
             f"{what}: error {error / scale:.3g} x max |expected|")
 
 
-def _terms_magnitude(v, logp, old, adv, mask, **kwargs) -> float:
-    """The scale of the loss's terms where they may cancel (advantages of both signs; a KL term, whose
-    k1 estimate has both signs, against an entropy bonus): the sum of three reference losses whose
-    terms each have one sign, the policy terms with every advantage's magnitude and no regulariser (a
-    gate that depends on A's sign bounds the same ratio from the other side), the KL term alone with
-    |k1| (reference log-probs moved to ``logp - |logp - ref_logp|``) or |kl|, the entropy bonus alone
-    with |entropy|; a part that raises or is not finite counts 0."""
+def _part_outcomes(v, logp, old, adv, mask, magnitudes: bool, **kwargs) -> list:
+    """The reference's outcome for each part of the loss alone: the policy terms (no regulariser),
+    the KL term, the entropy bonus (those given and weighted). With ``magnitudes`` each part's terms
+    have one sign: every advantage's magnitude (a gate that depends on A's sign bounds the same ratio
+    from the other side), |k1| (reference log-probs moved to ``logp - |logp - ref_logp|``; k2 and k3
+    are >= 0) or |kl|, |entropy|. Parts that raise or are not finite are left out."""
     none = {"ref_logp": None, "kl": None, "entropy": None}
     given = {**none, **kwargs}
-    parts = [(dataclasses.replace(v, kl_coef=0.0, entropy_coef=0.0), adv.abs(), {**given, **none})]
+    parts = [(dataclasses.replace(v, kl_coef=0.0, entropy_coef=0.0), adv.abs() if magnitudes else adv,
+              {**given, **none})]
     zero = torch.zeros_like(adv)
     if v.kl_coef > 0 and (given["ref_logp"] is not None or given["kl"] is not None):
         kl = {**given, "entropy": None}
-        if given["ref_logp"] is not None:
-            d = logp.detach() - given["ref_logp"]
-            kl["ref_logp"] = logp.detach() - d.abs()
-        if given["kl"] is not None:
+        if magnitudes and given["ref_logp"] is not None and v.kl_estimator == "k1":
+            kl["ref_logp"] = logp.detach() - (logp.detach() - given["ref_logp"]).abs()
+        if magnitudes and given["kl"] is not None:
             kl["kl"] = given["kl"].detach().abs()
         parts.append((dataclasses.replace(v, entropy_coef=0.0), zero, kl))
     if v.entropy_coef > 0 and given["entropy"] is not None:
-        entropy = {**given, "ref_logp": None, "kl": None, "entropy": given["entropy"].detach().abs()}
+        entropy = {**given, "ref_logp": None, "kl": None}
+        if magnitudes:
+            entropy["entropy"] = given["entropy"].detach().abs()
         parts.append((dataclasses.replace(v, kl_coef=0.0), zero, entropy))
-    total = 0.0
+    outcomes = []
     for variant, a, keywords in parts:
         keywords = {k: x for k, x in keywords.items() if x is not None or k not in none}
         outcome = _outcome(reference_policy_loss, logp, old, a, mask, variant, **keywords)
         if outcome[0] != "raises" and bool(torch.isfinite(outcome[0])):
-            total += abs(float(outcome[0]))
-    return total
+            outcomes.append(outcome)
+    return outcomes
+
+
+def _terms_magnitude(v, logp, old, adv, mask, **kwargs) -> float:
+    """The scale of the loss's terms where they may cancel (advantages of both signs; a KL term, whose
+    k1 estimate has both signs, against an entropy bonus): the sum of the parts' losses, each with
+    terms of one sign (``_part_outcomes``)."""
+    return sum(abs(float(outcome[0])) for outcome in _part_outcomes(v, logp, old, adv, mask, True, **kwargs))
+
+
+def _gradient_terms_magnitude(v, logp, old, adv, mask, name: str, **kwargs) -> float:
+    """The scale of ``d loss / d name``'s terms where a token's policy and KL terms may cancel: the
+    largest sum over the parts (``_part_outcomes``, the given advantages) of their gradients' magnitudes
+    at a token."""
+    total = None
+    for outcome in _part_outcomes(v, logp, old, adv, mask, False, **kwargs):
+        grad = outcome[1].get(name)
+        if grad is not None:
+            part = grad.double().abs().nan_to_num(posinf=0.0)
+            total = part if total is None else total + part
+    return 0.0 if total is None else float(total.max())
 
 
 def _k3_terms_magnitude(logp, old, mask) -> float:
@@ -165,7 +188,8 @@ def assert_same_as_reference(v, logp, old, adv, mask, *, compile=False, fast=Non
             assert got[1][name] is None, f"d loss / d {name} should not exist"
             continue
         u_in = torch.finfo(grad.dtype).eps
-        _close(got[1][name], grad, u + u_in / _TOLERANCE_ULPS, f"d loss / d {name}")
+        grad_terms = functools.partial(_gradient_terms_magnitude, v, logp, old, adv, mask, name, **kwargs)
+        _close(got[1][name], grad, u + u_in / _TOLERANCE_ULPS, f"d loss / d {name}", grad_terms)
     assert got[2].keys() == expected[2].keys()
     k3_terms = functools.cache(lambda: _k3_terms_magnitude(logp, old, mask))
     # ratio_mean is 1 + mean(r - 1): its rounding is relative to 1 + max |r - 1|, not to the mean
@@ -357,6 +381,26 @@ def test_compiled_fast_path_equals_the_reference_on_every_case_class(name, compi
             assert_same_as_reference(v, *inputs, compile=compile, **kwargs)
             seen.add(case_class)
     assert seen == _expected_classes(variants)
+
+
+def test_each_plan_compiles_a_copy_named_for_it():
+    """Plans that differ in a float alone (PPO's and DAPO's eps_high) compile copies of the fused
+    function under different names: copies alike in name, file and line shared state in torch 2.13,
+    and under pytest a DAPO call returned the loss of PPO's graph compiled before it (the thorough
+    profile's compiled-path test, which compiles every preset in one process). The name is the same
+    for an equal plan (so inductor's caches on disk serve later processes) and holds no address."""
+    from refimpl.losses.fused_policy import _code_name, _Compiled, _plan
+
+    def plan(v):
+        return _plan(v, False, False, False, False, False, True, False)
+
+    ppo, dapo = plan(PRESETS["ppo"]), plan(PRESETS["dapo"])
+    assert ppo.variant.eps_high != dapo.variant.eps_high
+    assert _code_name(ppo) != _code_name(dapo)
+    assert _code_name(ppo) == _code_name(plan(dataclasses.replace(PRESETS["ppo"])))
+    assert " at 0x" not in repr(ppo)
+    copy = _Compiled(dapo, "cpu").fn._torchdynamo_orig_callable  # (compiles nothing until called)
+    assert copy.__code__.co_name == _code_name(dapo)
 
 
 def test_compile_takes_true_false_or_aot():

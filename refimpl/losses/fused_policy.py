@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import types
 from typing import NamedTuple
 
@@ -58,14 +59,17 @@ class _Compiled:
     Unbacked sizes, which would cover sizes 1 too, give inductor's C++ loops that do not fuse (1.7x
     slower on the development machine). Each instance compiles its own copy of the function's code
     object: dynamo keeps graphs, and its limit on recompilations, per code object, so plans do not
-    evict each other's graphs."""
+    evict each other's graphs. The copy is named for its plan (``_code_name``): copies alike in name,
+    file and line shared state in torch 2.13, and with pytest imported a DAPO call returned the loss
+    of PPO's graph compiled before it in the same process (their plans differ in eps_high alone)."""
 
     def __init__(self, plan: _Plan, device_type: str):
         def fused(*inputs):  # the plan a closure variable: its floats are constants to dynamo
             return _fused(*inputs, plan=plan)
 
-        code = fused.__code__.replace()
-        copy = types.FunctionType(code, fused.__globals__, "fused", None, fused.__closure__)
+        name = _code_name(plan)
+        code = fused.__code__.replace(co_name=name, co_qualname=name)
+        copy = types.FunctionType(code, fused.__globals__, name, None, fused.__closure__)
         self.fn = torch.compile(copy, fullgraph=True, options=_inductor_options(device_type))
         self.traced = False
 
@@ -74,6 +78,12 @@ class _Compiled:
             inputs = tuple(None if x is None else _dynamic(x.detach()) for x in inputs[:8]) + inputs[8:]
             self.traced = True
         return self.fn(*inputs)
+
+
+def _code_name(plan: _Plan) -> str:
+    """The compiled copy's name: ``fused_`` and a hash of the plan's repr (the same in every process,
+    so inductor's caches on disk still serve later processes; another for every other plan)."""
+    return "fused_" + hashlib.sha256(repr(plan).encode()).hexdigest()[:16]
 
 
 def _inductor_options(device_type: str) -> dict | None:
