@@ -220,3 +220,64 @@ def test_approx_kl_sum_is_float32_accurate_on_every_branch(bound):
     got = float(closed_form_module._k3_sum(x, float(x.min()), float(x.max()), None))
     exact = math.fsum(float(mpmath.expm1(mpmath.mpf(float(v))) - mpmath.mpf(float(v))) for v in x)
     assert abs(got - exact) <= 2 * torch.finfo(torch.float32).eps * exact
+
+
+def _run(v, logp, old, adv, mask):
+    """(loss, metrics, d loss / d logp) of one policy_loss call, forward and backward."""
+    leaf = logp.detach().clone().requires_grad_(True)
+    loss, metrics = policy_loss(leaf, old, adv, mask, v)
+    loss.backward()
+    return loss.detach(), metrics, leaf.grad
+
+
+def _equal(a, b) -> bool:
+    """Bitwise: the same loss, metrics and gradient."""
+    return (torch.equal(a[0], b[0]) and a[1].keys() == b[1].keys()
+            and all(torch.equal(a[1][k], b[1][k]) for k in a[1]) and torch.equal(a[2], b[2]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "sapo", "cispo"])
+def test_calls_in_flight_share_no_memory(name, monkeypatch):
+    """The blocks' temporaries live in the thread's scratch buffers, which the next call reuses: two
+    forward passes before either backward (as in gradient accumulation) give each call's loss, metrics
+    and gradient bit for bit as that call run alone (nothing saved for backward or returned is a view
+    of the scratch)."""
+    monkeypatch.setattr(closed_form_module, "_BLOCK_ELEMENTS", 20)  # 9 tokens a row: blocks of 2 rows
+    v = PRESETS[name]
+    if v.gate == "clip":  # gates open (GSPO's 4e-4 would close every row of these batches)
+        v = dataclasses.replace(v, eps_low=0.9, eps_high=5.0)
+    batches = [tuple(x.float() if x.is_floating_point() else x for x in _batch(seed=s)) for s in (1, 2)]
+    alone = [_run(v, *b) for b in batches]
+    assert all(bool((grad != 0).any()) for _, _, grad in alone)
+    leaves = [b[0].detach().clone().requires_grad_(True) for b in batches]
+    calls = [policy_loss(leaf, *b[1:], v) for leaf, b in zip(leaves, batches, strict=True)]
+    assert all(closed_form_policy_loss(*b, v, _NO_EXTRAS, None) is not None for b in batches)
+    (calls[0][0] + calls[1][0]).backward()
+    for (loss, metrics), leaf, expected in zip(calls, leaves, alone, strict=True):
+        assert _equal((loss.detach(), metrics, leaf.grad), expected)
+
+
+def test_threads_have_their_own_scratch(monkeypatch):
+    """Two threads computing at once (ATen releases the GIL inside each operation) each get the values
+    of the call run alone: the scratch buffers are per thread."""
+    import threading
+
+    monkeypatch.setattr(closed_form_module, "_BLOCK_ELEMENTS", 20)
+    v = PRESETS["grpo"]
+    batches = [tuple(x.float() if x.is_floating_point() else x for x in _batch(n=6, t=9, seed=s))
+               for s in (3, 4)]
+    expected = [_run(v, *b) for b in batches]
+    failures = []
+
+    def work(i):
+        for _ in range(200):
+            if not _equal(_run(v, *batches[i]), expected[i]):
+                failures.append(i)
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures

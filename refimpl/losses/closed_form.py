@@ -7,7 +7,15 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
 
 - blocks of rows (``_BLOCK_ELEMENTS`` elements, a few hundred kB per temporary: a core's L2 cache) run
   every per-token pass in turn, so each pass after the first reads cached data; what leaves a block
-  is per-row sums (``[N]``), a few scalars and the gradient's per-token factor;
+  is per-row sums (``[N]``), a few scalars and the gradient's per-token factor. The blocks' temporaries
+  (log-ratio, ratio, gate term, series, the mask's float copy) are written into the calling thread's
+  scratch buffers, reused from block to block and call to call: a fresh tensor of a few hundred kB
+  is memory whose pages fault on first touch, which cost a quarter to a third of GSPO's and CISPO's
+  time at 256 x 2048 on the development machine. Nothing returned or saved for backward is a view
+  of them (tests/test_policy_loss_closed_form.py runs two calls in flight and two threads);
+- a bool mask is converted block by block (into scratch): no ``[N, T]`` float mask is formed unless a
+  KL or entropy term needs one, and a sequence-level ratio's gradient (the mask times a per-row
+  factor) is formed in backward from the bool mask, block by block;
 - the mask is a 0/1 float tensor that multiplies (``where`` / comparisons into bool tensors cost five
   to twenty times a multiplication on a CPU); padding must then be finite, so any NaN / inf anywhere
   (padding included) hands the batch to the reference, which ignores padding exactly. Masked tokens
@@ -51,6 +59,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import threading
 from typing import NamedTuple
 
 import torch
@@ -73,9 +82,34 @@ _COMPUTE_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, 
 _LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
 
 
+_SCRATCH = threading.local()  # per thread: {dtype: flat buffer} of the blocks' temporaries
+# a block's temporaries: log-ratio, ratio, gate term (then the series), mask, SAPO's sigmoid
+_SCRATCH_SLOTS = 5
+
+
+def _scratch(elements: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """``_SCRATCH_SLOTS`` flat CPU buffers of ``elements`` each for one block's temporaries: the calling
+    thread's, reused from block to block and call to call (a fresh tensor of a few hundred kB is fresh
+    memory whose pages fault on first touch: a third of a block's time on the development machine).
+    Nothing in them outlives the block loop: no result, saved tensor or metric is a view of them."""
+    pool = getattr(_SCRATCH, "pool", None)
+    if pool is None:
+        pool = _SCRATCH.pool = {}
+    flat = pool.get(dtype)
+    if flat is None or flat.numel() < _SCRATCH_SLOTS * elements:
+        flat = pool[dtype] = torch.empty(_SCRATCH_SLOTS * elements, dtype=dtype, device="cpu")
+    return [flat[i * elements:(i + 1) * elements] for i in range(_SCRATCH_SLOTS)]
+
+
+def _block_views(buffers: list[torch.Tensor], rows: int, t: int) -> list[torch.Tensor]:
+    """The first ``rows * t`` elements of each buffer as a ``[rows, t]`` tensor."""
+    return [b[:rows * t].view(rows, t) for b in buffers]
+
+
 class _Factor(NamedTuple):
     """A gradient ``per_token * per_row[:, None]`` (``per_row`` a float: times it; None: ``per_token``
-    alone), formed in the backward pass together with the incoming gradient."""
+    alone; ``per_token`` a bool mask: its 0 / 1), formed in the backward pass together with the incoming
+    gradient."""
 
     per_token: torch.Tensor
     per_row: torch.Tensor | float | None
@@ -155,12 +189,14 @@ def _series_terms(bound: float) -> int:
     return terms
 
 
-def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None) -> torch.Tensor:
+def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """``sum(expm1(x) - x)`` over a block of log-ratios (``low``, ``high`` its extremes; ``ratio``
-    ``exp(x)`` where already formed): the series (Taylor with as few terms as the block's largest
-    |x| needs, none where every x is 0, as on the first update after sampling; else the minimax
-    polynomial) and correction of the module docstring in float32; float64 inputs: the reference's
-    k3. (A float64 sum of exp(x) measured slower than the series on the development machine.)"""
+    ``exp(x)`` where already formed; ``out`` a buffer of x's shape for the polynomial): the series
+    (Taylor with as few terms as the block's largest |x| needs, none where every x is 0, as on the
+    first update after sampling; else the minimax polynomial) and correction of the module docstring
+    in float32; float64 inputs: the reference's k3. (A float64 sum of exp(x) measured slower than the
+    series on the development machine.)"""
     if x.dtype == torch.float64:
         return _exp_minus_one_minus_identity(x).sum()
     largest = max(-low, high)
@@ -173,7 +209,7 @@ def _k3_sum(x: torch.Tensor, low: float, high: float, ratio: torch.Tensor | None
     terms = min(terms, _TERMS)
     c = _series_coefficients(x.dtype, minimax)
     top = _MINIMAX[terms - 1] if minimax else 1.0 / _FACTORIALS[terms + 1]
-    poly = torch.add(c[terms - 2], clamped, alpha=top)
+    poly = torch.add(c[terms - 2], clamped, alpha=top, out=out)
     for coefficient in c[terms - 3::-1] if terms > 2 else ():  # (Horner in place: one temporary)
         torch.addcmul(coefficient, poly, clamped, out=poly)
     total = poly.mul_(clamped).mul_(clamped).sum()
@@ -245,27 +281,30 @@ def _token_gate(variant, positive: torch.Tensor, dtype: torch.dtype) -> _TokenGa
     return _NO_GATE
 
 
-def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out):
+def _token_block(v, x, mf, adv, gate: _TokenGate, logp, slope_out, rows_out, buffers):
     """One block of a token-level ratio (md eqs. (2), (6)-(9), (15)): writes the gradient's per-token
     factor into ``slope_out`` and the per-row sums of the unit terms into ``rows_out`` (None: a new
     tensor; both zero at masked tokens; times A where A is per token, ``adv``, else divided by A and, for
-    SAPO, by 4 / tau). Returns (ratio, or None where its memory was reused (CISPO), sum of open gates
-    over all tokens (masked: open) or None, the row sums)."""
-    r = torch.exp(x)
+    SAPO, by 4 / tau); ``buffers``: three scratch tensors of the block's shape (ratio, term, SAPO's
+    sigmoid). Returns (ratio, or None where its memory was reused (CISPO), sum of open gates over all
+    tokens (masked: open) or None, the row sums)."""
+    r_out, term_out, sigma_out = buffers
+    r = torch.exp(x, out=r_out)
     weight = mf if adv is None else adv  # zero at masked tokens
     opened = None
     if v.gate == "clip":
         # maximum, then minimum: a third of clamp's time with [N, 1] bounds on the development machine
-        term = torch.maximum(r, gate.low)
+        term = torch.maximum(r, gate.low, out=term_out)
         torch.minimum(term, gate.high, out=term)
         torch.eq(term, r, out=slope_out)  # the inclusive gate: open = 1
         opened = slope_out.sum()
         slope_out.mul_(r).mul_(weight)
         term.mul_(weight)
     elif v.gate == "sapo":  # md eq. (8): 4 / tau sigmoid(tau (r - 1)) A; slope (15): 4 A sigma (1 - sigma) r
-        sigma = torch.addcmul(gate.neg_tau, r, gate.neg_tau, value=-1.0).sigmoid_()  # tau r - tau
+        # tau r - tau
+        sigma = torch.addcmul(gate.neg_tau, r, gate.neg_tau, value=-1.0, out=sigma_out).sigmoid_()
         if adv is None:  # per-row A: the caller multiplies the row sums by (4 / tau) A
-            term = sigma * mf
+            term = torch.mul(sigma, mf, out=term_out)
             torch.addcmul(term, term, sigma, value=-1.0, out=slope_out).mul_(r)
         else:  # per-token A: times (4 / tau) A per token, 4 / tau rounded once from the variant's floats,
             # as the reference forms it
@@ -313,9 +352,9 @@ class _Blocks(NamedTuple):
 
     lengths: torch.Tensor  # [N] unmasked tokens per row
     rows: torch.Tensor  # [N] the unit terms' row sums (token levels) or the log-ratio's (sequence levels)
-    slope: torch.Tensor  # [N, T] the gradient's per-token factor (sequence levels: the float mask)
+    slope: torch.Tensor | None  # [N, T] the gradient's per-token factor (token level; else None)
     unit_logp: torch.Tensor | None  # [N] sum of mask * logp (CISPO at sequence level)
-    mask: torch.Tensor  # [N, T] the float mask
+    mask: torch.Tensor | None  # [N, T] the float mask where one was formed whole (else None: blocks only)
     k3: torch.Tensor  # sum of k3 over the tokens
     log_ratio_sum: torch.Tensor | None  # sum of the log-ratio over the tokens (token level)
     opened: torch.Tensor | None  # clip at token level: open gates over all tokens (masked: open)
@@ -324,42 +363,50 @@ class _Blocks(NamedTuple):
 
 
 def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> _Blocks | None:
-    """Every per-token pass, block by block of rows; None on a non-finite log-ratio."""
+    """Every per-token pass, block by block of rows; None on a non-finite log-ratio. A bool mask is
+    converted block by block into scratch memory (one block: whole, kept); the temporaries live in the
+    thread's scratch buffers (``_scratch``)."""
     n, t = logp.shape
     token_level = v.ratio == "token"
     per_token_adv = adv.ndim == 2
     step = max(1, _BLOCK_ELEMENTS // max(t, 1))
     whole = step >= n  # one block: no views of the inputs (each a few microseconds)
     bool_mask = mask.view(torch.uint8) if mf is None else None
-    if mf is not None:
-        full_mask = mf
-    elif whole:
+    full_mask = mf
+    if full_mask is None and whole:
         full_mask, bool_mask = bool_mask.to(dtype), None
-    else:
-        full_mask = logp.new_empty((n, t), dtype=dtype)
+    # (one block: fresh temporaries, a small batch's come from the allocator's free lists)
+    scratch = None if whole else _scratch(step * t, dtype)
     # the outputs of the row sums: buffers the blocks write into, or (one block) None: new tensors
     lengths = None if whole else logp.new_empty(n, dtype=dtype)
     rows = None if whole else logp.new_empty(n, dtype=dtype)
-    slope = logp.new_empty((n, t), dtype=dtype) if token_level else full_mask
+    slope = logp.new_empty((n, t), dtype=dtype) if token_level else None
     unit_logp = logp.new_empty(n, dtype=dtype) if v.gate == "cispo" and not (token_level or whole) else None
     k3, log_ratio_sums, opens = [], [], []
     low, high = math.inf, -math.inf
     m, lp, before, a, g, lengths_out, rows_out, slope_out, unit_out = (
         full_mask, logp, old, adv if per_token_adv else None, gate, lengths, rows, slope, unit_logp)
+    views = None
     for i in range(0, n, step):
+        rows_here = min(step, n - i)
+        if scratch is None:
+            views = (None,) * _SCRATCH_SLOTS
+        elif views is None or rows_here != views[0].shape[0]:  # (the last block may be shorter)
+            views = _block_views(scratch, rows_here, t)
+        x_out, r_out, term_out, mask_out, sigma_out = views
         if not whole:  # views of the block's rows
             block = slice(i, i + step)
-            m, lp, before = full_mask[block], logp[block], old[block]
-            if bool_mask is not None:
-                m.copy_(bool_mask[block])
+            lp, before = logp[block], old[block]
+            m = full_mask[block] if bool_mask is None else mask_out.copy_(bool_mask[block])
             a = adv[block] if per_token_adv else None
             g = _TokenGate(*(None if p is None else p[block] for p in gate))
-            lengths_out, rows_out, slope_out = lengths[block], rows[block], slope[block]
+            lengths_out, rows_out = lengths[block], rows[block]
+            slope_out = None if slope is None else slope[block]
             unit_out = None if unit_logp is None else unit_logp[block]
         lengths_out = torch.sum(m, dim=-1, out=lengths_out)
         if lp.dtype != dtype or before.dtype != dtype:  # half-precision inputs: the compute dtype first
             lp, before = lp.to(dtype), before.to(dtype)
-        x = torch.sub(lp, before).mul_(m)
+        x = torch.sub(lp, before, out=x_out).mul_(m)
         lo, hi = float(x.amin()), float(x.amax())  # (aminmax: 1.3-2x their time here)
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return None
@@ -367,7 +414,7 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
         ratio = None
         if token_level:
             ratio, opened, rows_out = _token_block(v, x, m, None if a is None else a * m, g, lp, slope_out,
-                                                   rows_out)
+                                                   rows_out, (r_out, term_out, sigma_out))
             log_ratio_sums.append(x.sum())
             if opened is not None:
                 opens.append(opened)
@@ -375,7 +422,7 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
             rows_out = torch.sum(x, dim=-1, out=rows_out)
             if v.gate == "cispo":
                 unit_out = torch.sum(lp * m, dim=-1, out=unit_out)
-        k3.append(_k3_sum(x, lo, hi, ratio))
+        k3.append(_k3_sum(x, lo, hi, ratio, term_out))
     # (sequence levels: the log-ratio's sum is not needed, their ratio metrics come from the units)
     log_ratio_sum = _total(log_ratio_sums) if token_level else None
     if whole:
@@ -440,7 +487,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     # a ratio beyond the dtype's range (its gradient factor would be 0 * inf): the reference decides
     if blocks is None or blocks.high >= _LOG_MAX[dtype]:
         return None
-    lengths, mf = blocks.lengths, blocks.mask
+    lengths = blocks.lengths
     counts = lengths.tolist()  # whole numbers: their sum in double precision is exact
     tokens, shortest, longest = sum(counts), min(counts), max(counts)
     all_nonempty = shortest > 0
@@ -450,8 +497,11 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
     denominator = None if local is None else _denominator(normalizer, local, dtype)
     if denominator is None:
         return None
-    given = {name: optional[name].detach().to(dtype) * mf for name in ("ref_logp", "entropy", "kl")
-             if optional[name] is not None}
+    names = [name for name in ("ref_logp", "entropy", "kl") if optional[name] is not None]
+    # the float mask [N, T] where the regularisers need it (the blocks formed it from a bool mask
+    # block by block, in scratch memory, unless in one block)
+    mf = blocks.mask if blocks.mask is not None or not names else mask.to(dtype)
+    given = {name: optional[name].detach().to(dtype) * mf for name in names}
     if given and not bool(torch.isfinite(torch.stack([x.sum() for x in given.values()])).all()):
         return None
     row_scale = math.sqrt(v.group_size) if v.aggregation == "seq_sqrt_token_mean" else 1.0
@@ -525,7 +575,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         else:
             policy = sum(map(operator.mul, terms, counts)) if copies else objective
         policy *= row_scale
-        grad = _Factor(mf, slope)
+        grad = _Factor(mask if blocks.mask is None else blocks.mask, slope)  # (a bool mask: its 0 / 1)
         # the units: a row's tokens (GSPO-token: the sequence ratio's value on each, md eq. (5)) or the
         # row (an empty row's ratio is 1: r - 1 = 0)
         opened_units = None if opened is None else (
@@ -545,7 +595,7 @@ def _compute(logp, old, advantages, mask, mf, variant, optional, normalizer, dty
         ratio_mean = 1.0 + (k3 + values[1]) / units  # sum of r - 1 = sum of k3 + sum of l (no cancellation)
         closed = 0.0 if blocks.opened is None else tokens - (values[2] - (n * t - tokens))
         if masked_tokens and (blocks.low >= 0.0 or blocks.high <= 0.0):  # not both sides of 1
-            low, high = _masked_token_extremes(logp, old, mf, dtype)
+            low, high = _masked_token_extremes(logp, old, mask.to(dtype) if mf is None else mf, dtype)
         else:  # masked tokens hold log-ratio 0, and exp is monotonic
             low, high = math.exp(blocks.low), math.exp(blocks.high)
         masked_units = masked_tokens
@@ -618,6 +668,21 @@ def _regularisers(v, logp, mf, given, lengths, local, sequences, token_row, scal
     return grad, grad_entropy, grad_kl, contributions, extra
 
 
+def _mask_times(mask: torch.Tensor, factor: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+    """``mask * factor`` for a bool mask (as 0 / 1; ``factor`` ``[N, 1]`` or a float) as a new ``[N, T]``
+    tensor of ``dtype``, block by block of rows: each block's 0 / 1 copied into the result and multiplied
+    in place while it is cached (the same values as the product with a float mask)."""
+    n, t = mask.shape
+    out = torch.empty((n, t), dtype=dtype, device=mask.device)
+    bits = mask.view(torch.uint8)
+    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
+    per_row = isinstance(factor, torch.Tensor)
+    for i in range(0, n, step):
+        block = slice(i, i + step)
+        out[block].copy_(bits[block]).mul_(factor[block] if per_row else factor)
+    return out
+
+
 def _row_column(per_row: torch.Tensor | float | None) -> torch.Tensor | float:
     """A per-row factor as a column ``[N, 1]`` (a float or None, 1.0: as it is)."""
     if per_row is None:
@@ -633,6 +698,7 @@ class _ClosedFormLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, loss: float, dtype, grads, *inputs):  # inputs: logp, or logp, entropy, kl (or None)
         ctx.grads = grads
+        ctx.dtype = dtype
         ctx.dtypes = tuple(None if x is None else x.dtype for x in inputs)
         return torch.scalar_tensor(loss, dtype=dtype, device="cpu")  # (the closed form runs on the CPU)
 
@@ -647,7 +713,10 @@ class _ClosedFormLoss(torch.autograd.Function):
                 continue
             factor = _row_column(saved.per_row)
             if scaled:
-                factor = factor * grad_loss.to(saved.per_token.dtype)
-            grad = torch.mul(saved.per_token, factor)
+                factor = factor * grad_loss.to(ctx.dtype)
+            if saved.per_token.dtype == torch.bool:
+                grad = _mask_times(saved.per_token, factor, ctx.dtype)
+            else:
+                grad = torch.mul(saved.per_token, factor)
             out.append(grad if grad.dtype == dtype else grad.to(dtype))
         return tuple(out)
