@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import random
 import statistics
 import time
 
@@ -123,15 +124,20 @@ def loop_step(batch, variant) -> None:
 
 def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
     """(median seconds of each fn, spread) over ``rounds`` interleaved rounds (every fn once per round,
-    after one warm-up call each; the order rotated by one each round: at 256x2048 the compiled path
-    timed right after the reference, every round, measured 1.3x the same kernel timed later in it);
-    spread: the largest interquartile range / median over the fns."""
+    after one warm-up call each, in an order shuffled each round with a fixed seed: a function's time
+    depends on what ran just before it (the allocator's free lists, the caches), and a rotated order
+    keeps every function after the same one: at 256x2048 the compiled path timed right after the
+    reference measured 1.3x the same kernel timed later, and two copies of one closed form 1.4x apart
+    when one of them always followed AReaL's step); spread: the largest interquartile range / median
+    over the fns."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):  # each round starts one function later: no function always follows the same one
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    order = list(fns)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
             samples[name].append(_time_once(fns[name], device))
     median = {name: statistics.median(x) for name, x in samples.items()}
     spread = 0.0

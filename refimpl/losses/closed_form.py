@@ -8,11 +8,11 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
 - blocks of rows (``_BLOCK_ELEMENTS`` elements, a few hundred kB per temporary: a core's L2 cache) run
   every per-token pass in turn, so each pass after the first reads cached data; what leaves a block
   is per-row sums (``[N]``), a few scalars and the gradient's per-token factor. The blocks' temporaries
-  (log-ratio, ratio, gate term, series, the mask's float copy) are written into the calling thread's
-  scratch buffers, reused from block to block and call to call: a fresh tensor of a few hundred kB
-  is memory whose pages fault on first touch, which cost a quarter to a third of GSPO's and CISPO's
-  time at 256 x 2048 on the development machine. Nothing returned or saved for backward is a view
-  of them (tests/test_policy_loss_closed_form.py runs two calls in flight and two threads);
+  (log-ratio, ratio, gate term, series, the mask's float copy) are written into scratch buffers, one
+  allocation per call reused from block to block (``_scratch``; fresh tensors per block and temporary
+  measured 1.1-1.3x slower for GSPO and CISPO at 256 x 2048, ``benchmarks/closed_form_ab.py``).
+  Nothing returned or saved for backward is a view of them (tests/test_policy_loss_closed_form.py
+  runs two calls in flight and two threads);
 - a bool mask is converted block by block (into scratch): no ``[N, T]`` float mask is formed unless a
   KL or entropy term needs one, and a sequence-level ratio's gradient (the mask times a per-row
   factor) is formed in backward from the bool mask, block by block;
@@ -59,7 +59,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import threading
 from typing import NamedTuple
 
 import torch
@@ -82,22 +81,17 @@ _COMPUTE_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32, 
 _LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) for dtype in (torch.float32, torch.float64)}
 
 
-_SCRATCH = threading.local()  # per thread: {dtype: flat buffer} of the blocks' temporaries
 # a block's temporaries: log-ratio, ratio, gate term (then the series), mask, SAPO's sigmoid
 _SCRATCH_SLOTS = 5
 
 
 def _scratch(elements: int, dtype: torch.dtype) -> list[torch.Tensor]:
-    """``_SCRATCH_SLOTS`` flat CPU buffers of ``elements`` each for one block's temporaries: the calling
-    thread's, reused from block to block and call to call (a fresh tensor of a few hundred kB is fresh
-    memory whose pages fault on first touch: a third of a block's time on the development machine).
-    Nothing in them outlives the block loop: no result, saved tensor or metric is a view of them."""
-    pool = getattr(_SCRATCH, "pool", None)
-    if pool is None:
-        pool = _SCRATCH.pool = {}
-    flat = pool.get(dtype)
-    if flat is None or flat.numel() < _SCRATCH_SLOTS * elements:
-        flat = pool[dtype] = torch.empty(_SCRATCH_SLOTS * elements, dtype=dtype, device="cpu")
+    """``_SCRATCH_SLOTS`` flat CPU buffers of ``elements`` each, one allocation for a call's blocks
+    (a fresh tensor per block and temporary faults its pages in block after block; buffers kept from
+    call to call measured slower still on the development machine, whose kernel samples idle memory
+    (DAMON), when other code ran between the calls). Nothing in them outlives the call: no result,
+    saved tensor or metric is a view of them."""
+    flat = torch.empty(_SCRATCH_SLOTS * elements, dtype=dtype, device="cpu")
     return [flat[i * elements:(i + 1) * elements] for i in range(_SCRATCH_SLOTS)]
 
 
