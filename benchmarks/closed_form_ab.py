@@ -16,8 +16,11 @@ log-probs with ragged masks (benchmarks/losses.py ``make_batch``), forward + bac
 - every installed framework's own function on the preset (benchmarks/peers.py), the fastest of them
   ``best``.
 
+With ``--alone`` each closed form instead runs ``--rounds`` calls back to back, nothing between them
+(as a training loop calls the loss, less the model), the versions one after the other; no framework.
+
 Usage: ``python benchmarks/closed_form_ab.py [--size 256x2048] [--presets gspo cispo] [--rounds 31]
-[--baseline FILE] [--without-approx-kl] [--reference]``.
+[--baseline FILE] [--without-approx-kl] [--reference] [--alone]``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def main() -> None:
                         help="another version of closed_form.py (repeatable)")
     parser.add_argument("--without-approx-kl", action="store_true", help="also ours with k3 replaced by 0")
     parser.add_argument("--reference", action="store_true", help="also reference_policy_loss")
+    parser.add_argument("--alone", action="store_true", help="each version alone, calls back to back")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device("cpu")
@@ -76,18 +80,26 @@ def main() -> None:
     if args.without_approx_kl:
         modules["no_kl"] = _closed_form(None, "closed_form_no_kl")
         modules["no_kl"]._k3_sum = lambda x, *rest: x.new_zeros(())
-    peers = peer_steps(batch, args.presets, say=lambda *_: None)
+    peers = [] if args.alone else peer_steps(batch, args.presets, say=lambda *_: None)
     print(f"device: CPU ({_cpu_name()}), torch {torch.__version__}, "
           f"{torch.backends.cpu.get_cpu_capability()}, 1 thread")
-    print(f"[N={n}, T={t}] float32, ragged masks: forward + backward, medians of {args.rounds} interleaved "
-          f"rounds (thread CPU time); {_load()}")
+    how = "calls back to back per version" if args.alone else "interleaved rounds"
+    print(f"[N={n}, T={t}] float32, ragged masks: forward + backward, medians of {args.rounds} {how} "
+          f"(thread CPU time); {_load()}")
     for name in args.presets:
         variant = PRESETS[name]
         fns = {label: _step(module, batch, variant) for label, module in modules.items()}
         if args.reference:
             fns["ref"] = lambda v=variant: loss_step(batch, v, reference_policy_loss)
         theirs = {f"{p.framework.split()[0]}": p.step for p in peers if p.preset == name}
-        median, spread = median_times({**fns, **theirs}, device, args.rounds)
+        if args.alone:
+            median, spread = {}, 0.0
+            for label, fn in fns.items():
+                one, spread_one = median_times({label: fn}, device, args.rounds)
+                median.update(one)
+                spread = max(spread, spread_one)
+        else:
+            median, spread = median_times({**fns, **theirs}, device, args.rounds)
         best = min(theirs, key=median.get) if theirs else None
         cells = [f"{label} {median[label] * 1e3:.3f} ms" for label in fns]
         if best is not None:

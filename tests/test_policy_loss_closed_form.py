@@ -238,10 +238,9 @@ def _equal(a, b) -> bool:
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "sapo", "cispo"])
 def test_calls_in_flight_share_no_memory(name, monkeypatch):
-    """The blocks' temporaries live in the thread's scratch buffers, which the next call reuses: two
-    forward passes before either backward (as in gradient accumulation) give each call's loss, metrics
-    and gradient bit for bit as that call run alone (nothing saved for backward or returned is a view
-    of the scratch)."""
+    """The blocks' temporaries live in scratch buffers: two forward passes before either backward (as in
+    gradient accumulation) give each call's loss, metrics and gradient bit for bit as that call run
+    alone (nothing saved for backward or returned is a view of the scratch)."""
     monkeypatch.setattr(closed_form_module, "_BLOCK_ELEMENTS", 20)  # 9 tokens a row: blocks of 2 rows
     v = PRESETS[name]
     if v.gate == "clip":  # gates open (GSPO's 4e-4 would close every row of these batches)
@@ -257,9 +256,9 @@ def test_calls_in_flight_share_no_memory(name, monkeypatch):
         assert _equal((loss.detach(), metrics, leaf.grad), expected)
 
 
-def test_threads_have_their_own_scratch(monkeypatch):
+def test_threads_computing_at_once_get_each_call_s_values(monkeypatch):
     """Two threads computing at once (ATen releases the GIL inside each operation) each get the values
-    of the call run alone: the scratch buffers are per thread."""
+    of the call run alone: no scratch buffer is shared between calls."""
     import threading
 
     monkeypatch.setattr(closed_form_module, "_BLOCK_ELEMENTS", 20)
