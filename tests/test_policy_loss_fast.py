@@ -385,10 +385,10 @@ def test_compiled_fast_path_equals_the_reference_on_every_case_class(name, compi
 
 def test_each_plan_compiles_a_copy_named_for_it():
     """Plans that differ in a float alone (PPO's and DAPO's eps_high) compile copies of the fused
-    function under different names: copies alike in name, file and line shared state in torch 2.13,
-    and under pytest a DAPO call returned the loss of PPO's graph compiled before it (the thorough
-    profile's compiled-path test, which compiles every preset in one process). The name is the same
-    for an equal plan (so inductor's caches on disk serve later processes) and holds no address."""
+    function under different names: with copies alike in name, file and line, torch 2.13's on-disk
+    FX-graph cache held PPO's code under DAPO's key, and the thorough profile's compiled-path test
+    got PPO's loss for DAPO. The name is the same for an equal plan (so inductor's caches on disk
+    serve later processes) and holds no address."""
     from refimpl.losses.fused_policy import _code_name, _Compiled, _plan
 
     def plan(v):

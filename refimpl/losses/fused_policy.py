@@ -59,9 +59,11 @@ class _Compiled:
     Unbacked sizes, which would cover sizes 1 too, give inductor's C++ loops that do not fuse (1.7x
     slower on the development machine). Each instance compiles its own copy of the function's code
     object: dynamo keeps graphs, and its limit on recompilations, per code object, so plans do not
-    evict each other's graphs. The copy is named for its plan (``_code_name``): copies alike in name,
-    file and line shared state in torch 2.13, and with pytest imported a DAPO call returned the loss
-    of PPO's graph compiled before it in the same process (their plans differ in eps_high alone)."""
+    evict each other's graphs. The copy is named for its plan (``_code_name``): with copies alike in
+    name, file and line, torch 2.13's on-disk FX-graph cache came to hold, under the key of DAPO's
+    graph, code compiled with PPO's eps_high (1.2, not 1.28; written by a process that had compiled
+    PPO's copy just before), and every later process using that cache got PPO's loss for DAPO (their
+    plans differ in eps_high alone; a fresh cache directory gave the right one)."""
 
     def __init__(self, plan: _Plan, device_type: str):
         def fused(*inputs):  # the plan a closure variable: its floats are constants to dynamo
