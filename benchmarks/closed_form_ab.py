@@ -1,7 +1,7 @@
 """Before / after of the eager closed form (``refimpl/losses/closed_form.py``, what ``policy_loss`` runs),
 and what its ``approx_kl`` metric costs, against the frameworks on the same tensors (issue 29, item 1).
 
-One process, interleaved rounds (benchmarks/losses.py ``median_times``: thread CPU time, 1 thread,
+One process, interleaved rounds (benchmarks/timing.py ``median_times``: thread CPU time, 1 thread,
 the order shuffled each round, medians; ``spread`` the largest interquartile range over median), float32
 log-probs with ragged masks (benchmarks/losses.py ``make_batch``), forward + backward of:
 
@@ -29,8 +29,9 @@ import argparse
 import importlib.util
 
 import torch
-from losses import _cpu_name, _load, _size, loss_step, make_batch, median_times  # benchmarks/losses.py
+from losses import _cpu_name, _load, _size, loss_step, make_batch  # benchmarks/losses.py
 from peers import peer_steps  # benchmarks/peers.py
+from timing import median_times  # benchmarks/timing.py
 
 from refimpl.losses import PRESETS, reference_policy_loss
 

@@ -1,17 +1,18 @@
 """Per-call cost of the compiled fast path ``fused_policy_loss`` beyond its kernel (issue 29, item 2).
 
 At a tiny batch (default 4x8, GRPO, float32, a bool mask) the kernel's work is negligible, so a call's
-time is its fixed cost. Times, layer by layer, in interleaved rounds (thread CPU time, 1 thread,
-medians and interquartile ranges): forward + backward; forward; the compiled function through
-dynamo's entry (guards, AOT-autograd's runtime wrappers, inductor's code); inductor's generated
-``call`` alone (captured from ``CompiledFxGraph`` on one call and then called directly: the kernel);
-autograd's own floor (a custom Function whose forward returns a cached tensor and whose backward is
-one product, forward + backward: what any differentiable call pays); the eager ``policy_loss``; and,
-with ``--baseline FILE``, another version of ``refimpl/losses/fused_policy.py`` (e.g. ``git show
-main:refimpl/losses/fused_policy.py > /tmp/base.py``), forward + backward and forward, interleaved with
-the rest: a before / after in one run; with ``--aot``, ``compile="aot"`` (an AOTInductor package,
-``refimpl.losses.fused_aot``) forward + backward and its C++ runner alone. "beyond the kernel" is
-forward + backward less inductor's call (the runner's time includes its own entry).
+time is its fixed cost. Times, layer by layer, in interleaved rounds (the order shuffled each round,
+benchmarks/timing.py; thread CPU time, 1 thread, medians and interquartile ranges): forward + backward;
+forward; the compiled function through dynamo's entry (guards, AOT-autograd's runtime wrappers,
+inductor's code); inductor's generated ``call`` alone (captured from ``CompiledFxGraph`` on one call and
+then called directly: the kernel); autograd's own floor (a custom Function whose forward returns a
+cached tensor and whose backward is one product, forward + backward: what any differentiable call pays);
+the eager ``policy_loss``; and, with ``--baseline FILE``, another version of
+``refimpl/losses/fused_policy.py`` (e.g. ``git show main:refimpl/losses/fused_policy.py >
+/tmp/base.py``), forward + backward and forward, interleaved with the rest: a before / after in one run;
+with ``--aot``, ``compile="aot"`` (an AOTInductor package, ``refimpl.losses.fused_aot``) forward +
+backward and its C++ runner alone. "beyond the kernel" is forward + backward less inductor's call (the
+runner's time includes its own entry).
 
 Usage: ``python benchmarks/fused_overhead.py [--size NxT] [--rounds R] [--aot] [--baseline FILE]`` (compiles
 GRPO first: seconds to minutes).
@@ -27,10 +28,16 @@ import time
 
 import torch
 from losses import load_module  # benchmarks/losses.py
+from timing import interleaved_samples  # benchmarks/timing.py
 from torch._inductor.output_code import CompiledFxGraph
 
 from refimpl.losses import GRPO, policy_loss
 from refimpl.losses.fused_policy import _entry, fused_policy_loss
+
+
+def _repeat(fn, calls: int) -> None:
+    for _ in range(calls):
+        fn()
 
 
 class _Floor(torch.autograd.Function):
@@ -112,16 +119,13 @@ def main() -> None:
         base(logp, old, adv, mask, GRPO)[0].backward()  # its compile (or inductor's cache)
         fns["baseline forward + backward"] = lambda: both(base)
         fns["baseline forward"] = lambda: base(logp, old, adv, mask, GRPO)
-    times = {name: [] for name in fns}
     for fn in fns.values():
         for _ in range(20):
             fn()
-    for _ in range(args.rounds):
-        for name, fn in fns.items():
-            began = time.thread_time()
-            for _ in range(args.calls):
-                fn()
-            times[name].append((time.thread_time() - began) / args.calls * 1e3)
+    # each round runs every entry's ``calls`` calls in turn, in an order shuffled each round
+    batched = {name: functools.partial(_repeat, fn, args.calls) for name, fn in fns.items()}
+    samples = interleaved_samples(batched, torch.device("cpu"), args.rounds)
+    times = {name: [x / args.calls * 1e3 for x in xs] for name, xs in samples.items()}
     print(f"[{n}, {t}] GRPO float32, ms a call, medians of {args.rounds} interleaved rounds of {args.calls} "
           "calls (thread CPU time, 1 thread); load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     for name, values in times.items():

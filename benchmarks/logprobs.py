@@ -3,7 +3,7 @@ speed of the naive code, at a fraction of its memory").
 
 Prints, in one run (ratios measured in the same process on the same tensors; on CPU the calling
 thread's CPU time with one intra-op thread, on CUDA synchronised wall time; best of interleaved
-rounds):
+rounds, their order shuffled each round: benchmarks/timing.py):
 
 1. ``token_logprobs`` (its default backend: the Triton kernels on CUDA, the eager chunked path
    elsewhere; on CUDA the eager path too) against ``log_softmax(logits.float()).gather()``:
@@ -39,59 +39,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 
 import torch
+from timing import best_times, median_times, sync  # benchmarks/timing.py
 
 from refimpl.losses import GRPO, policy_loss, token_logprobs
 from refimpl.losses.lm_head import lm_head_chunk_rows, lm_head_logprobs
 from refimpl.losses.lm_head_loss import lm_head_policy_loss
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _clock(device: torch.device):
-    return time.perf_counter if device.type == "cuda" else time.thread_time
-
-
-def best_times(fns: dict, device: torch.device, rounds: int) -> dict[str, float]:
-    """Best time in seconds of each fn() over ``rounds`` rounds that call them in turn (after one
-    warm-up call each), so that load from other processes affects all alike."""
-    clock = _clock(device)
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            _sync(device)
-            start = clock()
-            fn()
-            _sync(device)
-            best[name] = min(best[name], clock() - start)
-    return best
-
-
-def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
-    """Median time in seconds of each fn() over ``rounds`` interleaved rounds (after one warm-up call
-    each), and the spread: the largest (max - min) / median over the functions."""
-    clock = _clock(device)
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            _sync(device)
-            start = clock()
-            fn()
-            _sync(device)
-            times[name].append(clock() - start)
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    spread = max((max(t) - min(t)) / medians[name] for name, t in times.items())
-    return medians, spread
 
 
 def peak_bytes(fn, device: torch.device) -> int:
@@ -100,11 +54,11 @@ def peak_bytes(fn, device: torch.device) -> int:
     CUDA: ``torch.cuda.max_memory_allocated``. CPU: the running sum of the allocation and release
     events ``torch.profiler`` records (``profile_memory=True``), in the order they happened."""
     if device.type == "cuda":
-        _sync(device)
+        sync(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         fn()
-        _sync(device)
+        sync(device)
         return torch.cuda.max_memory_allocated(device) - before
     if device.type != "cpu":
         raise ValueError(f"peak_bytes measures cpu and cuda, got {device.type}")
@@ -278,7 +232,7 @@ def lm_head_table(b: int, t: int, d: int, vocab: int, dtype: torch.dtype, device
             del steps["Liger GRPO (fused)"]
             liger = None
     losses = {label: float(step()[0]) for label, step in steps.items()}
-    seconds, spread = median_times(steps, device, rounds)
+    seconds, spread = median_times(steps, device, rounds, spread="range")
     peaks = {label: (peak_bytes(step, device) - input_bytes // 2) / 2**20 for label, step in steps.items()}
     print(f"medians of {rounds} interleaved rounds, spread (max - min) / median up to {spread:.2f}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

@@ -16,7 +16,8 @@ one process, float32 log-probs with ragged (prefix) masks, forward + backward wi
 
 Timing: on a CPU the calling thread's CPU time with one intra-op thread (other processes on a shared
 machine then slow both sides alike), on CUDA synchronised wall time; ``--rounds`` rounds in which every
-function runs once in turn (interleaved); each figure is the median over the rounds, and ``spread``
+function runs once, in an order shuffled each round (benchmarks/timing.py: what runs just before a
+function moves its time); each figure is the median over the rounds, and ``spread``
 is the largest interquartile range over the row's functions divided by its median. The load average
 is printed with each table. Targets (issue 29): policy_loss at most 0.5x the fastest framework and
 3x the floor at 256x2048 and 1024x4096 (from 2**18 tokens on), at most 1x the fastest at 64x512; the
@@ -35,34 +36,13 @@ import argparse
 import dataclasses
 import functools
 import os
-import random
-import statistics
 import time
 
 import torch
+from timing import median_times, sync  # benchmarks/timing.py
 
 from refimpl.losses import DR_GRPO, PRESETS, loss_normalizer, policy_loss, reference_policy_loss
 from refimpl.losses.fused_policy import fused_policy_loss
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _clock(device: torch.device):
-    """CUDA: wall time (with synchronisation). CPU: the calling thread's CPU time, run with one
-    intra-op thread, so that other processes on a shared machine do not distort the ratios."""
-    return time.perf_counter if device.type == "cuda" else time.thread_time
-
-
-def _time_once(fn, device: torch.device) -> float:
-    clock = _clock(device)
-    _sync(device)
-    start = clock()
-    fn()
-    _sync(device)
-    return clock() - start
 
 
 def make_batch(n: int, t: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -122,31 +102,6 @@ def loop_step(batch, variant) -> None:
 
 
 
-def median_times(fns: dict, device: torch.device, rounds: int) -> tuple[dict[str, float], float]:
-    """(median seconds of each fn, spread) over ``rounds`` interleaved rounds (every fn once per round,
-    after one warm-up call each, in an order shuffled each round with a fixed seed: a function's time
-    depends on what ran just before it (the allocator's free lists, the caches), and a rotated order
-    keeps every function after the same one: at 256x2048 the compiled path timed right after the
-    reference measured 1.3x the same kernel timed later, and two copies of one closed form 1.4x apart
-    when one of them always followed AReaL's step); spread: the largest interquartile range / median
-    over the fns."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns)
-    shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
-        shuffle(order)
-        for name in order:
-            samples[name].append(_time_once(fns[name], device))
-    median = {name: statistics.median(x) for name, x in samples.items()}
-    spread = 0.0
-    for name, x in samples.items():
-        q = statistics.quantiles(x, n=4) if len(x) > 1 else [x[0]] * 3
-        spread = max(spread, (q[2] - q[0]) / median[name])
-    return median, spread
-
-
 def _cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo; elsewhere ``platform.processor()``), family and model."""
     import platform
@@ -181,7 +136,7 @@ def compile_fast_path(batch, variants: dict, device: torch.device, loss_fn=fused
     for name, variant in variants.items():
         began = time.perf_counter()
         loss_step(batch, variant, loss_fn)
-        _sync(device)
+        sync(device)
         print(f"  compile {name}: {time.perf_counter() - began:.1f} s wall ({_load()})", flush=True)
     print(f"{what}: {time.perf_counter() - start:.1f} s wall for {len(variants)} "
           f"variant(s) (first calls, left out of the timings)")
@@ -353,7 +308,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
-        torch.set_num_threads(1)  # see _clock: thread CPU time measures the whole computation
+        torch.set_num_threads(1)  # see timing.clock: thread CPU time measures the whole computation
     torch.manual_seed(0)
     sizes = args.size or ([(64, 512)] if args.quick else [(64, 512), (256, 2048), (1024, 4096)])
     if device.type == "cuda":

@@ -10,6 +10,7 @@ on CUDA)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,11 @@ from tests.test_logprobs import chunk_sizes
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("logprobs_benchmark", ROOT / "benchmarks" / "logprobs.py")
 bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports benchmarks/timing.py, as when run from there
+try:
+    _spec.loader.exec_module(bench)
+finally:
+    sys.path.remove(str(ROOT / "benchmarks"))
 
 F32 = torch.float32
 CPU = torch.device("cpu")
