@@ -10,7 +10,8 @@ much as moving its operands, so the design counts passes over ``[N, T]`` and kee
   is per-row sums (``[N]``), a few scalars and the gradient's per-token factor. The blocks' temporaries
   (log-ratio, ratio, gate term, series, the mask's float copy) are written into scratch buffers, one
   allocation per call reused from block to block (``_scratch``; fresh tensors per block and temporary
-  measured 1.1-1.3x slower for GSPO and CISPO at 256 x 2048, ``benchmarks/closed_form_ab.py``).
+  took 1.05-1.4x the time of GSPO, CISPO and SAPO at 256 x 2048 and 1024 x 4096 with calls back to
+  back, ``benchmarks/closed_form_ab.py --alone``).
   Nothing returned or saved for backward is a view of them (tests/test_policy_loss_closed_form.py
   runs two calls in flight and two threads);
 - a bool mask is converted block by block (into scratch): no ``[N, T]`` float mask is formed unless a
@@ -87,10 +88,10 @@ _SCRATCH_SLOTS = 5
 
 def _scratch(elements: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """``_SCRATCH_SLOTS`` flat CPU buffers of ``elements`` each, one allocation for a call's blocks
-    (a fresh tensor per block and temporary faults its pages in block after block; buffers kept from
-    call to call measured slower still on the development machine, whose kernel samples idle memory
-    (DAMON), when other code ran between the calls). Nothing in them outlives the call: no result,
-    saved tensor or metric is a view of them."""
+    (fresh memory per block and temporary can fault its pages block after block; buffers kept from
+    call to call per thread measured slower, 4.22 against 3.85 ms for GSPO at 256 x 2048 with the
+    frameworks' steps between the calls). Nothing in them outlives the call: no result, saved tensor
+    or metric is a view of them."""
     flat = torch.empty(_SCRATCH_SLOTS * elements, dtype=dtype, device="cpu")
     return [flat[i * elements:(i + 1) * elements] for i in range(_SCRATCH_SLOTS)]
 
@@ -357,9 +358,9 @@ class _Blocks(NamedTuple):
 
 
 def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> _Blocks | None:
-    """Every per-token pass, block by block of rows; None on a non-finite log-ratio. A bool mask is
-    converted block by block into scratch memory (one block: whole, kept); the temporaries live in the
-    thread's scratch buffers (``_scratch``)."""
+    """Every per-token pass, block by block of rows; None on a non-finite log-ratio. The temporaries
+    live in one scratch allocation (``_scratch``), a bool mask's float copy too (one block: the whole
+    mask converted and kept, the temporaries fresh)."""
     n, t = logp.shape
     token_level = v.ratio == "token"
     per_token_adv = adv.ndim == 2
