@@ -22,18 +22,21 @@ __all__ = [
 ]
 
 
-def _solve_states(mdp: MDP, pi) -> np.ndarray:
-    """Indices of the states on which the linear systems are solved (terminal ones drop out at
-    gamma = 1, where they would make ``I - P_pi`` singular); checks the episodic condition."""
-    if mdp.gamma < 1.0:
-        return np.arange(mdp.num_states)
-    ok = reaches_terminal_surely(mdp, pi)
-    if not np.all(ok):
-        bad = np.flatnonzero(~ok).tolist()
-        raise ValueError(
-            "gamma = 1 requires a policy that reaches a terminal state with probability 1 from every "
-            f"state; from states {bad} it does not (use gamma < 1 or mark terminal states)"
-        )
+def _nonterminal_states(mdp: MDP, pi) -> np.ndarray:
+    """The non-terminal states, where values and occupancies are solved for at every gamma; at
+    gamma = 1 first the episodic condition (mdp.md eq. (6)). A terminal state's value is 0 by mdp.md
+    eq. (3) and its occupancy follows from the others' (``state_occupancy``); leaving terminal states
+    out keeps ``I - gamma P_pi`` well conditioned as gamma nears 1, where with them it is singular to
+    within rounding (gamma = 1 - 2**-53 and a policy row summing to 1 + 2**-52 made it exactly so; at
+    gamma = 1 it is singular)."""
+    if mdp.gamma >= 1.0:
+        ok = reaches_terminal_surely(mdp, pi)
+        if not np.all(ok):
+            bad = np.flatnonzero(~ok).tolist()
+            raise ValueError(
+                "gamma = 1 requires a policy that reaches a terminal state with probability 1 from every "
+                f"state; from states {bad} it does not (use gamma < 1 or mark terminal states)"
+            )
     return np.flatnonzero(~mdp.terminal)
 
 
@@ -55,13 +58,13 @@ def policy_evaluation(mdp: MDP, pi) -> np.ndarray:
     """``V_pi [S]`` solving ``V = r_pi + gamma P_pi V`` (spec: mdp.md eq. (7); Sutton & Barto 2018,
     section 3.5).
 
-    Direct solve of ``(I - gamma P_pi) V = r_pi``; at gamma = 1 on the non-terminal states, with
-    ``V = 0`` on terminal states.
+    Direct solve of ``(I - gamma P_pi) V = r_pi`` on the non-terminal states, with ``V = 0`` on terminal
+    states (absorbing and paying 0, mdp.md eq. (3)), at every gamma.
     """
     pi = mdp.validate_policy(pi)
     P_pi = policy_transition_matrix(mdp, pi)
     r_pi = policy_reward_vector(mdp, pi)
-    idx = _solve_states(mdp, pi)
+    idx = _nonterminal_states(mdp, pi)
     V = np.zeros(mdp.num_states)
     if idx.size:
         M = np.eye(idx.size) - mdp.gamma * P_pi[np.ix_(idx, idx)]
@@ -100,14 +103,23 @@ def state_occupancy(mdp: MDP, pi, normalized: bool = True) -> np.ndarray:
     to each non-terminal state (terminal states get 0: they are excluded).
     ``normalized=True``: ``rho_pi`` divided by its total, which is ``1 / (1 - gamma)`` for
     gamma < 1 and the expected episode length (non-terminal steps) for gamma = 1.
+
+    The flow equation is solved on the non-terminal states (no flow leaves a terminal state for
+    another); a terminal state T then holds, for gamma < 1, ``rho(T) = (rho0(T) + gamma sum_s P_pi(s,
+    T) rho(s)) / (1 - gamma)`` over the non-terminal s (its row of the flow equation, its self-loop
+    moved to the left).
     """
     pi = mdp.validate_policy(pi)
     P_pi = policy_transition_matrix(mdp, pi)
-    idx = _solve_states(mdp, pi)
+    idx = _nonterminal_states(mdp, pi)
     rho = np.zeros(mdp.num_states)
     if idx.size:
         M = np.eye(idx.size) - mdp.gamma * P_pi[np.ix_(idx, idx)].T
         rho[idx] = np.linalg.solve(M, mdp.rho0[idx])
+    if mdp.gamma < 1.0 and mdp.terminal.any():
+        ends = np.flatnonzero(mdp.terminal)
+        inflow = P_pi[np.ix_(idx, ends)].T @ rho[idx]
+        rho[ends] = (mdp.rho0[ends] + mdp.gamma * inflow) / (1.0 - mdp.gamma)
     # States that cannot be reached get exactly 0 (the solve may leave rounding noise there).
     rho[~_reachable_from_start(mdp, P_pi)] = 0.0
     if not normalized:

@@ -18,7 +18,7 @@ import sympy
 from sympy.polys.domains import QQ
 from sympy.polys.matrices import DomainMatrix
 
-from tabular.evaluation import _solve_states as float_solve_states
+from tabular.evaluation import _nonterminal_states as float_nonterminal_states
 from tabular.mdp import MDP
 
 __all__ = [
@@ -111,9 +111,9 @@ class ExactMDP:
         return pi_q
 
 
-def _solve_states(emdp: ExactMDP, pi_q: np.ndarray) -> np.ndarray:
+def _nonterminal_states(emdp: ExactMDP, pi_q: np.ndarray) -> np.ndarray:
     # Same states and the same episodic check as the float path (the support graph is identical).
-    return float_solve_states(emdp.mdp, _to_float(pi_q))
+    return float_nonterminal_states(emdp.mdp, _to_float(pi_q))
 
 
 def _solve(M: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -138,7 +138,7 @@ def exact_policy_evaluation(emdp: ExactMDP, pi) -> np.ndarray:
     section 3.5)."""
     pi_q = emdp.policy(pi)
     P_pi, r_pi = _policy_matrices(emdp, pi_q)
-    idx = _solve_states(emdp, pi_q)
+    idx = _nonterminal_states(emdp, pi_q)  # (terminal: V = 0, mdp.md eq. (3))
     V = np.array([sympy.Integer(0)] * emdp.num_states, dtype=object)
     M = -emdp.gamma * P_pi[np.ix_(idx, idx)]
     M[np.diag_indices(idx.size)] += 1
@@ -165,14 +165,21 @@ def exact_expected_return(emdp: ExactMDP, pi) -> sympy.Rational:
 
 def exact_state_occupancy(emdp: ExactMDP, pi, normalized: bool = True) -> np.ndarray:
     """Exact state occupancy ``[S]`` from the flow equation ``rho = rho0 + gamma P_pi^T rho``
-    (spec: mdp.md eq. (11)-(12)); conventions as :func:`tabular.state_occupancy`."""
+    (spec: mdp.md eq. (11)-(12)); conventions as :func:`tabular.state_occupancy`, which solves on the
+    non-terminal states and gives a terminal state T, for gamma < 1, ``(rho0(T) + gamma sum_s
+    P_pi(s, T) rho(s)) / (1 - gamma)``: its self-loop is 1 (mdp.md eq. (3)) whatever the rounding of
+    the policy's row there."""
     pi_q = emdp.policy(pi)
     P_pi, _ = _policy_matrices(emdp, pi_q)
-    idx = _solve_states(emdp, pi_q)
+    idx = _nonterminal_states(emdp, pi_q)
     rho = np.array([sympy.Integer(0)] * emdp.num_states, dtype=object)
     M = -emdp.gamma * P_pi[np.ix_(idx, idx)].T
     M[np.diag_indices(idx.size)] += 1
     rho[idx] = _solve(M, emdp.rho0[idx])
+    if emdp.gamma < 1:
+        for end in np.flatnonzero(emdp.mdp.terminal):
+            inflow = sum((P_pi[s, end] * rho[s] for s in idx), sympy.Integer(0))
+            rho[end] = (emdp.rho0[end] + emdp.gamma * inflow) / (1 - emdp.gamma)
     if not normalized:
         return rho
     total = sum(rho, sympy.Integer(0))

@@ -168,6 +168,23 @@ def test_episodic_occupancy_counts_expected_visits_on_a_hand_computed_chain():
     np.testing.assert_allclose(T.policy_evaluation(mdp, pi), [7.0, 6.0, 0.0], rtol=1e-15)
 
 
+def test_terminal_states_leave_the_solves_as_gamma_nears_one():
+    """gamma = 1 - 2**-53 with a terminal state (found by the thorough profile): a policy whose row sums
+    to 1 + 2**-52 in floating point made ``I - gamma P_pi`` over every state exactly singular. The
+    solves now run on the non-terminal states: V(terminal) = 0 (mdp.md eq. (3)) and the terminal
+    state's occupancy from its row of the flow equation, (rho0(T) + gamma inflow) / (1 - gamma)."""
+    P = np.zeros((2, 3, 2))
+    P[:, :, 1] = 1.0  # s0 -> terminal s1 under every action
+    gamma = 1.0 - 2.0**-53
+    mdp = T.MDP(P, np.zeros((2, 3)), np.array([1.0, 0.0]), gamma, terminal=np.array([False, True]))
+    theta = np.array([[0.0, 0.0, 0.0], [0.0, 2.001, 0.0]])
+    pi = np.exp(theta) / np.exp(theta).sum(axis=1, keepdims=True)
+    assert pi[1].sum() != 1.0  # the rounding that made the old solve singular
+    np.testing.assert_array_equal(T.policy_evaluation(mdp, pi), [0.0, 0.0])
+    # rho(s0) = 1; rho(s1) = gamma / (1 - gamma) = 2**53 - 1, exactly
+    np.testing.assert_array_equal(T.state_occupancy(mdp, pi, normalized=False), [1.0, 2.0**53 - 1.0])
+
+
 # ------------------------------------------------------------------------ float vs exact rationals
 @given(mdp_and_policy(st.one_of(mdps(max_states=4), episodic_mdps(max_states=4))))
 def test_float_path_equals_exact_rational_path(case):
