@@ -26,10 +26,9 @@ Usage: ``python benchmarks/closed_form_ab.py [--size 256x2048] [--presets gspo c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 import torch
-from losses import _cpu_name, _load, _size, loss_step, make_batch  # benchmarks/losses.py
+from losses import _cpu_name, _load, _size, load_module, loss_step, make_batch  # benchmarks/losses.py
 from peers import peer_steps  # benchmarks/peers.py
 from timing import median_times  # benchmarks/timing.py
 
@@ -44,10 +43,7 @@ def _closed_form(path: str | None, name: str):
         import refimpl.losses.closed_form as ours
 
         path = ours.__file__
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, name)
 
 
 def _step(module, batch: dict, variant):

@@ -259,11 +259,12 @@ def logprobs_tables(device: torch.device, quick: bool, rounds: int) -> None:
     logprobs_benchmark.lm_head_table(*head, torch.float32, device, max(2, rounds // 2))
 
 
-def load_module(path: str):
-    """A module from a file (another version of fused_policy.py; its imports resolve in this tree)."""
+def load_module(path: str, name: str = "baseline_fused_policy"):
+    """A module from a file under ``name`` (another version of a refimpl module, e.g. fused_policy.py or
+    closed_form.py; its imports resolve in this tree), a fresh copy on every call."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("baseline_fused_policy", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

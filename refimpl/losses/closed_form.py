@@ -96,6 +96,11 @@ def _scratch(elements: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [flat[i * elements:(i + 1) * elements] for i in range(_SCRATCH_SLOTS)]
 
 
+def _rows_per_block(t: int) -> int:
+    """Rows of ``t`` tokens in a block of ``_BLOCK_ELEMENTS`` (at least one)."""
+    return max(1, _BLOCK_ELEMENTS // max(t, 1))
+
+
 def _block_views(buffers: list[torch.Tensor], rows: int, t: int) -> list[torch.Tensor]:
     """The first ``rows * t`` elements of each buffer as a ``[rows, t]`` tensor."""
     return [b[:rows * t].view(rows, t) for b in buffers]
@@ -364,7 +369,7 @@ def _run_blocks(v, logp, old, adv, mask, mf, dtype, gate: _TokenGate | None) -> 
     n, t = logp.shape
     token_level = v.ratio == "token"
     per_token_adv = adv.ndim == 2
-    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
+    step = _rows_per_block(t)
     whole = step >= n  # one block: no views of the inputs (each a few microseconds)
     bool_mask = mask.view(torch.uint8) if mf is None else None
     full_mask = mf
@@ -670,7 +675,7 @@ def _mask_times(mask: torch.Tensor, factor: torch.Tensor | float, dtype: torch.d
     n, t = mask.shape
     out = torch.empty((n, t), dtype=dtype, device=mask.device)
     bits = mask.view(torch.uint8)
-    step = max(1, _BLOCK_ELEMENTS // max(t, 1))
+    step = _rows_per_block(t)
     per_row = isinstance(factor, torch.Tensor)
     for i in range(0, n, step):
         block = slice(i, i + step)
