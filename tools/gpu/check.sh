@@ -73,7 +73,7 @@ part_losses() {  # the fast path against the floor and the frameworks (graphs co
   timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets gspo_token sapo cispo --no-frameworks &
   timeout 150 $PY benchmarks/losses.py --device cuda --compile-only --presets >/dev/null 2>&1 &
   wait
-  run losses.txt 240 $PY benchmarks/losses.py --device cuda --rounds 7
+  run losses.txt 240 $PY benchmarks/losses.py --device cuda --compiled --rounds 7
 }
 part_logprobs() {
   run logprobs.txt 180 $PY benchmarks/logprobs.py --device cuda
