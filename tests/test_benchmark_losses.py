@@ -81,3 +81,16 @@ def test_the_gpu_script_times_the_compiled_path():
              if re.search(r"benchmarks/losses\.py --device cuda", line) and "--compile-only" not in line]
     assert timed, "check.sh no longer runs benchmarks/losses.py on CUDA"
     assert all("--compiled" in line for line in timed), timed
+
+
+@pytest.mark.parametrize(("beyond_ms", "expected"), [(0.2, "met"), (0.12, "met"), (0.2001, "MISSED")])
+def test_the_compiled_paths_fixed_cost_target(beyond_ms, expected):
+    assert bench.OVERHEAD_TARGET_MS == 0.2  # issue 29 item 2
+    assert bench.overhead_verdict(beyond_ms) == expected
+
+
+def test_overhead_runs_the_fixed_cost_benchmark_with_the_guard_free_entry():
+    command = bench.overhead_command(5)
+    assert command[0] == sys.executable
+    assert Path(command[1]) == ROOT / "benchmarks" / "fused_overhead.py" and Path(command[1]).is_file()
+    assert command[2:] == ["--aot", "--rounds", "5"]
