@@ -4,7 +4,6 @@ target's line lies, the command line on a tiny batch, and the GPU script's timed
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import sys
@@ -13,14 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("losses_benchmark", ROOT / "benchmarks" / "losses.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports benchmarks/timing.py, as when run from there
-try:
-    _spec.loader.exec_module(bench)
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+from tests.scripts import ROOT, load_script
+
+bench = load_script("benchmarks/losses.py", "losses_benchmark", siblings=True)
 
 
 def test_the_cpu_judges_policy_loss_and_cuda_the_compiled_path():

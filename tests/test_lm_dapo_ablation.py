@@ -4,9 +4,7 @@ scale). The full ablation (18 runs) stays out of CI; ``--quick`` runs here."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
@@ -15,15 +13,11 @@ from refimpl.lm.config import TrainConfig
 from refimpl.lm.experience import Groups, draw_groups
 from refimpl.lm.recipes import resolve_recipe
 from refimpl.lm.rollout import Rollout
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
 
 
 def _ablation():
-    spec = importlib.util.spec_from_file_location("dapo_ablation", ROOT / "benchmarks" / "dapo_ablation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/dapo_ablation.py", "dapo_ablation")
 
 
 def _groups(rewards: list[float], truncated: list[bool]) -> Groups:

@@ -9,10 +9,6 @@ on CUDA)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -30,16 +26,10 @@ from refimpl.losses.logprobs import (
     logprobs_chunk_elements,
     token_logprobs,
 )
+from tests.scripts import load_script
 from tests.test_logprobs import chunk_sizes
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("logprobs_benchmark", ROOT / "benchmarks" / "logprobs.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.path.insert(0, str(ROOT / "benchmarks"))  # it imports benchmarks/timing.py, as when run from there
-try:
-    _spec.loader.exec_module(bench)
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+bench = load_script("benchmarks/logprobs.py", "logprobs_benchmark", siblings=True)
 
 F32 = torch.float32
 CPU = torch.device("cpu")

@@ -3,22 +3,18 @@ module and a function that exists in it, and give a reason; and the scoring rule
 tools/mutation.py (docs/mutation.md) counts as documented. Runs without mutmut."""
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTINGS = sorted((ROOT / "mutation" / "equivalent").glob("*.txt"))
 
 
 def load_driver():
-    spec = importlib.util.spec_from_file_location("mutation_driver", ROOT / "tools" / "mutation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/mutation.py", "mutation_driver", register=True)
 
 
 driver = load_driver()

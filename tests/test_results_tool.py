@@ -1,19 +1,13 @@
 """tools/results.py (``make results``): the table it prints from the runs' summaries."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def results():
-    spec = importlib.util.spec_from_file_location("results_tool", ROOT / "tools" / "results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/results.py", "results_tool")
 
 
 def _summary(greedy: float, sampled: float, warmup: int, wall: float, cpu: float) -> dict:
